@@ -1,0 +1,40 @@
+"""Storage and distribution of tuned kernel configs. Knows nothing of kernels and imports
+neither torch nor triton, so the sidecar can run from a slim image."""
+
+from registry.config import KernelConfig, Measurement
+from registry.entry import SCHEMA_VERSION, Entry, canonical_key
+from registry.errors import BundleRejected, FingerprintMismatch, LockTimeout, RegistryError
+from registry.fingerprint import (
+    Fingerprint,
+    Hardware,
+    MatchPolicy,
+    Software,
+    cpu_fingerprint,
+    detect,
+    kernel_source_hash,
+)
+from registry.locks import Holder, backend_from_url, lock
+from registry.store import Store
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "BundleRejected",
+    "Entry",
+    "Fingerprint",
+    "FingerprintMismatch",
+    "Hardware",
+    "Holder",
+    "KernelConfig",
+    "LockTimeout",
+    "MatchPolicy",
+    "Measurement",
+    "RegistryError",
+    "Software",
+    "Store",
+    "backend_from_url",
+    "canonical_key",
+    "cpu_fingerprint",
+    "detect",
+    "kernel_source_hash",
+    "lock",
+]

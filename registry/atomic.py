@@ -1,0 +1,74 @@
+"""Crash-safe file writes: temp file beside the target, fsync, os.replace, fsync of the folder."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+TEMP_PREFIX = ".tmp-"
+
+
+def write_bytes(path: Path, data: bytes, *, mode: int = 0o644) -> None:
+    """Replace ``path`` with ``data`` so that a reader sees the old file or the new one, whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, suffix=f"-{path.name}", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(path.parent)
+
+
+def write_json(path: Path, value: Any) -> None:
+    """Atomically write ``value`` as indented, key-sorted JSON (stable bytes for equal values)."""
+    write_bytes(path, dumps(value).encode())
+
+
+def dumps(value: Any) -> str:
+    """The project's one JSON spelling: sorted keys, two-space indent, trailing newline."""
+    return json.dumps(value, indent=2, sort_keys=True, allow_nan=False) + "\n"
+
+
+def copy_file(src: Path, dst: Path) -> None:
+    """Copy ``src`` onto ``dst`` atomically, keeping its permission bits."""
+    write_bytes(dst, src.read_bytes(), mode=src.stat().st_mode & 0o777)
+
+
+def fsync_dir(folder: Path) -> None:
+    """Make a rename in ``folder`` durable; a no-op where folders cannot be opened."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def replace_symlink(link: Path, target: str) -> None:
+    """Point ``link`` at ``target`` in one rename, as Kubernetes swaps ``..data``."""
+    tmp = link.with_name(f"{TEMP_PREFIX}{os.getpid()}-{link.name}")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    os.symlink(target, tmp)
+    try:
+        os.replace(tmp, link)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+    fsync_dir(link.parent)

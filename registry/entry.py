@@ -1,0 +1,175 @@
+"""One stored tuning result: kernel, canonical key, fingerprint, best config, measurements."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import PurePosixPath
+from typing import Any
+
+from registry.config import KernelConfig, Measurement
+from registry.errors import RegistryError
+from registry.fingerprint import Fingerprint, machine_name
+
+SCHEMA_VERSION = 1
+_KERNEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,127}$")
+
+
+def canonical_key(key: Mapping[str, Any]) -> str:
+    """The one JSON spelling of a shape key: sorted, compact, scalars and lists only."""
+    if not isinstance(key, Mapping):
+        raise RegistryError(f"Key {key!r} is not a mapping of names to values.")
+    _check_key_value("key", key)
+    return json.dumps(key, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def _check_key_value(path: str, value: Any) -> None:
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise RegistryError(f"Key field {path}.{k!r} is not named by a string.")
+            _check_key_value(f"{path}.{k}", v)
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _check_key_value(f"{path}[{i}]", v)
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise RegistryError(f"Key field {path} has value {value!r}; not a finite number.")
+    elif not isinstance(value, (str, int, float, bool, type(None))):
+        raise RegistryError(f"Key field {path} has value {value!r}; not JSON.")
+
+
+def check_kernel_name(kernel: str) -> str:
+    if not isinstance(kernel, str) or not _KERNEL_NAME.match(kernel):
+        raise RegistryError(
+            f"Kernel name {kernel!r} is not valid: letters, digits and _.:- only, 1-128 chars."
+        )
+    return kernel
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A tuned config for one (kernel, key, fingerprint), with the evidence behind it."""
+
+    kernel: str
+    key_json: str
+    fingerprint: Fingerprint
+    best: KernelConfig
+    measurements: tuple[Measurement, ...] = ()
+    tuning_seconds: float = 0.0
+    created: str = field(default_factory=now_iso)
+    host: str = field(default_factory=machine_name)
+    source: str = "tuned"
+
+    @classmethod
+    def make(cls, kernel: str, key: Mapping[str, Any], fingerprint: Fingerprint,
+             best: KernelConfig, **rest: Any) -> Entry:
+        """Build an entry from a plain key mapping, checking the names."""
+        return cls(check_kernel_name(kernel), canonical_key(key), fingerprint, best, **rest)
+
+    @property
+    def key(self) -> dict[str, Any]:
+        return dict(json.loads(self.key_json))
+
+    @property
+    def key_digest(self) -> str:
+        return hashlib.sha256(f"{self.kernel}\0{self.key_json}".encode()).hexdigest()
+
+    def relpath(self) -> PurePosixPath:
+        """Where the entry lives in a store: kernel / GPU / software / shape."""
+        fp = self.fingerprint
+        shape = f"{shape_slug(self.key)}-{self.key_digest[:12]}.json"
+        return PurePosixPath(self.kernel, fp.gpu_slug(), fp.software_slug(), shape)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA_VERSION,
+            "kernel": self.kernel,
+            "key": self.key,
+            "fingerprint": self.fingerprint.to_json(),
+            "best": self.best.to_json(),
+            "measurements": [m.to_json() for m in self.measurements],
+            "tuning_seconds": self.tuning_seconds,
+            "created": self.created,
+            "host": self.host,
+            "source": self.source,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> Entry:
+        if not isinstance(data, Mapping):
+            raise RegistryError("Entry is not a JSON object.")
+        schema = data.get("schema")
+        if schema != SCHEMA_VERSION:
+            raise RegistryError(
+                f"Entry 'schema' has value {schema!r}; this version reads schema {SCHEMA_VERSION}."
+            )
+        try:
+            measurements = tuple(Measurement.from_json(m) for m in data.get("measurements", []))
+            seconds = data.get("tuning_seconds", 0.0)
+            if not isinstance(seconds, (int, float)) or seconds < 0:
+                raise RegistryError(f"Entry 'tuning_seconds' has value {seconds!r}; not >= 0.")
+            return cls.make(
+                data["kernel"],
+                data["key"],
+                Fingerprint.from_json(data["fingerprint"]),
+                KernelConfig.from_json(data["best"]),
+                measurements=measurements,
+                tuning_seconds=float(seconds),
+                created=str(data.get("created", "")),
+                host=str(data.get("host", "")),
+                source=str(data.get("source", "tuned")),
+            )
+        except KeyError as e:
+            raise RegistryError(f"Entry is missing the field {e}.") from None
+
+    def identity(self) -> tuple[str, ...]:
+        """Every field but the measurements; the smallest (the earliest tuning) wins a merge."""
+        best = json.dumps(self.best.to_json(), sort_keys=True)
+        return (self.created, self.host, best, repr(self.tuning_seconds), self.source)
+
+    def merge(self, other: Entry) -> Entry:
+        """Combine two entries of one slot. Idempotent, commutative and associative, so a
+        duplicate tuning or a replayed write is harmless: the earliest tuning wins and the
+        measurements of both are kept (for a config both measured, the faster record)."""
+        if (self.relpath(), self.key_json) != (other.relpath(), other.key_json):
+            raise RegistryError(f"Cannot merge entries of different slots: {self.relpath()} "
+                                f"and {other.relpath()}.")
+        winner = self if self.identity() <= other.identity() else other
+        by_config: dict[KernelConfig, Measurement] = {}
+        for m in (*self.measurements, *other.measurements):
+            held = by_config.get(m.config)
+            by_config[m.config] = m if held is None else min(held, m, key=_measurement_order)
+        return replace(winner, measurements=sort_measurements(list(by_config.values())))
+
+
+def _measurement_order(m: Measurement) -> tuple[object, ...]:
+    """A total order on measurements of one config: successes first, then faster."""
+    return (not m.ok, m.median_ms, m.p20_ms, m.p80_ms, m.error or "")
+
+
+def sort_measurements(measurements: list[Measurement] | tuple[Measurement, ...]) -> tuple[Measurement, ...]:
+    """Fastest first, failures last, ties broken by the config's JSON: one stable order."""
+    def order(m: Measurement) -> tuple[float, str]:
+        median = m.median_ms if m.ok else math.inf
+        return (median, json.dumps(m.config.to_json(), sort_keys=True))
+
+    return tuple(sorted(measurements, key=order))
+
+
+def shape_slug(key: Mapping[str, Any]) -> str:
+    """``M4096_N6656_K16384_dtype-bf16`` style: readable, filesystem-safe, bounded."""
+    parts = []
+    for name, value in sorted(key.items()):
+        text = "-".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+        parts.append(f"{name}{text}" if len(name) <= 2 else f"{name}-{text}")
+    slug = re.sub(r"[^A-Za-z0-9._+-]+", "-", "_".join(parts)).strip("-_")
+    return slug[:80] or "key"

@@ -1,0 +1,39 @@
+"""The registry's domain exceptions: each names the key, the value and the limit."""
+
+from __future__ import annotations
+
+
+class RegistryError(Exception):
+    """A registry operation that cannot go on: bad input, an unreadable store, a refused write."""
+
+
+class LockTimeout(RegistryError):
+    """A lock was not acquired in time; the message names the lock and its holder."""
+
+    def __init__(self, name: str, timeout: float, holder: str) -> None:
+        super().__init__(f"Lock '{name}' not acquired within {timeout:g} s; held by {holder}.")
+        self.name = name
+        self.timeout = timeout
+        self.holder = holder
+
+
+class BundleRejected(RegistryError):
+    """A bundle failed verification; nothing from it was installed."""
+
+    def __init__(self, bundle: str, reason: str) -> None:
+        super().__init__(f"Bundle '{bundle}' rejected: {reason}")
+        self.bundle = bundle
+        self.reason = reason
+
+
+class FingerprintMismatch(RegistryError):
+    """An entry's fingerprint does not match the one it is used with."""
+
+    def __init__(self, what: str, differences: dict[str, tuple[object, object]]) -> None:
+        fields = ", ".join(f"{k}: {a!r} != {b!r}" for k, a, b in _rows(differences))
+        super().__init__(f"{what}: fingerprint differs in {fields}")
+        self.differences = differences
+
+
+def _rows(differences: dict[str, tuple[object, object]]) -> list[tuple[str, object, object]]:
+    return [(k, a, b) for k, (a, b) in sorted(differences.items())]

@@ -1,0 +1,283 @@
+"""What a tuned config is valid for: the hardware, the software and the kernel's source.
+
+Imports neither torch nor triton at module level; ``detect()`` imports them lazily.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import inspect
+import json
+import platform
+import re
+import shutil
+import subprocess
+import textwrap
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, fields, replace
+from enum import Enum
+from functools import cached_property
+from typing import Any
+
+from registry.errors import RegistryError
+
+
+class MatchPolicy(str, Enum):
+    """How strictly an entry's fingerprint must equal the current one."""
+
+    EXACT = "exact"  # every field
+    SAME_ARCH = "same-arch"  # same compute capability, software and kernel (H100 -> H200)
+    ANY = "any"  # only kernel name and shape key; a starting point, not a tuned answer
+
+
+@dataclass(frozen=True)
+class Hardware:
+    gpu_name: str
+    compute_capability: str  # "9.0", or "cpu"
+    sm_count: int
+    gpus_per_node: int
+    nvlink_full_mesh: bool | None
+    memory_gib: int
+
+
+@dataclass(frozen=True)
+class Software:
+    torch: str
+    triton: str
+    triton_hash: str  # triton's source hash where it has one
+    cuda_runtime: str
+    driver: str
+    ptxas: str
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """Hardware + software + kernel source hash. Equal fingerprints mean a config carries over."""
+
+    hardware: Hardware
+    software: Software
+    kernel_hash: str = ""
+
+    def with_kernel(self, kernel_hash: str) -> Fingerprint:
+        return replace(self, kernel_hash=kernel_hash)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Fingerprint:
+        try:
+            return cls(
+                hardware=Hardware(**data["hardware"]),
+                software=Software(**data["software"]),
+                kernel_hash=str(data.get("kernel_hash", "")),
+            )
+        except (KeyError, TypeError) as e:
+            raise RegistryError(f"Fingerprint {data!r} is malformed: {e}") from None
+
+    def digest(self) -> str:
+        """A stable hash of every field; equal digests iff equal fingerprints."""
+        return self._digest
+
+    @cached_property
+    def _digest(self) -> str:  # lookups ask for it on every call
+        blob = json.dumps(self.to_json(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()
+
+    def flat(self) -> dict[str, object]:
+        """Fields as ``hardware.gpu_name``-style names, for diffs and tables."""
+        out: dict[str, object] = {"kernel_hash": self.kernel_hash}
+        for part in ("hardware", "software"):
+            for f in fields(getattr(self, part)):
+                out[f"{part}.{f.name}"] = getattr(getattr(self, part), f.name)
+        return out
+
+    def diff(self, other: Fingerprint) -> dict[str, tuple[object, object]]:
+        """Fields whose values differ: ``{name: (self's, other's)}``."""
+        mine, theirs = self.flat(), other.flat()
+        return {k: (v, theirs[k]) for k, v in mine.items() if v != theirs[k]}
+
+    def mismatches(self, other: Fingerprint, policy: MatchPolicy) -> dict[str, tuple[object, object]]:
+        """The differences that ``policy`` does not forgive; empty means a match."""
+        if policy is MatchPolicy.ANY:
+            return {}
+        differences = self.diff(other)
+        if policy is MatchPolicy.EXACT:
+            return differences
+        forgiven = {f"hardware.{f.name}" for f in fields(Hardware)} - {"hardware.compute_capability"}
+        return {k: v for k, v in differences.items() if k not in forgiven}
+
+    def gpu_slug(self) -> str:
+        """Folder name a person can read: GPU, arch, SMs, GPUs per node."""
+        hw = self.hardware
+        if hw.compute_capability == "cpu":
+            return "cpu"
+        mesh = "-nvl" if hw.nvlink_full_mesh else ""
+        arch = hw.compute_capability.replace(".", "")
+        return _slug(f"{hw.gpu_name}_sm{arch}_{hw.sm_count}sm_x{hw.gpus_per_node}{mesh}")
+
+    def software_slug(self) -> str:
+        """Folder name: torch, triton and CUDA versions plus a digest of the whole fingerprint."""
+        sw = self.software
+        return _slug(f"torch{sw.torch}_triton{sw.triton}_cuda{sw.cuda_runtime}_{self.digest()[:10]}")
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._+-]+", "-", text).strip("-") or "unknown"
+
+
+def cpu_fingerprint(kernel_hash: str = "") -> Fingerprint:
+    """The fingerprint of the CPU interpreter platform (tests and the demo)."""
+    return Fingerprint(
+        hardware=Hardware(
+            gpu_name="cpu",
+            compute_capability="cpu",
+            sm_count=0,
+            gpus_per_node=0,
+            nvlink_full_mesh=None,
+            memory_gib=0,
+        ),
+        software=_software(cuda=False),
+        kernel_hash=kernel_hash,
+    )
+
+
+def detect(kernel_hash: str = "", *, device: int = 0) -> Fingerprint:
+    """The fingerprint of this machine: the GPU ``device`` if CUDA is available, else the CPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return cpu_fingerprint(kernel_hash)
+    props = torch.cuda.get_device_properties(device)
+    hardware = Hardware(
+        gpu_name=props.name,
+        compute_capability=f"{props.major}.{props.minor}",
+        sm_count=int(props.multi_processor_count),
+        gpus_per_node=torch.cuda.device_count(),
+        nvlink_full_mesh=_nvlink_full_mesh(torch.cuda.device_count()),
+        memory_gib=round(props.total_memory / 2**30),
+    )
+    return Fingerprint(hardware, _software(cuda=True), kernel_hash)
+
+
+def _software(*, cuda: bool) -> Software:
+    torch_version, cuda_runtime = _torch_versions()
+    triton_version, triton_hash = _triton_versions()
+    return Software(
+        torch=torch_version,
+        triton=triton_version,
+        triton_hash=triton_hash,
+        cuda_runtime=cuda_runtime if cuda else "none",
+        driver=_driver_version() if cuda else "none",
+        ptxas=_ptxas_version() if cuda else "none",
+    )
+
+
+def _torch_versions() -> tuple[str, str]:
+    try:
+        import torch
+    except ImportError:
+        return "none", "none"
+    return str(torch.__version__), str(torch.version.cuda or "none")
+
+
+def _triton_versions() -> tuple[str, str]:
+    try:
+        import triton
+    except ImportError:
+        return "none", "none"
+    try:
+        from triton.runtime.cache import triton_key
+
+        source_hash = hashlib.sha256(triton_key().encode()).hexdigest()[:16]
+    except Exception:  # older or vendor builds have no triton_key
+        source_hash = "unknown"
+    return str(triton.__version__), source_hash
+
+
+def _driver_version() -> str:
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return "unknown"
+    out = _run([smi, "--query-gpu=driver_version", "--format=csv,noheader"])
+    return out.splitlines()[0].strip() if out else "unknown"
+
+
+def _ptxas_version() -> str:
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas_version
+
+        return str(get_ptxas_version())
+    except Exception:
+        return "unknown"
+
+
+def _nvlink_full_mesh(count: int) -> bool | None:
+    """True when every pair of GPUs has an NVLink path (nvidia-smi topo shows NV# for all)."""
+    if count < 2:
+        return None
+    smi = shutil.which("nvidia-smi")
+    out = _run([smi, "topo", "-m"]) if smi else ""
+    rows = [line.split() for line in out.splitlines() if line.startswith("GPU")]
+    if len(rows) < count:
+        return None
+    cells = [row[1 : count + 1] for row in rows[:count]]
+    return all(c == "X" or c.startswith("NV") for row in cells for c in row)
+
+
+def _run(cmd: list[str]) -> str:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def kernel_source_hash(fn: Callable[..., Any] | Any) -> str:
+    """Hash a kernel's source so that moving it to another line, reformatting it or
+    editing comments leaves the hash alone, while any change of code changes it.
+
+    Accepts a plain function or a Triton ``JITFunction`` / ``Autotuner`` / ``Heuristics``
+    wrapper (anything with ``.fn``), and folds in the hashes of the other JIT
+    functions it calls, so an edit in a helper invalidates its callers.
+    """
+    return _hash_function(_unwrap(fn), seen=set())
+
+
+def _unwrap(obj: Any) -> Callable[..., Any]:
+    while not inspect.isfunction(obj) and hasattr(obj, "fn"):
+        obj = obj.fn
+    if not inspect.isfunction(obj):
+        raise RegistryError(f"Cannot hash the source of {obj!r}: not a function or JIT kernel.")
+    return obj  # type: ignore[no-any-return]
+
+
+def _hash_function(fn: Callable[..., Any], seen: set[int]) -> str:
+    seen.add(id(fn))
+    try:
+        source = textwrap.dedent(inspect.getsource(fn))
+    except (OSError, TypeError) as e:
+        raise RegistryError(f"Cannot read the source of {fn.__qualname__}: {e}") from None
+    tree = ast.parse(source)
+    node = tree.body[0]
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        node.decorator_list = []  # the decorator's arguments are not the kernel's code
+    digest = hashlib.sha256(ast.dump(node, include_attributes=False).encode())
+    for name in sorted(_called_names(node)):
+        callee = getattr(fn, "__globals__", {}).get(name)
+        if callee is not None and hasattr(callee, "fn") and id(_unwrap(callee)) not in seen:
+            digest.update(f"{name}:{_hash_function(_unwrap(callee), seen)}".encode())
+    return digest.hexdigest()
+
+
+def _called_names(node: ast.AST) -> set[str]:
+    return {
+        n.func.id
+        for n in ast.walk(node)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+    }
+
+
+def machine_name() -> str:
+    """The host name recorded in entries and lock holders."""
+    return platform.node() or "unknown-host"

@@ -1,0 +1,90 @@
+"""Restore and save Triton's compile cache (TRITON_CACHE_DIR) from and to the volume.
+
+Triton's group files (``<hash>/__grp__<kernel>.json``) list their members by absolute
+path, and a lookup misses when any listed path does not exist. A cache copied to
+another folder therefore misses everywhere; ``restore`` rewrites every group file to
+the folder it now lives in, so the relocated cache hits.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from registry import atomic
+
+log = logging.getLogger(__name__)
+GROUP_PREFIX = "__grp__"
+
+
+@dataclass
+class CacheSync:
+    copied: int = 0  # files written
+    present: int = 0  # files already there with the same size
+    relocated: int = 0  # group files rewritten to the new folder
+
+
+def save(cache_dir: Path, target: Path) -> CacheSync:
+    """Copy new compile artifacts from ``cache_dir`` into ``target`` (on the volume)."""
+    sync = CacheSync()
+    for rel, src in cache_files(cache_dir):
+        _copy_if_new(src, target / rel, sync)
+    log.info("saved triton cache %s -> %s: %d new, %d present", cache_dir, target,
+             sync.copied, sync.present)
+    return sync
+
+
+def restore(source: Path, cache_dir: Path) -> CacheSync:
+    """Copy the artifacts in ``source`` into ``cache_dir`` and point their groups there."""
+    sync = CacheSync()
+    for rel, src in cache_files(source):
+        _copy_if_new(src, cache_dir / rel, sync)
+    sync.relocated = relocate(cache_dir)
+    log.info("restored triton cache %s -> %s: %d new, %d present, %d groups relocated",
+             source, cache_dir, sync.copied, sync.present, sync.relocated)
+    return sync
+
+
+def relocate(cache_dir: Path) -> int:
+    """Rewrite group files whose member paths are not in ``cache_dir``; returns how many."""
+    count = 0
+    for group in sorted(cache_dir.glob(f"*/{GROUP_PREFIX}*.json")):
+        try:
+            data = json.loads(group.read_text())
+            children = data["child_paths"]
+        except (OSError, ValueError, KeyError, TypeError):
+            log.warning("skipping unreadable triton group file %s", group)
+            continue
+        moved = {name: str(group.parent / Path(path).name) for name, path in children.items()}
+        if moved != children:
+            atomic.write_bytes(group, json.dumps({"child_paths": moved}).encode())
+            count += 1
+    return count
+
+
+def cache_files(cache_dir: Path) -> Iterator[tuple[Path, Path]]:
+    """``(relative path, path)`` of every finished artifact: skips Triton's temp folders
+    and lock files, which belong to a compile in progress."""
+    if not cache_dir.is_dir():
+        return
+    for folder in sorted(p for p in cache_dir.iterdir() if p.is_dir()):
+        for path in sorted(folder.iterdir()):
+            if path.is_file() and not path.is_symlink() and _is_artifact(path.name):
+                yield path.relative_to(cache_dir), path
+
+
+def _is_artifact(name: str) -> bool:
+    return name != "lock" and not name.startswith((".", "tmp.", atomic.TEMP_PREFIX))
+
+
+def _copy_if_new(src: Path, dst: Path, sync: CacheSync) -> None:
+    # A group file differs only in the folder it names, so any copy of it is current.
+    is_group = src.name.startswith(GROUP_PREFIX)
+    if dst.exists() and (is_group or dst.stat().st_size == src.stat().st_size):
+        sync.present += 1
+        return
+    atomic.copy_file(src, dst)
+    sync.copied += 1

@@ -1,0 +1,50 @@
+"""Shared fixtures: fingerprints and entries built the way production code builds them."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from registry import Entry, Fingerprint, Hardware, KernelConfig, Measurement, Software
+
+_counter = itertools.count()
+
+
+def gpu_fingerprint(name: str = "NVIDIA H200", cc: str = "9.0", sms: int = 132,
+                    **software: str) -> Fingerprint:
+    sw = Software(torch="2.11.0", triton="3.6.0", triton_hash="t" * 16, cuda_runtime="12.8",
+                  driver="570.86", ptxas="12.8")
+    return Fingerprint(
+        Hardware(gpu_name=name, compute_capability=cc, sm_count=sms, gpus_per_node=8,
+                 nvlink_full_mesh=True, memory_gib=141),
+        replace(sw, **software),
+        kernel_hash="k" * 64,
+    )
+
+
+@pytest.fixture
+def h200() -> Fingerprint:
+    return gpu_fingerprint()
+
+
+@pytest.fixture
+def make_entry(h200: Fingerprint) -> Callable[..., Entry]:
+    def make(m: int = 4096, *, kernel: str = "ag_gemm", fp: Fingerprint | None = None,
+             block_m: int = 128, median: float = 1.0, **rest: Any) -> Entry:
+        best = KernelConfig.make({"BLOCK_M": block_m, "BLOCK_N": 128}, num_warps=8)
+        other = KernelConfig.make({"BLOCK_M": block_m // 2, "BLOCK_N": 128}, num_warps=4)
+        measurements = (
+            Measurement(best, median, median * 0.9, median * 1.1),
+            Measurement(other, median * 2, median * 1.9, median * 2.1),
+            Measurement(KernelConfig.make({"BLOCK_M": 512}), error="out of shared memory"),
+        )
+        key = {"M": m, "N": 6656, "K": 16384, "dtype": "bf16", "world": 2}
+        rest.setdefault("created", f"2026-11-21T10:00:{next(_counter) % 60:02d}+00:00")
+        return Entry.make(kernel, key, fp or gpu_fingerprint(), best,
+                          measurements=measurements, tuning_seconds=3.5, **rest)
+
+    return make

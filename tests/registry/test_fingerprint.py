@@ -1,0 +1,106 @@
+import importlib.util
+import json
+import textwrap
+from dataclasses import replace
+
+import pytest
+
+from registry import Fingerprint, MatchPolicy, RegistryError, cpu_fingerprint, detect
+from registry import kernel_source_hash as source_hash
+from tests.conftest import gpu_fingerprint
+
+KERNEL = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def helper(x):
+    return x * 2
+
+
+@triton.jit
+def add_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)  # one block per program
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, helper(tl.load(x_ptr + offs, mask=mask)), mask=mask)
+'''
+
+
+def _load(tmp_path, name, text):
+    path = tmp_path / f"{name}.py"
+    path.write_text(textwrap.dedent(text))
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_source_hash_survives_moving_lines_and_comments(tmp_path):
+    base = _load(tmp_path, "k_base", KERNEL)
+    moved = _load(tmp_path, "k_moved", "\n\n\n# a new header comment\n" + KERNEL.replace(
+        "  # one block per program", "  # reworded comment"))
+    assert source_hash(base.add_kernel) == source_hash(moved.add_kernel)
+    # Triton's own key does change when the kernel moves, which is why ours exists.
+    assert base.add_kernel.starting_line_number != moved.add_kernel.starting_line_number
+
+
+def test_source_hash_changes_with_code_and_with_a_called_helper(tmp_path):
+    base = _load(tmp_path, "k_base2", KERNEL)
+    body = _load(tmp_path, "k_body", KERNEL.replace("mask=mask)), mask=mask)",
+                                                    "mask=mask)) + 1, mask=mask)"))
+    helper = _load(tmp_path, "k_helper", KERNEL.replace("return x * 2", "return x * 3"))
+    hashes = {source_hash(m.add_kernel) for m in (base, body, helper)}
+    assert len(hashes) == 3
+
+
+def test_source_hash_of_plain_function_and_bad_input():
+    def f(a):
+        return a + 1
+
+    assert len(source_hash(f)) == 64
+    with pytest.raises(RegistryError):
+        source_hash(42)
+
+
+def test_json_round_trip_and_stable_digest():
+    fp = gpu_fingerprint()
+    again = Fingerprint.from_json(json.loads(json.dumps(fp.to_json())))
+    assert again == fp and again.digest() == fp.digest()
+    assert fp.with_kernel("other").digest() != fp.digest()
+
+
+def test_exact_policy_reports_each_differing_field():
+    h200, h100 = gpu_fingerprint(), gpu_fingerprint("NVIDIA H100 80GB HBM3", sms=132)
+    h100 = replace(h100, hardware=replace(h100.hardware, memory_gib=80))
+    assert h200.mismatches(h100, MatchPolicy.EXACT) == {
+        "hardware.gpu_name": ("NVIDIA H200", "NVIDIA H100 80GB HBM3"),
+        "hardware.memory_gib": (141, 80),
+    }
+
+
+def test_same_arch_forgives_the_gpu_model_but_not_arch_software_or_kernel():
+    h200, h100 = gpu_fingerprint(), gpu_fingerprint("NVIDIA H100", sms=114)
+    assert h200.mismatches(h100, MatchPolicy.SAME_ARCH) == {}
+    a100 = gpu_fingerprint("NVIDIA A100", cc="8.0", sms=108)
+    assert set(h200.mismatches(a100, MatchPolicy.SAME_ARCH)) == {"hardware.compute_capability"}
+    new_triton = gpu_fingerprint("NVIDIA H100", triton="3.7.0")
+    assert set(h200.mismatches(new_triton, MatchPolicy.SAME_ARCH)) == {"software.triton"}
+    assert set(h200.mismatches(h200.with_kernel("x"), MatchPolicy.SAME_ARCH)) == {"kernel_hash"}
+
+
+def test_any_policy_matches_everything():
+    assert gpu_fingerprint().mismatches(cpu_fingerprint(), MatchPolicy.ANY) == {}
+
+
+def test_detect_on_this_machine_gives_the_cpu_fingerprint():
+    fp = detect("abc")
+    assert fp.hardware.compute_capability == "cpu" and fp.kernel_hash == "abc"
+    assert fp.software.torch.startswith("2.") and fp.software.triton.startswith("3.")
+    assert fp.gpu_slug() == "cpu"
+
+
+def test_from_json_names_what_is_wrong():
+    with pytest.raises(RegistryError, match="malformed"):
+        Fingerprint.from_json({"hardware": {"gpu_name": "x"}, "software": {}})

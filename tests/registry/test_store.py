@@ -1,0 +1,197 @@
+import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from registry import Entry, MatchPolicy, Store
+from registry.store import CURRENT, QUARANTINE
+from tests.conftest import gpu_fingerprint
+from tests.registry import _workers
+
+KEY = {"M": 4096, "N": 6656, "K": 16384, "dtype": "bf16", "world": 2}
+
+
+def test_put_then_lookup_is_exact_by_default(tmp_path, make_entry, h200):
+    store = Store(tmp_path)
+    stored = store.put(make_entry())
+    assert store.lookup("ag_gemm", KEY, h200) == stored
+    assert store.lookup("ag_gemm", {**KEY, "M": 8}, h200) is None
+    assert store.lookup("other", KEY, h200) is None
+    assert (tmp_path / CURRENT / stored.relpath()).is_file()
+
+
+def test_policy_decides_whether_another_gpu_matches(tmp_path, make_entry):
+    h100 = gpu_fingerprint("NVIDIA H100", sms=114)
+    h200 = gpu_fingerprint()
+    store = Store(tmp_path)
+    store.put(make_entry(fp=h100))
+    assert store.lookup("ag_gemm", KEY, h200) is None
+    assert store.explain_miss("ag_gemm", KEY, h200) == [
+        {"hardware.gpu_name": ("NVIDIA H200", "NVIDIA H100"), "hardware.sm_count": (132, 114)}]
+    assert store.lookup("ag_gemm", KEY, h200, MatchPolicy.SAME_ARCH) is not None
+    a100 = gpu_fingerprint("NVIDIA A100", cc="8.0")
+    assert store.lookup("ag_gemm", KEY, a100, MatchPolicy.SAME_ARCH) is None
+    assert store.lookup("ag_gemm", KEY, a100, MatchPolicy.ANY) is not None
+
+
+def test_exact_match_preferred_over_a_forgiven_one(tmp_path, make_entry, h200):
+    store = Store(tmp_path)
+    store.put(make_entry(fp=gpu_fingerprint("NVIDIA H100", sms=114), block_m=32))
+    store.put(make_entry(fp=h200, block_m=256))
+    found = store.lookup("ag_gemm", KEY, h200, MatchPolicy.SAME_ARCH)
+    assert found.best.meta["BLOCK_M"] == 256
+
+
+def test_a_reader_notices_another_writer(tmp_path, make_entry, h200):
+    reader, writer = Store(tmp_path), Store(tmp_path)
+    assert reader.lookup("ag_gemm", KEY, h200) is None
+    writer.put(make_entry())
+    assert reader.lookup("ag_gemm", KEY, h200) is not None
+    assert not reader.refresh()  # nothing changed since: no reload
+
+
+def test_check_interval_bounds_how_often_readers_look(tmp_path, make_entry, h200):
+    reader = Store(tmp_path, check_interval=3600)
+    assert reader.lookup("ag_gemm", KEY, h200) is None
+    Store(tmp_path).put(make_entry())
+    assert reader.lookup("ag_gemm", KEY, h200) is None  # within the interval: cached view
+    reader.refresh(force=True)
+    assert reader.lookup("ag_gemm", KEY, h200) is not None
+
+
+def test_replayed_put_is_idempotent(tmp_path, make_entry):
+    store = Store(tmp_path)
+    entry = make_entry()
+    first = store.put(entry)
+    path = tmp_path / CURRENT / entry.relpath()
+    mtime = path.stat().st_mtime_ns
+    assert store.put(entry) == first
+    assert path.stat().st_mtime_ns == mtime  # nothing rewritten
+
+
+@pytest.mark.parametrize("content", [b"", b'{"schema": 1, "kernel": "ag_', b"\x00\xff garbage",
+                                     b'{"schema": 1}', b"[1, 2, 3]"])
+def test_corrupt_file_is_quarantined_and_becomes_a_miss(tmp_path, make_entry, h200, content):
+    store = Store(tmp_path)
+    entry = store.put(make_entry())
+    good = store.put(make_entry(m=8192))
+    path = tmp_path / CURRENT / entry.relpath()
+    path.write_bytes(content)
+    reader = Store(tmp_path)
+    assert reader.lookup("ag_gemm", KEY, h200) is None
+    assert reader.lookup("ag_gemm", {**KEY, "M": 8192}, h200) == good
+    assert reader.quarantined == 1 and not path.exists()
+    moved = list((tmp_path / QUARANTINE).iterdir())
+    assert {p.suffix for p in moved} == {".json", ".reason"}
+    assert reader.put(make_entry()).relpath() == entry.relpath()  # the slot is writable again
+
+
+def test_entry_from_a_newer_schema_is_skipped_not_quarantined(tmp_path, make_entry, h200):
+    store = Store(tmp_path)
+    entry = store.put(make_entry())
+    path = tmp_path / CURRENT / entry.relpath()
+    data = json.loads(path.read_text())
+    data["schema"] = 2
+    path.write_text(json.dumps(data))
+    reader = Store(tmp_path)
+    assert reader.lookup("ag_gemm", KEY, h200) is None
+    assert reader.skipped == 1 and reader.quarantined == 0 and path.exists()
+
+
+def test_sixteen_processes_writing_at_once_lose_nothing(tmp_path):
+    workers, count = 16, 5
+    start = time.time() + 2.0  # every process is started and waiting when the gun fires
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_workers.write_entries, args=(str(tmp_path), w, count, start))
+             for w in range(workers)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0] * workers
+    store = Store(tmp_path)
+    entries = store.entries()
+    assert len(entries) == workers * count + 1
+    shared = store.lookup("ag_gemm", {"M": _workers.SHARED_M, "N": 256, "K": 128}, gpu_fingerprint())
+    assert sorted(m.config.meta["BLOCK_M"] for m in shared.measurements) == list(range(1, 17))
+    assert shared.best.meta["BLOCK_M"] == 1  # the earliest tuning wins, whatever the order
+    assert store.quarantined == 0
+
+
+def test_a_writer_killed_mid_stream_leaves_a_usable_store(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "tests.registry._workers", "write_forever",
+                             str(tmp_path)], cwd=Path(__file__).parents[2])
+    deadline = time.time() + 60
+    while time.time() < deadline and len(Store(tmp_path)) < 20:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    store = Store(tmp_path)
+    written = len(store)
+    assert written >= 20 and store.quarantined == 0
+    store.put(_workers.entry(10**6, 64))
+    assert len(Store(tmp_path)) == written + 1
+
+
+def test_a_crashed_install_leaves_nothing_behind(tmp_path, make_entry, h200):
+    store = Store(tmp_path)
+    store.put(make_entry())
+    current = os.readlink(tmp_path / CURRENT)
+    half = tmp_path / "gen-000099"  # what an install killed before its swap leaves
+    (half / "ag_gemm").mkdir(parents=True)
+    (half / "ag_gemm" / "x.json").write_text("{")
+    (tmp_path / CURRENT).parent.joinpath(".tmp-123-current").write_text("")
+    reader = Store(tmp_path)
+    assert len(reader) == 1 and reader.quarantined == 0
+    assert os.readlink(tmp_path / CURRENT) == current
+    reader.install([make_entry(m=1)], record={"bundle": {"name": "b"}})
+    assert not half.exists()  # the unsealed generation was collected
+    assert len(reader) == 2
+
+
+def test_install_swaps_generations_and_rollback_undoes_only_the_bundle(
+        tmp_path, make_entry, h200):
+    store = Store(tmp_path)
+    before = store.put(make_entry(m=1, block_m=64))
+    store.install([make_entry(m=1, block_m=32, created="2026-01-01T00:00:00+00:00"),
+                   make_entry(m=2)], record={"bundle": {"name": "b1", "version": "1"}})
+    assert store.lookup("ag_gemm", {**KEY, "M": 1}, h200).best.meta["BLOCK_M"] == 32
+    tuned_after = store.put(make_entry(m=3))  # a tuning after the install survives rollback
+    info = store.rollback()
+    assert info["kind"] == "rollback"
+    assert store.lookup("ag_gemm", {**KEY, "M": 1}, h200) == before
+    assert store.lookup("ag_gemm", {**KEY, "M": 2}, h200) is None
+    assert store.lookup("ag_gemm", {**KEY, "M": 3}, h200) == tuned_after
+
+
+def test_rollback_without_an_install_is_a_clear_error(tmp_path, make_entry):
+    store = Store(tmp_path)
+    store.put(make_entry())
+    with pytest.raises(Exception, match="no bundle install left to roll back"):
+        store.rollback()
+
+
+def test_old_generations_are_collected_but_current_kept(tmp_path, make_entry):
+    store = Store(tmp_path, keep_generations=3)
+    for i in range(6):
+        store.install([make_entry(m=i)], record={"bundle": {"name": f"b{i}"}})
+    gens = sorted(p.name for p in tmp_path.glob("gen-*"))
+    assert len(gens) <= 4 and os.readlink(tmp_path / CURRENT) == gens[-1]
+    assert len(store) == 6
+
+
+def test_empty_or_missing_store_reads_as_empty(tmp_path, h200):
+    assert Store(tmp_path / "nowhere").lookup("ag_gemm", KEY, h200) is None
+    assert Store(tmp_path / "nowhere").entries() == []
+
+
+def test_entry_kernel_name_validation_guards_the_path(make_entry):
+    with pytest.raises(Exception, match="Kernel name"):
+        make_entry(kernel="../../etc/passwd")
+    assert isinstance(make_entry(kernel="my_pkg.mod:fn"), Entry)
