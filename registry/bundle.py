@@ -61,8 +61,14 @@ class Bundle:
         return str(self.manifest["version"])
 
 
-def create(out: Path, *, name: str, version: str, entries: Iterable[Entry],
-           triton_cache: Path | None = None) -> dict[str, Any]:
+def create(
+    out: Path,
+    *,
+    name: str,
+    version: str,
+    entries: Iterable[Entry],
+    triton_cache: Path | None = None,
+) -> dict[str, Any]:
     """Write a bundle of ``entries`` (and the artifacts in ``triton_cache``) to ``out``."""
     if not name or not version:
         raise RegistryError(f"Bundle needs a name and a version; got {name!r} and {version!r}.")
@@ -85,7 +91,9 @@ def create(out: Path, *, name: str, version: str, entries: Iterable[Entry],
         "fingerprints": [fingerprints[k] for k in sorted(fingerprints)],
         "members": {p: {"sha256": _sha(b), "size": len(b)} for p, b in sorted(members.items())},
     }
-    _write_archive(out, {MANIFEST: atomic.dumps(manifest).encode(), **dict(sorted(members.items()))})
+    _write_archive(
+        out, {MANIFEST: atomic.dumps(manifest).encode(), **dict(sorted(members.items()))}
+    )
     return manifest
 
 
@@ -103,8 +111,9 @@ def _write_archive(out: Path, members: dict[str, bytes]) -> None:
     atomic.write_bytes(out, buffer.getvalue())
 
 
-def verify(path: Path, *, max_member_bytes: int = MAX_MEMBER_BYTES,
-           max_total_bytes: int = MAX_TOTAL_BYTES) -> Bundle:
+def verify(
+    path: Path, *, max_member_bytes: int = MAX_MEMBER_BYTES, max_total_bytes: int = MAX_TOTAL_BYTES
+) -> Bundle:
     """Read and check the whole bundle; raise :class:`BundleRejected` naming the first fault."""
     label = str(path)
     try:
@@ -169,8 +178,9 @@ def _check_manifest(label: str, members: dict[str, bytes]) -> dict[str, Any]:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise BundleRejected(label, f"{MANIFEST} 'format' is not '{FORMAT}'")
     if manifest.get("schema") != SCHEMA:
-        raise BundleRejected(label, f"unknown schema version {manifest.get('schema')!r}; "
-                                    f"this version reads {SCHEMA}")
+        raise BundleRejected(
+            label, f"unknown schema version {manifest.get('schema')!r}; this version reads {SCHEMA}"
+        )
     for key in ("name", "version", "created", "members"):
         if key not in manifest:
             raise BundleRejected(label, f"{MANIFEST} has no '{key}'")
@@ -202,9 +212,16 @@ def _artifact_path(label: str, name: str) -> str:
     return "/".join(parts)
 
 
-def install(path: Path, store: Store, *, expect: Fingerprint | None,
-            policy: MatchPolicy = MatchPolicy.EXACT, force: bool = False,
-            triton_cache: Path | None = None, **limits: int) -> dict[str, Any]:
+def install(
+    path: Path,
+    store: Store,
+    *,
+    expect: Fingerprint | None,
+    policy: MatchPolicy = MatchPolicy.EXACT,
+    force: bool = False,
+    triton_cache: Path | None = None,
+    **limits: int,
+) -> dict[str, Any]:
     """Verify ``path``, then merge it into ``store`` as one new generation.
 
     ``expect``: the fingerprint of the machines this store serves; entries that do not
@@ -218,21 +235,32 @@ def install(path: Path, store: Store, *, expect: Fingerprint | None,
         raise BundleRejected(str(path), "it carries Triton artifacts but no cache folder was given")
     if triton_cache is not None and bundle.artifacts:
         _install_artifacts(bundle, triton_cache)
-    record = {"bundle": {"name": bundle.name, "version": bundle.version,
-                         "sha256": bundle.sha256, "file": path.name},
-              "entries": len(bundle.entries), "artifacts": len(bundle.artifacts)}
+    record = {
+        "bundle": {
+            "name": bundle.name,
+            "version": bundle.version,
+            "sha256": bundle.sha256,
+            "file": path.name,
+        },
+        "entries": len(bundle.entries),
+        "artifacts": len(bundle.artifacts),
+    }
     return store.install(bundle.entries, record=record)
 
 
 def _check_fingerprints(bundle: Bundle, expect: Fingerprint, policy: MatchPolicy) -> None:
     for entry in bundle.entries:
         mismatch = expect.with_kernel(entry.fingerprint.kernel_hash).mismatches(
-            entry.fingerprint, policy)
+            entry.fingerprint, policy
+        )
         if mismatch:
             fields = ", ".join(f"{k} ({b!r}, here {a!r})" for k, (a, b) in sorted(mismatch.items()))
-            raise BundleRejected(str(bundle.path), f"entry {entry.relpath()} was tuned for another "
-                                                   f"platform under policy '{policy.value}': "
-                                                   f"{fields}; use force to install anyway")
+            raise BundleRejected(
+                str(bundle.path),
+                f"entry {entry.relpath()} was tuned for another "
+                f"platform under policy '{policy.value}': "
+                f"{fields}; use force to install anyway",
+            )
 
 
 def _install_artifacts(bundle: Bundle, triton_cache: Path) -> None:
@@ -258,5 +286,3 @@ def installed(store: Store) -> list[dict[str, Any]]:
 
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-

@@ -29,7 +29,7 @@ class KernelConfig:
 
     @classmethod
     def make(cls, kwargs: Mapping[str, Scalar] | None = None, **launch: Any) -> KernelConfig:
-        """Build from a plain mapping, the way ``triton.Config(kwargs, num_warps=...)`` is called."""
+        """Build from a mapping, as ``triton.Config(kwargs, num_warps=...)`` is called."""
         unknown = set(launch) - set(_LAUNCH_FIELDS)
         if unknown:
             raise RegistryError(f"KernelConfig got unknown launch option(s) {sorted(unknown)}.")

@@ -70,8 +70,14 @@ class Entry:
     source: str = "tuned"
 
     @classmethod
-    def make(cls, kernel: str, key: Mapping[str, Any], fingerprint: Fingerprint,
-             best: KernelConfig, **rest: Any) -> Entry:
+    def make(
+        cls,
+        kernel: str,
+        key: Mapping[str, Any],
+        fingerprint: Fingerprint,
+        best: KernelConfig,
+        **rest: Any,
+    ) -> Entry:
         """Build an entry from a plain key mapping, checking the names."""
         return cls(check_kernel_name(kernel), canonical_key(key), fingerprint, best, **rest)
 
@@ -141,8 +147,9 @@ class Entry:
         duplicate tuning or a replayed write is harmless: the earliest tuning wins and the
         measurements of both are kept (for a config both measured, the faster record)."""
         if (self.relpath(), self.key_json) != (other.relpath(), other.key_json):
-            raise RegistryError(f"Cannot merge entries of different slots: {self.relpath()} "
-                                f"and {other.relpath()}.")
+            raise RegistryError(
+                f"Cannot merge entries of different slots: {self.relpath()} and {other.relpath()}."
+            )
         winner = self if self.identity() <= other.identity() else other
         by_config: dict[KernelConfig, Measurement] = {}
         for m in (*self.measurements, *other.measurements):
@@ -156,8 +163,11 @@ def _measurement_order(m: Measurement) -> tuple[object, ...]:
     return (not m.ok, m.median_ms, m.p20_ms, m.p80_ms, m.error or "")
 
 
-def sort_measurements(measurements: list[Measurement] | tuple[Measurement, ...]) -> tuple[Measurement, ...]:
+def sort_measurements(
+    measurements: list[Measurement] | tuple[Measurement, ...],
+) -> tuple[Measurement, ...]:
     """Fastest first, failures last, ties broken by the config's JSON: one stable order."""
+
     def order(m: Measurement) -> tuple[float, str]:
         median = m.median_ms if m.ok else math.inf
         return (median, json.dumps(m.config.to_json(), sort_keys=True))

@@ -98,14 +98,18 @@ class Fingerprint:
         mine, theirs = self.flat(), other.flat()
         return {k: (v, theirs[k]) for k, v in mine.items() if v != theirs[k]}
 
-    def mismatches(self, other: Fingerprint, policy: MatchPolicy) -> dict[str, tuple[object, object]]:
+    def mismatches(
+        self, other: Fingerprint, policy: MatchPolicy
+    ) -> dict[str, tuple[object, object]]:
         """The differences that ``policy`` does not forgive; empty means a match."""
         if policy is MatchPolicy.ANY:
             return {}
         differences = self.diff(other)
         if policy is MatchPolicy.EXACT:
             return differences
-        forgiven = {f"hardware.{f.name}" for f in fields(Hardware)} - {"hardware.compute_capability"}
+        forgiven = {f"hardware.{f.name}" for f in fields(Hardware)} - {
+            "hardware.compute_capability"
+        }
         return {k: v for k, v in differences.items() if k not in forgiven}
 
     def gpu_slug(self) -> str:
@@ -120,7 +124,9 @@ class Fingerprint:
     def software_slug(self) -> str:
         """Folder name: torch, triton and CUDA versions plus a digest of the whole fingerprint."""
         sw = self.software
-        return _slug(f"torch{sw.torch}_triton{sw.triton}_cuda{sw.cuda_runtime}_{self.digest()[:10]}")
+        return _slug(
+            f"torch{sw.torch}_triton{sw.triton}_cuda{sw.cuda_runtime}_{self.digest()[:10]}"
+        )
 
 
 def _slug(text: str) -> str:

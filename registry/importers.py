@@ -59,8 +59,9 @@ def _from_triton(path: Path, data: Mapping[str, Any], fingerprint: Fingerprint) 
     for config, timings in data["configs_timings"]:
         values = list(timings) if isinstance(timings, (list, tuple)) else [timings] * 3
         measurements.append(_measurement(KernelConfig.from_json(config), values))
-    return _entry(kernel, {"triton_key": data["key"]}, fingerprint, measurements, path,
-                  "triton-autotune")
+    return _entry(
+        kernel, {"triton_key": data["key"]}, fingerprint, measurements, path, "triton-autotune"
+    )
 
 
 def _from_triton_dist(path: Path, data: Mapping[str, Any], fingerprint: Fingerprint) -> Entry:
@@ -68,14 +69,24 @@ def _from_triton_dist(path: Path, data: Mapping[str, Any], fingerprint: Fingerpr
     measurements = [_measurement(_flatten_dist_config(cfg), [ms] * 3) for ms, cfg in data["config"]]
     deps = data.get("deps") or {}
     if deps:
-        fingerprint = replace(fingerprint, software=replace(
-            fingerprint.software,
-            torch=str(deps.get("torch.version", fingerprint.software.torch)),
-            triton=str(deps.get("triton.version", fingerprint.software.triton)),
-            triton_hash=_short_hash(deps.get("triton.hash")) or fingerprint.software.triton_hash,
-        ))
-    return _entry(kernel, {"triton_dist_key": _plain(data.get("key"))}, fingerprint,
-                  measurements, path, "triton-dist")
+        fingerprint = replace(
+            fingerprint,
+            software=replace(
+                fingerprint.software,
+                torch=str(deps.get("torch.version", fingerprint.software.torch)),
+                triton=str(deps.get("triton.version", fingerprint.software.triton)),
+                triton_hash=_short_hash(deps.get("triton.hash"))
+                or fingerprint.software.triton_hash,
+            ),
+        )
+    return _entry(
+        kernel,
+        {"triton_dist_key": _plain(data.get("key"))},
+        fingerprint,
+        measurements,
+        path,
+        "triton-dist",
+    )
 
 
 def _flatten_dist_config(cfg: Mapping[str, Any]) -> KernelConfig:
@@ -87,8 +98,12 @@ def _flatten_dist_config(cfg: Mapping[str, Any]) -> KernelConfig:
         if isinstance(value, Mapping) and "__triton_config__" in value:
             inner = KernelConfig.from_json(value["__triton_config__"])
             kwargs.update(inner.meta)
-            launch = {"num_warps": inner.num_warps, "num_stages": inner.num_stages,
-                      "num_ctas": inner.num_ctas, "maxnreg": inner.maxnreg}
+            launch = {
+                "num_warps": inner.num_warps,
+                "num_stages": inner.num_stages,
+                "num_ctas": inner.num_ctas,
+                "maxnreg": inner.maxnreg,
+            }
         elif isinstance(value, (int, float, str, bool, type(None))):
             kwargs[name] = value
         else:
@@ -101,17 +116,31 @@ def _measurement(config: KernelConfig, timings: list[Any]) -> Measurement:
     values += [values[0]] * (3 - len(values))
     if not all(math.isfinite(v) for v in values):
         return Measurement(config, error="failed in the original tuner (time inf)")
-    return Measurement(config, *values)
+    median, p20, p80 = values[:3]
+    return Measurement(config, median, p20, p80)
 
 
-def _entry(kernel: str, key: dict[str, Any], fingerprint: Fingerprint,
-           measurements: list[Measurement], path: Path, source: str) -> Entry:
+def _entry(
+    kernel: str,
+    key: dict[str, Any],
+    fingerprint: Fingerprint,
+    measurements: list[Measurement],
+    path: Path,
+    source: str,
+) -> Entry:
     ordered = sort_measurements(measurements)
     if not ordered or not ordered[0].ok:
         raise RegistryError("no config with a finite time")
     created = datetime.fromtimestamp(path.stat().st_mtime, timezone.utc)
-    return Entry.make(kernel, key, fingerprint, ordered[0].config, measurements=ordered,
-                      created=created.isoformat(timespec="seconds"), source=source)
+    return Entry.make(
+        kernel,
+        key,
+        fingerprint,
+        ordered[0].config,
+        measurements=ordered,
+        created=created.isoformat(timespec="seconds"),
+        source=source,
+    )
 
 
 def _plain(value: Any) -> Any:

@@ -64,8 +64,14 @@ class Store:
     (one ``readlink`` and one ``stat``, at most every ``check_interval`` seconds).
     """
 
-    def __init__(self, root: str | os.PathLike[str], *, lock_timeout: float = 120.0,
-                 check_interval: float = 0.0, keep_generations: int = KEEP_GENERATIONS) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        lock_timeout: float = 120.0,
+        check_interval: float = 0.0,
+        keep_generations: int = KEEP_GENERATIONS,
+    ) -> None:
         self.root = Path(root)
         self.lock_timeout = lock_timeout
         self.check_interval = check_interval
@@ -78,21 +84,29 @@ class Store:
 
     # ---- reading -------------------------------------------------------------------
 
-    def lookup(self, kernel: str, key: Mapping[str, Any], fingerprint: Fingerprint,
-               policy: MatchPolicy = MatchPolicy.EXACT) -> Entry | None:
+    def lookup(
+        self,
+        kernel: str,
+        key: Mapping[str, Any],
+        fingerprint: Fingerprint,
+        policy: MatchPolicy = MatchPolicy.EXACT,
+    ) -> Entry | None:
         """The entry for ``kernel`` at ``key`` valid for ``fingerprint``, or None (a miss)."""
         self.refresh()
         candidates = self._loaded.by_slot.get((kernel, canonical_key(key)), {})
         exact = candidates.get(fingerprint.digest())
         if exact is not None:
             return exact
-        matching = [e for e in candidates.values() if not fingerprint.mismatches(e.fingerprint, policy)]
+        matching = [
+            e for e in candidates.values() if not fingerprint.mismatches(e.fingerprint, policy)
+        ]
         if not matching:
             return None
         return min(matching, key=lambda e: (len(fingerprint.diff(e.fingerprint)), e.identity()))
 
-    def explain_miss(self, kernel: str, key: Mapping[str, Any],
-                     fingerprint: Fingerprint) -> list[dict[str, tuple[object, object]]]:
+    def explain_miss(
+        self, kernel: str, key: Mapping[str, Any], fingerprint: Fingerprint
+    ) -> list[dict[str, tuple[object, object]]]:
         """For a miss: the fields in which each stored entry of this slot differs."""
         self.refresh()
         candidates = self._loaded.by_slot.get((kernel, canonical_key(key)), {})
@@ -260,16 +274,21 @@ class Store:
             target = self._latest_undoable_install(current)
             parent = self.root / str(target["parent"])
             if not (parent / GENERATION_FILE).exists():
-                raise RegistryError(f"Cannot roll back {target['id']}: its parent generation "
-                                    f"{target['parent']} is gone (kept: {self.keep_generations}).")
+                raise RegistryError(
+                    f"Cannot roll back {target['id']}: its parent generation "
+                    f"{target['parent']} is gone (kept: {self.keep_generations})."
+                )
             new = self._fork(current)
             for rel in target.get("changed", []):
                 _unlink_quiet(new / rel)
                 if (parent / rel).exists():
                     (new / rel).parent.mkdir(parents=True, exist_ok=True)
                     os.link(parent / rel, new / rel)
-            info = self._seal(new, current, {"kind": "rollback", "undoes": target["id"],
-                                             "bundle": target.get("bundle")})
+            info = self._seal(
+                new,
+                current,
+                {"kind": "rollback", "undoes": target["id"], "bundle": target.get("bundle")},
+            )
             self._swap(new)
         self.refresh(force=True)
         return info
@@ -292,8 +311,9 @@ class Store:
             with self._lock:
                 yield
         except FileLockTimeout:
-            raise RegistryError(f"Store {self.root}: write lock not acquired within "
-                                f"{self.lock_timeout:g} s.") from None
+            raise RegistryError(
+                f"Store {self.root}: write lock not acquired within {self.lock_timeout:g} s."
+            ) from None
 
     def _merge_into(self, gen: Path, entry: Entry) -> Entry:
         path = gen / entry.relpath()
@@ -333,8 +353,12 @@ class Store:
         return new
 
     def _seal(self, gen: Path, parent: Path | None, record: Mapping[str, Any]) -> dict[str, Any]:
-        info = {"id": gen.name, "parent": parent.name if parent else None,
-                "created": now_iso(), **record}
+        info = {
+            "id": gen.name,
+            "parent": parent.name if parent else None,
+            "created": now_iso(),
+            **record,
+        }
         self._touch_stamp(gen)
         atomic.write_json(gen / GENERATION_FILE, info)
         return info
@@ -358,7 +382,7 @@ class Store:
         current = self.current_generation()
         keep_names = {current.name} if current else set()
         sealed = [g for g in self._generation_dirs() if (g / GENERATION_FILE).exists()]
-        keep_names.update(g.name for g in sealed[-self.keep_generations:])
+        keep_names.update(g.name for g in sealed[-self.keep_generations :])
         for gen in self._generation_dirs():
             if gen.name not in keep_names:
                 shutil.rmtree(gen, ignore_errors=True)
@@ -374,5 +398,3 @@ def _entry_files(gen: Path) -> Iterator[Path]:
 def _unlink_quiet(path: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
-
-

@@ -32,8 +32,13 @@ def save(cache_dir: Path, target: Path) -> CacheSync:
     sync = CacheSync()
     for rel, src in cache_files(cache_dir):
         _copy_if_new(src, target / rel, sync)
-    log.info("saved triton cache %s -> %s: %d new, %d present", cache_dir, target,
-             sync.copied, sync.present)
+    log.info(
+        "saved triton cache %s -> %s: %d new, %d present",
+        cache_dir,
+        target,
+        sync.copied,
+        sync.present,
+    )
     return sync
 
 
@@ -43,8 +48,14 @@ def restore(source: Path, cache_dir: Path) -> CacheSync:
     for rel, src in cache_files(source):
         _copy_if_new(src, cache_dir / rel, sync)
     sync.relocated = relocate(cache_dir)
-    log.info("restored triton cache %s -> %s: %d new, %d present, %d groups relocated",
-             source, cache_dir, sync.copied, sync.present, sync.relocated)
+    log.info(
+        "restored triton cache %s -> %s: %d new, %d present, %d groups relocated",
+        source,
+        cache_dir,
+        sync.copied,
+        sync.present,
+        sync.relocated,
+    )
     return sync
 
 

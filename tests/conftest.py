@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -14,13 +15,37 @@ from registry import Entry, Fingerprint, Hardware, KernelConfig, Measurement, So
 _counter = itertools.count()
 
 
-def gpu_fingerprint(name: str = "NVIDIA H200", cc: str = "9.0", sms: int = 132,
-                    **software: str) -> Fingerprint:
-    sw = Software(torch="2.11.0", triton="3.6.0", triton_hash="t" * 16, cuda_runtime="12.8",
-                  driver="570.86", ptxas="12.8")
+def pytest_configure(config: pytest.Config) -> None:
+    # Kernels run on CPU tensors through Triton's interpreter, which Triton reads when a
+    # kernel module is imported; subprocesses that compile for a GPU target drop it.
+    os.environ["TRITON_INTERPRET"] = "1"
+
+
+def env_without_interpreter(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    return {**env, "TRITON_DEFAULT_FP_FUSION": "1", **extra}
+
+
+def gpu_fingerprint(
+    name: str = "NVIDIA H200", cc: str = "9.0", sms: int = 132, **software: str
+) -> Fingerprint:
+    sw = Software(
+        torch="2.11.0",
+        triton="3.6.0",
+        triton_hash="t" * 16,
+        cuda_runtime="12.8",
+        driver="570.86",
+        ptxas="12.8",
+    )
     return Fingerprint(
-        Hardware(gpu_name=name, compute_capability=cc, sm_count=sms, gpus_per_node=8,
-                 nvlink_full_mesh=True, memory_gib=141),
+        Hardware(
+            gpu_name=name,
+            compute_capability=cc,
+            sm_count=sms,
+            gpus_per_node=8,
+            nvlink_full_mesh=True,
+            memory_gib=141,
+        ),
         replace(sw, **software),
         kernel_hash="k" * 64,
     )
@@ -33,8 +58,15 @@ def h200() -> Fingerprint:
 
 @pytest.fixture
 def make_entry(h200: Fingerprint) -> Callable[..., Entry]:
-    def make(m: int = 4096, *, kernel: str = "ag_gemm", fp: Fingerprint | None = None,
-             block_m: int = 128, median: float = 1.0, **rest: Any) -> Entry:
+    def make(
+        m: int = 4096,
+        *,
+        kernel: str = "ag_gemm",
+        fp: Fingerprint | None = None,
+        block_m: int = 128,
+        median: float = 1.0,
+        **rest: Any,
+    ) -> Entry:
         best = KernelConfig.make({"BLOCK_M": block_m, "BLOCK_N": 128}, num_warps=8)
         other = KernelConfig.make({"BLOCK_M": block_m // 2, "BLOCK_N": 128}, num_warps=4)
         measurements = (
@@ -44,7 +76,14 @@ def make_entry(h200: Fingerprint) -> Callable[..., Entry]:
         )
         key = {"M": m, "N": 6656, "K": 16384, "dtype": "bf16", "world": 2}
         rest.setdefault("created", f"2026-11-21T10:00:{next(_counter) % 60:02d}+00:00")
-        return Entry.make(kernel, key, fp or gpu_fingerprint(), best,
-                          measurements=measurements, tuning_seconds=3.5, **rest)
+        return Entry.make(
+            kernel,
+            key,
+            fp or gpu_fingerprint(),
+            best,
+            measurements=measurements,
+            tuning_seconds=3.5,
+            **rest,
+        )
 
     return make

@@ -30,8 +30,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"triton-warmup: error: bad settings: {_one_line(e)}", file=sys.stderr)
         return 2
     args = build_parser(settings).parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     try:
         return registry_cli.run(args)
     except RegistryError as e:
@@ -40,8 +42,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _one_line(error: ValidationError) -> str:
-    return "; ".join(f"TRITON_WARMUP_{'_'.join(map(str, d['loc'])).upper()}: {d['msg']} "
-                     f"(got {d.get('input')!r})" for d in error.errors())
+    return "; ".join(
+        f"TRITON_WARMUP_{'_'.join(map(str, d['loc'])).upper()}: {d['msg']} (got {d.get('input')!r})"
+        for d in error.errors()
+    )
 
 
 if __name__ == "__main__":

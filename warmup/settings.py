@@ -19,8 +19,11 @@ class Settings(BaseSettings):
 
     volume: Path = Field(Path("demo-volume"), description="the mounted volume's root")
     triton_cache_dir: Path | None = Field(
-        None, description="TRITON_CACHE_DIR to restore into; None: Triton's default")
-    lock_url: str = Field("", description="redis://..., unix://..., or a folder; '': <volume>/locks")
+        None, description="TRITON_CACHE_DIR to restore into; None: Triton's default"
+    )
+    lock_url: str = Field(
+        "", description="redis://..., unix://..., or a folder; '': <volume>/locks"
+    )
     lock_ttl_s: float = Field(60.0, gt=0)
     lock_timeout_s: float = Field(1800.0, ge=0)
     match_policy: MatchPolicy = MatchPolicy.EXACT

@@ -99,8 +99,13 @@ def backend_from_url(url: str) -> LockBackend:
 
 
 @contextlib.contextmanager
-def lock(name: str, *, ttl: float = DEFAULT_TTL, timeout: float = DEFAULT_TIMEOUT,
-         backend: LockBackend | None = None) -> Iterator[Holder | None]:
+def lock(
+    name: str,
+    *,
+    ttl: float = DEFAULT_TTL,
+    timeout: float = DEFAULT_TIMEOUT,
+    backend: LockBackend | None = None,
+) -> Iterator[Holder | None]:
     """Hold the lock ``name`` for the ``with`` block.
 
     ``ttl``: seconds after which a silent holder (killed, frozen) may be superseded; a
@@ -132,8 +137,9 @@ def _wait_for(backend: LockBackend, name: str, ttl: float, timeout: float) -> ob
         who = holder.describe() if holder else "an unknown holder"
         if time.monotonic() >= deadline:
             raise LockTimeout(name, timeout, f"{who} ({backend.describe()})")
-        log.info("waiting for lock %s: held by %s (%.0f s waited)", name, who,
-                 time.monotonic() - start)
+        log.info(
+            "waiting for lock %s: held by %s (%.0f s waited)", name, who, time.monotonic() - start
+        )
 
 
 __all__ = ["Holder", "LockBackend", "backend_from_url", "default_backend", "lock"]

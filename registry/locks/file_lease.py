@@ -10,7 +10,7 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from filelock import LeaseCompromise, SoftFileLease
+from filelock import LeaseCompromise, LeaseSettingsMismatch, SoftFileLease
 from filelock import Timeout as FileLockTimeout
 
 from registry import atomic
@@ -39,7 +39,12 @@ class FileLeaseBackend:
     def try_acquire(self, name: str, ttl: float, wait: float) -> _Held | None:
         lease = self._lease(name, ttl)
         try:
-            lease.acquire(timeout=wait, poll_interval=min(0.05, ttl / 10))
+            try:
+                lease.acquire(timeout=wait, poll_interval=min(0.05, ttl / 10))
+            except LeaseSettingsMismatch:
+                # The holder published another TTL (a fleet mid-rollout): contend on its terms.
+                lease = self._lease(name, self._published_ttl(lease, ttl))
+                lease.acquire(timeout=wait, poll_interval=min(0.05, ttl / 10))
         except FileLockTimeout:
             return None
         token = secrets.token_hex(8)
@@ -70,13 +75,28 @@ class FileLeaseBackend:
             )
         return self._leases[name, ttl]
 
+    @staticmethod
+    def _published_ttl(lease: SoftFileLease, ttl: float) -> float:
+        owner = lease.owner
+        published = owner.lease_duration if owner is not None else None
+        log.warning(
+            "lock %s: holder uses ttl %s s, this process %s s; using the holder's",
+            lease.lock_file,
+            published,
+            ttl,
+        )
+        return published or ttl
+
     def _holder_path(self, name: str) -> Path:
         return self.folder / f"{lock_file_name(name)}.holder.json"
 
 
 def _warn_lost(name: str):  # type: ignore[no-untyped-def]
     def warn(compromise: LeaseCompromise) -> None:
-        log.warning("lock %s lost while held (%s): another worker may duplicate this work",
-                    name, compromise.reason)
+        log.warning(
+            "lock %s lost while held (%s): another worker may duplicate this work",
+            name,
+            compromise.reason,
+        )
 
     return warn

@@ -28,8 +28,9 @@ class RedisLockBackend:
         try:
             import redis
         except ImportError:
-            raise RegistryError("The redis lock backend needs redis-py: "
-                                "pip install 'triton-warmup[redis]'.") from None
+            raise RegistryError(
+                "The redis lock backend needs redis-py: pip install 'triton-warmup[redis]'."
+            ) from None
         self.url = url
         self.client = redis.Redis.from_url(url, socket_timeout=10)
 
@@ -42,8 +43,9 @@ class RedisLockBackend:
         if not lock.acquire(blocking=wait > 0, blocking_timeout=wait or None, token=token):
             return None
         stop = threading.Event()
-        thread = threading.Thread(target=_renew, args=(lock, ttl, stop, name), daemon=True,
-                                  name=f"lock-heartbeat-{name}")
+        thread = threading.Thread(
+            target=_renew, args=(lock, ttl, stop, name), daemon=True, name=f"lock-heartbeat-{name}"
+        )
         thread.start()
         return _Held(lock, stop, thread)
 
@@ -69,6 +71,7 @@ def _renew(lock: Any, ttl: float, stop: threading.Event, name: str) -> None:
         try:
             lock.extend(ttl, replace_ttl=True)
         except redis.exceptions.RedisError as e:
-            log.warning("lock %s could not be renewed (%s): another worker may duplicate "
-                        "this work", name, e)
+            log.warning(
+                "lock %s could not be renewed (%s): another worker may duplicate this work", name, e
+            )
             return

@@ -16,9 +16,14 @@ SHARED_M = 999_999
 
 def entry(m: int, block_m: int, *, created: str = "2026-11-21T10:00:00+00:00") -> Entry:
     config = KernelConfig.make({"BLOCK_M": block_m})
-    return Entry.make("ag_gemm", {"M": m, "N": 256, "K": 128}, gpu_fingerprint(), config,
-                      measurements=(Measurement(config, 1.0 + block_m / 1000, 1.0, 1.0),),
-                      created=created)
+    return Entry.make(
+        "ag_gemm",
+        {"M": m, "N": 256, "K": 128},
+        gpu_fingerprint(),
+        config,
+        measurements=(Measurement(config, 1.0 + block_m / 1000, 1.0, 1.0),),
+        created=created,
+    )
 
 
 def write_entries(root: str, worker: int, count: int, start: float) -> None:
@@ -52,9 +57,9 @@ def count_under_lock(lock_url: str, counter: str, rounds: int, start: float) -> 
             path.write_text(json.dumps(value + 1))
 
 
-def hold_lock(lock_url: str, name: str, ttl: float, ready: str) -> None:
+def hold_lock(lock_url: str, name: str, ttl: str, ready: str) -> None:
     """Take the lock, say so, then sleep until killed or stopped."""
-    with lock(name, ttl=ttl, timeout=30, backend=backend_from_url(lock_url)):
+    with lock(name, ttl=float(ttl), timeout=30, backend=backend_from_url(lock_url)):
         Path(ready).write_text("held")
         time.sleep(3600)
 

@@ -13,29 +13,45 @@ def test_config_is_a_hashable_value_with_order_free_kwargs():
 
 
 def test_config_json_round_trip_is_structured():
-    config = KernelConfig.make({"BLOCK_M": 64, "SPLIT": True}, num_warps=8, num_stages=4,
-                               maxnreg=128)
+    config = KernelConfig.make(
+        {"BLOCK_M": 64, "SPLIT": True}, num_warps=8, num_stages=4, maxnreg=128
+    )
     data = config.to_json()
-    assert data == {"kwargs": {"BLOCK_M": 64, "SPLIT": True}, "num_warps": 8, "num_stages": 4,
-                    "num_ctas": 1, "maxnreg": 128}
+    assert data == {
+        "kwargs": {"BLOCK_M": 64, "SPLIT": True},
+        "num_warps": 8,
+        "num_stages": 4,
+        "num_ctas": 1,
+        "maxnreg": 128,
+    }
     assert KernelConfig.from_json(data) == config
 
 
 def test_config_reads_tritons_own_config_dict():
     # triton.Config.__dict__, as Triton writes it into *.autotune.json
-    triton_dict = {"kwargs": {"BLOCK_SIZE": 1024}, "num_warps": 4, "num_ctas": 1,
-                   "num_stages": 2, "maxnreg": None, "pre_hook": None, "ir_override": None}
+    triton_dict = {
+        "kwargs": {"BLOCK_SIZE": 1024},
+        "num_warps": 4,
+        "num_ctas": 1,
+        "num_stages": 2,
+        "maxnreg": None,
+        "pre_hook": None,
+        "ir_override": None,
+    }
     config = KernelConfig.from_json(triton_dict)
     assert config.meta == {"BLOCK_SIZE": 1024} and config.num_stages == 2
 
 
-@pytest.mark.parametrize("bad", [
-    {"kwargs": [1, 2]},
-    {"kwargs": {"BLOCK": [64]}},
-    {"kwargs": {}, "num_warps": "8"},
-    {"kwargs": {}, "num_warps": True},
-    "BLOCK_M: 64",
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"kwargs": [1, 2]},
+        {"kwargs": {"BLOCK": [64]}},
+        {"kwargs": {}, "num_warps": "8"},
+        {"kwargs": {}, "num_warps": True},
+        "BLOCK_M: 64",
+    ],
+)
 def test_config_rejects_bad_input_by_name(bad):
     with pytest.raises(RegistryError):
         KernelConfig.from_json(bad)

@@ -19,8 +19,17 @@ def test_entry_round_trips_every_field(make_entry):
     entry = make_entry()
     data = json.loads(json.dumps(entry.to_json()))
     assert data["schema"] == SCHEMA_VERSION
-    assert set(data) >= {"kernel", "key", "fingerprint", "best", "measurements",
-                         "tuning_seconds", "created", "host", "source"}
+    assert set(data) >= {
+        "kernel",
+        "key",
+        "fingerprint",
+        "best",
+        "measurements",
+        "tuning_seconds",
+        "created",
+        "host",
+        "source",
+    }
     assert data["best"]["kwargs"] == {"BLOCK_M": 128, "BLOCK_N": 128}
     assert Entry.from_json(data) == entry
 
@@ -33,12 +42,15 @@ def test_entry_path_shows_kernel_gpu_software_shape(make_entry):
     assert parts[3].startswith("K16384_M4096_N6656_dtype-bf16_world-2-")
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("schema", 99, "schema"),
-    ("tuning_seconds", -1, "tuning_seconds"),
-    ("kernel", "../etc", "Kernel name"),
-    ("fingerprint", {"hardware": {}}, "Fingerprint"),
-])
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("schema", 99, "schema"),
+        ("tuning_seconds", -1, "tuning_seconds"),
+        ("kernel", "../etc", "Kernel name"),
+        ("fingerprint", {"hardware": {}}, "Fingerprint"),
+    ],
+)
 def test_entry_rejects_bad_fields(make_entry, field, value, message):
     data = make_entry().to_json()
     data[field] = value
@@ -81,12 +93,20 @@ def _entries(draw, base):
     configs = [KernelConfig.make({"BLOCK_M": b}) for b in (16, 32, 64, 128)]
     chosen = draw(st.lists(st.sampled_from(configs), min_size=1, max_size=4, unique=True))
     ms = tuple(Measurement(c, draw(_median), 0.0, 0.0) for c in chosen)
-    return Entry(base.kernel, base.key_json, base.fingerprint, chosen[0], ms,
-                 created=draw(_created), host=draw(st.sampled_from(["a", "b"])))
+    return Entry(
+        base.kernel,
+        base.key_json,
+        base.fingerprint,
+        chosen[0],
+        ms,
+        created=draw(_created),
+        host=draw(st.sampled_from(["a", "b"])),
+    )
 
 
-@settings(max_examples=60, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])  # the fixture is a pure factory
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)  # the fixture is a pure factory
 @given(data=st.data())
 def test_merge_is_idempotent_commutative_associative(make_entry, data):
     base = make_entry()

@@ -33,7 +33,8 @@ def test_policy_decides_whether_another_gpu_matches(tmp_path, make_entry):
     store.put(make_entry(fp=h100))
     assert store.lookup("ag_gemm", KEY, h200) is None
     assert store.explain_miss("ag_gemm", KEY, h200) == [
-        {"hardware.gpu_name": ("NVIDIA H200", "NVIDIA H100"), "hardware.sm_count": (132, 114)}]
+        {"hardware.gpu_name": ("NVIDIA H200", "NVIDIA H100"), "hardware.sm_count": (132, 114)}
+    ]
     assert store.lookup("ag_gemm", KEY, h200, MatchPolicy.SAME_ARCH) is not None
     a100 = gpu_fingerprint("NVIDIA A100", cc="8.0")
     assert store.lookup("ag_gemm", KEY, a100, MatchPolicy.SAME_ARCH) is None
@@ -75,8 +76,10 @@ def test_replayed_put_is_idempotent(tmp_path, make_entry):
     assert path.stat().st_mtime_ns == mtime  # nothing rewritten
 
 
-@pytest.mark.parametrize("content", [b"", b'{"schema": 1, "kernel": "ag_', b"\x00\xff garbage",
-                                     b'{"schema": 1}', b"[1, 2, 3]"])
+@pytest.mark.parametrize(
+    "content",
+    [b"", b'{"schema": 1, "kernel": "ag_', b"\x00\xff garbage", b'{"schema": 1}', b"[1, 2, 3]"],
+)
 def test_corrupt_file_is_quarantined_and_becomes_a_miss(tmp_path, make_entry, h200, content):
     store = Store(tmp_path)
     entry = store.put(make_entry())
@@ -108,8 +111,10 @@ def test_sixteen_processes_writing_at_once_lose_nothing(tmp_path):
     workers, count = 16, 5
     start = time.time() + 2.0  # every process is started and waiting when the gun fires
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_workers.write_entries, args=(str(tmp_path), w, count, start))
-             for w in range(workers)]
+    procs = [
+        ctx.Process(target=_workers.write_entries, args=(str(tmp_path), w, count, start))
+        for w in range(workers)
+    ]
     for p in procs:
         p.start()
     for p in procs:
@@ -118,15 +123,19 @@ def test_sixteen_processes_writing_at_once_lose_nothing(tmp_path):
     store = Store(tmp_path)
     entries = store.entries()
     assert len(entries) == workers * count + 1
-    shared = store.lookup("ag_gemm", {"M": _workers.SHARED_M, "N": 256, "K": 128}, gpu_fingerprint())
+    shared = store.lookup(
+        "ag_gemm", {"M": _workers.SHARED_M, "N": 256, "K": 128}, gpu_fingerprint()
+    )
     assert sorted(m.config.meta["BLOCK_M"] for m in shared.measurements) == list(range(1, 17))
     assert shared.best.meta["BLOCK_M"] == 1  # the earliest tuning wins, whatever the order
     assert store.quarantined == 0
 
 
 def test_a_writer_killed_mid_stream_leaves_a_usable_store(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "tests.registry._workers", "write_forever",
-                             str(tmp_path)], cwd=Path(__file__).parents[2])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.registry._workers", "write_forever", str(tmp_path)],
+        cwd=Path(__file__).parents[2],
+    )
     deadline = time.time() + 60
     while time.time() < deadline and len(Store(tmp_path)) < 20:
         time.sleep(0.05)
@@ -155,12 +164,13 @@ def test_a_crashed_install_leaves_nothing_behind(tmp_path, make_entry, h200):
     assert len(reader) == 2
 
 
-def test_install_swaps_generations_and_rollback_undoes_only_the_bundle(
-        tmp_path, make_entry, h200):
+def test_install_swaps_generations_and_rollback_undoes_only_the_bundle(tmp_path, make_entry, h200):
     store = Store(tmp_path)
     before = store.put(make_entry(m=1, block_m=64))
-    store.install([make_entry(m=1, block_m=32, created="2026-01-01T00:00:00+00:00"),
-                   make_entry(m=2)], record={"bundle": {"name": "b1", "version": "1"}})
+    store.install(
+        [make_entry(m=1, block_m=32, created="2026-01-01T00:00:00+00:00"), make_entry(m=2)],
+        record={"bundle": {"name": "b1", "version": "1"}},
+    )
     assert store.lookup("ag_gemm", {**KEY, "M": 1}, h200).best.meta["BLOCK_M"] == 32
     tuned_after = store.put(make_entry(m=3))  # a tuning after the install survives rollback
     info = store.rollback()

@@ -1,0 +1,169 @@
+"""A tiled Triton matmul: the demo's kernel and the tuner's benchmark subject.
+
+On CPU tensors it runs under Triton's interpreter, which needs TRITON_INTERPRET=1 in
+the environment before this module is imported (``warmup.platform.use_interpreter``).
+
+Layers: the ``@triton.jit`` kernel, the launcher that checks arguments and takes a
+config, then what a tuner needs (key, space, reference, ahead-of-time compile).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from registry import KernelConfig
+
+NAME = "matmul"
+_TRITON_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+
+@triton.jit
+def _matmul_kernel(
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    stride_cm,
+    stride_cn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    group = pid // (GROUP_M * num_n)  # grouped order: neighbours share B tiles in L2
+    first_m = group * GROUP_M
+    size_m = min(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % (GROUP_M * num_n)) % size_m
+    pid_n = (pid % (GROUP_M * num_n)) // size_m
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        ks = k * BLOCK_K + offs_k
+        a = tl.load(
+            a_ptr + offs_m[:, None] * stride_am + ks[None, :] * stride_ak,
+            mask=(offs_m[:, None] < M) & (ks[None, :] < K),
+            other=0.0,
+        )
+        b = tl.load(
+            b_ptr + ks[:, None] * stride_bk + offs_n[None, :] * stride_bn,
+            mask=(ks[:, None] < K) & (offs_n[None, :] < N),
+            other=0.0,
+        )
+        acc = tl.dot(a, b, acc)
+    c = acc.to(c_ptr.dtype.element_ty)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, c, mask=mask)
+
+
+def matmul(
+    a: torch.Tensor, b: torch.Tensor, config: KernelConfig, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``a @ b`` with the given config. a: [M, K], b: [K, N] -> [M, N]."""
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(f"matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} do not chain.")
+    if a.dtype != b.dtype or a.dtype not in _TRITON_DTYPES:
+        raise ValueError(f"matmul: dtypes {a.dtype}, {b.dtype}; need one of fp16/bf16/fp32.")
+    if a.device != b.device:
+        raise ValueError(f"matmul: a on {a.device}, b on {b.device}.")
+    (m, k), n = a.shape, b.shape[1]
+    out = torch.empty((m, n), dtype=a.dtype, device=a.device) if out is None else out
+    meta = config.meta
+    grid = (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
+    _matmul_kernel[grid](
+        a,
+        b,
+        out,
+        m,
+        n,
+        k,
+        a.stride(0),
+        a.stride(1),
+        b.stride(0),
+        b.stride(1),
+        out.stride(0),
+        out.stride(1),
+        **meta,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+    return out
+
+
+def key(a: torch.Tensor, b: torch.Tensor) -> dict[str, Any]:
+    """What a tuned config depends on: the problem size and the dtype."""
+    return {"M": a.shape[0], "N": b.shape[1], "K": a.shape[1], "dtype": _TRITON_DTYPES[a.dtype]}
+
+
+def space(
+    block_m: tuple[int, ...] = (64, 128),
+    block_n: tuple[int, ...] = (128, 256),
+    block_k: tuple[int, ...] = (32, 64),
+    stages_warps: tuple[tuple[int, int], ...] = ((3, 8), (4, 4)),
+    group_m: int = 8,
+) -> list[KernelConfig]:
+    """The config space; the defaults are the 16 configs of the tuning-cost benchmark."""
+    return [
+        KernelConfig.make(
+            {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group_m},
+            num_stages=s,
+            num_warps=w,
+        )
+        for bm in block_m
+        for bn in block_n
+        for bk in block_k
+        for s, w in stages_warps
+    ]
+
+
+def reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The float64 product, to check a config's output against."""
+    return (a.double() @ b.double()).to(a.dtype)
+
+
+def compile_ahead(config: KernelConfig, dtype: str, target: Any) -> Any:
+    """Compile one config for ``target`` (e.g. ``GPUTarget("cuda", 90, 32)``), no GPU needed;
+    the artifacts land in TRITON_CACHE_DIR."""
+    from triton.compiler import ASTSource
+
+    pointer = f"*{dtype}"
+    signature = {
+        "a_ptr": pointer,
+        "b_ptr": pointer,
+        "c_ptr": pointer,
+        **{
+            n: "i32"
+            for n in (
+                "M",
+                "N",
+                "K",
+                "stride_am",
+                "stride_ak",
+                "stride_bk",
+                "stride_bn",
+                "stride_cm",
+                "stride_cn",
+            )
+        },
+        **{n: "constexpr" for n in config.meta},
+    }
+    source = ASTSource(fn=_matmul_kernel, signature=signature, constexprs=config.meta)
+    return triton.compile(
+        source,
+        target=target,
+        options={"num_warps": config.num_warps, "num_stages": config.num_stages},
+    )

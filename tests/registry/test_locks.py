@@ -1,0 +1,205 @@
+import json
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import registry.locks
+from registry import LockTimeout, RegistryError, lock
+from registry.locks import backend_from_url, lock_file_name
+from tests.registry import _workers
+
+ROOT = Path(__file__).parents[2]
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory):
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.skip("redis-server is not installed (make test installs it where apt-get works)")
+    folder = tmp_path_factory.mktemp("redis")
+    sock = folder / "redis.sock"
+    proc = subprocess.Popen(
+        [
+            server,
+            "--port",
+            "0",
+            "--unixsocket",
+            str(sock),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(folder),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"unix://{sock}"
+    deadline = time.time() + 15
+    while time.time() < deadline:
+        try:
+            if backend_from_url(url).client.ping():
+                break
+        except Exception:
+            time.sleep(0.05)
+    else:
+        proc.kill()
+        pytest.fail("redis-server did not start")
+    yield url
+    proc.terminate()
+    proc.wait()
+
+
+@pytest.fixture(params=["file", "redis"])
+def lock_url(request, tmp_path):
+    if request.param == "redis":
+        url = request.getfixturevalue("redis_url")
+        backend_from_url(url).client.flushall()
+        return url
+    return str(tmp_path / "locks")
+
+
+def _start_holder(lock_url, name, ttl, tmp_path):
+    ready = tmp_path / f"ready-{lock_file_name(name)}"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.registry._workers",
+            "hold_lock",
+            lock_url,
+            name,
+            str(ttl),
+            str(ready),
+        ],
+        cwd=ROOT,
+    )
+    deadline = time.time() + 30
+    while not ready.exists():
+        assert proc.poll() is None and time.time() < deadline, "holder did not take the lock"
+        time.sleep(0.02)
+    return proc
+
+
+def test_lock_excludes_other_processes(lock_url, tmp_path):
+    counter = tmp_path / "counter.json"
+    start = time.time() + 1.5
+    ctx = multiprocessing.get_context("spawn")
+    procs = [
+        ctx.Process(target=_workers.count_under_lock, args=(lock_url, str(counter), 10, start))
+        for _ in range(4)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0] * 4
+    assert json.loads(counter.read_text()) == 40
+
+
+def test_timeout_names_the_lock_and_its_holder(lock_url, tmp_path):
+    holder = _start_holder(lock_url, "tune/ag_gemm", 30, tmp_path)
+    try:
+        with (
+            pytest.raises(LockTimeout) as info,
+            lock("tune/ag_gemm", timeout=0.3, backend=backend_from_url(lock_url)),
+        ):
+            pass
+        message = str(info.value)
+        assert "tune/ag_gemm" in message and f"pid {holder.pid}" in message and "since" in message
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_waiters_log_who_holds_the_lock(lock_url, tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(registry.locks, "WAIT_LOG_INTERVAL", 0.1)
+    holder = _start_holder(lock_url, "busy", 30, tmp_path)
+    try:
+        with (
+            caplog.at_level(logging.INFO, logger="registry.locks"),
+            pytest.raises(LockTimeout),
+            lock("busy", timeout=0.5, backend=backend_from_url(lock_url)),
+        ):
+            pass
+    finally:
+        holder.kill()
+        holder.wait()
+    waits = [r.getMessage() for r in caplog.records if "waiting for lock busy" in r.getMessage()]
+    assert waits and f"pid {holder.pid}" in waits[0]
+
+
+def test_a_killed_holder_is_taken_over_within_the_ttl(lock_url, tmp_path):
+    ttl = 2.0
+    holder = _start_holder(lock_url, "crashy", ttl, tmp_path)
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    started = time.monotonic()
+    with lock("crashy", ttl=ttl, timeout=ttl * 5, backend=backend_from_url(lock_url)) as me:
+        assert me is not None and me.pid == os.getpid()
+    assert time.monotonic() - started < ttl * 2
+
+
+def test_a_frozen_holder_keeps_the_lock_until_the_ttl_then_loses_it(lock_url, tmp_path):
+    ttl = 2.0
+    holder = _start_holder(lock_url, "frozen", ttl, tmp_path)
+    holder.send_signal(signal.SIGSTOP)  # alive but silent: no heartbeat
+    try:
+        backend = backend_from_url(lock_url)
+        with pytest.raises(LockTimeout), lock("frozen", ttl=ttl, timeout=ttl / 4, backend=backend):
+            pass
+        started = time.monotonic()
+        with lock("frozen", ttl=ttl, timeout=ttl * 6, backend=backend):
+            waited = time.monotonic() - started
+    finally:
+        holder.send_signal(signal.SIGCONT)
+        holder.kill()
+        holder.wait()
+    assert waited >= ttl * 0.5 and waited < ttl * 5
+
+
+def test_a_live_holder_renews_past_its_ttl(lock_url):
+    backend = backend_from_url(lock_url)
+    with lock("long", ttl=1.0, timeout=1, backend=backend):
+        time.sleep(2.0)  # twice the ttl: the heartbeat must have renewed it
+        other = backend_from_url(lock_url)
+        with pytest.raises(LockTimeout), lock("long", ttl=1.0, timeout=0.5, backend=other):
+            pass
+    with lock("long", ttl=1.0, timeout=1, backend=backend):
+        pass  # released: free again
+
+
+def test_bad_arguments_are_named(tmp_path):
+    with (
+        pytest.raises(RegistryError, match="ttl"),
+        lock("x", ttl=0, backend=backend_from_url(str(tmp_path))),
+    ):
+        pass
+    with pytest.raises(RegistryError, match="empty"):
+        lock_file_name("")
+
+
+def test_lock_file_names_are_safe_and_distinct():
+    a, b = lock_file_name("ag_gemm/a b"), lock_file_name("ag_gemm/a_b")
+    assert a != b and "/" not in a and " " not in a
+
+
+def test_a_waiter_with_another_ttl_contends_on_the_holders_terms(lock_url, tmp_path):
+    holder = _start_holder(lock_url, "mixed-ttl", 1.5, tmp_path)
+    holder.send_signal(signal.SIGSTOP)
+    try:
+        with lock("mixed-ttl", ttl=60, timeout=10, backend=backend_from_url(lock_url)) as me:
+            assert me.pid == os.getpid()
+    finally:
+        holder.send_signal(signal.SIGCONT)
+        holder.kill()
+        holder.wait()

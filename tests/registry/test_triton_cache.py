@@ -1,0 +1,87 @@
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from registry import triton_cache
+from tests.conftest import env_without_interpreter
+
+ROOT = Path(__file__).parents[2]
+pytestmark = pytest.mark.slow
+
+
+def compile_in(cache_dir: Path) -> dict:
+    env = env_without_interpreter(TRITON_CACHE_DIR=str(cache_dir))
+    out = subprocess.run(
+        [sys.executable, "-m", "tests.registry._compile_sm90"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    """A real sm90 compile cache, made once for the module."""
+    origin = tmp_path_factory.mktemp("origin")
+    first = compile_in(origin)
+    assert not first["hit"] and first["cubin"] > 0
+    return origin, first
+
+
+def test_restored_cache_hits_in_another_folder(compiled, tmp_path):
+    origin, first = compiled
+    volume = tmp_path / "volume" / "triton-cache"
+    saved = triton_cache.save(origin, volume)
+    assert saved.copied >= 3  # cubin, metadata json, group file at least
+    restored_dir = tmp_path / "elsewhere" / "cache"
+    sync = triton_cache.restore(volume, restored_dir)
+    assert sync.copied == saved.copied and sync.relocated == 1
+    second = compile_in(restored_dir)
+    assert second["hit"], f"Triton recompiled: wrote {second['written']}"
+    assert second["in_cache"] and second["hash"] == first["hash"]
+
+
+def test_a_plain_copy_misses_which_is_why_restore_relocates(compiled, tmp_path):
+    origin, _ = compiled
+    first_pod = tmp_path / "first-pod"  # the folder the group files name, gone in a new pod
+    shutil.copytree(origin, first_pod)
+    triton_cache.relocate(first_pod)
+    copied = tmp_path / "plain-copy"
+    shutil.copytree(first_pod, copied)
+    shutil.rmtree(first_pod)
+    assert not compile_in(copied)["hit"]
+
+
+def test_save_and_restore_are_incremental_and_skip_temp_files(compiled, tmp_path):
+    origin, _ = compiled
+    work = tmp_path / "work"
+    shutil.copytree(origin, work)
+    (next(work.iterdir()) / "tmp.pid_1_x").mkdir()
+    (next(work.iterdir()) / "lock").write_text("")
+    volume = tmp_path / "vol"
+    first = triton_cache.save(work, volume)
+    again = triton_cache.save(work, volume)
+    assert again.copied == 0 and again.present == first.copied
+    names = {p.name for p in volume.rglob("*")}
+    assert "lock" not in names and not any(n.startswith("tmp.") for n in names)
+    target = tmp_path / "target"
+    triton_cache.restore(volume, target)
+    assert triton_cache.restore(volume, target).copied == 0
+
+
+def test_restore_from_a_missing_folder_is_a_no_op(tmp_path):
+    assert triton_cache.restore(tmp_path / "none", tmp_path / "cache").copied == 0
+
+
+def test_unreadable_group_file_is_skipped(tmp_path):
+    (tmp_path / "abc").mkdir()
+    (tmp_path / "abc" / "__grp__k.json").write_text("{not json")
+    assert triton_cache.relocate(tmp_path) == 0

@@ -1,0 +1,33 @@
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from registry import MatchPolicy
+from warmup.cli import main
+from warmup.settings import Settings
+
+
+def test_defaults_run_the_demo_locally():
+    settings = Settings()
+    assert settings.volume == Path("demo-volume")
+    assert settings.paths.registry == Path("demo-volume/registry")
+    assert settings.lock_location == "demo-volume/locks"
+
+
+def test_environment_overrides_with_the_prefix(monkeypatch, tmp_path):
+    monkeypatch.setenv("TRITON_WARMUP_VOLUME", str(tmp_path))
+    monkeypatch.setenv("TRITON_WARMUP_MATCH_POLICY", "same-arch")
+    monkeypatch.setenv("TRITON_WARMUP_LOCK_URL", "redis://redis:6379/0")
+    settings = Settings()
+    assert settings.paths.triton_cache == tmp_path / "triton-cache"
+    assert settings.match_policy is MatchPolicy.SAME_ARCH
+    assert settings.lock_location == "redis://redis:6379/0"
+
+
+def test_bad_values_name_the_variable(monkeypatch, capsys):
+    monkeypatch.setenv("TRITON_WARMUP_LOCK_TTL_S", "-3")
+    with pytest.raises(ValidationError):
+        Settings()
+    assert main(["registry", "ls"]) == 2
+    assert "TRITON_WARMUP_LOCK_TTL_S" in capsys.readouterr().err
