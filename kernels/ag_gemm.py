@@ -1,0 +1,474 @@
+"""Fused AllGather-GEMM for tensor parallelism: ``all_gather(a_shard) @ b`` on every rank.
+
+Each rank holds ``a_shard: [M/world, K]`` and ``b: [K, N]`` (its column shard of a
+weight). The gather hides behind the GEMM:
+
+* A context, made once per process group and maximum shape, owns two gathered buffers
+  ``G[slot]: [max_M, K]`` in symmetric memory (one slot per call parity), per-source
+  ready flags and a side stream.
+* A call copies the local shard into its own rows of ``G[slot]``, meets the peers at a
+  symmetric-memory barrier, then the side stream pulls each peer's rows from the peer's
+  ``G[slot]`` with the copy engine (no SMs) and raises that peer's flag to this call's
+  epoch with ``stream_write_value32``. Flags only grow, so calls repeat back to back
+  with no reset; the two slots plus the per-call barrier make reuse safe.
+* The consumer GEMM walks its tiles starting at its own rows (ready at once) and makes
+  every tile wait for the flags of the shards its rows come from.
+
+Consumers: a persistent kernel with TMA tensor descriptors for Hopper (sm90+), and a
+pointer-based kernel for other CUDA GPUs and for CPU under ``TRITON_INTERPRET=1``,
+where gloo does the gather and raises each flag as its shard lands.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import triton
+import triton.language as tl
+
+from kernels.spaces import DeviceLimits, Problem, ag_gemm_space, device_limits
+from registry import KernelConfig
+
+NAME = "ag_gemm"
+DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+
+@triton.jit
+def _wait_for_rows(flags_ptr, epoch, row_lo, row_hi, m_per_rank, rank, WORLD: tl.constexpr):
+    """Spin until every shard holding rows [row_lo, row_hi] has landed (own rows excepted)."""
+    first, last = row_lo // m_per_rank, row_hi // m_per_rank
+    for src in tl.static_range(WORLD):
+        if (src != rank) & (src >= first) & (src <= last):
+            flag = tl.atomic_add(flags_ptr + src, 0, sem="acquire", scope="gpu")
+            while flag < epoch:
+                flag = tl.atomic_add(flags_ptr + src, 0, sem="acquire", scope="gpu")
+
+
+@triton.jit
+def _fence_async_proxy(x):
+    """Order the flag's acquire before the TMA (async proxy) reads of the data it guards."""
+    return tl.inline_asm_elementwise(
+        "fence.proxy.async.global; mov.b32 $0, $1;",
+        "=r,r",
+        [x],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
+
+
+@triton.jit
+def _tile_coords(
+    tile,
+    M,
+    N,
+    m_per_rank,
+    rank,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    """Grouped tile order over M-tiles rotated to start at this rank's first row."""
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    in_group = GROUP_M * tiles_n
+    first_m = (tile // in_group) * GROUP_M
+    group_size = min(tiles_m - first_m, GROUP_M)
+    rotated_m = first_m + (tile % in_group) % group_size
+    pid_n = (tile % in_group) // group_size
+    pid_m = (rotated_m + (rank * m_per_rank) // BLOCK_M) % tiles_m
+    return pid_m, pid_n
+
+
+@triton.jit(do_not_specialize=["epoch", "rank"])
+def _ag_gemm_portable_kernel(
+    g_ptr,
+    b_ptr,
+    c_ptr,
+    flags_ptr,
+    epoch,
+    M,
+    N,
+    K,
+    m_per_rank,
+    rank,
+    stride_gm,
+    stride_bk,
+    stride_cm,
+    WORLD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    # g: [M, K] gathered A (own rows local, peers' rows as their flags rise); b: [K, N]
+    pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, m_per_rank, rank, BLOCK_M, BLOCK_N, GROUP_M)
+    row_lo = pid_m * BLOCK_M
+    _wait_for_rows(flags_ptr, epoch, row_lo, min(row_lo + BLOCK_M, M) - 1, m_per_rank, rank, WORLD)
+    rows = row_lo + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    ks = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        a = tl.load(
+            g_ptr + rows[:, None] * stride_gm + (k0 + ks)[None, :],
+            mask=(rows[:, None] < M) & ((k0 + ks)[None, :] < K),
+            other=0.0,
+        )
+        b = tl.load(
+            b_ptr + (k0 + ks)[:, None] * stride_bk + cols[None, :],
+            mask=((k0 + ks)[:, None] < K) & (cols[None, :] < N),
+            other=0.0,
+        )
+        acc = tl.dot(a, b, acc)
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    tl.store(
+        c_ptr + rows[:, None] * stride_cm + cols[None, :], acc.to(c_ptr.dtype.element_ty), mask=mask
+    )
+
+
+@triton.jit(do_not_specialize=["epoch", "rank"])
+def _ag_gemm_tma_kernel(
+    g_desc,
+    b_desc,
+    c_desc,
+    flags_ptr,
+    epoch,
+    M,
+    N,
+    K,
+    m_per_rank,
+    rank,
+    WORLD: tl.constexpr,
+    NUM_SMS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    # Persistent: program p takes tiles p, p + NUM_SMS, ...; TMA loads, TMA store.
+    num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    for tile in range(tl.program_id(0), num_tiles, NUM_SMS):
+        pid_m, pid_n = _tile_coords(tile, M, N, m_per_rank, rank, BLOCK_M, BLOCK_N, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        _wait_for_rows(
+            flags_ptr, epoch, off_m, min(off_m + BLOCK_M, M) - 1, m_per_rank, rank, WORLD
+        )
+        _fence_async_proxy(epoch)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kt in range(k_tiles):
+            a = g_desc.load([off_m, kt * BLOCK_K])
+            b = b_desc.load([kt * BLOCK_K, off_n])
+            acc = tl.dot(a, b, acc)
+        c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
+
+
+@dataclass
+class AgGemmContext:
+    """Buffers, flags and streams for one process group and maximum shape; reused by
+    every call. Make it with :func:`create_context` on every rank of the group."""
+
+    group: Any
+    rank: int
+    world: int
+    max_m: int
+    k: int
+    dtype: torch.dtype
+    device: torch.device
+    limits: DeviceLimits
+    buffers: list[torch.Tensor]  # two slots, each G: [max_M, K]
+    flags: torch.Tensor  # int32 [world]: the epoch each source's rows last landed in
+    consumer: str = "portable"  # "tma" (Hopper, persistent) or "portable"
+    epoch: int = 0
+    symm: list[Any] = field(default_factory=list)  # symmetric-memory handles, one per slot
+    side_stream: Any = None
+
+
+def create_context(
+    group: Any,
+    *,
+    max_m: int,
+    k: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    consumer: str | None = None,
+) -> AgGemmContext:
+    """Allocate the workspace for gathered A up to ``[max_m, k]`` (collective on CUDA).
+
+    ``consumer``: ``"tma"`` or ``"portable"``; by default TMA on Hopper and newer.
+    """
+    device = torch.device(device)
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    if max_m <= 0 or k <= 0 or max_m % world:
+        raise ValueError(
+            f"ag_gemm context: max_m={max_m} must be a positive multiple of the "
+            f"world size {world}, and k={k} positive."
+        )
+    if dtype not in DTYPES:
+        raise ValueError(
+            f"ag_gemm context: dtype {dtype} not supported; use one of {sorted(DTYPES.values())}."
+        )
+    ctx = AgGemmContext(
+        group=group,
+        rank=rank,
+        world=world,
+        max_m=max_m,
+        k=k,
+        dtype=dtype,
+        device=device,
+        limits=device_limits(device),
+        buffers=[],
+        flags=torch.zeros(world, dtype=torch.int32, device=device),
+    )
+    ctx.consumer = consumer or (
+        "tma" if device.type == "cuda" and ctx.limits.is_hopper else "portable"
+    )
+    if ctx.consumer not in ("tma", "portable") or (
+        ctx.consumer == "tma" and not (device.type == "cuda" and ctx.limits.is_hopper)
+    ):
+        raise ValueError(
+            f"ag_gemm context: consumer {ctx.consumer!r} not available on "
+            f"{ctx.limits.name}; use 'portable'."
+        )
+    if device.type == "cuda" and world > 1:
+        _allocate_symmetric(ctx)
+    else:
+        ctx.buffers = [torch.empty(max_m, k, dtype=dtype, device=device) for _ in range(2)]
+    return ctx
+
+
+def _allocate_symmetric(ctx: AgGemmContext) -> None:
+    import torch.distributed._symmetric_memory as symm_mem
+
+    for _ in range(2):
+        buffer = symm_mem.empty(ctx.max_m, ctx.k, dtype=ctx.dtype, device=ctx.device)
+        ctx.symm.append(symm_mem.rendezvous(buffer, ctx.group.group_name))
+        ctx.buffers.append(buffer)
+    ctx.side_stream = torch.cuda.Stream(device=ctx.device, priority=-1)
+    ctx.symm[0].barrier()
+
+
+def check_inputs(
+    a_shard: torch.Tensor, b: torch.Tensor, ctx: AgGemmContext, out: torch.Tensor | None = None
+) -> tuple[int, int, int]:
+    """Raise ``ValueError`` naming what is wrong; returns (M, N, K) of the gathered GEMM."""
+    if a_shard.ndim != 2 or b.ndim != 2:
+        raise ValueError(
+            f"ag_gemm: a_shard {tuple(a_shard.shape)} and b {tuple(b.shape)} must be 2-D."
+        )
+    m_per_rank, k = a_shard.shape
+    if b.shape[0] != k:
+        raise ValueError(
+            f"ag_gemm: a_shard is [{m_per_rank}, {k}] but b is "
+            f"{list(b.shape)}; b must be [K={k}, N]."
+        )
+    if a_shard.dtype != ctx.dtype or b.dtype != ctx.dtype:
+        raise ValueError(
+            f"ag_gemm: dtypes a_shard {a_shard.dtype}, b {b.dtype}; the context "
+            f"was made for {ctx.dtype}."
+        )
+    if not a_shard.is_contiguous() or not b.is_contiguous():
+        raise ValueError(
+            "ag_gemm: a_shard and b must be contiguous (row-major); call .contiguous() first."
+        )
+    if a_shard.device != ctx.device or b.device != ctx.device:
+        raise ValueError(
+            f"ag_gemm: tensors on {a_shard.device} and {b.device}; the context is on {ctx.device}."
+        )
+    m = m_per_rank * ctx.world
+    if k != ctx.k or m > ctx.max_m or m_per_rank == 0:
+        raise ValueError(
+            f"ag_gemm: gathered shape [{m}, {k}] exceeds the context's "
+            f"[{ctx.max_m}, {ctx.k}] (K must match, M at most max_m)."
+        )
+    n = b.shape[1]
+    if out is not None and (
+        tuple(out.shape) != (m, n) or out.dtype != ctx.dtype or not out.is_contiguous()
+    ):
+        raise ValueError(
+            f"ag_gemm: out is {tuple(out.shape)} {out.dtype}; need a contiguous "
+            f"[{m}, {n}] {ctx.dtype}."
+        )
+    return m, n, k
+
+
+def ag_gemm(
+    a_shard: torch.Tensor,
+    b: torch.Tensor,
+    ctx: AgGemmContext,
+    config: KernelConfig,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``all_gather(a_shard) @ b`` with ``config``; a collective: every rank calls it.
+
+    a_shard: [M/world, K], b: [K, N] -> [M, N]. The config comes from the registry or
+    the tuner; nothing here picks one.
+    """
+    m, n, k = check_inputs(a_shard, b, ctx, out)
+    out = torch.empty(m, n, dtype=ctx.dtype, device=ctx.device) if out is None else out
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise ValueError(
+            "ag_gemm: CUDA graph capture is not supported (the epoch flags "
+            "would be baked into the graph)."
+        )
+    ctx.epoch += 1
+    g = ctx.buffers[ctx.epoch % 2][:m]  # [M, K]
+    m_per_rank = a_shard.shape[0]
+    g[ctx.rank * m_per_rank : (ctx.rank + 1) * m_per_rank].copy_(a_shard)
+    if ctx.device.type == "cuda":
+        _gather_cuda(ctx, m_per_rank)
+    else:
+        _gather_gloo(ctx, g, m_per_rank)
+    _launch(ctx, g, b, out, m, n, k, m_per_rank, config)
+    if ctx.side_stream is not None:
+        torch.cuda.current_stream(ctx.device).wait_stream(ctx.side_stream)
+    return out
+
+
+def _gather_cuda(ctx: AgGemmContext, m_per_rank: int) -> None:
+    """Copy-engine pulls of every peer's rows on the side stream, each raising its flag."""
+    if ctx.world == 1:
+        return
+    from torch._C._distributed_c10d import _SymmetricMemory
+
+    slot = ctx.epoch % 2
+    handle = ctx.symm[slot]
+    handle.barrier(channel=slot)  # every rank's own rows are in its G[slot]
+    main = torch.cuda.current_stream(ctx.device)
+    ctx.side_stream.wait_stream(main)
+    local = ctx.buffers[slot]
+    with torch.cuda.stream(ctx.side_stream):
+        for step in range(1, ctx.world):
+            src = (ctx.rank + step) % ctx.world
+            rows = slice(src * m_per_rank, (src + 1) * m_per_rank)
+            peer = handle.get_buffer(src, tuple(local.shape), ctx.dtype)
+            local[rows].copy_(peer[rows])
+            _SymmetricMemory.stream_write_value32(ctx.flags.view(torch.uint32), src, ctx.epoch)
+
+
+def _gather_gloo(ctx: AgGemmContext, g: torch.Tensor, m_per_rank: int) -> None:
+    """CPU: one broadcast per source (the same order on every rank); each flag rises as
+    its shard lands."""
+    pending = []
+    for src in range(ctx.world if ctx.world > 1 else 0):
+        rows = g[src * m_per_rank : (src + 1) * m_per_rank]
+        root = src if ctx.group is None else dist.get_global_rank(ctx.group, src)
+        pending.append((src, dist.broadcast(rows, src=root, group=ctx.group, async_op=True)))
+    for src, work in pending:
+        work.wait()
+        ctx.flags[src] = ctx.epoch
+
+
+def _launch(
+    ctx: AgGemmContext,
+    g: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor,
+    m: int,
+    n: int,
+    k: int,
+    m_per_rank: int,
+    config: KernelConfig,
+) -> None:
+    meta = config.meta
+    launch = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    if ctx.consumer == "tma" and _tma_aligned(g, b, out):
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        bm, bn, bk = meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_K"]
+        g_desc = TensorDescriptor.from_tensor(g, [bm, bk])
+        b_desc = TensorDescriptor.from_tensor(b, [bk, bn])
+        c_desc = TensorDescriptor.from_tensor(out, [bm, bn])
+        num_tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+        programs = min(ctx.limits.sm_count, num_tiles)
+        _ag_gemm_tma_kernel[(programs,)](
+            g_desc,
+            b_desc,
+            c_desc,
+            ctx.flags,
+            ctx.epoch,
+            m,
+            n,
+            k,
+            m_per_rank,
+            ctx.rank,
+            WORLD=ctx.world,
+            NUM_SMS=programs,
+            **meta,
+            **launch,
+        )
+        return
+    grid = (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
+    _ag_gemm_portable_kernel[grid](
+        g,
+        b,
+        out,
+        ctx.flags,
+        ctx.epoch,
+        m,
+        n,
+        k,
+        m_per_rank,
+        ctx.rank,
+        g.stride(0),
+        b.stride(0),
+        out.stride(0),
+        WORLD=ctx.world,
+        **meta,
+        **launch,
+    )
+
+
+def _tma_aligned(*tensors: torch.Tensor) -> bool:
+    """TMA needs 16-byte aligned bases and row strides; odd K or N take the portable path."""
+    return all(
+        t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0 for t in tensors
+    )
+
+
+def key(a_shard: torch.Tensor, b: torch.Tensor, ctx: AgGemmContext) -> dict[str, Any]:
+    """What a tuned config depends on: gathered M, per-rank N, K, dtype, ranks."""
+    return {
+        "M": a_shard.shape[0] * ctx.world,
+        "N": b.shape[1],
+        "K": a_shard.shape[1],
+        "dtype": DTYPES[a_shard.dtype],
+        "world": ctx.world,
+    }
+
+
+def problem(a_shard: torch.Tensor, b: torch.Tensor, ctx: AgGemmContext) -> Problem:
+    return Problem(
+        m=a_shard.shape[0] * ctx.world,
+        n=b.shape[1],
+        k=a_shard.shape[1],
+        world=ctx.world,
+        element_bytes=a_shard.element_size(),
+    )
+
+
+def space(ctx: AgGemmContext) -> list[KernelConfig]:
+    """The config space for the context's device (see :mod:`kernels.spaces`)."""
+    return ag_gemm_space(ctx.limits)
+
+
+def reference(a_shard: torch.Tensor, b: torch.Tensor, group: Any = None) -> torch.Tensor:
+    """NCCL (or gloo) ``all_gather_into_tensor`` then ``torch.matmul`` (cuBLAS on GPU)."""
+    world = dist.get_world_size(group)
+    gathered = a_shard.new_empty(a_shard.shape[0] * world, a_shard.shape[1])
+    dist.all_gather_into_tensor(gathered, a_shard, group=group)
+    return torch.matmul(gathered, b)
+
+
+def torch_fused(a_shard: torch.Tensor, b: torch.Tensor, group: Any) -> torch.Tensor | None:
+    """torch's ``symm_mem.fused_all_gather_matmul`` where this torch has it, else None."""
+    op = getattr(getattr(torch.ops, "symm_mem", None), "fused_all_gather_matmul", None)
+    if op is None or a_shard.device.type != "cuda":
+        return None
+    _, outputs = op(a_shard, [b], gather_dim=0, group_name=group.group_name)
+    return outputs[0]  # type: ignore[no-any-return]

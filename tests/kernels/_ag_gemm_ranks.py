@@ -1,0 +1,110 @@
+"""One rank of the CPU AllGather-GEMM tests: gloo, the interpreter, a float64 reference.
+
+Usage: python -m tests.kernels._ag_gemm_ranks WORLD RANK INIT_FILE SCENARIO
+Prints one JSON line: the results the test asserts on.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+
+from kernels import ag_gemm
+from registry import KernelConfig
+
+TILE = KernelConfig.make({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2})
+SHAPES = [(5, 23, 19), (16, 40, 32), (7, 9, 33)]  # (M per rank, N, K): odd, even, odd
+
+
+def _gathered(world: int, shard_shape: tuple[int, int], seed: int) -> torch.Tensor:
+    """Every rank can rebuild the whole A from the seed: the reference needs no gather."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(world * shard_shape[0], shard_shape[1], generator=g)
+
+
+def correctness(world: int, rank: int) -> dict[str, object]:
+    errors = []
+    for index, (m_per_rank, n, k) in enumerate(SHAPES):
+        ctx = ag_gemm.create_context(None, max_m=world * 16, k=k, dtype=torch.float32, device="cpu")
+        for call in range(2):  # back to back, no reset: the epoch carries
+            seed = 1000 * index + call
+            a = _gathered(world, (m_per_rank, k), seed)
+            b = torch.randn(k, n, generator=torch.Generator().manual_seed(seed + 7))
+            shard = a[rank * m_per_rank : (rank + 1) * m_per_rank].contiguous()
+            out = torch.full((world * m_per_rank, n), float("nan"))
+            ag_gemm.ag_gemm(shard, b, ctx, TILE, out=out)
+            expected = a.double() @ b.double()
+            written = bool(torch.isfinite(out).all())
+            rel = float((out.double() - expected).norm() / expected.norm())
+            errors.append(
+                {
+                    "shape": [m_per_rank, n, k],
+                    "call": call,
+                    "epoch": ctx.epoch,
+                    "written": written,
+                    "rel_error": rel,
+                }
+            )
+    return {"rank": rank, "results": errors}
+
+
+def bad_inputs(world: int, rank: int) -> dict[str, object]:
+    ctx = ag_gemm.create_context(None, max_m=world * 8, k=16, dtype=torch.float32, device="cpu")
+    ok_a, ok_b = torch.randn(8, 16), torch.randn(16, 12)
+    cases = {
+        "dtype": (ok_a.double(), ok_b.double()),
+        "mixed_dtype": (ok_a, ok_b.half()),
+        "non_contiguous": (torch.randn(16, 8).t(), ok_b),
+        "k_mismatch": (ok_a, torch.randn(15, 12)),
+        "above_max": (torch.randn(9, 16), ok_b),
+        "not_2d": (ok_a.reshape(2, 4, 16), ok_b),
+    }
+    messages = {}
+    for name, (a, b) in cases.items():
+        try:
+            ag_gemm.ag_gemm(a, b, ctx, TILE)
+            messages[name] = None
+        except ValueError as e:
+            messages[name] = str(e)
+    try:
+        ag_gemm.create_context(None, max_m=world * 8 + 1, k=16, dtype=torch.float32, device="cpu")
+        messages["max_m_not_divisible"] = None if world > 1 else "n/a"
+    except ValueError as e:
+        messages["max_m_not_divisible"] = str(e)
+    return {"rank": rank, "epoch_after": ctx.epoch, "messages": messages}
+
+
+def reference_matches(world: int, rank: int) -> dict[str, object]:
+    ctx = ag_gemm.create_context(None, max_m=world * 8, k=24, dtype=torch.float32, device="cpu")
+    shard = torch.randn(8, 24, generator=torch.Generator().manual_seed(rank))
+    b = torch.randn(24, 20, generator=torch.Generator().manual_seed(99))
+    ours = ag_gemm.ag_gemm(shard, b, ctx, TILE)
+    ref = ag_gemm.reference(shard, b)
+    return {
+        "rank": rank,
+        "max_diff": float((ours - ref).abs().max()),
+        "key": ag_gemm.key(shard, b, ctx),
+        "fused": ag_gemm.torch_fused(shard, b, None),
+    }
+
+
+def main() -> None:
+    world, rank, init_file, scenario = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        result = {
+            "correctness": correctness,
+            "bad_inputs": bad_inputs,
+            "reference": reference_matches,
+        }[scenario](world, rank)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

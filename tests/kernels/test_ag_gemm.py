@@ -1,0 +1,72 @@
+"""The AllGather-GEMM on CPU: one process per rank over gloo, the Triton interpreter."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import env_without_interpreter
+
+ROOT = Path(__file__).parents[2]
+pytestmark = pytest.mark.slow
+
+
+def run_ranks(world: int, scenario: str, tmp_path: Path) -> list[dict]:
+    init = tmp_path / f"init-{scenario}-{world}"
+    env = {**env_without_interpreter(), "TRITON_INTERPRET": "1"}
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.kernels._ag_gemm_ranks",
+                str(world),
+                str(rank),
+                str(init),
+                scenario,
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(world)
+    ]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-3000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_matches_float64_reference_at_odd_shapes(world, tmp_path):
+    for result in run_ranks(world, "correctness", tmp_path):
+        assert len(result["results"]) == 6
+        for row in result["results"]:
+            assert row["written"], f"rank {result['rank']} left unwritten outputs: {row}"
+            assert row["rel_error"] < 1e-5, row
+        assert [r["epoch"] for r in result["results"]] == [1, 2] * 3
+
+
+def test_bad_inputs_raise_value_errors_and_launch_nothing(tmp_path):
+    for result in run_ranks(2, "bad_inputs", tmp_path):
+        messages = result["messages"]
+        assert all(messages.values()), messages
+        assert "context was made for torch.float32" in messages["dtype"]
+        assert "contiguous" in messages["non_contiguous"]
+        assert "must be [K=16, N]" in messages["k_mismatch"]
+        assert "exceeds the context's [16, 16]" in messages["above_max"]
+        assert "multiple of the world size 2" in messages["max_m_not_divisible"]
+        assert result["epoch_after"] == 0
+
+
+def test_agrees_with_the_gather_then_matmul_reference(tmp_path):
+    for result in run_ranks(2, "reference", tmp_path):
+        assert result["max_diff"] < 1e-4
+        assert result["key"] == {"M": 16, "N": 20, "K": 24, "dtype": "fp32", "world": 2}
+        assert result["fused"] is None  # torch's fused op is CUDA-only
