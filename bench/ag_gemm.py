@@ -106,11 +106,8 @@ def check_correctness(world: int, rank: int) -> list[dict[str, Any]]:
     return rows
 
 
-def timed(fn: Callable[[], object], flush: torch.Tensor, *, iters: int, warmup: int) -> float:
-    """Median over repetitions of the max over ranks, in microseconds."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
+def samples(fn: Callable[[], object], flush: torch.Tensor, iters: int) -> list[float]:
+    """Per-repetition times in microseconds, each the max over ranks."""
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     for i in range(iters):
@@ -124,7 +121,36 @@ def timed(fn: Callable[[], object], flush: torch.Tensor, *, iters: int, warmup: 
         [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends, strict=True)], device="cuda"
     )
     dist.all_reduce(times, op=dist.ReduceOp.MAX)
-    return statistics.median(times.tolist())
+    return times.tolist()
+
+
+def timed(fn: Callable[[], object], flush: torch.Tensor, *, iters: int, warmup: int) -> float:
+    """Median over repetitions of the max over ranks, in microseconds."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    return statistics.median(samples(fn, flush, iters))
+
+
+def timed_together(
+    ops: dict[str, Callable[[], object]],
+    flush: torch.Tensor,
+    *,
+    iters: int,
+    warmup: int,
+    rounds: int = 3,
+) -> dict[str, float]:
+    """Every op in rotating rounds, so clock drift touches all columns alike; medians."""
+    for fn in ops.values():
+        for _ in range(warmup):
+            fn()
+    torch.cuda.synchronize()
+    names = list(ops)
+    pooled: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            pooled[name] += samples(ops[name], flush, max(1, iters // rounds))
+    return {name: statistics.median(v) for name, v in pooled.items()}
 
 
 def pick_config(
@@ -171,7 +197,14 @@ def pick_config(
 
 
 def bench_shape(
-    m: int, n: int, k: int, world: int, rank: int, flush: torch.Tensor, args: argparse.Namespace
+    m: int,
+    n: int,
+    k: int,
+    world: int,
+    rank: int,
+    flush: torch.Tensor,
+    solo: Any,
+    args: argparse.Namespace,
 ) -> dict[str, Any]:
     a, b, shard = inputs(m, n, k, world, rank, seed=m + n + k)
     ref = a.float() @ b.float()
@@ -182,6 +215,8 @@ def bench_shape(
     gathered = torch.empty(m, k, device="cuda", dtype=DTYPE)
     c = torch.empty(m, n, device="cuda", dtype=DTYPE)
     c_ours = torch.full((m, n), float("nan"), device="cuda", dtype=DTYPE)
+    c_solo = torch.empty(m, n, device="cuda", dtype=DTYPE)
+    solo_ctx = ag_gemm.create_context(solo, max_m=m, k=k, dtype=DTYPE, device="cuda")
 
     def nccl_cublas() -> None:
         dist.all_gather_into_tensor(gathered, shard)
@@ -193,15 +228,15 @@ def bench_shape(
         "allgather": lambda: dist.all_gather_into_tensor(gathered, shard),
         "nccl_cublas": nccl_cublas,
         "ours": lambda: ag_gemm.ag_gemm(shard, b, ctx, best, out=c_ours),
+        "ours_gemm_alone": lambda: ag_gemm.ag_gemm(a, b, solo_ctx, best, out=c_solo),
     }
     if fused_out is not None:
         ops["torch_fused"] = lambda: ag_gemm.torch_fused(shard, b, group)
-    times = {
-        name: timed(fn, flush, iters=args.iters, warmup=args.warmup) for name, fn in ops.items()
-    }
+    times = timed_together(ops, flush, iters=args.iters, warmup=args.warmup)
     nccl_cublas()
     errors = {
         "ours": rel_error(c_ours, ref),
+        "ours_gemm_alone": rel_error(c_solo, ref),
         "nccl_cublas": rel_error(c, ref),
         "torch_fused": rel_error(fused_out, ref) if fused_out is not None else None,
     }
@@ -227,7 +262,8 @@ def table(rows: list[dict[str, Any]], world: int, gpu: str) -> str:
     head = (
         f"{world} x {gpu}, bf16, N per rank; median us (max over ranks), L2 flushed\n"
         f"{'M,N,K':>18} {'cuBLAS':>8} {'AG':>7} {'NCCL+cuBLAS':>12} {'torch fused':>12} "
-        f"{'ours':>8} {'speedup':>8} {'/floor':>7} {'vs torch':>9} {'rel err':>8}  best"
+        f"{'ours':>8} {'speedup':>8} {'/floor':>7} {'vs torch':>9} {'rel err':>8} "
+        f"{'GEMM alone':>11}  best"
     )
     lines = [head]
     for r in rows:
@@ -238,7 +274,7 @@ def table(rows: list[dict[str, Any]], world: int, gpu: str) -> str:
             f"{','.join(map(str, r['shape'])):>18} {t['cublas']:8.0f} "
             f"{t['allgather']:7.0f} {t['nccl_cublas']:12.0f} {fused} {t['ours']:8.0f} "
             f"{r['speedup_vs_nccl_cublas']:8.2f} {r['ratio_to_floor']:7.2f} {vs} "
-            f"{r['rel_error']['ours']:8.1e}  {r['best']}"
+            f"{r['rel_error']['ours']:8.1e} {t['ours_gemm_alone']:11.0f}  {r['best']}"
         )
     return "\n".join(lines)
 
@@ -246,7 +282,7 @@ def table(rows: list[dict[str, Any]], world: int, gpu: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--iters", type=int, default=45)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--candidates", type=int, default=12)
     parser.add_argument("--shapes", default="all", help="'all' or indexes like 0,2")
@@ -260,20 +296,17 @@ def main() -> None:
     torch.cuda.set_device(local_rank)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
     world, rank = dist.get_world_size(), dist.get_rank()
-    import torch.distributed._symmetric_memory as symm_mem
-
-    if hasattr(symm_mem, "enable_symm_mem_for_group"):
-        symm_mem.enable_symm_mem_for_group(dist.group.WORLD.group_name)
     import triton
 
     gpu = torch.cuda.get_device_name()
     log(f"{world} x {gpu}; torch {torch.__version__}; triton {triton.__version__}")
     checks = [] if args.skip_checks else check_correctness(world, rank)
     flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")  # > L2 (60 MB)
+    solos = [dist.new_group([r]) for r in range(world)]  # collective: all ranks make all
     picked = SHAPES if args.shapes == "all" else [SHAPES[int(i)] for i in args.shapes.split(",")]
     rows = []
     for m, n, k in picked:
-        row = bench_shape(m, n, k, world, rank, flush, args)
+        row = bench_shape(m, n, k, world, rank, flush, solos[rank], args)
         rows.append(row)
         log(
             f"{m},{n},{k}: ours {row['us']['ours']:.0f} us with {row['best']} "

@@ -186,6 +186,7 @@ class AgGemmContext:
     consumer: str = "portable"  # "tma" (Hopper, persistent) or "portable"
     epoch: int = 0
     symm: list[Any] = field(default_factory=list)  # symmetric-memory handles, one per slot
+    peers: list[list[Any]] = field(default_factory=list)  # [slot][src]: a peer's G[slot]
     side_stream: Any = None
 
 
@@ -203,6 +204,8 @@ def create_context(
     ``consumer``: ``"tma"`` or ``"portable"``; by default TMA on Hopper and newer.
     """
     device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     if max_m <= 0 or k <= 0 or max_m % world:
         raise ValueError(
@@ -237,7 +240,7 @@ def create_context(
         )
     if device.type == "cuda" and world > 1:
         _allocate_symmetric(ctx)
-    else:
+    elif world > 1:
         ctx.buffers = [torch.empty(max_m, k, dtype=dtype, device=device) for _ in range(2)]
     return ctx
 
@@ -247,8 +250,12 @@ def _allocate_symmetric(ctx: AgGemmContext) -> None:
 
     for _ in range(2):
         buffer = symm_mem.empty(ctx.max_m, ctx.k, dtype=ctx.dtype, device=ctx.device)
-        ctx.symm.append(symm_mem.rendezvous(buffer, ctx.group.group_name))
+        handle = symm_mem.rendezvous(buffer, ctx.group.group_name)
+        ctx.symm.append(handle)
         ctx.buffers.append(buffer)
+        ctx.peers.append(
+            [handle.get_buffer(src, (ctx.max_m, ctx.k), ctx.dtype) for src in range(ctx.world)]
+        )
     ctx.side_stream = torch.cuda.Stream(device=ctx.device, priority=-1)
     ctx.symm[0].barrier()
 
@@ -317,38 +324,45 @@ def ag_gemm(
             "would be baked into the graph)."
         )
     ctx.epoch += 1
-    g = ctx.buffers[ctx.epoch % 2][:m]  # [M, K]
     m_per_rank = a_shard.shape[0]
+    if ctx.world == 1:
+        _launch(ctx, a_shard, b, out, m, n, k, m_per_rank, config)
+        return out
+    g = ctx.buffers[ctx.epoch % 2][:m]  # [M, K]
     g[ctx.rank * m_per_rank : (ctx.rank + 1) * m_per_rank].copy_(a_shard)
-    if ctx.device.type == "cuda":
-        _gather_cuda(ctx, m_per_rank)
-    else:
+    if ctx.device.type != "cuda":
         _gather_gloo(ctx, g, m_per_rank)
-    _launch(ctx, g, b, out, m, n, k, m_per_rank, config)
-    if ctx.side_stream is not None:
-        torch.cuda.current_stream(ctx.device).wait_stream(ctx.side_stream)
+        _launch(ctx, g, b, out, m, n, k, m_per_rank, config)
+        return out
+    met = _meet_peers(ctx)
+    _launch(ctx, g, b, out, m, n, k, m_per_rank, config)  # first, so the GPU never idles
+    _pull_peers(ctx, met, m_per_rank)
+    torch.cuda.current_stream(ctx.device).wait_stream(ctx.side_stream)
     return out
 
 
-def _gather_cuda(ctx: AgGemmContext, m_per_rank: int) -> None:
-    """Copy-engine pulls of every peer's rows on the side stream, each raising its flag."""
-    if ctx.world == 1:
-        return
+def _meet_peers(ctx: AgGemmContext) -> torch.cuda.Event:
+    """Barrier on this slot: afterwards every rank's own rows are in its G[slot]."""
+    ctx.symm[ctx.epoch % 2].barrier(channel=ctx.epoch % 2)
+    met = torch.cuda.Event()
+    met.record(torch.cuda.current_stream(ctx.device))
+    return met
+
+
+def _pull_peers(ctx: AgGemmContext, met: torch.cuda.Event, m_per_rank: int) -> None:
+    """Copy-engine pulls of every peer's rows on the side stream, each raising its flag.
+    The side stream waits for the barrier only, never for the consumer that spins on it."""
     from torch._C._distributed_c10d import _SymmetricMemory
 
     slot = ctx.epoch % 2
-    handle = ctx.symm[slot]
-    handle.barrier(channel=slot)  # every rank's own rows are in its G[slot]
-    main = torch.cuda.current_stream(ctx.device)
-    ctx.side_stream.wait_stream(main)
-    local = ctx.buffers[slot]
+    local, flags = ctx.buffers[slot], ctx.flags.view(torch.uint32)
+    ctx.side_stream.wait_event(met)
     with torch.cuda.stream(ctx.side_stream):
         for step in range(1, ctx.world):
             src = (ctx.rank + step) % ctx.world
             rows = slice(src * m_per_rank, (src + 1) * m_per_rank)
-            peer = handle.get_buffer(src, tuple(local.shape), ctx.dtype)
-            local[rows].copy_(peer[rows])
-            _SymmetricMemory.stream_write_value32(ctx.flags.view(torch.uint32), src, ctx.epoch)
+            local[rows].copy_(ctx.peers[slot][src][rows])
+            _SymmetricMemory.stream_write_value32(flags, src, ctx.epoch)
 
 
 def _gather_gloo(ctx: AgGemmContext, g: torch.Tensor, m_per_rank: int) -> None:
