@@ -132,6 +132,9 @@ def timed(fn: Callable[[], object], flush: torch.Tensor, *, iters: int, warmup: 
     return statistics.median(samples(fn, flush, iters))
 
 
+spread: dict[str, list[float]] = {}  # p20/p80 of the latest timed_together, by op
+
+
 def timed_together(
     ops: dict[str, Callable[[], object]],
     flush: torch.Tensor,
@@ -150,7 +153,17 @@ def timed_together(
     for r in range(rounds):
         for name in names[r % len(names) :] + names[: r % len(names)]:
             pooled[name] += samples(ops[name], flush, max(1, iters // rounds))
+    spread.update({name: percentiles(v) for name, v in pooled.items()})
     return {name: statistics.median(v) for name, v in pooled.items()}
+
+
+def percentiles(values: list[float]) -> list[float]:
+    """p20 and p80: the spread behind a median."""
+    ordered_values = sorted(values)
+    return [
+        ordered_values[int(0.2 * (len(values) - 1))],
+        ordered_values[int(0.8 * (len(values) - 1))],
+    ]
 
 
 def pick_config(
@@ -233,6 +246,7 @@ def bench_shape(
     if fused_out is not None:
         ops["torch_fused"] = lambda: ag_gemm.torch_fused(shard, b, group)
     times = timed_together(ops, flush, iters=args.iters, warmup=args.warmup)
+    p20_p80 = dict(spread)
     nccl_cublas()
     errors = {
         "ours": rel_error(c_ours, ref),
@@ -245,6 +259,7 @@ def bench_shape(
         "shape": [m, n, k],
         "world": world,
         "us": times,
+        "us_p20_p80": p20_p80,
         "rel_error": errors,
         "speedup_vs_nccl_cublas": times["nccl_cublas"] / times["ours"],
         "ratio_to_floor": times["ours"] / floor,
