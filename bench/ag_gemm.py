@@ -132,9 +132,6 @@ def timed(fn: Callable[[], object], flush: torch.Tensor, *, iters: int, warmup: 
     return statistics.median(samples(fn, flush, iters))
 
 
-spread: dict[str, list[float]] = {}  # p20/p80 of the latest timed_together, by op
-
-
 def timed_together(
     ops: dict[str, Callable[[], object]],
     flush: torch.Tensor,
@@ -142,8 +139,9 @@ def timed_together(
     iters: int,
     warmup: int,
     rounds: int = 3,
-) -> dict[str, float]:
-    """Every op in rotating rounds, so clock drift touches all columns alike; medians."""
+) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """Every op in rotating rounds, so clock drift touches all columns alike: medians
+    and p20/p80 by op."""
     for fn in ops.values():
         for _ in range(warmup):
             fn()
@@ -153,8 +151,8 @@ def timed_together(
     for r in range(rounds):
         for name in names[r % len(names) :] + names[: r % len(names)]:
             pooled[name] += samples(ops[name], flush, max(1, iters // rounds))
-    spread.update({name: percentiles(v) for name, v in pooled.items()})
-    return {name: statistics.median(v) for name, v in pooled.items()}
+    medians = {name: statistics.median(v) for name, v in pooled.items()}
+    return medians, {name: percentiles(v) for name, v in pooled.items()}
 
 
 def percentiles(values: list[float]) -> list[float]:
@@ -245,8 +243,7 @@ def bench_shape(
     }
     if fused_out is not None:
         ops["torch_fused"] = lambda: ag_gemm.torch_fused(shard, b, group)
-    times = timed_together(ops, flush, iters=args.iters, warmup=args.warmup)
-    p20_p80 = dict(spread)
+    times, p20_p80 = timed_together(ops, flush, iters=args.iters, warmup=args.warmup)
     nccl_cublas()
     errors = {
         "ours": rel_error(c_ours, ref),
