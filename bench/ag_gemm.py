@@ -227,6 +227,10 @@ def bench_shape(
     c = torch.empty(m, n, device="cuda", dtype=DTYPE)
     c_ours = torch.full((m, n), float("nan"), device="cuda", dtype=DTYPE)
     c_solo = torch.empty(m, n, device="cuda", dtype=DTYPE)
+    c_in_place = torch.full((m, n), float("nan"), device="cuda", dtype=DTYPE)
+    for _ in range(2):  # the "producer" writes the shard into both slots once
+        ag_gemm.input_buffer(ctx, shard.shape[0]).copy_(shard)
+        ag_gemm.ag_gemm(ag_gemm.input_buffer(ctx, shard.shape[0]), b, ctx, best, out=c_in_place)
     solo_ctx = ag_gemm.create_context(solo, max_m=m, k=k, dtype=DTYPE, device="cuda")
 
     def nccl_cublas() -> None:
@@ -240,6 +244,9 @@ def bench_shape(
         "nccl_cublas": nccl_cublas,
         "ours": lambda: ag_gemm.ag_gemm(shard, b, ctx, best, out=c_ours),
         "ours_gemm_alone": lambda: ag_gemm.ag_gemm(a, b, solo_ctx, best, out=c_solo),
+        "ours_in_place": lambda: ag_gemm.ag_gemm(
+            ag_gemm.input_buffer(ctx, shard.shape[0]), b, ctx, best, out=c_in_place
+        ),
     }
     if fused_out is not None:
         ops["torch_fused"] = lambda: ag_gemm.torch_fused(shard, b, group)
@@ -248,6 +255,7 @@ def bench_shape(
     errors = {
         "ours": rel_error(c_ours, ref),
         "ours_gemm_alone": rel_error(c_solo, ref),
+        "ours_in_place": rel_error(c_in_place, ref),
         "nccl_cublas": rel_error(c, ref),
         "torch_fused": rel_error(fused_out, ref) if fused_out is not None else None,
     }
@@ -260,6 +268,8 @@ def bench_shape(
         "rel_error": errors,
         "speedup_vs_nccl_cublas": times["nccl_cublas"] / times["ours"],
         "ratio_to_floor": times["ours"] / floor,
+        "in_place_speedup_vs_nccl_cublas": times["nccl_cublas"] / times["ours_in_place"],
+        "in_place_ratio_to_floor": times["ours_in_place"] / floor,
         "vs_torch_fused": (
             times["torch_fused"] / times["ours"] if "torch_fused" in times else None
         ),
@@ -275,7 +285,7 @@ def table(rows: list[dict[str, Any]], world: int, gpu: str) -> str:
         f"{world} x {gpu}, bf16, N per rank; median us (max over ranks), L2 flushed\n"
         f"{'M,N,K':>18} {'cuBLAS':>8} {'AG':>7} {'NCCL+cuBLAS':>12} {'torch fused':>12} "
         f"{'ours':>8} {'speedup':>8} {'/floor':>7} {'vs torch':>9} {'rel err':>8} "
-        f"{'GEMM alone':>11}  best"
+        f"{'GEMM alone':>11} {'in place':>9} {'speedup':>8} {'/floor':>7}  best"
     )
     lines = [head]
     for r in rows:
@@ -286,7 +296,9 @@ def table(rows: list[dict[str, Any]], world: int, gpu: str) -> str:
             f"{','.join(map(str, r['shape'])):>18} {t['cublas']:8.0f} "
             f"{t['allgather']:7.0f} {t['nccl_cublas']:12.0f} {fused} {t['ours']:8.0f} "
             f"{r['speedup_vs_nccl_cublas']:8.2f} {r['ratio_to_floor']:7.2f} {vs} "
-            f"{r['rel_error']['ours']:8.1e} {t['ours_gemm_alone']:11.0f}  {r['best']}"
+            f"{r['rel_error']['ours']:8.1e} {t['ours_gemm_alone']:11.0f} "
+            f"{t['ours_in_place']:9.0f} {r['in_place_speedup_vs_nccl_cublas']:8.2f} "
+            f"{r['in_place_ratio_to_floor']:7.2f}  {r['best']}"
         )
     return "\n".join(lines)
 

@@ -341,6 +341,23 @@ def ag_gemm(
     return out
 
 
+def input_buffer(ctx: AgGemmContext, m_per_rank: int) -> torch.Tensor:
+    """Where the next call reads this rank's shard: a producer that writes its output
+    here (on the stream that then calls ag_gemm) saves the call a copy of the shard.
+
+    a_shard: [m_per_rank, K]. Any other tensor still works; it is copied in.
+    """
+    if m_per_rank <= 0 or m_per_rank * ctx.world > ctx.max_m:
+        raise ValueError(
+            f"ag_gemm: {m_per_rank} rows per rank exceed the context's "
+            f"max_m {ctx.max_m} over {ctx.world} ranks."
+        )
+    if ctx.world == 1:
+        return torch.empty(m_per_rank, ctx.k, dtype=ctx.dtype, device=ctx.device)
+    rows = slice(ctx.rank * m_per_rank, (ctx.rank + 1) * m_per_rank)
+    return ctx.buffers[(ctx.epoch + 1) % 2][rows]
+
+
 def _meet_peers(ctx: AgGemmContext) -> torch.cuda.Event:
     """Barrier on this slot: afterwards every rank's own rows are in its G[slot]."""
     ctx.symm[ctx.epoch % 2].barrier(channel=ctx.epoch % 2)

@@ -51,6 +51,24 @@ def correctness(world: int, rank: int) -> dict[str, object]:
     return {"rank": rank, "results": errors}
 
 
+def in_place(world: int, rank: int) -> dict[str, object]:
+    """The producer writes straight into input_buffer; results match, calls after calls."""
+    m_per_rank, n, k = 12, 20, 24
+    ctx = ag_gemm.create_context(
+        None, max_m=world * m_per_rank, k=k, dtype=torch.float32, device="cpu"
+    )
+    errors = []
+    for call in range(4):
+        a = _gathered(world, (m_per_rank, k), 500 + call)
+        b = torch.randn(k, n, generator=torch.Generator().manual_seed(call))
+        shard = ag_gemm.input_buffer(ctx, m_per_rank)
+        shard.copy_(a[rank * m_per_rank : (rank + 1) * m_per_rank])  # the "producer"
+        out = ag_gemm.ag_gemm(shard, b, ctx, TILE)
+        expected = a.double() @ b.double()
+        errors.append(float((out.double() - expected).norm() / expected.norm()))
+    return {"rank": rank, "errors": errors}
+
+
 def bad_inputs(world: int, rank: int) -> dict[str, object]:
     ctx = ag_gemm.create_context(None, max_m=world * 8, k=16, dtype=torch.float32, device="cpu")
     ok_a, ok_b = torch.randn(8, 16), torch.randn(16, 12)
@@ -98,6 +116,7 @@ def main() -> None:
         result = {
             "correctness": correctness,
             "bad_inputs": bad_inputs,
+            "in_place": in_place,
             "reference": reference_matches,
         }[scenario](world, rank)
         dist.barrier()

@@ -70,3 +70,8 @@ def test_agrees_with_the_gather_then_matmul_reference(tmp_path):
         assert result["max_diff"] < 1e-4
         assert result["key"] == {"M": 16, "N": 20, "K": 24, "dtype": "fp32", "world": 2}
         assert result["fused"] is None  # torch's fused op is CUDA-only
+
+
+def test_a_shard_written_in_place_skips_the_copy_and_stays_correct(tmp_path):
+    for result in run_ranks(3, "in_place", tmp_path):
+        assert max(result["errors"]) < 1e-5, result
