@@ -5,9 +5,9 @@ weight). The gather hides behind the GEMM:
 
 * A context, made once per process group and maximum shape, owns two gathered buffers
   ``G[slot]: [max_M, K]`` in symmetric memory (one slot per call parity), per-source
-  ready flags and one copy stream per peer.
+  ready flags and a side stream.
 * A call copies the local shard into its own rows of ``G[slot]``, meets the peers at a
-  symmetric-memory barrier, then the copy streams pull each peer's rows from the peer's
+  symmetric-memory barrier, then the side stream pulls each peer's rows from the peer's
   ``G[slot]`` with the copy engine (no SMs) and raises that peer's flag to this call's
   epoch with ``stream_write_value32``. Flags only grow, so calls repeat back to back
   with no reset; the two slots plus the per-call barrier make reuse safe.
@@ -187,7 +187,7 @@ class AgGemmContext:
     epoch: int = 0
     symm: list[Any] = field(default_factory=list)  # symmetric-memory handles, one per slot
     peers: list[list[Any]] = field(default_factory=list)  # [slot][src]: a peer's G[slot]
-    pull_streams: list[Any] = field(default_factory=list)  # one per peer: pulls run in parallel
+    side_stream: Any = None
 
 
 def create_context(
@@ -256,9 +256,7 @@ def _allocate_symmetric(ctx: AgGemmContext) -> None:
         ctx.peers.append(
             [handle.get_buffer(src, (ctx.max_m, ctx.k), ctx.dtype) for src in range(ctx.world)]
         )
-    ctx.pull_streams = [
-        torch.cuda.Stream(device=ctx.device, priority=-1) for _ in range(ctx.world - 1)
-    ]
+    ctx.side_stream = torch.cuda.Stream(device=ctx.device, priority=-1)
     ctx.symm[0].barrier()
 
 
@@ -339,8 +337,7 @@ def ag_gemm(
     met = _meet_peers(ctx)
     _launch(ctx, g, b, out, m, n, k, m_per_rank, config)  # first, so the GPU never idles
     _pull_peers(ctx, met, m_per_rank)
-    for stream in ctx.pull_streams:
-        torch.cuda.current_stream(ctx.device).wait_stream(stream)
+    torch.cuda.current_stream(ctx.device).wait_stream(ctx.side_stream)
     return out
 
 
@@ -370,18 +367,17 @@ def _meet_peers(ctx: AgGemmContext) -> torch.cuda.Event:
 
 
 def _pull_peers(ctx: AgGemmContext, met: torch.cuda.Event, m_per_rank: int) -> None:
-    """Copy-engine pulls of every peer's rows, one stream per peer so the links work in
-    parallel; each pull raises its flag. The streams wait for the barrier only, never for
-    the consumer that spins on the flags."""
+    """Copy-engine pulls of every peer's rows on the side stream, each raising its flag.
+    The side stream waits for the barrier only, never for the consumer that spins on it."""
     from torch._C._distributed_c10d import _SymmetricMemory
 
     slot = ctx.epoch % 2
     local, flags = ctx.buffers[slot], ctx.flags.view(torch.uint32)
-    for step, stream in enumerate(ctx.pull_streams, start=1):
-        src = (ctx.rank + step) % ctx.world
-        rows = slice(src * m_per_rank, (src + 1) * m_per_rank)
-        stream.wait_event(met)
-        with torch.cuda.stream(stream):
+    ctx.side_stream.wait_event(met)
+    with torch.cuda.stream(ctx.side_stream):
+        for step in range(1, ctx.world):
+            src = (ctx.rank + step) % ctx.world
+            rows = slice(src * m_per_rank, (src + 1) * m_per_rank)
             local[rows].copy_(ctx.peers[slot][src][rows])
             _SymmetricMemory.stream_write_value32(flags, src, ctx.epoch)
 
