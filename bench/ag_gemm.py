@@ -186,7 +186,7 @@ def pick_config(
                 timed(
                     lambda c=config, o=out: ag_gemm.ag_gemm(shard, b, ctx, c, out=o),
                     flush,
-                    iters=8,
+                    iters=15,
                     warmup=2,
                 )
                 if error < 2e-2

@@ -368,7 +368,11 @@ def _meet_peers(ctx: AgGemmContext) -> torch.cuda.Event:
 
 def _pull_peers(ctx: AgGemmContext, met: torch.cuda.Event, m_per_rank: int) -> None:
     """Copy-engine pulls of every peer's rows on the side stream, each raising its flag.
-    The side stream waits for the barrier only, never for the consumer that spins on it."""
+    The side stream waits for the barrier only, never for the consumer that spins on it.
+
+    One stream, in the consumer's rotation order, so shards land in the order they are
+    needed. One stream per peer measured slower on 4 H200s at 8192x3584x8192 (887 and
+    917 us against 708 and 774 with one stream, two runs each)."""
     from torch._C._distributed_c10d import _SymmetricMemory
 
     slot = ctx.epoch % 2
