@@ -75,3 +75,19 @@ def test_agrees_with_the_gather_then_matmul_reference(tmp_path):
 def test_a_shard_written_in_place_skips_the_copy_and_stays_correct(tmp_path):
     for result in run_ranks(3, "in_place", tmp_path):
         assert max(result["errors"]) < 1e-5, result
+
+
+def test_hopper_consumer_compiles_for_sm90_with_its_synchronisation(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.kernels._compile_tma_sm90"],
+        cwd=ROOT,
+        env=env_without_interpreter(TRITON_CACHE_DIR=str(tmp_path)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    ptx = json.loads(done.stdout.strip().splitlines()[-1])
+    assert ptx["acquire_loads"] >= 1 and ptx["async_proxy_fence"], ptx
+    assert ptx["wgmma"] and ptx["tma_loads"]
+    assert ptx["shared"] <= 232448  # the H200's per-block limit

@@ -1,0 +1,44 @@
+"""Compile the Hopper AllGather-GEMM consumer for sm90 without a GPU; print what the PTX
+holds of the synchronisation the design relies on."""
+
+from __future__ import annotations
+
+import json
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from kernels import ag_gemm
+
+BM, BN, BK = 128, 256, 64
+SIGNATURE = {
+    "g_desc": f"tensordesc<bf16[{BM},{BK}]>",
+    "b_desc": f"tensordesc<bf16[{BK},{BN}]>",
+    "c_desc": f"tensordesc<bf16[{BM},{BN}]>",
+    "flags_ptr": "*i32",
+    **{name: "i32" for name in ("epoch", "M", "N", "K", "m_per_rank", "rank")},
+    **{
+        name: "constexpr"
+        for name in ("WORLD", "NUM_SMS", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")
+    },
+}
+CONSTANTS = {"WORLD": 4, "NUM_SMS": 132, "BLOCK_M": BM, "BLOCK_N": BN, "BLOCK_K": BK, "GROUP_M": 8}
+
+if __name__ == "__main__":
+    source = ASTSource(fn=ag_gemm._ag_gemm_tma_kernel, signature=SIGNATURE, constexprs=CONSTANTS)
+    kernel = triton.compile(
+        source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 3}
+    )
+    ptx = kernel.asm["ptx"]
+    print(
+        json.dumps(
+            {
+                "acquire_loads": ptx.count("ld.global.gpu.acquire"),
+                "async_proxy_fence": "fence.proxy.async.global" in ptx,
+                "wgmma": "wgmma.mma_async" in ptx,
+                "tma_loads": "cp.async.bulk.tensor" in ptx,
+                "shared": kernel.metadata.shared,
+            }
+        )
+    )
