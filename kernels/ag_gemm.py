@@ -409,22 +409,23 @@ def _launch(
     k: int,
     m_per_rank: int,
     config: KernelConfig,
+    *,
+    compile_only: bool = False,
 ) -> None:
+    """Launch the consumer; with ``compile_only``, compile exactly this launch's
+    specialisation instead (what the tuner's parallel compile captures)."""
     meta = config.meta
-    launch = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    options = {**meta, "num_warps": config.num_warps, "num_stages": config.num_stages}
     if ctx.consumer == "tma" and _tma_aligned(g, b, out):
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         bm, bn, bk = meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_K"]
-        g_desc = TensorDescriptor.from_tensor(g, [bm, bk])
-        b_desc = TensorDescriptor.from_tensor(b, [bk, bn])
-        c_desc = TensorDescriptor.from_tensor(out, [bm, bn])
-        num_tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
-        programs = min(ctx.limits.sm_count, num_tiles)
-        _ag_gemm_tma_kernel[(programs,)](
-            g_desc,
-            b_desc,
-            c_desc,
+        programs = min(ctx.limits.sm_count, triton.cdiv(m, bm) * triton.cdiv(n, bn))
+        kernel, grid = _ag_gemm_tma_kernel, (programs,)
+        args: tuple[Any, ...] = (
+            TensorDescriptor.from_tensor(g, [bm, bk]),
+            TensorDescriptor.from_tensor(b, [bk, bn]),
+            TensorDescriptor.from_tensor(out, [bm, bn]),
             ctx.flags,
             ctx.epoch,
             m,
@@ -432,31 +433,31 @@ def _launch(
             k,
             m_per_rank,
             ctx.rank,
-            WORLD=ctx.world,
-            NUM_SMS=programs,
-            **meta,
-            **launch,
         )
-        return
-    grid = (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
-    _ag_gemm_portable_kernel[grid](
-        g,
-        b,
-        out,
-        ctx.flags,
-        ctx.epoch,
-        m,
-        n,
-        k,
-        m_per_rank,
-        ctx.rank,
-        g.stride(0),
-        b.stride(0),
-        out.stride(0),
-        WORLD=ctx.world,
-        **meta,
-        **launch,
-    )
+        options.update(WORLD=ctx.world, NUM_SMS=programs)
+    else:
+        kernel = _ag_gemm_portable_kernel
+        grid = (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
+        args = (
+            g,
+            b,
+            out,
+            ctx.flags,
+            ctx.epoch,
+            m,
+            n,
+            k,
+            m_per_rank,
+            ctx.rank,
+            g.stride(0),
+            b.stride(0),
+            out.stride(0),
+        )
+        options.update(WORLD=ctx.world)
+    if compile_only:
+        kernel.warmup(*args, grid=grid, **options)
+    else:
+        kernel[grid](*args, **options)
 
 
 def _tma_aligned(*tensors: torch.Tensor) -> bool:
@@ -464,6 +465,66 @@ def _tma_aligned(*tensors: torch.Tensor) -> bool:
     return all(
         t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0 for t in tensors
     )
+
+
+@dataclass
+class AgGemmTask:
+    """One AllGather-GEMM problem, as the tuner sees it (``warmup.tuner.TuneTask``).
+    Every rank builds the same task; the tuner runs them in lockstep."""
+
+    a_shard: torch.Tensor
+    b: torch.Tensor
+    ctx: AgGemmContext
+    configs: list[KernelConfig] | None = None  # default: the pruned, model-ordered space
+    kernel: str = NAME
+    out: torch.Tensor | None = None
+    _expected: torch.Tensor | None = None
+
+    @property
+    def kernel_hash(self) -> str:
+        from registry import kernel_source_hash
+
+        return (
+            kernel_source_hash(_ag_gemm_tma_kernel)
+            + kernel_source_hash(_ag_gemm_portable_kernel)[:16]
+        )
+
+    def key(self) -> dict[str, Any]:
+        return key(self.a_shard, self.b, self.ctx)
+
+    def candidates(self) -> list[KernelConfig]:
+        if self.configs is not None:
+            return list(self.configs)
+        from kernels.spaces import ordered, prune
+
+        problem_ = problem(self.a_shard, self.b, self.ctx)
+        return ordered(
+            prune(space(self.ctx), problem_, self.ctx.limits).kept, problem_, self.ctx.limits
+        )
+
+    def run(self, config: KernelConfig) -> torch.Tensor:
+        if self.out is None:
+            m, n = self.a_shard.shape[0] * self.ctx.world, self.b.shape[1]
+            self.out = torch.empty(m, n, dtype=self.ctx.dtype, device=self.ctx.device)
+        return ag_gemm(self.a_shard, self.b, self.ctx, config, out=self.out)
+
+    def verify(self, output: torch.Tensor) -> str | None:
+        from kernels.matmul import TOLERANCE, relative_error_reason
+
+        assert self._expected is not None
+        return relative_error_reason(output, self._expected, TOLERANCE[self.ctx.dtype])
+
+    def warmup(self, config: KernelConfig) -> None:
+        if self.ctx.device.type != "cuda":
+            return  # the interpreter compiles nothing
+        m, n, k = check_inputs(self.a_shard, self.b, self.ctx)
+        g = self.a_shard if self.ctx.world == 1 else self.ctx.buffers[0][:m]
+        out = (
+            torch.empty(m, n, dtype=self.ctx.dtype, device=self.ctx.device)
+            if self.out is None
+            else self.out
+        )
+        _launch(self.ctx, g, self.b, out, m, n, k, self.a_shard.shape[0], config, compile_only=True)
 
 
 def key(a_shard: torch.Tensor, b: torch.Tensor, ctx: AgGemmContext) -> dict[str, Any]:

@@ -9,6 +9,7 @@ config, then what a tuner needs (key, space, reference, ahead-of-time compile).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -80,11 +81,25 @@ def matmul(
         raise ValueError(f"matmul: dtypes {a.dtype}, {b.dtype}; need one of fp16/bf16/fp32.")
     if a.device != b.device:
         raise ValueError(f"matmul: a on {a.device}, b on {b.device}.")
-    (m, k), n = a.shape, b.shape[1]
+    m, n = a.shape[0], b.shape[1]
     out = torch.empty((m, n), dtype=a.dtype, device=a.device) if out is None else out
+    _launch(a, b, out, config)
+    return out
+
+
+def _launch(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor,
+    config: KernelConfig,
+    *,
+    compile_only: bool = False,
+) -> None:
+    """Launch, or with ``compile_only`` compile exactly this launch's specialisation."""
+    (m, k), n = a.shape, b.shape[1]
     meta = config.meta
     grid = (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
-    _matmul_kernel[grid](
+    args = (
         a,
         b,
         out,
@@ -97,11 +112,12 @@ def matmul(
         b.stride(1),
         out.stride(0),
         out.stride(1),
-        **meta,
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
     )
-    return out
+    options = {**meta, "num_warps": config.num_warps, "num_stages": config.num_stages}
+    if compile_only:
+        _matmul_kernel.warmup(*args, grid=grid, **options)
+    else:
+        _matmul_kernel[grid](*args, **options)
 
 
 def key(a: torch.Tensor, b: torch.Tensor) -> dict[str, Any]:
@@ -128,6 +144,70 @@ def space(
         for bk in block_k
         for s, w in stages_warps
     ]
+
+
+TOLERANCE = {torch.float32: 2e-3, torch.float16: 1e-2, torch.bfloat16: 2e-2}  # rel. norm
+
+
+@dataclass
+class MatmulTask:
+    """One matmul problem, as the tuner sees it (``warmup.tuner.TuneTask``)."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+    configs: list[KernelConfig] = field(default_factory=space)
+    kernel: str = NAME
+    out: torch.Tensor | None = None
+    _expected: torch.Tensor | None = None
+
+    @property
+    def kernel_hash(self) -> str:
+        from registry import kernel_source_hash
+
+        return kernel_source_hash(_matmul_kernel)
+
+    def key(self) -> dict[str, Any]:
+        return key(self.a, self.b)
+
+    def candidates(self) -> list[KernelConfig]:
+        return list(self.configs)
+
+    def run(self, config: KernelConfig) -> torch.Tensor:
+        if self.out is None:
+            self.out = torch.empty(
+                self.a.shape[0], self.b.shape[1], dtype=self.a.dtype, device=self.a.device
+            )
+        return matmul(self.a, self.b, config, out=self.out)
+
+    def verify(self, output: torch.Tensor) -> str | None:
+        if self._expected is None:
+            self._expected = (
+                (self.a.double() @ self.b.double())
+                if self.a.device.type == "cpu"
+                else (self.a.float() @ self.b.float())
+            )
+        return relative_error_reason(output, self._expected, TOLERANCE[self.a.dtype])
+
+    def warmup(self, config: KernelConfig) -> None:
+        if self.a.device.type == "cuda":
+            out = (
+                torch.empty(
+                    self.a.shape[0], self.b.shape[1], dtype=self.a.dtype, device=self.a.device
+                )
+                if self.out is None
+                else self.out
+            )
+            _launch(self.a, self.b, out, config, compile_only=True)
+
+
+def relative_error_reason(
+    out: torch.Tensor, expected: torch.Tensor, tolerance: float
+) -> str | None:
+    """None when ``out`` is finite and within ``tolerance`` (relative norm) of ``expected``."""
+    if not torch.isfinite(out).all():
+        return "output has NaN or inf (unwritten or overflowed elements)"
+    error = float((out.to(expected.dtype) - expected).norm() / expected.norm().clamp_min(1e-30))
+    return None if error <= tolerance else f"relative error {error:.2e} > {tolerance:.0e}"
 
 
 def reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,71 @@
+"""Fake tasks and timers: the tuner's search is tested with known timings."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from registry import KernelConfig
+
+
+def configs(*blocks: int) -> list[KernelConfig]:
+    return [KernelConfig.make({"BLOCK": b}) for b in blocks]
+
+
+@dataclass
+class FakeTask:
+    """A kernel whose configs take known times; some fail to launch or give wrong output."""
+
+    timings: dict[int, float]  # BLOCK -> ms
+    m: int = 1024
+    broken: dict[int, str] = field(default_factory=dict)  # BLOCK -> launch error
+    wrong: set[int] = field(default_factory=set)  # BLOCK whose output is wrong
+    sleep_s: float = 0.0  # per launch, to make tuning take a while
+    die_at_launch: int | None = None  # SIGKILL this process at that launch
+    kernel: str = "fake_gemm"
+    launches: int = 0
+    last: int | None = None
+
+    @property
+    def kernel_hash(self) -> str:
+        return "f" * 64
+
+    def key(self) -> dict[str, Any]:
+        return {"M": self.m, "dtype": "bf16"}
+
+    def candidates(self) -> list[KernelConfig]:
+        return configs(*self.timings)
+
+    def run(self, config: KernelConfig) -> str:
+        self.launches += 1
+        if self.die_at_launch is not None and self.launches >= self.die_at_launch:
+            os.kill(os.getpid(), signal.SIGKILL)
+        block = config.meta["BLOCK"]
+        assert isinstance(block, int)
+        if block in self.broken:
+            raise RuntimeError(self.broken[block])
+        time.sleep(self.sleep_s)
+        self.last = block
+        return "wrong" if block in self.wrong else "right"
+
+    def verify(self, output: str) -> str | None:
+        return None if output == "right" else "differs from the reference"
+
+    def warmup(self, config: KernelConfig) -> None:
+        return None
+
+
+def fake_timer(task: FakeTask, *, scale: float = 1.0):  # type: ignore[no-untyped-def]
+    """Runs the thunk once (so the task records its config), reports the known time."""
+    calls = []
+
+    def timer(fn, repetitions):  # type: ignore[no-untyped-def]
+        fn()
+        calls.append(repetitions)
+        return [task.timings[task.last] * scale] * repetitions
+
+    timer.calls = calls  # type: ignore[attr-defined]
+    return timer

@@ -1,0 +1,71 @@
+import random
+
+import pytest
+
+from registry import Measurement
+from tests.warmup.fakes import configs
+from warmup.search import HalvingPlan, successive_halving, summarize
+
+
+def measure_with(timings, *, noise=0.0, seed=0, failing=()):
+    rng = random.Random(seed)
+    log = []
+
+    def measure(config, repetitions):
+        block = config.meta["BLOCK"]
+        log.append((block, repetitions))
+        if block in failing:
+            return Measurement(config, error="compile failed: out of shared memory")
+        spread = noise / repetitions**0.5  # longer measurements are steadier
+        times = [timings[block] * (1 + rng.uniform(-spread, spread)) for _ in range(repetitions)]
+        return summarize(config, times)
+
+    return measure, log
+
+
+def test_picks_the_fastest_under_known_timings():
+    timings = {16: 3.0, 32: 1.2, 64: 0.9, 128: 1.1, 256: 2.5}
+    measure, _ = measure_with(timings)
+    result = successive_halving(configs(*timings), measure)
+    assert result.best.config.meta["BLOCK"] == 64
+    assert [m.config.meta["BLOCK"] for m in result.measurements][:3] == [64, 128, 32]
+
+
+def test_halving_measures_leaders_longer_and_keeps_the_true_best():
+    timings = {b: 1.0 + abs(b - 40) / 100 for b in range(8, 72, 2)}  # 32 configs, best at 40
+    for seed in range(20):
+        measure, log = measure_with(timings, noise=0.05, seed=seed)
+        result = successive_halving(
+            configs(*timings), measure, HalvingPlan(first_repetitions=3, eta=3, final_survivors=2)
+        )
+        assert result.best.config.meta["BLOCK"] == 40
+    first, *later = result.rounds
+    assert len(first) == 32 and len(later[0]) == 11 and len(later[-1]) <= 3
+    exhaustive = 32 * max(r for _, r in log)
+    assert result.repetitions < exhaustive / 3  # far cheaper than timing all long
+
+
+def test_failures_drop_out_with_their_reason():
+    timings = {16: 2.0, 32: 1.0, 64: 0.5}
+    measure, log = measure_with(timings, failing={64})
+    result = successive_halving(configs(*timings), measure)
+    assert result.best.config.meta["BLOCK"] == 32
+    failed = [m for m in result.measurements if not m.ok]
+    assert failed[0].error.startswith("compile failed") and failed is not None
+    assert result.measurements[-1] == failed[0]
+    assert sum(1 for block, _ in log if block == 64) == 1  # never measured again
+
+
+def test_all_failing_or_empty():
+    measure, _ = measure_with({16: 1.0}, failing={16})
+    assert not successive_halving(configs(16), measure).best.ok
+    with pytest.raises(ValueError, match="empty space"):
+        successive_halving([], measure)
+    with pytest.raises(ValueError, match="eta"):
+        HalvingPlan(eta=1)
+
+
+def test_summarize_gives_median_and_percentiles():
+    m = summarize(configs(16)[0], [5.0, 1.0, 2.0, 4.0, 3.0])
+    assert (m.median_ms, m.p20_ms, m.p80_ms) == (3.0, 2.0, 4.0)
+    assert not summarize(configs(16)[0], []).ok

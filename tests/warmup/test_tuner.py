@@ -1,0 +1,107 @@
+"""The tuner with a fake timer: search, registry flow, policies, failures."""
+
+import pytest
+
+from registry import Store, cpu_fingerprint
+from registry.locks import backend_from_url
+from tests.warmup.fakes import FakeTask, configs, fake_timer
+from warmup.tuner import TuneError, TuneOptions, Tuner, key_distance, nearest_entry
+
+TIMINGS = {16: 3.0, 32: 1.2, 64: 0.9, 128: 1.1, 256: 2.5}
+
+
+def tuner_for(task, tmp_path, **options):
+    store = Store(tmp_path / "registry")
+    return Tuner(
+        store,
+        cpu_fingerprint(),
+        timer=fake_timer(task),
+        lock_backend=backend_from_url(str(tmp_path / "locks")),
+        options=TuneOptions(**options),
+    )
+
+
+def test_a_miss_is_tuned_verified_and_stored_then_hits(tmp_path):
+    task = FakeTask(dict(TIMINGS), broken={256: "ptxas: too many resources"}, wrong={16})
+    tuner = tuner_for(task, tmp_path)
+    outcome = tuner.get(task)
+    assert outcome.source == "tuned" and outcome.config.meta["BLOCK"] == 64
+    assert outcome.benchmark_runs > 0 and tuner.stats.tuned == 1
+    stored = tuner.store.lookup(
+        "fake_gemm", task.key(), cpu_fingerprint().with_kernel(task.kernel_hash)
+    )
+    assert stored == outcome.entry and stored.best.meta["BLOCK"] == 64
+    reasons = {m.config.meta["BLOCK"]: m.error for m in stored.measurements if not m.ok}
+    assert reasons == {
+        256: "RuntimeError: ptxas: too many resources",
+        16: "differs from the reference",
+    }
+    fresh = FakeTask(dict(TIMINGS))
+    again = tuner_for(fresh, tmp_path).get(fresh)
+    assert again.source == "registry" and again.benchmark_runs == 0 and fresh.launches == 0
+
+
+def test_halving_times_the_leaders_longer(tmp_path):
+    timings = {b: 1.0 + abs(b - 40) / 10 for b in range(8, 80, 4)}  # 18 configs
+    task = FakeTask(timings)
+    tuner = tuner_for(task, tmp_path)
+    outcome = tuner.get(task)
+    assert outcome.config.meta["BLOCK"] == 40
+    assert sorted(set(tuner.timer.calls)) == [3, 9, 27]
+    assert len(outcome.search.rounds[0]) == 18 and len(outcome.search.rounds[-1]) <= 3
+
+
+def test_policy_fallback_uses_the_nearest_tuned_shape_or_the_default(tmp_path):
+    for m in (512, 8192):
+        task = FakeTask({16: 1.0, 32: 0.5} if m == 512 else {16: 0.5, 32: 1.0}, m=m)
+        tuner_for(task, tmp_path).get(task)
+    near = FakeTask(dict(TIMINGS), m=768)  # log-closer to 512 than to 8192
+    tuner = tuner_for(near, tmp_path, policy="fallback")
+    outcome = tuner.get(near)
+    assert outcome.source == "fallback" and outcome.config.meta["BLOCK"] == 32
+    assert tuner.stats.fallbacks == 1 and near.launches == 0
+    other = FakeTask(dict(TIMINGS), kernel="other_kernel")
+    default = tuner_for(other, tmp_path, policy="fallback").get(other)
+    assert default.config == other.candidates()[0]
+
+
+def test_policy_fail_raises_on_a_miss(tmp_path):
+    task = FakeTask(dict(TIMINGS))
+    with pytest.raises(TuneError, match="policy is 'fail'"):
+        tuner_for(task, tmp_path, policy="fail").get(task)
+
+
+def test_every_candidate_failing_is_a_named_error_and_stores_nothing(tmp_path):
+    task = FakeTask({16: 1.0, 32: 1.0}, broken={16: "no", 32: "nope"})
+    tuner = tuner_for(task, tmp_path)
+    with pytest.raises(TuneError, match="every candidate failed"):
+        tuner.get(task)
+    assert len(tuner.store) == 0
+
+
+def test_a_winner_that_fails_its_final_check_is_not_stored(tmp_path):
+    class Flaky(FakeTask):
+        checks = 0
+
+        def verify(self, output):  # passes when first measured, fails the final check
+            self.checks += 1
+            return "drifted" if self.checks > 2 else super().verify(output)
+
+    task = Flaky({16: 1.0, 32: 2.0})
+    tuner = tuner_for(task, tmp_path)
+    with pytest.raises(TuneError, match="failed its check"):
+        tuner.get(task)
+    assert len(tuner.store) == 0
+
+
+def test_key_distance_and_nearest(tmp_path):
+    assert key_distance({"M": 512, "d": "bf16"}, {"M": 1024, "d": "bf16"}) == 1.0
+    assert key_distance({"M": 512, "d": "bf16"}, {"M": 512, "d": "fp16"}) == float("inf")
+    assert nearest_entry(Store(tmp_path), "x", {"M": 1}, cpu_fingerprint(), "exact") is None
+
+
+def test_empty_space_is_refused(tmp_path):
+    task = FakeTask({})
+    with pytest.raises(TuneError, match="empty"):
+        tuner_for(task, tmp_path).get(task)
+    assert configs() == []

@@ -1,0 +1,156 @@
+"""Compile every candidate in parallel before benchmarking, for exactly the specialisation
+the launch will use, so each launch then hits the compile cache.
+
+1. ``capture``: run each candidate's compile-only warm-up with Triton's
+   ``knobs.runtime.jit_cache_hook`` set to record the JIT's own serialised specialisation
+   (signature, constexprs, attributes, options) and skip the compile.
+2. ``compile``: worker processes (forked: the kernel modules are already imported) rebuild
+   the same ``ASTSource`` and call ``triton.compile`` for the explicit target, as Triton's
+   ``JITFunction.preload`` does; no GPU is touched there. The artifacts land in the shared
+   TRITON_CACHE_DIR under the key the JIT computes.
+3. The caller warms each candidate up again: the JIT finds it on disk. ``cache_files``
+   counts files before and after, which proves the hit (nothing new written).
+
+Where fork is unavailable the pool is skipped and the warm-up compiles in-process.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class PoolReport:
+    specializations: int = 0
+    compiled: int = 0
+    failed: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    workers: int = 0
+
+
+@contextmanager
+def capture() -> Iterator[list[str]]:
+    """While active, JIT compiles are recorded (their specialisation data) and skipped."""
+    from triton import knobs
+
+    captured: list[str] = []
+
+    def hook(*, compile: dict[str, Any], **_: Any) -> bool:
+        captured.append(compile["specialization_data"])
+        return True
+
+    previous = knobs.runtime.jit_cache_hook
+    knobs.runtime.jit_cache_hook = hook
+    try:
+        yield captured
+    finally:
+        knobs.runtime.jit_cache_hook = previous
+
+
+def compile_all(
+    specializations: Iterable[str], *, workers: int | None = None, target: Any = None
+) -> PoolReport:
+    """Compile captured specialisations in forked workers into TRITON_CACHE_DIR, for
+    ``target`` (default: this process's GPU)."""
+    specs = list(dict.fromkeys(specializations))
+    report = PoolReport(specializations=len(specs))
+    if not specs:
+        return report
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return report  # the in-process warm-up will compile them
+    if target is None:
+        from triton.runtime import driver
+
+        target = driver.active.get_current_target()
+    report.workers = max(1, min(len(specs), workers or os.cpu_count() or 1))
+    started = time.perf_counter()
+    context = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(max_workers=report.workers, mp_context=context) as pool:
+        for error in pool.map(_compile_one, specs, [target] * len(specs)):
+            if error is None:
+                report.compiled += 1
+            else:
+                report.failed.append(error)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def precompile(warmups: Iterable[Callable[[], Any]], *, workers: int | None = None) -> PoolReport:
+    """Capture every warm-up's specialisation, compile them all in parallel."""
+    with capture() as captured:
+        for warm in warmups:
+            try:
+                warm()
+            except Exception:  # a candidate that cannot even specialise fails later, scored inf
+                continue
+    return compile_all(captured, workers=workers)
+
+
+def cache_files(cache_dir: Path) -> int:
+    """Files in the compile cache (a launch that hits the cache adds none)."""
+    return sum(1 for p in cache_dir.rglob("*") if p.is_file()) if cache_dir.is_dir() else 0
+
+
+def _compile_one(spec_json: str, target: Any) -> str | None:
+    """Worker: rebuild the JIT's ASTSource from its specialisation data and compile it."""
+    try:
+        import triton
+        import triton.language as tl
+        from triton.compiler import ASTSource
+
+        spec = json.loads(spec_json)
+        fn = _resolve(spec["name"])
+
+        def decode(value: Any) -> Any:
+            if isinstance(value, str) and tl.dtype.is_dtype(value):
+                return tl.dtype(value)
+            if isinstance(value, dict) and "constexpr" in value:
+                return tl.constexpr(_tuples(value["constexpr"]))
+            if isinstance(value, dict) and "jit_function" in value:
+                return _resolve(value["jit_function"].replace(":", "."))
+            return _tuples(value)
+
+        constexprs = {
+            tuple(k): decode(v)
+            for k, v in zip(spec["constant_keys"], spec["constant_vals"], strict=True)
+        }
+        attrs = dict(zip(map(tuple, spec["attrs_keys"]), spec["attrs_vals"], strict=True))
+        signature = {k: _tuples(v) for k, v in spec["signature"].items()}
+        options = {k: tuple(v) if isinstance(v, list) else v for k, v in spec["options"].items()}
+        triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=options)
+        return None
+    except Exception as e:  # reported, never fatal: the in-process warm-up will retry
+        return f"{type(e).__name__}: {e}"
+
+
+def _resolve(full_name: str) -> Any:
+    """``package.module.qualname`` -> the object, using the longest importable prefix."""
+    parts = full_name.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        module_name = ".".join(parts[:cut])
+        module = sys.modules.get(module_name)
+        if module is None:
+            try:
+                module = importlib.import_module(module_name)
+            except ImportError:
+                continue
+        obj: Any = module
+        for attr in parts[cut:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise LookupError(f"cannot resolve {full_name}")
+
+
+def _tuples(value: Any) -> Any:
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value

@@ -1,0 +1,89 @@
+"""Collectives the tuner runs across ranks, each bounded by a timeout, so a rank that died
+or hangs makes the others fail with a clear error instead of waiting forever."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+
+class RankFailure(RuntimeError):
+    """A collective did not complete: a peer died, hung or disagreed."""
+
+
+class Lockstep:
+    """Rank 0 decides, every rank follows. ``group=None`` means one process: no collectives."""
+
+    def __init__(self, group: Any = None, *, timeout_s: float = 300.0) -> None:
+        import torch.distributed as dist
+
+        self.group = group
+        self.timeout_s = timeout_s
+        self.active = group is not None and dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank(group) if self.active else 0
+        self.world = dist.get_world_size(group) if self.active else 1
+        self._device = "cpu"
+        if self.active and dist.get_backend(group) == "nccl":
+            import torch
+
+            self._device = f"cuda:{torch.cuda.current_device()}"
+
+    @property
+    def leader(self) -> bool:
+        return self.rank == 0
+
+    def broadcast(self, value: Any, *, what: str, timeout_s: float | None = None) -> Any:
+        """Rank 0's ``value`` (JSON-able) on every rank."""
+        if not self.active:
+            return value
+        import torch
+
+        blob = json.dumps(value).encode() if self.leader else b""
+        size = torch.tensor([len(blob)], dtype=torch.int64, device=self._device)
+        self._run("broadcast", size, what, timeout_s)
+        data = torch.zeros(int(size.item()), dtype=torch.uint8, device=self._device)
+        if self.leader:
+            data.copy_(torch.frombuffer(bytearray(blob), dtype=torch.uint8))
+        self._run("broadcast", data, what, timeout_s)
+        return json.loads(bytes(data.cpu().tolist()).decode())
+
+    def max_over_ranks(self, values: list[float], *, what: str) -> list[float]:
+        """Element-wise max over ranks: a candidate is as slow as its slowest rank, and
+        ``inf`` (a failure) anywhere is ``inf`` everywhere."""
+        if not self.active:
+            return list(values)
+        import torch
+
+        tensor = torch.tensor(values, dtype=torch.float64, device=self._device)
+        self._run("all_reduce_max", tensor, what, None)
+        return [float(v) for v in tensor.cpu().tolist()]
+
+    def barrier(self, *, what: str) -> None:
+        if self.active:
+            self._run("barrier", None, what, None)
+
+    def _run(self, op: str, tensor: Any, what: str, timeout_s: float | None) -> None:
+        import torch.distributed as dist
+
+        limit = timeout_s if timeout_s is not None else self.timeout_s
+        try:
+            if op == "broadcast":
+                work = dist.broadcast(tensor, src=self._global(0), group=self.group, async_op=True)
+            elif op == "all_reduce_max":
+                work = dist.all_reduce(
+                    tensor, op=dist.ReduceOp.MAX, group=self.group, async_op=True
+                )
+            else:
+                work = dist.barrier(group=self.group, async_op=True)
+            work.wait(timeout=timedelta(seconds=limit))
+        except Exception as e:  # gloo: connection closed / timeout; nccl: watchdog
+            raise RankFailure(
+                f"rank {self.rank}/{self.world}: {what} ({op}) did not complete "
+                f"within {limit:g} s; a peer died or hangs: {e}"
+            ) from e
+
+    def _global(self, rank: int) -> int:
+        import torch.distributed as dist
+
+        return dist.get_global_rank(self.group, rank) if self.group is not None else rank

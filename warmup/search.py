@@ -1,0 +1,77 @@
+"""Successive halving: a short measurement of every candidate, longer ones only for the
+leaders. Pure: it takes a ``measure(config, repetitions)`` and knows nothing of GPUs."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from registry import KernelConfig, Measurement
+from registry.entry import sort_measurements
+
+Measure = Callable[[KernelConfig, int], Measurement]
+
+
+@dataclass(frozen=True)
+class HalvingPlan:
+    """Round r measures the survivors with ``first_repetitions * eta**r`` repetitions and
+    keeps the best ``1/eta`` of them, until ``final_survivors`` remain."""
+
+    first_repetitions: int = 3
+    eta: int = 3
+    final_survivors: int = 2
+    max_repetitions: int = 50
+
+    def __post_init__(self) -> None:
+        if self.first_repetitions < 1 or self.eta < 2 or self.final_survivors < 1:
+            raise ValueError(
+                f"HalvingPlan {self}: need first_repetitions >= 1, eta >= 2, final_survivors >= 1."
+            )
+
+
+@dataclass
+class SearchResult:
+    measurements: list[Measurement]  # the last measurement of every candidate, best first
+    rounds: list[list[KernelConfig]] = field(default_factory=list)  # who was measured when
+    repetitions: int = 0  # total repetitions run
+
+    @property
+    def best(self) -> Measurement:
+        return self.measurements[0]
+
+
+def successive_halving(
+    candidates: Sequence[KernelConfig], measure: Measure, plan: HalvingPlan | None = None
+) -> SearchResult:
+    """Measure all, keep the fastest third, measure them longer, ... Failures (inf) drop
+    out in the first round with their reasons kept."""
+    plan = plan or HalvingPlan()
+    if not candidates:
+        raise ValueError("successive_halving: no candidates (an empty space).")
+    latest: dict[KernelConfig, Measurement] = {}
+    result = SearchResult(measurements=[])
+    alive = list(dict.fromkeys(candidates))
+    repetitions = plan.first_repetitions
+    while True:
+        result.rounds.append(list(alive))
+        for config in alive:
+            latest[config] = measure(config, repetitions)
+            result.repetitions += repetitions
+        ranked = [m.config for m in sort_measurements([latest[c] for c in alive]) if m.ok]
+        if len(ranked) <= plan.final_survivors or repetitions >= plan.max_repetitions:
+            break
+        alive = ranked[: max(plan.final_survivors, math.ceil(len(ranked) / plan.eta))]
+        repetitions = min(plan.max_repetitions, repetitions * plan.eta)
+    result.measurements = list(sort_measurements(list(latest.values())))
+    return result
+
+
+def summarize(config: KernelConfig, times_ms: Sequence[float]) -> Measurement:
+    """Median and p20/p80 of repetition times (ms)."""
+    ordered = sorted(times_ms)
+    if not ordered:
+        return Measurement(config, error="no repetition ran")
+    pick = lambda q: ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))]  # noqa: E731
+    return Measurement(config, statistics.median(ordered), pick(0.2), pick(0.8))

@@ -1,0 +1,374 @@
+"""The tuner: turns a cache miss into a stored, verified best config.
+
+Flow for one (kernel, key), every rank in lockstep, rank 0 deciding:
+
+    look up (rank 0's view wins) -- hit -------------------------------> use it
+        | miss, policy "fallback": nearest tuned shape, else the space's default
+        | miss, policy "fail": TuneError
+        | miss, policy "tune": rank 0 takes the fleet lock, looks again
+        v
+    compile every candidate in parallel (exact launch specialisation)
+    successive halving: each candidate launched and checked, timed on every rank,
+    its time the max over ranks; rank 0 broadcasts the winner
+    the winner is checked again, rank 0 stores the entry, releases the lock
+
+The timer is injected (``warmup.timing``), so tests run the search with a fake.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from registry import Entry, KernelConfig, MatchPolicy, Measurement, Store, lock
+from registry.fingerprint import Fingerprint
+from registry.locks import LockBackend
+from warmup import compile_pool
+from warmup.lockstep import Lockstep
+from warmup.search import HalvingPlan, SearchResult, successive_halving, summarize
+from warmup.timing import Timer
+
+log = logging.getLogger(__name__)
+Policy = Literal["tune", "fallback", "fail"]
+
+
+class TuneError(RuntimeError):
+    """No usable config: the policy forbids tuning a miss, or every candidate failed."""
+
+
+class TuneTask(Protocol):
+    """What the tuner needs from a kernel (``kernels`` implement it; it imports nothing)."""
+
+    kernel: str
+
+    @property
+    def kernel_hash(self) -> str: ...
+
+    def key(self) -> dict[str, Any]: ...
+
+    def candidates(self) -> list[KernelConfig]: ...
+
+    def run(self, config: KernelConfig) -> Any: ...
+
+    def verify(self, output: Any) -> str | None: ...
+
+    def warmup(self, config: KernelConfig) -> None: ...
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    policy: Policy = "tune"
+    match: MatchPolicy = MatchPolicy.EXACT
+    plan: HalvingPlan = field(default_factory=HalvingPlan)
+    lock_ttl_s: float = 60.0
+    lock_timeout_s: float = 1800.0
+    rank_timeout_s: float = 300.0
+    parallel_compile: bool = True
+    compile_workers: int | None = None
+    cache_dir: Path | None = None  # TRITON_CACHE_DIR, to prove launches hit it
+
+
+@dataclass
+class TunerStats:
+    """Counters the metrics exporter reads."""
+
+    hits: int = 0
+    misses: int = 0
+    tuned: int = 0
+    fallbacks: int = 0
+    tuning_seconds: float = 0.0
+    lock_wait_seconds: float = 0.0
+
+
+@dataclass
+class TuneOutcome:
+    config: KernelConfig
+    source: Literal["registry", "tuned", "fallback"]
+    entry: Entry | None = None
+    seconds: float = 0.0
+    benchmark_runs: int = 0  # timed repetitions; 0 on a hit
+    lock_wait_s: float = 0.0
+    search: SearchResult | None = None
+    pool: compile_pool.PoolReport | None = None
+    cache_files_added_while_timing: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+class Tuner:
+    """Looks up, or tunes and stores, the best config of a task; see the module docstring."""
+
+    def __init__(
+        self,
+        store: Store,
+        fingerprint: Fingerprint,
+        *,
+        timer: Timer,
+        lockstep: Lockstep | None = None,
+        lock_backend: LockBackend | None = None,
+        options: TuneOptions = TuneOptions(),
+        stats: TunerStats | None = None,
+    ) -> None:
+        self.store = store
+        self.fingerprint = fingerprint
+        self.timer = timer
+        self.lockstep = lockstep or Lockstep()
+        self.lock_backend = lock_backend
+        self.options = options or TuneOptions()
+        self.stats = stats or TunerStats()
+
+    # ---- the registry flow ---------------------------------------------------------
+
+    def get(self, task: TuneTask) -> TuneOutcome:
+        started = time.perf_counter()
+        fingerprint = self.fingerprint.with_kernel(task.kernel_hash)
+        key = task.key()
+        found = self._agreed_lookup(task.kernel, key, fingerprint, what="registry lookup")
+        if found is not None:
+            self.stats.hits += 1
+            return TuneOutcome(found.best, "registry", found, time.perf_counter() - started)
+        self.stats.misses += 1
+        if self.options.policy == "fallback":
+            return self._fallback(task, fingerprint, started)
+        if self.options.policy == "fail":
+            raise TuneError(
+                f"No tuned config for {task.kernel} at {key} on "
+                f"{fingerprint.gpu_slug()} and the policy is 'fail'."
+            )
+        with contextlib.ExitStack() as held:
+            waited = self._lock(held, task.kernel, key)
+            again = self._agreed_lookup(
+                task.kernel,
+                key,
+                fingerprint,
+                what="lookup under lock",
+                timeout_s=self.options.lock_timeout_s + self.options.rank_timeout_s,
+            )
+            if again is not None:  # tuned by another pod while we waited
+                return TuneOutcome(
+                    again.best, "registry", again, time.perf_counter() - started, lock_wait_s=waited
+                )
+            outcome = self.tune(task)
+            outcome.lock_wait_s = waited
+            outcome.entry = self._store(task, fingerprint, key, outcome, started)
+        outcome.seconds = time.perf_counter() - started
+        self.stats.tuned += 1
+        self.stats.tuning_seconds += outcome.seconds
+        return outcome
+
+    def _agreed_lookup(
+        self,
+        kernel: str,
+        key: Mapping[str, Any],
+        fingerprint: Fingerprint,
+        *,
+        what: str,
+        timeout_s: float | None = None,
+    ) -> Entry | None:
+        """Rank 0 looks; every rank follows its answer (never mismatched collectives)."""
+        mine = None
+        if self.lockstep.leader:
+            self.store.refresh()
+            entry = self.store.lookup(kernel, key, fingerprint, self.options.match)
+            mine = entry.to_json() if entry is not None else None
+        agreed = self.lockstep.broadcast(mine, what=what, timeout_s=timeout_s)
+        return Entry.from_json(agreed) if agreed is not None else None
+
+    def _lock(self, held: contextlib.ExitStack, kernel: str, key: Mapping[str, Any]) -> float:
+        if not self.lockstep.leader:
+            return 0.0
+        started = time.perf_counter()
+        name = f"tune/{kernel}/{json.dumps(key, sort_keys=True)}"
+        held.enter_context(
+            lock(
+                name,
+                ttl=self.options.lock_ttl_s,
+                timeout=self.options.lock_timeout_s,
+                backend=self.lock_backend,
+            )
+        )
+        waited = time.perf_counter() - started
+        self.stats.lock_wait_seconds += waited
+        return waited
+
+    def _store(
+        self,
+        task: TuneTask,
+        fingerprint: Fingerprint,
+        key: Mapping[str, Any],
+        outcome: TuneOutcome,
+        started: float,
+    ) -> Entry:
+        assert outcome.search is not None
+        stored = None
+        if self.lockstep.leader:  # one writer
+            entry = Entry.make(
+                task.kernel,
+                key,
+                fingerprint,
+                outcome.config,
+                measurements=tuple(outcome.search.measurements),
+                tuning_seconds=time.perf_counter() - started,
+                source="tuned",
+            )
+            stored = self.store.put(entry).to_json()
+        return Entry.from_json(self.lockstep.broadcast(stored, what="stored entry"))
+
+    def _fallback(self, task: TuneTask, fingerprint: Fingerprint, started: float) -> TuneOutcome:
+        self.stats.fallbacks += 1
+        mine = None
+        if self.lockstep.leader:
+            near = nearest_entry(
+                self.store, task.kernel, task.key(), fingerprint, self.options.match
+            )
+            config = near.best if near is not None else task.candidates()[0]
+            mine = {
+                "config": config.to_json(),
+                "from": near.key if near is not None else "the space's default",
+            }
+        agreed = self.lockstep.broadcast(mine, what="fallback config")
+        log.warning(
+            "%s %s: no tuned config, falling back to %s (from %s)",
+            task.kernel,
+            task.key(),
+            KernelConfig.from_json(agreed["config"]).label(),
+            agreed["from"],
+        )
+        return TuneOutcome(
+            KernelConfig.from_json(agreed["config"]),
+            "fallback",
+            seconds=time.perf_counter() - started,
+            notes=[f"fallback from {agreed['from']}"],
+        )
+
+    # ---- the search ----------------------------------------------------------------
+
+    def tune(self, task: TuneTask) -> TuneOutcome:
+        """Search the task's candidates in lockstep; no registry involved."""
+        started = time.perf_counter()
+        mine = [c.to_json() for c in task.candidates()] if self.lockstep.leader else None
+        candidates = [
+            KernelConfig.from_json(c) for c in self.lockstep.broadcast(mine, what="candidate list")
+        ]
+        if not candidates:
+            raise TuneError(f"{task.kernel} at {task.key()}: the config space is empty.")
+        pool = self._compile(task, candidates)
+        before = (
+            compile_pool.cache_files(self.options.cache_dir) if self.options.cache_dir else None
+        )
+        failures: dict[KernelConfig, str] = {}
+        search = successive_halving(candidates, self._measure_fn(task, failures), self.options.plan)
+        mine_best = search.best.config.to_json() if self.lockstep.leader else None
+        best = KernelConfig.from_json(self.lockstep.broadcast(mine_best, what="winner"))
+        if not search.best.ok:
+            reasons = "; ".join(f"{c.label()}: {r}" for c, r in list(failures.items())[:5])
+            raise TuneError(f"{task.kernel} at {task.key()}: every candidate failed ({reasons}).")
+        self._check_winner(task, best)
+        added = None
+        if before is not None and self.options.cache_dir is not None:
+            added = compile_pool.cache_files(self.options.cache_dir) - before
+        return TuneOutcome(
+            best,
+            "tuned",
+            seconds=time.perf_counter() - started,
+            benchmark_runs=search.repetitions,
+            search=search,
+            pool=pool,
+            cache_files_added_while_timing=added,
+        )
+
+    def _compile(
+        self, task: TuneTask, candidates: Sequence[KernelConfig]
+    ) -> compile_pool.PoolReport | None:
+        """Compile all candidates in parallel, then warm each in-process (a cache hit)."""
+        report = None
+        if self.options.parallel_compile:
+            try:
+                report = compile_pool.precompile(
+                    [functools.partial(task.warmup, c) for c in candidates],
+                    workers=self.options.compile_workers,
+                )
+            except Exception as e:  # no driver (CPU), no fork: the warm-ups below compile
+                log.debug("parallel compile skipped: %s", e)
+        for config in candidates:
+            with contextlib.suppress(Exception):  # a failure is scored when it is measured
+                task.warmup(config)
+        return report
+
+    def _measure_fn(
+        self, task: TuneTask, failures: dict[KernelConfig, str]
+    ) -> Callable[[KernelConfig, int], Measurement]:
+        checked: set[KernelConfig] = set()
+
+        def measure(config: KernelConfig, repetitions: int) -> Measurement:
+            self.lockstep.barrier(what=f"start of {config.label()}")
+            times, reason = [math.inf] * repetitions, failures.get(config)
+            if reason is None:
+                try:
+                    if config not in checked:  # the first launch is checked
+                        reason = task.verify(task.run(config))
+                        checked.add(config)
+                    if reason is None:
+                        times = self.timer(lambda: task.run(config), repetitions)
+                except Exception as e:  # compile, launch or resource failure: inf, reason kept
+                    reason = f"{type(e).__name__}: {e}"
+            flags = self.lockstep.max_over_ranks(
+                [0.0 if reason is None else 1.0, *times], what=f"times of {config.label()}"
+            )
+            if flags[0] > 0:
+                failures.setdefault(config, reason or "failed on another rank")
+                return Measurement(config, error=failures[config])
+            return summarize(config, flags[1:])
+
+        return measure
+
+    def _check_winner(self, task: TuneTask, best: KernelConfig) -> None:
+        try:
+            reason = task.verify(task.run(best))
+        except Exception as e:
+            reason = f"{type(e).__name__}: {e}"
+        flag = self.lockstep.max_over_ranks([0.0 if reason is None else 1.0], what="winner check")
+        if flag[0] > 0:
+            raise TuneError(
+                f"{task.kernel} at {task.key()}: the winner {best.label()} failed "
+                f"its check ({reason or 'on another rank'}); nothing stored."
+            )
+
+
+def nearest_entry(
+    store: Store, kernel: str, key: Mapping[str, Any], fingerprint: Fingerprint, match: MatchPolicy
+) -> Entry | None:
+    """The stored entry of ``kernel`` whose key is closest (log-distance of the numbers;
+    other fields must be equal) among those whose fingerprint matches."""
+    best: tuple[float, Entry] | None = None
+    for entry in store.entries():
+        if entry.kernel != kernel or fingerprint.mismatches(entry.fingerprint, match):
+            continue
+        distance = key_distance(key, entry.key)
+        if math.isfinite(distance) and (best is None or distance < best[0]):
+            best = (distance, entry)
+    return best[1] if best else None
+
+
+def key_distance(a: Mapping[str, Any], b: Mapping[str, Any]) -> float:
+    if set(a) != set(b):
+        return math.inf
+    total = 0.0
+    for name, x in a.items():
+        y = b[name]
+        if (
+            isinstance(x, (int, float))
+            and isinstance(y, (int, float))
+            and not (isinstance(x, bool) or isinstance(y, bool))
+        ):
+            total += abs(math.log2(max(x, 1e-9)) - math.log2(max(y, 1e-9)))
+        elif x != y:
+            return math.inf
+    return total
