@@ -480,6 +480,12 @@ class AgGemmTask:
     out: torch.Tensor | None = None
     _expected: torch.Tensor | None = None
 
+    def __post_init__(self) -> None:
+        # The reference gathers: every rank computes it here, together, never inside a
+        # check that a failed launch on one rank would skip.
+        expected = reference(self.a_shard.float(), self.b.float(), self.ctx.group)
+        self._expected = expected.double() if expected.device.type == "cpu" else expected
+
     @property
     def kernel_hash(self) -> str:
         from registry import kernel_source_hash

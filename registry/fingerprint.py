@@ -17,7 +17,8 @@ import textwrap
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from enum import Enum
-from functools import cached_property
+from functools import cached_property, lru_cache
+from pathlib import Path
 from typing import Any
 
 from registry.errors import RegistryError
@@ -164,10 +165,12 @@ def detect(kernel_hash: str = "", *, device: int = 0) -> Fingerprint:
         nvlink_full_mesh=_nvlink_full_mesh(torch.cuda.device_count()),
         memory_gib=round(props.total_memory / 2**30),
     )
-    return Fingerprint(hardware, _software(cuda=True), kernel_hash)
+    return Fingerprint(
+        hardware, _software(cuda=True, arch=props.major * 10 + props.minor), kernel_hash
+    )
 
 
-def _software(*, cuda: bool) -> Software:
+def _software(*, cuda: bool, arch: int = 0) -> Software:
     torch_version, cuda_runtime = _torch_versions()
     triton_version, triton_hash = _triton_versions()
     return Software(
@@ -176,7 +179,7 @@ def _software(*, cuda: bool) -> Software:
         triton_hash=triton_hash,
         cuda_runtime=cuda_runtime if cuda else "none",
         driver=_driver_version() if cuda else "none",
-        ptxas=_ptxas_version() if cuda else "none",
+        ptxas=_ptxas_version(arch) if cuda else "none",
     )
 
 
@@ -203,6 +206,14 @@ def _triton_versions() -> tuple[str, str]:
 
 
 def _driver_version() -> str:
+    # The kernel module states its version in /proc: no subprocess on the hot start path.
+    try:
+        text = Path("/proc/driver/nvidia/version").read_text()
+        match = re.search(r"Kernel Module\s+(?:for \S+\s+)?([0-9][0-9.]+)", text)
+        if match:
+            return match.group(1)
+    except OSError:
+        pass
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return "unknown"
@@ -210,11 +221,16 @@ def _driver_version() -> str:
     return out.splitlines()[0].strip() if out else "unknown"
 
 
-def _ptxas_version() -> str:
+def _ptxas_version(arch: int) -> str:
+    # Triton memoises this per arch and asks with the device's: ask the same, share it.
     try:
         from triton.backends.nvidia.compiler import get_ptxas_version
 
-        return str(get_ptxas_version())
+        try:
+            version = get_ptxas_version(arch)
+        except TypeError:  # Triton 3.4 takes no arch
+            version = get_ptxas_version()
+        return str(version).strip().splitlines()[-1]
     except Exception:
         return "unknown"
 
@@ -247,7 +263,13 @@ def kernel_source_hash(fn: Callable[..., Any] | Any) -> str:
     wrapper (anything with ``.fn``), and folds in the hashes of the other JIT
     functions it calls, so an edit in a helper invalidates its callers.
     """
-    return _hash_function(_unwrap(fn), seen=set())
+    return _cached_hash(_unwrap(fn))
+
+
+@lru_cache(maxsize=256)
+def _cached_hash(fn: Callable[..., Any]) -> str:
+    # Parsing source on every lookup costs milliseconds; a function's source is fixed.
+    return _hash_function(fn, seen=set())
 
 
 def _unwrap(obj: Any) -> Callable[..., Any]:

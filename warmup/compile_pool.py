@@ -98,8 +98,9 @@ def precompile(warmups: Iterable[Callable[[], Any]], *, workers: int | None = No
 
 
 def cache_files(cache_dir: Path) -> int:
-    """Files in the compile cache (a launch that hits the cache adds none)."""
-    return sum(1 for p in cache_dir.rglob("*") if p.is_file()) if cache_dir.is_dir() else 0
+    """Compiled kernels in the cache: one group file each (a launch that hits adds none;
+    Triton's C launcher stubs, built on a signature's first launch, are not counted)."""
+    return sum(1 for _ in cache_dir.glob("*/__grp__*.json")) if cache_dir.is_dir() else 0
 
 
 def _compile_one(spec_json: str, target: Any) -> str | None:

@@ -16,16 +16,23 @@ Measure = Callable[[KernelConfig, int], Measurement]
 
 @dataclass(frozen=True)
 class HalvingPlan:
-    """Round r measures the survivors with ``first_repetitions * eta**r`` repetitions and
-    keeps the best ``1/eta`` of them, until ``final_survivors`` remain."""
+    """Round r measures the survivors with ``first_repetitions * eta**r`` repetitions (in
+    ``passes`` interleaved passes) and keeps the best ``1/eta``, until ``final_survivors``
+    remain."""
 
     first_repetitions: int = 3
-    eta: int = 3
+    eta: int = 2
+    passes: int = 3
     final_survivors: int = 2
     max_repetitions: int = 50
 
     def __post_init__(self) -> None:
-        if self.first_repetitions < 1 or self.eta < 2 or self.final_survivors < 1:
+        if (
+            self.first_repetitions < 1
+            or self.eta < 2
+            or self.final_survivors < 1
+            or self.passes < 1
+        ):
             raise ValueError(
                 f"HalvingPlan {self}: need first_repetitions >= 1, eta >= 2, final_survivors >= 1."
             )
@@ -45,8 +52,10 @@ class SearchResult:
 def successive_halving(
     candidates: Sequence[KernelConfig], measure: Measure, plan: HalvingPlan | None = None
 ) -> SearchResult:
-    """Measure all, keep the fastest third, measure them longer, ... Failures (inf) drop
-    out in the first round with their reasons kept."""
+    """Measure all, keep the fastest 1/eta, measure them longer, ... Each round times its
+    candidates in ``plan.passes`` interleaved passes (rotating order), so drift in the
+    GPU's clocks touches every candidate alike. Failures (inf) drop out in the first
+    round with their reasons kept."""
     plan = plan or HalvingPlan()
     if not candidates:
         raise ValueError("successive_halving: no candidates (an empty space).")
@@ -56,9 +65,17 @@ def successive_halving(
     repetitions = plan.first_repetitions
     while True:
         result.rounds.append(list(alive))
+        passes: dict[KernelConfig, list[Measurement]] = {c: [] for c in alive}
+        per_pass = max(1, repetitions // plan.passes)
+        for index in range(plan.passes):
+            shift = index % len(alive)
+            for config in alive[shift:] + alive[:shift]:
+                failed = [m for m in passes[config] if not m.ok]
+                if not failed:  # a failure is not measured again
+                    passes[config].append(measure(config, per_pass))
+                    result.repetitions += per_pass
         for config in alive:
-            latest[config] = measure(config, repetitions)
-            result.repetitions += repetitions
+            latest[config] = _combine(config, passes[config])
         ranked = [m.config for m in sort_measurements([latest[c] for c in alive]) if m.ok]
         if len(ranked) <= plan.final_survivors or repetitions >= plan.max_repetitions:
             break
@@ -66,6 +83,19 @@ def successive_halving(
         repetitions = min(plan.max_repetitions, repetitions * plan.eta)
     result.measurements = list(sort_measurements(list(latest.values())))
     return result
+
+
+def _combine(config: KernelConfig, passes: list[Measurement]) -> Measurement:
+    """One measurement from a round's passes: median of medians, outer percentiles."""
+    failed = next((m for m in passes if not m.ok), None)
+    if failed is not None:
+        return failed
+    return Measurement(
+        config,
+        statistics.median(m.median_ms for m in passes),
+        min(m.p20_ms for m in passes),
+        max(m.p80_ms for m in passes),
+    )
 
 
 def summarize(config: KernelConfig, times_ms: Sequence[float]) -> Measurement:

@@ -173,11 +173,13 @@ class Tuner:
         timeout_s: float | None = None,
     ) -> Entry | None:
         """Rank 0 looks; every rank follows its answer (never mismatched collectives)."""
-        mine = None
+        entry = None
         if self.lockstep.leader:
             self.store.refresh()
             entry = self.store.lookup(kernel, key, fingerprint, self.options.match)
-            mine = entry.to_json() if entry is not None else None
+        if not self.lockstep.active:
+            return entry
+        mine = entry.to_json() if entry is not None else None
         agreed = self.lockstep.broadcast(mine, what=what, timeout_s=timeout_s)
         return Entry.from_json(agreed) if agreed is not None else None
 

@@ -109,6 +109,45 @@ def reference_matches(world: int, rank: int) -> dict[str, object]:
     }
 
 
+def tuned(world: int, rank: int) -> dict[str, object]:
+    """The real task through the real tuner: both ranks in lockstep, one stored entry."""
+    import tempfile
+    from pathlib import Path
+
+    from registry import Store, cpu_fingerprint
+    from registry.locks import backend_from_url
+    from warmup.lockstep import Lockstep
+    from warmup.timing import wall_clock_timer
+    from warmup.tuner import TuneOptions, Tuner
+
+    root = Path(sys.argv[3]).parent / "registry"
+    ctx = ag_gemm.create_context(None, max_m=world * 16, k=24, dtype=torch.float32, device="cpu")
+    shard = torch.randn(16, 24, generator=torch.Generator().manual_seed(rank))
+    b = torch.randn(24, 40, generator=torch.Generator().manual_seed(7))
+    space = [
+        KernelConfig.make({"BLOCK_M": bm, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2})
+        for bm in (16, 32)
+    ]
+    task = ag_gemm.AgGemmTask(shard, b, ctx, configs=space)
+    tuner = Tuner(
+        Store(root),
+        cpu_fingerprint(),
+        timer=wall_clock_timer(),
+        lockstep=Lockstep(dist.group.WORLD, timeout_s=60),
+        lock_backend=backend_from_url(tempfile.mkdtemp()),
+        options=TuneOptions(parallel_compile=False),
+    )
+    outcome = tuner.get(task)
+    errors = [m.error for m in outcome.search.measurements if not m.ok]
+    return {
+        "rank": rank,
+        "winner": outcome.config.to_json(),
+        "source": outcome.source,
+        "errors": errors,
+        "stored": len(Store(root)) if rank == 0 else None,
+    }
+
+
 def main() -> None:
     world, rank, init_file, scenario = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
@@ -117,6 +156,7 @@ def main() -> None:
             "correctness": correctness,
             "bad_inputs": bad_inputs,
             "in_place": in_place,
+            "tuned": tuned,
             "reference": reference_matches,
         }[scenario](world, rank)
         dist.barrier()

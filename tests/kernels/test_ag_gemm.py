@@ -91,3 +91,11 @@ def test_hopper_consumer_compiles_for_sm90_with_its_synchronisation(tmp_path):
     assert ptx["acquire_loads"] >= 1 and ptx["async_proxy_fence"], ptx
     assert ptx["wgmma"] and ptx["tma_loads"]
     assert ptx["shared"] <= 232448  # the H200's per-block limit
+
+
+def test_the_task_tunes_in_lockstep_through_the_tuner(tmp_path):
+    results = run_ranks(2, "tuned", tmp_path)
+    assert results[0]["winner"] == results[1]["winner"]
+    assert {r["source"] for r in results} == {"tuned"}
+    assert all(r["errors"] == [] for r in results)  # every candidate passed its check
+    assert results[0]["stored"] == 1

@@ -36,7 +36,9 @@ def test_halving_measures_leaders_longer_and_keeps_the_true_best():
     for seed in range(20):
         measure, log = measure_with(timings, noise=0.05, seed=seed)
         result = successive_halving(
-            configs(*timings), measure, HalvingPlan(first_repetitions=3, eta=3, final_survivors=2)
+            configs(*timings),
+            measure,
+            HalvingPlan(first_repetitions=3, eta=3, final_survivors=2, passes=1),
         )
         assert result.best.config.meta["BLOCK"] == 40
     first, *later = result.rounds
@@ -69,3 +71,14 @@ def test_summarize_gives_median_and_percentiles():
     m = summarize(configs(16)[0], [5.0, 1.0, 2.0, 4.0, 3.0])
     assert (m.median_ms, m.p20_ms, m.p80_ms) == (3.0, 2.0, 4.0)
     assert not summarize(configs(16)[0], []).ok
+
+
+def test_each_round_interleaves_its_candidates_in_rotating_passes():
+    timings = {16: 1.0, 32: 2.0, 64: 3.0}
+    measure, log = measure_with(timings)
+    successive_halving(
+        configs(*timings), measure, HalvingPlan(first_repetitions=6, passes=3, final_survivors=3)
+    )
+    order = [block for block, _ in log]
+    assert order == [16, 32, 64, 32, 64, 16, 64, 16, 32]  # each pass starts one later
+    assert {reps for _, reps in log} == {2}  # 6 repetitions split over 3 passes

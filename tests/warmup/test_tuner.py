@@ -47,8 +47,9 @@ def test_halving_times_the_leaders_longer(tmp_path):
     tuner = tuner_for(task, tmp_path)
     outcome = tuner.get(task)
     assert outcome.config.meta["BLOCK"] == 40
-    assert sorted(set(tuner.timer.calls)) == [3, 9, 27]
-    assert len(outcome.search.rounds[0]) == 18 and len(outcome.search.rounds[-1]) <= 3
+    sizes = [len(r) for r in outcome.search.rounds]
+    assert sizes == [18, 9, 5, 3, 2]  # eta 2: halve until two remain
+    assert sorted(set(tuner.timer.calls)) == [1, 2, 4, 8, 16]  # per pass, doubling
 
 
 def test_policy_fallback_uses_the_nearest_tuned_shape_or_the_default(tmp_path):
