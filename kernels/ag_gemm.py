@@ -21,6 +21,7 @@ where gloo does the gather and raises each flag as its shard lands.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -563,7 +564,9 @@ def reference(a_shard: torch.Tensor, b: torch.Tensor, group: Any = None) -> torc
     """NCCL (or gloo) ``all_gather_into_tensor`` then ``torch.matmul`` (cuBLAS on GPU)."""
     world = dist.get_world_size(group)
     gathered = a_shard.new_empty(a_shard.shape[0] * world, a_shard.shape[1])
-    dist.all_gather_into_tensor(gathered, a_shard, group=group)
+    with warnings.catch_warnings():  # torch 2.13 renames it; torch 2.11 has only this name
+        warnings.simplefilter("ignore", FutureWarning)
+        dist.all_gather_into_tensor(gathered, a_shard, group=group)
     return torch.matmul(gathered, b)
 
 

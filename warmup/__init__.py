@@ -1,0 +1,26 @@
+"""Turns a shape manifest into warm state: no request pays for compiling or tuning.
+
+``warm(manifest, settings=None)`` warms inside the calling process (every rank of an
+initialised torch.distributed group calls it); ``triton-warmup run`` does the same in
+an init container. Importing this package imports neither torch nor triton.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from warmup.manifest import Manifest
+    from warmup.settings import Settings
+
+
+def warm(manifest: Manifest | str | Path, settings: Settings | None = None) -> dict[str, Any]:
+    """Warm every shape of ``manifest`` in this process; returns the status summary.
+
+    Under an initialised ``torch.distributed`` group every rank must call it; rank 0
+    restores and saves the compile cache and writes the status and metrics files.
+    """
+    from warmup.inprocess import warm_in_process
+
+    return warm_in_process(manifest, settings)

@@ -13,20 +13,31 @@ from registry.volume import Volume
 
 
 class Settings(BaseSettings):
-    """Embedded defaults run the demo: a local folder as the volume and file locks."""
+    """Embedded defaults run the demo: a local folder as the volume, file locks, CPU."""
 
     model_config = SettingsConfigDict(env_prefix="TRITON_WARMUP_", extra="forbid")
 
     volume: Path = Field(Path("demo-volume"), description="the mounted volume's root")
+    manifest: Path = Field(Path("examples/demo.yaml"), description="the shape manifest")
     triton_cache_dir: Path | None = Field(
-        None, description="TRITON_CACHE_DIR to restore into; None: Triton's default"
+        None, description="TRITON_CACHE_DIR to restore into; None: <work_dir>/triton-cache"
     )
+    work_dir: Path = Field(Path("demo-work"), description="this pod's scratch folder")
+    status_file: Path | None = Field(None, description="None: <work_dir>/status.json")
+    bundle_dir: Path | None = Field(None, description="watched for bundles; None: <volume>/bundles")
     lock_url: str = Field(
         "", description="redis://..., unix://..., or a folder; '': <volume>/locks"
     )
     lock_ttl_s: float = Field(60.0, gt=0)
     lock_timeout_s: float = Field(1800.0, ge=0)
+    rank_timeout_s: float = Field(300.0, gt=0, description="a silent rank fails the run after")
+    run_timeout_s: float = Field(3600.0, gt=0, description="the whole run, all ranks")
+    world_size: int | None = Field(None, ge=1, le=8, description="None: from the manifest")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
     match_policy: MatchPolicy = MatchPolicy.EXACT
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int = Field(9400, ge=0, le=65535)
+    reload_debounce_s: float = Field(1.0, ge=0)
     log_format: Literal["text", "json"] = "text"
 
     @property
@@ -36,3 +47,20 @@ class Settings(BaseSettings):
     @property
     def lock_location(self) -> str:
         return self.lock_url or str(self.paths.locks)
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.triton_cache_dir or self.work_dir / "triton-cache"
+
+    @property
+    def status_path(self) -> Path:
+        return self.status_file or self.work_dir / "status.json"
+
+    @property
+    def metrics_path(self) -> Path:
+        """The run's metrics, in Prometheus text format, beside the status file."""
+        return self.status_path.with_name("metrics.prom")
+
+    @property
+    def bundles(self) -> Path:
+        return self.bundle_dir or self.paths.bundles

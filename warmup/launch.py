@@ -1,0 +1,276 @@
+"""``triton-warmup run``: restore, warm every shape on every rank, save, report.
+
+One process per rank (or the processes torchrun started), each writing its records to
+``<work_dir>/run/rank-<r>.json``; the launcher (or rank 0 under torchrun) sums them into
+the metrics file and the status file, saves new compile artifacts to the volume and
+imports Triton's own autotune results into the registry. Exit 0 when every shape is
+warm, 1 otherwise (the status names each failed shape), 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from registry import Store, atomic, triton_cache
+from registry.fingerprint import Fingerprint, machine_name
+from registry.importers import import_triton_autotune
+from warmup.manifest import Manifest
+from warmup.metrics import RunMetrics
+from warmup.settings import Settings
+from warmup.status import FAILED, READY, RUNNING, write_status
+
+log = logging.getLogger(__name__)
+CHILD_FLAG = "TRITON_WARMUP_RANK_CHILD"  # set in the rank processes this launcher starts
+
+
+class RunError(RuntimeError):
+    """The run cannot start: wrong world size for the machine, no device."""
+
+
+def run(settings: Settings, manifest: Manifest) -> dict[str, Any]:
+    """Warm the manifest; returns the status written (``state`` ready or failed)."""
+    started = time.time()
+    world = settings.world_size or max(manifest.world_sizes())
+    device = _device_type(settings, world)
+    run_dir = settings.work_dir / "run"
+    _clear(run_dir)
+    write_status(
+        settings.status_path,
+        state=RUNNING,
+        manifest_digest=manifest.digest(),
+        started=started,
+        host=machine_name(),
+        world_size=world,
+    )
+    restored = triton_cache.restore(settings.paths.triton_cache, settings.cache_dir)
+    log.info(
+        "restored %d compile artifacts (%d already there) into %s",
+        restored.copied,
+        restored.present,
+        settings.cache_dir,
+    )
+    failures = _spawn_ranks(settings, manifest, world, device, run_dir)
+    return finish(settings, manifest, run_dir, world, started, failures)
+
+
+def _device_type(settings: Settings, world: int) -> str:
+    import torch
+
+    device = settings.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and torch.cuda.device_count() < world:
+        raise RunError(
+            f"world_size {world} needs {world} GPUs; this machine has {torch.cuda.device_count()}."
+        )
+    return device
+
+
+def _spawn_ranks(
+    settings: Settings, manifest: Manifest, world: int, device: str, run_dir: Path
+) -> list[str]:
+    """Start one process per rank and wait for all of them (the run's time limit)."""
+    atomic.write_json(run_dir / "settings.json", settings.model_dump(mode="json"))
+    atomic.write_json(run_dir / "manifest.json", manifest.model_dump(mode="json"))
+    port = _free_port()
+    procs = []
+    for rank in range(world):
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "LOCAL_RANK": str(rank),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "TRITON_CACHE_DIR": str(settings.cache_dir.resolve()),
+            "TRITON_CACHE_AUTOTUNING": "1",
+            CHILD_FLAG: str(run_dir.resolve()),
+        }
+        if device == "cpu":
+            env["TRITON_INTERPRET"] = "1"
+        procs.append(subprocess.Popen([sys.executable, "-m", "warmup.launch"], env=env))
+    return _wait(procs, settings.run_timeout_s, settings.rank_timeout_s)
+
+
+def _wait(procs: list[subprocess.Popen[bytes]], limit_s: float, grace_s: float) -> list[str]:
+    deadline = time.monotonic() + limit_s
+    failures: list[str] = []
+    while any(p.poll() is None for p in procs):
+        if time.monotonic() > deadline:
+            failures.append(f"the run exceeded its time limit of {limit_s:g} s")
+            break
+        dead = [
+            (rank, p.returncode) for rank, p in enumerate(procs) if p.returncode not in (None, 0)
+        ]
+        if dead and not failures:
+            failures += [f"rank {rank} exited with code {code}" for rank, code in dead]
+            deadline = min(deadline, time.monotonic() + min(grace_s, 30.0))
+        time.sleep(0.05)
+    for rank, p in enumerate(procs):
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+            failures.append(f"rank {rank} was stopped")
+        elif p.returncode != 0 and f"rank {rank} exited with code {p.returncode}" not in failures:
+            failures.append(f"rank {rank} exited with code {p.returncode}")
+    return failures
+
+
+def finish(
+    settings: Settings,
+    manifest: Manifest,
+    run_dir: Path,
+    world: int,
+    started: float,
+    failures: list[str],
+) -> dict[str, Any]:
+    """Sum every rank's records into metrics and status; save the compile cache."""
+    reports = [json.loads(p.read_text()) for p in sorted(run_dir.glob("rank-*.json"))]
+    missing = sorted(set(range(world)) - {r["rank"] for r in reports})
+    failures = failures + [
+        f"rank {r} reported nothing"
+        for r in missing
+        if not any(f.startswith(f"rank {r} ") for f in failures)
+    ]
+    metrics = RunMetrics()
+    for report in reports:
+        metrics.record(report["rows"])
+    metrics.ranks.set(len(reports))
+    saved = triton_cache.save(settings.cache_dir, settings.paths.triton_cache)
+    fingerprint = reports[0]["fingerprint"] if reports else None
+    imported = _import_autotune(settings, manifest, fingerprint)
+    rows = [dict(row, rank=r["rank"]) for r in reports for row in r["rows"]]
+    failed_shapes = [
+        f"{row['kernel']} {row['key']} (rank {row['rank']}): {row['error']}"
+        for row in rows
+        if row.get("error")
+    ]
+    ready = not failures and not failed_shapes and len(reports) == world
+    duration = time.time() - started
+    metrics.duration.set(duration)
+    metrics.write(settings.metrics_path)
+    sources: dict[str, int] = {}
+    for row in rows:
+        sources[row["source"]] = sources.get(row["source"], 0) + 1
+    return write_status(
+        settings.status_path,
+        state=READY if ready else FAILED,
+        manifest_digest=manifest.digest(),
+        started=started,
+        finished=time.time(),
+        duration_s=duration,
+        host=machine_name(),
+        world_size=world,
+        fingerprint=fingerprint,
+        sources=sources,
+        benchmark_runs=sum(row.get("benchmark_runs", 0) for row in rows),
+        failures=failures + failed_shapes,
+        saved_artifacts=saved.copied,
+        imported_entries=imported,
+        shapes=[
+            {
+                k: row.get(k)
+                for k in ("kernel", "key", "rank", "source", "seconds", "compile_seconds", "error")
+            }
+            for row in rows
+        ],
+    )
+
+
+def _import_autotune(
+    settings: Settings, manifest: Manifest, fingerprint: dict[str, Any] | None
+) -> int:
+    """Triton's own @triton.autotune choices (user entries) into the registry."""
+    if fingerprint is None or all(e.kernel == "ag_gemm" for e in manifest.entries):
+        return 0
+    result = import_triton_autotune(settings.cache_dir, Fingerprint.from_json(fingerprint))
+    for error in result.errors:
+        log.warning("could not import %s", error)
+    Store(settings.paths.registry).put_many(result.entries)
+    return len(result.entries)
+
+
+def _clear(run_dir: Path) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for old in run_dir.glob("rank-*.json"):
+        old.unlink()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rank_main() -> int:
+    """A rank process: started by ``run`` (settings and manifest as files), or by torchrun
+    (settings from the environment, rank 0 then sums up)."""
+    import torch
+    import torch.distributed as dist
+
+    from warmup import logs
+    from warmup.manifest import load_manifest
+    from warmup.runner import progress_printer, warm_rank
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    child_of = os.environ.get(CHILD_FLAG)
+    if child_of:
+        run_dir = Path(child_of)
+        settings = Settings.model_validate_json((run_dir / "settings.json").read_text())
+        manifest = Manifest.model_validate_json((run_dir / "manifest.json").read_text())
+    else:
+        settings = Settings()
+        manifest = load_manifest(settings.manifest)
+        run_dir = settings.work_dir / "run"
+    logs.configure(settings.log_format, rank=rank)
+    cuda = torch.cuda.is_available() and settings.device != "cpu"
+    device = (
+        torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
+        if cuda
+        else torch.device("cpu")
+    )
+    if cuda:
+        torch.cuda.set_device(device)
+    started = time.time()
+    if not child_of and rank == 0:  # torchrun: rank 0 restores before anyone compiles
+        _clear(run_dir)
+        triton_cache.restore(settings.paths.triton_cache, settings.cache_dir)
+    dist.init_process_group(
+        "nccl" if cuda else "gloo",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=settings.rank_timeout_s),
+        **({"device_id": device} if cuda else {}),
+    )
+    try:
+        dist.barrier()
+        report = warm_rank(
+            manifest,
+            settings,
+            rank=rank,
+            world=world,
+            group=dist.group.WORLD,
+            device=device,
+            progress=progress_printer() if rank == 0 else None,
+        )
+        atomic.write_json(run_dir / f"rank-{rank}.json", report.__dict__)
+        dist.barrier()
+        if not child_of and rank == 0:
+            status = finish(settings, manifest, run_dir, world, started, [])
+            return 0 if status["state"] == READY else 1
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(rank_main())

@@ -1,0 +1,46 @@
+"""Logging, configured explicitly (never at import): a rank-aware text or JSON formatter."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+
+
+class _JsonFormatter(logging.Formatter):
+    def __init__(self, rank: int | None) -> None:
+        super().__init__()
+        self.rank = rank
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if self.rank is not None:
+            entry["rank"] = self.rank
+        if record.exc_info:
+            entry["error"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def configure(fmt: str = "text", *, rank: int | None = None, level: int = logging.INFO) -> None:
+    """Route warmup, registry and kernels logs to stderr in ``fmt`` ("text" or "json")."""
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(_JsonFormatter(rank))
+    else:
+        prefix = f"[rank {rank}] " if rank is not None else ""
+        handler.setFormatter(
+            logging.Formatter(
+                f"%(asctime)s %(levelname)s {prefix}%(name)s: %(message)s", "%H:%M:%S"
+            )
+        )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.WARNING)
+    for name in ("warmup", "registry", "kernels"):
+        logging.getLogger(name).setLevel(level)

@@ -1,0 +1,158 @@
+"""Prometheus metrics. Every metric takes a ``registry=``; tests use a fresh one.
+
+The run's numbers come from every rank's records (rank processes write their own; the
+launcher sums them) and are written as a text file beside the status file; the sidecar
+serves its own metrics plus that file's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, write_to_textfile
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+
+SECONDS_BUCKETS = (
+    0.01,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    900.0,
+    1800.0,
+)
+HIT_SOURCES = ("registry", "bundle")
+
+
+class RunMetrics:
+    """The warmup run: tuning, compiling, cache hits and misses, locks, duration."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.tuning_seconds = Histogram(
+            "triton_warmup_tuning_seconds",
+            "Seconds spent tuning one shape on one rank.",
+            ["kernel"],
+            registry=r,
+            buckets=SECONDS_BUCKETS,
+        )
+        self.compile_seconds = Histogram(
+            "triton_warmup_compile_seconds",
+            "Seconds of the first launch of a stored config (compile or load from the cache).",
+            ["kernel"],
+            registry=r,
+            buckets=SECONDS_BUCKETS,
+        )
+        self.lock_wait_seconds = Histogram(
+            "triton_warmup_lock_wait_seconds",
+            "Seconds waited for the fleet tuning lock.",
+            registry=r,
+            buckets=SECONDS_BUCKETS,
+        )
+        self.cache_hits = Counter(
+            "triton_warmup_cache_hits",
+            "Shapes whose config was found.",
+            ["kernel", "source"],
+            registry=r,
+        )
+        self.cache_misses = Counter(
+            "triton_warmup_cache_misses", "Shapes with no stored config.", ["kernel"], registry=r
+        )
+        self.configs = Counter(
+            "triton_warmup_configs",
+            "Where each shape's config came from (registry, bundle, tuned, fallback, user).",
+            ["kernel", "source"],
+            registry=r,
+        )
+        self.fallbacks = Counter(
+            "triton_warmup_fallbacks",
+            "Shapes served a fallback config instead of a tuned one.",
+            ["kernel"],
+            registry=r,
+        )
+        self.failures = Counter(
+            "triton_warmup_failed_shapes", "Shapes that failed to warm.", ["kernel"], registry=r
+        )
+        self.duration = Gauge(
+            "triton_warmup_warmup_duration_seconds",
+            "Seconds the last warmup run took, start to finish.",
+            registry=r,
+        )
+        self.ranks = Gauge(
+            "triton_warmup_ranks", "Ranks whose records these numbers sum.", registry=r
+        )
+
+    def record(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Add one rank's per-shape records."""
+        for row in rows:
+            kernel, source = row["kernel"], row["source"]
+            self.configs.labels(kernel, source).inc()
+            if row.get("error"):
+                self.failures.labels(kernel).inc()
+            if source in HIT_SOURCES:
+                self.cache_hits.labels(kernel, source).inc()
+                self.compile_seconds.labels(kernel).observe(row.get("compile_seconds", 0.0))
+            else:
+                self.cache_misses.labels(kernel).inc()
+            if source == "tuned":
+                self.tuning_seconds.labels(kernel).observe(row.get("seconds", 0.0))
+                self.lock_wait_seconds.observe(row.get("lock_wait_s", 0.0))
+            if source == "fallback":
+                self.fallbacks.labels(kernel).inc()
+
+    def write(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_to_textfile(str(path), self.registry)  # atomic: temp file, then rename
+
+
+class ServeMetrics:
+    """The sidecar: readiness, bundle reloads, registry size."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.ready = Gauge(
+            "triton_warmup_ready", "1 when this manifest's warmup completed.", registry=r
+        )
+        self.bundle_reloads = Counter(
+            "triton_warmup_bundle_reloads",
+            "Bundles seen in the watched folder, by result.",
+            ["result"],
+            registry=r,
+        )
+        self.registry_entries = Gauge(
+            "triton_warmup_registry_entries",
+            "Entries in the registry's current generation.",
+            registry=r,
+        )
+        self.quarantined = Gauge(
+            "triton_warmup_registry_quarantined",
+            "Corrupt registry files moved aside since start.",
+            registry=r,
+        )
+
+
+class TextFileCollector:
+    """Re-export the metrics a warmup run wrote, read at every scrape."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            text = self.path.read_text()
+        except OSError:
+            return
+        yield from text_string_to_metric_families(text)
