@@ -191,6 +191,13 @@ class AgGemmContext:
     side_stream: Any = None
 
 
+def group_size_and_rank(group: Any) -> tuple[int, int]:
+    """(world, rank) of ``group``; one process without torch.distributed is (1, 0)."""
+    if group is None and not (dist.is_available() and dist.is_initialized()):
+        return 1, 0
+    return dist.get_world_size(group), dist.get_rank(group)
+
+
 def create_context(
     group: Any,
     *,
@@ -207,7 +214,7 @@ def create_context(
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    world, rank = group_size_and_rank(group)
     if max_m <= 0 or k <= 0 or max_m % world:
         raise ValueError(
             f"ag_gemm context: max_m={max_m} must be a positive multiple of the "
@@ -562,7 +569,9 @@ def space(ctx: AgGemmContext) -> list[KernelConfig]:
 
 def reference(a_shard: torch.Tensor, b: torch.Tensor, group: Any = None) -> torch.Tensor:
     """NCCL (or gloo) ``all_gather_into_tensor`` then ``torch.matmul`` (cuBLAS on GPU)."""
-    world = dist.get_world_size(group)
+    world, _ = group_size_and_rank(group)
+    if world == 1:
+        return torch.matmul(a_shard, b)
     gathered = a_shard.new_empty(a_shard.shape[0] * world, a_shard.shape[1])
     with warnings.catch_warnings():  # torch 2.13 renames it; torch 2.11 has only this name
         warnings.simplefilter("ignore", FutureWarning)

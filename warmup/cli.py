@@ -75,7 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if v is not None
     }
     settings = settings.model_copy(update=overrides)
-    logs.configure(settings.log_format, level=10 if args.verbose else 20)
+    quiet = args.command not in ("run", "serve")  # registry commands print their own output
+    logs.configure(settings.log_format, level=10 if args.verbose else 30 if quiet else 20)
     try:
         if args.command == "run":
             return _run(settings)

@@ -55,11 +55,6 @@ def warm_in_process(manifest: Manifest | str | Path, settings: Settings | None) 
 
 
 def _restore(settings: Settings) -> None:
-    """Restore the volume's compile cache into the cache this process's Triton uses."""
-    try:
-        from triton import knobs
-
-        cache_dir = Path(knobs.cache.dir) if knobs.cache.dir else settings.cache_dir
-    except (ImportError, AttributeError):
-        cache_dir = settings.cache_dir
-    triton_cache.restore(settings.paths.triton_cache, cache_dir)
+    """Restore the volume's compile cache into ``settings.cache_dir``: set
+    TRITON_WARMUP_TRITON_CACHE_DIR to the TRITON_CACHE_DIR this process's Triton uses."""
+    triton_cache.restore(settings.paths.triton_cache, settings.cache_dir)

@@ -27,9 +27,21 @@ class _JsonFormatter(logging.Formatter):
         return json.dumps(entry)
 
 
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is when a record is emitted (it may be swapped)."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> object:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _: object) -> None:
+        pass
+
+
 def configure(fmt: str = "text", *, rank: int | None = None, level: int = logging.INFO) -> None:
     """Route warmup, registry and kernels logs to stderr in ``fmt`` ("text" or "json")."""
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     if fmt == "json":
         handler.setFormatter(_JsonFormatter(rank))
     else:

@@ -1,7 +1,8 @@
-"""``make demo`` end to end in a scratch folder: first run tunes, second run only hits."""
+"""``make demo`` end to end in a scratch folder: tune, then all hits, then ready."""
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -10,25 +11,28 @@ ROOT = Path(__file__).parents[2]
 pytestmark = pytest.mark.slow
 
 
-def _demo(cwd: Path) -> str:
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HOME": str(cwd)}
+def test_demo_tunes_then_hits_then_is_ready(tmp_path):
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(ROOT),
+        "HOME": str(tmp_path),
+        "TRITON_WARMUP_MANIFEST": str(ROOT / "examples" / "demo.yaml"),
+    }
+    started = time.time()
     done = subprocess.run(
         [sys.executable, "-m", "warmup.demo"],
-        cwd=cwd,
+        cwd=tmp_path,
         env=env,
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
-
-
-def test_demo_tunes_then_hits(tmp_path):
-    first = _demo(tmp_path)
-    assert first.count("MISS -> tuned 4 configs") == 3
-    assert "Triton cache HIT" in first and "3/3 shapes hit in pod B" in first
-    assert "3 entries in demo-volume/registry" in first
-    second = _demo(tmp_path)
-    assert "MISS" not in second.split("[2]")[0] and second.count(": HIT") == 3
-    assert "0 new artifacts" in second
+    out = done.stdout
+    first, second = out.split("== second run")
+    assert "warmup ready: 6 shape-rank results (6 tuned)" in first
+    assert "warmup ready: 6 shape-rank results (6 registry), 0 benchmark runs" in second
+    assert "GET /readyz -> 200" in out
+    assert 'triton_warmup_cache_hits_total{kernel="ag_gemm",source="registry"} 6.0' in out
+    assert (tmp_path / "demo-volume" / "registry" / "current").is_symlink()
+    assert time.time() - started < 180

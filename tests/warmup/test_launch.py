@@ -1,0 +1,172 @@
+"""``triton-warmup run`` end to end on CPU: 2 ranks on gloo, the interpreter."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from registry import Store
+from warmup.cli import main
+from warmup.launch import run
+from warmup.manifest import load_manifest, parse_manifest
+from warmup.settings import Settings
+
+ROOT = Path(__file__).parents[2]
+DEMO = ROOT / "examples" / "demo.yaml"
+pytestmark = pytest.mark.slow
+
+
+def settings_for(root: Path, **extra) -> Settings:
+    extra.setdefault("manifest", DEMO)
+    return Settings(volume=root / "volume", work_dir=root / "work", device="cpu", **extra)
+
+
+def samples(path: Path) -> dict[tuple[str, tuple], float]:
+    out = {}
+    for family in text_string_to_metric_families(path.read_text()):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    settings = settings_for(root)
+    manifest = load_manifest(DEMO)
+    first = run(settings, manifest)
+    first_metrics = samples(settings.metrics_path)
+    second = run(settings, manifest)
+    return settings, first, first_metrics, second
+
+
+def test_first_run_tunes_every_miss_and_stores_it(two_runs):
+    settings, first, metrics, _ = two_runs
+    assert first["state"] == "ready" and first["failures"] == []
+    assert first["sources"] == {"tuned": 6} and first["benchmark_runs"] > 0
+    entries = Store(settings.paths.registry).entries()
+    assert sorted((e.key["M"], e.key["N"], e.key["K"]) for e in entries) == [
+        (32, 32, 32),
+        (48, 40, 64),
+        (64, 48, 32),
+    ]
+    assert {e.key["world"] for e in entries} == {2}
+    assert (
+        metrics[("triton_warmup_configs_total", (("kernel", "ag_gemm"), ("source", "tuned")))] == 6
+    )
+    assert metrics[("triton_warmup_tuning_seconds_count", (("kernel", "ag_gemm"),))] == 6
+
+
+def test_second_run_hits_everything_and_tunes_nothing(two_runs):
+    *_, second = two_runs
+    assert second["state"] == "ready" and second["sources"] == {"registry": 6}
+    assert second["benchmark_runs"] == 0
+    assert sorted({row["rank"] for row in second["shapes"]}) == [0, 1]
+    assert all(row["compile_seconds"] is not None for row in second["shapes"])
+
+
+def test_metrics_sum_every_rank(two_runs):
+    settings, *_ = two_runs
+    metrics = samples(settings.metrics_path)
+    hits = (("kernel", "ag_gemm"), ("source", "registry"))
+    assert metrics[("triton_warmup_cache_hits_total", hits)] == 6  # 3 shapes x 2 ranks
+    assert metrics[("triton_warmup_ranks", ())] == 2
+    assert metrics[("triton_warmup_compile_seconds_count", (("kernel", "ag_gemm"),))] == 6
+    assert metrics[("triton_warmup_warmup_duration_seconds", ())] > 0
+
+
+def test_status_file_is_the_summary(two_runs):
+    settings, *_, second = two_runs
+    on_disk = json.loads(settings.status_path.read_text())
+    assert on_disk == second
+    assert on_disk["manifest_digest"] == load_manifest(DEMO).digest()
+    assert on_disk["fingerprint"]["hardware"]["gpu_name"] == "cpu"
+
+
+def test_a_bad_manifest_exits_2_before_writing_anything(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: 1\nentries:\n  - kernel: ag_gemm\n    dtype: int8\n")
+    assert main(["run", "--manifest", str(bad), "--volume", str(tmp_path / "v")]) == 2
+    err = capsys.readouterr().err
+    assert "entries.0.dtype" in err and "entries.0.world_size: Field required" in err
+    assert list(tmp_path.iterdir()) == [bad]  # no work dir, no volume, no status
+
+
+def write_manifest(path: Path, text: str) -> Path:
+    parse_manifest(text)  # keep test manifests valid
+    path.write_text(text)
+    return path
+
+
+def test_a_killed_rank_fails_the_run_and_leaves_a_usable_registry(tmp_path):
+    manifest = write_manifest(
+        tmp_path / "m.yaml",
+        """
+version: 1
+entries:
+  - {kernel: ag_gemm, dtype: fp32, world_size: 2, shapes: [{M: 32, N: 32, K: 32}]}
+  - {kernel: "tests.warmup.user_functions:die_on_rank_1", dtype: fp32, world_size: 2,
+     shapes: [{M: 1, N: 1, K: 1}]}
+""",
+    )
+    settings = settings_for(tmp_path, manifest=manifest, rank_timeout_s=20)
+    status = run(settings, load_manifest(manifest))
+    assert status["state"] == "failed"
+    assert any("rank 1 exited with code -9" in f for f in status["failures"])
+    store = Store(settings.paths.registry)
+    assert len(store) == 1 and store.quarantined == 0  # what was tuned before the kill stays
+    retry = write_manifest(
+        tmp_path / "retry.yaml",
+        """
+version: 1
+entries:
+  - {kernel: ag_gemm, dtype: fp32, world_size: 2, shapes: [{M: 32, N: 32, K: 32}]}
+""",
+    )
+    again = run(settings.model_copy(update={"manifest": retry}), load_manifest(retry))
+    assert again["state"] == "ready" and again["sources"] == {"registry": 2}
+
+
+def test_user_functions_are_called_per_shape_and_their_errors_reported(tmp_path, monkeypatch):
+    log = tmp_path / "calls.jsonl"
+    monkeypatch.setenv("TEST_USER_LOG", str(log))
+    manifest = write_manifest(
+        tmp_path / "m.yaml",
+        """
+version: 1
+entries:
+  - {kernel: "tests.warmup.user_functions:record_call", dtype: bf16, world_size: 2,
+     shapes: [{M: {pow2: [1, 4]}, N: 8, K: 8}]}
+  - {kernel: "tests.warmup.user_functions:raise_error", dtype: fp32, world_size: 2,
+     shapes: [{M: 2, N: 2, K: 2}]}
+""",
+    )
+    status = run(settings_for(tmp_path, manifest=manifest), load_manifest(manifest))
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    assert sorted((c["rank"], c["shape"]["M"]) for c in calls) == [
+        (r, m) for r in (0, 1) for m in (1, 2, 4)
+    ]
+    assert {c["dtype"] for c in calls} == {"torch.bfloat16"}
+    assert status["state"] == "failed"
+    assert sum("no kernel for" in f for f in status["failures"]) == 2  # one per rank
+
+
+def test_warm_in_process_primes_this_process(tmp_path):
+    import warmup
+
+    manifest = write_manifest(
+        tmp_path / "m.yaml",
+        """
+version: 1
+entries:
+  - {kernel: ag_gemm, dtype: fp32, world_size: 1, shapes: [{M: 16, N: 16, K: 16}]}
+""",
+    )
+    settings = settings_for(tmp_path, manifest=manifest)
+    first = warmup.warm(manifest, settings)
+    second = warmup.warm(load_manifest(manifest), settings)
+    assert first["sources"] == {"tuned": 1} and second["sources"] == {"registry": 1}
+    shutil.rmtree(settings.work_dir)

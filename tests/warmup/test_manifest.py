@@ -1,0 +1,130 @@
+import json
+
+import pytest
+
+from warmup.manifest import ManifestError, load_manifest, parse_manifest
+
+GOOD = """
+version: 1
+entries:
+  - kernel: ag_gemm
+    dtype: bf16
+    world_size: 2
+    shapes:
+      - {M: 4096, N: 6656, K: 16384}
+      - {M: {pow2: [2, 16]}, N: 4096, K: 4096}
+      - {M: [64, 128], N: {start: 1024, stop: 3073, step: 1024}, K: 512}
+  - kernel: my_pkg.kernels:warm_norm
+    dtype: fp16
+    world_size: 1
+    policy: fallback
+    shapes: [{M: 8, N: 8, K: 1}]
+"""
+
+
+def test_expands_lists_and_ranges_and_digests_stably():
+    manifest = parse_manifest(GOOD)
+    shapes = manifest.entries[0].expand()
+    assert shapes[0] == {"M": 4096, "N": 6656, "K": 16384}
+    assert [s["M"] for s in shapes[1:5]] == [2, 4, 8, 16]
+    assert len(shapes) == 1 + 4 + 2 * 3
+    assert manifest.entries[1].policy == "fallback" and manifest.entries[0].policy == "tune"
+    assert manifest.digest() == parse_manifest(GOOD).digest()
+    assert manifest.world_sizes() == {1, 2}
+
+
+def test_json_manifests_read_too(tmp_path):
+    path = tmp_path / "m.json"
+    path.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "entries": [
+                    {
+                        "kernel": "ag_gemm",
+                        "dtype": "fp32",
+                        "world_size": 1,
+                        "shapes": [{"M": 8, "N": 8, "K": 8}],
+                    }
+                ],
+            }
+        )
+    )
+    assert load_manifest(path).entries[0].dtype == "fp32"
+
+
+def entry(**changes):
+    base = {
+        "kernel": "ag_gemm",
+        "dtype": "bf16",
+        "world_size": 2,
+        "shapes": [{"M": 64, "N": 64, "K": 64}],
+    }
+    return json.dumps({"version": 1, "entries": [{**base, **changes}]})
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("", "(top): Input should be a valid dictionary"),
+        ("version: 1\nentries: []", "entries: List should have at least 1 item"),
+        ('{"version": 2, "entries": []}', "version: Input should be 1"),
+        ('{"version": 1, "entries": [], "extra": 3}', "extra: Extra inputs are not permitted"),
+        ("version: [1\n", "not YAML or JSON"),
+        (entry(dtype="int8"), "entries.0.dtype: Input should be 'bf16', 'fp16' or 'fp32'"),
+        (entry(world_size=0), "entries.0.world_size: Input should be greater than or equal to 1"),
+        (entry(world_size=16), "entries.0.world_size: Input should be less than or equal to 8"),
+        (
+            entry(policy="sometimes"),
+            "entries.0.policy: Input should be 'tune', 'fallback' or 'fail'",
+        ),
+        (entry(kernel="rm -rf /"), "neither 'ag_gemm' nor 'module:function'"),
+        (entry(shapes=[]), "entries.0.shapes: List should have at least 1 item"),
+        (entry(shapes=[{"M": 64, "N": 64}]), "entries.0.shapes.0.K: Field required"),
+        (entry(shapes=[{"M": 64, "N": 64, "K": 64, "Q": 1}]), "entries.0.shapes.0.Q: Extra inputs"),
+        (entry(shapes=[{"M": 63, "N": 64, "K": 64}]), "M=63 is not a multiple of world_size 2"),
+        (entry(shapes=[{"M": 64, "N": 0, "K": 64}]), "N=0 must be >= 1"),
+        (
+            entry(shapes=[{"M": 64, "N": "wide", "K": 64}]),
+            "entries.0.shapes.0.N: must be an int, a list of ints",
+        ),
+        (
+            entry(shapes=[{"M": {"pow2": [3, 8]}, "N": 64, "K": 64}]),
+            "entries.0.shapes.0.M: pow2 bounds [3, 8] must be powers of two",
+        ),
+        (
+            entry(shapes=[{"M": {"pow2": [2, 4096]}, "N": list(range(1, 600)), "K": 64}]),
+            "the limit is 4096",
+        ),
+        (entry(unknown=True), "entries.0.unknown: Extra inputs are not permitted"),
+    ],
+)
+def test_bad_manifests_name_the_field_and_value(text, expected):
+    with pytest.raises(ManifestError) as info:
+        parse_manifest(text, source="m.yaml")
+    assert expected in str(info.value), str(info.value)
+
+
+def test_every_error_is_listed_at_once():
+    text = json.dumps(
+        {
+            "version": 3,
+            "entries": [
+                {
+                    "kernel": "ag_gemm",
+                    "dtype": "int4",
+                    "world_size": 99,
+                    "shapes": [{"M": 1, "N": 1, "K": 1}],
+                }
+            ],
+        }
+    )
+    with pytest.raises(ManifestError) as info:
+        parse_manifest(text)
+    assert len(info.value.errors) == 3
+    assert all("(got " in line for line in info.value.errors)
+
+
+def test_a_missing_file_is_a_manifest_error(tmp_path):
+    with pytest.raises(ManifestError, match="cannot read"):
+        load_manifest(tmp_path / "nope.yaml")

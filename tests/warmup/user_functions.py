@@ -1,0 +1,36 @@
+"""User warm functions named by test manifests (``tests.warmup.user_functions:...``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+
+def record_call(*, shape: dict[str, int], dtype: Any, device: Any) -> None:
+    """Append what it was called with to the file named by TEST_USER_LOG."""
+    with Path(os.environ["TEST_USER_LOG"]).open("a") as log:
+        log.write(
+            json.dumps(
+                {
+                    "shape": shape,
+                    "dtype": str(dtype),
+                    "device": str(device),
+                    "rank": dist.get_rank() if dist.is_initialized() else 0,
+                }
+            )
+            + "\n"
+        )
+
+
+def die_on_rank_1(*, shape: dict[str, int], dtype: Any, device: Any) -> None:
+    if dist.is_initialized() and dist.get_rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def raise_error(*, shape: dict[str, int], dtype: Any, device: Any) -> None:
+    raise RuntimeError(f"no kernel for {shape}")
