@@ -490,9 +490,13 @@ class AgGemmTask:
 
     def __post_init__(self) -> None:
         # The reference gathers: every rank computes it here, together, never inside a
-        # check that a failed launch on one rank would skip.
-        expected = reference(self.a_shard.float(), self.b.float(), self.ctx.group)
-        self._expected = expected.double() if expected.device.type == "cpu" else expected
+        # check that a failed launch on one rank would skip. NCCL + cuBLAS in the input
+        # dtype on GPUs (cheap on the start-up path); float64 on the CPU.
+        if self.a_shard.device.type == "cpu":
+            expected = reference(self.a_shard.double(), self.b.double(), self.ctx.group)
+        else:
+            expected = reference(self.a_shard, self.b, self.ctx.group)
+        self._expected = expected
 
     @property
     def kernel_hash(self) -> str:

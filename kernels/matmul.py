@@ -206,7 +206,9 @@ def relative_error_reason(
     """None when ``out`` is finite and within ``tolerance`` (relative norm) of ``expected``."""
     if not torch.isfinite(out).all():
         return "output has NaN or inf (unwritten or overflowed elements)"
-    error = float((out.to(expected.dtype) - expected).norm() / expected.norm().clamp_min(1e-30))
+    wide = torch.float64 if expected.dtype == torch.float64 else torch.float32  # norms in >= fp32
+    ref = expected.to(wide)
+    error = float((out.to(wide) - ref).norm() / ref.norm().clamp_min(1e-30))
     return None if error <= tolerance else f"relative error {error:.2e} > {tolerance:.0e}"
 
 

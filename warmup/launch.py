@@ -30,6 +30,7 @@ from warmup.status import FAILED, READY, RUNNING, write_status
 
 log = logging.getLogger(__name__)
 CHILD_FLAG = "TRITON_WARMUP_RANK_CHILD"  # set in the rank processes this launcher starts
+RESTORED = "restored"  # marker file: the compile cache is in place
 
 
 class RunError(RuntimeError):
@@ -51,14 +52,17 @@ def run(settings: Settings, manifest: Manifest) -> dict[str, Any]:
         host=machine_name(),
         world_size=world,
     )
+    procs = _spawn_ranks(settings, manifest, world, device, run_dir)
+    # Restore while the ranks import torch; they wait for the marker before any kernel.
     restored = triton_cache.restore(settings.paths.triton_cache, settings.cache_dir)
+    atomic.write_bytes(run_dir / RESTORED, b"")
     log.info(
         "restored %d compile artifacts (%d already there) into %s",
         restored.copied,
         restored.present,
         settings.cache_dir,
     )
-    failures = _spawn_ranks(settings, manifest, world, device, run_dir)
+    failures = _wait(procs, settings.run_timeout_s, settings.rank_timeout_s)
     return finish(settings, manifest, run_dir, world, started, failures)
 
 
@@ -74,8 +78,8 @@ def _device_type(settings: Settings, world: int) -> str:
 
 def _spawn_ranks(
     settings: Settings, manifest: Manifest, world: int, device: str, run_dir: Path
-) -> list[str]:
-    """Start one process per rank and wait for all of them (the run's time limit)."""
+) -> list[subprocess.Popen[bytes]]:
+    """Start one process per rank."""
     atomic.write_json(run_dir / "settings.json", settings.model_dump(mode="json"))
     atomic.write_json(run_dir / "manifest.json", manifest.model_dump(mode="json"))
     port = _free_port()
@@ -95,7 +99,7 @@ def _spawn_ranks(
         if device == "cpu":
             env["TRITON_INTERPRET"] = "1"
         procs.append(subprocess.Popen([sys.executable, "-m", "warmup.launch"], env=env))
-    return _wait(procs, settings.run_timeout_s, settings.rank_timeout_s)
+    return procs
 
 
 def _wait(procs: list[subprocess.Popen[bytes]], limit_s: float, grace_s: float) -> list[str]:
@@ -198,8 +202,16 @@ def _import_autotune(
 
 def _clear(run_dir: Path) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
-    for old in run_dir.glob("rank-*.json"):
-        old.unlink()
+    for old in [*run_dir.glob("rank-*.json"), run_dir / RESTORED]:
+        old.unlink(missing_ok=True)
+
+
+def _wait_for_restore(run_dir: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not (run_dir / RESTORED).exists():
+        if time.monotonic() > deadline:
+            raise RunError(f"the compile cache was not restored within {timeout_s:g} s")
+        time.sleep(0.01)
 
 
 def _free_port() -> int:
@@ -250,6 +262,8 @@ def rank_main() -> int:
         **({"device_id": device} if cuda else {}),
     )
     try:
+        if child_of:
+            _wait_for_restore(run_dir, settings.rank_timeout_s)
         dist.barrier()
         report = warm_rank(
             manifest,
