@@ -1,7 +1,7 @@
 """A tiled Triton matmul: the demo's kernel and the tuner's benchmark subject.
 
 On CPU tensors it runs under Triton's interpreter, which needs TRITON_INTERPRET=1 in
-the environment before this module is imported (``warmup.platform.use_interpreter``).
+the environment before this module is imported (the launcher sets it for CPU ranks).
 
 Layers: the ``@triton.jit`` kernel, the launcher that checks arguments and takes a
 config, then what a tuner needs (key, space, reference, ahead-of-time compile).
