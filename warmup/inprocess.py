@@ -6,8 +6,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from registry import atomic, triton_cache
-from warmup.launch import finish
+from registry import triton_cache
+from warmup.launch import clear_run_dir, finish, warm_and_report
 from warmup.manifest import Manifest, load_manifest
 from warmup.settings import Settings
 
@@ -15,8 +15,6 @@ from warmup.settings import Settings
 def warm_in_process(manifest: Manifest | str | Path, settings: Settings | None) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
-
-    from warmup.runner import progress_printer, warm_rank
 
     settings = settings or Settings()
     if not isinstance(manifest, Manifest):
@@ -28,22 +26,12 @@ def warm_in_process(manifest: Manifest | str | Path, settings: Settings | None) 
     run_dir = settings.work_dir / "run"
     started = time.time()
     if rank == 0:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        for old in run_dir.glob("rank-*.json"):
-            old.unlink()
+        clear_run_dir(run_dir)
         _restore(settings)
     if grouped:
         dist.barrier()
-    report = warm_rank(
-        manifest,
-        settings,
-        rank=rank,
-        world=world,
-        group=dist.group.WORLD if grouped else None,
-        device=device,
-        progress=progress_printer() if rank == 0 else None,
-    )
-    atomic.write_json(run_dir / f"rank-{rank}.json", report.__dict__)
+    group = dist.group.WORLD if grouped else None
+    warm_and_report(manifest, settings, run_dir, rank=rank, world=world, group=group, device=device)
     if grouped:
         dist.barrier()
     status = finish(settings, manifest, run_dir, world, started, []) if rank == 0 else {}

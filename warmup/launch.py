@@ -43,7 +43,7 @@ def run(settings: Settings, manifest: Manifest) -> dict[str, Any]:
     world = settings.world_size or max(manifest.world_sizes())
     device = _device_type(settings, world)
     run_dir = settings.work_dir / "run"
-    _clear(run_dir)
+    clear_run_dir(run_dir)
     write_status(
         settings.status_path,
         state=RUNNING,
@@ -200,7 +200,7 @@ def _import_autotune(
     return len(result.entries)
 
 
-def _clear(run_dir: Path) -> None:
+def clear_run_dir(run_dir: Path) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     for old in [*run_dir.glob("rank-*.json"), run_dir / RESTORED]:
         old.unlink(missing_ok=True)
@@ -220,6 +220,31 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def warm_and_report(
+    manifest: Manifest,
+    settings: Settings,
+    run_dir: Path,
+    *,
+    rank: int,
+    world: int,
+    group: Any,
+    device: Any,
+) -> None:
+    """Warm this rank's shapes and leave its records where ``finish`` sums them."""
+    from warmup.runner import progress_printer, warm_rank
+
+    report = warm_rank(
+        manifest,
+        settings,
+        rank=rank,
+        world=world,
+        group=group,
+        device=device,
+        progress=progress_printer() if rank == 0 else None,
+    )
+    atomic.write_json(run_dir / f"rank-{rank}.json", report.__dict__)
+
+
 def rank_main() -> int:
     """A rank process: started by ``run`` (settings and manifest as files), or by torchrun
     (settings from the environment, rank 0 then sums up)."""
@@ -228,7 +253,6 @@ def rank_main() -> int:
 
     from warmup import logs
     from warmup.manifest import load_manifest
-    from warmup.runner import progress_printer, warm_rank
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     child_of = os.environ.get(CHILD_FLAG)
@@ -252,7 +276,7 @@ def rank_main() -> int:
         torch.cuda.set_device(device)
     started = time.time()
     if not child_of and rank == 0:  # torchrun: rank 0 restores before anyone compiles
-        _clear(run_dir)
+        clear_run_dir(run_dir)
         triton_cache.restore(settings.paths.triton_cache, settings.cache_dir)
     dist.init_process_group(
         "nccl" if cuda else "gloo",
@@ -265,16 +289,15 @@ def rank_main() -> int:
         if child_of:
             _wait_for_restore(run_dir, settings.rank_timeout_s)
         dist.barrier()
-        report = warm_rank(
+        warm_and_report(
             manifest,
             settings,
+            run_dir,
             rank=rank,
             world=world,
             group=dist.group.WORLD,
             device=device,
-            progress=progress_printer() if rank == 0 else None,
         )
-        atomic.write_json(run_dir / f"rank-{rank}.json", report.__dict__)
         dist.barrier()
         if not child_of and rank == 0:
             status = finish(settings, manifest, run_dir, world, started, [])
