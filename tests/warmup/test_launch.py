@@ -170,3 +170,61 @@ entries:
     second = warmup.warm(load_manifest(manifest), settings)
     assert first["sources"] == {"tuned": 1} and second["sources"] == {"registry": 1}
     shutil.rmtree(settings.work_dir)
+
+
+def test_joining_a_torchrun_environment(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {
+        **os.environ,
+        "TRITON_INTERPRET": "1",
+        "TRITON_WARMUP_VOLUME": str(tmp_path / "v"),
+        "TRITON_WARMUP_WORK_DIR": str(tmp_path / "w"),
+        "TRITON_WARMUP_MANIFEST": str(DEMO),
+        "TRITON_WARMUP_DEVICE": "cpu",
+        "OMP_NUM_THREADS": "1",
+    }
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "warmup.launch",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    status = json.loads((tmp_path / "w" / "status.json").read_text())
+    assert status["state"] == "ready" and status["sources"] == {"tuned": 6}
+    assert samples(tmp_path / "w" / "metrics.prom")[("triton_warmup_ranks", ())] == 2
+
+
+def test_progress_is_a_bar_on_a_terminal_and_log_lines_otherwise(caplog):
+    import io
+    import logging
+
+    from warmup.runner import progress_printer
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    screen = Terminal()
+    show = progress_printer(screen)
+    row = {"kernel": "ag_gemm", "key": {"M": 8, "N": 8, "K": 8, "world": 2}, "source": "tuned"}
+    show(1, 2, row)
+    show(2, 2, dict(row, error="boom"))
+    assert "\r[############............] 1/2 ag_gemm M=8 N=8 K=8: tuned" in screen.getvalue()
+    assert "2/2" in screen.getvalue() and "FAILED" in screen.getvalue()
+    with caplog.at_level(logging.INFO, logger="warmup.runner"):
+        progress_printer(io.StringIO())(1, 1, row)
+    assert "warmed 1/1 ag_gemm M=8 N=8 K=8: tuned" in caplog.text
