@@ -1,0 +1,75 @@
+{{- define "triton-warmup.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "triton-warmup.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "triton-warmup.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "triton-warmup.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "triton-warmup.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "triton-warmup.labels" -}}
+helm.sh/chart: {{ include "triton-warmup.chart" . }}
+{{ include "triton-warmup.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: triton-warmup
+{{- end -}}
+
+{{- define "triton-warmup.claimName" -}}
+{{- .Values.persistence.existingClaim | default (printf "%s-cache" (include "triton-warmup.fullname" .)) -}}
+{{- end -}}
+
+{{- define "triton-warmup.manifestConfigMap" -}}
+{{- .Values.manifest.existingConfigMap | default (printf "%s-manifest" (include "triton-warmup.fullname" .)) -}}
+{{- end -}}
+
+{{/* Paths every container agrees on. */}}
+{{- define "triton-warmup.volumePath" -}}/var/lib/triton-warmup{{- end -}}
+{{- define "triton-warmup.tritonCachePath" -}}/var/cache/triton{{- end -}}
+{{- define "triton-warmup.workPath" -}}/run/triton-warmup{{- end -}}
+{{- define "triton-warmup.manifestPath" -}}/etc/triton-warmup{{- end -}}
+{{- define "triton-warmup.bundlePath" -}}
+{{- if eq .Values.bundles.source "configMap" -}}/etc/triton-warmup-bundles
+{{- else if eq .Values.bundles.source "pvc" -}}{{ include "triton-warmup.volumePath" . }}/{{ .Values.bundles.pvcPath }}
+{{- else -}}{{ include "triton-warmup.volumePath" . }}/bundles
+{{- end -}}
+{{- end -}}
+
+{{/* Environment shared by the warmup init container and the sidecar. */}}
+{{- define "triton-warmup.env" -}}
+- name: TRITON_WARMUP_VOLUME
+  value: {{ include "triton-warmup.volumePath" . | quote }}
+- name: TRITON_WARMUP_MANIFEST
+  value: {{ printf "%s/manifest.yaml" (include "triton-warmup.manifestPath" .) | quote }}
+- name: TRITON_WARMUP_WORK_DIR
+  value: {{ include "triton-warmup.workPath" . | quote }}
+- name: TRITON_WARMUP_TRITON_CACHE_DIR
+  value: {{ include "triton-warmup.tritonCachePath" . | quote }}
+- name: TRITON_WARMUP_BUNDLE_DIR
+  value: {{ include "triton-warmup.bundlePath" . | quote }}
+- name: TRITON_WARMUP_MATCH_POLICY
+  value: {{ .Values.warmup.matchPolicy | quote }}
+- name: TRITON_WARMUP_LOG_FORMAT
+  value: {{ .Values.warmup.logFormat | quote }}
+{{- if eq .Values.lock.backend "redis" }}
+- name: TRITON_WARMUP_LOCK_URL
+  value: {{ .Values.lock.redisUrl | quote }}
+{{- end }}
+{{- end -}}

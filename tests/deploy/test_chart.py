@@ -1,0 +1,286 @@
+"""The Helm chart, rendered by Helm's own library (helm-python-sdk, no binary), linted,
+and every object validated against Kubernetes 1.33's schemas (strict)."""
+
+import json
+import re
+from pathlib import Path
+
+import helm_python as helm
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry
+
+from warmup.metrics import RunMetrics, ServeMetrics
+
+CHART = Path(__file__).parents[2] / "deploy" / "helm" / "triton-warmup"
+KUBE = "1.33.0"
+VARIANTS = {
+    "default": {},
+    "redis-lock": {"lock": {"backend": "redis", "redisUrl": "redis://redis.ml:6379/0"}},
+    "existing-pvc": {"persistence": {"existingClaim": "fleet-cache"}},
+    "service-monitor": {
+        "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}
+    },
+    "configmap-bundles": {"bundles": {"source": "configMap", "configMapName": "fleet-bundles"}},
+    "pvc-bundles": {"bundles": {"source": "pvc", "pvcPath": "published/bundles"}},
+    "statefulset": {"workload": {"kind": "StatefulSet", "replicas": 3}},
+    "dashboard": {"dashboard": {"enabled": True}},
+    "existing-manifest": {"manifest": {"existingConfigMap": "my-shapes"}},
+    "cpu-only": {"gpus": 0},
+}
+# The ServiceMonitor is a CRD, not in Kubernetes' schemas: checked against its core shape.
+SERVICE_MONITOR = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "spec": {
+            "type": "object",
+            "required": ["selector", "endpoints"],
+            "properties": {
+                "endpoints": {"type": "array", "minItems": 1, "items": {"required": ["port"]}}
+            },
+        },
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def chart():
+    return helm.Chart.load(str(CHART))
+
+
+def render(chart, values):
+    out = chart.render(values, name="llm", namespace="serving")
+    objects = []
+    for path, text in sorted(out.items()):
+        if not path.endswith(".txt"):
+            objects += [d for d in yaml.safe_load_all(text) if d]
+    return objects, out
+
+
+def by_kind(objects, kind):
+    return [o for o in objects if o["kind"] == kind]
+
+
+def workload(objects):
+    (found,) = [o for o in objects if o["kind"] in ("Deployment", "StatefulSet")]
+    return found
+
+
+def containers(objects):
+    pod = workload(objects)["spec"]["template"]["spec"]
+    return {c["name"]: c for c in pod["initContainers"] + pod["containers"]}, pod
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_every_object_is_valid_kubernetes_1_33(chart, variant):
+    objects, _ = render(chart, VARIANTS[variant])
+    assert objects
+    for obj in objects:
+        if obj["kind"] == "ServiceMonitor":
+            jsonschema.validate(obj, SERVICE_MONITOR)
+        else:
+            kubernetes_validate.validate(obj, KUBE, strict=True)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_helm_lint_is_clean(variant):
+    report = helm.lint(str(CHART), VARIANTS[variant], strict=True, kube_version=f"v{KUBE}")
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    assert report["errors"] == [] and problems == []
+
+
+def test_labels_follow_helm_practice(chart):
+    objects, _ = render(chart, VARIANTS["dashboard"])
+    for obj in objects:
+        labels = obj["metadata"]["labels"]
+        for key in (
+            "app.kubernetes.io/name",
+            "app.kubernetes.io/instance",
+            "app.kubernetes.io/version",
+            "app.kubernetes.io/managed-by",
+            "helm.sh/chart",
+        ):
+            assert key in labels, (obj["kind"], key)
+
+
+def mounts(container):
+    return {m["name"]: m["mountPath"] for m in container.get("volumeMounts", [])}
+
+
+def env(container):
+    return {e["name"]: e.get("value") for e in container.get("env", [])}
+
+
+def test_init_sidecar_and_server_agree_on_paths(chart):
+    objects, _ = render(chart, {})
+    by_name, pod = containers(objects)
+    init, sidecar, server = by_name["warmup"], by_name["warmup-sidecar"], by_name["server"]
+    volume = mounts(init)["cache-volume"]
+    assert mounts(sidecar)["cache-volume"] == volume == mounts(server)["cache-volume"]
+    assert env(init)["TRITON_WARMUP_VOLUME"] == env(sidecar)["TRITON_WARMUP_VOLUME"] == volume
+    assert env(server)["TRITON_WARMUP_VOLUME"] == volume
+    cache = mounts(init)["triton-cache"]
+    assert mounts(server)["triton-cache"] == cache == env(server)["TRITON_CACHE_DIR"]
+    assert env(init)["TRITON_CACHE_DIR"] == env(init)["TRITON_WARMUP_TRITON_CACHE_DIR"] == cache
+    assert (
+        mounts(init)["warmup-work"]
+        == mounts(sidecar)["warmup-work"]
+        == env(sidecar)["TRITON_WARMUP_WORK_DIR"]
+    )  # the status file the probe reads
+    manifest = env(init)["TRITON_WARMUP_MANIFEST"]
+    assert manifest == env(sidecar)["TRITON_WARMUP_MANIFEST"]
+    assert manifest.startswith(mounts(init)["manifest"] + "/")
+    server_volume = next(m for m in server["volumeMounts"] if m["name"] == "cache-volume")
+    assert server_volume.get("readOnly") is True
+    assert {v["name"] for v in pod["volumes"]} >= {
+        "cache-volume",
+        "triton-cache",
+        "warmup-work",
+        "manifest",
+    }
+
+
+def test_gpus_only_on_the_init_container_and_the_server(chart):
+    objects, _ = render(chart, {"gpus": 4})
+    by_name, _ = containers(objects)
+    gpus = {
+        name: c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu")
+        for name, c in by_name.items()
+    }
+    assert gpus == {"warmup": 4, "server": 4, "warmup-sidecar": None}
+    assert env(by_name["warmup"])["TRITON_WARMUP_WORLD_SIZE"] == "4"
+    cpu, _ = containers(render(chart, {"gpus": 0})[0])
+    assert all(
+        "nvidia.com/gpu" not in c.get("resources", {}).get("limits", {}) for c in cpu.values()
+    )
+
+
+def test_the_sidecar_is_native_with_probes_and_the_warmup_runs_first(chart):
+    objects, _ = render(chart, {})
+    pod = workload(objects)["spec"]["template"]["spec"]
+    sidecar, warm = pod["initContainers"]
+    assert (sidecar["name"], warm["name"]) == ("warmup-sidecar", "warmup")
+    assert sidecar["restartPolicy"] == "Always" and "restartPolicy" not in warm
+    assert sidecar["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert sidecar["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert warm["args"] == ["run"] and sidecar["args"][0] == "serve"
+    for c in (sidecar, warm):
+        assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert pod["securityContext"]["runAsNonRoot"] is True
+
+
+def test_redis_lock_and_bundle_sources_are_wired(chart):
+    redis, _ = containers(render(chart, VARIANTS["redis-lock"])[0])
+    assert env(redis["warmup"])["TRITON_WARMUP_LOCK_URL"] == "redis://redis.ml:6379/0"
+    assert env(redis["warmup-sidecar"])["TRITON_WARMUP_LOCK_URL"] == "redis://redis.ml:6379/0"
+    objects, _ = render(chart, VARIANTS["configmap-bundles"])
+    by_name, pod = containers(objects)
+    bundle_dir = env(by_name["warmup-sidecar"])["TRITON_WARMUP_BUNDLE_DIR"]
+    assert mounts(by_name["warmup-sidecar"])["bundles"] == bundle_dir
+    assert {"name": "bundles", "configMap": {"name": "fleet-bundles"}} in pod["volumes"]
+    by_name, _ = containers(render(chart, VARIANTS["pvc-bundles"])[0])
+    assert (
+        env(by_name["warmup-sidecar"])["TRITON_WARMUP_BUNDLE_DIR"]
+        == mounts(by_name["warmup-sidecar"])["cache-volume"] + "/published/bundles"
+    )
+
+
+def test_existing_claim_and_manifest_are_used_not_created(chart):
+    objects, _ = render(chart, {**VARIANTS["existing-pvc"], **VARIANTS["existing-manifest"]})
+    assert by_kind(objects, "PersistentVolumeClaim") == []
+    assert by_kind(objects, "ConfigMap") == []
+    _, pod = containers(objects)
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["cache-volume"]["persistentVolumeClaim"]["claimName"] == "fleet-cache"
+    assert volumes["manifest"]["configMap"]["name"] == "my-shapes"
+    created, _ = render(chart, {})
+    (pvc,) = by_kind(created, "PersistentVolumeClaim")
+    assert pvc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+
+
+def test_service_monitor_and_statefulset(chart):
+    objects, _ = render(chart, VARIANTS["service-monitor"])
+    (monitor,) = by_kind(objects, "ServiceMonitor")
+    (service,) = by_kind(objects, "Service")
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
+    assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
+    stateful = workload(render(chart, VARIANTS["statefulset"])[0])
+    assert stateful["kind"] == "StatefulSet" and stateful["spec"]["replicas"] == 3
+    assert stateful["spec"]["serviceName"] == service["metadata"]["name"]
+
+
+@pytest.mark.parametrize(
+    "values,needle",
+    [
+        ({"gpus": "two"}, "gpus"),
+        ({"gpus": 9}, "gpus"),
+        ({"serverr": {}}, "serverr"),
+        ({"server": {"imagee": {}}}, "imagee"),
+        ({"workload": {"kind": "DaemonSet"}}, "kind"),
+        ({"lock": {"backend": "redis", "redisUrl": ""}}, "redisUrl"),
+        ({"lock": {"backend": "etcd"}}, "backend"),
+        ({"bundles": {"source": "configMap", "configMapName": ""}}, "configMapName"),
+        ({"persistence": {"size": "lots"}}, "size"),
+        ({"metrics": {"serviceMonitor": {"enabled": "yes"}}}, "enabled"),
+        ({"warmup": {"matchPolicy": "close-enough"}}, "matchPolicy"),
+    ],
+)
+def test_the_schema_rejects_bad_values(chart, values, needle):
+    with pytest.raises(helm.HelmValuesError) as info:
+        chart.validate_schema(chart.merge_values(values))
+    assert needle in str(info.value)
+    with pytest.raises(helm.HelmError):
+        chart.render(values, name="llm", namespace="serving")
+
+
+SERIES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+
+
+def exported_metric_names() -> set[str]:
+    """Every series name the code can export (labelled ones have no samples until used)."""
+    names = set()
+    for metrics in (RunMetrics(CollectorRegistry()), ServeMetrics(CollectorRegistry())):
+        for family in metrics.registry.collect():
+            names.update(family.name + suffix for suffix in SERIES[family.type])
+    return names
+
+
+def test_the_dashboard_queries_only_metrics_the_code_exports(chart):
+    dashboard = json.loads((CHART / "dashboards" / "triton-warmup.json").read_text())
+    queried = {
+        name
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"\btriton_warmup_[a-z_]+", target["expr"])
+    }
+    exported = exported_metric_names()
+    assert len(queried) >= 8
+    assert queried - exported == set(), f"not exported: {queried - exported}"
+    titles = " ".join(p["title"].lower() for p in dashboard["panels"])
+    for topic in (
+        "warmup duration",
+        "tuning seconds",
+        "cache hit ratio",
+        "lock wait",
+        "bundle reloads",
+    ):
+        assert topic in titles
+    objects, _ = render(chart, VARIANTS["dashboard"])
+    (config_map,) = [
+        o for o in by_kind(objects, "ConfigMap") if "dashboard" in o["metadata"]["name"]
+    ]
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(config_map["data"]["triton-warmup.json"]) == dashboard
+
+
+def test_notes_tell_how_to_watch_and_publish(chart):
+    _, out = render(chart, VARIANTS["configmap-bundles"])
+    notes = out["triton-warmup/templates/NOTES.txt"]
+    assert "/readyz" in notes and "registry bundle create" in notes and "fleet-bundles" in notes
