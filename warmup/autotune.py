@@ -148,7 +148,7 @@ class AutotunedFunction:
         if self._store is None:
             from warmup.settings import Settings
 
-            self._store = Store(Settings().paths.registry)
+            self._store = Store(Settings().registry_path)
         return self._store
 
     def fingerprint(self) -> Fingerprint:

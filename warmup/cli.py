@@ -48,7 +48,7 @@ def build_parser(settings: Settings) -> argparse.ArgumentParser:
     validate.add_argument("--json", action="store_true")
 
     cache = settings.triton_cache_dir or settings.paths.triton_cache
-    registry_cli.add_parser(sub, default_store=settings.paths.registry, default_cache=cache)
+    registry_cli.add_parser(sub, default_store=settings.registry_path, default_cache=cache)
     return parser
 
 

@@ -196,7 +196,7 @@ def _import_autotune(
     result = import_triton_autotune(settings.cache_dir, Fingerprint.from_json(fingerprint))
     for error in result.errors:
         log.warning("could not import %s", error)
-    Store(settings.paths.registry).put_many(result.entries)
+    Store(settings.registry_path).put_many(result.entries)
     return len(result.entries)
 
 

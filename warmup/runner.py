@@ -60,7 +60,7 @@ def warm_rank(
     """Warm every shape of the manifest entries made for ``world`` ranks."""
     started = time.perf_counter()
     fingerprint = detect()
-    store = Store(settings.paths.registry, lock_timeout=settings.lock_timeout_s)
+    store = Store(settings.registry_path, lock_timeout=settings.lock_timeout_s)
     report = RankReport(rank, world, fingerprint=fingerprint.to_json())
     entries = [e for e in manifest.entries if e.world_size == world]
     skipped = [e.kernel for e in manifest.entries if e.world_size != world]

@@ -37,7 +37,7 @@ class Sidecar:
         self.settings = settings
         self.metrics = metrics or ServeMetrics()
         self.metrics.registry.register(TextFileCollector(settings.metrics_path))
-        self.store = Store(settings.paths.registry, check_interval=1.0)
+        self.store = Store(settings.registry_path, check_interval=1.0)
         self.watcher = BundleWatcher(
             settings.bundles,
             self.install_bundle,

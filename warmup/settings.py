@@ -22,6 +22,7 @@ class Settings(BaseSettings):
     triton_cache_dir: Path | None = Field(
         None, description="TRITON_CACHE_DIR to restore into; None: <work_dir>/triton-cache"
     )
+    registry_dir: Path | None = Field(None, description="the registry; None: <volume>/registry")
     work_dir: Path = Field(Path("demo-work"), description="this pod's scratch folder")
     status_file: Path | None = Field(None, description="None: <work_dir>/status.json")
     bundle_dir: Path | None = Field(None, description="watched for bundles; None: <volume>/bundles")
@@ -43,6 +44,10 @@ class Settings(BaseSettings):
     @property
     def paths(self) -> Volume:
         return Volume(self.volume)
+
+    @property
+    def registry_path(self) -> Path:
+        return self.registry_dir or self.paths.registry
 
     @property
     def lock_location(self) -> str:

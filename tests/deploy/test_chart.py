@@ -123,6 +123,7 @@ def test_init_sidecar_and_server_agree_on_paths(chart):
     assert mounts(sidecar)["cache-volume"] == volume == mounts(server)["cache-volume"]
     assert env(init)["TRITON_WARMUP_VOLUME"] == env(sidecar)["TRITON_WARMUP_VOLUME"] == volume
     assert env(server)["TRITON_WARMUP_VOLUME"] == volume
+    assert env(server)["TRITON_WARMUP_REGISTRY_DIR"] == volume + "/registry"
     cache = mounts(init)["triton-cache"]
     assert mounts(server)["triton-cache"] == cache == env(server)["TRITON_CACHE_DIR"]
     assert env(init)["TRITON_CACHE_DIR"] == env(init)["TRITON_WARMUP_TRITON_CACHE_DIR"] == cache

@@ -23,6 +23,9 @@ def test_environment_overrides_with_the_prefix(monkeypatch, tmp_path):
     assert settings.paths.triton_cache == tmp_path / "triton-cache"
     assert settings.match_policy is MatchPolicy.SAME_ARCH
     assert settings.lock_location == "redis://redis:6379/0"
+    assert settings.registry_path == tmp_path / "registry"
+    monkeypatch.setenv("TRITON_WARMUP_REGISTRY_DIR", "/srv/registry")
+    assert Settings().registry_path == Path("/srv/registry")
 
 
 def test_bad_values_name_the_variable(monkeypatch, capsys):
