@@ -5,14 +5,19 @@
 ARG CUDA_IMAGE=nvidia/cuda:12.8.1-runtime-ubuntu24.04
 ARG PYTHON_IMAGE=python:3.12-slim-bookworm
 
-# ---- sidecar: probes, metrics, bundle hot reload ---------------------------------------
-FROM ${PYTHON_IMAGE} AS sidecar-build
+# ---- the package's sources, once for both images ----------------------------------------
+FROM scratch AS source
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY deploy/install.sh deploy/requirements-sidecar.txt deploy/
 COPY registry registry
 COPY kernels kernels
 COPY warmup warmup
+
+# ---- sidecar: probes, metrics, bundle hot reload ---------------------------------------
+FROM ${PYTHON_IMAGE} AS sidecar-build
+WORKDIR /src
+COPY --from=source /src ./
 RUN deploy/install.sh sidecar /opt/venv
 
 FROM ${PYTHON_IMAGE} AS sidecar
@@ -43,11 +48,7 @@ RUN apt-get update \
 FROM python-base AS full-build
 ARG TORCH_SPEC=torch==2.11.0
 WORKDIR /src
-COPY pyproject.toml README.md ./
-COPY deploy/install.sh deploy/requirements-sidecar.txt deploy/
-COPY registry registry
-COPY kernels kernels
-COPY warmup warmup
+COPY --from=source /src ./
 RUN TORCH_SPEC="${TORCH_SPEC}" deploy/install.sh full /opt/venv
 
 FROM python-base AS full
