@@ -313,9 +313,8 @@ def ag_gemm_tuning(args: argparse.Namespace) -> None:
         ctx = ag_gemm.create_context(
             dist.group.WORLD, max_m=m, k=k, dtype=torch.bfloat16, device="cuda"
         )
-        task = ag_gemm.AgGemmTask(
-            shard, b, ctx, configs=ag_gemm.AgGemmTask(shard, b, ctx).candidates()[: args.candidates]
-        )
+        task = ag_gemm.AgGemmTask(shard, b, ctx)
+        task.configs = task.candidates()[: args.candidates]
         outcome = tuner.get(task)
         pool = outcome.pool
         row = {

@@ -199,10 +199,16 @@ def _triton_versions() -> tuple[str, str]:
     try:
         from triton.runtime.cache import triton_key
 
-        source_hash = hashlib.sha256(triton_key().encode()).hexdigest()[:16]
+        source_hash = triton_source_hash(triton_key())
     except Exception:  # older or vendor builds have no triton_key
         source_hash = "unknown"
     return str(triton.__version__), source_hash
+
+
+def triton_source_hash(triton_key: object) -> str:
+    """The fingerprint's form of Triton's ``triton_key()``; "" when there is none. Imports
+    use it too, so an imported entry matches a detected fingerprint."""
+    return hashlib.sha256(str(triton_key).encode()).hexdigest()[:16] if triton_key else ""
 
 
 def _driver_version() -> str:

@@ -11,7 +11,6 @@ Neither file says what hardware it was tuned on, so the caller names the fingerp
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from collections.abc import Iterable, Mapping
@@ -23,7 +22,7 @@ from typing import Any
 from registry.config import KernelConfig, Measurement, Scalar
 from registry.entry import Entry, sort_measurements
 from registry.errors import RegistryError
-from registry.fingerprint import Fingerprint
+from registry.fingerprint import Fingerprint, triton_source_hash
 
 
 @dataclass
@@ -75,7 +74,7 @@ def _from_triton_dist(path: Path, data: Mapping[str, Any], fingerprint: Fingerpr
                 fingerprint.software,
                 torch=str(deps.get("torch.version", fingerprint.software.torch)),
                 triton=str(deps.get("triton.version", fingerprint.software.triton)),
-                triton_hash=_short_hash(deps.get("triton.hash"))
+                triton_hash=triton_source_hash(deps.get("triton.hash"))
                 or fingerprint.software.triton_hash,
             ),
         )
@@ -152,7 +151,3 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
-
-
-def _short_hash(raw: Any) -> str:
-    return hashlib.sha256(str(raw).encode()).hexdigest()[:16] if raw else ""

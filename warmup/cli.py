@@ -102,11 +102,11 @@ def _run(settings: Settings) -> int:
     except RunError as e:
         print(f"triton-warmup: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    print(_summary(status))
+    print(summary(status))
     return EXIT_OK if status["state"] == "ready" else EXIT_FAILED
 
 
-def _summary(status: dict[str, Any]) -> str:
+def summary(status: dict[str, Any]) -> str:
     sources = ", ".join(f"{n} {s}" for s, n in sorted(status.get("sources", {}).items()))
     line = (
         f"warmup {status['state']}: {len(status.get('shapes', []))} shape-rank results "

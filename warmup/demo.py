@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 
 from warmup import logs
-from warmup.cli import _summary
+from warmup.cli import summary
 from warmup.launch import run
 from warmup.manifest import load_manifest
 from warmup.settings import Settings
@@ -48,7 +48,7 @@ def main() -> int:
         print(f"\n== {label}")
         started = time.time()
         status = run(settings, manifest)
-        print(_summary(status) + f"  [wall {time.time() - started:.1f} s]")
+        print(summary(status) + f"  [wall {time.time() - started:.1f} s]")
         if status["state"] != "ready":
             return 1
     print("\n== the sidecar")

@@ -41,7 +41,7 @@ def run(settings: Settings, manifest: Manifest) -> dict[str, Any]:
     """Warm the manifest; returns the status written (``state`` ready or failed)."""
     started = time.time()
     world = settings.world_size or max(manifest.world_sizes())
-    device = _device_type(settings, world)
+    device = _device_type(settings)
     run_dir = settings.work_dir / "run"
     clear_run_dir(run_dir)
     write_status(
@@ -66,7 +66,7 @@ def run(settings: Settings, manifest: Manifest) -> dict[str, Any]:
     return finish(settings, manifest, run_dir, world, started, failures)
 
 
-def _device_type(settings: Settings, world: int) -> str:
+def _device_type(settings: Settings) -> str:
     """Where the ranks warm. Decided without importing torch (seconds of start-up before
     any rank runs): the NVIDIA driver lists its GPUs in /proc; each rank then checks that
     its GPU exists and fails with a clear message otherwise."""

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from registry import MatchPolicy, Store
+from registry import Store
 from registry.fingerprint import Fingerprint, detect
 from registry.locks import backend_from_url
 from warmup.lockstep import Lockstep
@@ -91,7 +91,7 @@ def _tuner(
     timer: Timer = cuda_event_timer() if device.type == "cuda" else wall_clock_timer()
     options = TuneOptions(
         policy=entry.policy,
-        match=MatchPolicy(settings.match_policy),
+        match=settings.match_policy,
         lock_ttl_s=settings.lock_ttl_s,
         lock_timeout_s=settings.lock_timeout_s,
         rank_timeout_s=settings.rank_timeout_s,

@@ -22,7 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from registry import RegistryError, Store, bundle
 from registry.errors import BundleRejected
-from registry.fingerprint import Fingerprint, MatchPolicy
+from registry.fingerprint import Fingerprint
 from warmup.manifest import ManifestError, load_manifest
 from warmup.metrics import ServeMetrics, TextFileCollector
 from warmup.settings import Settings
@@ -119,7 +119,7 @@ class Sidecar:
                 path,
                 self.store,
                 expect=expect,
-                policy=MatchPolicy(self.settings.match_policy),
+                policy=self.settings.match_policy,
                 triton_cache=self.settings.paths.triton_cache,
             )
         except (BundleRejected, RegistryError) as e:

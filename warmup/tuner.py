@@ -175,7 +175,6 @@ class Tuner:
         """Rank 0 looks; every rank follows its answer (never mismatched collectives)."""
         entry = None
         if self.lockstep.leader:
-            self.store.refresh()
             entry = self.store.lookup(kernel, key, fingerprint, self.options.match)
         if not self.lockstep.active:
             return entry
