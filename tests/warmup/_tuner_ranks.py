@@ -92,6 +92,17 @@ def same_key(world: int, rank: int, work: Path) -> dict[str, object]:
     }
 
 
+def start_together(work: Path, rank: int, world: int, start_at: float) -> None:
+    """Every process announces itself, then all leave the gate at once: a clock alone
+    lets a process slowed by a loaded machine arrive after the others have finished."""
+    (work / f"arrived-{rank}").touch()
+    deadline = time.time() + 120
+    while len(list(work.glob("arrived-*"))) < world or time.time() < start_at:
+        if time.time() > deadline:
+            raise TimeoutError(f"rank {rank}: the other processes never arrived")
+        time.sleep(0.001)
+
+
 def main() -> None:
     scenario, world, rank = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     work, start_at = Path(sys.argv[4]), float(sys.argv[5])
@@ -100,8 +111,7 @@ def main() -> None:
         dist.init_process_group(
             "gloo", init_method=f"file://{work / 'pg-init'}", rank=rank, world_size=world
         )
-    while time.time() < start_at:
-        time.sleep(0.001)
+    start_together(work, rank, world, start_at)
     result = globals()[scenario](world, rank, work)
     print(json.dumps(result), flush=True)
     if grouped and not result.get("error"):
