@@ -144,6 +144,50 @@ class ServeMetrics:
         )
 
 
+class ServingMetrics:
+    """A serving process: its calls by how each config was chosen, and every Triton compile
+    or autotune run after it declared itself warm. ``write`` puts them in a file of their
+    own in the serving-metrics folder, which the sidecar re-exports at every scrape; a
+    server with its own ``/metrics`` can register ``registry`` there instead."""
+
+    def __init__(self, registry: CollectorRegistry | None = None, *, rank: int = 0) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.rank = str(rank)
+        r = self.registry
+        self.calls = Counter(
+            "triton_warmup_serving_calls",
+            "Calls of serving ops, by how the config was chosen (tuned: the call's own M "
+            "bucket; nearest: the nearest bucket's; fallback: no tuned bucket for the layer).",
+            ["kernel", "source", "rank"],
+            registry=r,
+        )
+        self.request_compiles = Counter(
+            "triton_warmup_request_compiles",
+            "Triton compiles (or compile-cache loads) in a serving process after it was warm.",
+            ["kernel", "rank"],
+            registry=r,
+        )
+        self.request_autotunes = Counter(
+            "triton_warmup_request_autotunes",
+            "Autotune runs (benchmarks of a new key) in a serving process after it was warm.",
+            ["kernel", "rank"],
+            registry=r,
+        )
+        self.generation_swaps = Counter(
+            "triton_warmup_serving_generation_swaps",
+            "Registry generations a serving op swapped in while running.",
+            ["kernel", "rank"],
+            registry=r,
+        )
+
+    def write(self, folder: Path) -> Path:
+        """Atomically replace this process's file in ``folder``; returns its path."""
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"serving-rank{self.rank}.prom"
+        write_to_textfile(str(path), self.registry)
+        return path
+
+
 class TextFileCollector:
     """Re-export the metrics a warmup run wrote, read at every scrape."""
 

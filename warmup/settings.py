@@ -40,6 +40,19 @@ class Settings(BaseSettings):
     metrics_port: int = Field(9400, ge=0, le=65535)
     reload_debounce_s: float = Field(1.0, ge=0)
     log_format: Literal["text", "json"] = "text"
+    metrics_dir: Path | None = Field(
+        None,
+        description="serving processes write their metrics files here and the sidecar "
+        "re-exports them; None: <status file's folder>/serving-metrics",
+    )
+    compile_guard: Literal["count", "strict", "off"] = Field(
+        "count",
+        description="after a serving process is warm: count (and log) every Triton compile "
+        "and autotune run, raise on them (strict), or do nothing (off)",
+    )
+    serving_refresh_s: float = Field(
+        1.0, gt=0, description="how often a serving op checks the registry for a new generation"
+    )
 
     @property
     def paths(self) -> Volume:
@@ -65,6 +78,11 @@ class Settings(BaseSettings):
     def metrics_path(self) -> Path:
         """The run's metrics, in Prometheus text format, beside the status file."""
         return self.status_path.with_name("metrics.prom")
+
+    @property
+    def serving_metrics_path(self) -> Path:
+        """The folder of the serving processes' metrics files (one per process)."""
+        return self.metrics_dir or self.status_path.parent / "serving-metrics"
 
     @property
     def bundles(self) -> Path:
