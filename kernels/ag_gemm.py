@@ -22,6 +22,7 @@ where gloo does the gather and raises each flag as its shard lands.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,11 +31,15 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
+from kernels.adapter import Layer
 from kernels.spaces import DeviceLimits, Problem, ag_gemm_space, device_limits
 from registry import KernelConfig
 
 NAME = "ag_gemm"
 DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+# Integers that change from call to call: specialised (divisible by 16, == 1) they would
+# make a new kernel for most batch sizes, so no serving call could be warm.
+M_DERIVED = ["epoch", "M", "m_per_rank", "rank"]
 
 
 @triton.jit
@@ -84,7 +89,7 @@ def _tile_coords(
     return pid_m, pid_n
 
 
-@triton.jit(do_not_specialize=["epoch", "rank"])
+@triton.jit(do_not_specialize=M_DERIVED)
 def _ag_gemm_portable_kernel(
     g_ptr,
     b_ptr,
@@ -131,7 +136,7 @@ def _ag_gemm_portable_kernel(
     )
 
 
-@triton.jit(do_not_specialize=["epoch", "rank"])
+@triton.jit(do_not_specialize=M_DERIVED)
 def _ag_gemm_tma_kernel(
     g_desc,
     b_desc,
@@ -324,7 +329,7 @@ def ag_gemm(
     a_shard: [M/world, K], b: [K, N] -> [M, N]. The config comes from the registry or
     the tuner; nothing here picks one.
     """
-    m, n, k = check_inputs(a_shard, b, ctx, out)
+    m, n, _ = check_inputs(a_shard, b, ctx, out)
     out = torch.empty(m, n, dtype=ctx.dtype, device=ctx.device) if out is None else out
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         raise ValueError(
@@ -334,16 +339,16 @@ def ag_gemm(
     ctx.epoch += 1
     m_per_rank = a_shard.shape[0]
     if ctx.world == 1:
-        _launch(ctx, a_shard, b, out, m, n, k, m_per_rank, config)
+        _launch(ctx, a_shard, b, out, m_per_rank, config)
         return out
     g = ctx.buffers[ctx.epoch % 2][:m]  # [M, K]
     g[ctx.rank * m_per_rank : (ctx.rank + 1) * m_per_rank].copy_(a_shard)
     if ctx.device.type != "cuda":
         _gather_gloo(ctx, g, m_per_rank)
-        _launch(ctx, g, b, out, m, n, k, m_per_rank, config)
+        _launch(ctx, g, b, out, m_per_rank, config)
         return out
     met = _meet_peers(ctx)
-    _launch(ctx, g, b, out, m, n, k, m_per_rank, config)  # first, so the GPU never idles
+    _launch(ctx, g, b, out, m_per_rank, config)  # first, so the GPU never idles
     _pull_peers(ctx, met, m_per_rank)
     torch.cuda.current_stream(ctx.device).wait_stream(ctx.side_stream)
     return out
@@ -407,65 +412,65 @@ def _gather_gloo(ctx: AgGemmContext, g: torch.Tensor, m_per_rank: int) -> None:
         ctx.flags[src] = ctx.epoch
 
 
+@dataclass(frozen=True)
+class LaunchPlan:
+    """One consumer launch: the kernel, its grid, arguments and options."""
+
+    kernel: Any
+    grid: tuple[int]
+    args: tuple[Any, ...]
+    options: dict[str, Any]
+
+
+def launch_plan(
+    ctx: AgGemmContext,
+    g: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor,
+    m_per_rank: int,
+    config: KernelConfig,
+) -> LaunchPlan:
+    """What :func:`ag_gemm` launches for gathered ``g: [M, K]``, ``b: [K, N]``; nothing
+    here may depend on M beyond the grid and the unspecialised integers."""
+    (m, k), n = g.shape, b.shape[1]
+    meta, options = config.meta, {**config.all_kwargs(), "WORLD": ctx.world}
+    if ctx.consumer == "tma" and _tma_aligned(g, b, out):
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        bm, bn, bk = meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_K"]
+        tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+        # NUM_SMS is the loop stride, fixed per device; a smaller grid leaves no tile out.
+        options["NUM_SMS"] = ctx.limits.sm_count
+        descriptors = (
+            TensorDescriptor.from_tensor(g, [bm, bk]),
+            TensorDescriptor.from_tensor(b, [bk, bn]),
+            TensorDescriptor.from_tensor(out, [bm, bn]),
+        )
+        args: tuple[Any, ...] = (*descriptors, ctx.flags, ctx.epoch, m, n, k, m_per_rank, ctx.rank)
+        return LaunchPlan(_ag_gemm_tma_kernel, (min(ctx.limits.sm_count, tiles),), args, options)
+    grid = (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
+    args = (g, b, out, ctx.flags, ctx.epoch, m, n, k, m_per_rank, ctx.rank)
+    args += (g.stride(0), b.stride(0), out.stride(0))
+    return LaunchPlan(_ag_gemm_portable_kernel, grid, args, options)
+
+
 def _launch(
     ctx: AgGemmContext,
     g: torch.Tensor,
     b: torch.Tensor,
     out: torch.Tensor,
-    m: int,
-    n: int,
-    k: int,
     m_per_rank: int,
     config: KernelConfig,
     *,
     compile_only: bool = False,
-) -> None:
+) -> Any:
     """Launch the consumer; with ``compile_only``, compile exactly this launch's
-    specialisation instead (what the tuner's parallel compile captures)."""
-    meta = config.meta
-    options = {**meta, "num_warps": config.num_warps, "num_stages": config.num_stages}
-    if ctx.consumer == "tma" and _tma_aligned(g, b, out):
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
-        bm, bn, bk = meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_K"]
-        programs = min(ctx.limits.sm_count, triton.cdiv(m, bm) * triton.cdiv(n, bn))
-        kernel, grid = _ag_gemm_tma_kernel, (programs,)
-        args: tuple[Any, ...] = (
-            TensorDescriptor.from_tensor(g, [bm, bk]),
-            TensorDescriptor.from_tensor(b, [bk, bn]),
-            TensorDescriptor.from_tensor(out, [bm, bn]),
-            ctx.flags,
-            ctx.epoch,
-            m,
-            n,
-            k,
-            m_per_rank,
-            ctx.rank,
-        )
-        options.update(WORLD=ctx.world, NUM_SMS=programs)
-    else:
-        kernel = _ag_gemm_portable_kernel
-        grid = (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
-        args = (
-            g,
-            b,
-            out,
-            ctx.flags,
-            ctx.epoch,
-            m,
-            n,
-            k,
-            m_per_rank,
-            ctx.rank,
-            g.stride(0),
-            b.stride(0),
-            out.stride(0),
-        )
-        options.update(WORLD=ctx.world)
+    specialisation instead (what the tuner's parallel compile captures) and return it."""
+    plan = launch_plan(ctx, g, b, out, m_per_rank, config)
     if compile_only:
-        kernel.warmup(*args, grid=grid, **options)
-    else:
-        kernel[grid](*args, **options)
+        return plan.kernel.warmup(*plan.args, grid=plan.grid, **plan.options)
+    plan.kernel[plan.grid](*plan.args, **plan.options)
+    return None
 
 
 def _tma_aligned(*tensors: torch.Tensor) -> bool:
@@ -500,12 +505,7 @@ class AgGemmTask:
 
     @property
     def kernel_hash(self) -> str:
-        from registry import kernel_source_hash
-
-        return (
-            kernel_source_hash(_ag_gemm_tma_kernel)
-            + kernel_source_hash(_ag_gemm_portable_kernel)[:16]
-        )
+        return kernel_hash()
 
     def key(self) -> dict[str, Any]:
         return key(self.a_shard, self.b, self.ctx)
@@ -535,14 +535,14 @@ class AgGemmTask:
     def warmup(self, config: KernelConfig) -> None:
         if self.ctx.device.type != "cuda":
             return  # the interpreter compiles nothing
-        m, n, k = check_inputs(self.a_shard, self.b, self.ctx)
+        m, n, _ = check_inputs(self.a_shard, self.b, self.ctx)
         g = self.a_shard if self.ctx.world == 1 else self.ctx.buffers[0][:m]
         out = (
             torch.empty(m, n, dtype=self.ctx.dtype, device=self.ctx.device)
             if self.out is None
             else self.out
         )
-        _launch(self.ctx, g, self.b, out, m, n, k, self.a_shard.shape[0], config, compile_only=True)
+        _launch(self.ctx, g, self.b, out, self.a_shard.shape[0], config, compile_only=True)
 
 
 def key(a_shard: torch.Tensor, b: torch.Tensor, ctx: AgGemmContext) -> dict[str, Any]:
@@ -590,3 +590,112 @@ def torch_fused(a_shard: torch.Tensor, b: torch.Tensor, group: Any) -> torch.Ten
         return None
     _, outputs = op(a_shard, [b], gather_dim=0, group_name=group.group_name)
     return outputs[0]  # type: ignore[no-any-return]
+
+
+TORCH_DTYPES = {name: dtype for dtype, name in DTYPES.items()}
+
+
+def kernel_hash() -> str:
+    """The public hash of both consumers' sources (part of every fingerprint)."""
+    from registry import kernel_source_hash
+
+    tma = kernel_source_hash(_ag_gemm_tma_kernel)
+    return tma + kernel_source_hash(_ag_gemm_portable_kernel)[:16]
+
+
+class AgGemmServed:
+    """One tensor-parallel layer, served: a context for (group, K, dtype, max M), calls
+    with any config. See :class:`kernels.adapter.Served`."""
+
+    kernel = NAME
+
+    def __init__(self, layer: Layer, *, group: Any, device: Any) -> None:
+        self.layer = layer
+        self.ctx = create_context(
+            group, max_m=layer.max_m, k=layer.k, dtype=TORCH_DTYPES[layer.dtype], device=device
+        )
+        self.rows_step = self.ctx.world
+
+    def key(self, m: int) -> dict[str, Any]:
+        return ADAPTER.key(
+            m=m, n=self.layer.n, k=self.layer.k, dtype=self.layer.dtype, world=self.ctx.world
+        )
+
+    def rows(self, a_shard: torch.Tensor, b: torch.Tensor) -> int:
+        return int(a_shard.shape[0]) * self.rows_step
+
+    def __call__(
+        self, config: KernelConfig, a_shard: torch.Tensor, b: torch.Tensor, out: Any = None
+    ) -> torch.Tensor:
+        return ag_gemm(a_shard, b, self.ctx, config, out=out)
+
+    def prepare(self, config: KernelConfig) -> None:
+        if self.ctx.device.type != "cuda":
+            return  # the interpreter compiles nothing
+        # Meta tensors: the specialisation of an aligned real call, no memory, no launch.
+        world, n, k, dtype = self.ctx.world, self.layer.n, self.layer.k, self.ctx.dtype
+        g, b, out = (
+            torch.empty(*shape, dtype=dtype, device="meta")
+            for shape in ((world, k), (k, n), (world, n))
+        )
+        compiled = _launch(self.ctx, g, b, out, 1, config, compile_only=True)
+        load = getattr(compiled, "_init_handles", None)  # load the GPU module now, not on a call
+        if load is not None:
+            load()
+
+    def default_config(self) -> KernelConfig:
+        from kernels.spaces import ordered, prune
+
+        problem_ = Problem(
+            self.layer.max_m,
+            self.layer.n,
+            self.layer.k,
+            self.ctx.world,
+            self.ctx.dtype.itemsize,
+        )
+        return ordered(
+            prune(space(self.ctx), problem_, self.ctx.limits).kept, problem_, self.ctx.limits
+        )[0]
+
+
+class AgGemmAdapter:
+    """The fused AllGather-GEMM, as ``warmup/`` drives it (:class:`kernels.adapter.Adapter`)."""
+
+    name = NAME
+
+    def kernel_hash(self) -> str:
+        return kernel_hash()
+
+    def check_shape(self, shape: Mapping[str, int], *, world_size: int) -> str | None:
+        if shape["M"] % world_size:
+            return f"M={shape['M']} is not a multiple of world_size {world_size}"
+        return None
+
+    def key(self, *, m: int, n: int, k: int, dtype: str, world: int) -> dict[str, Any]:
+        return {"M": m, "N": n, "K": k, "dtype": dtype, "world": world}
+
+    def tasks(
+        self, shapes: Sequence[Mapping[str, int]], *, dtype: str, group: Any, device: Any
+    ) -> Iterator[AgGemmTask]:
+        """Random inputs per shape; one workspace per K, sized for that K's largest M."""
+        contexts: dict[int, AgGemmContext] = {}
+        for shape in shapes:
+            m, n, k = shape["M"], shape["N"], shape["K"]
+            if k not in contexts:  # made in the same order on every rank: a collective
+                max_m = max(s["M"] for s in shapes if s["K"] == k)
+                contexts[k] = create_context(
+                    group, max_m=max_m, k=k, dtype=TORCH_DTYPES[dtype], device=device
+                )
+            ctx = contexts[k]
+            generator = torch.Generator(device=device).manual_seed(m * 31 + n * 7 + k + ctx.rank)
+            shard = torch.randn(
+                m // ctx.world, k, generator=generator, device=device, dtype=ctx.dtype
+            )
+            b = torch.randn(k, n, generator=generator, device=device, dtype=ctx.dtype) / k**0.5
+            yield AgGemmTask(shard, b, ctx)
+
+    def serve(self, layer: Layer, *, group: Any, device: Any) -> AgGemmServed:
+        return AgGemmServed(layer, group=group, device=device)
+
+
+ADAPTER = AgGemmAdapter()

@@ -9,6 +9,7 @@ config, then what a tuner needs (key, space, reference, ahead-of-time compile).
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,13 +17,14 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.adapter import Layer
 from registry import KernelConfig
 
 NAME = "matmul"
-_TRITON_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # batch sizes vary per call: one kernel serves them all
 def _matmul_kernel(
     a_ptr,
     b_ptr,
@@ -77,7 +79,7 @@ def matmul(
     """``a @ b`` with the given config. a: [M, K], b: [K, N] -> [M, N]."""
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
         raise ValueError(f"matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} do not chain.")
-    if a.dtype != b.dtype or a.dtype not in _TRITON_DTYPES:
+    if a.dtype != b.dtype or a.dtype not in DTYPES:
         raise ValueError(f"matmul: dtypes {a.dtype}, {b.dtype}; need one of fp16/bf16/fp32.")
     if a.device != b.device:
         raise ValueError(f"matmul: a on {a.device}, b on {b.device}.")
@@ -94,8 +96,9 @@ def _launch(
     config: KernelConfig,
     *,
     compile_only: bool = False,
-) -> None:
-    """Launch, or with ``compile_only`` compile exactly this launch's specialisation."""
+) -> Any:
+    """Launch, or with ``compile_only`` compile exactly this launch's specialisation and
+    return it."""
     (m, k), n = a.shape, b.shape[1]
     meta = config.meta
     grid = (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
@@ -113,16 +116,15 @@ def _launch(
         out.stride(0),
         out.stride(1),
     )
-    options = {**meta, "num_warps": config.num_warps, "num_stages": config.num_stages}
     if compile_only:
-        _matmul_kernel.warmup(*args, grid=grid, **options)
-    else:
-        _matmul_kernel[grid](*args, **options)
+        return _matmul_kernel.warmup(*args, grid=grid, **config.all_kwargs())
+    _matmul_kernel[grid](*args, **config.all_kwargs())
+    return None
 
 
 def key(a: torch.Tensor, b: torch.Tensor) -> dict[str, Any]:
     """What a tuned config depends on: the problem size and the dtype."""
-    return {"M": a.shape[0], "N": b.shape[1], "K": a.shape[1], "dtype": _TRITON_DTYPES[a.dtype]}
+    return {"M": a.shape[0], "N": b.shape[1], "K": a.shape[1], "dtype": DTYPES[a.dtype]}
 
 
 def space(
@@ -162,9 +164,7 @@ class MatmulTask:
 
     @property
     def kernel_hash(self) -> str:
-        from registry import kernel_source_hash
-
-        return kernel_source_hash(_matmul_kernel)
+        return kernel_hash()
 
     def key(self) -> dict[str, Any]:
         return key(self.a, self.b)
@@ -249,3 +249,92 @@ def compile_ahead(config: KernelConfig, dtype: str, target: Any) -> Any:
         target=target,
         options={"num_warps": config.num_warps, "num_stages": config.num_stages},
     )
+
+
+TORCH_DTYPES = {name: dtype for dtype, name in DTYPES.items()}
+
+
+def kernel_hash() -> str:
+    """The public hash of the kernel's source (part of every fingerprint)."""
+    from registry import kernel_source_hash
+
+    return kernel_source_hash(_matmul_kernel)
+
+
+class MatmulServed:
+    """One layer ``x @ w`` served on one device (:class:`kernels.adapter.Served`)."""
+
+    kernel = NAME
+    rows_step = 1
+
+    def __init__(self, layer: Layer, *, device: Any) -> None:
+        self.layer, self.device = layer, torch.device(device)
+        self.dtype = TORCH_DTYPES[layer.dtype]
+
+    def key(self, m: int) -> dict[str, Any]:
+        return ADAPTER.key(m=m, n=self.layer.n, k=self.layer.k, dtype=self.layer.dtype, world=1)
+
+    def rows(self, a: torch.Tensor, b: torch.Tensor) -> int:
+        return int(a.shape[0])
+
+    def __call__(
+        self, config: KernelConfig, a: torch.Tensor, b: torch.Tensor, out: Any = None
+    ) -> torch.Tensor:
+        if a.shape[0] > self.layer.max_m or tuple(b.shape) != (self.layer.k, self.layer.n):
+            raise ValueError(
+                f"matmul: a {tuple(a.shape)}, b {tuple(b.shape)}; the layer takes at most "
+                f"{self.layer.max_m} rows and b [{self.layer.k}, {self.layer.n}]."
+            )
+        if a.dtype != self.dtype or a.device != self.device:
+            raise ValueError(
+                f"matmul: a is {a.dtype} on {a.device}; the layer is {self.dtype} on {self.device}."
+            )
+        return matmul(a, b, config, out=out)
+
+    def prepare(self, config: KernelConfig) -> None:
+        if self.device.type != "cuda":
+            return  # the interpreter compiles nothing
+        n, k = self.layer.n, self.layer.k
+        a, b, out = (
+            torch.empty(*shape, dtype=self.dtype, device="meta")
+            for shape in ((1, k), (k, n), (1, n))
+        )
+        compiled = _launch(a, b, out, config, compile_only=True)
+        load = getattr(compiled, "_init_handles", None)  # load the GPU module now, not on a call
+        if load is not None:
+            load()
+
+    def default_config(self) -> KernelConfig:
+        return space()[0]
+
+
+class MatmulAdapter:
+    """The tiled matmul, as ``warmup/`` drives it (:class:`kernels.adapter.Adapter`)."""
+
+    name = NAME
+
+    def kernel_hash(self) -> str:
+        return kernel_hash()
+
+    def check_shape(self, shape: Mapping[str, int], *, world_size: int) -> str | None:
+        return None  # every rank runs the whole problem: any sizes
+
+    def key(self, *, m: int, n: int, k: int, dtype: str, world: int) -> dict[str, Any]:
+        return {"M": m, "N": n, "K": k, "dtype": dtype}
+
+    def tasks(
+        self, shapes: Sequence[Mapping[str, int]], *, dtype: str, group: Any, device: Any
+    ) -> Iterator[MatmulTask]:
+        for shape in shapes:
+            m, n, k = shape["M"], shape["N"], shape["K"]
+            generator = torch.Generator(device=device).manual_seed(m * 31 + n * 7 + k)
+            torch_dtype = TORCH_DTYPES[dtype]
+            a = torch.randn(m, k, generator=generator, device=device, dtype=torch_dtype)
+            b = torch.randn(k, n, generator=generator, device=device, dtype=torch_dtype) / k**0.5
+            yield MatmulTask(a, b)
+
+    def serve(self, layer: Layer, *, group: Any, device: Any) -> MatmulServed:
+        return MatmulServed(layer, device=device)
+
+
+ADAPTER = MatmulAdapter()

@@ -40,6 +40,11 @@ class KernelConfig:
         """The meta-parameters as a dict, ready to pass to a kernel launch."""
         return dict(self.kwargs)
 
+    def all_kwargs(self) -> dict[str, Scalar]:
+        """Meta-parameters plus every launch option that is set: what a launch passes."""
+        launch = {name: getattr(self, name) for name in _LAUNCH_FIELDS}
+        return {**self.meta, **{k: v for k, v in launch.items() if v is not None}}
+
     def to_json(self) -> dict[str, Any]:
         return {
             "kwargs": self.meta,

@@ -136,7 +136,7 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    manifest = load_manifest(args.manifest)
+    manifest = load_manifest(args.manifest, check_kernels=True)
     rows = [
         {
             "kernel": e.kernel,

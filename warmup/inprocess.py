@@ -19,6 +19,7 @@ def warm_in_process(manifest: Manifest | str | Path, settings: Settings | None) 
     settings = settings or Settings()
     if not isinstance(manifest, Manifest):
         manifest = load_manifest(Path(manifest))
+    manifest.check_kernels()
     grouped = dist.is_available() and dist.is_initialized()
     rank, world = (dist.get_rank(), dist.get_world_size()) if grouped else (0, 1)
     cuda = torch.cuda.is_available() and settings.device != "cpu"

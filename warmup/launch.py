@@ -23,7 +23,7 @@ from typing import Any
 from registry import Store, atomic, triton_cache
 from registry.fingerprint import Fingerprint, machine_name
 from registry.importers import import_triton_autotune
-from warmup.manifest import Manifest
+from warmup.manifest import Manifest, ManifestError
 from warmup.metrics import RunMetrics
 from warmup.settings import Settings
 from warmup.status import FAILED, READY, RUNNING, write_status
@@ -53,6 +53,20 @@ def run(settings: Settings, manifest: Manifest) -> dict[str, Any]:
         world_size=world,
     )
     procs = _spawn_ranks(settings, manifest, world, device, run_dir)
+    try:  # the kernels' shape checks import torch: while the ranks import theirs
+        manifest.check_kernels(str(settings.manifest))
+    except ManifestError as e:
+        _stop(procs)
+        write_status(
+            settings.status_path,
+            state=FAILED,
+            manifest_digest=manifest.digest(),
+            started=started,
+            host=machine_name(),
+            world_size=world,
+            failures=e.errors,
+        )
+        raise
     # Restore while the ranks import torch; they wait for the marker before any kernel.
     restored = triton_cache.restore(settings.paths.triton_cache, settings.cache_dir)
     atomic.write_bytes(run_dir / RESTORED, b"")
@@ -116,14 +130,24 @@ def _wait(procs: list[subprocess.Popen[bytes]], limit_s: float, grace_s: float) 
             failures += [f"rank {rank} exited with code {code}" for rank, code in dead]
             deadline = min(deadline, time.monotonic() + min(grace_s, 30.0))
         time.sleep(0.05)
+    stopped = _stop(procs)
+    failures += [f"rank {rank} was stopped" for rank in stopped]
+    for rank, p in enumerate(procs):
+        exited = f"rank {rank} exited with code {p.returncode}"
+        if rank not in stopped and p.returncode != 0 and exited not in failures:
+            failures.append(exited)
+    return failures
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> list[int]:
+    """Kill every rank still running; returns their ranks."""
+    stopped = []
     for rank, p in enumerate(procs):
         if p.poll() is None:
             p.kill()
             p.wait()
-            failures.append(f"rank {rank} was stopped")
-        elif p.returncode != 0 and f"rank {rank} exited with code {p.returncode}" not in failures:
-            failures.append(f"rank {rank} exited with code {p.returncode}")
-    return failures
+            stopped.append(rank)
+    return stopped
 
 
 def finish(
@@ -191,7 +215,7 @@ def _import_autotune(
     settings: Settings, manifest: Manifest, fingerprint: dict[str, Any] | None
 ) -> int:
     """Triton's own @triton.autotune choices (user entries) into the registry."""
-    if fingerprint is None or all(e.kernel == "ag_gemm" for e in manifest.entries):
+    if fingerprint is None or not any(e.is_user_function for e in manifest.entries):
         return 0
     result = import_triton_autotune(settings.cache_dir, Fingerprint.from_json(fingerprint))
     for error in result.errors:

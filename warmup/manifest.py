@@ -2,7 +2,7 @@
 
     version: 1
     entries:
-      - kernel: ag_gemm              # or "package.module:function", a user's warm function
+      - kernel: ag_gemm              # a kernels.ADAPTERS name, or "package.module:function"
         dtype: bf16                  # bf16 | fp16 | fp32
         world_size: 2
         policy: tune                 # tune misses | fallback (never tune) | fail on a miss
@@ -27,6 +27,8 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from kernels import ADAPTERS
 
 MAX_SHAPES = 4096
 _USER_KERNEL = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -100,8 +102,11 @@ class ManifestEntry(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> ManifestEntry:
-        if self.kernel != "ag_gemm" and not _USER_KERNEL.match(self.kernel):
-            raise ValueError(f"kernel {self.kernel!r} is neither 'ag_gemm' nor 'module:function'")
+        if self.kernel not in ADAPTERS and not _USER_KERNEL.match(self.kernel):
+            known = ", ".join(repr(name) for name in sorted(ADAPTERS))
+            raise ValueError(
+                f"kernel {self.kernel!r} is neither one of {known} nor 'module:function'"
+            )
         shapes = self.expand()
         if len(shapes) > MAX_SHAPES:
             raise ValueError(f"{len(shapes)} shapes after expansion; the limit is {MAX_SHAPES}")
@@ -109,12 +114,12 @@ class ManifestEntry(BaseModel):
             bad = [f"{k}={v}" for k, v in shape.items() if v < 1]
             if bad:
                 raise ValueError(f"shape {shape}: {', '.join(bad)} must be >= 1")
-            if self.kernel == "ag_gemm" and shape["M"] % self.world_size:
-                raise ValueError(
-                    f"shape {shape}: M={shape['M']} is not a multiple of "
-                    f"world_size {self.world_size}"
-                )
         return self
+
+    @property
+    def is_user_function(self) -> bool:
+        """A ``module:function`` the user warms with, not a kernel with an adapter."""
+        return self.kernel not in ADAPTERS
 
     def expand(self) -> list[dict[str, int]]:
         seen: dict[tuple[int, int, int], dict[str, int]] = {}
@@ -137,14 +142,35 @@ class Manifest(BaseModel):
     def world_sizes(self) -> set[int]:
         return {e.world_size for e in self.entries}
 
+    def check_kernels(self, source: str = "<manifest>") -> None:
+        """Each adapter's own shape check (imports the kernels, so torch and triton):
+        :class:`ManifestError` lists every shape a kernel rejects."""
+        import kernels
 
-def load_manifest(path: Path) -> Manifest:
-    """Read and validate; :class:`ManifestError` lists every problem at once."""
+        errors = []
+        for index, entry in enumerate(self.entries):
+            if entry.is_user_function:
+                continue
+            adapter = kernels.adapter_for(entry.kernel)
+            for shape in entry.expand():
+                reason = adapter.check_shape(shape, world_size=entry.world_size)
+                if reason:
+                    errors.append(f"entries.{index}: {entry.kernel} shape {shape}: {reason}")
+        if errors:
+            raise ManifestError(source, errors)
+
+
+def load_manifest(path: Path, *, check_kernels: bool = False) -> Manifest:
+    """Read and validate; :class:`ManifestError` lists every problem at once. With
+    ``check_kernels``, also each kernel's own shape check (imports torch)."""
     try:
         text = path.read_text()
     except OSError as e:
         raise ManifestError(str(path), [f"cannot read: {e}"]) from None
-    return parse_manifest(text, source=str(path))
+    manifest = parse_manifest(text, source=str(path))
+    if check_kernels:
+        manifest.check_kernels(str(path))
+    return manifest
 
 
 def parse_manifest(text: str, *, source: str = "<text>") -> Manifest:

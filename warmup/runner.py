@@ -1,8 +1,9 @@
 """One rank's warmup: every manifest shape made warm on this process's device.
 
-For an ``ag_gemm`` shape: the tuner answers (registry hit, fallback, or a tuning in
-lockstep with the other ranks); a config that was not just tuned is then compiled (from
-the cache), launched once and checked against the reference. For a ``module:function``
+For a shape of a kernel with an adapter (``kernels.ADAPTERS``): the adapter makes the
+tune task, the tuner answers (registry hit, fallback, or a tuning in lockstep with the
+other ranks); a config that was not just tuned is then compiled (from the cache),
+launched once and checked against the reference. For a ``module:function``
 entry the user's function is called for every shape with Triton's own autotune result
 caching on, so its ``@triton.autotune`` choices land in the compile cache (and, after
 the run, in the registry).
@@ -20,6 +21,7 @@ from typing import Any
 
 import torch
 
+import kernels
 from registry import Store
 from registry.fingerprint import Fingerprint, detect
 from registry.locks import backend_from_url
@@ -69,7 +71,7 @@ def warm_rank(
     total = sum(len(e.expand()) for e in entries)
     done = 0
     for entry in entries:
-        warm_entry = _warm_ag_gemm if entry.kernel == "ag_gemm" else _warm_user_function
+        warm_entry = _warm_user_function if entry.is_user_function else _warm_kernel
         for row in warm_entry(entry, settings, store, fingerprint, group=group, device=device):
             report.rows.append(row)
             done += 1
@@ -109,7 +111,7 @@ def _tuner(
     )
 
 
-def _warm_ag_gemm(
+def _warm_kernel(
     entry: ManifestEntry,
     settings: Settings,
     store: Store,
@@ -118,26 +120,13 @@ def _warm_ag_gemm(
     group: Any,
     device: torch.device,
 ):  # type: ignore[no-untyped-def]
-    from kernels import ag_gemm
-
-    dtype = DTYPES[entry.dtype]
-    shapes = entry.expand()
-    stats = TunerStats()
-    tuner = _tuner(entry, settings, store, fingerprint, group, device, stats)
+    tasks = kernels.adapter_for(entry.kernel).tasks(
+        entry.expand(), dtype=entry.dtype, group=group, device=device
+    )
+    tuner = _tuner(entry, settings, store, fingerprint, group, device, TunerStats())
     from_bundles = _bundle_paths(store)
-    contexts: dict[int, Any] = {}
-    for shape in shapes:
-        m, n, k = shape["M"], shape["N"], shape["K"]
-        if k not in contexts:  # one workspace per K, sized for the largest M: made in order
-            max_m = max(s["M"] for s in shapes if s["K"] == k)
-            contexts[k] = ag_gemm.create_context(
-                group, max_m=max_m, k=k, dtype=dtype, device=device
-            )
-        ctx = contexts[k]
-        generator = torch.Generator(device=device).manual_seed(m * 31 + n * 7 + k + ctx.rank)
-        shard = torch.randn(m // ctx.world, k, generator=generator, device=device, dtype=dtype)
-        b = torch.randn(k, n, generator=generator, device=device, dtype=dtype) / k**0.5
-        yield _warm_task(ag_gemm.AgGemmTask(shard, b, ctx), tuner, from_bundles)
+    for task in tasks:
+        yield _warm_task(task, tuner, from_bundles)
 
 
 def _warm_task(task: Any, tuner: Tuner, from_bundles: set[str]) -> dict[str, Any]:

@@ -76,3 +76,15 @@ def test_measurement_keeps_failures_with_their_reason():
 def test_measurement_rejects_negative_time():
     with pytest.raises(RegistryError, match="median_ms"):
         Measurement.from_json({"config": {"kwargs": {}}, "median_ms": -1})
+
+
+def test_all_kwargs_carries_every_launch_option_that_is_set():
+    config = KernelConfig.make({"BLOCK_M": 64}, num_warps=8, num_stages=4, num_ctas=2, maxnreg=128)
+    assert config.all_kwargs() == {
+        "BLOCK_M": 64,
+        "num_warps": 8,
+        "num_stages": 4,
+        "num_ctas": 2,
+        "maxnreg": 128,
+    }
+    assert "maxnreg" not in KernelConfig.make({"BLOCK_M": 64}).all_kwargs()

@@ -78,11 +78,10 @@ def entry(**changes):
             entry(policy="sometimes"),
             "entries.0.policy: Input should be 'tune', 'fallback' or 'fail'",
         ),
-        (entry(kernel="rm -rf /"), "neither 'ag_gemm' nor 'module:function'"),
+        (entry(kernel="rm -rf /"), "neither one of 'ag_gemm', 'matmul' nor 'module:function'"),
         (entry(shapes=[]), "entries.0.shapes: List should have at least 1 item"),
         (entry(shapes=[{"M": 64, "N": 64}]), "entries.0.shapes.0.K: Field required"),
         (entry(shapes=[{"M": 64, "N": 64, "K": 64, "Q": 1}]), "entries.0.shapes.0.Q: Extra inputs"),
-        (entry(shapes=[{"M": 63, "N": 64, "K": 64}]), "M=63 is not a multiple of world_size 2"),
         (entry(shapes=[{"M": 64, "N": 0, "K": 64}]), "N=0 must be >= 1"),
         (
             entry(shapes=[{"M": 64, "N": "wide", "K": 64}]),
@@ -128,3 +127,20 @@ def test_every_error_is_listed_at_once():
 def test_a_missing_file_is_a_manifest_error(tmp_path):
     with pytest.raises(ManifestError, match="cannot read"):
         load_manifest(tmp_path / "nope.yaml")
+
+
+def test_kernel_shape_checks_come_from_the_adapters(tmp_path):
+    text = entry(shapes=[{"M": [63, 64, 65], "N": 64, "K": 64}])
+    parse_manifest(text)  # structurally valid: the sidecar reads it without torch
+    path = tmp_path / "m.json"
+    path.write_text(text)
+    with pytest.raises(ManifestError) as info:
+        load_manifest(path, check_kernels=True)
+    shape = "entries.0: ag_gemm shape {{'M': {m}, 'N': 64, 'K': 64}}: "
+    assert info.value.errors == [
+        shape.format(m=63) + "M=63 is not a multiple of world_size 2",
+        shape.format(m=65) + "M=65 is not a multiple of world_size 2",
+    ]
+    matmul = entry(kernel="matmul", shapes=[{"M": 63, "N": 64, "K": 64}])
+    path.write_text(matmul)
+    assert load_manifest(path, check_kernels=True).entries[0].kernel == "matmul"

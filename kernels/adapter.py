@@ -1,0 +1,86 @@
+"""What ``warmup/`` needs from a kernel, so that it drives any kernel and names none.
+
+An adapter (one per kernel module, listed in :data:`kernels.ADAPTERS`) answers:
+
+* ``check_shape``: is a manifest shape valid for this kernel (before any GPU work);
+* ``tasks``: the tune tasks (``warmup.tuner.TuneTask``) for a manifest entry's shapes;
+* ``kernel_hash``: the public hash of the kernel's source, part of every fingerprint;
+* ``key``: the registry key of one problem (what a stored config depends on);
+* ``serve``: a :class:`Served` layer, which a serving op calls with a config per call.
+
+Imports neither torch nor triton: the manifest and the sidecar use the table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from registry import KernelConfig
+
+BUCKET_FIELD = "M"  # the key field a serving op buckets on: the rows of one call
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One served layer: what a serving op is made for. ``max_m`` bounds the rows of a
+    call (for a tensor-parallel kernel, the gathered rows over every rank)."""
+
+    n: int
+    k: int
+    dtype: str  # "bf16" | "fp16" | "fp32"
+    max_m: int
+
+    def __post_init__(self) -> None:
+        bad = [f"{name}={getattr(self, name)}" for name in ("n", "k", "max_m")]
+        if min(self.n, self.k, self.max_m) < 1:
+            raise ValueError(f"Layer {', '.join(bad)}: every size must be >= 1.")
+
+
+class Served(Protocol):
+    """A kernel made ready for one layer: it runs a given config and builds variants."""
+
+    kernel: str
+    rows_step: int  # a call's M is a multiple of this (the world size for a gather)
+
+    def key(self, m: int) -> dict[str, Any]:
+        """The registry key of a call with ``m`` rows."""
+        ...
+
+    def rows(self, *inputs: Any) -> int:
+        """The M of a call with these inputs (cheap: no checks beyond the shapes)."""
+        ...
+
+    def __call__(self, config: KernelConfig, *inputs: Any, out: Any = None) -> Any:
+        """Run the layer's kernel with ``config``; the kernel checks its inputs."""
+        ...
+
+    def prepare(self, config: KernelConfig) -> None:
+        """Build ``config``'s variant in this process (compile or load, GPU module
+        loaded), so that no call compiles; launches nothing, collective-free."""
+        ...
+
+    def default_config(self) -> KernelConfig:
+        """The config a layer with no tuned entry falls back to."""
+        ...
+
+
+class Adapter(Protocol):
+    name: str
+
+    def kernel_hash(self) -> str: ...
+
+    def check_shape(self, shape: Mapping[str, int], *, world_size: int) -> str | None:
+        """None when the shape is valid, else why not (one line)."""
+        ...
+
+    def key(self, *, m: int, n: int, k: int, dtype: str, world: int) -> dict[str, Any]: ...
+
+    def tasks(
+        self, shapes: Sequence[Mapping[str, int]], *, dtype: str, group: Any, device: Any
+    ) -> Iterator[Any]:
+        """One tune task per shape, in order; every rank of ``group`` calls it."""
+        ...
+
+    def serve(self, layer: Layer, *, group: Any, device: Any) -> Served: ...
