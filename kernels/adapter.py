@@ -23,6 +23,31 @@ BUCKET_FIELD = "M"  # the key field a serving op buckets on: the rows of one cal
 
 
 @dataclass(frozen=True)
+class LaunchPlan:
+    """One kernel launch as data: the JIT function, its grid, arguments and options, so
+    that a launch, a compile-only warm-up and a specialisation check see the same thing."""
+
+    kernel: Any
+    grid: tuple[int, ...]
+    args: tuple[Any, ...]
+    options: dict[str, Any]
+
+    def launch(self) -> None:
+        self.kernel[self.grid](*self.args, **self.options)
+
+    def compile(self) -> Any:
+        """Compile (or load from the cache) exactly this launch's variant; no launch."""
+        return self.kernel.warmup(*self.args, grid=self.grid, **self.options)
+
+    def load(self) -> None:
+        """Compile, then load the GPU module now, so the first real launch only launches."""
+        compiled = self.compile()
+        init = getattr(compiled, "_init_handles", None)  # Triton 3.x: lazy module load
+        if init is not None:
+            init()
+
+
+@dataclass(frozen=True)
 class Layer:
     """One served layer: what a serving op is made for. ``max_m`` bounds the rows of a
     call (for a tensor-parallel kernel, the gathered rows over every rank)."""

@@ -31,7 +31,7 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
-from kernels.adapter import Layer
+from kernels.adapter import LaunchPlan, Layer
 from kernels.spaces import DeviceLimits, Problem, ag_gemm_space, device_limits
 from registry import KernelConfig
 
@@ -412,16 +412,6 @@ def _gather_gloo(ctx: AgGemmContext, g: torch.Tensor, m_per_rank: int) -> None:
         ctx.flags[src] = ctx.epoch
 
 
-@dataclass(frozen=True)
-class LaunchPlan:
-    """One consumer launch: the kernel, its grid, arguments and options."""
-
-    kernel: Any
-    grid: tuple[int]
-    args: tuple[Any, ...]
-    options: dict[str, Any]
-
-
 def launch_plan(
     ctx: AgGemmContext,
     g: torch.Tensor,
@@ -468,8 +458,8 @@ def _launch(
     specialisation instead (what the tuner's parallel compile captures) and return it."""
     plan = launch_plan(ctx, g, b, out, m_per_rank, config)
     if compile_only:
-        return plan.kernel.warmup(*plan.args, grid=plan.grid, **plan.options)
-    plan.kernel[plan.grid](*plan.args, **plan.options)
+        return plan.compile()
+    plan.launch()
     return None
 
 
@@ -638,10 +628,7 @@ class AgGemmServed:
             torch.empty(*shape, dtype=dtype, device="meta")
             for shape in ((world, k), (k, n), (world, n))
         )
-        compiled = _launch(self.ctx, g, b, out, 1, config, compile_only=True)
-        load = getattr(compiled, "_init_handles", None)  # load the GPU module now, not on a call
-        if load is not None:
-            load()
+        launch_plan(self.ctx, g, b, out, 1, config).load()
 
     def default_config(self) -> KernelConfig:
         from kernels.spaces import ordered, prune

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.adapter import Layer
+from kernels.adapter import LaunchPlan, Layer
 from registry import KernelConfig
 
 NAME = "matmul"
@@ -89,6 +89,17 @@ def matmul(
     return out
 
 
+def launch_plan(
+    a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config: KernelConfig
+) -> LaunchPlan:
+    """What :func:`matmul` launches; M is an unspecialised integer."""
+    (m, k), n = a.shape, b.shape[1]
+    meta = config.meta
+    grid = (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
+    args = (a, b, out, m, n, k, *a.stride(), *b.stride(), *out.stride())
+    return LaunchPlan(_matmul_kernel, grid, args, config.all_kwargs())
+
+
 def _launch(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -99,26 +110,10 @@ def _launch(
 ) -> Any:
     """Launch, or with ``compile_only`` compile exactly this launch's specialisation and
     return it."""
-    (m, k), n = a.shape, b.shape[1]
-    meta = config.meta
-    grid = (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
-    args = (
-        a,
-        b,
-        out,
-        m,
-        n,
-        k,
-        a.stride(0),
-        a.stride(1),
-        b.stride(0),
-        b.stride(1),
-        out.stride(0),
-        out.stride(1),
-    )
+    plan = launch_plan(a, b, out, config)
     if compile_only:
-        return _matmul_kernel.warmup(*args, grid=grid, **config.all_kwargs())
-    _matmul_kernel[grid](*args, **config.all_kwargs())
+        return plan.compile()
+    plan.launch()
     return None
 
 
@@ -299,10 +294,7 @@ class MatmulServed:
             torch.empty(*shape, dtype=self.dtype, device="meta")
             for shape in ((1, k), (k, n), (1, n))
         )
-        compiled = _launch(a, b, out, config, compile_only=True)
-        load = getattr(compiled, "_init_handles", None)  # load the GPU module now, not on a call
-        if load is not None:
-            load()
+        launch_plan(a, b, out, config).load()
 
     def default_config(self) -> KernelConfig:
         return space()[0]
