@@ -604,7 +604,7 @@ class AgGemmServed:
         self.ctx = create_context(
             group, max_m=layer.max_m, k=layer.k, dtype=TORCH_DTYPES[layer.dtype], device=device
         )
-        self.rows_step = self.ctx.world
+        self.rows_step, self.device = self.ctx.world, self.ctx.device
 
     def key(self, m: int) -> dict[str, Any]:
         return ADAPTER.key(

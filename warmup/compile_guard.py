@@ -1,0 +1,250 @@
+"""The compile guard: once a serving process is warm, every Triton JIT compile and every
+``@triton.autotune`` benchmark run is counted, logged, and in strict mode refused.
+
+Compiles: ``triton.knobs.runtime.jit_cache_hook`` (Triton 3.4+), called before the JIT
+compiles or loads from disk a specialisation not in memory; the hook already set is chained.
+Autotune runs: no hook exists, so ``Autotuner.run``/``_bench`` are patched at class level; a
+run that benchmarks (key in neither memory nor disk cache) counts once. One process-wide
+installation serves every armed guard; the last to disarm undoes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from warmup.metrics import ServingMetrics
+    from warmup.settings import Settings
+
+log = logging.getLogger(__name__)
+MAX_LABEL = 120  # kernel names become metric labels: keep them bounded
+MAX_DETAIL = 400
+FIX = "add its shape to the shape manifest: this variant was not built at warmup"
+
+
+class RequestCompileError(RuntimeError):
+    """A Triton compile or autotune run was refused because the process is already warm."""
+
+    def __init__(self, what: str, kernel: str, detail: str) -> None:
+        self.kernel, self.detail = kernel, detail
+        super().__init__(
+            f"Triton {what} of kernel '{kernel}' ({detail}) after the process was declared "
+            f"warm; {FIX} (TRITON_WARMUP_COMPILE_GUARD=count would only count it)."
+        )
+
+
+class CompileGuard:
+    """Counts (and in strict mode refuses) Triton compiles and autotune runs once armed."""
+
+    def __init__(self, *, strict: bool = False, metrics: ServingMetrics | None = None) -> None:
+        self.strict = strict
+        self.metrics = metrics
+        self.compiles: dict[str, int] = {}
+        self.autotunes: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def total(self) -> int:
+        """Compiles plus autotune runs seen while armed."""
+        with self._lock:
+            return sum(self.compiles.values()) + sum(self.autotunes.values())
+
+    def arm(self) -> None:
+        """Install the hooks (once per process) and start counting; idempotent."""
+        _hooks.add(self)
+
+    def disarm(self) -> None:
+        """Stop counting; the last guard to disarm restores Triton's previous hooks."""
+        _hooks.discard(self)
+
+    @contextlib.contextmanager
+    def exempt(self) -> Iterator[None]:
+        """Builds the serving code makes on purpose (an op's construction, a new table
+        off the request path) on this thread are not request compiles."""
+        local = _hooks.local
+        local.exempt = getattr(local, "exempt", 0) + 1
+        try:
+            yield
+        finally:
+            local.exempt -= 1
+
+    def __enter__(self) -> CompileGuard:
+        self.arm()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.disarm()
+
+    def _count(self, autotune: bool, kernel: str) -> None:
+        counts = self.autotunes if autotune else self.compiles
+        with self._lock:  # hooks run on whichever thread launches the kernel
+            counts[kernel] = counts.get(kernel, 0) + 1
+        if self.metrics is not None:
+            counter = self.metrics.request_autotunes if autotune else self.metrics.request_compiles
+            counter.labels(kernel, self.metrics.rank).inc()
+
+
+def guard_from_settings(
+    settings: Settings, metrics: ServingMetrics | None = None
+) -> CompileGuard | None:
+    """The guard ``settings.compile_guard`` asks for, not yet armed; None for "off"."""
+    if settings.compile_guard == "off":
+        return None
+    return CompileGuard(strict=settings.compile_guard == "strict", metrics=metrics)
+
+
+def _report(guards: Sequence[CompileGuard], what: str, kernel: str, detail: str) -> None:
+    """Count in every armed guard, log once, raise if any guard is strict."""
+    kernel = kernel[:MAX_LABEL]
+    for guard in guards:
+        guard._count(what == "autotune run", kernel)
+    log.warning("Triton %s of %s after warm: %s; %s", what, kernel, detail, FIX)
+    if any(guard.strict for guard in guards):
+        raise RequestCompileError(what, kernel, detail)
+
+
+def _describe_compile(hook: Mapping[str, Any]) -> str:
+    """The specialisation the JIT hands its hook, compactly: argument types with their
+    alignment attributes, constexpr values, launch options."""
+    try:
+        info = hook["compile"]
+        names = list(info["signature"])
+        consts = {_arg(names, path): value for path, value in info["constants"].items()}
+        attrs = {_arg(names, path): attr for path, attr in (info["configs"] or [{}])[0].items()}
+        args = [
+            f"{n}={consts[n]}"
+            if n in consts
+            else f"{n}: {kind}" + "".join(f" {k}={v}" for k, v in attrs.get(n, ()))
+            for n, kind in info["signature"].items()
+        ] + [f"{n}={v}" for n, v in consts.items() if n not in names]  # inside tuple arguments
+        options = (f"{k}={info[k]}" for k in ("num_warps", "num_stages", "num_ctas") if k in info)
+        text = f"{', '.join(args)}; {' '.join(options)}"
+    except (KeyError, TypeError, ValueError, IndexError):  # a layout we do not know
+        text = str(hook.get("key"))
+    manual = "; explicit kernel.warmup" if hook.get("is_manual_warmup") else ""
+    return text[:MAX_DETAIL] + manual
+
+
+def _arg(names: list[str], path: tuple[int, ...]) -> str:
+    return names[path[0]] + "".join(f"[{i}]" for i in path[1:])
+
+
+def _describe_key(tuner: Any, meta: Mapping[str, Any]) -> str:
+    """The autotune key as the user declared it (``key=[...]``), plus the tensor dtypes
+    Triton adds to it."""
+    args = {**(getattr(tuner, "nargs", None) or {}), **meta}
+    named = ", ".join(f"{k}={args[k]!r}" for k in getattr(tuner, "keys", ()) if k in args)
+    dtypes = [str(v.dtype) for v in args.values() if hasattr(v, "dtype")]
+    return f"key {named}; dtypes {', '.join(dtypes)}"[:MAX_DETAIL]
+
+
+class _Hooks:
+    """The process-wide installation shared by every armed guard."""
+
+    def __init__(self) -> None:
+        self.armed: tuple[CompileGuard, ...] = ()  # replaced whole: hooks read it unlocked
+        self.lock = threading.Lock()
+        self.hook: Any = None
+        self.previous: Any = None
+        self.originals: dict[str, Any] = {}
+        self.local = threading.local()  # per thread: in a hook; stack of runs' counted flags
+
+    def add(self, guard: CompileGuard) -> None:
+        with self.lock:
+            if guard in self.armed:
+                return
+            if not self.armed:
+                self._install()
+            self.armed = (*self.armed, guard)
+
+    def discard(self, guard: CompileGuard) -> None:
+        with self.lock:
+            if guard not in self.armed:
+                return
+            self.armed = tuple(g for g in self.armed if g is not guard)
+            if not self.armed:
+                self._uninstall()
+
+    def _install(self) -> None:
+        from triton import knobs
+        from triton.runtime.autotuner import Autotuner
+
+        self.previous = knobs.runtime.jit_cache_hook
+        self.hook = knobs.runtime.jit_cache_hook = self._compile_hook(self.previous)
+        missing = [n for n in ("run", "_bench") if not callable(Autotuner.__dict__.get(n))]
+        if missing:  # a Triton whose autotuner we do not know: compiles are still guarded
+            log.warning("Autotuner lacks %s: autotune runs will not be guarded", missing)
+            return
+        self.originals = {n: Autotuner.__dict__[n] for n in ("run", "_bench")}
+        Autotuner.run, Autotuner._bench = self._wrap_run(), self._wrap_bench()
+
+    def _uninstall(self) -> None:
+        from triton import knobs
+        from triton.runtime.autotuner import Autotuner
+
+        # Put back only what is still ours: whatever was set on top of ours chains to it,
+        # and ours passes straight through while nothing is armed.
+        if knobs.runtime.jit_cache_hook is self.hook:
+            knobs.runtime.jit_cache_hook = self.previous
+        for name, original in self.originals.items():
+            if getattr(Autotuner.__dict__.get(name), "_compile_guard", False):
+                setattr(Autotuner, name, original)
+        self.originals = {}
+
+    def _compile_hook(self, previous: Any) -> Any:
+        local = self.local
+
+        def on_compile(**hook: Any) -> bool | None:
+            """``jit_cache_hook``: the JIT is about to compile (or load from disk) a new
+            specialisation; True from the previous hook means it will not."""
+            outer = not getattr(local, "in_hook", False)  # an older hook of ours, re-armed
+            local.in_hook = True
+            try:
+                if previous is not None and previous(**hook):
+                    return True
+            finally:
+                local.in_hook = not outer
+            guards = self.armed
+            if outer and guards and not getattr(local, "exempt", 0):
+                name = getattr(hook.get("fn"), "name", None) or str(hook.get("repr"))
+                _report(guards, "compile", name, _describe_compile(hook))
+            return None
+
+        return on_compile
+
+    def _wrap_run(self) -> Any:
+        run, local = self.originals["run"], self.local
+
+        def guarded_run(tuner: Any, *args: Any, **kwargs: Any) -> Any:
+            stack = local.__dict__.setdefault("runs", [])
+            stack.append(False)
+            try:
+                return run(tuner, *args, **kwargs)
+            finally:
+                stack.pop()
+
+        guarded_run._compile_guard = True  # type: ignore[attr-defined]
+        return guarded_run
+
+    def _wrap_bench(self) -> Any:
+        bench, local = self.originals["_bench"], self.local
+
+        def guarded_bench(tuner: Any, *args: Any, config: Any, **meta: Any) -> Any:
+            stack, guards = local.__dict__.get("runs", []), self.armed
+            first = guards and not (stack and stack[-1]) and not getattr(local, "exempt", 0)
+            if first:  # the first benchmark of this run
+                if stack:
+                    stack[-1] = True
+                kernel = getattr(tuner.base_fn, "__qualname__", str(tuner.fn))
+                _report(guards, "autotune run", kernel, _describe_key(tuner, meta))
+            return bench(tuner, *args, config=config, **meta)
+
+        guarded_bench._compile_guard = True  # type: ignore[attr-defined]
+        return guarded_bench
+
+
+_hooks = _Hooks()
