@@ -7,6 +7,7 @@ serves its own metrics plus that file's.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,8 @@ SECONDS_BUCKETS = (
     1800.0,
 )
 HIT_SOURCES = ("registry", "bundle")
+
+log = logging.getLogger(__name__)
 
 
 class RunMetrics:
@@ -188,6 +191,17 @@ class ServingMetrics:
         return path
 
 
+def _read_families(path: Path) -> list[Metric]:
+    """The metric families of one text-format file; none if it is missing or invalid."""
+    try:
+        return list(text_string_to_metric_families(path.read_text()))  # parse all, then yield
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as e:  # unreadable, half-written or foreign: skip, keep serving
+        log.debug("skipped metrics file %s: %s", path, e)
+        return []
+
+
 class TextFileCollector:
     """Re-export the metrics a warmup run wrote, read at every scrape."""
 
@@ -195,8 +209,34 @@ class TextFileCollector:
         self.path = path
 
     def collect(self) -> Iterator[Metric]:
-        try:
-            text = self.path.read_text()
-        except OSError:
-            return
-        yield from text_string_to_metric_families(text)
+        yield from _read_families(self.path)
+
+
+class TextFolderCollector:
+    """Re-export every ``*.prom`` file in a folder (the serving processes' files), read at
+    every scrape, the same family in several files merged into one.
+
+    ``write_to_textfile`` writes ``<name>.prom.<pid>.<thread>`` and renames it, so its temp
+    files never match; an unreadable or invalid file is skipped; a missing folder is empty.
+    ``exclude`` names files another collector already exports."""
+
+    def __init__(self, folder: Path, *, exclude: Iterable[Path] = ()) -> None:
+        self.folder = folder
+        self.exclude = {p.resolve() for p in exclude}
+
+    def collect(self) -> Iterator[Metric]:
+        merged: dict[str, Metric] = {}
+        for path in sorted(self.folder.glob("*.prom")):
+            if path.resolve() in self.exclude:
+                continue
+            for family in _read_families(path):
+                into = merged.setdefault(family.name, family)
+                if into is family:
+                    continue
+                if into.type != family.type:  # one name, one type: keep the first file's
+                    log.debug(
+                        "skipped %s in %s: %s, not %s", family.name, path, family.type, into.type
+                    )
+                    continue
+                into.samples += family.samples
+        yield from merged.values()

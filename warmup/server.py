@@ -3,7 +3,8 @@
     /healthz  200 while the process lives
     /readyz   200 only when the status file says this manifest's warmup completed and
               the registry loads; 503 with a JSON reason otherwise
-    /metrics  the sidecar's metrics and the last warmup run's (Prometheus text)
+    /metrics  the sidecar's metrics, the last warmup run's and every serving process's
+              (Prometheus text; each serving process writes a file in the metrics folder)
 
 It also watches the bundle folder and installs new bundles (``warmup.watcher``).
 """
@@ -24,7 +25,7 @@ from registry import RegistryError, Store, bundle
 from registry.errors import BundleRejected
 from registry.fingerprint import Fingerprint
 from warmup.manifest import ManifestError, load_manifest
-from warmup.metrics import ServeMetrics, TextFileCollector
+from warmup.metrics import ServeMetrics, TextFileCollector, TextFolderCollector
 from warmup.settings import Settings
 from warmup.status import READY, read_status
 from warmup.watcher import BundleWatcher
@@ -37,6 +38,9 @@ class Sidecar:
         self.settings = settings
         self.metrics = metrics or ServeMetrics()
         self.metrics.registry.register(TextFileCollector(settings.metrics_path))
+        self.metrics.registry.register(
+            TextFolderCollector(settings.serving_metrics_path, exclude=[settings.metrics_path])
+        )
         self.store = Store(settings.registry_path, check_interval=1.0)
         self.watcher = BundleWatcher(
             settings.bundles,

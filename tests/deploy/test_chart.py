@@ -12,7 +12,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from warmup.metrics import RunMetrics, ServeMetrics
+from warmup.metrics import RunMetrics, ServeMetrics, ServingMetrics
 
 CHART = Path(__file__).parents[2] / "deploy" / "helm" / "triton-warmup"
 KUBE = "1.33.0"
@@ -29,6 +29,7 @@ VARIANTS = {
     "dashboard": {"dashboard": {"enabled": True}},
     "existing-manifest": {"manifest": {"existingConfigMap": "my-shapes"}},
     "cpu-only": {"gpus": 0},
+    "strict-compile-guard": {"server": {"compileGuard": "strict"}},
 }
 # The ServiceMonitor is a CRD, not in Kubernetes' schemas: checked against its core shape.
 SERVICE_MONITOR = {
@@ -145,6 +146,51 @@ def test_init_sidecar_and_server_agree_on_paths(chart):
     }
 
 
+def mount_under(container, path):
+    """The volume mount that holds ``path`` in ``container`` (the deepest one)."""
+    holding = [
+        m
+        for m in container.get("volumeMounts", [])
+        if path == m["mountPath"] or path.startswith(m["mountPath"].rstrip("/") + "/")
+    ]
+    assert holding, f"{path} is not mounted in {container['name']}"
+    return max(holding, key=lambda m: len(m["mountPath"]))
+
+
+def test_the_server_gets_everything_to_reuse_the_warm_state(chart):
+    objects, _ = render(chart, {})
+    by_name, pod = containers(objects)
+    init, sidecar, server = by_name["warmup"], by_name["warmup-sidecar"], by_name["server"]
+    serve = env(server)
+    # the compile cache the warmup init container wrote, and Triton's autotune-result cache
+    cache = env(init)["TRITON_CACHE_DIR"]
+    assert mount_under(init, cache)["name"] == mount_under(server, cache)["name"] == "triton-cache"
+    assert serve["TRITON_CACHE_DIR"] == serve["TRITON_WARMUP_TRITON_CACHE_DIR"] == cache
+    assert mounts(server)["triton-cache"] == cache
+    assert not mount_under(server, cache).get("readOnly")
+    assert serve["TRITON_CACHE_AUTOTUNING"] == "1"
+    assert mount_under(server, serve["TRITON_WARMUP_REGISTRY_DIR"])["name"] == "cache-volume"
+    # one emptyDir for the serving metrics: the server writes, the sidecar reads
+    folder = serve["TRITON_WARMUP_METRICS_DIR"]
+    assert env(sidecar)["TRITON_WARMUP_METRICS_DIR"] == folder
+    written, read = mount_under(server, folder), mount_under(sidecar, folder)
+    assert written["name"] == read["name"] == "serving-metrics"
+    assert written["mountPath"] == read["mountPath"] == folder
+    assert not written.get("readOnly") and read.get("readOnly") is True
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "emptyDir" in volumes["serving-metrics"]
+    # the status file the init container writes, read-only in the server
+    status = serve["TRITON_WARMUP_STATUS_FILE"]
+    assert env(init)["TRITON_WARMUP_STATUS_FILE"] == env(sidecar)["TRITON_WARMUP_STATUS_FILE"]
+    assert env(init)["TRITON_WARMUP_STATUS_FILE"] == status
+    assert mount_under(server, status)["name"] == mount_under(init, status)["name"]
+    assert mount_under(server, status).get("readOnly") is True
+    assert serve["TRITON_WARMUP_MATCH_POLICY"] == env(init)["TRITON_WARMUP_MATCH_POLICY"]
+    assert serve["TRITON_WARMUP_COMPILE_GUARD"] == "count"
+    strict, _ = containers(render(chart, VARIANTS["strict-compile-guard"])[0])
+    assert env(strict["server"])["TRITON_WARMUP_COMPILE_GUARD"] == "strict"
+
+
 def test_gpus_only_on_the_init_container_and_the_server(chart):
     objects, _ = render(chart, {"gpus": 4})
     by_name, _ = containers(objects)
@@ -231,6 +277,7 @@ def test_service_monitor_and_statefulset(chart):
         ({"persistence": {"size": "lots"}}, "size"),
         ({"metrics": {"serviceMonitor": {"enabled": "yes"}}}, "enabled"),
         ({"warmup": {"matchPolicy": "close-enough"}}, "matchPolicy"),
+        ({"server": {"compileGuard": "loud"}}, "compileGuard"),
     ],
 )
 def test_the_schema_rejects_bad_values(chart, values, needle):
@@ -247,7 +294,11 @@ SERIES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "g
 def exported_metric_names() -> set[str]:
     """Every series name the code can export (labelled ones have no samples until used)."""
     names = set()
-    for metrics in (RunMetrics(CollectorRegistry()), ServeMetrics(CollectorRegistry())):
+    for metrics in (
+        RunMetrics(CollectorRegistry()),
+        ServeMetrics(CollectorRegistry()),
+        ServingMetrics(CollectorRegistry()),
+    ):
         for family in metrics.registry.collect():
             names.update(family.name + suffix for suffix in SERIES[family.type])
     return names
@@ -271,6 +322,7 @@ def test_the_dashboard_queries_only_metrics_the_code_exports(chart):
         "cache hit ratio",
         "lock wait",
         "bundle reloads",
+        "while serving",
     ):
         assert topic in titles
     objects, _ = render(chart, VARIANTS["dashboard"])

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from registry import Entry, KernelConfig, Store, bundle, cpu_fingerprint
 from tests.conftest import gpu_fingerprint
 from warmup.manifest import load_manifest
-from warmup.metrics import RunMetrics
+from warmup.metrics import RunMetrics, ServingMetrics
 from warmup.server import Sidecar
 from warmup.settings import Settings
 from warmup.status import write_status
@@ -113,6 +113,61 @@ def test_health_metrics_and_unknown_paths(sidecar, settings):
     assert names["triton_warmup_tuning_seconds_count"] == 2  # the run's numbers
     assert names["triton_warmup_ranks"] == 2
     assert "triton_warmup_ready" in names and "triton_warmup_registry_entries" in names
+
+
+def samples(text, name):
+    """{sorted (label, value) pairs: sample value} of one series name."""
+    return {
+        tuple(sorted(s.labels.items())): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == name
+    }
+
+
+def test_serving_metrics_files_are_merged_into_metrics(sidecar, settings):
+    folder = settings.serving_metrics_path
+    for rank, compiles in ((0, 1), (1, 3)):
+        serving = ServingMetrics(rank=rank)
+        serving.calls.labels("ag_gemm", "tuned", str(rank)).inc(10 + rank)
+        serving.request_compiles.labels("ag_gemm", str(rank)).inc(compiles)
+        serving.write(folder)
+    (folder / "garbage.prom").write_bytes(b"\x00\xffnot {metrics")
+    (folder / "serving-rank2.prom.123.456").write_text("half_written_total{")  # a temp file
+    code, text = get(sidecar.url + "/metrics")
+    assert code == 200
+    assert text.count("# TYPE triton_warmup_request_compiles_total counter") == 1  # one family
+    compiles = samples(text, "triton_warmup_request_compiles_total")
+    assert compiles == {
+        (("kernel", "ag_gemm"), ("rank", "0")): 1.0,
+        (("kernel", "ag_gemm"), ("rank", "1")): 3.0,
+    }
+    calls = samples(text, "triton_warmup_serving_calls_total")
+    assert sorted(calls.values()) == [10.0, 11.0]
+    assert "triton_warmup_ready" in text  # the sidecar's own still there
+    serving = ServingMetrics(rank=1)  # a rank rewrites its file: the next scrape sees it
+    serving.request_compiles.labels("ag_gemm", "1").inc(5)
+    serving.write(folder)
+    later = samples(get(sidecar.url + "/metrics")[1], "triton_warmup_request_compiles_total")
+    assert later[(("kernel", "ag_gemm"), ("rank", "1"))] == 5.0
+
+
+def test_a_missing_serving_metrics_folder_is_fine(sidecar, settings):
+    assert not settings.serving_metrics_path.exists()
+    code, text = get(sidecar.url + "/metrics")
+    assert code == 200 and "triton_warmup_serving" not in text
+    assert "triton_warmup_ready" in text
+
+
+def test_the_run_file_is_exported_once_when_folders_coincide(tmp_path):
+    settings = Settings(
+        volume=tmp_path / "v", work_dir=tmp_path / "w", manifest=DEMO, metrics_dir=tmp_path / "w"
+    )
+    RunMetrics().write(settings.metrics_path)
+    ServingMetrics(rank=0).write(settings.serving_metrics_path)
+    text = Sidecar(settings).metrics_text().decode()
+    assert text.count("# TYPE triton_warmup_ranks gauge") == 1
+    assert "# TYPE triton_warmup_request_compiles_total counter" in text
 
 
 def test_the_sidecar_imports_no_torch(tmp_path):

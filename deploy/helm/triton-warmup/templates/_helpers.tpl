@@ -44,6 +44,9 @@ app.kubernetes.io/part-of: triton-warmup
 {{- define "triton-warmup.volumePath" -}}/var/lib/triton-warmup{{- end -}}
 {{- define "triton-warmup.tritonCachePath" -}}/var/cache/triton{{- end -}}
 {{- define "triton-warmup.workPath" -}}/run/triton-warmup{{- end -}}
+{{- define "triton-warmup.statusFile" -}}{{ include "triton-warmup.workPath" . }}/status.json{{- end -}}
+{{/* Serving processes write their metrics files here; the sidecar re-exports them. */}}
+{{- define "triton-warmup.servingMetricsPath" -}}/run/triton-warmup-metrics{{- end -}}
 {{- define "triton-warmup.manifestPath" -}}/etc/triton-warmup{{- end -}}
 {{- define "triton-warmup.bundlePath" -}}
 {{- if eq .Values.bundles.source "configMap" -}}/etc/triton-warmup-bundles
@@ -60,6 +63,8 @@ app.kubernetes.io/part-of: triton-warmup
   value: {{ printf "%s/manifest.yaml" (include "triton-warmup.manifestPath" .) | quote }}
 - name: TRITON_WARMUP_WORK_DIR
   value: {{ include "triton-warmup.workPath" . | quote }}
+- name: TRITON_WARMUP_STATUS_FILE
+  value: {{ include "triton-warmup.statusFile" . | quote }}
 - name: TRITON_WARMUP_TRITON_CACHE_DIR
   value: {{ include "triton-warmup.tritonCachePath" . | quote }}
 - name: TRITON_WARMUP_BUNDLE_DIR
