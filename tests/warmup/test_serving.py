@@ -1,0 +1,206 @@
+"""Serving ops on CPU: the M table, the pick rule, fallbacks, following the registry."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from prometheus_client.parser import text_string_to_metric_families
+
+from kernels import matmul
+from registry import Entry, KernelConfig, Store, cpu_fingerprint
+from tests.conftest import env_without_interpreter
+from tests.warmup.test_launch import settings_for, write_manifest
+from warmup.launch import run
+from warmup.manifest import load_manifest
+from warmup.serving import NEAREST, TUNED, Serving, ServingError, nearest_table
+from warmup.settings import Settings
+
+N, K = 24, 40
+
+
+def config(block_m: int) -> KernelConfig:
+    return KernelConfig.make(
+        {"BLOCK_M": block_m, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2}, num_warps=4
+    )
+
+
+def test_each_m_takes_its_own_bucket_else_the_nearest_in_log_distance():
+    tuned = {8: config(16), 32: config(32), 128: config(64)}
+    table = nearest_table(tuned, step=1, max_m=300)
+    chosen = {m: table.config_for(m).meta["BLOCK_M"] for m in (1, 8, 15, 16, 17, 32, 64, 65, 300)}
+    # 16 is as far from 8 as from 32 (x2 both ways): a tie goes to the larger M
+    assert chosen == {1: 16, 8: 16, 15: 16, 16: 32, 17: 32, 32: 32, 64: 64, 65: 64, 300: 64}
+    assert [table.source[m] for m in (8, 9, 32, 300)] == [TUNED, NEAREST, TUNED, NEAREST]
+    assert len(table.configs) == 3 and len(table.pick) == 301
+
+
+def test_a_gathered_table_is_indexed_by_rows_per_rank():
+    table = nearest_table({6: config(16), 60: config(32)}, step=3, max_m=99)
+    assert len(table.pick) == 34  # M = 0, 3, ..., 99
+    assert table.config_for(2).meta["BLOCK_M"] == 16  # M = 6
+    assert table.config_for(33).meta["BLOCK_M"] == 32  # M = 99
+    assert table.source[2] == TUNED and table.source[20] == TUNED and table.source[19] == NEAREST
+
+
+def entry(m: int, block_m: int) -> Entry:
+    key = matmul.ADAPTER.key(m=m, n=N, k=K, dtype="fp32", world=1)
+    fingerprint = cpu_fingerprint(matmul.kernel_hash())
+    return Entry.make("matmul", key, fingerprint, config(block_m), source="tuned")
+
+
+@pytest.fixture
+def settings(tmp_path):
+    return Settings(volume=tmp_path / "volume", work_dir=tmp_path / "work", device="cpu")
+
+
+@pytest.fixture
+def store(settings):
+    store = Store(settings.registry_path)
+    store.put_many([entry(16, 16), entry(64, 32)])
+    # another layer and another kernel's entries must not leak into this op's table
+    other = Entry.make(
+        "matmul",
+        matmul.ADAPTER.key(m=32, n=N + 8, k=K, dtype="fp32", world=1),
+        cpu_fingerprint(matmul.kernel_hash()),
+        config(64),
+    )
+    store.put(other)
+    return store
+
+
+def inputs(m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(m)
+    a = torch.randn(m, K, generator=generator)
+    return a, torch.randn(K, N, generator=generator)
+
+
+def test_an_op_serves_every_m_with_the_tables_config_and_counts_how(settings, store):
+    with Serving(settings, follow=False) as serving:
+        op = serving.op("matmul", n=N, k=K, dtype="fp32", max_m=100, device="cpu")
+        assert op.table.buckets == (16, 64)
+        for m in (16, 20, 50, 100, 1):
+            a, b = inputs(m)
+            torch.testing.assert_close(op(a, b), a @ b, rtol=1e-3, atol=1e-3)
+        assert op.config_for(20) == config(16) and op.config_for(50) == config(32)
+        assert op.calls == [1, 4, 0]  # tuned, nearest, fallback
+        serving.flush_metrics()
+    text = (settings.serving_metrics_path / "serving-rank0.prom").read_text()
+    calls = {
+        s.labels["source"]: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "triton_warmup_serving_calls_total"
+    }
+    assert calls == {"tuned": 1.0, "nearest": 4.0}
+
+
+def test_the_request_path_reads_no_registry(settings, store, monkeypatch):
+    with Serving(settings, follow=False) as serving:
+        op = serving.op("matmul", n=N, k=K, dtype="fp32", max_m=64, device="cpu")
+
+        def no_disk(*args, **kwargs):
+            raise AssertionError("the registry was read on the request path")
+
+        for name in ("refresh", "entries", "lookup", "_load"):
+            monkeypatch.setattr(Store, name, no_disk)
+        a, b = inputs(33)
+        torch.testing.assert_close(op(a, b), a @ b, rtol=1e-3, atol=1e-3)
+        monkeypatch.undo()
+
+
+def test_bad_calls_and_bad_layers_are_named(settings, store):
+    with Serving(settings, follow=False) as serving:
+        op = serving.op("matmul", n=N, k=K, dtype="fp32", max_m=64, device="cpu")
+        with pytest.raises(ValueError, match=r"M=65 rows; this op serves 1\.\.64"):
+            op(*inputs(65))
+        a, b = inputs(8)
+        with pytest.raises(ValueError, match="float64"):
+            op(a.double(), b.double())
+        with pytest.raises(ValueError, match=r"b \[40, 24\]"):
+            op(a, b[:, :8])
+        with pytest.raises(ServingError, match="No kernel adapter 'gemm'; known: ag_gemm, matmul"):
+            serving.op("gemm", n=N, k=K, dtype="fp32", max_m=64)
+        with pytest.raises(ValueError, match="max_m=0"):
+            serving.op("matmul", n=N, k=K, dtype="fp32", max_m=0, device="cpu")
+
+
+def test_a_layer_with_no_entry_is_an_error_or_a_counted_fallback(settings, store):
+    with Serving(settings, follow=False) as serving:
+        with pytest.raises(ServingError) as error:
+            serving.op("matmul", n=N, k=K + 8, dtype="fp32", max_m=64, device="cpu")
+        message = str(error.value)
+        assert "No tuned matmul config for layer" in message and "'K': 48" in message
+        assert "3 matmul entries for other layers" in message and "on_missing" in message
+        op = serving.op(
+            "matmul", n=N, k=K, dtype="fp16", max_m=64, device="cpu", on_missing="fallback"
+        )
+        a, b = inputs(8)
+        assert op.table.buckets == () and op.config_for(8) == matmul.space()[0]
+        a16, b16 = a.half(), b.half()
+        torch.testing.assert_close(op(a16, b16).float(), a @ b, rtol=2e-2, atol=2e-2)
+        assert op.calls == [0, 0, 1]
+
+
+def test_a_new_generation_reaches_a_running_op(settings, store):
+    with Serving(settings.model_copy(update={"serving_refresh_s": 0.05})) as serving:
+        op = serving.op("matmul", n=N, k=K, dtype="fp32", max_m=100, device="cpu")
+        assert op.config_for(30) == config(16)
+        store.install([entry(32, 64)], record={"bundle": "b1"})  # a hot-reloaded bundle
+        deadline = time.monotonic() + 10
+        while op.config_for(30) != config(64) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert op.table.buckets == (16, 32, 64) and op.config_for(30) == config(64)
+        a, b = inputs(30)
+        torch.testing.assert_close(op(a, b), a @ b, rtol=1e-3, atol=1e-3)
+        assert op.calls[TUNED] == 0 and op.calls[NEAREST] == 1
+        store.rollback()
+        assert serving.refresh() == 1 and op.table.buckets == (16, 64)
+        assert serving.refresh() == 0  # nothing changed: no swap
+
+
+@pytest.mark.slow
+def test_a_server_serves_every_m_after_a_warmup_on_two_ranks(tmp_path):
+    manifest = write_manifest(
+        tmp_path / "m.yaml",
+        "version: 1\nentries:\n  - {kernel: ag_gemm, dtype: fp32, world_size: 2,\n"
+        "     shapes: [{M: [16, 48], N: 32, K: 32}]}\n",
+    )
+    settings = settings_for(tmp_path, manifest=manifest)
+    assert run(settings, load_manifest(manifest))["state"] == "ready"
+    results = run_ranks(2, settings, tmp_path)
+    for result in results:
+        assert result["buckets"] == [16, 48] and result["guard"] == 0
+        for call in result["calls"]:
+            assert call["error"] < 1e-5, call
+        served = [call["m"] for call in result["calls"]]
+        assert served == list(range(2, 65, 10))
+        assert sum(result["counts"]) == len(served) and result["counts"][2] == 0
+    assert results[0]["calls"] == results[1]["calls"]
+
+
+def run_ranks(world: int, settings: Settings, tmp_path: Path) -> list[dict]:
+    env = {**env_without_interpreter(), "TRITON_INTERPRET": "1"}
+    args = [str(tmp_path / "init"), str(settings.volume), str(settings.work_dir)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.warmup._serving_ranks", str(world), str(rank), *args],
+            cwd=Path(__file__).parents[2],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(world)
+    ]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results

@@ -1,0 +1,353 @@
+"""Serving ops: what an inference server holds per layer, built once from the registry.
+
+    serving = Serving(settings)                     # one per process
+    qkv = serving.op("ag_gemm", n=1536, k=8192, dtype="bf16", max_m=8192, group=tp_group)
+    serving.declare_warm()                          # from here a compile is counted
+    y = qkv(x_shard, w_qkv)                         # [M, N]: an O(1) pick, then the kernel
+
+A serving op loads every registry entry of its layer (kernel, N, K, dtype, world; the
+fingerprint matched by the settings' policy) into a table indexed by M, so a call picks
+its config with one list index: no disk, no tuning, no compile on the request path.
+An M with no entry of its own takes the nearest tuned M's config (log distance, the
+tuner's fallback rule; a tie goes to the larger M). Every config of the table is built
+(compiled or loaded, GPU module loaded) when the table is made.
+
+A follower thread checks the registry every ``serving_refresh_s``; a new generation (a
+hot-reloaded bundle, another pod's tuning) builds a new table off the request path and
+swaps it in with one assignment. It also writes this process's metrics file.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import math
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import kernels
+from kernels.adapter import BUCKET_FIELD, Layer, Served
+from registry import Entry, KernelConfig, Store
+from registry.fingerprint import Fingerprint
+from warmup.compile_guard import guard_from_settings
+from warmup.metrics import ServingMetrics
+from warmup.settings import Settings
+
+log = logging.getLogger(__name__)
+OnMissing = Literal["error", "fallback"]
+SOURCES = ("tuned", "nearest", "fallback")  # how a call's config was chosen
+TUNED, NEAREST, FALLBACK = range(3)
+
+
+class ServingError(ValueError):
+    """A serving op cannot be made: no tuned entry for the layer, or bad arguments."""
+
+
+@dataclass(frozen=True)
+class Table:
+    """One registry generation's configs for a layer: ``pick[m // step]`` indexes
+    ``configs``; ``source[m // step]`` says how (TUNED, NEAREST, FALLBACK)."""
+
+    buckets: tuple[int, ...]  # the tuned Ms
+    configs: tuple[KernelConfig, ...]
+    pick: list[int]
+    source: list[int]
+
+    def config_for(self, index: int) -> KernelConfig:
+        return self.configs[self.pick[index]]
+
+
+class ServingOp:
+    """One layer's kernel with a config per call; see the module docstring. Made by
+    :meth:`Serving.op`. Call it with the kernel's inputs: ``op(a_shard, b, out=None)``."""
+
+    def __init__(
+        self,
+        served: Served,
+        layer: Layer,
+        *,
+        store: Store,
+        fingerprint: Fingerprint,
+        settings: Settings,
+        on_missing: OnMissing,
+    ) -> None:
+        self.served, self.layer, self.kernel = served, layer, served.kernel
+        self.step = served.rows_step
+        self.on_missing = on_missing
+        self._store, self._fingerprint, self._settings = store, fingerprint, settings
+        self.calls = [0, 0, 0]  # by source; the follower exports them
+        self.table = self._build()
+        if not self.table.buckets and on_missing == "error":
+            raise ServingError(self._no_entries())
+        self._prepare(self.table, built=set())
+
+    def __call__(self, *inputs: Any, out: Any = None) -> Any:
+        table = self.table  # one read: a swap between calls never splits a call
+        m = self.served.rows(*inputs)
+        index = m // self.step
+        if not 0 < index < len(table.pick):
+            raise ValueError(
+                f"{self.kernel}: a call of M={m} rows; this op serves 1..{self.layer.max_m}."
+            )
+        self.calls[table.source[index]] += 1
+        return self.served(table.configs[table.pick[index]], *inputs, out=out)
+
+    def config_for(self, m: int) -> KernelConfig:
+        """The config a call of ``m`` rows runs with."""
+        if not 0 < m <= self.layer.max_m:
+            raise ValueError(f"{self.kernel}: M={m} is outside 1..{self.layer.max_m}.")
+        return self.table.config_for(m // self.step)
+
+    def refresh(self) -> bool:
+        """Rebuild from the registry as it is now and swap the table in if it changed;
+        builds new configs first. Called by the follower, never by a request."""
+        new = self._build()
+        if not new.buckets and self.table.buckets:
+            log.warning(
+                "%s %s: the registry lost every entry; keeping the table", self.kernel, self.layer
+            )
+            return False
+        if (new.buckets, new.configs, new.pick) == (
+            self.table.buckets,
+            self.table.configs,
+            self.table.pick,
+        ):
+            return False
+        self._prepare(new, built=set(self.table.configs))
+        self.table = new
+        log.info("%s %s: new table, tuned M %s", self.kernel, self.layer, list(new.buckets))
+        return True
+
+    def _build(self) -> Table:
+        tuned = self._tuned_configs()
+        limit = self.layer.max_m // self.step
+        if not tuned:
+            default = self.served.default_config()
+            return Table((), (default,), [0] * (limit + 1), [FALLBACK] * (limit + 1))
+        return nearest_table(tuned, step=self.step, max_m=self.layer.max_m)
+
+    def _tuned_configs(self) -> dict[int, KernelConfig]:
+        """M -> the best stored config of this layer, one lookup per stored M."""
+        wanted = _without_m(self.served.key(1))
+        ms = {
+            e.key[BUCKET_FIELD]
+            for e in self._store.entries()
+            if e.kernel == self.kernel and _without_m(e.key) == wanted
+        }
+        found: dict[int, KernelConfig] = {}
+        for m in sorted(ms):
+            entry: Entry | None = self._store.lookup(
+                self.kernel, self.served.key(m), self._fingerprint, self._settings.match_policy
+            )
+            if entry is not None:
+                found[m] = entry.best
+        return found
+
+    def _prepare(self, table: Table, *, built: set[KernelConfig]) -> None:
+        import contextlib
+
+        import torch
+
+        on_gpu = self.served.device.type == "cuda"  # Triton builds for the thread's device
+        with torch.cuda.device(self.served.device) if on_gpu else contextlib.nullcontext():
+            for config in table.configs:
+                if config not in built:
+                    self.served.prepare(config)
+
+    def _no_entries(self) -> str:
+        held = sum(1 for e in self._store.entries() if e.kernel == self.kernel)
+        return (
+            f"No tuned {self.kernel} config for layer {_without_m(self.served.key(1))} "
+            f"on {self._fingerprint.gpu_slug()} (match policy "
+            f"{self._settings.match_policy.value}) in {self._store.root}; it holds {held} "
+            f"{self.kernel} entries for other layers or machines. Warm a manifest with this "
+            "layer's shapes first, or pass on_missing='fallback' (counted per call)."
+        )
+
+
+def nearest_table(tuned: Mapping[int, KernelConfig], *, step: int, max_m: int) -> Table:
+    """For every M = index * step up to ``max_m``: its own bucket's config, else the
+    nearest bucket's by log distance (a tie goes to the larger M)."""
+    buckets = tuple(sorted(tuned))
+    configs = tuple(dict.fromkeys(tuned[m] for m in buckets))
+    slot_of = {m: configs.index(tuned[m]) for m in buckets}
+    pick, source = [0], [TUNED]  # index 0 (M = 0) is never called
+    for index in range(1, max_m // step + 1):
+        m = index * step
+        at = bisect.bisect_left(buckets, m)
+        if at < len(buckets) and buckets[at] == m:
+            pick.append(slot_of[m])
+            source.append(TUNED)
+            continue
+        below = buckets[at - 1] if at > 0 else None
+        above = buckets[at] if at < len(buckets) else None
+        nearest = _nearest(m, below, above)
+        pick.append(slot_of[nearest])
+        source.append(NEAREST)
+    return Table(buckets, configs, pick, source)
+
+
+def _nearest(m: int, below: int | None, above: int | None) -> int:
+    if below is None or above is None:
+        return above if below is None else below  # type: ignore[return-value]
+    return below if math.log(m / below) < math.log(above / m) else above
+
+
+def _without_m(key: Mapping[str, Any]) -> dict[str, Any]:
+    return {name: value for name, value in key.items() if name != BUCKET_FIELD}
+
+
+class Serving:
+    """One per serving process: the registry, this machine's fingerprint, the metrics
+    file, the compile guard, and the follower thread of every op it made."""
+
+    def __init__(
+        self, settings: Settings | None = None, *, rank: int | None = None, follow: bool = True
+    ) -> None:
+        self.settings = settings or Settings()
+        self.rank = _rank() if rank is None else rank
+        self.store = Store(self.settings.registry_path)
+        self.metrics = ServingMetrics(rank=self.rank)
+        self.guard = guard_from_settings(self.settings, self.metrics)  # None when "off"
+        self.ops: list[ServingOp] = []
+        self._exported: dict[tuple[int, int], int] = {}  # (op, source) -> calls exported
+        self._fingerprints: dict[str, Fingerprint] = {}
+        self._lock = threading.RLock()  # ops list and table swaps: the follower vs op()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if follow:
+            self._thread = threading.Thread(target=self._follow, name="triton-warmup-follower")
+            self._thread.daemon = True
+            self._thread.start()
+
+    def op(
+        self,
+        kernel: str,
+        *,
+        n: int,
+        k: int,
+        dtype: str,
+        max_m: int,
+        group: Any = None,
+        device: Any = None,
+        on_missing: OnMissing = "error",
+    ) -> ServingOp:
+        """A serving op for one layer (a collective for a tensor-parallel kernel: every
+        rank of ``group`` makes it). Raises :class:`ServingError` when the registry has
+        no entry for the layer, unless ``on_missing='fallback'``."""
+        try:
+            adapter = kernels.adapter_for(kernel)
+        except KeyError as e:
+            raise ServingError(str(e.args[0])) from None
+        if on_missing not in ("error", "fallback"):
+            raise ServingError(f"on_missing={on_missing!r}; use 'error' or 'fallback'.")
+        device, layer = _device(device), Layer(n, k, dtype, max_m)
+        served = adapter.serve(layer, group=group, device=device)
+        fingerprint = self._fingerprint(device).with_kernel(adapter.kernel_hash())
+        with self._lock, self._exempt():
+            op = ServingOp(
+                served,
+                layer,
+                store=self.store,
+                fingerprint=fingerprint,
+                settings=self.settings,
+                on_missing=on_missing,
+            )
+            self.ops.append(op)
+        return op
+
+    def declare_warm(self) -> None:
+        """From now on every Triton compile or autotune run in this process is counted
+        (``compile_guard=count``) or raises (``strict``)."""
+        if self.guard is not None:
+            self.guard.arm()
+        self.flush_metrics()
+
+    def refresh(self) -> int:
+        """Check the registry now and swap in every op's new table; returns how many
+        swapped. The follower calls it; a server may too, e.g. at a step boundary."""
+        swapped = 0
+        with self._lock, self._exempt():
+            self.store.refresh()
+            for op in self.ops:
+                if op.refresh():
+                    swapped += 1
+                    self.metrics.generation_swaps.labels(op.kernel, self.metrics.rank).inc()
+        return swapped
+
+    def flush_metrics(self) -> None:
+        """Export the ops' call counts and write this process's metrics file."""
+        with self._lock:
+            for number, op in enumerate(self.ops):
+                for source, count in enumerate(list(op.calls)):
+                    delta = count - self._exported.get((number, source), 0)
+                    if delta:
+                        labels = (op.kernel, SOURCES[source], self.metrics.rank)
+                        self.metrics.calls.labels(*labels).inc(delta)
+                        self._exported[(number, source)] = count
+        try:
+            self.metrics.write(self.settings.serving_metrics_path)
+        except OSError as e:
+            log.warning("could not write the serving metrics file: %s", e)
+
+    def close(self) -> None:
+        """Stop the follower, write the metrics a last time, disarm the guard."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self.flush_metrics()
+        if self.guard is not None:
+            self.guard.disarm()
+
+    def __enter__(self) -> Serving:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _fingerprint(self, device: Any) -> Fingerprint:
+        """This machine's fingerprint for ``device``, detected once per device."""
+        from registry.fingerprint import cpu_fingerprint, detect
+
+        name = str(device)
+        if name not in self._fingerprints:
+            self._fingerprints[name] = (
+                detect(device=device.index) if device.type == "cuda" else cpu_fingerprint()
+            )
+        return self._fingerprints[name]
+
+    def _follow(self) -> None:
+        while not self._stop.wait(self.settings.serving_refresh_s):
+            try:
+                self.refresh()
+                self.flush_metrics()
+            except Exception:  # the follower must outlive a bad generation
+                log.exception("serving follower: refresh failed; keeping the current tables")
+
+    def _exempt(self) -> Any:
+        """Builds made by the op's owner (construction, follower) are not request compiles."""
+        import contextlib
+
+        exempt = getattr(self.guard, "exempt", None)
+        return exempt() if exempt is not None else contextlib.nullcontext()
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _device(device: Any) -> Any:
+    import torch
+
+    if device is not None:
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        return device
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
