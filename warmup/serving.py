@@ -270,7 +270,8 @@ class Serving:
         swapped. The follower calls it; a server may too, e.g. at a step boundary."""
         swapped = 0
         with self._lock, self._exempt():
-            self.store.refresh()
+            if not self.store.refresh():
+                return 0  # the same generation and files: nothing to rebuild
             for op in self.ops:
                 if op.refresh():
                     swapped += 1

@@ -1,0 +1,429 @@
+"""Serving after warmup: a trace of random batch sizes through two layers' serving ops.
+
+    export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+    PYTHONPATH=. python bench/serving.py --nproc 2 --out serving.json
+
+Three phases, each in fresh processes (one per rank, started with torchrun):
+
+1. ``warm``: ``warmup.warm`` of a manifest of M buckets for two tensor-parallel layers
+   (registry and compile cache in a scratch volume).
+2. ``serve``: a new server process: ``Serving`` builds one op per layer from the
+   registry, declares itself warm (the compile guard counts from here), then replays a
+   trace of calls whose M is drawn at random from 1..max M (rows per rank 1..max M /
+   world, most not multiples of 16). Per call: host time until the op returns, and the
+   latency until the GPU is done; afterwards every M of the trace again, for its steady
+   latency; and a dispatch microbenchmark: the op against the kernel's own launcher with
+   the same config, interleaved.
+3. ``cold`` (the anchor): the same trace in a fresh process with an empty compile cache
+   and no warmup, calling the kernel's launcher with the space's default config.
+
+Every call of the trace is one step of both layers with the same M; one call in 16 is
+checked against NCCL + cuBLAS. Prints a table; writes every number to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+LAYERS = "qkv=1536x4096,up=7168x4096"  # name=N per rank x K
+BUCKETS = [64, 256, 1024, 4096]  # gathered M tuned at warmup
+
+
+def layers(spec: str) -> dict[str, tuple[int, int]]:
+    """``qkv=1536x4096,up=7168x4096`` -> {name: (N, K)}."""
+    pairs = (part.split("=") for part in spec.split(","))
+    return {name: (int(nk.split("x")[0]), int(nk.split("x")[1])) for name, nk in pairs}
+
+
+def manifest_text(world: int, dtype: str, buckets: list[int], spec: str) -> str:
+    shapes = "".join(
+        f"      - {{M: {buckets}, N: {n}, K: {k}}}\n" for n, k in layers(spec).values()
+    )
+    return (
+        "version: 1\nentries:\n"
+        f"  - kernel: ag_gemm\n    dtype: {dtype}\n    world_size: {world}\n"
+        f"    policy: tune\n    shapes:\n{shapes}"
+    )
+
+
+# ---- the rank processes ----------------------------------------------------------------
+
+
+def rank_main(args: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+
+    cuda = torch.cuda.is_available()
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    if cuda:
+        torch.cuda.set_device(local)
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    else:
+        dist.init_process_group("gloo")
+    started = time.perf_counter()
+    result = {"warm": warm_phase, "serve": serve_phase, "cold": cold_phase}[args.phase](args)
+    result["phase_seconds"] = time.perf_counter() - started
+    if dist.get_rank() == 0:
+        args.result.write_text(json.dumps(result))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def settings(args: argparse.Namespace) -> Any:
+    from warmup.settings import Settings
+
+    return Settings(
+        volume=args.volume,
+        work_dir=args.volume / "work",
+        triton_cache_dir=Path(os.environ["TRITON_CACHE_DIR"]),
+        manifest=args.volume / "manifest.yaml",
+        compile_guard="count",
+    )
+
+
+def warm_phase(args: argparse.Namespace) -> dict[str, Any]:
+    import warmup
+
+    status = warmup.warm(args.volume / "manifest.yaml", settings(args))
+    return {
+        "state": status.get("state"),
+        "sources": status.get("sources"),
+        "failures": status.get("failures"),
+    }
+
+
+def serve_phase(args: argparse.Namespace) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    from warmup.serving import Serving
+
+    cache = Path(os.environ["TRITON_CACHE_DIR"])
+    started = time.perf_counter()
+    serving = Serving(settings(args))
+    ops = {
+        name: serving.op(
+            "ag_gemm", n=n, k=k, dtype=args.dtype, max_m=args.max_m, group=dist.group.WORLD
+        )
+        for name, (n, k) in layers(args.layers).items()
+    }
+    built_s = time.perf_counter() - started
+    serving.declare_warm()
+    files_before = _files(cache)
+    calls: dict[str, Callable[..., Any]] = dict(ops)
+    result = replay(args, calls)
+    result["compiles_during_trace"] = serving.guard.total if serving.guard else None
+    result["cache_files_added_during_trace"] = _files(cache) - files_before
+    result["ops_built_seconds"] = built_s
+    result["buckets"] = {name: list(op.table.buckets) for name, op in ops.items()}
+    result["calls_by_source"] = {name: op.calls for name, op in ops.items()}
+    result["dispatch"] = dispatch_bench(args, ops)
+    serving.close()
+    return result
+
+
+def cold_phase(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    from kernels import ag_gemm
+    from kernels.adapter import Layer
+    from warmup.compile_guard import CompileGuard
+
+    guard = CompileGuard()
+    guard.arm()  # no warmup at all: every compile is on the request path
+    calls = {}
+    for name, (n, k) in layers(args.layers).items():
+        served = ag_gemm.ADAPTER.serve(
+            Layer(n, k, args.dtype, args.max_m),
+            group=dist.group.WORLD,
+            device=torch.device("cuda" if torch.cuda.is_available() else "cpu"),
+        )
+        config = served.default_config()
+        calls[name] = (lambda s, c: lambda shard, b: s(c, shard, b))(served, config)
+    result = replay(args, calls)
+    result["compiles_during_trace"] = guard.total
+    guard.disarm()
+    return result
+
+
+def replay(args: argparse.Namespace, calls: dict[str, Callable[..., Any]]) -> dict[str, Any]:
+    """The trace, then every M of it again for its steady latency."""
+    import torch
+    import torch.distributed as dist
+
+    from kernels import ag_gemm
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = ag_gemm.TORCH_DTYPES[args.dtype]
+    rows_max = args.max_m // world
+    weights, shards = {}, {}
+    for index, (name, (n, k)) in enumerate(layers(args.layers).items()):
+        g = torch.Generator(device=device).manual_seed(1000 * index + rank)
+        weights[name] = torch.randn(k, n, device=device, dtype=dtype, generator=g) / k**0.5
+        shards[name] = torch.randn(rows_max, k, device=device, dtype=dtype, generator=g)
+    trace = [random.Random(args.seed + i).randint(1, rows_max) for i in range(args.calls)]
+    records, errors, seen = [], [], set()
+    for index, rows in enumerate(trace):
+        for name, call in calls.items():
+            shard = shards[name][:rows]
+            host, latency, out = _timed(call, shard, weights[name], device)
+            first = (name, rows) not in seen
+            seen.add((name, rows))
+            records.append(
+                {
+                    "layer": name,
+                    "m": rows * world,
+                    "host_us": host,
+                    "latency_us": latency,
+                    "first": first,
+                }
+            )
+            if index % 16 == 0:
+                expected = ag_gemm.reference(shard, weights[name], dist.group.WORLD)
+                errors.append(
+                    float((out.float() - expected.float()).norm() / expected.float().norm())
+                )
+    steady = {}
+    for name, rows in sorted(seen):
+        times = [
+            _timed(calls[name], shards[name][:rows], weights[name], device)[1]
+            for _ in range(args.steady_reps)
+        ]
+        steady[(name, rows * world)] = statistics.median(times)
+    for record in records:
+        record["steady_us"] = steady[(record["layer"], record["m"])]
+    return summarize(records, errors, world)
+
+
+def _timed(call: Callable[..., Any], shard: Any, b: Any, device: Any) -> tuple[float, float, Any]:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    out = call(shard, b)
+    returned = time.perf_counter()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    done = time.perf_counter()
+    return (returned - started) * 1e6, (done - started) * 1e6, out
+
+
+def summarize(records: list[dict[str, Any]], errors: list[float], world: int) -> dict[str, Any]:
+    firsts = [r for r in records if r["first"]]
+    ratios = sorted(r["latency_us"] / r["steady_us"] for r in firsts)
+    aligned = sum(1 for r in records if (r["m"] // world) % 16 == 0)
+    return {
+        "calls": len(records),
+        "distinct_m": len(firsts),
+        "rows_per_rank_multiple_of_16": aligned,
+        "first_over_steady": {
+            "median": statistics.median(ratios),
+            "p99": _pct(ratios, 99),
+            "max": ratios[-1],
+            "over_2x": sum(1 for x in ratios if x > 2.0),
+        },
+        "worst_first_calls": sorted(firsts, key=lambda r: -r["latency_us"] / r["steady_us"])[:5],
+        "host_us": _stats([r["host_us"] for r in records]),
+        "latency_us": _stats([r["latency_us"] for r in records]),
+        "max_rel_error": max(errors) if errors else None,
+        "checked_calls": len(errors),
+    }
+
+
+def dispatch_bench(args: argparse.Namespace, ops: dict[str, Any]) -> dict[str, Any]:
+    """Host time of ``op(...)`` against the kernel's launcher with the op's own config,
+    interleaved, same inputs; the GPU drained before each (not timed)."""
+    import torch
+    import torch.distributed as dist
+
+    world = dist.get_world_size()
+    name, op = next(iter(ops.items()))
+    n, k = layers(args.layers)[name]
+    device, dtype = op.served.device, op.served.ctx.dtype
+    b = torch.randn(k, n, device=device, dtype=dtype)
+    shard = torch.randn(args.max_m // world, k, device=device, dtype=dtype)
+    rng = random.Random(args.seed)
+    through_op, direct = [], []
+    for _ in range(args.dispatch_reps):
+        rows = rng.randint(1, args.max_m // world)
+        a = shard[:rows]
+        config = op.config_for(rows * world)
+        through_op.append(_timed(lambda x, y: op(x, y), a, b, device)[0])
+        direct.append(_timed(lambda x, y, c=config: op.served(c, x, y), a, b, device)[0])
+    return {
+        "op_host_us": _stats(through_op),
+        "launcher_host_us": _stats(direct),
+        "dispatch_us": {  # what the op adds: the table pick and its count
+            "p50": _pct(sorted(through_op), 50) - _pct(sorted(direct), 50),
+            "p99": _pct(sorted(through_op), 99) - _pct(sorted(direct), 99),
+        },
+    }
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    return {"p50": _pct(ordered, 50), "p99": _pct(ordered, 99), "max": ordered[-1]}
+
+
+def _pct(ordered: list[float], q: float) -> float:
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q / 100))]
+
+
+def _files(folder: Path) -> int:
+    return sum(1 for p in folder.rglob("*") if p.is_file()) if folder.exists() else 0
+
+
+# ---- the driver ------------------------------------------------------------------------
+
+
+def drive(args: argparse.Namespace) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        for name, value in (
+            ("NCCL_NVLS_ENABLE", "0"),
+            ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
+            ("NVSHMEM_DISABLE_NVLS", "1"),
+        ):
+            if os.environ.get(name) != value:
+                raise SystemExit(f"set {name}={value}: NVLink multicast must stay off")
+    scratch = Path(tempfile.mkdtemp(prefix="serving-bench-"))
+    volume = scratch / "volume"
+    volume.mkdir()
+    text = manifest_text(args.nproc, args.dtype, args.buckets, args.layers)
+    (volume / "manifest.yaml").write_text(text)
+    results = {}
+    for phase, cache in (("warm", "cache"), ("serve", "cache"), ("cold", "cold-cache")):
+        out = scratch / f"{phase}.json"
+        path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        env = {**os.environ, "TRITON_CACHE_DIR": str(scratch / cache), "PYTHONPATH": path}
+        if phase == "cold":
+            env.pop("TRITON_CACHE_AUTOTUNING", None)
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            str(args.nproc),
+            str(Path(__file__).resolve()),
+            "--phase",
+            phase,
+            "--volume",
+            str(volume),
+            "--result",
+            str(out),
+            *_passed(args),
+        ]
+        started = time.perf_counter()
+        subprocess.run(command, env=env, check=True)
+        results[phase] = {
+            **json.loads(out.read_text()),
+            "process_seconds": time.perf_counter() - started,
+        }
+        print(f"{phase}: {time.perf_counter() - started:.1f} s", flush=True)
+    results["setup"] = {
+        "world": args.nproc,
+        "dtype": args.dtype,
+        "max_m": args.max_m,
+        "buckets": args.buckets,
+        "layers": args.layers,
+        "calls": args.calls,
+        "date": time.strftime("%Y-%m-%d"),
+        **_versions(),
+    }
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=2))
+    print(table(results))
+
+
+def _passed(args: argparse.Namespace) -> list[str]:
+    return [
+        "--layers",
+        args.layers,
+        "--dtype",
+        args.dtype,
+        "--max-m",
+        str(args.max_m),
+        "--calls",
+        str(args.calls),
+        "--seed",
+        str(args.seed),
+        "--steady-reps",
+        str(args.steady_reps),
+        "--dispatch-reps",
+        str(args.dispatch_reps),
+    ]
+
+
+def _versions() -> dict[str, str]:
+    import torch
+    import triton
+
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    return {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__}
+
+
+def table(results: dict[str, Any]) -> str:
+    setup = results["setup"]
+    lines = [
+        f"{setup['world']} x {setup['gpu']}, {setup['dtype']}, max M {setup['max_m']}, "
+        f"buckets {setup['buckets']}, {setup['calls']} steps x layers {setup['layers']}",
+        f"{'':8} {'compiles':>9} {'first/steady p50':>17} {'p99':>6} {'max':>7} "
+        f"{'>2x':>5} {'host p50':>9} {'host p99':>9} {'lat p50':>8} {'max err':>8}",
+    ]
+    for phase in ("serve", "cold"):
+        r = results[phase]
+        f = r["first_over_steady"]
+        lines.append(
+            f"{phase:8} {r['compiles_during_trace']!s:>9} {f['median']:17.2f} {f['p99']:6.2f} "
+            f"{f['max']:7.2f} {f['over_2x']:5d} {r['host_us']['p50']:9.1f} "
+            f"{r['host_us']['p99']:9.1f} {r['latency_us']['p50']:8.1f} "
+            f"{r['max_rel_error']:8.1e}"
+        )
+    d = results["serve"]["dispatch"]
+    lines.append(
+        f"dispatch: op host p50/p99 {d['op_host_us']['p50']:.1f}/{d['op_host_us']['p99']:.1f} us, "
+        f"launcher {d['launcher_host_us']['p50']:.1f}/{d['launcher_host_us']['p99']:.1f} us, "
+        f"added {d['dispatch_us']['p50']:.1f}/{d['dispatch_us']['p99']:.1f} us"
+    )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--phase", choices=["warm", "serve", "cold"], default=None)
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--volume", type=Path)
+    parser.add_argument("--result", type=Path)
+    parser.add_argument("--layers", default=LAYERS, help="name=NxK,... (N per rank)")
+    parser.add_argument("--dtype", default="bf16")
+    parser.add_argument("--max-m", type=int, default=4096)
+    parser.add_argument("--buckets", type=lambda s: [int(x) for x in s.split(",")], default=BUCKETS)
+    parser.add_argument("--calls", type=int, default=600)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--steady-reps", type=int, default=3)
+    parser.add_argument("--dispatch-reps", type=int, default=1000)
+    args = parser.parse_args()
+    if args.phase is None:
+        drive(args)
+    else:
+        rank_main(args)
+
+
+if __name__ == "__main__":
+    main()
