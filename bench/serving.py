@@ -209,8 +209,12 @@ def replay(args: argparse.Namespace, calls: dict[str, Callable[..., Any]]) -> di
 
 
 def _timed(call: Callable[..., Any], shard: Any, b: Any, device: Any) -> tuple[float, float, Any]:
+    """Ranks start together (a barrier, the GPU drained); host time until the call
+    returns, latency until the GPU is done."""
     import torch
+    import torch.distributed as dist
 
+    dist.barrier()
     if device.type == "cuda":
         torch.cuda.synchronize()
     started = time.perf_counter()
@@ -225,6 +229,7 @@ def _timed(call: Callable[..., Any], shard: Any, b: Any, device: Any) -> tuple[f
 def summarize(records: list[dict[str, Any]], errors: list[float], world: int) -> dict[str, Any]:
     firsts = [r for r in records if r["first"]]
     ratios = sorted(r["latency_us"] / r["steady_us"] for r in firsts)
+    repeats = [r["latency_us"] / r["steady_us"] for r in records if not r["first"]]
     aligned = sum(1 for r in records if (r["m"] // world) % 16 == 0)
     return {
         "calls": len(records),
@@ -235,6 +240,12 @@ def summarize(records: list[dict[str, Any]], errors: list[float], world: int) ->
             "p99": _pct(ratios, 99),
             "max": ratios[-1],
             "over_2x": sum(1 for x in ratios if x > 2.0),
+        },
+        # the noise floor: calls of an M already seen, against the same steady latency
+        "repeat_over_steady": {
+            "calls": len(repeats),
+            "over_2x": sum(1 for x in repeats if x > 2.0),
+            "max": max(repeats, default=0.0),
         },
         "worst_first_calls": sorted(firsts, key=lambda r: -r["latency_us"] / r["steady_us"])[:5],
         "host_us": _stats([r["host_us"] for r in records]),
@@ -265,6 +276,7 @@ def dispatch_bench(args: argparse.Namespace, ops: dict[str, Any]) -> dict[str, A
         through_op.append(_timed(lambda x, y: op(x, y), a, b, device)[0])
         direct.append(_timed(lambda x, y, c=config: op.served(c, x, y), a, b, device)[0])
     return {
+        "pick_us": _pick_only(op, a, b, rng, args),
         "op_host_us": _stats(through_op),
         "launcher_host_us": _stats(direct),
         "dispatch_us": {  # what the op adds: the table pick and its count
@@ -272,6 +284,34 @@ def dispatch_bench(args: argparse.Namespace, ops: dict[str, Any]) -> dict[str, A
             "p99": _pct(sorted(through_op), 99) - _pct(sorted(direct), 99),
         },
     }
+
+
+class _NoLaunch:
+    """A served layer that launches nothing: timing the op over it times its dispatch."""
+
+    def __init__(self, served: Any) -> None:
+        self.kernel, self.rows_step, self.rows = served.kernel, served.rows_step, served.rows
+
+    def __call__(self, config: Any, *inputs: Any, out: Any = None) -> None:
+        return None
+
+
+def _pick_only(op: Any, a: Any, b: Any, rng: random.Random, args: argparse.Namespace) -> Any:
+    """The op's own work per call (rows, table pick, count), the launcher stubbed out."""
+    served, calls = op.served, list(op.calls)
+    op.served = _NoLaunch(served)
+    world = op.step
+    shards = [a.new_empty(rng.randint(1, args.max_m // world), a.shape[1]) for _ in range(64)]
+    times = []
+    try:
+        for i in range(20000):
+            shard = shards[i % 64]
+            started = time.perf_counter_ns()
+            op(shard, b)
+            times.append((time.perf_counter_ns() - started) / 1e3)
+    finally:
+        op.served, op.calls = served, calls
+    return _stats(times)
 
 
 def _stats(values: list[float]) -> dict[str, float]:
@@ -395,6 +435,15 @@ def table(results: dict[str, Any]) -> str:
             f"{r['max_rel_error']:8.1e}"
         )
     d = results["serve"]["dispatch"]
+    noise = results["serve"]["repeat_over_steady"]
+    lines.append(
+        f"noise floor (serve): {noise['over_2x']} of {noise['calls']} repeat calls over 2x "
+        f"their M's steady latency, max {noise['max']:.2f}"
+    )
+    lines.append(
+        f"op dispatch alone (launcher stubbed): p50 {d['pick_us']['p50']:.2f} us, "
+        f"p99 {d['pick_us']['p99']:.2f} us, max {d['pick_us']['max']:.1f} us"
+    )
     lines.append(
         f"dispatch: op host p50/p99 {d['op_host_us']['p50']:.1f}/{d['op_host_us']['p99']:.1f} us, "
         f"launcher {d['launcher_host_us']['p50']:.1f}/{d['launcher_host_us']['p99']:.1f} us, "
@@ -416,7 +465,7 @@ def main() -> None:
     parser.add_argument("--buckets", type=lambda s: [int(x) for x in s.split(",")], default=BUCKETS)
     parser.add_argument("--calls", type=int, default=600)
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--steady-reps", type=int, default=3)
+    parser.add_argument("--steady-reps", type=int, default=5)
     parser.add_argument("--dispatch-reps", type=int, default=1000)
     args = parser.parse_args()
     if args.phase is None:

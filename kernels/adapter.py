@@ -87,6 +87,12 @@ class Served(Protocol):
         loaded), so that no call compiles; launches nothing, collective-free."""
         ...
 
+    def rehearse(self, config: KernelConfig) -> None:
+        """One real call at the smallest M with scratch inputs, so that a process's
+        one-time costs (first launch, lazy imports, first peer access) stay out of its
+        first request; a collective for a tensor-parallel kernel: every rank calls it."""
+        ...
+
     def default_config(self) -> KernelConfig:
         """The config a layer with no tuned entry falls back to."""
         ...

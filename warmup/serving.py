@@ -8,6 +8,8 @@
 A serving op loads every registry entry of its layer (kernel, N, K, dtype, world; the
 fingerprint matched by the settings' policy) into a table indexed by M, so a call picks
 its config with one list index: no disk, no tuning, no compile on the request path.
+Making an op is a collective for a tensor-parallel kernel (every rank makes it), and
+ends with one real call at the smallest M, so the first request costs a steady one.
 An M with no entry of its own takes the nearest tuned M's config (log distance, the
 tuner's fallback rule; a tie goes to the larger M). Every config of the table is built
 (compiled or loaded, GPU module loaded) when the table is made.
@@ -82,6 +84,7 @@ class ServingOp:
         if not self.table.buckets and on_missing == "error":
             raise ServingError(self._no_entries())
         self._prepare(self.table, built=set())
+        served.rehearse(self.table.config_for(1))  # every rank makes its ops together
 
     def __call__(self, *inputs: Any, out: Any = None) -> Any:
         table = self.table  # one read: a swap between calls never splits a call
