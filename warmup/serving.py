@@ -25,6 +25,7 @@ import bisect
 import logging
 import math
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -39,6 +40,7 @@ from warmup.settings import Settings
 
 log = logging.getLogger(__name__)
 OnMissing = Literal["error", "fallback"]
+METRICS_EVERY_S = 10.0  # how often the follower rewrites the metrics file
 SOURCES = ("tuned", "nearest", "fallback")  # how a call's config was chosen
 TUNED, NEAREST, FALLBACK = range(3)
 
@@ -220,6 +222,7 @@ class Serving:
         self._lock = threading.RLock()  # ops list and table swaps: the follower vs op()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        _warn_if_autotune_results_are_not_cached()
         if follow:
             self._thread = threading.Thread(target=self._follow, name="triton-warmup-follower")
             self._thread.daemon = True
@@ -323,10 +326,13 @@ class Serving:
         return self._fingerprints[name]
 
     def _follow(self) -> None:
+        flushed = time.monotonic()
         while not self._stop.wait(self.settings.serving_refresh_s):
             try:
                 self.refresh()
-                self.flush_metrics()
+                if time.monotonic() - flushed >= METRICS_EVERY_S:  # a file write: not every tick
+                    self.flush_metrics()
+                    flushed = time.monotonic()
             except Exception:  # the follower must outlive a bad generation
                 log.exception("serving follower: refresh failed; keeping the current tables")
 
@@ -355,3 +361,19 @@ def _device(device: Any) -> Any:
     if torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def _warn_if_autotune_results_are_not_cached() -> None:
+    """Without Triton's autotune-result caching, a user's ``@triton.autotune`` kernels
+    benchmark again in this process although the warmup stored their choices."""
+    try:
+        from triton import knobs
+
+        cached = bool(knobs.autotuning.cache)
+    except (ImportError, AttributeError):
+        return
+    if not cached:
+        log.warning(
+            "TRITON_CACHE_AUTOTUNING is not set: @triton.autotune kernels will re-tune in "
+            "this server; set TRITON_CACHE_AUTOTUNING=1 before Triton is imported"
+        )

@@ -204,3 +204,18 @@ def run_ranks(world: int, settings: Settings, tmp_path: Path) -> list[dict]:
         assert proc.returncode == 0, err[-3000:]
         results.append(json.loads(out.strip().splitlines()[-1]))
     return results
+
+
+def test_a_server_without_autotune_result_caching_is_warned(settings, store, caplog):
+    from triton import knobs
+
+    before = knobs.autotuning.cache
+    try:
+        for cached, warned in ((False, True), (True, False)):
+            knobs.autotuning.cache = cached
+            caplog.clear()
+            with caplog.at_level("WARNING", "warmup.serving"), Serving(settings, follow=False):
+                pass
+            assert ("TRITON_CACHE_AUTOTUNING" in caplog.text) is warned
+    finally:
+        knobs.autotuning.cache = before
