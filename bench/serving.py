@@ -36,6 +36,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import triton
+import triton.language as tl
+
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = "qkv=1536x4096,up=7168x4096"  # name=N per rank x K
 BUCKETS = [64, 256, 1024, 4096]  # gathered M tuned at warmup
@@ -47,15 +50,49 @@ def layers(spec: str) -> dict[str, tuple[int, int]]:
     return {name: (int(nk.split("x")[0]), int(nk.split("x")[1])) for name, nk in pairs}
 
 
-def manifest_text(world: int, dtype: str, buckets: list[int], spec: str) -> str:
+USER_SHAPES = [256, 1024, 4096]  # rows of the user's @triton.autotune kernel
+
+
+def manifest_text(world: int, dtype: str, buckets: list[int], spec: str, user: bool) -> str:
+    """The layers' buckets; with ``user``, also the user's autotuned kernel (GPU only:
+    the interpreter cannot benchmark)."""
     shapes = "".join(
         f"      - {{M: {buckets}, N: {n}, K: {k}}}\n" for n, k in layers(spec).values()
     )
-    return (
+    text = (
         "version: 1\nentries:\n"
         f"  - kernel: ag_gemm\n    dtype: {dtype}\n    world_size: {world}\n"
         f"    policy: tune\n    shapes:\n{shapes}"
     )
+    return text + (
+        f"  - kernel: bench.serving:user_warm\n    dtype: {dtype}\n    world_size: {world}\n"
+        f"    shapes:\n      - {{M: {USER_SHAPES}, N: 1024, K: 1}}\n"
+        if user
+        else ""
+    )
+
+
+def user_warm(*, shape: dict[str, int], dtype: Any, device: Any) -> Any:
+    """A user's kernel behind ``@triton.autotune`` (the manifest's ``module:function``)."""
+    import torch
+
+    x = torch.randn(shape["M"], shape["N"], dtype=dtype, device=device)
+    out = torch.empty_like(x)
+    _scale_rows[(x.shape[0],)](x, out, x.shape[1], 0.5)
+    return out
+
+
+@triton.autotune(
+    [triton.Config({"BLOCK": b}, num_warps=w) for b in (256, 1024) for w in (2, 4)],
+    key=["n"],
+)
+@triton.jit
+def _scale_rows(x_ptr, out_ptr, n, factor, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
+    row = tl.program_id(0)
+    for start in range(0, n, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * n + cols, mask=cols < n)
+        tl.store(out_ptr + row * n + cols, x * factor, mask=cols < n)
 
 
 # ---- the rank processes ----------------------------------------------------------------
@@ -119,6 +156,7 @@ def serve_phase(args: argparse.Namespace) -> dict[str, Any]:
         for name, (n, k) in layers(args.layers).items()
     }
     built_s = time.perf_counter() - started
+    user = user_calls(args)  # the server's own start-up run of its kernels, then warm
     serving.declare_warm()
     files_before = _files(cache)
     calls: dict[str, Callable[..., Any]] = dict(ops)
@@ -129,6 +167,8 @@ def serve_phase(args: argparse.Namespace) -> dict[str, Any]:
     result["buckets"] = {name: list(op.table.buckets) for name, op in ops.items()}
     result["calls_by_source"] = {name: op.calls for name, op in ops.items()}
     result["dispatch"] = dispatch_bench(args, ops)
+    after = user_calls(args)
+    result["user_kernel"] = {"before_declare_warm": user, "after_declare_warm": after}
     serving.close()
     return result
 
@@ -155,7 +195,34 @@ def cold_phase(args: argparse.Namespace) -> dict[str, Any]:
     result = replay(args, calls)
     result["compiles_during_trace"] = guard.total
     guard.disarm()
+    result["user_kernel"] = {"no_warmup": user_calls(args)}
     return result
+
+
+def user_calls(args: argparse.Namespace) -> dict[str, Any] | None:
+    """Run the user's autotuned kernel at the manifest's shapes under a counting guard."""
+    import torch
+
+    from kernels import ag_gemm
+    from warmup.compile_guard import CompileGuard
+
+    if not torch.cuda.is_available():
+        return None
+    device = torch.device("cuda")
+    with CompileGuard() as guard:
+        started = time.perf_counter()
+        for rows in USER_SHAPES:
+            user_warm(
+                shape={"M": rows, "N": 1024}, dtype=ag_gemm.TORCH_DTYPES[args.dtype], device=device
+            )
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - started
+    return {
+        "autotune_runs": guard.total - sum(guard.compiles.values()),
+        "compiles": sum(guard.compiles.values()),
+        "seconds": seconds,
+    }
 
 
 def replay(args: argparse.Namespace, calls: dict[str, Callable[..., Any]]) -> dict[str, Any]:
@@ -344,15 +411,16 @@ def drive(args: argparse.Namespace) -> None:
     scratch = Path(tempfile.mkdtemp(prefix="serving-bench-"))
     volume = scratch / "volume"
     volume.mkdir()
-    text = manifest_text(args.nproc, args.dtype, args.buckets, args.layers)
+    text = manifest_text(args.nproc, args.dtype, args.buckets, args.layers, _on_gpu())
     (volume / "manifest.yaml").write_text(text)
     results = {}
     for phase, cache in (("warm", "cache"), ("serve", "cache"), ("cold", "cold-cache")):
         out = scratch / f"{phase}.json"
         path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
         env = {**os.environ, "TRITON_CACHE_DIR": str(scratch / cache), "PYTHONPATH": path}
+        env["TRITON_CACHE_AUTOTUNING"] = "1"  # as the chart sets it on the server
         if phase == "cold":
-            env.pop("TRITON_CACHE_AUTOTUNING", None)
+            env.pop("TRITON_CACHE_AUTOTUNING")
         command = [
             sys.executable,
             "-m",
@@ -388,6 +456,12 @@ def drive(args: argparse.Namespace) -> None:
     if args.out:
         args.out.write_text(json.dumps(results, indent=2))
     print(table(results))
+
+
+def _on_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _passed(args: argparse.Namespace) -> list[str]:
@@ -443,6 +517,12 @@ def table(results: dict[str, Any]) -> str:
     lines.append(
         f"op dispatch alone (launcher stubbed): p50 {d['pick_us']['p50']:.2f} us, "
         f"p99 {d['pick_us']['p99']:.2f} us, max {d['pick_us']['max']:.1f} us"
+    )
+    u = results["serve"]["user_kernel"]
+    lines.append(
+        f"user @triton.autotune kernel, {len(USER_SHAPES)} shapes: no warmup "
+        f"{results['cold']['user_kernel']['no_warmup']}; server start-up "
+        f"{u['before_declare_warm']}; after declare_warm {u['after_declare_warm']}"
     )
     lines.append(
         f"dispatch: op host p50/p99 {d['op_host_us']['p50']:.1f}/{d['op_host_us']['p99']:.1f} us, "
