@@ -87,10 +87,11 @@ class Served(Protocol):
         loaded), so that no call compiles; launches nothing, collective-free."""
         ...
 
-    def rehearse(self, config: KernelConfig) -> None:
-        """One real call at the smallest M with scratch inputs, so that a process's
-        one-time costs (first launch, lazy imports, first peer access) stay out of its
-        first request; a collective for a tensor-parallel kernel: every rank calls it."""
+    def rehearse(self, configs: Sequence[KernelConfig]) -> None:
+        """One real call per config, at the smallest M with scratch inputs, so that a
+        process's one-time costs (first launch of each variant, lazy imports, first
+        peer access) stay out of its first requests; a collective for a tensor-parallel
+        kernel: every rank calls it with as many configs."""
         ...
 
     def default_config(self) -> KernelConfig:

@@ -630,11 +630,12 @@ class AgGemmServed:
         )
         launch_plan(self.ctx, g, b, out, 1, config).load()
 
-    def rehearse(self, config: KernelConfig) -> None:
+    def rehearse(self, configs: Sequence[KernelConfig]) -> None:
         ctx, layer = self.ctx, self.layer
         shard = torch.randn(1, layer.k, dtype=ctx.dtype, device=ctx.device)
         b = torch.randn(layer.k, layer.n, dtype=ctx.dtype, device=ctx.device)  # freed on return
-        ag_gemm(shard, b, ctx, config)
+        for config in configs:
+            ag_gemm(shard, b, ctx, config)
         if ctx.device.type == "cuda":
             torch.cuda.current_stream(ctx.device).synchronize()
 

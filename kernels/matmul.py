@@ -296,10 +296,11 @@ class MatmulServed:
         )
         launch_plan(a, b, out, config).load()
 
-    def rehearse(self, config: KernelConfig) -> None:
+    def rehearse(self, configs: Sequence[KernelConfig]) -> None:
         a = torch.randn(1, self.layer.k, dtype=self.dtype, device=self.device)
         b = torch.randn(self.layer.k, self.layer.n, dtype=self.dtype, device=self.device)
-        matmul(a, b, config)
+        for config in configs:
+            matmul(a, b, config)
 
     def default_config(self) -> KernelConfig:
         return space()[0]

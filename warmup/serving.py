@@ -9,7 +9,8 @@ A serving op loads every registry entry of its layer (kernel, N, K, dtype, world
 fingerprint matched by the settings' policy) into a table indexed by M, so a call picks
 its config with one list index: no disk, no tuning, no compile on the request path.
 Making an op is a collective for a tensor-parallel kernel (every rank makes it), and
-ends with one real call at the smallest M, so the first request costs a steady one.
+ends with real calls at the smallest M, one per config, so a first request costs what
+a steady one does.
 An M with no entry of its own takes the nearest tuned M's config (log distance, the
 tuner's fallback rule; a tie goes to the larger M). Every config of the table is built
 (compiled or loaded, GPU module loaded) when the table is made.
@@ -40,6 +41,7 @@ from warmup.settings import Settings
 
 log = logging.getLogger(__name__)
 OnMissing = Literal["error", "fallback"]
+REHEARSALS = 8  # real calls an op makes when made: one per config, up to 8 configs
 METRICS_EVERY_S = 10.0  # how often the follower rewrites the metrics file
 SOURCES = ("tuned", "nearest", "fallback")  # how a call's config was chosen
 TUNED, NEAREST, FALLBACK = range(3)
@@ -86,7 +88,7 @@ class ServingOp:
         if not self.table.buckets and on_missing == "error":
             raise ServingError(self._no_entries())
         self._prepare(self.table, built=set())
-        served.rehearse(self.table.config_for(1))  # every rank makes its ops together
+        served.rehearse(rehearsal(self.table))  # every rank makes its ops together
 
     def __call__(self, *inputs: Any, out: Any = None) -> Any:
         table = self.table  # one read: a swap between calls never splits a call
@@ -170,6 +172,14 @@ class ServingOp:
             f"{self.kernel} entries for other layers or machines. Warm a manifest with this "
             "layer's shapes first, or pass on_missing='fallback' (counted per call)."
         )
+
+
+def rehearsal(table: Table) -> list[KernelConfig]:
+    """The configs an op rehearses when made: always REHEARSALS calls (a collective must
+    have the same count on every rank, whatever generation each rank loaded), cycling
+    through the table's configs, most used first."""
+    uses = sorted(range(len(table.configs)), key=lambda i: -table.pick.count(i))
+    return [table.configs[uses[i % len(uses)]] for i in range(REHEARSALS)]
 
 
 def nearest_table(tuned: Mapping[int, KernelConfig], *, step: int, max_m: int) -> Table:

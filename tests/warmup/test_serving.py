@@ -18,7 +18,15 @@ from tests.conftest import env_without_interpreter
 from tests.warmup.test_launch import settings_for, write_manifest
 from warmup.launch import run
 from warmup.manifest import load_manifest
-from warmup.serving import NEAREST, TUNED, Serving, ServingError, nearest_table
+from warmup.serving import (
+    NEAREST,
+    REHEARSALS,
+    TUNED,
+    Serving,
+    ServingError,
+    nearest_table,
+    rehearsal,
+)
 from warmup.settings import Settings
 
 N, K = 24, 40
@@ -46,6 +54,15 @@ def test_a_gathered_table_is_indexed_by_rows_per_rank():
     assert table.config_for(2).meta["BLOCK_M"] == 16  # M = 6
     assert table.config_for(33).meta["BLOCK_M"] == 32  # M = 99
     assert table.source[2] == TUNED and table.source[20] == TUNED and table.source[19] == NEAREST
+
+
+def test_an_op_rehearses_a_fixed_number_of_calls_covering_its_configs():
+    few = nearest_table({8: config(16), 512: config(32)}, step=1, max_m=1000)
+    many = nearest_table({2**i: config(16 * (i + 1)) for i in range(10)}, step=1, max_m=1000)
+    assert len(rehearsal(few)) == len(rehearsal(many)) == REHEARSALS  # same on every rank
+    assert rehearsal(few)[0] == config(32)  # the config most Ms use comes first
+    assert set(rehearsal(few)) == set(few.configs)
+    assert len(set(rehearsal(many))) == REHEARSALS < len(many.configs)
 
 
 def entry(m: int, block_m: int) -> Entry:
