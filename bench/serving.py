@@ -165,7 +165,7 @@ def serve_phase(args: argparse.Namespace) -> dict[str, Any]:
     result["cache_files_added_during_trace"] = _files(cache) - files_before
     result["ops_built_seconds"] = built_s
     result["buckets"] = {name: list(op.table.buckets) for name, op in ops.items()}
-    result["calls_by_source"] = {name: op.calls for name, op in ops.items()}
+    result["calls_by_source"] = {name: list(op.calls) for name, op in ops.items()}
     result["dispatch"] = dispatch_bench(args, ops)
     after = user_calls(args)
     result["user_kernel"] = {"before_declare_warm": user, "after_declare_warm": after}
