@@ -236,3 +236,24 @@ def test_a_server_without_autotune_result_caching_is_warned(settings, store, cap
             assert ("TRITON_CACHE_AUTOTUNING" in caplog.text) is warned
     finally:
         knobs.autotuning.cache = before
+
+
+@pytest.mark.slow
+def test_any_adapter_warms_and_serves_here_the_matmul(tmp_path):
+    import warmup
+
+    manifest = write_manifest(
+        tmp_path / "m.yaml",
+        "version: 1\nentries:\n  - {kernel: matmul, dtype: fp32, world_size: 1,\n"
+        "     shapes: [{M: [8, 40], N: 16, K: 16}]}\n",
+    )
+    settings = settings_for(tmp_path, manifest=manifest)
+    status = warmup.warm(manifest, settings)
+    assert status["state"] == "ready" and status["sources"] == {"tuned": 2}
+    with Serving(settings, follow=False) as serving:
+        op = serving.op("matmul", n=16, k=16, dtype="fp32", max_m=64, device="cpu")
+        assert op.table.buckets == (8, 40)
+        for m in (1, 8, 20, 64):
+            a, b = torch.randn(m, 16), torch.randn(16, 16)
+            torch.testing.assert_close(op(a, b), a @ b, rtol=1e-3, atol=1e-3)
+        assert op.calls == [1, 3, 0]
