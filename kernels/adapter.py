@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from registry import KernelConfig
 
 BUCKET_FIELD = "M"  # the key field a serving op buckets on: the rows of one call
+DTYPES = ("bf16", "fp16", "fp32")
 
 
 @dataclass(frozen=True)
@@ -58,9 +59,12 @@ class Layer:
     max_m: int
 
     def __post_init__(self) -> None:
-        bad = [f"{name}={getattr(self, name)}" for name in ("n", "k", "max_m")]
-        if min(self.n, self.k, self.max_m) < 1:
-            raise ValueError(f"Layer {', '.join(bad)}: every size must be >= 1.")
+        for name in ("n", "k", "max_m"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"Layer {name}={value!r}: must be an int >= 1.")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"Layer dtype={self.dtype!r}: must be one of {', '.join(DTYPES)}.")
 
 
 class Served(Protocol):
@@ -96,6 +100,11 @@ class Served(Protocol):
 
     def default_config(self) -> KernelConfig:
         """The config a layer with no tuned entry falls back to."""
+        ...
+
+    def agree(self, value: Any) -> Any:
+        """Rank 0's ``value`` on every rank of the layer's group (a collective), so that
+        ranks that read the registry at different moments still make the same op."""
         ...
 
 

@@ -617,18 +617,34 @@ class AgGemmServed:
     def __call__(
         self, config: KernelConfig, a_shard: torch.Tensor, b: torch.Tensor, out: Any = None
     ) -> torch.Tensor:
+        if b.shape[-1] != self.layer.n:  # K, dtype and device: checked by ag_gemm
+            raise ValueError(
+                f"ag_gemm: b is {list(b.shape)}; this layer's is [{self.layer.k}, {self.layer.n}]."
+            )
         return ag_gemm(a_shard, b, self.ctx, config, out=out)
+
+    def agree(self, value: Any) -> Any:
+        if self.ctx.world == 1:
+            return value
+        holder = [value]
+        root = 0 if self.ctx.group is None else dist.get_global_rank(self.ctx.group, 0)
+        dist.broadcast_object_list(holder, src=root, group=self.ctx.group)
+        return holder[0]
 
     def prepare(self, config: KernelConfig) -> None:
         if self.ctx.device.type != "cuda":
             return  # the interpreter compiles nothing
-        # Meta tensors: the specialisation of an aligned real call, no memory, no launch.
+        self.warm_up_plan(config).load()
+
+    def warm_up_plan(self, config: KernelConfig) -> LaunchPlan:
+        """A launch plan on meta tensors: the specialisation of an aligned real call, no
+        memory, nothing launched."""
         world, n, k, dtype = self.ctx.world, self.layer.n, self.layer.k, self.ctx.dtype
         g, b, out = (
             torch.empty(*shape, dtype=dtype, device="meta")
             for shape in ((world, k), (k, n), (world, n))
         )
-        launch_plan(self.ctx, g, b, out, 1, config).load()
+        return launch_plan(self.ctx, g, b, out, 1, config)
 
     def rehearse(self, configs: Sequence[KernelConfig]) -> None:
         ctx, layer = self.ctx, self.layer

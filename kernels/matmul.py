@@ -289,12 +289,16 @@ class MatmulServed:
     def prepare(self, config: KernelConfig) -> None:
         if self.device.type != "cuda":
             return  # the interpreter compiles nothing
+        self.warm_up_plan(config).load()
+
+    def warm_up_plan(self, config: KernelConfig) -> LaunchPlan:
+        """A launch plan on meta tensors: one row, nothing allocated or launched."""
         n, k = self.layer.n, self.layer.k
         a, b, out = (
             torch.empty(*shape, dtype=self.dtype, device="meta")
             for shape in ((1, k), (k, n), (1, n))
         )
-        launch_plan(a, b, out, config).load()
+        return launch_plan(a, b, out, config)
 
     def rehearse(self, configs: Sequence[KernelConfig]) -> None:
         a = torch.randn(1, self.layer.k, dtype=self.dtype, device=self.device)
@@ -304,6 +308,9 @@ class MatmulServed:
 
     def default_config(self) -> KernelConfig:
         return space()[0]
+
+    def agree(self, value: Any) -> Any:
+        return value  # one device, no group
 
 
 class MatmulAdapter:

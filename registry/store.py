@@ -121,6 +121,12 @@ class Store:
         self.refresh()
         return len(self._loaded.by_path)
 
+    @property
+    def version(self) -> tuple[object, ...]:
+        """What the loaded entries were read from (generation, stamp): equal versions,
+        equal entries. A reader that built something from them compares it later."""
+        return self._loaded.version
+
     def refresh(self, *, force: bool = False) -> bool:
         """Reload if the store changed since the last load; True when it did."""
         now = time.monotonic()

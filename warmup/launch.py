@@ -55,16 +55,18 @@ def run(settings: Settings, manifest: Manifest) -> dict[str, Any]:
     procs = _spawn_ranks(settings, manifest, world, device, run_dir)
     try:  # the kernels' shape checks import torch: while the ranks import theirs
         manifest.check_kernels(str(settings.manifest))
-    except ManifestError as e:
+    except BaseException as e:  # no rank may outlive a run that cannot go on
         _stop(procs)
+        errors = e.errors if isinstance(e, ManifestError) else [f"{type(e).__name__}: {e}"]
         write_status(
             settings.status_path,
             state=FAILED,
             manifest_digest=manifest.digest(),
             started=started,
+            finished=time.time(),
             host=machine_name(),
             world_size=world,
-            failures=e.errors,
+            failures=errors,
         )
         raise
     # Restore while the ranks import torch; they wait for the marker before any kernel.

@@ -84,7 +84,9 @@ class ServingOp:
         self.on_missing = on_missing
         self._store, self._fingerprint, self._settings = store, fingerprint, settings
         self.calls = [0, 0, 0]  # by source; the follower exports them
-        self.table = self._build()
+        self.version: tuple[object, ...] = ()  # the registry version the table was built from
+        # Every rank takes rank 0's table: the same error, the same rehearsal collectives.
+        self.table = self._table(self._agreed(self._read()))
         if not self.table.buckets and on_missing == "error":
             raise ServingError(self._no_entries())
         self._prepare(self.table, built=set())
@@ -103,14 +105,19 @@ class ServingOp:
 
     def config_for(self, m: int) -> KernelConfig:
         """The config a call of ``m`` rows runs with."""
-        if not 0 < m <= self.layer.max_m:
-            raise ValueError(f"{self.kernel}: M={m} is outside 1..{self.layer.max_m}.")
+        if not 0 < m <= self.layer.max_m or m % self.step:
+            raise ValueError(
+                f"{self.kernel}: M={m} is not a multiple of {self.step} in 1..{self.layer.max_m}."
+            )
         return self.table.config_for(m // self.step)
 
     def refresh(self) -> bool:
         """Rebuild from the registry as it is now and swap the table in if it changed;
-        builds new configs first. Called by the follower, never by a request."""
-        new = self._build()
+        builds new configs first. Called by the follower, never by a request. Each rank
+        swaps on its own: a table changes block shapes only, so ranks on different
+        generations for a while still compute the same result (a config that chose the
+        algorithm would need the swap agreed across ranks)."""
+        new = self._table(self._read())
         if not new.buckets and self.table.buckets:
             log.warning(
                 "%s %s: the registry lost every entry; keeping the table", self.kernel, self.layer
@@ -127,8 +134,26 @@ class ServingOp:
         log.info("%s %s: new table, tuned M %s", self.kernel, self.layer, list(new.buckets))
         return True
 
-    def _build(self) -> Table:
-        tuned = self._tuned_configs()
+    def _read(self) -> dict[int, KernelConfig]:
+        """This layer's tuned configs as the registry holds them now; read again if the
+        registry changed meanwhile, so no table mixes two generations."""
+        for _ in range(3):
+            before = self._store.version
+            tuned = self._tuned_configs()
+            if self._store.version == before:
+                break
+        self.version = self._store.version
+        return tuned
+
+    def _agreed(self, tuned: dict[int, KernelConfig]) -> dict[int, KernelConfig]:
+        """Rank 0's configs on every rank of a tensor-parallel group."""
+        mine = {m: config.to_json() for m, config in tuned.items()}
+        agreed = self.served.agree(mine)
+        if agreed == mine:
+            return tuned
+        return {int(m): KernelConfig.from_json(c) for m, c in agreed.items()}
+
+    def _table(self, tuned: Mapping[int, KernelConfig]) -> Table:
         limit = self.layer.max_m // self.step
         if not tuned:
             default = self.served.default_config()
@@ -221,6 +246,9 @@ class Serving:
     def __init__(
         self, settings: Settings | None = None, *, rank: int | None = None, follow: bool = True
     ) -> None:
+        """``rank`` names this process's metrics file and label; by default its
+        torch.distributed rank. Processes of one pod that share a rank (several
+        engines) must pass distinct ones, or they overwrite each other's file."""
         self.settings = settings or Settings()
         self.rank = _rank() if rank is None else rank
         self.store = Store(self.settings.registry_path)
@@ -286,9 +314,10 @@ class Serving:
         swapped. The follower calls it; a server may too, e.g. at a step boundary."""
         swapped = 0
         with self._lock, self._exempt():
-            if not self.store.refresh():
-                return 0  # the same generation and files: nothing to rebuild
+            self.store.refresh()
             for op in self.ops:
+                if op.version == self.store.version:
+                    continue  # built from these very files: nothing to rebuild
                 if op.refresh():
                     swapped += 1
                     self.metrics.generation_swaps.labels(op.kernel, self.metrics.rank).inc()
@@ -340,11 +369,11 @@ class Serving:
         while not self._stop.wait(self.settings.serving_refresh_s):
             try:
                 self.refresh()
-                if time.monotonic() - flushed >= METRICS_EVERY_S:  # a file write: not every tick
-                    self.flush_metrics()
-                    flushed = time.monotonic()
             except Exception:  # the follower must outlive a bad generation
                 log.exception("serving follower: refresh failed; keeping the current tables")
+            if time.monotonic() - flushed >= METRICS_EVERY_S:  # a file write: not every tick
+                self.flush_metrics()  # also, and above all, when refreshes fail
+                flushed = time.monotonic()
 
     def _exempt(self) -> Any:
         """Builds made by the op's owner (construction, follower) are not request compiles."""
@@ -357,7 +386,10 @@ class Serving:
 def _rank() -> int:
     import torch.distributed as dist
 
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    log.info("torch.distributed is not initialised: this process's serving metrics are rank 0")
+    return 0
 
 
 def _device(device: Any) -> Any:

@@ -18,7 +18,7 @@ from triton.compiler import make_backend
 from triton.runtime.jit import create_function_from_signature
 
 from kernels import ag_gemm, matmul
-from kernels.adapter import LaunchPlan
+from kernels.adapter import LaunchPlan, Layer
 from kernels.spaces import DeviceLimits
 from registry import KernelConfig
 
@@ -66,11 +66,9 @@ def ag_gemm_keys(world: int, consumer: str, max_m: int) -> dict[str, Any]:
         out = torch.empty(m, N, dtype=torch.bfloat16)
         ctx.epoch = m  # the epoch grows every call
         keys.add(key(ag_gemm.launch_plan(ctx, g, b, out, m // world, CONFIG)))
-    meta = (
-        torch.empty(s, dtype=torch.bfloat16, device="meta")
-        for s in ((world, K), (K, N), (world, N))
-    )
-    warm = key(ag_gemm.launch_plan(ctx, *meta, 1, CONFIG))
+    served = object.__new__(ag_gemm.AgGemmServed)  # the serving layer over this context
+    served.ctx, served.layer = ctx, Layer(N, K, "bf16", max_m)
+    warm = key(served.warm_up_plan(CONFIG))
     return {"variants": len(keys), "warm_up_hits": warm in keys}
 
 
@@ -80,8 +78,8 @@ def matmul_keys(max_m: int) -> dict[str, Any]:
     for m in range(1, max_m + 1):
         a, out = torch.empty(m, K, dtype=torch.bfloat16), torch.empty(m, N, dtype=torch.bfloat16)
         keys.add(key(matmul.launch_plan(a, b, out, CONFIG)))
-    meta = (torch.empty(s, dtype=torch.bfloat16, device="meta") for s in ((1, K), (K, N), (1, N)))
-    warm = key(matmul.launch_plan(*meta, CONFIG))
+    served = matmul.MatmulServed(Layer(N, K, "bf16", max_m), device="cpu")
+    warm = key(served.warm_up_plan(CONFIG))
     return {"variants": len(keys), "warm_up_hits": warm in keys}
 
 

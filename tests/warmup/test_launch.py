@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from registry import Store
 from warmup.cli import main
 from warmup.launch import run
-from warmup.manifest import load_manifest, parse_manifest
+from warmup.manifest import ManifestError, load_manifest, parse_manifest
 from warmup.settings import Settings
 
 ROOT = Path(__file__).parents[2]
@@ -228,3 +228,23 @@ def test_progress_is_a_bar_on_a_terminal_and_log_lines_otherwise(caplog):
     with caplog.at_level(logging.INFO, logger="warmup.runner"):
         progress_printer(io.StringIO())(1, 1, row)
     assert "warmed 1/1 ag_gemm M=8 N=8 K=8: tuned" in caplog.text
+
+
+def test_a_shape_its_kernel_rejects_stops_the_ranks_and_fails_the_status(tmp_path, monkeypatch):
+    manifest = write_manifest(
+        tmp_path / "m.yaml",
+        "version: 1\nentries:\n  - {kernel: ag_gemm, dtype: fp32, world_size: 2,\n"
+        "     shapes: [{M: [32, 63], N: 32, K: 32}]}\n",
+    )
+    settings = settings_for(tmp_path, manifest=manifest)
+    with pytest.raises(ManifestError, match="M=63 is not a multiple of world_size 2"):
+        run(settings, load_manifest(manifest))
+    status = json.loads(settings.status_path.read_text())
+    assert status["state"] == "failed" and "finished" in status
+    assert status["failures"] == [
+        "entries.0: ag_gemm shape {'M': 63, 'N': 32, 'K': 32}: M=63 is not a multiple of "
+        "world_size 2"
+    ]
+    assert not list((settings.work_dir / "run").glob("rank-*.json"))  # no rank warmed
+    monkeypatch.chdir(tmp_path)  # the CLI's default work folder
+    assert main(["run", "--manifest", str(manifest), "--volume", str(tmp_path / "v")]) == 2

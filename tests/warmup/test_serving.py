@@ -13,6 +13,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from kernels import matmul
+from kernels.adapter import Layer
 from registry import Entry, KernelConfig, Store, cpu_fingerprint
 from tests.conftest import env_without_interpreter
 from tests.warmup.test_launch import settings_for, write_manifest
@@ -24,6 +25,7 @@ from warmup.serving import (
     TUNED,
     Serving,
     ServingError,
+    ServingOp,
     nearest_table,
     rehearsal,
 )
@@ -257,3 +259,40 @@ def test_any_adapter_warms_and_serves_here_the_matmul(tmp_path):
             a, b = torch.randn(m, 16), torch.randn(16, 16)
             torch.testing.assert_close(op(a, b), a @ b, rtol=1e-3, atol=1e-3)
         assert op.calls == [1, 3, 0]
+
+
+def test_a_generation_read_by_another_op_first_still_reaches_every_op(settings, store):
+    with Serving(settings, follow=False) as serving:
+        first = serving.op("matmul", n=N, k=K, dtype="fp32", max_m=100, device="cpu")
+        store.install([entry(32, 64)], record={"bundle": "b1"})
+        # making the second op reads (and loads) the new generation before any refresh
+        second = serving.op("matmul", n=N, k=K, dtype="fp32", max_m=50, device="cpu")
+        assert second.table.buckets == (16, 32, 64)
+        assert serving.refresh() == 1  # the first op, built from the older generation
+        assert first.table.buckets == (16, 32, 64) and first.config_for(30) == config(64)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"dtype": "bf17"}, "dtype='bf17': must be one of bf16, fp16, fp32"),
+        ({"n": "8"}, "n='8': must be an int >= 1"),
+        ({"max_m": 16.0}, "max_m=16.0: must be an int >= 1"),
+        ({"k": True}, "k=True: must be an int >= 1"),
+    ],
+)
+def test_a_bad_layer_is_named_before_anything_is_made(settings, store, changes, message):
+    with Serving(settings, follow=False) as serving, pytest.raises(ValueError) as error:
+        serving.op("matmul", **{"n": N, "k": K, "dtype": "fp32", "max_m": 64, **changes})
+    assert message in str(error.value)
+
+
+def test_config_for_takes_only_ms_a_call_can_have():
+    table = nearest_table({4: config(16)}, step=2, max_m=8)
+    op = object.__new__(ServingOp)  # the lookup alone: no registry, no kernel
+    op.table, op.step, op.kernel = table, 2, "ag_gemm"
+    op.layer = Layer(8, 8, "bf16", 8)
+    assert op.config_for(6) == config(16)
+    for bad in (0, 3, 10):
+        with pytest.raises(ValueError, match=r"is not a multiple of 2 in 1\.\.8"):
+            op.config_for(bad)
