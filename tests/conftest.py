@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import itertools
+import json
 import os
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +17,7 @@ import pytest
 from registry import Entry, Fingerprint, Hardware, KernelConfig, Measurement, Software
 
 _counter = itertools.count()
+ROOT = Path(__file__).parents[1]
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -24,6 +29,31 @@ def pytest_configure(config: pytest.Config) -> None:
 def env_without_interpreter(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     return {**env, "TRITON_DEFAULT_FP_FUSION": "1", **extra}
+
+
+def run_rank_processes(
+    module: str, world: int, *args: str, timeout: float = 600
+) -> list[dict[str, Any]]:
+    """``python -m module WORLD RANK *args`` once per rank, on CPU under the interpreter;
+    each prints one JSON line last, returned in rank order."""
+    env = {**env_without_interpreter(), "TRITON_INTERPRET": "1"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", module, str(world), str(rank), *args],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(world)
+    ]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=timeout)
+        assert proc.returncode == 0, err[-3000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results
 
 
 def gpu_fingerprint(

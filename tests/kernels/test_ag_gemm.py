@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import env_without_interpreter
+from tests.conftest import env_without_interpreter, run_rank_processes
 
 ROOT = Path(__file__).parents[2]
 pytestmark = pytest.mark.slow
@@ -15,32 +15,7 @@ pytestmark = pytest.mark.slow
 
 def run_ranks(world: int, scenario: str, tmp_path: Path) -> list[dict]:
     init = tmp_path / f"init-{scenario}-{world}"
-    env = {**env_without_interpreter(), "TRITON_INTERPRET": "1"}
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.kernels._ag_gemm_ranks",
-                str(world),
-                str(rank),
-                str(init),
-                scenario,
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in range(world)
-    ]
-    results = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=600)
-        assert proc.returncode == 0, err[-3000:]
-        results.append(json.loads(out.strip().splitlines()[-1]))
-    return results
+    return run_rank_processes("tests.kernels._ag_gemm_ranks", world, str(init), scenario)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kernels import matmul
 from kernels.adapter import Layer
 from registry import Entry, KernelConfig, Store, cpu_fingerprint
-from tests.conftest import env_without_interpreter
+from tests.conftest import run_rank_processes
 from tests.warmup.test_launch import settings_for, write_manifest
 from warmup.launch import run
 from warmup.manifest import load_manifest
@@ -192,7 +188,8 @@ def test_a_server_serves_every_m_after_a_warmup_on_two_ranks(tmp_path):
     )
     settings = settings_for(tmp_path, manifest=manifest)
     assert run(settings, load_manifest(manifest))["state"] == "ready"
-    results = run_ranks(2, settings, tmp_path)
+    args = [str(tmp_path / "init"), str(settings.volume), str(settings.work_dir)]
+    results = run_rank_processes("tests.warmup._serving_ranks", 2, *args, timeout=300)
     for result in results:
         assert result["buckets"] == [16, 48] and result["guard"] == 0
         for call in result["calls"]:
@@ -201,28 +198,6 @@ def test_a_server_serves_every_m_after_a_warmup_on_two_ranks(tmp_path):
         assert served == list(range(2, 65, 10))
         assert sum(result["counts"]) == len(served) and result["counts"][2] == 0
     assert results[0]["calls"] == results[1]["calls"]
-
-
-def run_ranks(world: int, settings: Settings, tmp_path: Path) -> list[dict]:
-    env = {**env_without_interpreter(), "TRITON_INTERPRET": "1"}
-    args = [str(tmp_path / "init"), str(settings.volume), str(settings.work_dir)]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "tests.warmup._serving_ranks", str(world), str(rank), *args],
-            cwd=Path(__file__).parents[2],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in range(world)
-    ]
-    results = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err[-3000:]
-        results.append(json.loads(out.strip().splitlines()[-1]))
-    return results
 
 
 def test_a_server_without_autotune_result_caching_is_warned(settings, store, caplog):
