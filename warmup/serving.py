@@ -23,6 +23,7 @@ swaps it in with one assignment. It also writes this process's metrics file.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 import math
 import threading
@@ -86,7 +87,8 @@ class ServingOp:
         self.calls = [0, 0, 0]  # by source; the follower exports them
         self.version: tuple[object, ...] = ()  # the registry version the table was built from
         # Every rank takes rank 0's table: the same error, the same rehearsal collectives.
-        self.table = self._table(self._agreed(self._read()))
+        self.tuned = self._agreed(self._read())  # M -> config: what the table is made of
+        self.table = self._table(self.tuned)
         if not self.table.buckets and on_missing == "error":
             raise ServingError(self._no_entries())
         self._prepare(self.table, built=set())
@@ -117,20 +119,17 @@ class ServingOp:
         swaps on its own: a table changes block shapes only, so ranks on different
         generations for a while still compute the same result (a config that chose the
         algorithm would need the swap agreed across ranks)."""
-        new = self._table(self._read())
-        if not new.buckets and self.table.buckets:
+        tuned = self._read()
+        if tuned == self.tuned:
+            return False  # this layer's entries did not change: no table to build
+        if not tuned:
             log.warning(
                 "%s %s: the registry lost every entry; keeping the table", self.kernel, self.layer
             )
             return False
-        if (new.buckets, new.configs, new.pick) == (
-            self.table.buckets,
-            self.table.configs,
-            self.table.pick,
-        ):
-            return False
+        new = self._table(tuned)
         self._prepare(new, built=set(self.table.configs))
-        self.table = new
+        self.table, self.tuned = new, tuned
         log.info("%s %s: new table, tuned M %s", self.kernel, self.layer, list(new.buckets))
         return True
 
@@ -147,10 +146,7 @@ class ServingOp:
 
     def _agreed(self, tuned: dict[int, KernelConfig]) -> dict[int, KernelConfig]:
         """Rank 0's configs on every rank of a tensor-parallel group."""
-        mine = {m: config.to_json() for m, config in tuned.items()}
-        agreed = self.served.agree(mine)
-        if agreed == mine:
-            return tuned
+        agreed = self.served.agree({m: config.to_json() for m, config in tuned.items()})
         return {int(m): KernelConfig.from_json(c) for m, c in agreed.items()}
 
     def _table(self, tuned: Mapping[int, KernelConfig]) -> Table:
@@ -178,8 +174,6 @@ class ServingOp:
         return found
 
     def _prepare(self, table: Table, *, built: set[KernelConfig]) -> None:
-        import contextlib
-
         import torch
 
         on_gpu = self.served.device.type == "cuda"  # Triton builds for the thread's device
@@ -377,8 +371,6 @@ class Serving:
 
     def _exempt(self) -> Any:
         """Builds made by the op's owner (construction, follower) are not request compiles."""
-        import contextlib
-
         exempt = getattr(self.guard, "exempt", None)
         return exempt() if exempt is not None else contextlib.nullcontext()
 
