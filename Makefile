@@ -30,7 +30,7 @@ test: $(STAMP) redis
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy registry
+	$(VENV)/bin/mypy registry warmup kernels
 
 clean:
 	rm -rf $(VENV) demo-volume demo-work

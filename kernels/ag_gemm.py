@@ -42,7 +42,7 @@ DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 M_DERIVED = ["epoch", "M", "m_per_rank", "rank"]
 
 
-@triton.jit
+@triton.jit  # type: ignore[untyped-decorator]
 def _wait_for_rows(flags_ptr, epoch, row_lo, row_hi, m_per_rank, rank, WORLD: tl.constexpr):
     """Spin until every shard holding rows [row_lo, row_hi] has landed (own rows excepted)."""
     first, last = row_lo // m_per_rank, row_hi // m_per_rank
@@ -66,7 +66,7 @@ def _fence_async_proxy(x):
     )
 
 
-@triton.jit
+@triton.jit  # type: ignore[untyped-decorator]
 def _tile_coords(
     tile,
     M,
@@ -89,7 +89,7 @@ def _tile_coords(
     return pid_m, pid_n
 
 
-@triton.jit(do_not_specialize=M_DERIVED)
+@triton.jit(do_not_specialize=M_DERIVED)  # type: ignore[untyped-decorator]
 def _ag_gemm_portable_kernel(
     g_ptr,
     b_ptr,
@@ -136,7 +136,7 @@ def _ag_gemm_portable_kernel(
     )
 
 
-@triton.jit(do_not_specialize=M_DERIVED)
+@triton.jit(do_not_specialize=M_DERIVED)  # type: ignore[untyped-decorator]
 def _ag_gemm_tma_kernel(
     g_desc,
     b_desc,
@@ -269,7 +269,7 @@ def _allocate_symmetric(ctx: AgGemmContext) -> None:
         ctx.peers.append(
             [handle.get_buffer(src, (ctx.max_m, ctx.k), ctx.dtype) for src in range(ctx.world)]
         )
-    ctx.side_stream = torch.cuda.Stream(device=ctx.device, priority=-1)
+    ctx.side_stream = torch.cuda.Stream(device=ctx.device, priority=-1)  # type: ignore[no-untyped-call]
     ctx.symm[0].barrier()
 
 
@@ -374,7 +374,7 @@ def input_buffer(ctx: AgGemmContext, m_per_rank: int) -> torch.Tensor:
 def _meet_peers(ctx: AgGemmContext) -> torch.cuda.Event:
     """Barrier on this slot: afterwards every rank's own rows are in its G[slot]."""
     ctx.symm[ctx.epoch % 2].barrier(channel=ctx.epoch % 2)
-    met = torch.cuda.Event()
+    met = torch.cuda.Event()  # type: ignore[no-untyped-call]
     met.record(torch.cuda.current_stream(ctx.device))
     return met
 

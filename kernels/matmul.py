@@ -24,7 +24,7 @@ NAME = "matmul"
 DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
-@triton.jit(do_not_specialize=["M"])  # batch sizes vary per call: one kernel serves them all
+@triton.jit(do_not_specialize=["M"])  # type: ignore[untyped-decorator]  # batch sizes vary per call: one kernel serves them all
 def _matmul_kernel(
     a_ptr,
     b_ptr,

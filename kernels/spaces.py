@@ -10,8 +10,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from registry import KernelConfig
+
+if TYPE_CHECKING:
+    import torch
 
 
 class EmptySpace(ValueError):
@@ -41,13 +45,13 @@ class DeviceLimits:
 CPU_LIMITS = DeviceLimits("cpu-interpreter", 4, 228 * 1024, (0, 0), 0.01, 10.0)
 
 
-def device_limits(device: object = None) -> DeviceLimits:
+def device_limits(device: torch.device | str | int | None = None) -> DeviceLimits:
     """Limits of a CUDA device (index or torch.device), or the CPU stand-in."""
     import torch
 
     if device is None and not torch.cuda.is_available():
         return CPU_LIMITS
-    if device is not None and torch.device(device).type == "cpu":  # type: ignore[arg-type]
+    if device is not None and torch.device(device).type == "cpu":
         return CPU_LIMITS
     props = torch.cuda.get_device_properties(device)
     optin = getattr(props, "shared_memory_per_block_optin", 0) or 227 * 1024
@@ -154,7 +158,8 @@ def predicted_us(c: KernelConfig, p: Problem, d: DeviceLimits) -> float:
     tiles = math.ceil(p.m / bm) * math.ceil(p.n / bn)
     waves = math.ceil(tiles / d.sm_count)
     tile_flops = 2.0 * bm * bn * p.k
-    efficiency = min(1.0, (bm * bn) / (128 * 256)) ** 0.25 * min(1.0, bk / 64) ** 0.2
+    # float ** float is typed Any (a negative base gives a complex); these bases are > 0.
+    efficiency: float = min(1.0, (bm * bn) / (128 * 256)) ** 0.25 * min(1.0, bk / 64) ** 0.2
     efficiency *= min(1.0, c.num_stages / 3) ** 0.3
     accumulators_per_thread = bm * bn / (c.num_warps * 32)
     if accumulators_per_thread > 128:  # fp32 accumulators crowd out the rest: spills
@@ -176,6 +181,12 @@ def ordered(
 def ag_gemm_space(limits: DeviceLimits) -> list[KernelConfig]:
     """The AllGather-GEMM space for a device: Hopper gets larger tiles and deeper pipes;
     the interpreter gets small tiles (it runs every element on the CPU)."""
+    blocks_m: tuple[int, ...]
+    blocks_n: tuple[int, ...]
+    blocks_k: tuple[int, ...]
+    stages: tuple[int, ...]
+    warps: tuple[int, ...]
+    groups: tuple[int, ...]
     if limits.is_cpu:
         blocks_m, blocks_n, blocks_k = (16, 32), (16, 32), (16, 32)
         stages, warps, groups = (2,), (4,), (2,)

@@ -14,7 +14,7 @@ class _JsonFormatter(logging.Formatter):
         self.rank = rank
 
     def format(self, record: logging.LogRecord) -> str:
-        entry = {
+        entry: dict[str, str | int] = {
             "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)),
             "level": record.levelname,
             "logger": record.name,

@@ -103,5 +103,8 @@ def summarize(config: KernelConfig, times_ms: Sequence[float]) -> Measurement:
     ordered = sorted(times_ms)
     if not ordered:
         return Measurement(config, error="no repetition ran")
-    pick = lambda q: ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))]  # noqa: E731
+
+    def pick(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))]
+
     return Measurement(config, statistics.median(ordered), pick(0.2), pick(0.8))

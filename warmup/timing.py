@@ -53,7 +53,7 @@ def cuda_event_timer(
     flush = torch.empty(flush_bytes, dtype=torch.int8, device="cuda")
 
     def one(fn: Thunk) -> float:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         flush.zero_()
         start.record()
         fn()
@@ -87,7 +87,7 @@ def _graph_times(fn: Thunk, repetitions: int, batch: int, flush: Any) -> list[fl
         return None
     times = []
     for _ in range(repetitions):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         flush.zero_()
         start.record()
         graph.replay()
