@@ -259,7 +259,7 @@ def _check_fingerprints(bundle: Bundle, expect: Fingerprint, policy: MatchPolicy
                 str(bundle.path),
                 f"entry {entry.relpath()} was tuned for another "
                 f"platform under policy '{policy.value}': "
-                f"{fields}; use force to install anyway",
+                f"{fields}; pass --force (force=True) to install anyway",
             )
 
 

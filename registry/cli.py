@@ -16,6 +16,22 @@ from registry.errors import RegistryError
 from registry.fingerprint import Fingerprint, MatchPolicy, cpu_fingerprint
 from registry.store import Store
 
+EXIT_BAD_INPUT = 2  # as argparse's usage errors; a registry failure exits 1
+IMPORTS = {  # format -> (importer, what its source folder holds)
+    "triton-autotune": (
+        importers.import_triton_autotune,
+        "a TRITON_CACHE_DIR folder with *.autotune.json files",
+    ),
+    "triton-dist": (
+        importers.import_triton_dist,
+        "a folder like ~/.triton_dist/autotune with <fn>/<hash>.json files",
+    ),
+}
+
+
+class BadInput(Exception):
+    """A path or argument of the user's that the command cannot use: exit 2, write nothing."""
+
 
 def add_parser(subparsers: Any, *, default_store: Path, default_cache: Path) -> None:
     """Register ``registry`` and its commands on the top-level CLI."""
@@ -27,42 +43,54 @@ def add_parser(subparsers: Any, *, default_store: Path, default_cache: Path) -> 
         help=f"registry folder (default {default_store})",
     )
     top.add_argument("--json", action="store_true", help="machine-readable output")
+    # Every command takes --json too; SUPPRESS keeps it from undoing a --json given before.
+    flags = argparse.ArgumentParser(add_help=False)
+    flags.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output"
+    )
+    common = [flags]
     cmds = top.add_subparsers(dest="registry_cmd", required=True, metavar="COMMAND")
 
-    ls = cmds.add_parser("ls", help="list entries")
+    ls = cmds.add_parser("ls", help="list entries", parents=common)
     ls.add_argument("--kernel", help="only this kernel")
     ls.set_defaults(handler=_ls)
 
-    show = cmds.add_parser("show", help="show one entry with every measured config")
+    show = cmds.add_parser("show", help="show one entry with every measured config", parents=common)
     show.add_argument("selector", help="part of the entry's path, e.g. 'ag_gemm/' or 'M4096'")
     show.set_defaults(handler=_show)
 
-    imp = cmds.add_parser("import", help="import Triton or Triton-distributed tuning caches")
-    imp.add_argument("format", choices=["triton-autotune", "triton-dist"])
+    imp = cmds.add_parser(
+        "import", help="import Triton or Triton-distributed tuning caches", parents=common
+    )
+    imp.add_argument("format", choices=list(IMPORTS))
     imp.add_argument("source", type=Path, help="a TRITON_CACHE_DIR or ~/.triton_dist/autotune")
     _fingerprint_option(imp)
     imp.set_defaults(handler=_import)
 
-    fp = cmds.add_parser("fingerprint", help="print this machine's fingerprint")
+    fp = cmds.add_parser("fingerprint", help="print this machine's fingerprint", parents=common)
     _fingerprint_option(fp)
     fp.set_defaults(handler=_fingerprint)
 
-    rb = cmds.add_parser("rollback", help="undo the latest bundle install")
+    rb = cmds.add_parser("rollback", help="undo the latest bundle install", parents=common)
     rb.set_defaults(handler=_rollback)
 
-    bun = cmds.add_parser("bundle", help="create, verify, install and list bundles")
+    bun = cmds.add_parser("bundle", help="create, verify, install and list bundles", parents=common)
     bcmds = bun.add_subparsers(dest="bundle_cmd", required=True, metavar="COMMAND")
-    create = bcmds.add_parser("create", help="write the store's entries to an archive")
+    create = bcmds.add_parser(
+        "create", help="write the store's entries to an archive", parents=common
+    )
     create.add_argument("out", type=Path)
     create.add_argument("--name", required=True)
     create.add_argument("--version", required=True)
     create.add_argument("--kernel", help="only this kernel")
     create.add_argument("--triton-cache", type=Path, help="also carry these compile artifacts")
     create.set_defaults(handler=_bundle_create)
-    ver = bcmds.add_parser("verify", help="check an archive without installing it")
+    ver = bcmds.add_parser("verify", help="check an archive without installing it", parents=common)
     ver.add_argument("file", type=Path)
     ver.set_defaults(handler=_bundle_verify)
-    ins = bcmds.add_parser("install", help="verify, then merge into the store atomically")
+    ins = bcmds.add_parser(
+        "install", help="verify, then merge into the store atomically", parents=common
+    )
     ins.add_argument("file", type=Path)
     ins.add_argument("--force", action="store_true", help="install despite fingerprint mismatches")
     ins.add_argument(
@@ -76,7 +104,7 @@ def add_parser(subparsers: Any, *, default_store: Path, default_cache: Path) -> 
     )
     _fingerprint_option(ins, allow_none=True)
     ins.set_defaults(handler=_bundle_install)
-    lst = bcmds.add_parser("list", help="bundles installed in the store")
+    lst = bcmds.add_parser("list", help="bundles installed in the store", parents=common)
     lst.set_defaults(handler=_bundle_list)
 
 
@@ -90,16 +118,25 @@ def _fingerprint_option(parser: argparse.ArgumentParser, *, allow_none: bool = F
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run the parsed command: 0 done, 2 bad input (one line on stderr); a
+    :class:`RegistryError` propagates to the caller, which exits 1."""
     handler: Callable[[argparse.Namespace, Store], Any] = args.handler
-    result = handler(args, Store(args.store))
+    try:
+        result = handler(args, Store(args.store))
+    except BadInput as e:
+        print(f"triton-warmup: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if args.json:
         print(json.dumps(result, indent=2, sort_keys=True, default=str))
     return 0
 
 
-def _resolve_fingerprint(spec: str) -> Fingerprint | None:
+def _resolve_fingerprint(spec: str) -> Fingerprint:
     if spec == "none":
-        return None
+        raise BadInput(
+            "--fingerprint 'none' only applies to 'bundle install'; "
+            "here use 'detect', 'cpu' or a JSON file."
+        )
     if spec == "cpu":
         return cpu_fingerprint()
     if spec == "detect":
@@ -114,16 +151,54 @@ def _resolve_fingerprint(spec: str) -> Fingerprint | None:
             ) from None
     try:
         return Fingerprint.from_json(json.loads(Path(spec).read_text()))
-    except (OSError, ValueError) as e:
-        raise RegistryError(f"Fingerprint file '{spec}' unreadable: {e}") from None
+    except (OSError, ValueError, RegistryError) as e:
+        reason = e.strerror if isinstance(e, OSError) else "not a fingerprint JSON object"
+        raise BadInput(
+            f"--fingerprint '{spec}' is unusable ({reason}); expected 'detect', 'cpu', "
+            "or a JSON file from 'registry fingerprint --json'."
+        ) from None
+
+
+def _existing(path: Path, *, folder: bool, what: str, expected: str) -> Path:
+    """``path`` if it is an existing folder (``folder``) or file; else :class:`BadInput`."""
+    if path.is_dir() if folder else path.is_file():
+        return path
+    state = "is a folder" if path.is_dir() else "is a file" if path.exists() else "does not exist"
+    raise BadInput(f"{what} '{path}' {state}; expected {expected}.")
+
+
+def _creatable(path: Path, *, folder: bool, what: str) -> Path:
+    """``path`` if it is, or can be made, a folder (``folder``) or file; else :class:`BadInput`."""
+    kind = "folder" if folder else "file"
+    if path.exists() and path.is_dir() != folder:
+        other = "file" if folder else "folder"
+        raise BadInput(f"{what} '{path}' is a {other}; expected a {kind} (existing or new).")
+    above = next((p for p in path.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise BadInput(f"{what} '{path}' lies under the file '{above}'; expected a {kind} path.")
+    return path
+
+
+def _select(store: Store, kernel: str | None) -> list[Entry]:
+    """The store's entries, of ``kernel`` only when one is given: it must have some."""
+    entries = store.entries()
+    if kernel is None:
+        return entries
+    chosen = [e for e in entries if e.kernel == kernel]
+    if not chosen:
+        known = ", ".join(sorted({e.kernel for e in entries})) or "none, the store is empty"
+        raise BadInput(
+            f"--kernel '{kernel}' matches no entry in {store.root}; kernels there: {known}."
+        )
+    return chosen
 
 
 def _ls(args: argparse.Namespace, store: Store) -> list[dict[str, Any]]:
-    entries = [e for e in store.entries() if not args.kernel or e.kernel == args.kernel]
-    rows = [_row(e) for e in entries]
+    rows = [_row(e) for e in _select(store, args.kernel)]
     if not args.json:
         _table(
-            rows, ["kernel", "shape", "gpu", "software", "best", "median_ms", "source", "created"]
+            [{**r, "median_ms": _ms(r["median_ms"])} for r in rows],
+            ["kernel", "shape", "gpu", "software", "best", "median_ms", "source", "created"],
         )
         print(
             f"{len(rows)} entries in {store.root}"
@@ -140,7 +215,7 @@ def _row(e: Entry) -> dict[str, Any]:
         "gpu": e.fingerprint.gpu_slug(),
         "software": e.fingerprint.software_slug(),
         "best": e.best.label(),
-        "median_ms": f"{best.median_ms:.4f}" if best else "-",
+        "median_ms": best.median_ms if best else None,
         "source": e.source,
         "created": e.created,
         "path": e.relpath().as_posix(),
@@ -151,7 +226,7 @@ def _show(args: argparse.Namespace, store: Store) -> dict[str, Any]:
     matches = [e for e in store.entries() if args.selector in e.relpath().as_posix()]
     if len(matches) != 1:
         paths = ", ".join(e.relpath().as_posix() for e in matches[:5]) or "none"
-        raise RegistryError(
+        raise BadInput(
             f"Selector '{args.selector}' matches {len(matches)} entries (need 1): {paths}"
         )
     entry = matches[0]
@@ -175,32 +250,33 @@ def _show(args: argparse.Namespace, store: Store) -> dict[str, Any]:
     return entry.to_json()
 
 
-def _ms(value: float) -> str:
-    return "-" if value == float("inf") else f"{value:.4f}"
+def _ms(value: float | None) -> str:
+    """A time for a table: milliseconds to 4 places, or '-' when there is none."""
+    return "-" if value is None or value == float("inf") else f"{value:.4f}"
 
 
 def _import(args: argparse.Namespace, store: Store) -> dict[str, Any]:
-    fingerprint = _resolve_fingerprint(args.fingerprint)
-    assert fingerprint is not None
-    load = (
-        importers.import_triton_autotune
-        if args.format == "triton-autotune"
-        else importers.import_triton_dist
-    )
-    result = load(args.source, fingerprint)
+    load, holds = IMPORTS[args.format]
+    source = _existing(args.source, folder=True, what="import source", expected=holds)
+    _creatable(store.root, folder=True, what="--store")
+    result = load(source, _resolve_fingerprint(args.fingerprint))
     for error in result.errors:
         print(f"skipped {error}", file=sys.stderr)
-    store.put_many(result.entries)
     if not result.entries and result.errors:
-        raise RegistryError(f"Nothing imported from {args.source}: {len(result.errors)} bad files.")
+        raise RegistryError(f"Nothing imported from {source}: {len(result.errors)} bad files.")
+    if result.entries:
+        store.put_many(result.entries)
     if not args.json:
-        print(f"imported {len(result.entries)} entries from {args.source} into {store.root}")
+        print(
+            f"imported {len(result.entries)} entries from {source} into {store.root}"
+            if result.entries
+            else f"nothing to import from {source}: expected {holds}; store unchanged"
+        )
     return {"imported": len(result.entries), "errors": result.errors}
 
 
 def _fingerprint(args: argparse.Namespace, store: Store) -> dict[str, Any]:
     fingerprint = _resolve_fingerprint(args.fingerprint)
-    assert fingerprint is not None
     if not args.json:
         for name, value in fingerprint.flat().items():
             print(f"{name:28} {value}")
@@ -208,6 +284,10 @@ def _fingerprint(args: argparse.Namespace, store: Store) -> dict[str, Any]:
 
 
 def _rollback(args: argparse.Namespace, store: Store) -> dict[str, Any]:
+    if store.current_generation() is None:  # Store.rollback would create the store first
+        raise RegistryError(
+            f"Store {store.root}: no bundle install left to roll back (it has no generation yet)."
+        )
     info = store.rollback()
     if not args.json:
         print(
@@ -218,7 +298,18 @@ def _rollback(args: argparse.Namespace, store: Store) -> dict[str, Any]:
 
 
 def _bundle_create(args: argparse.Namespace, store: Store) -> dict[str, Any]:
-    entries = [e for e in store.entries() if not args.kernel or e.kernel == args.kernel]
+    for flag, value in (("--name", args.name), ("--version", args.version)):
+        if not value:
+            raise BadInput(f"{flag} is empty; expected a non-empty {flag[2:]} for the bundle.")
+    _creatable(args.out, folder=False, what="bundle file")
+    if args.triton_cache is not None:
+        _existing(
+            args.triton_cache,
+            folder=True,
+            what="--triton-cache",
+            expected="a Triton cache folder (TRITON_CACHE_DIR)",
+        )
+    entries = _select(store, args.kernel)
     manifest = bundle.create(
         args.out,
         name=args.name,
@@ -235,7 +326,7 @@ def _bundle_create(args: argparse.Namespace, store: Store) -> dict[str, Any]:
 
 
 def _bundle_verify(args: argparse.Namespace, store: Store) -> dict[str, Any]:
-    verified = bundle.verify(args.file)
+    verified = bundle.verify(_bundle_file(args.file))
     if not args.json:
         print(
             f"{args.file}: OK  {verified.name} {verified.version}  {len(verified.entries)} "
@@ -246,11 +337,19 @@ def _bundle_verify(args: argparse.Namespace, store: Store) -> dict[str, Any]:
     return verified.manifest
 
 
+def _bundle_file(path: Path) -> Path:
+    expected = "a bundle archive made by 'registry bundle create'"
+    return _existing(path, folder=False, what="bundle file", expected=expected)
+
+
 def _bundle_install(args: argparse.Namespace, store: Store) -> dict[str, Any]:
+    path = _bundle_file(args.file)
+    _creatable(store.root, folder=True, what="--store")
+    _creatable(args.triton_cache, folder=True, what="--triton-cache")
     info = bundle.install(
-        args.file,
+        path,
         store,
-        expect=_resolve_fingerprint(args.fingerprint),
+        expect=None if args.fingerprint == "none" else _resolve_fingerprint(args.fingerprint),
         policy=args.policy,
         force=args.force,
         triton_cache=args.triton_cache,

@@ -2,8 +2,16 @@ import json
 
 import pytest
 
-from registry import Store, bundle
+from registry import Entry, KernelConfig, Measurement, Store, bundle
+from registry.fingerprint import cpu_fingerprint
 from warmup.cli import main
+
+
+@pytest.fixture(autouse=True)
+def _settings_in_tmp(monkeypatch, tmp_path):
+    # The default store and Triton cache live under the volume: keep them in tmp_path.
+    monkeypatch.setenv("TRITON_WARMUP_VOLUME", str(tmp_path / "volume"))
+    monkeypatch.setenv("TRITON_WARMUP_WORK_DIR", str(tmp_path / "work"))
 
 
 @pytest.fixture
@@ -26,14 +34,14 @@ def test_ls_prints_a_table_and_json(capsys, store):
     assert "2 entries" in out and "NVIDIA-H200" in out
     code, out, _ = run(capsys, "registry", "--store", str(store.root), "--json", "ls")
     rows = json.loads(out)
-    assert code == 0 and len(rows) == 2 and rows[0]["median_ms"] == "1.0000"
+    assert code == 0 and len(rows) == 2 and rows[0]["median_ms"] == 1.0
 
 
 def test_show_one_entry_and_refuse_ambiguity(capsys, store):
     code, out, _ = run(capsys, "registry", "--store", str(store.root), "show", "M1024")
     assert code == 0 and "out of shared memory" in out and "BLOCK_M=128" in out
     code, _, err = run(capsys, "registry", "--store", str(store.root), "show", "ag_gemm")
-    assert code == 1 and "matches 2 entries" in err and len(err.strip().splitlines()) == 1
+    assert code == 2 and "matches 2 entries" in err and len(err.strip().splitlines()) == 1
 
 
 def test_bundle_create_verify_install_list_rollback(capsys, store, tmp_path, h200):
@@ -93,7 +101,20 @@ def test_install_with_the_wrong_fingerprint_fails_with_one_line(capsys, store, t
         "cpu",
     )
     assert code == 1 and err.startswith("triton-warmup: error: Bundle") and "gpu_name" in err
-    assert len(err.strip().splitlines()) == 1
+    assert len(err.strip().splitlines()) == 1 and "--force" in err
+    code, _, _ = run(
+        capsys,
+        "registry",
+        "--store",
+        str(tmp_path / "t"),
+        "bundle",
+        "install",
+        str(out_file),
+        "--fingerprint",
+        "cpu",
+        "--force",
+    )
+    assert code == 0 and len(Store(tmp_path / "t")) == 2
 
 
 def test_import_and_fingerprint_commands(capsys, tmp_path):
@@ -138,3 +159,189 @@ def test_errors_exit_nonzero_with_a_reason(capsys, tmp_path):
     assert exit_info.value.code == 2
     code, _, err = run(capsys, "registry", "--store", str(tmp_path / "e"), "rollback")
     assert code == 1 and "no bundle install" in err
+    assert not (tmp_path / "e").exists()  # a rollback of nothing creates no store
+
+
+def error_line(err):
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("triton-warmup: error: "), err
+    return lines[0]
+
+
+@pytest.mark.parametrize("fmt", ["triton-autotune", "triton-dist"])
+@pytest.mark.parametrize("source", ["missing", "a-file"])
+def test_import_from_a_missing_folder_exits_2_and_creates_nothing(capsys, tmp_path, fmt, source):
+    (tmp_path / "a-file").write_text("{}")
+    args = [fmt, str(tmp_path / source), "--fingerprint", "cpu"]
+    code, _, err = run(capsys, "registry", "--store", str(tmp_path / "s"), "import", *args)
+    line = error_line(err)
+    assert code == 2 and str(tmp_path / source) in line and "folder" in line
+    assert not (tmp_path / "s").exists()
+
+
+def test_import_of_nothing_creates_no_store(capsys, tmp_path):
+    (tmp_path / "empty").mkdir()
+    code, out, _ = run(
+        capsys,
+        "registry",
+        "--store",
+        str(tmp_path / "s"),
+        "import",
+        "triton-autotune",
+        str(tmp_path / "empty"),
+        "--fingerprint",
+        "cpu",
+    )
+    assert code == 0 and "*.autotune.json" in out and not (tmp_path / "s").exists()
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "k.autotune.json").write_text("not json")
+    code, _, err = run(
+        capsys,
+        "registry",
+        "--store",
+        str(tmp_path / "s"),
+        "import",
+        "triton-autotune",
+        str(tmp_path / "bad"),
+        "--fingerprint",
+        "cpu",
+    )
+    assert code == 1 and "Nothing imported" in err and not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["ls"], ["show", "M1024"], ["bundle", "list"], ["fingerprint", "--fingerprint", "cpu"]],
+)
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_json_works_before_and_after_the_command(capsys, store, command, where):
+    flagged = ["--json", *command] if where == "before" else [*command, "--json"]
+    code, out, _ = run(capsys, "registry", "--store", str(store.root), *flagged)
+    assert code == 0 and isinstance(json.loads(out), (list, dict))
+    code, out, _ = run(capsys, "registry", "--store", str(store.root), *command)
+    assert code == 0 and not out.lstrip().startswith(("[", "{"))
+
+
+def test_json_after_a_bundle_command(capsys, store, tmp_path):
+    out_file = tmp_path / "b.tgz"
+    code, out, _ = run(
+        capsys,
+        "registry",
+        "--store",
+        str(store.root),
+        "bundle",
+        "create",
+        str(out_file),
+        "--name",
+        "n",
+        "--version",
+        "1",
+        "--json",
+    )
+    assert code == 0 and json.loads(out)["name"] == "n"
+    code, out, _ = run(capsys, "registry", "bundle", "verify", str(out_file), "--json")
+    assert code == 0 and json.loads(out)["version"] == "1"
+
+
+def test_times_are_numbers_in_json_and_text_in_tables(capsys, tmp_path):
+    failed = KernelConfig.make({"BLOCK_M": 16})
+    store = Store(tmp_path / "reg")
+    store.put(
+        Entry.make(
+            "k",
+            {"M": 1},
+            cpu_fingerprint(),
+            failed,
+            measurements=(Measurement(failed, error="out of shared memory"),),
+        )
+    )
+    code, out, _ = run(capsys, "registry", "--store", str(store.root), "ls", "--json")
+    assert code == 0 and json.loads(out)[0]["median_ms"] is None
+    code, out, _ = run(capsys, "registry", "--store", str(store.root), "ls")
+    assert code == 0 and "None" not in out and " - " in out
+
+
+def test_ls_json_median_is_a_float(capsys, store):
+    code, out, _ = run(capsys, "registry", "--store", str(store.root), "ls", "--json")
+    medians = [row["median_ms"] for row in json.loads(out)]
+    assert code == 0 and medians == [1.0, 1.0]
+    code, out, _ = run(capsys, "registry", "--store", str(store.root), "show", "M1024", "--json")
+    timings = json.loads(out)["measurements"][0]
+    assert isinstance(timings["median_ms"], float) and isinstance(timings["p20_ms"], float)
+
+
+BAD_INPUT = {  # test id -> (argv after "registry", what the error must name)
+    "verify-missing": (["bundle", "verify", "{missing}"], "{missing}"),
+    "verify-folder": (["bundle", "verify", "{dir}"], "{dir}"),
+    "install-missing": (["bundle", "install", "{missing}", "--fingerprint", "none"], "{missing}"),
+    "install-cache-is-file": (
+        ["bundle", "install", "{bundle}", "--triton-cache", "{file}"],
+        "{file}",
+    ),
+    "install-store-is-file": (
+        ["--store", "{file}", "bundle", "install", "{bundle}", "--fingerprint", "none"],
+        "{file}",
+    ),
+    "import-store-under-file": (
+        ["--store", "{file}/s", "import", "triton-dist", "{dir}", "--fingerprint", "cpu"],
+        "{file}",
+    ),
+    "create-out-is-folder": (
+        ["bundle", "create", "{dir}", "--name", "n", "--version", "1"],
+        "{dir}",
+    ),
+    "create-out-under-file": (
+        ["bundle", "create", "{file}/b.tgz", "--name", "n", "--version", "1"],
+        "{file}",
+    ),
+    "create-unknown-kernel": (
+        ["bundle", "create", "{out}", "--name", "n", "--version", "1", "--kernel", "nope"],
+        "nope",
+    ),
+    "create-empty-name": (["bundle", "create", "{out}", "--name", "", "--version", "1"], "--name"),
+    "create-cache-missing": (
+        [
+            "bundle",
+            "create",
+            "{out}",
+            "--name",
+            "n",
+            "--version",
+            "1",
+            "--triton-cache",
+            "{missing}",
+        ],
+        "{missing}",
+    ),
+    "ls-unknown-kernel": (["ls", "--kernel", "nope"], "nope"),
+    "show-no-match": (["show", "M999"], "M999"),
+    "fingerprint-none": (["fingerprint", "--fingerprint", "none"], "none"),
+    "import-fingerprint-none": (
+        ["import", "triton-dist", "{dir}", "--fingerprint", "none"],
+        "none",
+    ),
+    "fingerprint-file-missing": (["fingerprint", "--fingerprint", "{missing}"], "{missing}"),
+    "fingerprint-file-not-one": (["fingerprint", "--fingerprint", "{file}"], "{file}"),
+}
+
+
+@pytest.mark.parametrize(("argv", "named"), BAD_INPUT.values(), ids=BAD_INPUT.keys())
+def test_bad_input_exits_2_with_one_line_naming_it(capsys, store, tmp_path, argv, named):
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "file").write_text("[1]")
+    bundle.create(tmp_path / "b.tgz", name="b", version="1", entries=store.entries())
+    paths = {
+        "missing": tmp_path / "missing",
+        "dir": tmp_path / "dir",
+        "file": tmp_path / "file",
+        "bundle": tmp_path / "b.tgz",
+        "out": tmp_path / "out.tgz",
+    }
+    before = sorted(tmp_path.rglob("*"))
+    argv = [a.format(**paths) for a in argv]
+    if "--store" not in argv:
+        argv = ["--store", str(store.root), *argv]
+    code, _, err = run(capsys, "registry", *argv)
+    line = error_line(err)
+    assert code == 2 and named.format(**paths) in line
+    assert sorted(tmp_path.rglob("*")) == before  # bad input writes nothing
