@@ -39,10 +39,13 @@ CMD ["serve"]
 
 # ---- full: the init container that compiles and tunes on the pod's GPUs ----------------
 FROM ${CUDA_IMAGE} AS python-base
+# Triton builds its driver stubs (C extensions) with cc against Python.h on first launch:
+# gcc, libc headers and the headers of this python3 are runtime dependencies.
 # apt versions follow the CUDA image's Ubuntu release; exact pins break with each base tag.
 # hadolint ignore=DL3008
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates \
+ && apt-get install -y --no-install-recommends python3 python3-venv python3-dev \
+      gcc libc6-dev ca-certificates \
  && rm -rf /var/lib/apt/lists/*
 
 FROM python-base AS full-build
@@ -65,5 +68,7 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     TRITON_WARMUP_DEVICE=cuda
 USER 10001:10001
+# An image without a compiler or Python headers fails here, not at its first kernel launch.
+RUN triton-warmup doctor --only compiler
 ENTRYPOINT ["triton-warmup"]
 CMD ["run"]

@@ -135,9 +135,9 @@ def warm_phase(args: argparse.Namespace) -> dict[str, Any]:
 
     status = warmup.warm(args.volume / "manifest.yaml", settings(args))
     return {
-        "state": status.get("state"),
-        "sources": status.get("sources"),
-        "failures": status.get("failures"),
+        "state": status.state,
+        "sources": status.sources,
+        "failures": status.failures,
     }
 
 

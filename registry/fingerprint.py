@@ -21,6 +21,7 @@ from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
+from registry import triton_internals
 from registry.errors import RegistryError
 
 
@@ -196,13 +197,8 @@ def _triton_versions() -> tuple[str, str]:
         import triton
     except ImportError:
         return "none", "none"
-    try:
-        from triton.runtime.cache import triton_key
-
-        source_hash = triton_source_hash(triton_key())
-    except Exception:  # older or vendor builds have no triton_key
-        source_hash = "unknown"
-    return str(triton.__version__), source_hash
+    key = triton_internals.compiler_key()
+    return str(triton.__version__), triton_source_hash(key) if key else "unknown"
 
 
 def triton_source_hash(triton_key: object) -> str:
@@ -228,17 +224,7 @@ def _driver_version() -> str:
 
 
 def _ptxas_version(arch: int) -> str:
-    # Triton memoises this per arch and asks with the device's: ask the same, share it.
-    try:
-        from triton.backends.nvidia.compiler import get_ptxas_version
-
-        try:
-            version = get_ptxas_version(arch)
-        except TypeError:  # Triton 3.4 takes no arch
-            version = get_ptxas_version()
-        return str(version).strip().splitlines()[-1]
-    except Exception:
-        return "unknown"
+    return triton_internals.ptxas_version(arch) or "unknown"
 
 
 def _nvlink_full_mesh(count: int) -> bool | None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -24,6 +26,21 @@ def pytest_configure(config: pytest.Config) -> None:
     # Kernels run on CPU tensors through Triton's interpreter, which Triton reads when a
     # kernel module is imported; subprocesses that compile for a GPU target drop it.
     os.environ["TRITON_INTERPRET"] = "1"
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A green run leaves nothing in the temp folder: its tmp_path folders go (a failed
+    run keeps them, for a look)."""
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    if exitstatus != 0 or factory is None or session.config.option.basetemp:
+        return
+    base = factory.getbasetemp()
+    shutil.rmtree(base, ignore_errors=True)
+    current = base.parent / f"{base.name.rsplit('-', 1)[0]}-current"
+    if current.is_symlink() and not current.exists():
+        current.unlink()
+    with contextlib.suppress(OSError):  # pytest-of-<user>, when no older run is left
+        base.parent.rmdir()
 
 
 def env_without_interpreter(**extra: str) -> dict[str, str]:

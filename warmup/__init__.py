@@ -8,18 +8,24 @@ an init container. Importing this package imports neither torch nor triton.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from warmup.manifest import Manifest
+    from warmup.results import RunStatus
     from warmup.settings import Settings
 
 
-def warm(manifest: Manifest | str | Path, settings: Settings | None = None) -> dict[str, Any]:
-    """Warm every shape of ``manifest`` in this process; returns the status summary.
+def warm(manifest: Manifest | str | Path, settings: Settings | None = None) -> RunStatus:
+    """Warm every shape of ``manifest`` in this process; returns the run's status (every
+    rank gets it; ``status.ready`` is True only when every shape is warm).
 
     Under an initialised ``torch.distributed`` group every rank must call it; rank 0
-    restores and saves the compile cache and writes the status and metrics files.
+    restores and saves the compile cache and writes the status and metrics files. On
+    CPU it turns Triton's interpreter on (before the kernels are imported).
+    :class:`~warmup.manifest.ManifestError` when the manifest has no entry for this
+    world size or a kernel rejects a shape; :class:`~warmup.session.RunError` when the
+    device asked for is not there.
     """
     from warmup.inprocess import warm_in_process
 

@@ -17,6 +17,7 @@ Config-space entries are ``KernelConfig``s, dicts of scalars, or dicts holding o
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import logging
 import re
@@ -164,13 +165,16 @@ class AutotunedFunction:
         return [c for c in self.choices if self.prune_fn(c.kwargs, *args, **kwargs)]
 
     def _choice_for(self, config: KernelConfig) -> _Choice:
+        """The space entry of a config the tuner chose (one it ``accepts``)."""
         for choice in self.choices:
             if choice.config == config:
                 return choice
-        raise ValueError(
-            f"{self.kernel}: the stored config {config.label()} is not in the "
-            "config space any more; retune (a changed space changes the key)."
-        )
+        raise ValueError(f"{self.kernel}: {config.label()} is not in the config space.")
+
+    def space_hash(self) -> str:
+        """The config space's hash: part of the kernel hash, so a changed space is a miss."""
+        space = sorted(json.dumps(c.config.to_json(), sort_keys=True) for c in self.choices)
+        return hashlib.sha256("\n".join(space).encode()).hexdigest()[:16]
 
 
 class _CallTask:
@@ -189,7 +193,10 @@ class _CallTask:
 
     @property
     def kernel_hash(self) -> str:
-        return kernel_source_hash(self.owner.fn)
+        return f"{kernel_source_hash(self.owner.fn)}-{self.owner.space_hash()}"
+
+    def accepts(self, config: KernelConfig) -> bool:
+        return any(choice.config == config for choice in self.owner.choices)
 
     def key(self) -> dict[str, Any]:
         return self._key
@@ -232,9 +239,7 @@ def _plain(value: Any) -> Any:
 
 def _choice(entry: Any) -> _Choice:
     if isinstance(entry, KernelConfig):
-        return _Choice(
-            entry, {**entry.meta, "num_warps": entry.num_warps, "num_stages": entry.num_stages}
-        )
+        return _Choice(entry, entry.all_kwargs())  # num_ctas and maxnreg too, when set
     if not isinstance(entry, Mapping):
         raise ValueError(f"autotune: config-space entry {entry!r} is not a dict or KernelConfig.")
     meta: dict[str, Any] = {}

@@ -3,7 +3,11 @@
 triton-warmup run       warm every manifest shape (init container); exit 0 when ready
 triton-warmup serve     the sidecar: /healthz /readyz /metrics, bundle hot reload
 triton-warmup validate  check a manifest, write nothing
+triton-warmup doctor    check this host for what a run needs
 triton-warmup registry  inspect and move tuned configs
+
+Exit codes: 0 done, 1 the work failed (the status names why), 2 bad input or settings.
+An error is one line on stderr; ``--debug`` adds the traceback.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import json
 import signal
 import sys
 import threading
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,21 +26,26 @@ from pydantic import ValidationError
 
 from registry import cli as registry_cli
 from registry.errors import RegistryError
-from warmup import logs
+from warmup import doctor, logs
+from warmup.launch import RunError
 from warmup.manifest import ManifestError, load_manifest
+from warmup.results import RunStatus
+from warmup.server import SidecarError
 from warmup.settings import Settings
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+BAD_INPUT = (ManifestError, RunError, SidecarError)  # the user's input or host: exit 2
 
 
 def build_parser(settings: Settings) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="triton-warmup", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--debug", action="store_true", help="tracebacks with errors")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser("run", help="warm every manifest shape, then exit")
     _common(run, settings)
-    run.add_argument("--world-size", type=int, help="ranks (default: from the manifest)")
+    run.add_argument("--world-size", type=int, help="ranks, 1-8 (default: the manifest's largest)")
     run.add_argument("--device", choices=["auto", "cpu", "cuda"], help="where to warm")
 
     serve = sub.add_parser("serve", help="the sidecar: probes, metrics, bundle reload")
@@ -47,6 +57,7 @@ def build_parser(settings: Settings) -> argparse.ArgumentParser:
     validate.add_argument("manifest", type=Path)
     validate.add_argument("--json", action="store_true")
 
+    doctor.add_parser(sub, settings)
     cache = settings.triton_cache_dir or settings.paths.triton_cache
     registry_cli.add_parser(sub, default_store=settings.registry_path, default_cache=cache)
     return parser
@@ -57,73 +68,87 @@ def _common(parser: argparse.ArgumentParser, settings: Settings) -> None:
     parser.add_argument("--volume", type=Path, help=f"default {settings.volume}")
 
 
+OVERRIDES = {  # option -> setting
+    "manifest": "manifest",
+    "volume": "volume",
+    "world_size": "world_size",
+    "device": "device",
+    "host": "metrics_host",
+    "port": "metrics_port",
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = Settings()
     except ValidationError as e:
-        print(f"triton-warmup: error: bad settings: {_one_line(e)}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return _error(f"bad settings: {settings_errors(e)}", EXIT_BAD_INPUT)
     args = build_parser(settings).parse_args(argv)
-    overrides = {
-        k: v
-        for k, v in (
-            ("manifest", getattr(args, "manifest", None)),
-            ("volume", getattr(args, "volume", None)),
-            ("world_size", getattr(args, "world_size", None)),
-            ("device", getattr(args, "device", None)),
-        )
-        if v is not None
+    given = {
+        field: getattr(args, option)
+        for option, field in OVERRIDES.items()
+        if getattr(args, option, None) is not None
     }
-    settings = settings.model_copy(update=overrides)
+    try:  # options are settings too: validated the same way, then taking precedence
+        settings = Settings(**given)
+    except ValidationError as e:
+        return _error(settings_errors(e, options=given), EXIT_BAD_INPUT)
     quiet = args.command not in ("run", "serve")  # registry commands print their own output
     logs.configure(settings.log_format, level=10 if args.verbose else 30 if quiet else 20)
     try:
-        if args.command == "run":
-            return _run(settings)
-        if args.command == "serve":
-            return _serve(settings, args)
-        if args.command == "validate":
-            return _validate(args)
-        return registry_cli.run(args)
-    except ManifestError as e:
-        print(f"triton-warmup: error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except RegistryError as e:
-        print(f"triton-warmup: error: {e}", file=sys.stderr)
-        return EXIT_FAILED
+        return _dispatch(args, settings)
+    except Exception as e:
+        if args.debug:
+            traceback.print_exc()
+        code = EXIT_BAD_INPUT if isinstance(e, BAD_INPUT) else EXIT_FAILED
+        if not isinstance(e, (*BAD_INPUT, RegistryError, SidecarError)):
+            return _error(f"{type(e).__name__}: {e} (--debug shows where)", code)
+        return _error(str(e), code)
+
+
+def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
+    if args.command == "run":
+        return _run(settings)
+    if args.command == "serve":
+        return _serve(settings)
+    if args.command == "validate":
+        return _validate(args)
+    if args.command == "doctor":
+        return doctor.run(settings, args)
+    return registry_cli.run(args)
+
+
+def _error(message: str, code: int) -> int:
+    print(f"triton-warmup: error: {message}", file=sys.stderr)
+    return code
 
 
 def _run(settings: Settings) -> int:
     manifest = load_manifest(settings.manifest)  # before any GPU work or write
-    from warmup.launch import RunError, run
+    from warmup.launch import run
 
-    try:
-        status = run(settings, manifest)
-    except RunError as e:
-        print(f"triton-warmup: error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    status = run(settings, manifest)
     print(summary(status))
-    return EXIT_OK if status["state"] == "ready" else EXIT_FAILED
+    return EXIT_OK if status.ready else EXIT_FAILED
 
 
-def summary(status: dict[str, Any]) -> str:
-    sources = ", ".join(f"{n} {s}" for s, n in sorted(status.get("sources", {}).items()))
+def summary(status: RunStatus) -> str:
+    sources = ", ".join(f"{n} {s}" for s, n in status.sources.items())
     line = (
-        f"warmup {status['state']}: {len(status.get('shapes', []))} shape-rank results "
-        f"({sources or 'none'}), {status.get('benchmark_runs', 0)} benchmark runs, "
-        f"{status.get('duration_s', 0):.1f} s"
+        f"warmup {status.state}: {len(status.shapes)} shape-rank results "
+        f"({sources or 'none'}), {status.benchmark_runs} benchmark runs, "
+        f"{status.duration_s or 0:.1f} s"
     )
-    failures = status.get("failures", [])
-    return line + "".join(f"\n  FAILED {f}" for f in failures)
+    return line + "".join(f"\n  FAILED {f}" for f in status.failures)
 
 
-def _serve(settings: Settings, args: argparse.Namespace) -> int:
+def _serve(settings: Settings) -> int:
     from warmup.server import Sidecar
 
     sidecar = Sidecar(settings)
-    port = sidecar.start(host=args.host, port=args.port)
+    port = sidecar.start()
     print(
-        f"serving /healthz /readyz /metrics on {args.host or settings.metrics_host}:{port}; "
+        f"serving /healthz /readyz /metrics on {settings.metrics_host}:{port}; "
         f"watching {settings.bundles}",
         flush=True,
     )
@@ -137,7 +162,7 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
 
 def _validate(args: argparse.Namespace) -> int:
     manifest = load_manifest(args.manifest, check_kernels=True)
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "kernel": e.kernel,
             "dtype": e.dtype,
@@ -149,21 +174,33 @@ def _validate(args: argparse.Namespace) -> int:
     ]
     if args.json:
         print(json.dumps({"digest": manifest.digest(), "entries": rows}, indent=2))
-    else:
-        for row in rows:
-            print(
-                f"{row['kernel']:32} {row['dtype']} world {row['world_size']} "
-                f"policy {row['policy']}: {len(row['shapes'])} shapes"
-            )
-        print(f"manifest {args.manifest} is valid (digest {manifest.digest()})")
+        return EXIT_OK
+    for row in rows:
+        shapes = row["shapes"]
+        print(
+            f"{row['kernel']} {row['dtype']}, world size {row['world_size']}, "
+            f"policy {row['policy']}: {len(shapes)} shape(s)"
+        )
+        for shape in shapes:
+            print("  " + " ".join(f"{k}={v}" for k, v in shape.items()))
+    print(f"manifest {args.manifest} is valid (digest {manifest.digest()})")
     return EXIT_OK
 
 
-def _one_line(error: ValidationError) -> str:
-    return "; ".join(
-        f"TRITON_WARMUP_{'_'.join(map(str, d['loc'])).upper()}: {d['msg']} (got {d.get('input')!r})"
-        for d in error.errors()
-    )
+def settings_errors(error: ValidationError, options: dict[str, Any] | None = None) -> str:
+    """One line: each bad setting as its option (or environment variable), the value
+    given, and what is allowed."""
+    by_field = {field: option for option, field in OVERRIDES.items()}
+    parts = []
+    for detail in error.errors():
+        field = str(detail["loc"][0]) if detail["loc"] else ""
+        name = (
+            f"--{by_field[field].replace('_', '-')}"
+            if options and field in options
+            else f"TRITON_WARMUP_{field.upper()}"
+        )
+        parts.append(f"{name}={detail.get('input')!r}: {detail['msg'].lower()}")
+    return "; ".join(parts)
 
 
 if __name__ == "__main__":

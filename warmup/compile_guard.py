@@ -16,6 +16,8 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from registry import triton_internals
+
 if TYPE_CHECKING:
     from warmup.metrics import ServingMetrics
     from warmup.settings import Settings
@@ -170,26 +172,24 @@ class _Hooks:
                 self._uninstall()
 
     def _install(self) -> None:
-        from triton import knobs
-        from triton.runtime.autotuner import Autotuner
-
-        self.previous = knobs.runtime.jit_cache_hook
-        self.hook = knobs.runtime.jit_cache_hook = self._compile_hook(self.previous)
+        Autotuner = triton_internals.autotuner_class()
+        self.previous = triton_internals.jit_cache_hook()
+        self.hook = self._compile_hook(self.previous)
+        triton_internals.set_jit_cache_hook(self.hook)
         missing = [n for n in ("run", "_bench") if not callable(Autotuner.__dict__.get(n))]
         if missing:  # a Triton whose autotuner we do not know: compiles are still guarded
             log.warning("Autotuner lacks %s: autotune runs will not be guarded", missing)
             return
         self.originals = {n: Autotuner.__dict__[n] for n in ("run", "_bench")}
-        Autotuner.run, Autotuner._bench = self._wrap_run(), self._wrap_bench()
+        Autotuner.run = self._wrap_run()  # type: ignore[attr-defined]
+        Autotuner._bench = self._wrap_bench()  # type: ignore[attr-defined]
 
     def _uninstall(self) -> None:
-        from triton import knobs
-        from triton.runtime.autotuner import Autotuner
-
+        Autotuner = triton_internals.autotuner_class()
         # Put back only what is still ours: whatever was set on top of ours chains to it,
         # and ours passes straight through while nothing is armed.
-        if knobs.runtime.jit_cache_hook is self.hook:
-            knobs.runtime.jit_cache_hook = self.previous
+        if triton_internals.jit_cache_hook() is self.hook:
+            triton_internals.set_jit_cache_hook(self.previous)
         for name, original in self.originals.items():
             if getattr(Autotuner.__dict__.get(name), "_compile_guard", False):
                 setattr(Autotuner, name, original)

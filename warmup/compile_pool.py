@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from registry import triton_internals
+
 
 @dataclass
 class PoolReport:
@@ -42,20 +44,18 @@ class PoolReport:
 @contextmanager
 def capture() -> Iterator[list[str]]:
     """While active, JIT compiles are recorded (their specialisation data) and skipped."""
-    from triton import knobs
-
     captured: list[str] = []
 
     def hook(*, compile: dict[str, Any], **_: Any) -> bool:
         captured.append(compile["specialization_data"])
         return True
 
-    previous = knobs.runtime.jit_cache_hook
-    knobs.runtime.jit_cache_hook = hook
+    previous = triton_internals.jit_cache_hook()
+    triton_internals.set_jit_cache_hook(hook)
     try:
         yield captured
     finally:
-        knobs.runtime.jit_cache_hook = previous
+        triton_internals.set_jit_cache_hook(previous)
 
 
 def compile_all(
@@ -70,9 +70,7 @@ def compile_all(
     if "fork" not in multiprocessing.get_all_start_methods():
         return report  # the in-process warm-up will compile them
     if target is None:
-        from triton.runtime import driver
-
-        target = driver.active.get_current_target()
+        target = triton_internals.current_target()
     report.workers = max(1, min(len(specs), workers or os.cpu_count() or 1))
     started = time.perf_counter()
     context = multiprocessing.get_context("fork")
@@ -106,9 +104,7 @@ def cache_files(cache_dir: Path) -> int:
 def _compile_one(spec_json: str, target: Any) -> str | None:
     """Worker: rebuild the JIT's ASTSource from its specialisation data and compile it."""
     try:
-        import triton
         import triton.language as tl
-        from triton.compiler import ASTSource
 
         spec = json.loads(spec_json)
         fn = _resolve(spec["name"])
@@ -129,7 +125,14 @@ def _compile_one(spec_json: str, target: Any) -> str | None:
         attrs = dict(zip(map(tuple, spec["attrs_keys"]), spec["attrs_vals"], strict=True))
         signature = {k: _tuples(v) for k, v in spec["signature"].items()}
         options = {k: tuple(v) if isinstance(v, list) else v for k, v in spec["options"].items()}
-        triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=options)
+        triton_internals.compile_for(
+            fn,
+            signature=signature,
+            constexprs=constexprs,
+            attrs=attrs,
+            target=target,
+            options=options,
+        )
         return None
     except Exception as e:  # reported, never fatal: the in-process warm-up will retry
         return f"{type(e).__name__}: {e}"

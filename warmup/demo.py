@@ -49,7 +49,7 @@ def main() -> int:
         started = time.time()
         status = run(settings, manifest)
         print(summary(status) + f"  [wall {time.time() - started:.1f} s]")
-        if status["state"] != "ready":
+        if not status.ready:
             return 1
     print("\n== the sidecar")
     from warmup.server import Sidecar

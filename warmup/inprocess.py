@@ -2,48 +2,64 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
-from typing import Any
 
-from registry import triton_cache
-from warmup.launch import clear_run_dir, finish, warm_and_report
+from registry import triton_internals
 from warmup.manifest import Manifest, load_manifest
+from warmup.results import RunStatus
+from warmup.session import SELF_STARTED, RunError, run_session
 from warmup.settings import Settings
 
+log = logging.getLogger(__name__)
 
-def warm_in_process(manifest: Manifest | str | Path, settings: Settings | None) -> dict[str, Any]:
+
+def warm_in_process(manifest: Manifest | str | Path, settings: Settings | None) -> RunStatus:
     import torch
     import torch.distributed as dist
 
     settings = settings or Settings()
+    source = "<manifest>" if isinstance(manifest, Manifest) else str(manifest)
     if not isinstance(manifest, Manifest):
         manifest = load_manifest(Path(manifest))
-    manifest.check_kernels()
     grouped = dist.is_available() and dist.is_initialized()
     rank, world = (dist.get_rank(), dist.get_world_size()) if grouped else (0, 1)
+    manifest.require_world(world, source)
     cuda = torch.cuda.is_available() and settings.device != "cpu"
+    if settings.device == "cuda" and not cuda:
+        raise RunError("device cuda: torch sees no CUDA GPU in this process; use device cpu")
+    if not cuda:
+        _interpret_on_cpu()
+    manifest.check_kernels(source)  # imports the kernels: after the interpreter is on
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    run_dir = settings.work_dir / "run"
-    started = time.time()
-    if rank == 0:
-        clear_run_dir(run_dir)
-        _restore(settings)
-    if grouped:
-        dist.barrier()
-    group = dist.group.WORLD if grouped else None
-    warm_and_report(manifest, settings, run_dir, rank=rank, world=world, group=group, device=device)
-    if grouped:
-        dist.barrier()
-    status = finish(settings, manifest, run_dir, world, started, []) if rank == 0 else {}
-    if grouped:
-        holder = [status]
-        dist.broadcast_object_list(holder, src=0)
-        status = holder[0]
+    status = run_session(
+        settings,
+        manifest,
+        rank=rank,
+        world=world,
+        group=dist.group.WORLD if grouped else None,
+        device=device,
+        run_dir=settings.work_dir / "run",
+        roles=SELF_STARTED,
+        started=time.time(),
+    )
+    assert status is not None  # a self-started session always knows its status
+    for failure in status.failures:
+        log.error("warmup failed: %s", failure)
     return status
 
 
-def _restore(settings: Settings) -> None:
-    """Restore the volume's compile cache into ``settings.cache_dir``: set
-    TRITON_WARMUP_TRITON_CACHE_DIR to the TRITON_CACHE_DIR this process's Triton uses."""
-    triton_cache.restore(settings.paths.triton_cache, settings.cache_dir)
+def _interpret_on_cpu() -> None:
+    """On CPU, Triton kernels run only in its interpreter, which Triton picks when it is
+    imported: turn it on, or say why it is too late."""
+    if triton_internals.interpreting():
+        return
+    try:
+        triton_internals.enable_interpreter()
+    except ValueError as e:
+        raise RunError(
+            f"warm() on CPU runs Triton kernels in Triton's interpreter, and {e}: set "
+            "TRITON_INTERPRET=1 before anything imports triton (or warm on a GPU)"
+        ) from None
+    log.info("no GPU: Triton's interpreter is on in this process (TRITON_INTERPRET=1)")

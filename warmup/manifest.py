@@ -19,9 +19,12 @@ listing every error with its field path and value.
 from __future__ import annotations
 
 import hashlib
+import importlib
+import inspect
 import itertools
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -142,6 +145,34 @@ class Manifest(BaseModel):
     def world_sizes(self) -> set[int]:
         return {e.world_size for e in self.entries}
 
+    def entries_for(self, world: int) -> list[ManifestEntry]:
+        """The entries a pod of ``world`` ranks warms; the others are skipped."""
+        return [e for e in self.entries if e.world_size == world]
+
+    def shape_count(self, world: int) -> int:
+        """Shapes each rank of a ``world``-rank pod warms."""
+        return sum(len(e.expand()) for e in self.entries_for(world))
+
+    def skipped_entries(self, world: int) -> list[str]:
+        return [
+            f"entries.{i} ({e.kernel}, world size {e.world_size})"
+            for i, e in enumerate(self.entries)
+            if e.world_size != world
+        ]
+
+    def no_entry_message(self, world: int) -> str:
+        sizes = ", ".join(map(str, sorted(self.world_sizes())))
+        return (
+            f"the manifest has no entry for world size {world}: its entries are for world "
+            f"size {sizes} ({'; '.join(self.skipped_entries(world))}); run with "
+            f"--world-size {max(self.world_sizes())} or add entries for {world} ranks"
+        )
+
+    def require_world(self, world: int, source: str = "<manifest>") -> None:
+        """:class:`ManifestError` when a pod of ``world`` ranks would warm nothing."""
+        if self.shape_count(world) == 0:
+            raise ManifestError(source, [self.no_entry_message(world)])
+
     def check_kernels(self, source: str = "<manifest>") -> None:
         """Each adapter's own shape check (imports the kernels, so torch and triton):
         :class:`ManifestError` lists every shape a kernel rejects."""
@@ -150,6 +181,10 @@ class Manifest(BaseModel):
         errors = []
         for index, entry in enumerate(self.entries):
             if entry.is_user_function:
+                try:
+                    resolve_user_function(entry.kernel)
+                except ValueError as e:
+                    errors.append(f"entries.{index}.kernel: {e}")
                 continue
             adapter = kernels.adapter_for(entry.kernel)
             for shape in entry.expand():
@@ -158,6 +193,31 @@ class Manifest(BaseModel):
                     errors.append(f"entries.{index}: {entry.kernel} shape {shape}: {reason}")
         if errors:
             raise ManifestError(source, errors)
+
+
+def resolve_user_function(spec: str) -> Callable[..., Any]:
+    """``package.module:function`` -> the function, checked to take the keywords a
+    warmup calls it with (``shape``, ``dtype``, ``device``); ValueError saying why not."""
+    module_name, _, name = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:  # ImportError, or whatever the module raises at import
+        raise ValueError(
+            f"{spec!r}: cannot import {module_name}: {type(e).__name__}: {e}"
+        ) from None
+    function = getattr(module, name, None)
+    if not callable(function):
+        raise ValueError(f"{spec!r}: module {module_name} has no function {name!r}")
+    try:
+        inspect.signature(function).bind(shape={}, dtype=None, device=None)
+    except TypeError as e:
+        raise ValueError(
+            f"{spec!r}: a warmup calls it as {name}(shape=..., dtype=..., device=...), "
+            f"which its signature {name}{inspect.signature(function)} refuses: {e}"
+        ) from None
+    except ValueError:  # no signature to read (a builtin): its call will tell
+        pass
+    return function  # type: ignore[no-any-return]
 
 
 def load_manifest(path: Path, *, check_kernels: bool = False) -> Manifest:
@@ -177,11 +237,27 @@ def parse_manifest(text: str, *, source: str = "<text>") -> Manifest:
     try:
         data = yaml.safe_load(text)  # JSON is YAML
     except yaml.YAMLError as e:
-        raise ManifestError(source, [f"not YAML or JSON: {e}".replace("\n", " ")]) from None
+        raise ManifestError(source, [_yaml_error(e, source)]) from None
     try:
         return Manifest.model_validate(data)
     except ValidationError as e:
         raise ManifestError(source, _describe_all(e.errors())) from None
+
+
+def _yaml_error(error: yaml.YAMLError, source: str) -> str:
+    """``file:line:column: problem``, then the line with a caret under the column."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error)
+    if mark is None:
+        return f"not YAML or JSON: {problem}"
+    context = getattr(error, "context", None)
+    where = f"{source}:{mark.line + 1}:{mark.column + 1}"
+    lines = mark.buffer.splitlines() if mark.buffer else []
+    text = lines[mark.line].rstrip("\0") if mark.line < len(lines) else ""
+    snippet = f"\n      {text}\n      {' ' * mark.column}^" if text.strip() else ""
+    return (
+        f"not YAML or JSON at {where}: {problem}" + (f" ({context})" if context else "") + snippet
+    )
 
 
 _UNION_MEMBERS = {"int", "list[int]", "Pow2", "Stepped"}

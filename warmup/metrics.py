@@ -8,13 +8,14 @@ serves its own metrics plus that file's.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, write_to_textfile
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
+
+from warmup.results import ShapeResult
 
 SECONDS_BUCKETS = (
     0.01,
@@ -33,7 +34,6 @@ SECONDS_BUCKETS = (
     900.0,
     1800.0,
 )
-HIT_SOURCES = ("registry", "bundle")
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,10 @@ class RunMetrics:
             registry=r,
         )
         self.cache_misses = Counter(
-            "triton_warmup_cache_misses", "Shapes with no stored config.", ["kernel"], registry=r
+            "triton_warmup_cache_misses",
+            "Shapes with no stored config (tuned now, or served a fallback).",
+            ["kernel"],
+            registry=r,
         )
         self.configs = Counter(
             "triton_warmup_configs",
@@ -82,6 +85,12 @@ class RunMetrics:
         self.fallbacks = Counter(
             "triton_warmup_fallbacks",
             "Shapes served a fallback config instead of a tuned one.",
+            ["kernel"],
+            registry=r,
+        )
+        self.user_shapes = Counter(
+            "triton_warmup_user_shapes",
+            "Shapes of module:function entries, warmed by calling the user's function.",
             ["kernel"],
             registry=r,
         )
@@ -97,22 +106,25 @@ class RunMetrics:
             "triton_warmup_ranks", "Ranks whose records these numbers sum.", registry=r
         )
 
-    def record(self, rows: Iterable[Mapping[str, Any]]) -> None:
-        """Add one rank's per-shape records."""
-        for row in rows:
-            kernel, source = row["kernel"], row["source"]
-            self.configs.labels(kernel, source).inc()
-            if row.get("error"):
+    def record(self, shapes: Iterable[ShapeResult]) -> None:
+        """Add the ranks' per-shape results."""
+        for shape in shapes:
+            kernel = shape.kernel
+            self.configs.labels(kernel, shape.source).inc()
+            if shape.failed:
                 self.failures.labels(kernel).inc()
-            if source in HIT_SOURCES:
-                self.cache_hits.labels(kernel, source).inc()
-                self.compile_seconds.labels(kernel).observe(row.get("compile_seconds", 0.0))
-            else:
+            if shape.hit:
+                self.cache_hits.labels(kernel, shape.source).inc()
+                if shape.compile_seconds is not None:
+                    self.compile_seconds.labels(kernel).observe(shape.compile_seconds)
+            elif shape.miss:
                 self.cache_misses.labels(kernel).inc()
-            if source == "tuned":
-                self.tuning_seconds.labels(kernel).observe(row.get("seconds", 0.0))
-                self.lock_wait_seconds.observe(row.get("lock_wait_s", 0.0))
-            if source == "fallback":
+            if shape.source == "user":
+                self.user_shapes.labels(kernel).inc()
+            if shape.source == "tuned":
+                self.tuning_seconds.labels(kernel).observe(shape.seconds)
+                self.lock_wait_seconds.observe(shape.lock_wait_s)
+            if shape.source == "fallback":
                 self.fallbacks.labels(kernel).inc()
 
     def write(self, path: Path) -> None:

@@ -11,42 +11,30 @@ the run, in the registry).
 
 from __future__ import annotations
 
-import importlib
 import logging
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
 import kernels
-from registry import Store
+from registry import Store, triton_internals
 from registry.fingerprint import Fingerprint, detect
 from registry.locks import backend_from_url
 from warmup.lockstep import Lockstep
-from warmup.manifest import Manifest, ManifestEntry
+from warmup.manifest import Manifest, ManifestEntry, resolve_user_function
+from warmup.results import RankReport, ShapeResult
 from warmup.settings import Settings
 from warmup.timing import Timer, cuda_event_timer, wall_clock_timer
 from warmup.tuner import TuneError, TuneOptions, Tuner, TunerStats
 
 log = logging.getLogger(__name__)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-Progress = Callable[[int, int, dict[str, Any]], None]
 
 
-@dataclass
-class RankReport:
-    rank: int
-    world: int
-    rows: list[dict[str, Any]] = field(default_factory=list)  # one per shape
-    fingerprint: dict[str, Any] | None = None
-    seconds: float = 0.0
-
-    @property
-    def failed(self) -> list[dict[str, Any]]:
-        return [r for r in self.rows if r.get("error")]
+Progress = Callable[[int, int, ShapeResult], None]
 
 
 def warm_rank(
@@ -63,20 +51,14 @@ def warm_rank(
     started = time.perf_counter()
     fingerprint = detect()
     store = Store(settings.registry_path, lock_timeout=settings.lock_timeout_s)
-    report = RankReport(rank, world, fingerprint=fingerprint.to_json())
-    entries = [e for e in manifest.entries if e.world_size == world]
-    skipped = [e.kernel for e in manifest.entries if e.world_size != world]
-    if skipped:
-        log.warning("skipping entries made for another world size than %d: %s", world, skipped)
-    total = sum(len(e.expand()) for e in entries)
-    done = 0
-    for entry in entries:
+    report = RankReport(rank=rank, world=world, fingerprint=fingerprint.to_json())
+    total = manifest.shape_count(world)
+    for entry in manifest.entries_for(world):
         warm_entry = _warm_user_function if entry.is_user_function else _warm_kernel
-        for row in warm_entry(entry, settings, store, fingerprint, group=group, device=device):
-            report.rows.append(row)
-            done += 1
+        for shape in warm_entry(entry, settings, store, fingerprint, group=group, device=device):
+            report.shapes.append(shape.model_copy(update={"rank": rank}))
             if progress is not None:
-                progress(done, total, row)
+                progress(len(report.shapes), total, report.shapes[-1])
     report.seconds = time.perf_counter() - started
     return report
 
@@ -119,7 +101,7 @@ def _warm_kernel(
     *,
     group: Any,
     device: torch.device,
-):  # type: ignore[no-untyped-def]
+) -> Iterator[ShapeResult]:
     tasks = kernels.adapter_for(entry.kernel).tasks(
         entry.expand(), dtype=entry.dtype, group=group, device=device
     )
@@ -129,37 +111,35 @@ def _warm_kernel(
         yield _warm_task(task, tuner, from_bundles)
 
 
-def _warm_task(task: Any, tuner: Tuner, from_bundles: set[str]) -> dict[str, Any]:
-    row: dict[str, Any] = {"kernel": task.kernel, "key": task.key()}
+def _warm_task(task: Any, tuner: Tuner, from_bundles: set[str]) -> ShapeResult:
     try:
         outcome = tuner.get(task)
     except TuneError as e:
-        return {**row, "source": "failed", "error": str(e)}
-    source = outcome.source
-    if (
-        source == "registry"
-        and outcome.entry is not None
-        and outcome.entry.relpath().as_posix() in from_bundles
-    ):
-        source = "bundle"
-    row.update(
-        source=source,
+        return ShapeResult(kernel=task.kernel, key=task.key(), source="failed", error=str(e))
+    from_bundle = outcome.entry is not None and outcome.entry.relpath().as_posix() in from_bundles
+    result = ShapeResult(
+        kernel=task.kernel,
+        key=task.key(),
+        source="bundle" if outcome.source == "registry" and from_bundle else outcome.source,
         config=outcome.config.to_json(),
         seconds=outcome.seconds,
         benchmark_runs=outcome.benchmark_runs,
         lock_wait_s=outcome.lock_wait_s,
     )
-    if outcome.source != "tuned":  # a stored config: compile (from the cache), launch, check
-        started = time.perf_counter()
-        try:
-            error = task.verify(task.run(outcome.config))
-        except Exception as e:  # the shape failed, the run goes on
-            error = f"{type(e).__name__}: {e}"
-        _synchronize()
-        row["compile_seconds"] = time.perf_counter() - started
-        if error:
-            row["error"] = f"stored config {outcome.config.label()} failed its check: {error}"
-    return row
+    if outcome.source == "tuned":  # tuning launched and checked it already
+        return result
+    started = time.perf_counter()  # a stored config: compile (from the cache), launch, check
+    try:
+        error = task.verify(task.run(outcome.config))
+    except Exception as e:  # the shape failed, the run goes on
+        error = f"{type(e).__name__}: {e}"
+    _synchronize()
+    return result.model_copy(
+        update={
+            "compile_seconds": time.perf_counter() - started,
+            "error": error and f"stored config {outcome.config.label()} failed its check: {error}",
+        }
+    )
 
 
 def _warm_user_function(
@@ -170,41 +150,34 @@ def _warm_user_function(
     *,
     group: Any,
     device: torch.device,
-):  # type: ignore[no-untyped-def]
-    function = resolve_function(entry.kernel)
+) -> Iterator[ShapeResult]:
+    try:
+        function = resolve_user_function(entry.kernel)
+    except ValueError as e:  # validated before the run: the rank's environment differs
+        for shape in entry.expand():
+            yield ShapeResult(kernel=entry.kernel, key=shape, source="failed", error=str(e))
+        return
     _cache_triton_autotuning()
     for shape in entry.expand():
-        row: dict[str, Any] = {"kernel": entry.kernel, "key": shape, "source": "user"}
         started = time.perf_counter()
+        error = None
         try:
             function(shape=dict(shape), dtype=DTYPES[entry.dtype], device=device)
             _synchronize()
         except Exception as e:
-            row["error"] = f"{type(e).__name__}: {e}"
-        row["seconds"] = time.perf_counter() - started
-        yield row
-
-
-def resolve_function(spec: str) -> Callable[..., Any]:
-    """``package.module:function`` -> the function; a clear error when it is not there."""
-    module_name, _, name = spec.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise TuneError(f"Manifest kernel {spec!r}: cannot import {module_name}: {e}") from None
-    function = getattr(module, name, None)
-    if not callable(function):
-        raise TuneError(f"Manifest kernel {spec!r}: {module_name} has no function {name!r}.")
-    return function  # type: ignore[no-any-return]
+            error = f"{type(e).__name__}: {e}"
+        yield ShapeResult(
+            kernel=entry.kernel,
+            key=shape,
+            source="user",
+            seconds=time.perf_counter() - started,
+            error=error,
+        )
 
 
 def _cache_triton_autotuning() -> None:
     """Triton's own autotune result caching (what TRITON_CACHE_AUTOTUNING=1 turns on)."""
-    try:
-        from triton import knobs
-
-        knobs.autotuning.cache = True
-    except (ImportError, AttributeError):
+    if not triton_internals.cache_autotune_results():
         log.warning("this Triton has no autotuning cache knob; set TRITON_CACHE_AUTOTUNING=1")
 
 
@@ -219,7 +192,7 @@ def _bundle_paths(store: Store) -> set[str]:
 
 
 def _synchronize() -> None:
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         torch.cuda.synchronize()
 
 
@@ -227,11 +200,10 @@ def progress_printer(stream: Any = sys.stderr) -> Progress:
     """A one-line progress bar on a terminal; log lines otherwise."""
     interactive = hasattr(stream, "isatty") and stream.isatty()
 
-    def show(done: int, total: int, row: dict[str, Any]) -> None:
-        shape = " ".join(f"{k}={v}" for k, v in row["key"].items() if k in ("M", "N", "K"))
-        what = f"{row['kernel']} {shape}: {row['source']}"
-        if row.get("error"):
-            what += " FAILED"
+    def show(done: int, total: int, shape: ShapeResult) -> None:
+        what = f"{shape.describe()}: {shape.source}"
+        if shape.failed:
+            what += f" FAILED: {shape.error}" if shape.source != "failed" else f": {shape.error}"
         if interactive:
             width = 24
             filled = int(width * done / max(total, 1))
@@ -240,6 +212,6 @@ def progress_printer(stream: Any = sys.stderr) -> Progress:
                 stream.write("\n")
             stream.flush()
         else:
-            log.info("warmed %d/%d %s (%.2f s)", done, total, what, row.get("seconds", 0.0))
+            log.info("warmed %d/%d %s (%.2f s)", done, total, what, shape.seconds)
 
     return show

@@ -26,11 +26,15 @@ from registry.errors import BundleRejected
 from registry.fingerprint import Fingerprint
 from warmup.manifest import ManifestError, load_manifest
 from warmup.metrics import ServeMetrics, TextFileCollector, TextFolderCollector
+from warmup.results import RunStatus
 from warmup.settings import Settings
-from warmup.status import READY, read_status
 from warmup.watcher import BundleWatcher
 
 log = logging.getLogger(__name__)
+
+
+class SidecarError(RuntimeError):
+    """The sidecar cannot start: its port is taken, its address is not this host's."""
 
 
 class Sidecar:
@@ -59,21 +63,22 @@ class Sidecar:
             digest = self._manifest_digest()
         except ManifestError as e:
             return self._not_ready("manifest is invalid", errors=e.errors)
-        status = read_status(self.settings.status_path)
+        status = RunStatus.read(self.settings.status_path)
         if status is None:
             return self._not_ready(
-                "no warmup has run yet", status_file=str(self.settings.status_path)
+                "no warmup has run yet (or its status file is unreadable)",
+                status_file=str(self.settings.status_path),
             )
-        if status.get("manifest_digest") != digest:
+        if status.manifest_digest != digest:
             return self._not_ready(
                 "the last warmup was for another manifest",
                 expected=digest,
-                found=status.get("manifest_digest"),
+                found=status.manifest_digest,
             )
-        if status.get("state") != READY:
-            return self._not_ready(
-                f"warmup is {status.get('state')}", failures=status.get("failures", [])[:20]
-            )
+        if not status.ready:
+            return self._not_ready(f"warmup is {status.state}", failures=status.failures[:20])
+        if not status.shapes:  # a status written by hand or by an older writer
+            return self._not_ready("the last warmup warmed no shape")
         try:
             self.store.refresh()
             entries = len(self.store)
@@ -85,7 +90,7 @@ class Sidecar:
             "ready": True,
             "manifest": digest,
             "registry_entries": entries,
-            "shapes": len(status.get("shapes", [])),
+            "shapes": len(status.shapes),
         }
 
     def _not_ready(self, reason: str, **details: Any) -> tuple[bool, dict[str, Any]]:
@@ -113,11 +118,11 @@ class Sidecar:
 
     def install_bundle(self, path: Path) -> str:
         """Verify and install one bundle; the previous generation stays on rejection."""
-        status = read_status(self.settings.status_path) or {}
-        if not status.get("fingerprint"):
+        status = RunStatus.read(self.settings.status_path)
+        if status is None or not status.fingerprint:
             log.info("bundle %s deferred: no warmup has recorded this node's fingerprint", path)
             return "deferred"
-        expect = Fingerprint.from_json(status["fingerprint"])
+        expect = Fingerprint.from_json(status.fingerprint)
         try:
             info = bundle.install(
                 path,
@@ -149,7 +154,13 @@ class Sidecar:
             host if host is not None else self.settings.metrics_host,
             port if port is not None else self.settings.metrics_port,
         )
-        self._http = ThreadingHTTPServer(bind, Handler)
+        try:
+            self._http = ThreadingHTTPServer(bind, Handler)
+        except OSError as e:
+            raise SidecarError(
+                f"cannot listen on {bind[0]}:{bind[1]} ({e.strerror or e}): set --port or "
+                "TRITON_WARMUP_METRICS_PORT to a free port (0-65535; 0 picks one)"
+            ) from None
         self._http.daemon_threads = True
         self._thread = threading.Thread(
             target=self._http.serve_forever, daemon=True, name="sidecar-http"

@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 import kernels
 from kernels.adapter import BUCKET_FIELD, Layer, Served
-from registry import Entry, KernelConfig, Store
+from registry import Entry, KernelConfig, Store, triton_internals
 from registry.fingerprint import Fingerprint
 from warmup.compile_guard import guard_from_settings
 from warmup.metrics import ServingMetrics
@@ -400,13 +400,7 @@ def _device(device: Any) -> Any:
 def _warn_if_autotune_results_are_not_cached() -> None:
     """Without Triton's autotune-result caching, a user's ``@triton.autotune`` kernels
     benchmark again in this process although the warmup stored their choices."""
-    try:
-        from triton import knobs
-
-        cached = bool(knobs.autotuning.cache)
-    except (ImportError, AttributeError):
-        return
-    if not cached:
+    if triton_internals.autotune_results_cached() is False:
         log.warning(
             "TRITON_CACHE_AUTOTUNING is not set: @triton.autotune kernels will re-tune in "
             "this server; set TRITON_CACHE_AUTOTUNING=1 before Triton is imported"

@@ -63,6 +63,14 @@ class TuneTask(Protocol):
     def warmup(self, config: KernelConfig) -> None: ...
 
 
+def accepts(task: TuneTask, config: KernelConfig) -> bool:
+    """Whether ``task`` can run a stored config. A task may define ``accepts(config)``
+    (a decorated function whose config space changed cannot run a config that left it);
+    a stored config it refuses is a miss, tuned again."""
+    check = getattr(task, "accepts", None)
+    return True if check is None else bool(check(config))
+
+
 @dataclass(frozen=True)
 class TuneOptions:
     policy: Policy = "tune"
@@ -130,7 +138,7 @@ class Tuner:
         started = time.perf_counter()
         fingerprint = self.fingerprint.with_kernel(task.kernel_hash)
         key = task.key()
-        found = self._agreed_lookup(task.kernel, key, fingerprint, what="registry lookup")
+        found = self._agreed_lookup(task, key, fingerprint, what="registry lookup")
         if found is not None:
             self.stats.hits += 1
             return TuneOutcome(found.best, "registry", found, time.perf_counter() - started)
@@ -145,7 +153,7 @@ class Tuner:
         with contextlib.ExitStack() as held:
             waited = self._lock(held, task.kernel, key)
             again = self._agreed_lookup(
-                task.kernel,
+                task,
                 key,
                 fingerprint,
                 what="lookup under lock",
@@ -165,7 +173,7 @@ class Tuner:
 
     def _agreed_lookup(
         self,
-        kernel: str,
+        task: TuneTask,
         key: Mapping[str, Any],
         fingerprint: Fingerprint,
         *,
@@ -175,7 +183,16 @@ class Tuner:
         """Rank 0 looks; every rank follows its answer (never mismatched collectives)."""
         entry = None
         if self.lockstep.leader:
-            entry = self.store.lookup(kernel, key, fingerprint, self.options.match)
+            entry = self.store.lookup(task.kernel, key, fingerprint, self.options.match)
+            if entry is not None and not accepts(task, entry.best):
+                log.warning(
+                    "%s %s: the stored config %s is not among the candidates any more; "
+                    "tuning again",
+                    task.kernel,
+                    dict(key),
+                    entry.best.label(),
+                )
+                entry = None
         if not self.lockstep.active:
             return entry
         mine = entry.to_json() if entry is not None else None

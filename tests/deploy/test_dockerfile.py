@@ -140,3 +140,108 @@ def test_full_install_warms(tmp_path):
         cwd=tmp_path,
     )
     assert versions.stdout.startswith("2.13.0")
+
+
+# ---- the full image's runtime build tools: Triton compiles C stubs on first launch --------
+
+
+def instructions(text: str) -> list[tuple[str, str]]:
+    """(KEYWORD, arguments) per instruction: continuations joined, comment lines dropped."""
+    found, pending = [], ""
+    for line in text.splitlines():
+        if line.lstrip().startswith("#"):  # also inside a continuation, as Docker reads it
+            continue
+        pending += line.rstrip()
+        if pending.endswith("\\"):
+            pending = pending[:-1] + " "
+            continue
+        if pending.strip():
+            keyword, _, rest = pending.strip().partition(" ")
+            found.append((keyword.upper(), " ".join(rest.split())))
+        pending = ""
+    return found
+
+
+def stages(text: str) -> dict[str, tuple[str, list[tuple[str, str]]]]:
+    """Stage name -> (what it is built FROM, its instructions)."""
+    found: dict[str, tuple[str, list[tuple[str, str]]]] = {}
+    body: list[tuple[str, str]] = []
+    for keyword, args in instructions(text):
+        if keyword == "FROM":
+            match = re.fullmatch(r"(?:--platform=\S+ )?(\S+)(?: AS (\S+))?", args, re.I)
+            assert match, f"cannot read FROM {args}"
+            body = []
+            found[match.group(2) or f"stage-{len(found)}"] = (match.group(1), body)
+        else:
+            body.append((keyword, args))
+    return found
+
+
+def chain(text: str, target: str) -> list[str]:
+    """The stages an image is made of, from ``target`` back to its external base image."""
+    all_stages, names = stages(text), []
+    while target in all_stages:
+        names.append(target)
+        target = all_stages[target][0]
+    return names
+
+
+def apt_packages(text: str, target: str) -> set[str]:
+    """Every package the image's stages install with apt-get (versions dropped)."""
+    all_stages, packages = stages(text), set()
+    for name in chain(text, target):
+        for keyword, args in all_stages[name][1]:
+            for command in args.split("&&") if keyword == "RUN" else []:
+                words = command.split()
+                if "install" in words and words[0] in ("apt-get", "apt"):
+                    after = words[words.index("install") + 1 :]
+                    packages |= {w.split("=")[0] for w in after if not w.startswith("-")}
+    return packages
+
+
+def missing_build_tools(text: str) -> list[str]:
+    """What the full image lacks to let Triton build its stubs; [] when nothing."""
+    packages, missing = apt_packages(text, "full"), []
+    if not packages & {"gcc", "clang", "build-essential"}:
+        missing.append("a C compiler")
+    if not packages & {"libc6-dev", "libc-dev", "build-essential"}:
+        missing.append("libc headers")
+    pythons = {p for p in packages if re.fullmatch(r"python3(\.\d+)?", p)}
+    if not pythons or any(not packages & {f"{p}-dev", f"lib{p}-dev"} for p in pythons):
+        missing.append("the headers of the image's python3")
+    return missing
+
+
+def build_time_check(text: str) -> bool:
+    """The final stage runs the doctor's compiler check once the venv is in place."""
+    body = stages(text)["full"][1]
+    venv = [i for i, (k, a) in enumerate(body) if k == "COPY" and "/opt/venv" in a]
+    checks = [
+        i
+        for i, (k, a) in enumerate(body)
+        if k == "RUN" and re.search(r"\btriton-warmup doctor\b.*--only[ =]compiler\b", a)
+    ]
+    return bool(venv and checks and checks[-1] > venv[0])
+
+
+def test_the_full_target_is_built_on_python_base():
+    assert chain(DOCKERFILE, "full") == ["full", "python-base"]
+    assert chain(DOCKERFILE, "full-build") == ["full-build", "python-base"]
+    assert {"python3", "python3-venv"} <= apt_packages(DOCKERFILE, "full")
+
+
+def test_the_full_image_has_a_compiler_and_python_headers_for_triton():
+    assert missing_build_tools(DOCKERFILE) == []
+
+
+def test_the_full_image_checks_its_compiler_at_build_time():
+    assert build_time_check(DOCKERFILE)
+
+
+def test_the_checks_catch_a_full_image_without_build_tools():
+    lean = DOCKERFILE.replace(" gcc ", " ").replace(" python3-dev ", " ")
+    assert missing_build_tools(lean) == ["a C compiler", "the headers of the image's python3"]
+    recommends = "--no-install-recommends "
+    pinned = DOCKERFILE.replace(recommends, recommends + "python3.12 ")  # without python3.12-dev
+    assert "the headers of the image's python3" in missing_build_tools(pinned)
+    assert not build_time_check(DOCKERFILE.replace("RUN triton-warmup doctor", "RUN true", 1))

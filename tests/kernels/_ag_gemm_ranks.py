@@ -111,7 +111,6 @@ def reference_matches(world: int, rank: int) -> dict[str, object]:
 
 def tuned(world: int, rank: int) -> dict[str, object]:
     """The real task through the real tuner: both ranks in lockstep, one stored entry."""
-    import tempfile
     from pathlib import Path
 
     from registry import Store, cpu_fingerprint
@@ -134,7 +133,7 @@ def tuned(world: int, rank: int) -> dict[str, object]:
         cpu_fingerprint(),
         timer=wall_clock_timer(),
         lockstep=Lockstep(dist.group.WORLD, timeout_s=60),
-        lock_backend=backend_from_url(tempfile.mkdtemp()),
+        lock_backend=backend_from_url(str(root.parent / "locks")),
         options=TuneOptions(parallel_compile=False),
     )
     outcome = tuner.get(task)

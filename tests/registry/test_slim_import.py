@@ -8,7 +8,7 @@ from pathlib import Path
 ROOT = Path(__file__).parents[2]
 
 SCRIPT = textwrap.dedent("""
-    import importlib.abc, json, sys, tempfile
+    import importlib.abc, json, sys
     from pathlib import Path
 
     class Block(importlib.abc.MetaPathFinder):
@@ -23,7 +23,7 @@ SCRIPT = textwrap.dedent("""
     from registry.cli import run
     from warmup.cli import main
 
-    root = Path(tempfile.mkdtemp())
+    root = Path(sys.argv[1])
     fp = cpu_fingerprint("k")
     store = Store(root / "reg")
     store.put(Entry.make("ag_gemm", {"M": 8}, fp, KernelConfig.make({"BLOCK_M": 16})))
@@ -38,9 +38,13 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_registry_and_its_cli_work_without_torch_or_triton():
+def test_registry_and_its_cli_work_without_torch_or_triton(tmp_path):
     out = subprocess.run(
-        [sys.executable, "-c", SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", SCRIPT, str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 0, out.stderr
     last = out.stdout.strip().splitlines()[-1]

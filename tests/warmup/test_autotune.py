@@ -83,3 +83,57 @@ def test_space_keywords_cannot_be_passed_and_policy_applies(tmp_path):
 def test_keys_become_json_objects():
     assert to_key((torch.Size([2, 3]), torch.bfloat16)) == {"key": [[2, 3], "torch.bfloat16"]}
     assert to_key({"M": 4}) == {"M": 4}
+
+
+def test_a_changed_config_space_is_a_miss_that_tunes_again(tmp_path):
+    calls = []
+    decorated(tmp_path, calls)(torch.ones(100, 4), 1.0)  # stores BLOCK=64
+    registry = tmp_path / "registry"
+    seen = []
+
+    def timer(fn, repetitions):
+        fn()
+        return [1.0] * repetitions
+
+    @autotune(
+        config_space=[{"gemm_config": triton.Config({"BLOCK": 16}, num_warps=2), "SPLIT": 1}],
+        key_fn=lambda a, scale: (a.shape, a.dtype),
+        kernel=Store(registry).entries()[0].kernel,  # the same kernel name, a new space
+        store=Store(registry),
+        fingerprint=cpu_fingerprint(),
+        timer=timer,
+        lock_backend=backend_from_url(str(tmp_path / "locks")),
+    )
+    def scaled(a, scale, gemm_config, SPLIT):
+        seen.append(gemm_config.kwargs["BLOCK"])
+        return a * scale
+
+    assert torch.equal(scaled(torch.ones(100, 4), 2.0), torch.full((100, 4), 2.0))
+    assert set(seen) == {16} and scaled.stats.tuned == 1
+    assert len(Store(registry).entries()) == 2  # the old space's entry stays for its users
+
+
+def test_every_launch_option_of_a_config_reaches_the_function(tmp_path):
+    received = []
+    config = KernelConfig.make({"BLOCK": 8}, num_warps=4, num_stages=2, num_ctas=1, maxnreg=128)
+
+    @autotune(
+        config_space=[config],
+        key_fn=lambda a: a.shape,
+        store=Store(tmp_path / "registry"),
+        fingerprint=cpu_fingerprint(),
+        timer=lambda fn, repetitions: [fn(), 1.0][1:] * repetitions,
+        lock_backend=backend_from_url(str(tmp_path / "locks")),
+    )
+    def launch(a, **options):
+        received.append(options)
+        return a
+
+    launch(torch.ones(2))
+    assert received[-1] == {
+        "BLOCK": 8,
+        "num_warps": 4,
+        "num_stages": 2,
+        "num_ctas": 1,
+        "maxnreg": 128,
+    }

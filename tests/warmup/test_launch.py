@@ -11,6 +11,8 @@ from registry import Store
 from warmup.cli import main
 from warmup.launch import run
 from warmup.manifest import ManifestError, load_manifest, parse_manifest
+from warmup.results import RankReport, RunStatus, ShapeResult
+from warmup.session import finish
 from warmup.settings import Settings
 
 ROOT = Path(__file__).parents[2]
@@ -44,8 +46,8 @@ def two_runs(tmp_path_factory):
 
 def test_first_run_tunes_every_miss_and_stores_it(two_runs):
     settings, first, metrics, _ = two_runs
-    assert first["state"] == "ready" and first["failures"] == []
-    assert first["sources"] == {"tuned": 6} and first["benchmark_runs"] > 0
+    assert first.state == "ready" and first.failures == []
+    assert first.sources == {"tuned": 6} and first.benchmark_runs > 0
     entries = Store(settings.paths.registry).entries()
     assert sorted((e.key["M"], e.key["N"], e.key["K"]) for e in entries) == [
         (32, 32, 32),
@@ -61,10 +63,10 @@ def test_first_run_tunes_every_miss_and_stores_it(two_runs):
 
 def test_second_run_hits_everything_and_tunes_nothing(two_runs):
     *_, second = two_runs
-    assert second["state"] == "ready" and second["sources"] == {"registry": 6}
-    assert second["benchmark_runs"] == 0
-    assert sorted({row["rank"] for row in second["shapes"]}) == [0, 1]
-    assert all(row["compile_seconds"] is not None for row in second["shapes"])
+    assert second.state == "ready" and second.sources == {"registry": 6}
+    assert second.benchmark_runs == 0
+    assert sorted({row.rank for row in second.shapes}) == [0, 1]
+    assert all(row.compile_seconds is not None for row in second.shapes)
 
 
 def test_metrics_sum_every_rank(two_runs):
@@ -79,10 +81,11 @@ def test_metrics_sum_every_rank(two_runs):
 
 def test_status_file_is_the_summary(two_runs):
     settings, *_, second = two_runs
+    assert RunStatus.read(settings.status_path) == second
     on_disk = json.loads(settings.status_path.read_text())
-    assert on_disk == second
     assert on_disk["manifest_digest"] == load_manifest(DEMO).digest()
     assert on_disk["fingerprint"]["hardware"]["gpu_name"] == "cpu"
+    assert on_disk["sources"] == {"registry": 6} and on_disk["failures"] == []
 
 
 def test_a_bad_manifest_exits_2_before_writing_anything(tmp_path, monkeypatch, capsys):
@@ -114,8 +117,8 @@ entries:
     )
     settings = settings_for(tmp_path, manifest=manifest, rank_timeout_s=20)
     status = run(settings, load_manifest(manifest))
-    assert status["state"] == "failed"
-    assert any("rank 1 exited with code -9" in f for f in status["failures"])
+    assert status.state == "failed"
+    assert any("rank 1 exited with code -9" in f for f in status.failures)
     store = Store(settings.paths.registry)
     assert len(store) == 1 and store.quarantined == 0  # what was tuned before the kill stays
     retry = write_manifest(
@@ -127,7 +130,7 @@ entries:
 """,
     )
     again = run(settings.model_copy(update={"manifest": retry}), load_manifest(retry))
-    assert again["state"] == "ready" and again["sources"] == {"registry": 2}
+    assert again.state == "ready" and again.sources == {"registry": 2}
 
 
 def test_user_functions_are_called_per_shape_and_their_errors_reported(tmp_path, monkeypatch):
@@ -150,8 +153,8 @@ entries:
         (r, m) for r in (0, 1) for m in (1, 2, 4)
     ]
     assert {c["dtype"] for c in calls} == {"torch.bfloat16"}
-    assert status["state"] == "failed"
-    assert sum("no kernel for" in f for f in status["failures"]) == 2  # one per rank
+    assert status.state == "failed"
+    assert sum("no kernel for" in f for f in status.failures) == 2  # one per rank
 
 
 def test_warm_in_process_primes_this_process(tmp_path):
@@ -168,7 +171,7 @@ entries:
     settings = settings_for(tmp_path, manifest=manifest)
     first = warmup.warm(manifest, settings)
     second = warmup.warm(load_manifest(manifest), settings)
-    assert first["sources"] == {"tuned": 1} and second["sources"] == {"registry": 1}
+    assert first.sources == {"tuned": 1} and second.sources == {"registry": 1}
     shutil.rmtree(settings.work_dir)
 
 
@@ -185,6 +188,7 @@ def test_joining_a_torchrun_environment(tmp_path):
         "TRITON_WARMUP_MANIFEST": str(DEMO),
         "TRITON_WARMUP_DEVICE": "cpu",
         "OMP_NUM_THREADS": "1",
+        "TMPDIR": str(tmp_path),  # torchrun leaves its log folder there
     }
     done = subprocess.run(
         [
@@ -194,7 +198,7 @@ def test_joining_a_torchrun_environment(tmp_path):
             "--nproc-per-node",
             "2",
             "-m",
-            "warmup.launch",
+            "warmup.session",
         ],
         cwd=ROOT,
         env=env,
@@ -220,11 +224,14 @@ def test_progress_is_a_bar_on_a_terminal_and_log_lines_otherwise(caplog):
 
     screen = Terminal()
     show = progress_printer(screen)
-    row = {"kernel": "ag_gemm", "key": {"M": 8, "N": 8, "K": 8, "world": 2}, "source": "tuned"}
+    row = ShapeResult(kernel="ag_gemm", key={"M": 8, "N": 8, "K": 8, "world": 2}, source="tuned")
     show(1, 2, row)
-    show(2, 2, dict(row, error="boom"))
+    show(2, 2, row.model_copy(update={"source": "failed", "error": "boom"}))
     assert "\r[############............] 1/2 ag_gemm M=8 N=8 K=8: tuned" in screen.getvalue()
-    assert "2/2" in screen.getvalue() and "FAILED" in screen.getvalue()
+    assert "2/2 ag_gemm M=8 N=8 K=8: failed: boom" in screen.getvalue()
+    assert "FAILED" not in screen.getvalue()  # not "failed FAILED"
+    show(2, 2, row.model_copy(update={"source": "registry", "error": "bad output"}))
+    assert "registry FAILED: bad output" in screen.getvalue()
     with caplog.at_level(logging.INFO, logger="warmup.runner"):
         progress_printer(io.StringIO())(1, 1, row)
     assert "warmed 1/1 ag_gemm M=8 N=8 K=8: tuned" in caplog.text
@@ -239,12 +246,81 @@ def test_a_shape_its_kernel_rejects_stops_the_ranks_and_fails_the_status(tmp_pat
     settings = settings_for(tmp_path, manifest=manifest)
     with pytest.raises(ManifestError, match="M=63 is not a multiple of world_size 2"):
         run(settings, load_manifest(manifest))
-    status = json.loads(settings.status_path.read_text())
-    assert status["state"] == "failed" and "finished" in status
-    assert status["failures"] == [
+    status = RunStatus.read(settings.status_path)
+    assert status.state == "failed" and status.finished is not None
+    assert status.failures == [
         "entries.0: ag_gemm shape {'M': 63, 'N': 32, 'K': 32}: M=63 is not a multiple of "
         "world_size 2"
     ]
     assert not list((settings.work_dir / "run").glob("rank-*.json"))  # no rank warmed
     monkeypatch.chdir(tmp_path)  # the CLI's default work folder
     assert main(["run", "--manifest", str(manifest), "--volume", str(tmp_path / "v")]) == 2
+
+
+def test_ranks_that_warmed_fewer_shapes_than_the_manifest_are_not_ready(tmp_path):
+    settings = settings_for(tmp_path)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    for rank in (0, 1):
+        RankReport(rank=rank, world=2).write(run_dir)
+    status = finish(settings, load_manifest(DEMO), run_dir, 2, started=0.0)
+    assert status.state == "failed" and not status.ready
+    assert status.failures == [
+        "rank 0 reported 0 of 3 shapes",
+        "rank 1 reported 0 of 3 shapes",
+    ]
+    status = finish(settings, load_manifest(DEMO), tmp_path / "empty", 2, started=0.0)
+    assert status.failures == ["rank 0 reported nothing", "rank 1 reported nothing"]
+    assert RunStatus.read(settings.status_path) == status
+
+
+def test_warm_in_process_on_another_world_size_warms_nothing_and_says_so(tmp_path):
+    import warmup
+
+    with pytest.raises(ManifestError, match="no entry for world size 1"):
+        warmup.warm(DEMO, settings_for(tmp_path))
+    assert not settings_for(tmp_path).status_path.exists()
+
+
+IN_PROCESS = """
+import sys, warmup
+from warmup.settings import Settings
+if sys.argv[2] == "import-first":
+    import triton
+status = warmup.warm(sys.argv[1], Settings(volume="v", work_dir="w", device="cpu"))
+print(status.state, status.sources)
+"""
+
+
+def test_warm_in_process_on_cpu_turns_the_interpreter_on_or_says_why_it_cannot(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import env_without_interpreter
+
+    manifest = write_manifest(
+        tmp_path / "m.yaml",
+        "version: 1\nentries:\n  - {kernel: matmul, dtype: fp32, world_size: 1,\n"
+        "     shapes: [{M: 16, N: 16, K: 16}]}\n",
+    )
+    env = {**env_without_interpreter(), "PYTHONPATH": str(ROOT)}
+
+    def warm(mode):
+        return subprocess.run(
+            [sys.executable, "-c", IN_PROCESS, str(manifest), mode],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+
+    done = warm("plain")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "ready {'tuned': 1}"
+    late = warm("import-first")
+    assert late.returncode == 1
+    assert (
+        "triton is already imported without TRITON_INTERPRET=1: set TRITON_INTERPRET=1"
+        in late.stderr
+    )

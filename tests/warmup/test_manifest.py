@@ -144,3 +144,14 @@ def test_kernel_shape_checks_come_from_the_adapters(tmp_path):
     matmul = entry(kernel="matmul", shapes=[{"M": 63, "N": 64, "K": 64}])
     path.write_text(matmul)
     assert load_manifest(path, check_kernels=True).entries[0].kernel == "matmul"
+
+
+def test_a_yaml_error_names_the_file_line_and_column_with_a_caret(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("version: 1\nentries:\n  - kernel: ag_gemm: x\n")
+    with pytest.raises(ManifestError) as e:
+        load_manifest(path)
+    message = str(e.value)
+    assert f"{path}:3:20: mapping values are not allowed here" in message
+    assert "\n        - kernel: ag_gemm: x\n" in message
+    assert message.endswith("\n" + " " * (6 + 19) + "^")  # under column 20

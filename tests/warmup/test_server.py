@@ -18,9 +18,9 @@ from registry import Entry, KernelConfig, Store, bundle, cpu_fingerprint
 from tests.conftest import gpu_fingerprint
 from warmup.manifest import load_manifest
 from warmup.metrics import RunMetrics, ServingMetrics
+from warmup.results import RunStatus, ShapeResult
 from warmup.server import Sidecar
 from warmup.settings import Settings
-from warmup.status import write_status
 
 ROOT = Path(__file__).parents[2]
 DEMO = ROOT / "examples" / "demo.yaml"
@@ -51,22 +51,23 @@ def get(url):
 
 
 def ready_status(settings, **changes):
+    shape = ShapeResult(kernel="ag_gemm", key={"M": 32}, source="registry")
     fields = {
         "state": "ready",
         "manifest_digest": load_manifest(DEMO).digest(),
         "fingerprint": cpu_fingerprint().to_json(),
-        "shapes": [{}] * 6,
+        "world_size": 2,
+        "started": 0.0,
+        "shapes": [shape] * 6,
         **changes,
     }
-    write_status(settings.status_path, **fields)
+    RunStatus(**fields).write(settings.status_path)
 
 
 def test_readiness_goes_from_503_to_200(sidecar, settings):
     code, body = get(sidecar.url + "/readyz")
-    assert code == 503 and json.loads(body)["reason"] == "no warmup has run yet"
-    write_status(
-        settings.status_path, state="running", manifest_digest=load_manifest(DEMO).digest()
-    )
+    assert code == 503 and json.loads(body)["reason"].startswith("no warmup has run yet")
+    ready_status(settings, state="running", shapes=[])
     code, body = get(sidecar.url + "/readyz")
     assert code == 503 and json.loads(body)["reason"] == "warmup is running"
     ready_status(settings)
@@ -83,7 +84,8 @@ def test_readiness_goes_from_503_to_200(sidecar, settings):
     "changes,reason",
     [
         ({"manifest_digest": "0" * 16}, "the last warmup was for another manifest"),
-        ({"state": "failed", "failures": ["ag_gemm {'M': 32}: boom"]}, "warmup is failed"),
+        ({"state": "failed", "errors": ["ag_gemm {'M': 32}: boom"]}, "warmup is failed"),
+        ({"shapes": []}, "the last warmup warmed no shape"),
     ],
 )
 def test_not_ready_says_why(sidecar, settings, changes, reason):
@@ -104,7 +106,7 @@ def test_health_metrics_and_unknown_paths(sidecar, settings):
     assert get(sidecar.url + "/healthz") == (200, '{"alive": true}')
     assert get(sidecar.url + "/nope")[0] == 404
     run = RunMetrics()
-    run.record([{"kernel": "ag_gemm", "source": "tuned", "seconds": 1.5}] * 2)
+    run.record([ShapeResult(kernel="ag_gemm", key={"M": 8}, source="tuned", seconds=1.5)] * 2)
     run.ranks.set(2)
     run.write(settings.metrics_path)
     code, text = get(sidecar.url + "/metrics")

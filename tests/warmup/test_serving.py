@@ -187,7 +187,7 @@ def test_a_server_serves_every_m_after_a_warmup_on_two_ranks(tmp_path):
         "     shapes: [{M: [16, 48], N: 32, K: 32}]}\n",
     )
     settings = settings_for(tmp_path, manifest=manifest)
-    assert run(settings, load_manifest(manifest))["state"] == "ready"
+    assert run(settings, load_manifest(manifest)).ready
     args = [str(tmp_path / "init"), str(settings.volume), str(settings.work_dir)]
     results = run_rank_processes("tests.warmup._serving_ranks", 2, *args, timeout=300)
     for result in results:
@@ -226,7 +226,7 @@ def test_any_adapter_warms_and_serves_here_the_matmul(tmp_path):
     )
     settings = settings_for(tmp_path, manifest=manifest)
     status = warmup.warm(manifest, settings)
-    assert status["state"] == "ready" and status["sources"] == {"tuned": 2}
+    assert status.state == "ready" and status.sources == {"tuned": 2}
     with Serving(settings, follow=False) as serving:
         op = serving.op("matmul", n=16, k=16, dtype="fp32", max_m=64, device="cpu")
         assert op.table.buckets == (8, 40)

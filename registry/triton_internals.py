@@ -1,0 +1,173 @@
+"""Every piece of Triton's internals the project touches, in one place (Triton 3.4–3.9).
+
+Knobs (the interpreter, autotune-result caching, the JIT's compile hook), the
+autotuner class the compile guard wraps, ahead-of-time compiles for a target, the
+compiler's cache key and ptxas version of the fingerprint, and the C compiler Triton
+builds its driver stubs with. When a Triton release moves one of them, this module is
+the one to change. Triton is imported inside each function: importing this module costs
+nothing (the sidecar's registry imports it).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import sysconfig
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+JITHook = Callable[
+    ..., Any
+]  # called as hook(key=, repr=, fn=, compile=, is_manual_warmup=, already_compiled=)
+
+
+def interpreting() -> bool:
+    """True when ``@triton.jit`` makes interpreted kernels (TRITON_INTERPRET): they run on
+    CPU tensors. Triton reads it at each decoration, its own library's included, which
+    happen when ``triton`` is imported: so it must be on before that."""
+    if "triton" not in sys.modules:
+        return os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")
+    from triton import knobs
+
+    return bool(knobs.runtime.interpret)
+
+
+def enable_interpreter() -> None:
+    """Turn the interpreter on for this process (and its children). Only effective while
+    ``triton`` is not imported yet: ValueError otherwise."""
+    if "triton" in sys.modules and not interpreting():
+        raise ValueError("triton is already imported without TRITON_INTERPRET=1")
+    os.environ["TRITON_INTERPRET"] = "1"
+
+
+def autotune_results_cached() -> bool | None:
+    """Whether Triton's own ``@triton.autotune`` results are cached on disk
+    (TRITON_CACHE_AUTOTUNING); None when this Triton has no such knob."""
+    try:
+        from triton import knobs
+
+        return bool(knobs.autotuning.cache)
+    except (ImportError, AttributeError):
+        return None
+
+
+def cache_autotune_results() -> bool:
+    """Turn Triton's autotune-result caching on; False when this Triton cannot."""
+    try:
+        from triton import knobs
+
+        knobs.autotuning.cache = True
+        return True
+    except (ImportError, AttributeError):
+        return False
+
+
+def jit_cache_hook() -> JITHook | None:
+    """The hook the JIT calls before each compile (``knobs.runtime.jit_cache_hook``);
+    returning True skips the compile."""
+    from triton import knobs
+
+    return knobs.runtime.jit_cache_hook  # type: ignore[no-any-return]
+
+
+def set_jit_cache_hook(hook: JITHook | None) -> None:
+    from triton import knobs
+
+    knobs.runtime.jit_cache_hook = hook
+
+
+def autotuner_class() -> type:
+    """``triton.runtime.autotuner.Autotuner``, whose ``run`` and ``_bench`` the compile
+    guard wraps."""
+    from triton.runtime.autotuner import Autotuner
+
+    return Autotuner  # type: ignore[no-any-return]
+
+
+def current_target() -> Any:
+    """The active driver's target (this process's GPU)."""
+    from triton.runtime import driver
+
+    return driver.active.get_current_target()
+
+
+def compile_for(
+    fn: Any,
+    *,
+    signature: Mapping[str, Any],
+    constexprs: Mapping[Any, Any],
+    target: Any,
+    options: Mapping[str, Any],
+    attrs: Mapping[Any, Any] | None = None,
+) -> Any:
+    """Compile a ``@triton.jit`` function for ``target`` (a ``GPUTarget``; no GPU needed)
+    into TRITON_CACHE_DIR, as the JIT would for the same specialisation."""
+    import triton
+    from triton.compiler import ASTSource
+
+    source = ASTSource(fn, dict(signature), dict(constexprs), dict(attrs or {}))
+    return triton.compile(source, target=target, options=dict(options))
+
+
+def gpu_target(arch: int, warp_size: int = 32) -> Any:
+    """``GPUTarget("cuda", arch, warp_size)``: compile for a GPU this machine need not have."""
+    from triton.backends.compiler import GPUTarget
+
+    return GPUTarget("cuda", arch, warp_size)
+
+
+def compiler_key() -> str | None:
+    """``triton_key()``: the hash of Triton's own sources in every cache key; None for
+    builds that have none."""
+    try:
+        from triton.runtime.cache import triton_key
+
+        return str(triton_key())
+    except Exception:  # older or vendor builds
+        return None
+
+
+def ptxas_version(arch: int) -> str | None:
+    """The ptxas version Triton compiles ``sm_<arch>`` with (Triton memoises it per arch
+    and asks with the device's: ask the same and share it)."""
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas_version
+
+        try:
+            version = get_ptxas_version(arch)
+        except TypeError:  # Triton 3.4 takes no arch
+            version = get_ptxas_version()
+        return str(version).strip().splitlines()[-1]
+    except Exception:
+        return None
+
+
+def c_compiler(env: Mapping[str, str]) -> str | None:
+    """The C compiler Triton would run: ``$CC`` as given (even if it is not a compiler),
+    else ``gcc``, else ``clang`` on PATH; None where Triton raises "Failed to find C compiler".
+
+    Same rule throughout 3.4 to 3.9: early releases decide it inline in ``_build``, 3.9 in
+    ``_find_compiler(language)`` (cached per process). All put ``knobs.build.impl`` (set only
+    by code) first.
+    """
+    if "CC" in env:
+        return env["CC"]
+    path = env.get("PATH")
+    return shutil.which("gcc", path=path) or shutil.which("clang", path=path)
+
+
+def python_includes() -> list[str]:
+    """Where Python.h is looked for: Triton's ``-I`` (the default scheme's ``include``, with
+    Debian's ``posix_local`` read as ``posix_prefix``), then ``platinclude``."""
+    scheme = sysconfig.get_default_scheme()
+    paths = sysconfig.get_paths(scheme="posix_prefix" if scheme == "posix_local" else scheme)
+    return list(dict.fromkeys([paths["include"], paths["platinclude"]]))
+
+
+def stub_build_command(cc: str, src: Path, so: Path, includes: Sequence[str]) -> list[str]:
+    """Triton's compile line for a stub, less the CUDA libraries (linked at launch)."""
+    return [cc, str(src), "-O3", "-shared", "-fPIC", "-Wno-psabi", "-o", str(so)] + [
+        f"-I{d}" for d in includes
+    ]

@@ -1,0 +1,109 @@
+"""``triton-warmup``'s ordinary mistakes: one line each, the right exit code, no traceback."""
+
+import socket
+from pathlib import Path
+
+import pytest
+
+import warmup.launch
+from warmup.cli import main
+
+ROOT = Path(__file__).parents[2]
+DEMO = ROOT / "examples" / "demo.yaml"
+
+
+@pytest.fixture
+def isolated(tmp_path, monkeypatch):
+    """Every default folder of the CLI inside tmp_path."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("VOLUME", "WORK_DIR"):
+        monkeypatch.setenv(f"TRITON_WARMUP_{name}", str(tmp_path / name.lower()))
+    return tmp_path
+
+
+def one_line_error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("triton-warmup: error: "), err
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "value,allowed", [("0", "greater than or equal to 1"), ("-1", "greater"), ("9", "less")]
+)
+def test_option_values_are_checked_like_settings(isolated, capsys, value, allowed):
+    assert main(["run", "--world-size", value, "--manifest", str(DEMO)]) == 2
+    line = one_line_error(capsys)
+    assert f"--world-size={int(value)!r}" in line and allowed in line
+    assert not (isolated / "work_dir").exists()  # nothing started, nothing written
+
+
+def test_the_same_value_from_the_environment_names_the_variable(isolated, capsys, monkeypatch):
+    monkeypatch.setenv("TRITON_WARMUP_WORLD_SIZE", "0")
+    assert main(["validate", str(DEMO)]) == 2
+    assert "TRITON_WARMUP_WORLD_SIZE='0'" in one_line_error(capsys)
+
+
+def test_a_world_size_the_manifest_has_no_entry_for_fails_before_any_rank(isolated, capsys):
+    assert main(["run", "--world-size", "3", "--manifest", str(DEMO)]) == 2
+    err = capsys.readouterr().err
+    assert "no entry for world size 3" in err and "entries.0 (ag_gemm, world size 2)" in err
+    assert not (isolated / "work_dir" / "status.json").exists()  # never ready, never written
+
+
+def test_device_cuda_without_a_gpu_fails_before_any_rank(isolated, capsys, monkeypatch):
+    monkeypatch.setattr(warmup.launch, "GPU_LIST", isolated / "no-gpus")
+    assert main(["run", "--device", "cuda", "--manifest", str(DEMO)]) == 2
+    line = one_line_error(capsys)
+    assert "device cuda: 2 rank(s) need 2 GPU(s), this machine has 0" in line
+    assert not (isolated / "work_dir").exists()
+
+
+def test_serve_on_a_port_in_use_says_so(isolated, capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "--host", "127.0.0.1", "--port", str(port)]) == 2
+    line = one_line_error(capsys)
+    assert f"cannot listen on 127.0.0.1:{port}" in line and "TRITON_WARMUP_METRICS_PORT" in line
+
+
+@pytest.mark.parametrize(
+    "kernel,reason",
+    [
+        ("no_such_package.mod:warm", "cannot import no_such_package.mod: ModuleNotFoundError"),
+        ("tests.warmup.user_functions:missing", "has no function 'missing'"),
+        ("tests.warmup.user_functions:takes_positional_only", "which its signature"),
+    ],
+)
+def test_validate_imports_each_user_function_and_checks_its_signature(
+    isolated, capsys, kernel, reason
+):
+    manifest = isolated / "m.yaml"
+    manifest.write_text(
+        f"version: 1\nentries:\n  - {{kernel: '{kernel}', dtype: fp32, world_size: 1,\n"
+        "     shapes: [{M: 1, N: 1, K: 1}]}\n"
+    )
+    assert main(["validate", str(manifest)]) == 2
+    err = capsys.readouterr().err
+    assert "entries.0.kernel" in err and reason in err and "Traceback" not in err
+
+
+def test_validate_prints_what_the_manifest_expands_to(capsys):
+    assert main(["validate", str(DEMO)]) == 0
+    out = capsys.readouterr().out
+    assert "ag_gemm fp32, world size 2, policy tune: 3 shape(s)" in out
+    assert "  M=32 N=32 K=32" in out and "is valid (digest" in out
+
+
+def test_an_unexpected_error_is_one_line_and_debug_shows_where(isolated, capsys, monkeypatch):
+    def broken(args):
+        raise TypeError("something internal")
+
+    monkeypatch.setattr("warmup.cli._validate", broken)
+    assert main(["validate", str(DEMO)]) == 1
+    assert "TypeError: something internal (--debug shows where)" in one_line_error(capsys)
+    assert main(["--debug", "validate", str(DEMO)]) == 1
+    assert "Traceback" in capsys.readouterr().err

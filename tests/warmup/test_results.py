@@ -1,0 +1,89 @@
+"""The typed records a run passes between processes, and what the metrics count of them."""
+
+import json
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from warmup.metrics import RunMetrics
+from warmup.results import RankFailure, RankReport, RunStatus, ShapeResult
+
+
+def shape(source, **extra):
+    return ShapeResult(kernel="k", key={"M": 8, "N": 4, "K": 4}, source=source, **extra)
+
+
+def counts(metrics, tmp_path):
+    path = tmp_path / "m.prom"
+    metrics.write(path)
+    out = {}
+    for family in text_string_to_metric_families(path.read_text()):
+        for s in family.samples:
+            if s.name.endswith("_total"):
+                out[(s.name, s.labels.get("source", ""))] = s.value
+    return out
+
+
+def test_metrics_count_each_kind_of_result_from_its_fields(tmp_path):
+    metrics = RunMetrics()
+    metrics.record(
+        [
+            shape("registry", compile_seconds=0.1),
+            shape("bundle", compile_seconds=0.1),
+            shape("tuned", seconds=2.0),
+            shape("fallback"),
+            shape("user"),
+            shape("user", error="RuntimeError: boom"),
+            shape("failed", error="no candidate ran"),
+            shape("registry", compile_seconds=0.1, error="stored config failed its check"),
+        ]
+    )
+    found = counts(metrics, tmp_path)
+    assert found[("triton_warmup_cache_hits_total", "registry")] == 2
+    assert found[("triton_warmup_cache_hits_total", "bundle")] == 1
+    assert found[("triton_warmup_cache_misses_total", "")] == 2  # tuned and fallback only
+    assert found[("triton_warmup_user_shapes_total", "")] == 2
+    assert found[("triton_warmup_failed_shapes_total", "")] == 3
+    assert found[("triton_warmup_fallbacks_total", "")] == 1
+
+
+def test_a_rank_report_round_trips_through_its_file(tmp_path):
+    report = RankReport(rank=1, world=2, shapes=[shape("tuned", rank=1)])
+    report.write(tmp_path)
+    RankReport(rank=0, world=2).write(tmp_path)
+    assert [r.rank for r in RankReport.read_all(tmp_path)] == [0, 1]
+    assert RankReport.read_all(tmp_path)[1] == report
+
+
+def test_status_derives_sources_and_one_line_per_failure(tmp_path):
+    status = RunStatus(
+        state="failed",
+        manifest_digest="d",
+        started=0.0,
+        world_size=2,
+        errors=["the run exceeded its time limit of 5 s"],
+        rank_failures=[RankFailure(rank=1, end="exited", code=-9)],
+        shapes=[shape("tuned"), shape("failed", rank=1, error="no candidate ran")],
+    )
+    assert status.sources == {"failed": 1, "tuned": 1}
+    assert status.failures == [
+        "the run exceeded its time limit of 5 s",
+        "rank 1 exited with code -9",
+        "k M=8 N=4 K=4 (rank 1): no candidate ran",
+    ]
+    path = status.write(tmp_path / "status.json") and tmp_path / "status.json"
+    on_disk = json.loads(path.read_text())
+    assert on_disk["sources"] == status.sources and on_disk["failures"] == status.failures
+    assert RunStatus.read(path) == status
+
+
+def test_an_unreadable_or_foreign_status_reads_as_none(tmp_path):
+    path = tmp_path / "status.json"
+    assert RunStatus.read(path) is None
+    path.write_text("{not json")
+    assert RunStatus.read(path) is None
+    path.write_text(json.dumps({"state": "ready"}))  # no digest, no world size
+    assert RunStatus.read(path) is None
+    path.write_text(
+        json.dumps({"state": "done", "manifest_digest": "d", "started": 0, "world_size": 1})
+    )
+    assert RunStatus.read(path) is None

@@ -1,0 +1,162 @@
+"""What a warmup run reports, typed: one writer each, typed readers, no dicts.
+
+A rank process writes its :class:`RankReport` (one :class:`ShapeResult` per shape) into
+the run folder; the launcher (or rank 0) reads them all back and writes the
+:class:`RunStatus` that the readiness probe, ``triton-warmup status`` and the metrics
+read. Imports neither torch nor triton: the sidecar reads the status too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError, computed_field
+
+from registry import atomic
+
+# registry/bundle: a stored config (bundle: one a bundle install wrote); tuned: found
+# by tuning now; fallback: the kernel's default, by policy; user: a ``module:function``
+# entry, whose kernels choose their own configs; failed: no config (``error`` says why).
+Source = Literal["registry", "bundle", "tuned", "fallback", "user", "failed"]
+HIT_SOURCES: tuple[Source, ...] = ("registry", "bundle")
+State = Literal["running", "ready", "failed"]
+RUNNING: State = "running"
+READY: State = "ready"
+FAILED: State = "failed"
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ShapeResult(_Record):
+    """One manifest shape warmed on one rank."""
+
+    kernel: str
+    key: dict[str, Any]
+    rank: int = 0
+    source: Source
+    config: dict[str, Any] | None = None
+    seconds: float = 0.0  # finding the config: lookup, or the whole tuning
+    compile_seconds: float | None = None  # a stored config's first launch and check
+    benchmark_runs: int = 0
+    lock_wait_s: float = 0.0
+    error: str | None = None
+
+    @property
+    def hit(self) -> bool:
+        return self.source in HIT_SOURCES
+
+    @property
+    def miss(self) -> bool:
+        """No stored config: tuned now, or fell back (user and failed shapes are neither)."""
+        return self.source in ("tuned", "fallback")
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+    def describe(self) -> str:
+        shape = " ".join(f"{k}={v}" for k, v in self.key.items() if k in ("M", "N", "K"))
+        return f"{self.kernel} {shape or self.key}".strip()
+
+
+class RankReport(_Record):
+    """Everything one rank did; written once, as ``rank-<r>.json`` in the run folder."""
+
+    rank: int
+    world: int
+    fingerprint: dict[str, Any] | None = None
+    seconds: float = 0.0
+    shapes: list[ShapeResult] = []
+
+    def write(self, run_dir: Path) -> Path:
+        path = run_dir / f"rank-{self.rank}.json"
+        atomic.write_bytes(path, self.model_dump_json().encode())
+        return path
+
+    @classmethod
+    def read_all(cls, run_dir: Path) -> list[RankReport]:
+        """Every rank's report in the folder, by rank; an unreadable one is an error."""
+        reports = [cls.model_validate_json(p.read_text()) for p in run_dir.glob("rank-*.json")]
+        return sorted(reports, key=lambda r: r.rank)
+
+
+RankEnd = Literal["exited", "stopped", "silent", "timeout"]
+
+
+class RankFailure(_Record):
+    """A rank process that did not finish its work: one per rank, the first cause."""
+
+    rank: int
+    end: RankEnd
+    code: int | None = None  # exited: the process's exit code
+
+    def __str__(self) -> str:
+        return {
+            "exited": f"rank {self.rank} exited with code {self.code}",
+            "stopped": f"rank {self.rank} was stopped",
+            "silent": f"rank {self.rank} reported nothing",
+            "timeout": f"rank {self.rank} was still running at the run's time limit",
+        }[self.end]
+
+
+class RunStatus(BaseModel):
+    """The status file: what the readiness probe reads. ``ready`` only when every rank
+    reported, every shape of the manifest's entries for this world size is warm, and
+    there was at least one."""
+
+    model_config = ConfigDict(extra="ignore")  # a newer writer's fields do not break us
+
+    state: State
+    manifest_digest: str
+    started: float
+    finished: float | None = None
+    duration_s: float | None = None
+    host: str = ""
+    world_size: int
+    fingerprint: dict[str, Any] | None = None
+    errors: list[str] = []  # run-level: bad input, the time limit, a rank that lied
+    rank_failures: list[RankFailure] = []
+    skipped_entries: list[str] = []  # entries made for another world size
+    benchmark_runs: int = 0
+    saved_artifacts: int = 0
+    imported_entries: int = 0
+    shapes: list[ShapeResult] = []
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def sources(self) -> dict[str, int]:
+        """Shape-rank results by where their config came from."""
+        counts: dict[str, int] = {}
+        for shape in self.shapes:
+            counts[shape.source] = counts.get(shape.source, 0) + 1
+        return dict(sorted(counts.items()))
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def failures(self) -> list[str]:
+        """Every reason the run is not ready, one line each (shown by the probe and CLI)."""
+        return [
+            *self.errors,
+            *map(str, self.rank_failures),
+            *(f"{s.describe()} (rank {s.rank}): {s.error}" for s in self.shapes if s.failed),
+        ]
+
+    @property
+    def ready(self) -> bool:
+        return self.state == READY
+
+    def write(self, path: Path) -> RunStatus:
+        """Atomically replace the status file (a reader sees the old one or the new one)."""
+        atomic.write_bytes(path, self.model_dump_json(indent=1).encode())
+        return self
+
+    @classmethod
+    def read(cls, path: Path) -> RunStatus | None:
+        """The status, or None when there is none yet or it is unreadable or foreign."""
+        try:
+            return cls.model_validate_json(path.read_bytes())
+        except (OSError, ValidationError, ValueError):
+            return None

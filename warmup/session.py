@@ -1,0 +1,262 @@
+"""One rank's warmup session: restore → barrier → warm → barrier → finish.
+
+The one sequence every rank runs, whoever started it:
+
+- a rank process that ``triton-warmup run`` spawned (``python -m warmup.session`` with
+  the launcher's folder in ``TRITON_WARMUP_RANK_CHILD``): the launcher restores the
+  compile cache and sums the reports, the rank waits for the first and leaves the second;
+- a rank that torchrun started (the same command, no launcher): rank 0 restores and sums;
+- ``warmup.warm()`` inside a server's own process: rank 0 restores and sums, and every
+  rank gets the status back.
+
+Each rank writes its typed :class:`~warmup.results.RankReport` into the run folder;
+:func:`finish` reads them back into the :class:`~warmup.results.RunStatus`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from registry import Store, atomic, triton_cache
+from registry.fingerprint import Fingerprint, machine_name
+from registry.importers import import_triton_autotune
+from warmup.manifest import Manifest, load_manifest
+from warmup.metrics import RunMetrics
+from warmup.results import FAILED, READY, RankFailure, RankReport, RunStatus
+from warmup.settings import Settings
+
+log = logging.getLogger(__name__)
+CHILD_FLAG = "TRITON_WARMUP_RANK_CHILD"  # set in the rank processes the launcher starts
+RESTORED = "restored"  # marker file: the compile cache is in place
+
+
+class RunError(RuntimeError):
+    """The run cannot start or cannot go on: no entry for the world size, no GPU, a rank
+    that cannot reach its device or the restored cache."""
+
+
+@dataclass(frozen=True)
+class Roles:
+    """Who does the work around the ranks' own: the launcher (``False``) or rank 0."""
+
+    restores: bool
+    finishes: bool
+
+
+LAUNCHED = Roles(restores=False, finishes=False)  # ``triton-warmup run`` spawned us
+SELF_STARTED = Roles(restores=True, finishes=True)  # torchrun, or warm() in-process
+
+
+def run_session(
+    settings: Settings,
+    manifest: Manifest,
+    *,
+    rank: int,
+    world: int,
+    group: Any,
+    device: Any,
+    run_dir: Path,
+    roles: Roles,
+    started: float,
+) -> RunStatus | None:
+    """This rank's part of the run; returns the status where this process can know it
+    (rank 0 of a self-started run, or every rank when there is a group to share it)."""
+    from warmup.runner import progress_printer, warm_rank
+
+    if not roles.restores:
+        wait_for_restore(run_dir, settings.rank_timeout_s)
+    elif rank == 0:
+        clear_run_dir(run_dir)
+        restore(settings)
+    _barrier(group)
+    report = warm_rank(
+        manifest,
+        settings,
+        rank=rank,
+        world=world,
+        group=group,
+        device=device,
+        progress=progress_printer() if rank == 0 else None,
+    )
+    report.write(run_dir)
+    _barrier(group)
+    if not roles.finishes:
+        return None
+    status = finish(settings, manifest, run_dir, world, started) if rank == 0 else None
+    if group is not None:
+        import torch.distributed as dist
+
+        holder = [status.model_dump(mode="json") if status else None]
+        dist.broadcast_object_list(holder, src=0, group=group)
+        status = RunStatus.model_validate(holder[0])
+    return status
+
+
+def _barrier(group: Any) -> None:
+    if group is not None:
+        import torch.distributed as dist
+
+        dist.barrier(group=group)
+
+
+def restore(settings: Settings) -> None:
+    done = triton_cache.restore(settings.paths.triton_cache, settings.cache_dir)
+    log.info(
+        "restored %d compile artifacts (%d already there) into %s",
+        done.copied,
+        done.present,
+        settings.cache_dir,
+    )
+
+
+def clear_run_dir(run_dir: Path) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for old in [*run_dir.glob("rank-*.json"), run_dir / RESTORED]:
+        old.unlink(missing_ok=True)
+
+
+def mark_restored(run_dir: Path) -> None:
+    atomic.write_bytes(run_dir / RESTORED, b"")
+
+
+def wait_for_restore(run_dir: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not (run_dir / RESTORED).exists():
+        if time.monotonic() > deadline:
+            raise RunError(f"the compile cache was not restored within {timeout_s:g} s")
+        time.sleep(0.01)
+
+
+def finish(
+    settings: Settings,
+    manifest: Manifest,
+    run_dir: Path,
+    world: int,
+    started: float,
+    rank_failures: list[RankFailure] | None = None,
+    errors: list[str] | None = None,
+) -> RunStatus:
+    """Sum every rank's report into metrics and status; save the compile cache.
+
+    Ready only when every rank reported every shape of the manifest's entries for
+    ``world`` ranks, none failed, and there was at least one."""
+    errors = list(errors or [])
+    try:
+        reports = RankReport.read_all(run_dir)
+    except (OSError, ValueError) as e:
+        reports, errors = [], [*errors, f"a rank report is unreadable: {e}"]
+    failures = {f.rank: f for f in rank_failures or []}  # one per rank: the first cause
+    for rank in sorted(set(range(world)) - {r.rank for r in reports}):
+        failures.setdefault(rank, RankFailure(rank=rank, end="silent"))
+    expected = manifest.shape_count(world)
+    if expected == 0:
+        errors.append(manifest.no_entry_message(world))
+    for report in reports:
+        if len(report.shapes) != expected:
+            errors.append(f"rank {report.rank} reported {len(report.shapes)} of {expected} shapes")
+    shapes = [shape for report in reports for shape in report.shapes]
+    metrics = RunMetrics()
+    metrics.record(shapes)
+    metrics.ranks.set(len(reports))
+    saved = triton_cache.save(settings.cache_dir, settings.paths.triton_cache)
+    fingerprint = reports[0].fingerprint if reports else None
+    imported = _import_autotune(settings, manifest, fingerprint)
+    ready = not errors and not failures and not any(s.failed for s in shapes)
+    duration = time.time() - started
+    metrics.duration.set(duration)
+    metrics.write(settings.metrics_path)
+    return RunStatus(
+        state=READY if ready else FAILED,
+        manifest_digest=manifest.digest(),
+        started=started,
+        finished=time.time(),
+        duration_s=duration,
+        host=machine_name(),
+        world_size=world,
+        fingerprint=fingerprint,
+        errors=errors,
+        rank_failures=[failures[r] for r in sorted(failures)],
+        skipped_entries=manifest.skipped_entries(world),
+        benchmark_runs=sum(s.benchmark_runs for s in shapes),
+        saved_artifacts=saved.copied,
+        imported_entries=imported,
+        shapes=shapes,
+    ).write(settings.status_path)
+
+
+def _import_autotune(
+    settings: Settings, manifest: Manifest, fingerprint: dict[str, Any] | None
+) -> int:
+    """Triton's own @triton.autotune choices (user entries) into the registry."""
+    if fingerprint is None or not any(e.is_user_function for e in manifest.entries):
+        return 0
+    result = import_triton_autotune(settings.cache_dir, Fingerprint.from_json(fingerprint))
+    for error in result.errors:
+        log.warning("could not import %s", error)
+    Store(settings.registry_path).put_many(result.entries)
+    return len(result.entries)
+
+
+def main() -> int:
+    """A rank process: spawned by ``triton-warmup run`` (settings and manifest as files
+    in its folder), or started by torchrun (settings from the environment)."""
+    import torch
+    import torch.distributed as dist
+
+    from warmup import logs
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    child_of = os.environ.get(CHILD_FLAG)
+    if child_of:
+        run_dir = Path(child_of)
+        settings = Settings.model_validate_json((run_dir / "settings.json").read_text())
+        manifest = Manifest.model_validate_json((run_dir / "manifest.json").read_text())
+    else:
+        settings = Settings()
+        manifest = load_manifest(settings.manifest)
+        run_dir = settings.work_dir / "run"
+    logs.configure(settings.log_format, rank=rank)
+    cuda = settings.device != "cpu" and torch.cuda.is_available()
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    if cuda and local >= torch.cuda.device_count():
+        raise RunError(
+            f"rank {rank} needs GPU {local}; this machine has {torch.cuda.device_count()}."
+        )
+    device = torch.device("cuda", local) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    started = time.time()
+    options: dict[str, Any] = {"device_id": device} if cuda else {}
+    dist.init_process_group(
+        "nccl" if cuda else "gloo",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=settings.rank_timeout_s),
+        **options,
+    )
+    try:
+        status = run_session(
+            settings,
+            manifest,
+            rank=rank,
+            world=world,
+            group=dist.group.WORLD,
+            device=device,
+            run_dir=run_dir,
+            roles=LAUNCHED if child_of else SELF_STARTED,
+            started=started,
+        )
+    finally:
+        dist.destroy_process_group()
+    return 0 if status is None or status.ready else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
