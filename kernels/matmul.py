@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from kernels.adapter import LaunchPlan, Layer
-from registry import KernelConfig
+from registry import KernelConfig, triton_internals
 
 NAME = "matmul"
 DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
@@ -215,8 +215,6 @@ def reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def compile_ahead(config: KernelConfig, dtype: str, target: Any) -> Any:
     """Compile one config for ``target`` (e.g. ``GPUTarget("cuda", 90, 32)``), no GPU needed;
     the artifacts land in TRITON_CACHE_DIR."""
-    from triton.compiler import ASTSource
-
     pointer = f"*{dtype}"
     signature = {
         "a_ptr": pointer,
@@ -238,11 +236,9 @@ def compile_ahead(config: KernelConfig, dtype: str, target: Any) -> Any:
         },
         **{n: "constexpr" for n in config.meta},
     }
-    source = ASTSource(fn=_matmul_kernel, signature=signature, constexprs=config.meta)
-    return triton.compile(
-        source,
-        target=target,
-        options={"num_warps": config.num_warps, "num_stages": config.num_stages},
+    launch = {k: v for k, v in config.all_kwargs().items() if k not in config.meta}
+    return triton_internals.compile_for(
+        _matmul_kernel, signature=signature, constexprs=config.meta, target=target, options=launch
     )
 
 

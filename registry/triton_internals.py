@@ -118,6 +118,22 @@ def gpu_target(arch: int, warp_size: int = 32) -> Any:
     return GPUTarget("cuda", arch, warp_size)
 
 
+def bound_specialization(
+    kernel: Any, args: Sequence[Any], options: Mapping[str, Any], target: Any
+) -> str:
+    """The specialisation the JIT would compile ``kernel(*args, **options)`` as, for
+    ``target``, asked of Triton's own binder (no GPU, no compile): two launches with the
+    same answer share one variant."""
+    import json
+
+    from triton.compiler import make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    binder = create_function_from_signature(kernel.signature, kernel.params, make_backend(target))
+    _, specialization, bound = binder(*args, **options)
+    return json.dumps([kernel.__name__, specialization, sorted(bound.items())], default=str)
+
+
 def compiler_key() -> str | None:
     """``triton_key()``: the hash of Triton's own sources in every cache key; None for
     builds that have none."""

@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import json
 
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-
 from kernels import ag_gemm
+from registry import triton_internals
 
 BM, BN, BK = 128, 256, 64
 SIGNATURE = {
@@ -26,9 +23,12 @@ SIGNATURE = {
 CONSTANTS = {"WORLD": 4, "NUM_SMS": 132, "BLOCK_M": BM, "BLOCK_N": BN, "BLOCK_K": BK, "GROUP_M": 8}
 
 if __name__ == "__main__":
-    source = ASTSource(fn=ag_gemm._ag_gemm_tma_kernel, signature=SIGNATURE, constexprs=CONSTANTS)
-    kernel = triton.compile(
-        source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 3}
+    kernel = triton_internals.compile_for(
+        ag_gemm._ag_gemm_tma_kernel,
+        signature=SIGNATURE,
+        constexprs=CONSTANTS,
+        target=triton_internals.gpu_target(90),
+        options={"num_warps": 8, "num_stages": 3},
     )
     ptx = kernel.asm["ptx"]
     print(

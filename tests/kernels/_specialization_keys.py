@@ -13,16 +13,13 @@ import sys
 from typing import Any
 
 import torch
-from triton.backends.compiler import GPUTarget
-from triton.compiler import make_backend
-from triton.runtime.jit import create_function_from_signature
 
 from kernels import ag_gemm, matmul
 from kernels.adapter import LaunchPlan, Layer
 from kernels.spaces import DeviceLimits
-from registry import KernelConfig
+from registry import KernelConfig, triton_internals
 
-BACKEND = make_backend(GPUTarget("cuda", 90, 32))
+SM90 = triton_internals.gpu_target(90)
 H100 = DeviceLimits("H100", 132, 227 * 1024, (9, 0), 790.0, 3350.0)
 CONFIG = KernelConfig.make(
     {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8}, num_warps=4, num_stages=3
@@ -31,10 +28,7 @@ N, K = 96, 64
 
 
 def key(plan: LaunchPlan) -> str:
-    kernel = plan.kernel
-    binder = create_function_from_signature(kernel.signature, kernel.params, BACKEND)
-    _, specialization, options = binder(*plan.args, **plan.options)
-    return json.dumps([kernel.__name__, specialization, sorted(options.items())], default=str)
+    return triton_internals.bound_specialization(plan.kernel, plan.args, plan.options, SM90)
 
 
 def context(world: int, consumer: str, max_m: int) -> ag_gemm.AgGemmContext:

@@ -63,3 +63,16 @@ def test_compiles_ahead_for_sm90_without_a_gpu(tmp_path):
     )
     assert int(out.stdout.strip().splitlines()[-1]) > 1000
     assert list(tmp_path.glob("*/*.cubin"))
+
+
+def test_a_launch_passes_every_launch_option_of_its_config():
+    config = KernelConfig.make(
+        {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 1},
+        num_warps=4,
+        num_stages=2,
+        num_ctas=1,
+        maxnreg=128,
+    )
+    a, b, out = torch.empty(8, 16), torch.empty(16, 16), torch.empty(8, 16)
+    options = matmul.launch_plan(a, b, out, config).options
+    assert options["num_ctas"] == 1 and options["maxnreg"] == 128 and options["num_warps"] == 4
