@@ -171,6 +171,15 @@ def detect(kernel_hash: str = "", *, device: int = 0) -> Fingerprint:
     )
 
 
+def detect_for(device: Any, kernel_hash: str = "") -> Fingerprint:
+    """The fingerprint of where kernels run on ``device`` (a ``torch.device``): a CUDA
+    device's, or the CPU's (Triton's interpreter) even on a machine with GPUs, so a CPU
+    run never stores or reads configs under a GPU's fingerprint."""
+    if getattr(device, "type", device) != "cuda":
+        return cpu_fingerprint(kernel_hash)
+    return detect(kernel_hash, device=getattr(device, "index", None) or 0)
+
+
 def _software(*, cuda: bool, arch: int = 0) -> Software:
     torch_version, cuda_runtime = _torch_versions()
     triton_version, triton_hash = _triton_versions()

@@ -104,6 +104,7 @@ class AutotunedFunction:
         self._store, self._fingerprint = store, fingerprint
         self.stats = TunerStats()
         self.best: dict[str, _Choice] = {}
+        self._detected: dict[str, Fingerprint] = {}  # by device
 
     def __call__(
         self,
@@ -127,7 +128,7 @@ class AutotunedFunction:
             task = _CallTask(self, args, kwargs, key)
             tuner = Tuner(
                 self.store(),
-                self.fingerprint(),
+                self.fingerprint(_device_of(args)),
                 timer=self.timer or _timer_for(args),
                 lockstep=Lockstep(autotune_pg, timeout_s=self.options.rank_timeout_s),
                 lock_backend=self.lock_backend,
@@ -152,12 +153,17 @@ class AutotunedFunction:
             self._store = Store(Settings().registry_path)
         return self._store
 
-    def fingerprint(self) -> Fingerprint:
-        if self._fingerprint is None:
-            from registry.fingerprint import detect
+    def fingerprint(self, device: Any = "cpu") -> Fingerprint:
+        """The one given, else where the call's tensors live (the CPU's for CPU tensors,
+        even on a machine with GPUs)."""
+        if self._fingerprint is not None:
+            return self._fingerprint
+        from registry.fingerprint import detect_for
 
-            self._fingerprint = detect()
-        return self._fingerprint
+        name = str(device)
+        if name not in self._detected:
+            self._detected[name] = detect_for(device)
+        return self._detected[name]
 
     def pruned(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[_Choice]:
         if self.prune_fn is None:
@@ -262,6 +268,10 @@ def _kernel_name(fn: Callable[..., Any]) -> str:
     return re.sub(r"[^A-Za-z0-9_.:-]+", "_", f"{fn.__module__}:{fn.__qualname__}")[-128:]
 
 
+def _device_of(args: Sequence[Any]) -> Any:
+    """The first CUDA tensor's device among ``args``; "cpu" when there is none."""
+    return next((a.device for a in args if getattr(a, "is_cuda", False)), "cpu")
+
+
 def _timer_for(args: Sequence[Any]) -> Timer:
-    on_gpu = any(getattr(a, "is_cuda", False) for a in args)
-    return cuda_event_timer() if on_gpu else wall_clock_timer()
+    return cuda_event_timer() if _device_of(args) != "cpu" else wall_clock_timer()

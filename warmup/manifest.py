@@ -165,7 +165,7 @@ class Manifest(BaseModel):
         return (
             f"the manifest has no entry for world size {world}: its entries are for world "
             f"size {sizes} ({'; '.join(self.skipped_entries(world))}); run with "
-            f"--world-size {max(self.world_sizes())} or add entries for {world} ranks"
+            f"--world-size {max(self.world_sizes())} or add entries with world_size: {world}"
         )
 
     def require_world(self, world: int, source: str = "<manifest>") -> None:

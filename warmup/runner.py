@@ -21,7 +21,7 @@ import torch
 
 import kernels
 from registry import Store, triton_internals
-from registry.fingerprint import Fingerprint, detect
+from registry.fingerprint import Fingerprint, detect_for
 from registry.locks import backend_from_url
 from warmup.lockstep import Lockstep
 from warmup.manifest import Manifest, ManifestEntry, resolve_user_function
@@ -49,7 +49,7 @@ def warm_rank(
 ) -> RankReport:
     """Warm every shape of the manifest entries made for ``world`` ranks."""
     started = time.perf_counter()
-    fingerprint = detect()
+    fingerprint = detect_for(device)  # the CPU's on CPU, even on a GPU machine
     store = Store(settings.registry_path, lock_timeout=settings.lock_timeout_s)
     report = RankReport(rank=rank, world=world, fingerprint=fingerprint.to_json())
     total = manifest.shape_count(world)

@@ -349,13 +349,11 @@ class Serving:
 
     def _fingerprint(self, device: Any) -> Fingerprint:
         """This machine's fingerprint for ``device``, detected once per device."""
-        from registry.fingerprint import cpu_fingerprint, detect
+        from registry.fingerprint import detect_for
 
         name = str(device)
         if name not in self._fingerprints:
-            self._fingerprints[name] = (
-                detect(device=device.index) if device.type == "cuda" else cpu_fingerprint()
-            )
+            self._fingerprints[name] = detect_for(device)
         return self._fingerprints[name]
 
     def _follow(self) -> None:

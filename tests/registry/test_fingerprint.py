@@ -3,6 +3,7 @@ import inspect
 import json
 import textwrap
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
@@ -113,3 +114,14 @@ def test_detect_on_this_machine_gives_the_cpu_fingerprint():
 def test_from_json_names_what_is_wrong():
     with pytest.raises(RegistryError, match="malformed"):
         Fingerprint.from_json({"hardware": {"gpu_name": "x"}, "software": {}})
+
+
+def test_a_cpu_device_gets_the_cpu_fingerprint_even_on_a_gpu_machine(monkeypatch):
+    from registry import fingerprint
+
+    monkeypatch.setattr(fingerprint, "detect", lambda *a, **k: gpu_fingerprint())
+    assert fingerprint.detect_for("cpu").hardware.gpu_name == "cpu"
+    assert (
+        fingerprint.detect_for(SimpleNamespace(type="cpu", index=None)).hardware.gpu_name == "cpu"
+    )
+    assert fingerprint.detect_for(SimpleNamespace(type="cuda", index=1)) == gpu_fingerprint()
