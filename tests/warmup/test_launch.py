@@ -324,3 +324,27 @@ def test_warm_in_process_on_cpu_turns_the_interpreter_on_or_says_why_it_cannot(t
         "triton is already imported without TRITON_INTERPRET=1: set TRITON_INTERPRET=1"
         in late.stderr
     )
+
+
+def test_entries_for_another_world_size_are_skipped_out_loud(tmp_path, monkeypatch, caplog):
+    import logging
+
+    monkeypatch.setenv("TEST_USER_LOG", str(tmp_path / "calls.jsonl"))
+    manifest = write_manifest(
+        tmp_path / "m.yaml",
+        """
+version: 1
+entries:
+  - {kernel: "tests.warmup.user_functions:record_call", dtype: fp32, world_size: 2,
+     shapes: [{M: 2, N: 2, K: 2}]}
+  - {kernel: "tests.warmup.user_functions:record_call", dtype: fp32, world_size: 4,
+     shapes: [{M: 4, N: 2, K: 2}]}
+""",
+    )
+    with caplog.at_level(logging.WARNING, logger="warmup.launch"):
+        settings = settings_for(tmp_path, manifest=manifest, world_size=2)
+        status = run(settings, load_manifest(manifest))
+    assert status.ready and status.sources == {"user": 2}
+    skipped = "entries.1 (tests.warmup.user_functions:record_call, world size 4)"
+    assert status.skipped_entries == [skipped]
+    assert f"skipping {skipped}: this pod has 2 ranks" in caplog.text
