@@ -128,8 +128,8 @@ class AutotunedFunction:
             task = _CallTask(self, args, kwargs, key)
             tuner = Tuner(
                 self.store(),
-                self.fingerprint(_device_of(args)),
-                timer=self.timer or _timer_for(args),
+                self.fingerprint(_device_of([*args, *kwargs.values()])),
+                timer=self.timer or _timer_for([*args, *kwargs.values()]),
                 lockstep=Lockstep(autotune_pg, timeout_s=self.options.rank_timeout_s),
                 lock_backend=self.lock_backend,
                 options=self.options,

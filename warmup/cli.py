@@ -101,6 +101,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             traceback.print_exc()
         code = EXIT_BAD_INPUT if isinstance(e, BAD_INPUT) else EXIT_FAILED
+        if isinstance(e, ManifestError):
+            for line in e.lines():
+                _error(line, code)
+            return code
         if not isinstance(e, (*BAD_INPUT, RegistryError, SidecarError)):
             return _error(f"{type(e).__name__}: {e} (--debug shows where)", code)
         return _error(str(e), code)

@@ -16,10 +16,17 @@ import time
 from pathlib import Path
 
 from registry import atomic
-from registry.fingerprint import machine_name
 from warmup.manifest import Manifest, ManifestError
-from warmup.results import FAILED, RUNNING, RankFailure, RunStatus
-from warmup.session import CHILD_FLAG, RunError, clear_run_dir, finish, mark_restored, restore
+from warmup.results import FAILED, RankFailure, RunStatus
+from warmup.session import (
+    CHILD_FLAG,
+    RunError,
+    clear_run_dir,
+    finish,
+    mark_restored,
+    restore,
+    running,
+)
 from warmup.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -37,27 +44,23 @@ def run(settings: Settings, manifest: Manifest) -> RunStatus:
         log.warning("skipping %s: this pod has %d ranks", skipped, world)
     run_dir = settings.work_dir / "run"
     clear_run_dir(run_dir)
-    status = RunStatus(
-        state=RUNNING,
-        manifest_digest=manifest.digest(),
-        started=started,
-        host=machine_name(),
-        world_size=world,
-    ).write(settings.status_path)
-    procs = _spawn_ranks(settings, manifest, world, device, run_dir)
-    try:  # the kernels' shape checks import torch: while the ranks import theirs
-        manifest.check_kernels(str(settings.manifest))
-    except BaseException as e:  # no rank may outlive a run that cannot go on
-        _stop(procs)
+    status = running(manifest, world, started).write(settings.status_path)
+    # The ranks run this launcher's decision on the device, not one of their own.
+    procs = _spawn_ranks(settings.model_copy(update={"device": device}), manifest, world, run_dir)
+    try:
+        manifest.check_kernels(str(settings.manifest))  # imports torch: while the ranks do
+        restore(settings)  # while the ranks import torch; they wait for the marker
+        mark_restored(run_dir)
+        failures, errors = _wait(procs, settings.run_timeout_s, settings.rank_timeout_s)
+        return finish(settings, manifest, run_dir, world, started, failures, errors)
+    except BaseException as e:  # a status that says why; no rank outlives the run
         errors = e.errors if isinstance(e, ManifestError) else [f"{type(e).__name__}: {e}"]
         status.model_copy(
             update={"state": FAILED, "finished": time.time(), "errors": errors}
         ).write(settings.status_path)
         raise
-    restore(settings)  # while the ranks import torch; they wait for the marker
-    mark_restored(run_dir)
-    failures, errors = _wait(procs, settings.run_timeout_s, settings.rank_timeout_s)
-    return finish(settings, manifest, run_dir, world, started, failures, errors)
+    finally:
+        _stop(procs)
 
 
 def _device_type(settings: Settings, world: int) -> str:
@@ -78,14 +81,22 @@ GPU_LIST = Path("/proc/driver/nvidia/gpus")
 
 
 def _gpu_count() -> int:
+    """GPUs the driver lists, fewer when CUDA_VISIBLE_DEVICES hides some."""
     try:
-        return sum(1 for _ in GPU_LIST.iterdir())
+        listed = sum(1 for _ in GPU_LIST.iterdir())
     except OSError:
         return 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return listed
+    shown = [d for d in visible.split(",") if d.strip()]
+    if any(d.strip().startswith("-") for d in shown):  # "-1": everything after is hidden
+        shown = shown[: next(i for i, d in enumerate(shown) if d.strip().startswith("-"))]
+    return min(listed, len(shown))
 
 
 def _spawn_ranks(
-    settings: Settings, manifest: Manifest, world: int, device: str, run_dir: Path
+    settings: Settings, manifest: Manifest, world: int, run_dir: Path
 ) -> list[subprocess.Popen[bytes]]:
     """Start one process per rank."""
     atomic.write_json(run_dir / "settings.json", settings.model_dump(mode="json"))
@@ -104,7 +115,7 @@ def _spawn_ranks(
             "TRITON_CACHE_AUTOTUNING": "1",
             CHILD_FLAG: str(run_dir.resolve()),
         }
-        if device == "cpu":
+        if settings.device == "cpu":
             env["TRITON_INTERPRET"] = "1"
         procs.append(subprocess.Popen([sys.executable, "-m", "warmup.session"], env=env))
     return procs
@@ -119,7 +130,7 @@ def _wait(
     failures: dict[int, RankFailure] = {}
     errors: list[str] = []
     timed_out = False
-    while any(p.poll() is None for p in procs):
+    while any([p.poll() is None for p in procs]):  # a list: poll every one, every time
         if time.monotonic() > deadline:
             timed_out = not failures
             if timed_out:

@@ -18,13 +18,16 @@ listing every error with its field path and value.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import inspect
 import itertools
 import json
+import os
 import re
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -42,7 +45,11 @@ class ManifestError(ValueError):
 
     def __init__(self, source: str, errors: list[str]) -> None:
         super().__init__(f"Manifest {source} has {len(errors)} error(s):\n  " + "\n  ".join(errors))
-        self.errors = errors
+        self.source, self.errors = source, errors
+
+    def lines(self) -> list[str]:
+        """One line per problem, each naming the manifest (a YAML error keeps its caret)."""
+        return [f"{self.source}: {error}" for error in self.errors]
 
 
 class Pow2(BaseModel):
@@ -200,7 +207,8 @@ def resolve_user_function(spec: str) -> Callable[..., Any]:
     warmup calls it with (``shape``, ``dtype``, ``device``); ValueError saying why not."""
     module_name, _, name = spec.partition(":")
     try:
-        module = importlib.import_module(module_name)
+        with _working_folder_importable():
+            module = importlib.import_module(module_name)
     except Exception as e:  # ImportError, or whatever the module raises at import
         raise ValueError(
             f"{spec!r}: cannot import {module_name}: {type(e).__name__}: {e}"
@@ -218,6 +226,21 @@ def resolve_user_function(spec: str) -> Callable[..., Any]:
     except ValueError:  # no signature to read (a builtin): its call will tell
         pass
     return function  # type: ignore[no-any-return]
+
+
+@contextlib.contextmanager
+def _working_folder_importable() -> Iterator[None]:
+    """Import as the ranks will: they run ``python -m``, which puts the working folder
+    first on ``sys.path`` (an installed console script does not)."""
+    here = os.getcwd()
+    added = "" not in sys.path and here not in sys.path
+    if added:
+        sys.path.insert(0, here)
+    try:
+        yield
+    finally:
+        if added and here in sys.path:
+            sys.path.remove(here)
 
 
 def load_manifest(path: Path, *, check_kernels: bool = False) -> Manifest:

@@ -11,7 +11,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, computed_field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    ValidationError,
+    computed_field,
+    field_validator,
+    model_validator,
+)
 
 from registry import atomic
 
@@ -27,7 +34,9 @@ FAILED: State = "failed"
 
 
 class _Record(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # A reader ignores fields a newer writer added (the sidecar and the init container
+    # may run different versions); the mypy plugin refuses unknown fields in our code.
+    model_config = ConfigDict(extra="ignore")
 
 
 class ShapeResult(_Record):
@@ -36,7 +45,7 @@ class ShapeResult(_Record):
     kernel: str
     key: dict[str, Any]
     rank: int = 0
-    source: Source
+    source: Source | str  # a newer writer's source reads too
     config: dict[str, Any] | None = None
     seconds: float = 0.0  # finding the config: lookup, or the whole tuning
     compile_seconds: float | None = None  # a stored config's first launch and check
@@ -56,6 +65,11 @@ class ShapeResult(_Record):
     @property
     def failed(self) -> bool:
         return self.error is not None
+
+    @field_validator("seconds", mode="before")
+    @classmethod
+    def _no_time(cls, value: Any) -> Any:
+        return 0.0 if value is None else value  # earlier versions wrote null
 
     def describe(self) -> str:
         shape = " ".join(f"{k}={v}" for k, v in self.key.items() if k in ("M", "N", "K"))
@@ -90,7 +104,7 @@ class RankFailure(_Record):
     """A rank process that did not finish its work: one per rank, the first cause."""
 
     rank: int
-    end: RankEnd
+    end: RankEnd | str
     code: int | None = None  # exited: the process's exit code
 
     def __str__(self) -> str:
@@ -99,7 +113,7 @@ class RankFailure(_Record):
             "stopped": f"rank {self.rank} was stopped",
             "silent": f"rank {self.rank} reported nothing",
             "timeout": f"rank {self.rank} was still running at the run's time limit",
-        }[self.end]
+        }.get(self.end, f"rank {self.rank}: {self.end}")
 
 
 class RunStatus(BaseModel):
@@ -124,6 +138,14 @@ class RunStatus(BaseModel):
     saved_artifacts: int = 0
     imported_entries: int = 0
     shapes: list[ShapeResult] = []
+
+    @model_validator(mode="before")
+    @classmethod
+    def _older_failures(cls, data: Any) -> Any:
+        """A status written before ``errors`` existed kept its reasons in ``failures``."""
+        if isinstance(data, dict) and "failures" in data and "errors" not in data:
+            return {**data, "errors": [str(f) for f in data["failures"] or []]}
+        return data
 
     @computed_field  # type: ignore[prop-decorator]
     @property

@@ -24,12 +24,14 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from registry import Store, atomic, triton_cache
+from pydantic import ValidationError
+
+from registry import Store, atomic, triton_cache, triton_internals
 from registry.fingerprint import Fingerprint, machine_name
 from registry.importers import import_triton_autotune
-from warmup.manifest import Manifest, load_manifest
+from warmup.manifest import Manifest, ManifestError, load_manifest
 from warmup.metrics import RunMetrics
-from warmup.results import FAILED, READY, RankFailure, RankReport, RunStatus
+from warmup.results import FAILED, READY, RUNNING, RankFailure, RankReport, RunStatus
 from warmup.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -71,9 +73,10 @@ def run_session(
     from warmup.runner import progress_printer, warm_rank
 
     if not roles.restores:
-        wait_for_restore(run_dir, settings.rank_timeout_s)
+        wait_for_restore(run_dir, settings.run_timeout_s)
     elif rank == 0:
         clear_run_dir(run_dir)
+        running(manifest, world, started).write(settings.status_path)  # not ready
         restore(settings)
     _barrier(group)
     report = warm_rank(
@@ -89,7 +92,19 @@ def run_session(
     _barrier(group)
     if not roles.finishes:
         return None
-    status = finish(settings, manifest, run_dir, world, started) if rank == 0 else None
+    status = None
+    if rank == 0:
+        try:
+            status = finish(settings, manifest, run_dir, world, started)
+        except Exception as e:  # said in the status, and told to every rank
+            status = running(manifest, world, started).model_copy(
+                update={
+                    "state": FAILED,
+                    "finished": time.time(),
+                    "errors": [_one_line(e)],
+                }
+            )
+            status.write(settings.status_path)
     if group is not None:
         import torch.distributed as dist
 
@@ -97,6 +112,21 @@ def run_session(
         dist.broadcast_object_list(holder, src=0, group=group)
         status = RunStatus.model_validate(holder[0])
     return status
+
+
+def running(manifest: Manifest, world: int, started: float) -> RunStatus:
+    """The status of a run under way: never ready."""
+    return RunStatus(
+        state=RUNNING,
+        manifest_digest=manifest.digest(),
+        started=started,
+        host=machine_name(),
+        world_size=world,
+    )
+
+
+def _one_line(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
 
 
 def _barrier(group: Any) -> None:
@@ -206,29 +236,61 @@ def _import_autotune(
 
 def main() -> int:
     """A rank process: spawned by ``triton-warmup run`` (settings and manifest as files
-    in its folder), or started by torchrun (settings from the environment)."""
-    import torch
-    import torch.distributed as dist
-
+    in its folder, the launcher's decisions in its environment), or started by torchrun
+    (``torchrun --nproc-per-node N -m warmup.session``; settings from the environment).
+    Bad input is one line on stderr and exit 2, as from the CLI."""
     from warmup import logs
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     child_of = os.environ.get(CHILD_FLAG)
-    if child_of:
-        run_dir = Path(child_of)
-        settings = Settings.model_validate_json((run_dir / "settings.json").read_text())
-        manifest = Manifest.model_validate_json((run_dir / "manifest.json").read_text())
-    else:
-        settings = Settings()
-        manifest = load_manifest(settings.manifest)
-        run_dir = settings.work_dir / "run"
-    logs.configure(settings.log_format, rank=rank)
+    try:
+        if child_of:
+            run_dir = Path(child_of)
+            settings = Settings.model_validate_json((run_dir / "settings.json").read_text())
+            manifest = Manifest.model_validate_json((run_dir / "manifest.json").read_text())
+        else:
+            settings = Settings()
+            manifest = load_manifest(settings.manifest)
+            run_dir = settings.work_dir / "run"
+            _prepare_self_started(settings, manifest, world)
+        logs.configure(settings.log_format, rank=rank)
+        return _run_rank(
+            settings, manifest, rank, world, run_dir, LAUNCHED if child_of else SELF_STARTED
+        )
+    except (ManifestError, RunError, ValidationError) as e:
+        lines = e.lines() if isinstance(e, ManifestError) else [f"{e}".replace("\n", "; ")]
+        for line in lines:
+            print(f"triton-warmup: error: rank {rank}: {line}", file=sys.stderr)
+        return 2
+
+
+def _prepare_self_started(settings: Settings, manifest: Manifest, world: int) -> None:
+    """Under torchrun: what the launcher does for the ranks it spawns, before anything
+    imports triton (Triton reads its cache folder and the interpreter switch then)."""
+    manifest.require_world(world, str(settings.manifest))
+    os.environ["TRITON_CACHE_DIR"] = str(settings.cache_dir.resolve())
+    os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
+    import torch
+
+    if settings.device == "cuda" and not torch.cuda.is_available():
+        raise RunError("device cuda: torch sees no CUDA GPU in this process; use device cpu")
+    if settings.device == "cpu" or not torch.cuda.is_available():
+        triton_internals.enable_interpreter()
+    manifest.check_kernels(str(settings.manifest))
+
+
+def _run_rank(
+    settings: Settings, manifest: Manifest, rank: int, world: int, run_dir: Path, roles: Roles
+) -> int:
+    import torch
+    import torch.distributed as dist
+
     cuda = settings.device != "cpu" and torch.cuda.is_available()
+    if settings.device == "cuda" and not cuda:
+        raise RunError(f"rank {rank}: device cuda, and torch sees no CUDA GPU here")
     local = int(os.environ.get("LOCAL_RANK", rank))
     if cuda and local >= torch.cuda.device_count():
-        raise RunError(
-            f"rank {rank} needs GPU {local}; this machine has {torch.cuda.device_count()}."
-        )
+        raise RunError(f"rank {rank} needs GPU {local}; torch sees {torch.cuda.device_count()}")
     device = torch.device("cuda", local) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
@@ -250,7 +312,7 @@ def main() -> int:
             group=dist.group.WORLD,
             device=device,
             run_dir=run_dir,
-            roles=LAUNCHED if child_of else SELF_STARTED,
+            roles=roles,
             started=started,
         )
     finally:

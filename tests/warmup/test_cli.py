@@ -107,3 +107,20 @@ def test_an_unexpected_error_is_one_line_and_debug_shows_where(isolated, capsys,
     assert "TypeError: something internal (--debug shows where)" in one_line_error(capsys)
     assert main(["--debug", "validate", str(DEMO)]) == 1
     assert "Traceback" in capsys.readouterr().err
+
+
+def test_a_user_function_in_the_working_folder_validates_as_the_ranks_import_it(
+    isolated, capsys, monkeypatch
+):
+    import sys
+
+    (isolated / "mywarm.py").write_text("def fn(*, shape, dtype, device):\n    pass\n")
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(isolated))])
+    manifest = isolated / "m.yaml"
+    manifest.write_text(
+        "version: 1\nentries:\n  - {kernel: 'mywarm:fn', dtype: fp32, world_size: 1,\n"
+        "     shapes: [{M: 1, N: 1, K: 1}]}\n"
+    )
+    assert main(["validate", str(manifest)]) == 0, capsys.readouterr().err
+    assert str(isolated) not in sys.path  # put back as it was
+    sys.modules.pop("mywarm", None)

@@ -176,13 +176,13 @@ entries:
 
 
 def test_joining_a_torchrun_environment(tmp_path):
-    import os
     import subprocess
     import sys
 
+    from tests.conftest import env_without_interpreter
+
     env = {
-        **os.environ,
-        "TRITON_INTERPRET": "1",
+        **env_without_interpreter(),  # the session turns it on for a CPU run itself
         "TRITON_WARMUP_VOLUME": str(tmp_path / "v"),
         "TRITON_WARMUP_WORK_DIR": str(tmp_path / "w"),
         "TRITON_WARMUP_MANIFEST": str(DEMO),
@@ -348,3 +348,67 @@ entries:
     skipped = "entries.1 (tests.warmup.user_functions:record_call, world size 4)"
     assert status.skipped_entries == [skipped]
     assert f"skipping {skipped}: this pod has 2 ranks" in caplog.text
+
+
+def test_a_dead_rank_is_seen_while_a_lower_rank_still_runs():
+    import subprocess
+    import sys
+    import time
+
+    from warmup.launch import _wait
+
+    procs = [
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]),
+        subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"]),
+    ]
+    started = time.monotonic()
+    failures, errors = _wait(procs, limit_s=120, grace_s=1)
+    assert time.monotonic() - started < 20  # the grace, not rank 0's minute
+    assert [str(f) for f in failures] == ["rank 0 was stopped", "rank 1 exited with code 3"]
+    assert errors == [] and all(p.returncode is not None for p in procs)
+
+
+def test_a_launcher_failure_stops_every_rank_and_says_why(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    import warmup.launch
+
+    started = []
+
+    def sleepers(settings, manifest, world, run_dir):
+        started.extend(
+            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+            for _ in range(world)
+        )
+        return started
+
+    def volume_gone(settings):
+        raise OSError("the volume went away")
+
+    monkeypatch.setattr(warmup.launch, "_spawn_ranks", sleepers)
+    monkeypatch.setattr(warmup.launch, "restore", volume_gone)
+    settings = settings_for(tmp_path)
+    with pytest.raises(OSError):
+        run(settings, load_manifest(DEMO))
+    assert len(started) == 2 and all(p.returncode is not None for p in started)
+    status = RunStatus.read(settings.status_path)
+    assert status.state == "failed" and status.failures == ["OSError: the volume went away"]
+
+
+def test_warm_in_process_says_running_while_it_warms(tmp_path, monkeypatch):
+    import warmup
+
+    manifest = write_manifest(
+        tmp_path / "m.yaml",
+        "version: 1\nentries:\n  - {kernel: 'tests.warmup.user_functions:record_status',\n"
+        "     dtype: fp32, world_size: 1, shapes: [{M: 1, N: 1, K: 1}]}\n",
+    )
+    settings = settings_for(tmp_path, manifest=manifest)
+    monkeypatch.setenv("TEST_STATUS_PATH", str(settings.status_path))
+    monkeypatch.setenv("TEST_USER_LOG", str(tmp_path / "states"))
+    RunStatus(
+        state="ready", manifest_digest=load_manifest(manifest).digest(), started=0, world_size=1
+    ).write(settings.status_path)  # a previous run's, for the same manifest
+    assert warmup.warm(manifest, settings).ready
+    assert (tmp_path / "states").read_text() == "running\n"  # never the stale "ready"

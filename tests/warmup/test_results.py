@@ -87,3 +87,30 @@ def test_an_unreadable_or_foreign_status_reads_as_none(tmp_path):
         json.dumps({"state": "done", "manifest_digest": "d", "started": 0, "world_size": 1})
     )
     assert RunStatus.read(path) is None
+
+
+def test_a_status_from_another_version_still_reads(tmp_path):
+    path = tmp_path / "status.json"
+    newer = {
+        "state": "ready",
+        "manifest_digest": "d",
+        "started": 0,
+        "world_size": 1,
+        "phases": {"restore": 1.0},  # a field this version does not know
+        "shapes": [{"kernel": "k", "key": {"M": 8}, "source": "nearest", "extra": 1}],
+    }
+    path.write_text(json.dumps(newer))
+    status = RunStatus.read(path)
+    assert status is not None and status.ready and status.sources == {"nearest": 1}
+    older = {  # failures as strings, null times
+        "state": "failed",
+        "manifest_digest": "d",
+        "started": 0,
+        "world_size": 1,
+        "failures": ["rank 1 exited with code -9"],
+        "shapes": [{"kernel": "k", "key": {"M": 8}, "source": "failed", "seconds": None}],
+    }
+    path.write_text(json.dumps(older))
+    status = RunStatus.read(path)
+    assert status is not None and status.failures == ["rank 1 exited with code -9"]
+    assert status.shapes[0].seconds == 0.0

@@ -38,3 +38,10 @@ def raise_error(*, shape: dict[str, int], dtype: Any, device: Any) -> None:
 
 def takes_positional_only(shape, /):  # type: ignore[no-untyped-def]
     """Not callable as a warm function: a warmup passes shape=, dtype=, device=."""
+
+
+def record_status(*, shape: dict[str, int], dtype: Any, device: Any) -> None:
+    """Append the state of the status file named by TEST_STATUS_PATH to TEST_USER_LOG."""
+    status = json.loads(Path(os.environ["TEST_STATUS_PATH"]).read_text())
+    with Path(os.environ["TEST_USER_LOG"]).open("a") as log:
+        log.write(status["state"] + "\n")
