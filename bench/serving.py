@@ -203,7 +203,7 @@ def user_calls(args: argparse.Namespace) -> dict[str, Any] | None:
     """Run the user's autotuned kernel at the manifest's shapes under a counting guard."""
     import torch
 
-    from kernels import ag_gemm
+    from kernels.adapter import torch_dtype
     from warmup.compile_guard import CompileGuard
 
     if not torch.cuda.is_available():
@@ -212,9 +212,7 @@ def user_calls(args: argparse.Namespace) -> dict[str, Any] | None:
     with CompileGuard() as guard:
         started = time.perf_counter()
         for rows in USER_SHAPES:
-            user_warm(
-                shape={"M": rows, "N": 1024}, dtype=ag_gemm.TORCH_DTYPES[args.dtype], device=device
-            )
+            user_warm(shape={"M": rows, "N": 1024}, dtype=torch_dtype(args.dtype), device=device)
         if device.type == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - started
@@ -231,10 +229,11 @@ def replay(args: argparse.Namespace, calls: dict[str, Callable[..., Any]]) -> di
     import torch.distributed as dist
 
     from kernels import ag_gemm
+    from kernels.adapter import torch_dtype
 
     world, rank = dist.get_world_size(), dist.get_rank()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = ag_gemm.TORCH_DTYPES[args.dtype]
+    dtype = torch_dtype(args.dtype)
     rows_max = args.max_m // world
     weights, shards = {}, {}
     for index, (name, (n, k)) in enumerate(layers(args.layers).items()):

@@ -20,7 +20,15 @@ from typing import Any, Protocol
 from registry import KernelConfig
 
 BUCKET_FIELD = "M"  # the key field a serving op buckets on: the rows of one call
-DTYPES = ("bf16", "fp16", "fp32")
+TORCH_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+DTYPES = tuple(TORCH_NAMES)  # the dtypes a manifest and a layer name
+
+
+def torch_dtype(name: str) -> Any:
+    """The torch dtype a dtype name stands for (imports torch)."""
+    import torch
+
+    return getattr(torch, TORCH_NAMES[name])
 
 
 @dataclass(frozen=True)

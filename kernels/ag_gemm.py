@@ -31,7 +31,7 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
-from kernels.adapter import LaunchPlan, Layer
+from kernels.adapter import LaunchPlan, Layer, torch_dtype
 from kernels.spaces import DeviceLimits, Problem, ag_gemm_space, device_limits
 from registry import KernelConfig
 
@@ -339,16 +339,16 @@ def ag_gemm(
     ctx.epoch += 1
     m_per_rank = a_shard.shape[0]
     if ctx.world == 1:
-        _launch(ctx, a_shard, b, out, m_per_rank, config)
+        launch_plan(ctx, a_shard, b, out, m_per_rank, config).launch()
         return out
     g = ctx.buffers[ctx.epoch % 2][:m]  # [M, K]
     g[ctx.rank * m_per_rank : (ctx.rank + 1) * m_per_rank].copy_(a_shard)
     if ctx.device.type != "cuda":
         _gather_gloo(ctx, g, m_per_rank)
-        _launch(ctx, g, b, out, m_per_rank, config)
+        launch_plan(ctx, g, b, out, m_per_rank, config).launch()
         return out
     met = _meet_peers(ctx)
-    _launch(ctx, g, b, out, m_per_rank, config)  # first, so the GPU never idles
+    launch_plan(ctx, g, b, out, m_per_rank, config).launch()  # first: the GPU never idles
     _pull_peers(ctx, met, m_per_rank)
     torch.cuda.current_stream(ctx.device).wait_stream(ctx.side_stream)
     return out
@@ -444,25 +444,6 @@ def launch_plan(
     return LaunchPlan(_ag_gemm_portable_kernel, grid, args, options)
 
 
-def _launch(
-    ctx: AgGemmContext,
-    g: torch.Tensor,
-    b: torch.Tensor,
-    out: torch.Tensor,
-    m_per_rank: int,
-    config: KernelConfig,
-    *,
-    compile_only: bool = False,
-) -> Any:
-    """Launch the consumer; with ``compile_only``, compile exactly this launch's
-    specialisation instead (what the tuner's parallel compile captures) and return it."""
-    plan = launch_plan(ctx, g, b, out, m_per_rank, config)
-    if compile_only:
-        return plan.compile()
-    plan.launch()
-    return None
-
-
 def _tma_aligned(*tensors: torch.Tensor) -> bool:
     """TMA needs 16-byte aligned bases and row strides; odd K or N take the portable path."""
     return all(
@@ -532,7 +513,7 @@ class AgGemmTask:
             if self.out is None
             else self.out
         )
-        _launch(self.ctx, g, self.b, out, self.a_shard.shape[0], config, compile_only=True)
+        launch_plan(self.ctx, g, self.b, out, self.a_shard.shape[0], config).compile()
 
 
 def key(a_shard: torch.Tensor, b: torch.Tensor, ctx: AgGemmContext) -> dict[str, Any]:
@@ -582,9 +563,6 @@ def torch_fused(a_shard: torch.Tensor, b: torch.Tensor, group: Any) -> torch.Ten
     return outputs[0]  # type: ignore[no-any-return]
 
 
-TORCH_DTYPES = {name: dtype for dtype, name in DTYPES.items()}
-
-
 def kernel_hash() -> str:
     """The public hash of both consumers' sources (part of every fingerprint)."""
     from registry import kernel_source_hash
@@ -602,7 +580,7 @@ class AgGemmServed:
     def __init__(self, layer: Layer, *, group: Any, device: Any) -> None:
         self.layer = layer
         self.ctx = create_context(
-            group, max_m=layer.max_m, k=layer.k, dtype=TORCH_DTYPES[layer.dtype], device=device
+            group, max_m=layer.max_m, k=layer.k, dtype=torch_dtype(layer.dtype), device=device
         )
         self.rows_step, self.device = self.ctx.world, self.ctx.device
 
@@ -696,7 +674,7 @@ class AgGemmAdapter:
             if k not in contexts:  # made in the same order on every rank: a collective
                 max_m = max(s["M"] for s in shapes if s["K"] == k)
                 contexts[k] = create_context(
-                    group, max_m=max_m, k=k, dtype=TORCH_DTYPES[dtype], device=device
+                    group, max_m=max_m, k=k, dtype=torch_dtype(dtype), device=device
                 )
             ctx = contexts[k]
             generator = torch.Generator(device=device).manual_seed(m * 31 + n * 7 + k + ctx.rank)

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.adapter import LaunchPlan, Layer
+from kernels.adapter import LaunchPlan, Layer, torch_dtype
 from registry import KernelConfig, triton_internals
 
 NAME = "matmul"
@@ -85,7 +85,7 @@ def matmul(
         raise ValueError(f"matmul: a on {a.device}, b on {b.device}.")
     m, n = a.shape[0], b.shape[1]
     out = torch.empty((m, n), dtype=a.dtype, device=a.device) if out is None else out
-    _launch(a, b, out, config)
+    launch_plan(a, b, out, config).launch()
     return out
 
 
@@ -98,23 +98,6 @@ def launch_plan(
     grid = (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
     args = (a, b, out, m, n, k, *a.stride(), *b.stride(), *out.stride())
     return LaunchPlan(_matmul_kernel, grid, args, config.all_kwargs())
-
-
-def _launch(
-    a: torch.Tensor,
-    b: torch.Tensor,
-    out: torch.Tensor,
-    config: KernelConfig,
-    *,
-    compile_only: bool = False,
-) -> Any:
-    """Launch, or with ``compile_only`` compile exactly this launch's specialisation and
-    return it."""
-    plan = launch_plan(a, b, out, config)
-    if compile_only:
-        return plan.compile()
-    plan.launch()
-    return None
 
 
 def key(a: torch.Tensor, b: torch.Tensor) -> dict[str, Any]:
@@ -192,7 +175,7 @@ class MatmulTask:
                 if self.out is None
                 else self.out
             )
-            _launch(self.a, self.b, out, config, compile_only=True)
+            launch_plan(self.a, self.b, out, config).compile()
 
 
 def relative_error_reason(
@@ -242,9 +225,6 @@ def compile_ahead(config: KernelConfig, dtype: str, target: Any) -> Any:
     )
 
 
-TORCH_DTYPES = {name: dtype for dtype, name in DTYPES.items()}
-
-
 def kernel_hash() -> str:
     """The public hash of the kernel's source (part of every fingerprint)."""
     from registry import kernel_source_hash
@@ -260,7 +240,7 @@ class MatmulServed:
 
     def __init__(self, layer: Layer, *, device: Any) -> None:
         self.layer, self.device = layer, torch.device(device)
-        self.dtype = TORCH_DTYPES[layer.dtype]
+        self.dtype = torch_dtype(layer.dtype)
 
     def key(self, m: int) -> dict[str, Any]:
         return ADAPTER.key(m=m, n=self.layer.n, k=self.layer.k, dtype=self.layer.dtype, world=1)
@@ -326,12 +306,12 @@ class MatmulAdapter:
     def tasks(
         self, shapes: Sequence[Mapping[str, int]], *, dtype: str, group: Any, device: Any
     ) -> Iterator[MatmulTask]:
+        element = torch_dtype(dtype)
         for shape in shapes:
             m, n, k = shape["M"], shape["N"], shape["K"]
             generator = torch.Generator(device=device).manual_seed(m * 31 + n * 7 + k)
-            torch_dtype = TORCH_DTYPES[dtype]
-            a = torch.randn(m, k, generator=generator, device=device, dtype=torch_dtype)
-            b = torch.randn(k, n, generator=generator, device=device, dtype=torch_dtype) / k**0.5
+            a = torch.randn(m, k, generator=generator, device=device, dtype=element)
+            b = torch.randn(k, n, generator=generator, device=device, dtype=element) / k**0.5
             yield MatmulTask(a, b)
 
     def serve(self, layer: Layer, *, group: Any, device: Any) -> MatmulServed:

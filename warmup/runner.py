@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 import kernels
+from kernels.adapter import torch_dtype
 from registry import Store, triton_internals
 from registry.fingerprint import Fingerprint, detect_for
 from registry.locks import backend_from_url
@@ -31,7 +32,6 @@ from warmup.timing import Timer, cuda_event_timer, wall_clock_timer
 from warmup.tuner import TuneError, TuneOptions, Tuner, TunerStats
 
 log = logging.getLogger(__name__)
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 Progress = Callable[[int, int, ShapeResult], None]
@@ -158,11 +158,12 @@ def _warm_user_function(
             yield ShapeResult(kernel=entry.kernel, key=shape, source="failed", error=str(e))
         return
     _cache_triton_autotuning()
+    element = torch_dtype(entry.dtype)
     for shape in entry.expand():
         started = time.perf_counter()
         error = None
         try:
-            function(shape=dict(shape), dtype=DTYPES[entry.dtype], device=device)
+            function(shape=dict(shape), dtype=element, device=device)
             _synchronize()
         except Exception as e:
             error = f"{type(e).__name__}: {e}"
