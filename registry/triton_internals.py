@@ -18,9 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-JITHook = Callable[
-    ..., Any
-]  # called as hook(key=, repr=, fn=, compile=, is_manual_warmup=, already_compiled=)
+# Called as hook(key=, repr=, fn=, compile=, is_manual_warmup=, already_compiled=).
+JITHook = Callable[..., Any]
 
 
 def interpreting() -> bool:
@@ -76,6 +75,93 @@ def set_jit_cache_hook(hook: JITHook | None) -> None:
     from triton import knobs
 
     knobs.runtime.jit_cache_hook = hook
+
+
+def describe_jit_compile(hook: Mapping[str, Any], limit: int = 400) -> str:
+    """What the JIT hands its hook, compactly: argument types with their alignment
+    attributes, constexpr values, launch options (the key when the layout is unknown)."""
+    try:
+        info = hook["compile"]
+        names = list(info["signature"])
+        consts = {_arg(names, path): value for path, value in info["constants"].items()}
+        attrs = {_arg(names, path): attr for path, attr in (info["configs"] or [{}])[0].items()}
+        args = [
+            f"{n}={consts[n]}"
+            if n in consts
+            else f"{n}: {kind}" + "".join(f" {k}={v}" for k, v in attrs.get(n, ()))
+            for n, kind in info["signature"].items()
+        ] + [f"{n}={v}" for n, v in consts.items() if n not in names]  # inside tuple arguments
+        options = (f"{k}={info[k]}" for k in ("num_warps", "num_stages", "num_ctas") if k in info)
+        text = f"{', '.join(args)}; {' '.join(options)}"
+    except (KeyError, TypeError, ValueError, IndexError):  # a layout we do not know
+        text = str(hook.get("key"))
+    manual = "; explicit kernel.warmup" if hook.get("is_manual_warmup") else ""
+    return text[:limit] + manual
+
+
+def _arg(names: list[str], path: tuple[int, ...]) -> str:
+    return names[path[0]] + "".join(f"[{i}]" for i in path[1:])
+
+
+def hooked_specialization(hook: Mapping[str, Any]) -> str:
+    """The JIT's serialised specialisation in a compile hook's arguments (JSON text that
+    :func:`compile_specialization` compiles again, in another process)."""
+    return str(hook["compile"]["specialization_data"])
+
+
+def compile_specialization(data: str, target: Any) -> None:
+    """Rebuild the JIT's ``ASTSource`` from its serialised specialisation and compile it
+    for ``target`` into TRITON_CACHE_DIR."""
+    import json
+
+    import triton.language as tl
+
+    spec = json.loads(data)
+
+    def decode(value: Any) -> Any:
+        if isinstance(value, str) and tl.dtype.is_dtype(value):
+            return tl.dtype(value)
+        if isinstance(value, dict) and "constexpr" in value:
+            return tl.constexpr(_tuples(value["constexpr"]))
+        if isinstance(value, dict) and "jit_function" in value:
+            return _resolve(value["jit_function"].replace(":", "."))
+        return _tuples(value)
+
+    compile_for(
+        _resolve(spec["name"]),
+        signature={k: _tuples(v) for k, v in spec["signature"].items()},
+        constexprs={
+            tuple(k): decode(v)
+            for k, v in zip(spec["constant_keys"], spec["constant_vals"], strict=True)
+        },
+        attrs=dict(zip(map(tuple, spec["attrs_keys"]), spec["attrs_vals"], strict=True)),
+        target=target,
+        options={k: tuple(v) if isinstance(v, list) else v for k, v in spec["options"].items()},
+    )
+
+
+def _resolve(full_name: str) -> Any:
+    """``package.module.qualname`` -> the object, using the longest importable prefix."""
+    import importlib
+
+    parts = full_name.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        module_name = ".".join(parts[:cut])
+        module = sys.modules.get(module_name)
+        if module is None:
+            try:
+                module = importlib.import_module(module_name)
+            except ImportError:
+                continue
+        obj: Any = module
+        for attr in parts[cut:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise LookupError(f"cannot resolve {full_name}")
+
+
+def _tuples(value: Any) -> Any:
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
 
 
 def autotuner_class() -> type:

@@ -109,32 +109,6 @@ def _report(guards: Sequence[CompileGuard], what: str, kernel: str, detail: str)
         raise RequestCompileError(what, kernel, detail)
 
 
-def _describe_compile(hook: Mapping[str, Any]) -> str:
-    """The specialisation the JIT hands its hook, compactly: argument types with their
-    alignment attributes, constexpr values, launch options."""
-    try:
-        info = hook["compile"]
-        names = list(info["signature"])
-        consts = {_arg(names, path): value for path, value in info["constants"].items()}
-        attrs = {_arg(names, path): attr for path, attr in (info["configs"] or [{}])[0].items()}
-        args = [
-            f"{n}={consts[n]}"
-            if n in consts
-            else f"{n}: {kind}" + "".join(f" {k}={v}" for k, v in attrs.get(n, ()))
-            for n, kind in info["signature"].items()
-        ] + [f"{n}={v}" for n, v in consts.items() if n not in names]  # inside tuple arguments
-        options = (f"{k}={info[k]}" for k in ("num_warps", "num_stages", "num_ctas") if k in info)
-        text = f"{', '.join(args)}; {' '.join(options)}"
-    except (KeyError, TypeError, ValueError, IndexError):  # a layout we do not know
-        text = str(hook.get("key"))
-    manual = "; explicit kernel.warmup" if hook.get("is_manual_warmup") else ""
-    return text[:MAX_DETAIL] + manual
-
-
-def _arg(names: list[str], path: tuple[int, ...]) -> str:
-    return names[path[0]] + "".join(f"[{i}]" for i in path[1:])
-
-
 def _describe_key(tuner: Any, meta: Mapping[str, Any]) -> str:
     """The autotune key as the user declared it (``key=[...]``), plus the tensor dtypes
     Triton adds to it."""
@@ -211,7 +185,9 @@ class _Hooks:
             guards = self.armed
             if outer and guards and not getattr(local, "exempt", 0):
                 name = getattr(hook.get("fn"), "name", None) or str(hook.get("repr"))
-                _report(guards, "compile", name, _describe_compile(hook))
+                _report(
+                    guards, "compile", name, triton_internals.describe_jit_compile(hook, MAX_DETAIL)
+                )
             return None
 
         return on_compile

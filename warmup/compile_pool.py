@@ -16,11 +16,8 @@ Where fork is unavailable the pool is skipped and the warm-up compiles in-proces
 
 from __future__ import annotations
 
-import importlib
-import json
 import multiprocessing
 import os
-import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -46,8 +43,8 @@ def capture() -> Iterator[list[str]]:
     """While active, JIT compiles are recorded (their specialisation data) and skipped."""
     captured: list[str] = []
 
-    def hook(*, compile: dict[str, Any], **_: Any) -> bool:
-        captured.append(compile["specialization_data"])
+    def hook(**arguments: Any) -> bool:
+        captured.append(triton_internals.hooked_specialization(arguments))
         return True
 
     previous = triton_internals.jit_cache_hook()
@@ -102,59 +99,9 @@ def cache_files(cache_dir: Path) -> int:
 
 
 def _compile_one(spec_json: str, target: Any) -> str | None:
-    """Worker: rebuild the JIT's ASTSource from its specialisation data and compile it."""
+    """Worker: compile one captured specialisation; the error as text, never raised."""
     try:
-        import triton.language as tl
-
-        spec = json.loads(spec_json)
-        fn = _resolve(spec["name"])
-
-        def decode(value: Any) -> Any:
-            if isinstance(value, str) and tl.dtype.is_dtype(value):
-                return tl.dtype(value)
-            if isinstance(value, dict) and "constexpr" in value:
-                return tl.constexpr(_tuples(value["constexpr"]))
-            if isinstance(value, dict) and "jit_function" in value:
-                return _resolve(value["jit_function"].replace(":", "."))
-            return _tuples(value)
-
-        constexprs = {
-            tuple(k): decode(v)
-            for k, v in zip(spec["constant_keys"], spec["constant_vals"], strict=True)
-        }
-        attrs = dict(zip(map(tuple, spec["attrs_keys"]), spec["attrs_vals"], strict=True))
-        signature = {k: _tuples(v) for k, v in spec["signature"].items()}
-        options = {k: tuple(v) if isinstance(v, list) else v for k, v in spec["options"].items()}
-        triton_internals.compile_for(
-            fn,
-            signature=signature,
-            constexprs=constexprs,
-            attrs=attrs,
-            target=target,
-            options=options,
-        )
+        triton_internals.compile_specialization(spec_json, target)
         return None
     except Exception as e:  # reported, never fatal: the in-process warm-up will retry
         return f"{type(e).__name__}: {e}"
-
-
-def _resolve(full_name: str) -> Any:
-    """``package.module.qualname`` -> the object, using the longest importable prefix."""
-    parts = full_name.split(".")
-    for cut in range(len(parts) - 1, 0, -1):
-        module_name = ".".join(parts[:cut])
-        module = sys.modules.get(module_name)
-        if module is None:
-            try:
-                module = importlib.import_module(module_name)
-            except ImportError:
-                continue
-        obj: Any = module
-        for attr in parts[cut:]:
-            obj = getattr(obj, attr)
-        return obj
-    raise LookupError(f"cannot resolve {full_name}")
-
-
-def _tuples(value: Any) -> Any:
-    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
