@@ -17,7 +17,7 @@ import textwrap
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from enum import Enum
-from functools import cached_property, lru_cache
+from functools import cache, cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -174,10 +174,15 @@ def detect(kernel_hash: str = "", *, device: int = 0) -> Fingerprint:
 def detect_for(device: Any, kernel_hash: str = "") -> Fingerprint:
     """The fingerprint of where kernels run on ``device`` (a ``torch.device``): a CUDA
     device's, or the CPU's (Triton's interpreter) even on a machine with GPUs, so a CPU
-    run never stores or reads configs under a GPU's fingerprint."""
+    run never stores or reads configs under a GPU's fingerprint. Detected once per GPU."""
     if getattr(device, "type", device) != "cuda":
         return cpu_fingerprint(kernel_hash)
-    return detect(kernel_hash, device=getattr(device, "index", None) or 0)
+    return _detected_gpu(getattr(device, "index", None) or 0, kernel_hash)
+
+
+@cache
+def _detected_gpu(index: int, kernel_hash: str) -> Fingerprint:
+    return detect(kernel_hash, device=index)
 
 
 def _software(*, cuda: bool, arch: int = 0) -> Software:

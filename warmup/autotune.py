@@ -104,7 +104,6 @@ class AutotunedFunction:
         self._store, self._fingerprint = store, fingerprint
         self.stats = TunerStats()
         self.best: dict[str, _Choice] = {}
-        self._detected: dict[str, Fingerprint] = {}  # by device
 
     def __call__(
         self,
@@ -126,10 +125,11 @@ class AutotunedFunction:
         memo = json.dumps(key, sort_keys=True)
         if memo not in self.best:
             task = _CallTask(self, args, kwargs, key)
+            device = _device_of([*args, *kwargs.values()])
             tuner = Tuner(
                 self.store(),
-                self.fingerprint(_device_of([*args, *kwargs.values()])),
-                timer=self.timer or _timer_for([*args, *kwargs.values()]),
+                self.fingerprint(device),
+                timer=self.timer or (wall_clock_timer() if device == "cpu" else cuda_event_timer()),
                 lockstep=Lockstep(autotune_pg, timeout_s=self.options.rank_timeout_s),
                 lock_backend=self.lock_backend,
                 options=self.options,
@@ -160,10 +160,7 @@ class AutotunedFunction:
             return self._fingerprint
         from registry.fingerprint import detect_for
 
-        name = str(device)
-        if name not in self._detected:
-            self._detected[name] = detect_for(device)
-        return self._detected[name]
+        return detect_for(device)
 
     def pruned(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[_Choice]:
         if self.prune_fn is None:
@@ -271,7 +268,3 @@ def _kernel_name(fn: Callable[..., Any]) -> str:
 def _device_of(args: Sequence[Any]) -> Any:
     """The first CUDA tensor's device among ``args``; "cpu" when there is none."""
     return next((a.device for a in args if getattr(a, "is_cuda", False)), "cpu")
-
-
-def _timer_for(args: Sequence[Any]) -> Timer:
-    return cuda_event_timer() if _device_of(args) != "cpu" else wall_clock_timer()

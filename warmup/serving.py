@@ -35,7 +35,7 @@ from typing import Any, Literal
 import kernels
 from kernels.adapter import BUCKET_FIELD, Layer, Served
 from registry import Entry, KernelConfig, Store, triton_internals
-from registry.fingerprint import Fingerprint
+from registry.fingerprint import Fingerprint, detect_for
 from warmup.compile_guard import guard_from_settings
 from warmup.metrics import ServingMetrics
 from warmup.settings import Settings
@@ -250,7 +250,6 @@ class Serving:
         self.guard = guard_from_settings(self.settings, self.metrics)  # None when "off"
         self.ops: list[ServingOp] = []
         self._exported: dict[tuple[int, int], int] = {}  # (op, source) -> calls exported
-        self._fingerprints: dict[str, Fingerprint] = {}
         self._lock = threading.RLock()  # ops list and table swaps: the follower vs op()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -283,7 +282,7 @@ class Serving:
             raise ServingError(f"on_missing={on_missing!r}; use 'error' or 'fallback'.")
         device, layer = _device(device), Layer(n, k, dtype, max_m)
         served = adapter.serve(layer, group=group, device=device)
-        fingerprint = self._fingerprint(device).with_kernel(adapter.kernel_hash())
+        fingerprint = detect_for(device, adapter.kernel_hash())
         with self._lock, self._exempt():
             op = ServingOp(
                 served,
@@ -347,15 +346,6 @@ class Serving:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _fingerprint(self, device: Any) -> Fingerprint:
-        """This machine's fingerprint for ``device``, detected once per device."""
-        from registry.fingerprint import detect_for
-
-        name = str(device)
-        if name not in self._fingerprints:
-            self._fingerprints[name] = detect_for(device)
-        return self._fingerprints[name]
-
     def _follow(self) -> None:
         flushed = time.monotonic()
         while not self._stop.wait(self.settings.serving_refresh_s):
@@ -369,8 +359,7 @@ class Serving:
 
     def _exempt(self) -> Any:
         """Builds made by the op's owner (construction, follower) are not request compiles."""
-        exempt = getattr(self.guard, "exempt", None)
-        return exempt() if exempt is not None else contextlib.nullcontext()
+        return self.guard.exempt() if self.guard is not None else contextlib.nullcontext()
 
 
 def _rank() -> int:

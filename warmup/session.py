@@ -270,13 +270,31 @@ def _prepare_self_started(settings: Settings, manifest: Manifest, world: int) ->
     manifest.require_world(world, str(settings.manifest))
     os.environ["TRITON_CACHE_DIR"] = str(settings.cache_dir.resolve())
     os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
+    uses_cuda(settings)
+    manifest.check_kernels(str(settings.manifest))
+
+
+def uses_cuda(settings: Settings) -> bool:
+    """Whether this process warms on its GPU: ``device`` auto takes one when torch sees
+    it, cuda requires it (:class:`RunError`). On CPU, Triton kernels run only in its
+    interpreter, which Triton picks when it is imported: this turns it on, or says why
+    it is too late."""
     import torch
 
-    if settings.device == "cuda" and not torch.cuda.is_available():
+    cuda = torch.cuda.is_available() and settings.device != "cpu"
+    if settings.device == "cuda" and not cuda:
         raise RunError("device cuda: torch sees no CUDA GPU in this process; use device cpu")
-    if settings.device == "cpu" or not torch.cuda.is_available():
+    if cuda or triton_internals.interpreting():
+        return cuda
+    try:
         triton_internals.enable_interpreter()
-    manifest.check_kernels(str(settings.manifest))
+    except ValueError as e:
+        raise RunError(
+            f"warming on CPU runs Triton kernels in Triton's interpreter, and {e}: set "
+            "TRITON_INTERPRET=1 before anything imports triton (or warm on a GPU)"
+        ) from None
+    log.info("no GPU: Triton's interpreter is on in this process (TRITON_INTERPRET=1)")
+    return False
 
 
 def _run_rank(
