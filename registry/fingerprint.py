@@ -221,15 +221,33 @@ def triton_source_hash(triton_key: object) -> str:
     return hashlib.sha256(str(triton_key).encode()).hexdigest()[:16] if triton_key else ""
 
 
-def _driver_version() -> str:
-    # The kernel module states its version in /proc: no subprocess on the hot start path.
+NVIDIA_PROC = Path("/proc/driver/nvidia")  # what the NVIDIA kernel module tells
+
+
+def listed_gpus(gpus: Path = NVIDIA_PROC / "gpus") -> int:
+    """GPUs the NVIDIA driver lists (one folder each); 0 without a driver. No torch, no
+    subprocess: cheap enough for a launcher's start."""
     try:
-        text = Path("/proc/driver/nvidia/version").read_text()
-        match = re.search(r"Kernel Module\s+(?:for \S+\s+)?([0-9][0-9.]+)", text)
-        if match:
-            return match.group(1)
+        return sum(1 for _ in gpus.iterdir())
     except OSError:
-        pass
+        return 0
+
+
+def proc_driver_version(proc: Path = NVIDIA_PROC) -> str | None:
+    """The driver version the kernel module states in /proc; None when it does not."""
+    try:
+        text = (proc / "version").read_text()
+    except OSError:
+        return None
+    match = re.search(r"Kernel Module\s+(?:for \S+\s+)?([0-9][0-9.]+)", text)
+    return match.group(1) if match else None
+
+
+def _driver_version() -> str:
+    # /proc first: no subprocess on the hot start path.
+    found = proc_driver_version()
+    if found:
+        return found
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return "unknown"

@@ -12,7 +12,6 @@ import contextlib
 import importlib.util
 import json
 import os
-import re
 import subprocess
 import sys
 import sysconfig
@@ -26,6 +25,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from registry import triton_internals
 from registry.errors import RegistryError
+from registry.fingerprint import NVIDIA_PROC, listed_gpus, proc_driver_version
 from registry.locks import backend_from_url
 from registry.locks.file_lease import FileLeaseBackend
 from warmup.settings import Settings
@@ -48,7 +48,7 @@ class Host:
     """What the checks read from the machine besides the settings; tests give their own."""
 
     env: Mapping[str, str] = field(default_factory=dict)  # what Triton reads: CC, PATH
-    nvidia_proc: Path = Path("/proc/driver/nvidia")
+    nvidia_proc: Path = NVIDIA_PROC
     timeout_s: float = 2.0  # per network probe
 
     @classmethod
@@ -68,9 +68,10 @@ def check_nvidia_driver(settings: Settings, host: Host) -> Result:
     name = "gpu/driver"
     if settings.device == "cpu":
         return Result(name, "SKIP", "device is cpu")
-    gpus = _nvidia_gpus(host)
+    gpus = listed_gpus(host.nvidia_proc / "gpus")
     if gpus:
-        return Result(name, "OK", f"{len(gpus)} NVIDIA GPU(s), driver {_driver_version(host)}")
+        driver = proc_driver_version(host.nvidia_proc) or "version unknown"
+        return Result(name, "OK", f"{gpus} NVIDIA GPU(s), driver {driver}")
     where = host.nvidia_proc / "gpus"
     if settings.device == "auto":
         return Result(name, "SKIP", f"no NVIDIA GPU in {where}: runs will use the CPU interpreter")
@@ -95,7 +96,7 @@ def check_torch_cuda(settings: Settings, host: Host) -> Result:
     if torch.cuda.is_available():
         count = torch.cuda.device_count()
         return Result(name, "OK", f"torch {torch.__version__} sees {count} CUDA device(s)")
-    if settings.device == "auto" and not _nvidia_gpus(host):
+    if settings.device == "auto" and not listed_gpus(host.nvidia_proc / "gpus"):
         return Result(name, "SKIP", "torch sees no CUDA device: runs will use the CPU interpreter")
     cuda = torch.version.cuda
     fix = (
@@ -105,22 +106,6 @@ def check_torch_cuda(settings: Settings, host: Host) -> Result:
         "must request nvidia.com/gpu"
     )
     return Result(name, "MISSING", f"torch {torch.__version__} sees no CUDA device", fix)
-
-
-def _nvidia_gpus(host: Host) -> list[str]:
-    try:
-        return sorted(p.name for p in (host.nvidia_proc / "gpus").iterdir())
-    except OSError:
-        return []
-
-
-def _driver_version(host: Host) -> str:
-    try:
-        text = (host.nvidia_proc / "version").read_text()
-    except OSError:
-        return "version unknown"
-    found = re.search(r"\s(\d+\.\d+(?:\.\d+)?)\s", text)
-    return found.group(1) if found else "version unknown"
 
 
 # ---- C compiler and Python headers --------------------------------------------------------
@@ -350,9 +335,8 @@ def add_parser(
 
 
 def run(settings: Settings, args: argparse.Namespace, *, host: Host | None = None) -> int:
-    """Print the report; 0 when nothing is MISSING, else 1."""
-    overrides = {k: getattr(args, k, None) for k in ("device", "volume")}
-    settings = settings.model_copy(update={k: v for k, v in overrides.items() if v is not None})
+    """Print the report; 0 when nothing is MISSING, else 1. ``settings`` already hold
+    ``--device`` and ``--volume`` (the CLI validates options as settings)."""
     results = diagnose(settings, host or Host.current(), args.only or ())
     ok = all(r.state != "MISSING" for r in results)
     if args.json:

@@ -7,6 +7,7 @@ failed shape), 2 for bad input.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import socket
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 
 from registry import atomic
+from registry.fingerprint import NVIDIA_PROC, listed_gpus
 from warmup.manifest import Manifest, ManifestError
 from warmup.results import FAILED, RankFailure, RunStatus
 from warmup.session import (
@@ -77,22 +79,18 @@ def _device_type(settings: Settings, world: int) -> str:
     return device
 
 
-GPU_LIST = Path("/proc/driver/nvidia/gpus")
+GPU_LIST = NVIDIA_PROC / "gpus"
 
 
 def _gpu_count() -> int:
     """GPUs the driver lists, fewer when CUDA_VISIBLE_DEVICES hides some."""
-    try:
-        listed = sum(1 for _ in GPU_LIST.iterdir())
-    except OSError:
-        return 0
+    listed = listed_gpus(GPU_LIST)
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         return listed
-    shown = [d for d in visible.split(",") if d.strip()]
-    if any(d.strip().startswith("-") for d in shown):  # "-1": everything after is hidden
-        shown = shown[: next(i for i, d in enumerate(shown) if d.strip().startswith("-"))]
-    return min(listed, len(shown))
+    ids = (d.strip() for d in visible.split(",") if d.strip())
+    shown = itertools.takewhile(lambda d: not d.startswith("-"), ids)  # "-1" hides the rest
+    return min(listed, sum(1 for _ in shown))
 
 
 def _spawn_ranks(

@@ -318,10 +318,14 @@ def test_run_prints_json_and_exits_0_when_nothing_is_missing(tmp_path, capsys):
     assert [(c["name"], c["state"]) for c in report["checks"]] == [("compiler", "OK")]
 
 
-def test_command_line_options_override_the_settings(tmp_path, capsys):
-    settings = make_settings(tmp_path, device="cuda")
-    args = parse(settings, "--device", "cpu", "--volume", str(tmp_path / "other"), "--json")
-    assert doctor.run(settings, args, host=Host(env={"PATH": PATH})) == 0
+def test_command_line_options_override_the_settings(tmp_path, capsys, monkeypatch):
+    from warmup.cli import main
+
+    monkeypatch.setenv("TRITON_WARMUP_VOLUME", str(tmp_path / "volume"))
+    monkeypatch.setenv("TRITON_WARMUP_WORK_DIR", str(tmp_path / "work"))
+    monkeypatch.setenv("TRITON_WARMUP_DEVICE", "cuda")  # the option's cpu wins
+    args = ["doctor", "--device", "cpu", "--volume", str(tmp_path / "other"), "--json"]
+    assert main(args) == 0
     rows = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
     assert rows["gpu/driver"]["state"] == "SKIP"
     assert str(tmp_path / "other") in rows["volume"]["detail"]
