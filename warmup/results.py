@@ -116,12 +116,10 @@ class RankFailure(_Record):
         }.get(self.end, f"rank {self.rank}: {self.end}")
 
 
-class RunStatus(BaseModel):
+class RunStatus(_Record):
     """The status file: what the readiness probe reads. ``ready`` only when every rank
     reported, every shape of the manifest's entries for this world size is warm, and
     there was at least one."""
-
-    model_config = ConfigDict(extra="ignore")  # a newer writer's fields do not break us
 
     state: State
     manifest_digest: str
