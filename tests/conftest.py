@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import getpass
 import itertools
 import json
 import os
-import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -28,19 +29,19 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["TRITON_INTERPRET"] = "1"
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """A green run leaves nothing in the temp folder: its tmp_path folders go (a failed
-    run keeps them, for a look)."""
-    factory = getattr(session.config, "_tmp_path_factory", None)
-    if exitstatus != 0 or factory is None or session.config.option.basetemp:
+    """A green run leaves nothing in the temp folder: pytest removes the run's folder
+    (``tmp_path_retention_policy = "failed"``); this removes its ``-current`` link and
+    the per-user folder once no older run is left."""
+    if exitstatus != 0 or session.config.option.basetemp:
         return
-    base = factory.getbasetemp()
-    shutil.rmtree(base, ignore_errors=True)
-    current = base.parent / f"{base.name.rsplit('-', 1)[0]}-current"
-    if current.is_symlink() and not current.exists():
-        current.unlink()
-    with contextlib.suppress(OSError):  # pytest-of-<user>, when no older run is left
-        base.parent.rmdir()
+    root = Path(tempfile.gettempdir()) / f"pytest-of-{getpass.getuser()}"
+    for current in root.glob("*current"):
+        if current.is_symlink() and not current.exists():
+            current.unlink()
+    with contextlib.suppress(OSError):
+        root.rmdir()
 
 
 def env_without_interpreter(**extra: str) -> dict[str, str]:
