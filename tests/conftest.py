@@ -13,14 +13,18 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from registry import Entry, Fingerprint, Hardware, KernelConfig, Measurement, Software
 
+if TYPE_CHECKING:
+    from warmup.settings import Settings
+
 _counter = itertools.count()
 ROOT = Path(__file__).parents[1]
+DEMO = ROOT / "examples" / "demo.yaml"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -42,6 +46,38 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             current.unlink()
     with contextlib.suppress(OSError):
         root.rmdir()
+
+
+def settings_for(root: Path, **extra: Any) -> Settings:
+    """Settings of a CPU run whose volume and work folder live under ``root``."""
+    from warmup.settings import Settings
+
+    defaults = {"volume": root / "volume", "work_dir": root / "work", "device": "cpu"}
+    return Settings(**{**defaults, "manifest": DEMO, **extra})
+
+
+def write_manifest(path: Path, text: str) -> Path:
+    from warmup.manifest import parse_manifest
+
+    parse_manifest(text)  # keep test manifests valid
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every default folder of the CLI inside tmp_path (the working folder too)."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("VOLUME", "WORK_DIR"):
+        monkeypatch.setenv(f"TRITON_WARMUP_{name}", str(tmp_path / name.lower()))
+    return tmp_path
+
+
+def error_line(err: str) -> str:
+    """The one line a CLI error is."""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("triton-warmup: error: "), err
+    return lines[0]
 
 
 def env_without_interpreter(**extra: str) -> dict[str, str]:

@@ -4,14 +4,11 @@ import pytest
 
 from registry import Entry, KernelConfig, Measurement, Store, bundle
 from registry.fingerprint import cpu_fingerprint
+from tests.conftest import error_line
 from warmup.cli import main
 
-
-@pytest.fixture(autouse=True)
-def _settings_in_tmp(monkeypatch, tmp_path):
-    # The default store and Triton cache live under the volume: keep them in tmp_path.
-    monkeypatch.setenv("TRITON_WARMUP_VOLUME", str(tmp_path / "volume"))
-    monkeypatch.setenv("TRITON_WARMUP_WORK_DIR", str(tmp_path / "work"))
+# The default store and Triton cache live under the volume: keep them in tmp_path.
+pytestmark = pytest.mark.usefixtures("isolated")
 
 
 @pytest.fixture
@@ -160,12 +157,6 @@ def test_errors_exit_nonzero_with_a_reason(capsys, tmp_path):
     code, _, err = run(capsys, "registry", "--store", str(tmp_path / "e"), "rollback")
     assert code == 1 and "no bundle install" in err
     assert not (tmp_path / "e").exists()  # a rollback of nothing creates no store
-
-
-def error_line(err):
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("triton-warmup: error: "), err
-    return lines[0]
 
 
 @pytest.mark.parametrize("fmt", ["triton-autotune", "triton-dist"])

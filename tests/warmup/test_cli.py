@@ -1,32 +1,18 @@
 """``triton-warmup``'s ordinary mistakes: one line each, the right exit code, no traceback."""
 
 import socket
-from pathlib import Path
 
 import pytest
 
 import warmup.launch
+from tests.conftest import DEMO, error_line
 from warmup.cli import main
-
-ROOT = Path(__file__).parents[2]
-DEMO = ROOT / "examples" / "demo.yaml"
-
-
-@pytest.fixture
-def isolated(tmp_path, monkeypatch):
-    """Every default folder of the CLI inside tmp_path."""
-    monkeypatch.chdir(tmp_path)
-    for name in ("VOLUME", "WORK_DIR"):
-        monkeypatch.setenv(f"TRITON_WARMUP_{name}", str(tmp_path / name.lower()))
-    return tmp_path
 
 
 def one_line_error(capsys) -> str:
     err = capsys.readouterr().err
     assert "Traceback" not in err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("triton-warmup: error: "), err
-    return lines[0]
+    return error_line(err)
 
 
 @pytest.mark.parametrize(

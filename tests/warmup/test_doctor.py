@@ -16,6 +16,7 @@ import torch
 
 from registry import triton_internals
 from registry.triton_internals import c_compiler
+from tests.conftest import settings_for
 from warmup import doctor
 from warmup.doctor import Host, Result, check_compiler, diagnose
 from warmup.settings import Settings
@@ -30,11 +31,6 @@ def scratch(tmp_path, monkeypatch):
     folder.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(folder))
     return folder
-
-
-def make_settings(tmp_path: Path, **kw: object) -> Settings:
-    kw = {"volume": tmp_path / "volume", "work_dir": tmp_path / "work", "device": "cpu", **kw}
-    return Settings(**kw)
 
 
 def by_name(results: list[Result]) -> dict[str, Result]:
@@ -60,7 +56,7 @@ def parse(settings: Settings, *argv: str) -> argparse.Namespace:
 
 
 def test_the_compiler_check_builds_a_real_extension_here_and_cleans_up(tmp_path, scratch):
-    result = check_compiler(make_settings(tmp_path), Host(env={"PATH": PATH}))
+    result = check_compiler(settings_for(tmp_path), Host(env={"PATH": PATH}))
     assert result.state == "OK", result
     assert result.detail.startswith(shutil.which("gcc", path=PATH) or "gcc")
     assert list(scratch.iterdir()) == []
@@ -69,7 +65,7 @@ def test_the_compiler_check_builds_a_real_extension_here_and_cleans_up(tmp_path,
 
 def test_cc_naming_a_missing_compiler_is_missing_with_a_fix(tmp_path):
     cc = str(tmp_path / "no-such-cc")
-    result = check_compiler(make_settings(tmp_path), Host(env={"CC": cc, "PATH": PATH}))
+    result = check_compiler(settings_for(tmp_path), Host(env={"CC": cc, "PATH": PATH}))
     assert result.state == "MISSING"
     assert cc in result.detail and "No such file" in result.detail
     assert "CC=" in result.fix and "unset" in result.fix
@@ -78,7 +74,7 @@ def test_cc_naming_a_missing_compiler_is_missing_with_a_fix(tmp_path):
 def test_no_compiler_on_path_is_missing_with_the_packages_to_install(tmp_path):
     empty = tmp_path / "bin"
     empty.mkdir()
-    result = check_compiler(make_settings(tmp_path), Host(env={"PATH": str(empty)}))
+    result = check_compiler(settings_for(tmp_path), Host(env={"PATH": str(empty)}))
     assert result.state == "MISSING"
     assert "neither gcc nor clang" in result.detail
     assert "gcc libc6-dev" in result.fix
@@ -91,7 +87,7 @@ def test_a_compile_error_shows_its_first_error_line_and_the_headers_fix(tmp_path
         "echo 'In file included from probe.c:1:' >&2\n"
         "echo 'probe.c:1:10: fatal error: Python.h: No such file or directory' >&2\nexit 1",
     )
-    result = check_compiler(make_settings(tmp_path), Host(env={"CC": str(cc), "PATH": PATH}))
+    result = check_compiler(settings_for(tmp_path), Host(env={"CC": str(cc), "PATH": PATH}))
     assert result.state == "MISSING"
     assert result.detail.endswith("probe.c:1:10: fatal error: Python.h: No such file or directory")
     assert f"python{sys.version_info.major}.{sys.version_info.minor}-dev" in result.fix
@@ -99,13 +95,13 @@ def test_a_compile_error_shows_its_first_error_line_and_the_headers_fix(tmp_path
 
 def test_a_compiler_that_writes_nothing_is_missing(tmp_path):
     cc = fake_program(tmp_path / "bin", "cc")
-    result = check_compiler(make_settings(tmp_path), Host(env={"CC": str(cc), "PATH": PATH}))
+    result = check_compiler(settings_for(tmp_path), Host(env={"CC": str(cc), "PATH": PATH}))
     assert result.state == "MISSING" and "wrote no" in result.detail
 
 
 def test_missing_python_headers_are_found_before_compiling(tmp_path, monkeypatch):
     monkeypatch.setattr(triton_internals, "python_includes", lambda: [str(tmp_path)])
-    result = check_compiler(make_settings(tmp_path), Host(env={"PATH": PATH}))
+    result = check_compiler(settings_for(tmp_path), Host(env={"PATH": PATH}))
     assert result.state == "MISSING" and f"no Python.h in {tmp_path}" in result.detail
     assert "-dev" in result.fix
 
@@ -161,7 +157,7 @@ def fake_driver(tmp_path: Path, gpus: int) -> Path:
 
 def gpu_rows(tmp_path: Path, device: str, proc: Path) -> dict[str, Result]:
     host = Host(env={"PATH": PATH}, nvidia_proc=proc)
-    return by_name(diagnose(make_settings(tmp_path, device=device), host, ["gpu"]))
+    return by_name(diagnose(settings_for(tmp_path, device=device), host, ["gpu"]))
 
 
 def test_the_gpu_checks_skip_when_the_device_is_cpu(tmp_path):
@@ -201,7 +197,7 @@ def test_torch_that_sees_the_gpus_is_ok(tmp_path, monkeypatch):
 
 
 def test_writable_folders_pass_and_the_probe_leaves_nothing_behind(tmp_path, scratch):
-    settings = make_settings(tmp_path, work_dir=tmp_path / "work" / "deep")
+    settings = settings_for(tmp_path, work_dir=tmp_path / "work" / "deep")
     rows = by_name(diagnose(settings, Host(), ["cache", "volume", "lock"]))
     assert {name: r.state for name, r in rows.items()} == {
         "cache/triton": "OK",
@@ -216,7 +212,7 @@ def test_writable_folders_pass_and_the_probe_leaves_nothing_behind(tmp_path, scr
 def test_folders_that_cannot_be_created_are_missing_with_a_fix(tmp_path):
     blocker = tmp_path / "a-file"  # a folder under a regular file fails even for root
     blocker.write_text("")
-    settings = make_settings(
+    settings = settings_for(
         tmp_path,
         triton_cache_dir=blocker / "cache",
         volume=blocker / "volume",
@@ -233,14 +229,14 @@ def test_folders_that_cannot_be_created_are_missing_with_a_fix(tmp_path):
 def test_an_unreadable_registry_is_missing(tmp_path):
     registry = tmp_path / "registry-file"
     registry.write_text("")
-    result = doctor.check_volume(make_settings(tmp_path, registry_dir=registry), Host())
+    result = doctor.check_volume(settings_for(tmp_path, registry_dir=registry), Host())
     assert result.state == "MISSING" and "TRITON_WARMUP_REGISTRY_DIR" in result.fix
 
 
 def test_a_readable_registry_is_counted(tmp_path):
     registry = tmp_path / "volume" / "registry"
     (registry / "ag_gemm").mkdir(parents=True)
-    result = doctor.check_volume(make_settings(tmp_path), Host())
+    result = doctor.check_volume(settings_for(tmp_path), Host())
     assert result.state == "OK" and result.detail.endswith("registry: 1 entries")
 
 
@@ -251,7 +247,7 @@ def closed_port() -> int:
 
 
 def test_redis_on_a_closed_port_is_missing_quickly(tmp_path):
-    settings = make_settings(tmp_path, lock_url=f"redis://127.0.0.1:{closed_port()}/0")
+    settings = settings_for(tmp_path, lock_url=f"redis://127.0.0.1:{closed_port()}/0")
     start = time.monotonic()
     result = doctor.check_lock(settings, Host(timeout_s=1.0))
     assert time.monotonic() - start < 3
@@ -260,7 +256,7 @@ def test_redis_on_a_closed_port_is_missing_quickly(tmp_path):
 
 def test_redis_without_redis_py_is_missing_with_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "redis", None)  # import redis raises ImportError
-    settings = make_settings(tmp_path, lock_url="redis://127.0.0.1:6379/0")
+    settings = settings_for(tmp_path, lock_url="redis://127.0.0.1:6379/0")
     result = doctor.check_lock(settings, Host())
     assert result.state == "MISSING" and result.fix == "pip install 'triton-warmup[redis]'"
 
@@ -286,10 +282,10 @@ def redis_socket(tmp_path):
 
 
 def test_redis_that_answers_ping_is_ok_and_its_password_is_not_shown(tmp_path, redis_socket):
-    good = make_settings(tmp_path, lock_url=f"unix://:s3cret@{redis_socket}")
+    good = settings_for(tmp_path, lock_url=f"unix://:s3cret@{redis_socket}")
     result = doctor.check_lock(good, Host())
     assert result.state == "OK" and "PING" in result.detail and "s3cret" not in result.detail
-    bad = make_settings(tmp_path, lock_url=f"unix://:wrong@{redis_socket}")
+    bad = settings_for(tmp_path, lock_url=f"unix://:wrong@{redis_socket}")
     result = doctor.check_lock(bad, Host())
     assert result.state == "MISSING" and "wrong" not in result.detail
 
@@ -300,7 +296,7 @@ def test_redis_that_answers_ping_is_ok_and_its_password_is_not_shown(tmp_path, r
 def test_run_prints_a_table_with_fixes_and_exits_1_on_a_miss(tmp_path, capsys):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    settings = make_settings(tmp_path, triton_cache_dir=blocker / "cache")
+    settings = settings_for(tmp_path, triton_cache_dir=blocker / "cache")
     assert doctor.run(settings, parse(settings, "--only", "cache", "--only", "volume")) == 1
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["CHECK", "STATE", "DETAIL"]
@@ -311,7 +307,7 @@ def test_run_prints_a_table_with_fixes_and_exits_1_on_a_miss(tmp_path, capsys):
 
 
 def test_run_prints_json_and_exits_0_when_nothing_is_missing(tmp_path, capsys):
-    settings = make_settings(tmp_path)
+    settings = settings_for(tmp_path)
     assert doctor.run(settings, parse(settings, "--only", "compiler", "--json")) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] is True
@@ -341,7 +337,7 @@ def test_command_line_options_override_the_settings(tmp_path, capsys, monkeypatc
 
 
 def test_unknown_checks_are_refused(tmp_path):
-    settings = make_settings(tmp_path)
+    settings = settings_for(tmp_path)
     with pytest.raises(SystemExit):
         parse(settings, "--only", "gpus")
     with pytest.raises(ValueError, match="unknown checks"):

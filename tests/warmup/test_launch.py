@@ -8,21 +8,14 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from registry import Store
+from tests.conftest import DEMO, ROOT, settings_for, write_manifest
 from warmup.cli import main
 from warmup.launch import run
-from warmup.manifest import ManifestError, load_manifest, parse_manifest
+from warmup.manifest import ManifestError, load_manifest
 from warmup.results import RankReport, RunStatus, ShapeResult
 from warmup.session import finish
-from warmup.settings import Settings
 
-ROOT = Path(__file__).parents[2]
-DEMO = ROOT / "examples" / "demo.yaml"
 pytestmark = pytest.mark.slow
-
-
-def settings_for(root: Path, **extra) -> Settings:
-    extra.setdefault("manifest", DEMO)
-    return Settings(volume=root / "volume", work_dir=root / "work", device="cpu", **extra)
 
 
 def samples(path: Path) -> dict[tuple[str, tuple], float]:
@@ -96,12 +89,6 @@ def test_a_bad_manifest_exits_2_before_writing_anything(tmp_path, monkeypatch, c
     err = capsys.readouterr().err
     assert "entries.0.dtype" in err and "entries.0.world_size: Field required" in err
     assert list(tmp_path.iterdir()) == [bad]  # no work dir, no volume, no status
-
-
-def write_manifest(path: Path, text: str) -> Path:
-    parse_manifest(text)  # keep test manifests valid
-    path.write_text(text)
-    return path
 
 
 def test_a_killed_rank_fails_the_run_and_leaves_a_usable_registry(tmp_path):
@@ -284,7 +271,6 @@ def test_warm_in_process_on_another_world_size_warms_nothing_and_says_so(tmp_pat
 
 IN_PROCESS = """
 import sys, warmup
-from warmup.settings import Settings
 if sys.argv[2] == "import-first":
     import triton
 status = warmup.warm(sys.argv[1], Settings(volume="v", work_dir="w", device="cpu"))

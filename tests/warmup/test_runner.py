@@ -5,9 +5,9 @@ from types import SimpleNamespace
 
 import torch
 
+from tests.conftest import settings_for
 from warmup.manifest import parse_manifest
 from warmup.runner import warm_rank
-from warmup.settings import Settings
 
 USER_MANIFEST = """
 version: 1
@@ -27,7 +27,7 @@ def test_a_cpu_rank_on_a_gpu_machine_uses_the_cpu_fingerprint(tmp_path: Path, mo
     monkeypatch.setenv("TEST_USER_LOG", str(tmp_path / "calls.jsonl"))
     report = warm_rank(
         parse_manifest(USER_MANIFEST),
-        Settings(volume=tmp_path / "v", work_dir=tmp_path / "w", device="cpu"),
+        settings_for(tmp_path),
         rank=0,
         world=1,
         group=None,

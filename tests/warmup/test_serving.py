@@ -11,8 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kernels import matmul
 from kernels.adapter import Layer
 from registry import Entry, KernelConfig, Store, cpu_fingerprint
-from tests.conftest import run_rank_processes
-from tests.warmup.test_launch import settings_for, write_manifest
+from tests.conftest import run_rank_processes, settings_for, write_manifest
 from warmup.launch import run
 from warmup.manifest import load_manifest
 from warmup.serving import (
@@ -25,7 +24,6 @@ from warmup.serving import (
     nearest_table,
     rehearsal,
 )
-from warmup.settings import Settings
 
 N, K = 24, 40
 
@@ -71,7 +69,7 @@ def entry(m: int, block_m: int) -> Entry:
 
 @pytest.fixture
 def settings(tmp_path):
-    return Settings(volume=tmp_path / "volume", work_dir=tmp_path / "work", device="cpu")
+    return settings_for(tmp_path)
 
 
 @pytest.fixture
