@@ -24,20 +24,25 @@ def run(capsys, *args):
     return code, out, err
 
 
+def cli(capsys, store, *args):
+    """``registry --store STORE ARGS...``: exit code, stdout, stderr."""
+    return run(capsys, "registry", "--store", str(store), *args)
+
+
 def test_ls_prints_a_table_and_json(capsys, store):
-    code, out, _ = run(capsys, "registry", "--store", str(store.root), "ls")
+    code, out, _ = cli(capsys, store.root, "ls")
     assert code == 0
     assert out.splitlines()[0].split()[:3] == ["KERNEL", "SHAPE", "GPU"]
     assert "2 entries" in out and "NVIDIA-H200" in out
-    code, out, _ = run(capsys, "registry", "--store", str(store.root), "--json", "ls")
+    code, out, _ = cli(capsys, store.root, "--json", "ls")
     rows = json.loads(out)
     assert code == 0 and len(rows) == 2 and rows[0]["median_ms"] == 1.0
 
 
 def test_show_one_entry_and_refuse_ambiguity(capsys, store):
-    code, out, _ = run(capsys, "registry", "--store", str(store.root), "show", "M1024")
+    code, out, _ = cli(capsys, store.root, "show", "M1024")
     assert code == 0 and "out of shared memory" in out and "BLOCK_M=128" in out
-    code, _, err = run(capsys, "registry", "--store", str(store.root), "show", "ag_gemm")
+    code, _, err = cli(capsys, store.root, "show", "ag_gemm")
     assert code == 2 and "matches 2 entries" in err and len(err.strip().splitlines()) == 1
 
 
@@ -46,11 +51,9 @@ def test_bundle_create_verify_install_list_rollback(capsys, store, tmp_path, h20
     fp_file.write_text(json.dumps(h200.to_json()))
     out_file = tmp_path / "b.tgz"
     assert (
-        run(
+        cli(
             capsys,
-            "registry",
-            "--store",
-            str(store.root),
+            store.root,
             "bundle",
             "create",
             str(out_file),
@@ -64,11 +67,9 @@ def test_bundle_create_verify_install_list_rollback(capsys, store, tmp_path, h20
     code, out, _ = run(capsys, "registry", "bundle", "verify", str(out_file))
     assert code == 0 and "OK  tp2 3  2 entries" in out
     target = tmp_path / "target"
-    code, out, _ = run(
+    code, out, _ = cli(
         capsys,
-        "registry",
-        "--store",
-        str(target),
+        target,
         "--json",
         "bundle",
         "install",
@@ -77,20 +78,18 @@ def test_bundle_create_verify_install_list_rollback(capsys, store, tmp_path, h20
         str(fp_file),
     )
     assert code == 0 and json.loads(out)["entries"] == 2
-    code, out, _ = run(capsys, "registry", "--store", str(target), "bundle", "list")
+    code, out, _ = cli(capsys, target, "bundle", "list")
     assert code == 0 and "tp2" in out and "install" in out
-    code, out, _ = run(capsys, "registry", "--store", str(target), "rollback")
+    code, out, _ = cli(capsys, target, "rollback")
     assert code == 0 and "rolled back" in out and len(Store(target)) == 0
 
 
 def test_install_with_the_wrong_fingerprint_fails_with_one_line(capsys, store, tmp_path):
     out_file = tmp_path / "b.tgz"
     bundle.create(out_file, name="tp2", version="1", entries=store.entries())
-    code, _, err = run(
+    code, _, err = cli(
         capsys,
-        "registry",
-        "--store",
-        str(tmp_path / "t"),
+        tmp_path / "t",
         "bundle",
         "install",
         str(out_file),
@@ -99,11 +98,9 @@ def test_install_with_the_wrong_fingerprint_fails_with_one_line(capsys, store, t
     )
     assert code == 1 and err.startswith("triton-warmup: error: Bundle") and "gpu_name" in err
     assert len(err.strip().splitlines()) == 1 and "--force" in err
-    code, _, _ = run(
+    code, _, _ = cli(
         capsys,
-        "registry",
-        "--store",
-        str(tmp_path / "t"),
+        tmp_path / "t",
         "bundle",
         "install",
         str(out_file),
@@ -130,11 +127,9 @@ def test_import_and_fingerprint_commands(capsys, tmp_path):
             }
         )
     )
-    code, out, _ = run(
+    code, out, _ = cli(
         capsys,
-        "registry",
-        "--store",
-        str(tmp_path / "s"),
+        tmp_path / "s",
         "import",
         "triton-autotune",
         str(tmp_path / "cache"),
@@ -154,7 +149,7 @@ def test_errors_exit_nonzero_with_a_reason(capsys, tmp_path):
     with pytest.raises(SystemExit) as exit_info:
         main(["registry", "bogus"])
     assert exit_info.value.code == 2
-    code, _, err = run(capsys, "registry", "--store", str(tmp_path / "e"), "rollback")
+    code, _, err = cli(capsys, tmp_path / "e", "rollback")
     assert code == 1 and "no bundle install" in err
     assert not (tmp_path / "e").exists()  # a rollback of nothing creates no store
 
@@ -164,7 +159,7 @@ def test_errors_exit_nonzero_with_a_reason(capsys, tmp_path):
 def test_import_from_a_missing_folder_exits_2_and_creates_nothing(capsys, tmp_path, fmt, source):
     (tmp_path / "a-file").write_text("{}")
     args = [fmt, str(tmp_path / source), "--fingerprint", "cpu"]
-    code, _, err = run(capsys, "registry", "--store", str(tmp_path / "s"), "import", *args)
+    code, _, err = cli(capsys, tmp_path / "s", "import", *args)
     line = error_line(err)
     assert code == 2 and str(tmp_path / source) in line and "folder" in line
     assert not (tmp_path / "s").exists()
@@ -172,11 +167,9 @@ def test_import_from_a_missing_folder_exits_2_and_creates_nothing(capsys, tmp_pa
 
 def test_import_of_nothing_creates_no_store(capsys, tmp_path):
     (tmp_path / "empty").mkdir()
-    code, out, _ = run(
+    code, out, _ = cli(
         capsys,
-        "registry",
-        "--store",
-        str(tmp_path / "s"),
+        tmp_path / "s",
         "import",
         "triton-autotune",
         str(tmp_path / "empty"),
@@ -186,11 +179,9 @@ def test_import_of_nothing_creates_no_store(capsys, tmp_path):
     assert code == 0 and "*.autotune.json" in out and not (tmp_path / "s").exists()
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "k.autotune.json").write_text("not json")
-    code, _, err = run(
+    code, _, err = cli(
         capsys,
-        "registry",
-        "--store",
-        str(tmp_path / "s"),
+        tmp_path / "s",
         "import",
         "triton-autotune",
         str(tmp_path / "bad"),
@@ -207,19 +198,17 @@ def test_import_of_nothing_creates_no_store(capsys, tmp_path):
 @pytest.mark.parametrize("where", ["before", "after"])
 def test_json_works_before_and_after_the_command(capsys, store, command, where):
     flagged = ["--json", *command] if where == "before" else [*command, "--json"]
-    code, out, _ = run(capsys, "registry", "--store", str(store.root), *flagged)
+    code, out, _ = cli(capsys, store.root, *flagged)
     assert code == 0 and isinstance(json.loads(out), (list, dict))
-    code, out, _ = run(capsys, "registry", "--store", str(store.root), *command)
+    code, out, _ = cli(capsys, store.root, *command)
     assert code == 0 and not out.lstrip().startswith(("[", "{"))
 
 
 def test_json_after_a_bundle_command(capsys, store, tmp_path):
     out_file = tmp_path / "b.tgz"
-    code, out, _ = run(
+    code, out, _ = cli(
         capsys,
-        "registry",
-        "--store",
-        str(store.root),
+        store.root,
         "bundle",
         "create",
         str(out_file),
@@ -246,17 +235,17 @@ def test_times_are_numbers_in_json_and_text_in_tables(capsys, tmp_path):
             measurements=(Measurement(failed, error="out of shared memory"),),
         )
     )
-    code, out, _ = run(capsys, "registry", "--store", str(store.root), "ls", "--json")
+    code, out, _ = cli(capsys, store.root, "ls", "--json")
     assert code == 0 and json.loads(out)[0]["median_ms"] is None
-    code, out, _ = run(capsys, "registry", "--store", str(store.root), "ls")
+    code, out, _ = cli(capsys, store.root, "ls")
     assert code == 0 and "None" not in out and " - " in out
 
 
 def test_ls_json_median_is_a_float(capsys, store):
-    code, out, _ = run(capsys, "registry", "--store", str(store.root), "ls", "--json")
+    code, out, _ = cli(capsys, store.root, "ls", "--json")
     medians = [row["median_ms"] for row in json.loads(out)]
     assert code == 0 and medians == [1.0, 1.0]
-    code, out, _ = run(capsys, "registry", "--store", str(store.root), "show", "M1024", "--json")
+    code, out, _ = cli(capsys, store.root, "show", "M1024", "--json")
     timings = json.loads(out)["measurements"][0]
     assert isinstance(timings["median_ms"], float) and isinstance(timings["p20_ms"], float)
 

@@ -2,8 +2,6 @@
 
 import json
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from warmup.metrics import RunMetrics
 from warmup.results import RankFailure, RankReport, RunStatus, ShapeResult
 
@@ -12,18 +10,15 @@ def shape(source, **extra):
     return ShapeResult(kernel="k", key={"M": 8, "N": 4, "K": 4}, source=source, **extra)
 
 
-def counts(metrics, tmp_path):
-    path = tmp_path / "m.prom"
-    metrics.write(path)
-    out = {}
-    for family in text_string_to_metric_families(path.read_text()):
-        for s in family.samples:
-            if s.name.endswith("_total"):
-                out[(s.name, s.labels.get("source", ""))] = s.value
-    return out
+def counts(metrics):
+    """{(counter sample, its source label): value}, read from the metrics' registry."""
+    samples = (s for family in metrics.registry.collect() for s in family.samples)
+    return {
+        (s.name, s.labels.get("source", "")): s.value for s in samples if s.name.endswith("_total")
+    }
 
 
-def test_metrics_count_each_kind_of_result_from_its_fields(tmp_path):
+def test_metrics_count_each_kind_of_result_from_its_fields():
     metrics = RunMetrics()
     metrics.record(
         [
@@ -37,7 +32,7 @@ def test_metrics_count_each_kind_of_result_from_its_fields(tmp_path):
             shape("registry", compile_seconds=0.1, error="stored config failed its check"),
         ]
     )
-    found = counts(metrics, tmp_path)
+    found = counts(metrics)
     assert found[("triton_warmup_cache_hits_total", "registry")] == 2
     assert found[("triton_warmup_cache_hits_total", "bundle")] == 1
     assert found[("triton_warmup_cache_misses_total", "")] == 2  # tuned and fallback only
