@@ -6,10 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
-from kernels import ag_gemm
-from registry import KernelConfig
 from tests.conftest import env_without_interpreter, run_rank_processes
 
 ROOT = Path(__file__).parents[2]
@@ -77,15 +74,3 @@ def test_the_task_tunes_in_lockstep_through_the_tuner(tmp_path):
     assert {r["source"] for r in results} == {"tuned"}
     assert all(r["errors"] == [] for r in results)  # every candidate passed its check
     assert results[0]["stored"] == 1
-
-
-@pytest.mark.parametrize("consumer", ["tma", "portable"])
-def test_a_launch_passes_every_launch_option_of_its_config(consumer):
-    from tests.kernels._specialization_keys import CONFIG, K, N, context
-
-    config = KernelConfig.make(CONFIG.meta, num_warps=4, num_stages=3, num_ctas=1, maxnreg=128)
-    ctx = context(2, consumer, 32)
-    g, b = ctx.buffers[0][:32], torch.empty(K, N, dtype=torch.bfloat16)
-    out = torch.empty(32, N, dtype=torch.bfloat16)
-    options = ag_gemm.launch_plan(ctx, g, b, out, 16, config).options
-    assert options["num_ctas"] == 1 and options["maxnreg"] == 128 and options["WORLD"] == 2

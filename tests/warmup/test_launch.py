@@ -1,18 +1,26 @@
 """``triton-warmup run`` end to end on CPU: 2 ranks on gloo, the interpreter."""
 
+import io
 import json
+import logging
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+import warmup
+import warmup.launch
 from registry import Store
-from tests.conftest import DEMO, ROOT, settings_for, write_manifest
+from tests.conftest import DEMO, ROOT, env_without_interpreter, settings_for, write_manifest
 from warmup.cli import main
-from warmup.launch import run
+from warmup.launch import _wait, run
 from warmup.manifest import ManifestError, load_manifest
 from warmup.results import RankReport, RunStatus, ShapeResult
+from warmup.runner import progress_printer
 from warmup.session import finish
 
 pytestmark = pytest.mark.slow
@@ -145,8 +153,6 @@ entries:
 
 
 def test_warm_in_process_primes_this_process(tmp_path):
-    import warmup
-
     manifest = write_manifest(
         tmp_path / "m.yaml",
         """
@@ -163,11 +169,6 @@ entries:
 
 
 def test_joining_a_torchrun_environment(tmp_path):
-    import subprocess
-    import sys
-
-    from tests.conftest import env_without_interpreter
-
     env = {
         **env_without_interpreter(),  # the session turns it on for a CPU run itself
         "TRITON_WARMUP_VOLUME": str(tmp_path / "v"),
@@ -200,11 +201,6 @@ def test_joining_a_torchrun_environment(tmp_path):
 
 
 def test_progress_is_a_bar_on_a_terminal_and_log_lines_otherwise(caplog):
-    import io
-    import logging
-
-    from warmup.runner import progress_printer
-
     class Terminal(io.StringIO):
         def isatty(self):
             return True
@@ -262,8 +258,6 @@ def test_ranks_that_warmed_fewer_shapes_than_the_manifest_are_not_ready(tmp_path
 
 
 def test_warm_in_process_on_another_world_size_warms_nothing_and_says_so(tmp_path):
-    import warmup
-
     with pytest.raises(ManifestError, match="no entry for world size 1"):
         warmup.warm(DEMO, settings_for(tmp_path))
     assert not settings_for(tmp_path).status_path.exists()
@@ -271,6 +265,7 @@ def test_warm_in_process_on_another_world_size_warms_nothing_and_says_so(tmp_pat
 
 IN_PROCESS = """
 import sys, warmup
+from warmup.settings import Settings
 if sys.argv[2] == "import-first":
     import triton
 status = warmup.warm(sys.argv[1], Settings(volume="v", work_dir="w", device="cpu"))
@@ -279,11 +274,6 @@ print(status.state, status.sources)
 
 
 def test_warm_in_process_on_cpu_turns_the_interpreter_on_or_says_why_it_cannot(tmp_path):
-    import subprocess
-    import sys
-
-    from tests.conftest import env_without_interpreter
-
     manifest = write_manifest(
         tmp_path / "m.yaml",
         "version: 1\nentries:\n  - {kernel: matmul, dtype: fp32, world_size: 1,\n"
@@ -313,8 +303,6 @@ def test_warm_in_process_on_cpu_turns_the_interpreter_on_or_says_why_it_cannot(t
 
 
 def test_entries_for_another_world_size_are_skipped_out_loud(tmp_path, monkeypatch, caplog):
-    import logging
-
     monkeypatch.setenv("TEST_USER_LOG", str(tmp_path / "calls.jsonl"))
     manifest = write_manifest(
         tmp_path / "m.yaml",
@@ -337,12 +325,6 @@ entries:
 
 
 def test_a_dead_rank_is_seen_while_a_lower_rank_still_runs():
-    import subprocess
-    import sys
-    import time
-
-    from warmup.launch import _wait
-
     procs = [
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]),
         subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"]),
@@ -355,11 +337,6 @@ def test_a_dead_rank_is_seen_while_a_lower_rank_still_runs():
 
 
 def test_a_launcher_failure_stops_every_rank_and_says_why(tmp_path, monkeypatch):
-    import subprocess
-    import sys
-
-    import warmup.launch
-
     started = []
 
     def sleepers(settings, manifest, world, run_dir):
@@ -383,8 +360,6 @@ def test_a_launcher_failure_stops_every_rank_and_says_why(tmp_path, monkeypatch)
 
 
 def test_warm_in_process_says_running_while_it_warms(tmp_path, monkeypatch):
-    import warmup
-
     manifest = write_manifest(
         tmp_path / "m.yaml",
         "version: 1\nentries:\n  - {kernel: 'tests.warmup.user_functions:record_status',\n"
