@@ -291,6 +291,7 @@ from triton import knobs
 from triton.backends.compiler import GPUTarget
 from triton.runtime.driver import driver
 from warmup.compile_guard import CompileGuard, RequestCompileError
+from warmup.compile_pool import cache_files
 
 class CpuOnlyDriver:  # what JITFunction.run asks the driver; compiles for sm90, never launches
     def get_current_device(self): return 0
@@ -308,7 +309,7 @@ def warm(block):
     return scale.warmup(torch.float32, 1000, BLOCK=block, grid=(1,)) is not None
 
 def compiled():
-    return sum(1 for _ in Path(sys.argv[1]).glob("*/__grp__*.json"))
+    return cache_files(Path(sys.argv[1]))
 
 guard = CompileGuard()
 warm(64)  # before arm(): not counted
