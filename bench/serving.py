@@ -24,6 +24,7 @@ checked against NCCL + cuBLAS. Prints a table; writes every number to --out.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -148,28 +149,26 @@ def serve_phase(args: argparse.Namespace) -> dict[str, Any]:
 
     cache = Path(os.environ["TRITON_CACHE_DIR"])
     started = time.perf_counter()
-    serving = Serving(settings(args))
-    ops = {
-        name: serving.op(
-            "ag_gemm", n=n, k=k, dtype=args.dtype, max_m=args.max_m, group=dist.group.WORLD
-        )
-        for name, (n, k) in layers(args.layers).items()
-    }
-    built_s = time.perf_counter() - started
-    user = user_calls(args)  # the server's own start-up run of its kernels, then warm
-    serving.declare_warm()
-    files_before = _files(cache)
-    calls: dict[str, Callable[..., Any]] = dict(ops)
-    result = replay(args, calls)
-    result["compiles_during_trace"] = serving.guard.total if serving.guard else None
-    result["cache_files_added_during_trace"] = _files(cache) - files_before
-    result["ops_built_seconds"] = built_s
-    result["buckets"] = {name: list(op.table.buckets) for name, op in ops.items()}
-    result["calls_by_source"] = {name: list(op.calls) for name, op in ops.items()}
-    result["dispatch"] = dispatch_bench(args, ops)
-    after = user_calls(args)
-    result["user_kernel"] = {"before_declare_warm": user, "after_declare_warm": after}
-    serving.close()
+    with Serving(settings(args)) as serving:
+        ops = {
+            name: serving.op(
+                "ag_gemm", n=n, k=k, dtype=args.dtype, max_m=args.max_m, group=dist.group.WORLD
+            )
+            for name, (n, k) in layers(args.layers).items()
+        }
+        built_s = time.perf_counter() - started
+        user = user_calls(args)  # the server's own start-up run of its kernels, then warm
+        serving.declare_warm()
+        files_before = _files(cache)
+        result = replay(args, ops)
+        result["compiles_during_trace"] = serving.guard.total if serving.guard else None
+        result["cache_files_added_during_trace"] = _files(cache) - files_before
+        result["ops_built_seconds"] = built_s
+        result["buckets"] = {name: list(op.table.buckets) for name, op in ops.items()}
+        result["calls_by_source"] = {name: list(op.calls) for name, op in ops.items()}
+        result["dispatch"] = dispatch_bench(args, ops)
+        after = user_calls(args)
+        result["user_kernel"] = {"before_declare_warm": user, "after_declare_warm": after}
     return result
 
 
@@ -181,20 +180,17 @@ def cold_phase(args: argparse.Namespace) -> dict[str, Any]:
     from kernels.adapter import Layer
     from warmup.compile_guard import CompileGuard
 
-    guard = CompileGuard()
-    guard.arm()  # no warmup at all: every compile is on the request path
-    calls = {}
-    for name, (n, k) in layers(args.layers).items():
-        served = ag_gemm.ADAPTER.serve(
-            Layer(n, k, args.dtype, args.max_m),
-            group=dist.group.WORLD,
-            device=torch.device("cuda" if torch.cuda.is_available() else "cpu"),
-        )
-        config = served.default_config()
-        calls[name] = (lambda s, c: lambda shard, b: s(c, shard, b))(served, config)
-    result = replay(args, calls)
-    result["compiles_during_trace"] = guard.total
-    guard.disarm()
+    with CompileGuard() as guard:  # no warmup at all: every compile is on the request path
+        calls = {}
+        for name, (n, k) in layers(args.layers).items():
+            served = ag_gemm.ADAPTER.serve(
+                Layer(n, k, args.dtype, args.max_m),
+                group=dist.group.WORLD,
+                device=torch.device("cuda" if torch.cuda.is_available() else "cpu"),
+            )
+            calls[name] = functools.partial(served, served.default_config())
+        result = replay(args, calls)
+        result["compiles_during_trace"] = guard.total
     result["user_kernel"] = {"no_warmup": user_calls(args)}
     return result
 
@@ -213,11 +209,10 @@ def user_calls(args: argparse.Namespace) -> dict[str, Any] | None:
         started = time.perf_counter()
         for rows in USER_SHAPES:
             user_warm(shape={"M": rows, "N": 1024}, dtype=torch_dtype(args.dtype), device=device)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        torch.cuda.synchronize()
         seconds = time.perf_counter() - started
     return {
-        "autotune_runs": guard.total - sum(guard.compiles.values()),
+        "autotune_runs": sum(guard.autotunes.values()),
         "compiles": sum(guard.compiles.values()),
         "seconds": seconds,
     }
@@ -339,15 +334,15 @@ def dispatch_bench(args: argparse.Namespace, ops: dict[str, Any]) -> dict[str, A
         rows = rng.randint(1, args.max_m // world)
         a = shard[:rows]
         config = op.config_for(rows * world)
-        through_op.append(_timed(lambda x, y: op(x, y), a, b, device)[0])
-        direct.append(_timed(lambda x, y, c=config: op.served(c, x, y), a, b, device)[0])
+        through_op.append(_timed(op, a, b, device)[0])
+        direct.append(_timed(functools.partial(op.served, config), a, b, device)[0])
+    op_us, launcher_us = _stats(through_op), _stats(direct)
     return {
         "pick_us": _pick_only(op, a, b, rng, args),
-        "op_host_us": _stats(through_op),
-        "launcher_host_us": _stats(direct),
+        "op_host_us": op_us,
+        "launcher_host_us": launcher_us,
         "dispatch_us": {  # what the op adds: the table pick and its count
-            "p50": _pct(sorted(through_op), 50) - _pct(sorted(direct), 50),
-            "p99": _pct(sorted(through_op), 99) - _pct(sorted(direct), 99),
+            q: op_us[q] - launcher_us[q] for q in ("p50", "p99")
         },
     }
 
@@ -399,7 +394,8 @@ def _files(folder: Path) -> int:
 def drive(args: argparse.Namespace) -> None:
     import torch
 
-    if torch.cuda.is_available():
+    on_gpu = torch.cuda.is_available()
+    if on_gpu:
         for name, value in (
             ("NCCL_NVLS_ENABLE", "0"),
             ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
@@ -410,7 +406,7 @@ def drive(args: argparse.Namespace) -> None:
     scratch = Path(tempfile.mkdtemp(prefix="serving-bench-"))
     volume = scratch / "volume"
     volume.mkdir()
-    text = manifest_text(args.nproc, args.dtype, args.buckets, args.layers, _on_gpu())
+    text = manifest_text(args.nproc, args.dtype, args.buckets, args.layers, on_gpu)
     (volume / "manifest.yaml").write_text(text)
     results = {}
     for phase, cache in (("warm", "cache"), ("serve", "cache"), ("cold", "cold-cache")):
@@ -457,12 +453,6 @@ def drive(args: argparse.Namespace) -> None:
     print(table(results))
 
 
-def _on_gpu() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def _passed(args: argparse.Namespace) -> list[str]:
     return [
         "--layers",
@@ -484,7 +474,6 @@ def _passed(args: argparse.Namespace) -> list[str]:
 
 def _versions() -> dict[str, str]:
     import torch
-    import triton
 
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     return {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__}
