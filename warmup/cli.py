@@ -105,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for line in e.lines():
                 _error(line, code)
             return code
-        if not isinstance(e, (*BAD_INPUT, RegistryError, SidecarError)):
+        if not isinstance(e, (*BAD_INPUT, RegistryError)):
             return _error(f"{type(e).__name__}: {e} (--debug shows where)", code)
         return _error(str(e), code)
 
