@@ -179,7 +179,11 @@ def stages(text: str) -> dict[str, tuple[str, list[tuple[str, str]]]]:
 
 def chain(text: str, target: str) -> list[str]:
     """The stages an image is made of, from ``target`` back to its external base image."""
-    all_stages, names = stages(text), []
+    return _chain(stages(text), target)
+
+
+def _chain(all_stages: dict[str, tuple[str, list[tuple[str, str]]]], target: str) -> list[str]:
+    names = []
     while target in all_stages:
         names.append(target)
         target = all_stages[target][0]
@@ -189,7 +193,7 @@ def chain(text: str, target: str) -> list[str]:
 def apt_packages(text: str, target: str) -> set[str]:
     """Every package the image's stages install with apt-get (versions dropped)."""
     all_stages, packages = stages(text), set()
-    for name in chain(text, target):
+    for name in _chain(all_stages, target):
         for keyword, args in all_stages[name][1]:
             for command in args.split("&&") if keyword == "RUN" else []:
                 words = command.split()
