@@ -40,6 +40,19 @@ def dumps(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True, allow_nan=False) + "\n"
 
 
+def loads(data: bytes | str) -> Any:
+    """Parse JSON as the project writes it: ValueError for anything else, a nest too deep
+    for the parser and NaN or Infinity included (``dumps`` never writes them)."""
+    try:
+        return json.loads(data, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
 def copy_file(src: Path, dst: Path) -> None:
     """Copy ``src`` onto ``dst`` atomically, keeping its permission bits."""
     write_bytes(dst, src.read_bytes(), mode=src.stat().st_mode & 0o777)

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from registry.errors import RegistryError
+from registry.errors import RegistryError, shown
 
 Scalar = int | float | str | bool | None
 _LAUNCH_FIELDS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
@@ -57,16 +57,20 @@ class KernelConfig:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> KernelConfig:
         """Read the structure ``to_json`` writes; also Triton's ``Config.__dict__``."""
-        if not isinstance(data, Mapping) or not isinstance(data.get("kwargs", {}), Mapping):
-            raise RegistryError(f"Config {data!r} is not an object with a 'kwargs' object.")
+        if not isinstance(data, Mapping) or not isinstance(data.get("kwargs") or {}, Mapping):
+            raise RegistryError(f"Config {shown(data)} is not an object with a 'kwargs' object.")
         kwargs = dict(data.get("kwargs") or {})
         for name, value in kwargs.items():
-            if not isinstance(value, (int, float, str, bool, type(None))):
-                raise RegistryError(f"Config kwarg '{name}' has value {value!r}; not a scalar.")
+            if not isinstance(name, str) or not isinstance(
+                value, (int, float, str, bool, type(None))
+            ):
+                raise RegistryError(
+                    f"Config kwarg {shown(name)} has value {shown(value)}; not a scalar."
+                )
         launch = {k: data[k] for k in _LAUNCH_FIELDS if data.get(k) is not None}
         for name, value in launch.items():
             if not isinstance(value, int) or isinstance(value, bool):
-                raise RegistryError(f"Config '{name}' has value {value!r}; not an int.")
+                raise RegistryError(f"Config '{name}' has value {shown(value)}; not an int.")
         return cls.make(kwargs, **launch)
 
     def label(self) -> str:
@@ -101,17 +105,22 @@ class Measurement:
         }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Measurement:
+    def from_json(cls, data: Any) -> Measurement:
+        if not isinstance(data, Mapping):
+            raise RegistryError(f"Measurement {shown(data)} is not an object.")
+
         def ms(name: str) -> float:
             value = data.get(name)
             if value is None:
                 return math.inf
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-                raise RegistryError(f"Measurement '{name}' has value {value!r}; not a time >= 0.")
+                raise RegistryError(
+                    f"Measurement '{name}' has value {shown(value)}; not a time >= 0."
+                )
             return float(value)
 
         error = data.get("error")
         if error is not None and not isinstance(error, str):
-            raise RegistryError(f"Measurement 'error' has value {error!r}; not a string.")
+            raise RegistryError(f"Measurement 'error' has value {shown(error)}; not a string.")
         config = KernelConfig.from_json(data.get("config", {}))
         return cls(config, ms("median_ms"), ms("p20_ms"), ms("p80_ms"), error)

@@ -13,17 +13,18 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from registry.config import KernelConfig, Measurement
-from registry.errors import RegistryError
+from registry.errors import RegistryError, shown
 from registry.fingerprint import Fingerprint, machine_name
 
 SCHEMA_VERSION = 1
 _KERNEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,127}$")
+_TEXT_FIELDS = {"created": "", "host": "", "source": "tuned"}  # optional, with defaults
 
 
 def canonical_key(key: Mapping[str, Any]) -> str:
     """The one JSON spelling of a shape key: sorted, compact, scalars and lists only."""
     if not isinstance(key, Mapping):
-        raise RegistryError(f"Key {key!r} is not a mapping of names to values.")
+        raise RegistryError(f"Key {shown(key)} is not a mapping of names to values.")
     _check_key_value("key", key)
     return json.dumps(key, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
@@ -32,21 +33,25 @@ def _check_key_value(path: str, value: Any) -> None:
     if isinstance(value, Mapping):
         for k, v in value.items():
             if not isinstance(k, str):
-                raise RegistryError(f"Key field {path}.{k!r} is not named by a string.")
+                raise RegistryError(f"Key field {path}.{shown(k)} is not named by a string.")
             _check_key_value(f"{path}.{k}", v)
     elif isinstance(value, (list, tuple)):
         for i, v in enumerate(value):
             _check_key_value(f"{path}[{i}]", v)
     elif isinstance(value, float) and not math.isfinite(value):
-        raise RegistryError(f"Key field {path} has value {value!r}; not a finite number.")
+        raise RegistryError(f"Key field {path} has value {shown(value)}; not a finite number.")
     elif not isinstance(value, (str, int, float, bool, type(None))):
-        raise RegistryError(f"Key field {path} has value {value!r}; not JSON.")
+        raise RegistryError(f"Key field {path} has value {shown(value)}; not JSON.")
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def check_kernel_name(kernel: str) -> str:
     if not isinstance(kernel, str) or not _KERNEL_NAME.match(kernel):
         raise RegistryError(
-            f"Kernel name {kernel!r} is not valid: letters, digits and _.:- only, 1-128 chars."
+            f"Kernel name {shown(kernel)} is not valid: letters, digits and _.:- only, 1-128 chars."
         )
     return kernel
 
@@ -111,31 +116,44 @@ class Entry:
 
     @classmethod
     def from_json(cls, data: Any) -> Entry:
+        """The entry ``to_json`` wrote. Any other JSON value (a wrong-typed field, a list
+        for an object, a deep nest) raises :class:`RegistryError` naming the field, and
+        nothing else: a reader quarantines it and goes on."""
         if not isinstance(data, Mapping):
-            raise RegistryError("Entry is not a JSON object.")
+            raise RegistryError(f"Entry is {type(data).__name__}, not a JSON object.")
         schema = data.get("schema")
-        if schema != SCHEMA_VERSION:
+        if schema != SCHEMA_VERSION or isinstance(schema, bool):
             raise RegistryError(
-                f"Entry 'schema' has value {schema!r}; this version reads schema {SCHEMA_VERSION}."
+                f"Entry 'schema' has value {shown(schema)}; "
+                f"this version reads schema {SCHEMA_VERSION}."
             )
+        for name in ("kernel", "key", "fingerprint", "best"):
+            if name not in data:
+                raise RegistryError(f"Entry is missing the field '{name}'.")
+        measurements = data.get("measurements", [])
+        if not isinstance(measurements, list):
+            raise RegistryError(
+                f"Entry 'measurements' has value {shown(measurements)}; not a list."
+            )
+        seconds = data.get("tuning_seconds", 0.0)
+        if not _is_number(seconds) or not 0 <= seconds < math.inf:
+            raise RegistryError(f"Entry 'tuning_seconds' has value {shown(seconds)}; not >= 0.")
+        text = {name: data.get(name, default) for name, default in _TEXT_FIELDS.items()}
+        for name, value in text.items():
+            if not isinstance(value, str):
+                raise RegistryError(f"Entry '{name}' has value {shown(value)}; not a string.")
         try:
-            measurements = tuple(Measurement.from_json(m) for m in data.get("measurements", []))
-            seconds = data.get("tuning_seconds", 0.0)
-            if not isinstance(seconds, (int, float)) or seconds < 0:
-                raise RegistryError(f"Entry 'tuning_seconds' has value {seconds!r}; not >= 0.")
             return cls.make(
                 data["kernel"],
                 data["key"],
                 Fingerprint.from_json(data["fingerprint"]),
                 KernelConfig.from_json(data["best"]),
-                measurements=measurements,
+                measurements=tuple(Measurement.from_json(m) for m in measurements),
                 tuning_seconds=float(seconds),
-                created=str(data.get("created", "")),
-                host=str(data.get("host", "")),
-                source=str(data.get("source", "tuned")),
+                **text,
             )
-        except KeyError as e:
-            raise RegistryError(f"Entry is missing the field {e}.") from None
+        except RecursionError:
+            raise RegistryError("Entry is nested too deeply.") from None
 
     def identity(self) -> tuple[str, ...]:
         """Every field but the measurements; the smallest (the earliest tuning) wins a merge."""

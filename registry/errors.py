@@ -2,6 +2,17 @@
 
 from __future__ import annotations
 
+import reprlib
+
+_SHOWN = reprlib.Repr()  # keyword arguments only from Python 3.12
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict = 3, 6, 6
+_SHOWN.maxstring, _SHOWN.maxother, _SHOWN.maxlong = 60, 60, 40
+
+
+def shown(value: object) -> str:
+    """``repr`` cut short: an error message quotes a value, never a megabyte of it."""
+    return _SHOWN.repr(value)
+
 
 class RegistryError(Exception):
     """A registry operation that cannot go on: bad input, an unreadable store, a refused write."""

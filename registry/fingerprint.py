@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from registry import triton_internals
-from registry.errors import RegistryError
+from registry.errors import RegistryError, shown
 
 
 class MatchPolicy(str, Enum):
@@ -53,6 +53,32 @@ class Software:
     ptxas: str
 
 
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "str": (str,),
+    "int": (int,),
+    "bool | None": (bool, type(None)),
+}
+
+
+def _typed(cls: type[Any], data: Any) -> Any:
+    """``cls(**data)`` for a flat dataclass of str/int/bool fields, every field present
+    and of its declared type (``True`` is no int here), no extra field."""
+    name = cls.__name__.lower()
+    if not isinstance(data, Mapping):
+        raise RegistryError(f"Fingerprint '{name}' is {type(data).__name__}, not an object.")
+    declared = {f.name: _FIELD_TYPES[str(f.type)] for f in fields(cls)}
+    for key in sorted(set(data) - set(declared), key=str):
+        raise RegistryError(f"Fingerprint '{name}' has an unknown field {shown(key)}.")
+    for key, types in declared.items():
+        if key not in data:
+            raise RegistryError(f"Fingerprint '{name}' is missing the field '{key}'.")
+        value = data[key]
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            kind = " or ".join(t.__name__ for t in types)
+            raise RegistryError(f"Fingerprint '{name}.{key}' has value {shown(value)}; not {kind}.")
+    return cls(**data)
+
+
 @dataclass(frozen=True)
 class Fingerprint:
     """Hardware + software + kernel source hash. Equal fingerprints mean a config carries over."""
@@ -68,15 +94,21 @@ class Fingerprint:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Fingerprint:
-        try:
-            return cls(
-                hardware=Hardware(**data["hardware"]),
-                software=Software(**data["software"]),
-                kernel_hash=str(data.get("kernel_hash", "")),
+    def from_json(cls, data: Any) -> Fingerprint:
+        """The fingerprint ``to_json`` wrote; :class:`RegistryError` for any other value,
+        a wrong-typed field included (it would break the slugs of every path later)."""
+        if not isinstance(data, Mapping):
+            raise RegistryError(f"Fingerprint is {type(data).__name__}, not an object.")
+        kernel_hash = data.get("kernel_hash", "")
+        if not isinstance(kernel_hash, str):
+            raise RegistryError(
+                f"Fingerprint 'kernel_hash' has value {shown(kernel_hash)}; not a string."
             )
-        except (KeyError, TypeError) as e:
-            raise RegistryError(f"Fingerprint {data!r} is malformed: {e}") from None
+        return cls(
+            hardware=_typed(Hardware, data.get("hardware")),
+            software=_typed(Software, data.get("software")),
+            kernel_hash=kernel_hash,
+        )
 
     def digest(self) -> str:
         """A stable hash of every field; equal digests iff equal fingerprints."""

@@ -18,10 +18,8 @@ for ``rollback``.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
-import re
 import secrets
 import shutil
 import time
@@ -37,15 +35,28 @@ from registry import atomic
 from registry.entry import Entry, canonical_key, now_iso
 from registry.errors import RegistryError
 from registry.fingerprint import Fingerprint, MatchPolicy
+from registry.generations import (
+    CURRENT,
+    GENERATION_FILE,
+    STAMP_FILE,
+    entry_files,
+    entry_paths,
+    fallback,
+    generation_dirs,
+    is_real_dir,
+    linked,
+    number,
+    read_record,
+    read_small,
+    temp_files,
+)
 
 log = logging.getLogger(__name__)
 
-CURRENT = "current"
-GENERATION_FILE = "GENERATION.json"
-STAMP_FILE = ".stamp"
 QUARANTINE = "quarantine"
-_GEN = re.compile(r"^gen-(\d{6,})$")
 KEEP_GENERATIONS = 8
+MAX_ENTRY_BYTES = 2**20  # an entry is a few KiB; anything bigger is not one
+StatKey = tuple[int, int, int]
 
 
 @dataclass
@@ -54,7 +65,8 @@ class _Loaded:
 
     version: tuple[object, ...] = ()
     by_slot: dict[tuple[str, str], dict[str, Entry]] = field(default_factory=dict)
-    by_path: dict[str, tuple[tuple[int, int, int], Entry]] = field(default_factory=dict)
+    by_path: dict[str, tuple[StatKey, Entry]] = field(default_factory=dict)
+    refused: dict[str, StatKey] = field(default_factory=dict)  # not re-read while unchanged
 
 
 class Store:
@@ -140,26 +152,22 @@ class Store:
         return True
 
     def current_generation(self) -> Path | None:
-        try:
-            name = os.readlink(self.root / CURRENT)
-        except OSError:
-            return None
-        return self.root / name
+        """The generation readers see: the one ``current`` links to or, while that link
+        is missing or broken, the one a repair would restore (never an empty view)."""
+        folder = self.root / CURRENT  # a copy tool may have made the link a folder
+        return linked(self.root) or (folder if is_real_dir(folder) else fallback(self.root))
 
     def generation_info(self, generation: Path | None = None) -> dict[str, Any]:
+        """The record of ``generation`` (default: current) as JSON; {} when unsealed."""
         generation = generation or self.current_generation()
-        if generation is None:
-            return {}
-        try:
-            return dict(json.loads((generation / GENERATION_FILE).read_text()))
-        except (OSError, ValueError):
-            return {}
+        record = read_record(generation) if generation is not None else None
+        return record.to_json() if record is not None else {}
 
     def generations(self) -> list[dict[str, Any]]:
-        """Every complete generation's record, oldest first, with ``current`` marked."""
+        """Every sealed generation's record, oldest first, with ``current`` marked."""
         current = self.current_generation()
         out = []
-        for gen in self._generation_dirs():
+        for gen in generation_dirs(self.root):
             info = self.generation_info(gen)
             if info:
                 out.append({**info, "current": current is not None and gen.name == current.name})
@@ -180,17 +188,21 @@ class Store:
         loaded = _Loaded(version=version)
         if gen is None:
             return loaded
-        previous = self._loaded.by_path
-        for path in _entry_files(gen):
+        previous = self._loaded
+        for path in entry_files(gen):
             rel = path.relative_to(gen).as_posix()
             try:
-                st = path.stat()
-            except FileNotFoundError:
+                st = path.lstat()
+            except OSError:
                 continue  # replaced or quarantined while we walked
             stat_key = (st.st_ino, st.st_mtime_ns, st.st_size)
-            cached = previous.get(rel)
+            cached = previous.by_path.get(rel)
+            if previous.refused.get(rel) == stat_key:
+                loaded.refused[rel] = stat_key
+                continue
             entry = cached[1] if cached and cached[0] == stat_key else self._read(gen, path)
             if entry is None:
+                loaded.refused[rel] = stat_key
                 continue
             loaded.by_path[rel] = (stat_key, entry)
             slot = loaded.by_slot.setdefault((entry.kernel, entry.key_json), {})
@@ -199,15 +211,16 @@ class Store:
 
     def _read(self, gen: Path, path: Path) -> Entry | None:
         try:
-            data = json.loads(path.read_bytes())
+            data = atomic.loads(read_small(path, MAX_ENTRY_BYTES))
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as e:
-            self._quarantine(gen, path, f"unreadable JSON: {e}")
+            self._quarantine(gen, path, f"not an entry file: {e}")
             return None
-        if isinstance(data, dict) and isinstance(data.get("schema"), int) and data["schema"] > 1:
+        schema = data.get("schema") if isinstance(data, dict) else None
+        if isinstance(schema, int) and not isinstance(schema, bool) and schema > 1:
             self.skipped += 1  # written by a newer version sharing the volume: leave it alone
-            log.warning("skipping %s: schema %s is newer than this reader", path, data["schema"])
+            log.warning("skipping %s: schema %s is newer than this reader", path, schema)
             return None
         try:
             return Entry.from_json(data)
@@ -219,26 +232,23 @@ class Store:
         """Move a corrupt file aside so readers stop tripping on it; its key becomes a miss."""
         self.quarantined += 1
         rel = path.relative_to(gen).as_posix().replace("/", "__")
-        target = self.root / QUARANTINE / f"{time.strftime('%Y%m%dT%H%M%S')}-{gen.name}-{rel}"
+        target = self._quarantine_path(f"{gen.name}-{rel}")
         log.error("quarantining corrupt registry file %s (%s) -> %s", path, reason, target)
         try:
             with self._locked():
-                if self._still_corrupt(path):
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    os.replace(path, target)
-                    atomic.write_bytes(target.with_name(target.name + ".reason"), reason.encode())
+                if _still_corrupt(path):
+                    self._move_aside(path, target, reason)
         except (OSError, RegistryError) as e:  # a read-only mount: count it, skip it
             log.warning("could not move %s to quarantine: %s", path, e)
 
+    def _quarantine_path(self, name: str) -> Path:
+        return self.root / QUARANTINE / f"{time.strftime('%Y%m%dT%H%M%S')}-{name}"
+
     @staticmethod
-    def _still_corrupt(path: Path) -> bool:
-        try:
-            Entry.from_json(json.loads(path.read_bytes()))
-        except FileNotFoundError:
-            return False
-        except (OSError, ValueError, RegistryError):
-            return True
-        return False  # a writer replaced it with a good file meanwhile
+    def _move_aside(path: Path, target: Path, reason: str) -> None:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(path, target)
+        atomic.write_bytes(target.with_name(target.name + ".reason"), reason.encode())
 
     # ---- writing -------------------------------------------------------------------
 
@@ -302,13 +312,32 @@ class Store:
     def _latest_undoable_install(self, current: Path) -> dict[str, Any]:
         undone: set[str] = set()
         gen: Path | None = current
-        while gen is not None and (info := self.generation_info(gen)):
-            if info.get("kind") == "rollback":
-                undone.add(str(info.get("undoes")))
-            elif info.get("kind") == "install" and info["id"] not in undone:
-                return info
-            gen = self.root / str(info["parent"]) if info.get("parent") else None
+        while gen is not None and (record := read_record(gen)) is not None:
+            if record.kind == "rollback":
+                undone.add(str(record.undoes))
+            elif record.kind == "install" and record.id not in undone:
+                return record.to_json()
+            gen = self.root / record.parent if record.parent else None
         raise RegistryError(f"Store {self.root}: no bundle install left to roll back.")
+
+    def recover(self) -> dict[str, Any]:
+        """Clean up after crashes, at start: repair ``current`` and its record, remove
+        ``.tmp-*`` files left by killed writers and unsealed generations (a crashed
+        install; one holding entries the current one lacks goes to quarantine instead).
+        Returns what it did; safe to call any time (it takes the write lock)."""
+        with self._locked():
+            report: dict[str, Any] = {"repaired": self._repair()}
+            removed = []
+            for path in sorted(temp_files(self.root), reverse=True):
+                with contextlib.suppress(OSError):
+                    shutil.rmtree(path) if is_real_dir(path) else path.unlink()
+                    removed.append(str(path.relative_to(self.root)))
+            report["temp_files"] = removed
+            report["generations"] = self._collect_garbage()
+        if removed or any(report["generations"].values()) or report["repaired"]:
+            log.warning("store %s recovered: %s", self.root, report)
+        self.refresh(force=True)
+        return report
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -324,28 +353,65 @@ class Store:
     def _merge_into(self, gen: Path, entry: Entry) -> Entry:
         path = gen / entry.relpath()
         merged = entry
-        with contextlib.suppress(FileNotFoundError, ValueError, RegistryError):
-            merged = Entry.from_json(json.loads(path.read_bytes())).merge(entry)
+        with contextlib.suppress(OSError, RegistryError):  # a corrupt file loses nothing valid
+            merged = read_entry(path).merge(entry)
         data = atomic.dumps(merged.to_json()).encode()
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):
             if path.read_bytes() == data:
                 return merged  # an idempotent replay writes nothing
         atomic.write_bytes(path, data)
         return merged
 
     def _ensure_generation(self) -> Path:
-        gen = self.current_generation()
-        if gen is not None and (gen / GENERATION_FILE).exists():
-            return gen
-        first = self._new_generation_dir()
-        self._seal(first, None, {"kind": "init"})
-        self._swap(first)
-        return first
+        """The current generation, repaired first where its link or record is broken."""
+        self._repair()
+        gen = linked(self.root)
+        assert gen is not None  # _repair leaves a link to a sealed generation
+        return gen
+
+    def _repair(self) -> str:
+        """Make ``current`` a link to a sealed generation, from what is on disk, never by
+        starting empty while a generation holds entries. Returns what it did, or ''."""
+        link = self.root / CURRENT
+        gen = linked(self.root)
+        fresh = not os.path.lexists(link) and not generation_dirs(self.root)
+        if gen is not None:
+            if read_record(gen) is not None:
+                return ""
+            self._reseal(gen, "its GENERATION.json was missing or unreadable")
+            return f"resealed {gen.name}"
+        if link.is_dir() and not link.is_symlink():  # a copy that followed the link
+            adopted = self._new_generation_dir()
+            os.rename(link, adopted)
+            self._reseal(adopted, "'current' was a folder, not a link")
+            self._swap(adopted)
+            return f"adopted the folder 'current' as {adopted.name}"
+        if os.path.lexists(link) and not link.is_symlink():
+            self._move_aside(link, self._quarantine_path(CURRENT), "'current' was not a link")
+        target = fallback(self.root)
+        if target is None:
+            target = self._new_generation_dir()
+            self._seal(target, None, {"kind": "init"})
+        elif read_record(target) is None:
+            self._reseal(target, "'current' was missing or broken")
+        self._swap(target)
+        return "" if fresh else f"pointed 'current' at {target.name}"
+
+    def _reseal(self, gen: Path, why: str) -> None:
+        """Seal a generation whose record is gone, keeping its entries and a broken record."""
+        record = gen / GENERATION_FILE
+        if os.path.lexists(record):
+            self._move_aside(record, self._quarantine_path(f"{gen.name}-{GENERATION_FILE}"), why)
+        older = [
+            g for g in generation_dirs(self.root) if number(g) < number(gen) and read_record(g)
+        ]
+        log.warning("store %s: resealing %s (%s)", self.root, gen.name, why)
+        self._seal(gen, older[-1] if older else None, {"kind": "repair", "reason": why})
 
     def _fork(self, parent: Path) -> Path:
         """A new generation holding hard links to every entry file of ``parent``."""
         new = self._new_generation_dir()
-        for path in _entry_files(parent):
+        for path in entry_files(parent):
             dst = new / path.relative_to(parent)
             dst.parent.mkdir(parents=True, exist_ok=True)
             os.link(path, dst)
@@ -353,7 +419,10 @@ class Store:
 
     def _new_generation_dir(self) -> Path:
         self._collect_garbage()
-        numbers = [int(m.group(1)) for p in self.root.iterdir() if (m := _GEN.match(p.name))]
+        numbers = [int(g.name[4:]) for g in generation_dirs(self.root)]
+        for name in os.listdir(self.root):  # a stray file may hold a number too
+            if name.startswith("gen-") and name[4:].isdigit():
+                numbers.append(int(name[4:]))
         new = self.root / f"gen-{max(numbers, default=0) + 1:06d}"
         new.mkdir(parents=True)
         return new
@@ -377,28 +446,56 @@ class Store:
     def _touch_stamp(gen: Path) -> None:
         atomic.write_bytes(gen / STAMP_FILE, secrets.token_hex(8).encode())
 
-    def _generation_dirs(self) -> list[Path]:
-        if not self.root.is_dir():
-            return []
-        dirs = [p for p in self.root.iterdir() if _GEN.match(p.name) and p.is_dir()]
-        return sorted(dirs, key=lambda p: int(p.name[4:]))
-
-    def _collect_garbage(self) -> None:
-        """Drop unsealed generations (a crashed install) and all but the newest kept ones."""
-        current = self.current_generation()
-        keep_names = {current.name} if current else set()
-        sealed = [g for g in self._generation_dirs() if (g / GENERATION_FILE).exists()]
-        keep_names.update(g.name for g in sealed[-self.keep_generations :])
-        for gen in self._generation_dirs():
-            if gen.name not in keep_names:
+    def _collect_garbage(self) -> dict[str, list[str]]:
+        """Drop generations nobody needs: never the current one or the newest kept, never
+        one holding an entry the current one lacks (unless a rollback undid exactly that
+        install). An unsealed one (a crashed install) that holds such entries is moved to
+        quarantine, not deleted."""
+        done: dict[str, list[str]] = {"removed": [], "quarantined": []}
+        current = linked(self.root)
+        if current is None:
+            return done  # a repair decides first which generation is current
+        gens = generation_dirs(self.root)
+        records = {g.name: read_record(g) for g in gens}
+        sealed = [g for g in gens if records[g.name] is not None]
+        keep = {current.name, *(g.name for g in sealed[-self.keep_generations :])}
+        undone = {r.undoes for r in records.values() if r is not None and r.kind == "rollback"}
+        held: set[str] | None = None
+        for gen in gens:
+            newer = number(gen) > number(current)
+            if gen.name in keep or (newer and records[gen.name] is not None):
+                continue  # a sealed newer one: an install that crashed before its swap
+            held = entry_paths(current) if held is None else held
+            lacking = entry_paths(gen) - held
+            record = records[gen.name]
+            if record is not None and record.id in undone:
+                lacking -= set(record.changed)
+            if record is None and lacking:
+                target = self._quarantine_path(f"{gen.name}-unsealed")
+                self._move_aside(gen, target, f"unsealed generation with {len(lacking)} entries")
+                done["quarantined"].append(gen.name)
+            elif not lacking:
                 shutil.rmtree(gen, ignore_errors=True)
+                done["removed"].append(gen.name)
+        return done
 
 
-def _entry_files(gen: Path) -> Iterator[Path]:
-    for dirpath, _dirs, files in os.walk(gen):
-        for name in files:
-            if name.endswith(".json") and name != GENERATION_FILE and not name.startswith("."):
-                yield Path(dirpath) / name
+def read_entry(path: Path) -> Entry:
+    """The entry in ``path``; RegistryError (or OSError) for anything else."""
+    try:
+        return Entry.from_json(atomic.loads(read_small(path, MAX_ENTRY_BYTES)))
+    except ValueError as e:
+        raise RegistryError(f"{path.name}: {e}") from None
+
+
+def _still_corrupt(path: Path) -> bool:
+    try:
+        read_entry(path)
+    except FileNotFoundError:
+        return False
+    except (OSError, RegistryError):
+        return True
+    return False  # a writer replaced it with a good file meanwhile
 
 
 def _unlink_quiet(path: Path) -> None:

@@ -49,12 +49,41 @@ def test_entry_path_shows_kernel_gpu_software_shape(make_entry):
         ("tuning_seconds", -1, "tuning_seconds"),
         ("kernel", "../etc", "Kernel name"),
         ("fingerprint", {"hardware": {}}, "Fingerprint"),
+        # wrong-typed values that once escaped as TypeError/AttributeError and bricked the store
+        ("measurements", [1], "Measurement 1 is not an object"),
+        ("measurements", 5, "'measurements' has value 5; not a list"),
+        ("measurements", [{"config": [], "median_ms": 1}], "Config"),
+        ("best", [1, 2], "Config"),
+        ("best", {"kwargs": [1]}, "Config"),
+        ("key", [1], "Key"),
+        ("key", {"M": [{"deep": float("inf")}]}, "finite"),
+        ("kernel", 7, "Kernel name 7"),
+        ("fingerprint", [], "Fingerprint is list"),
+        ("tuning_seconds", True, "tuning_seconds"),
+        ("tuning_seconds", "1", "tuning_seconds"),
+        ("created", ["x"], "'created' has value"),
+        ("schema", True, "schema"),
+        ("schema", "1", "schema"),
     ],
 )
 def test_entry_rejects_bad_fields(make_entry, field, value, message):
     data = make_entry().to_json()
     data[field] = value
     with pytest.raises(RegistryError, match=message):
+        Entry.from_json(data)
+
+
+def test_entry_refuses_a_deep_nest_with_a_registry_error(make_entry):
+    data = make_entry().to_json()
+    deep: object = 1
+    for _ in range(100_000):
+        deep = [deep]
+    data["key"] = {"M": deep}
+    with pytest.raises(RegistryError):
+        Entry.from_json(data)
+    data["key"] = {"M": 1}
+    data["fingerprint"]["hardware"]["compute_capability"] = 9  # once copied artifacts first
+    with pytest.raises(RegistryError, match="compute_capability"):
         Entry.from_json(data)
 
 

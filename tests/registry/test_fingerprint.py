@@ -112,8 +112,31 @@ def test_detect_on_this_machine_gives_the_cpu_fingerprint():
 
 
 def test_from_json_names_what_is_wrong():
-    with pytest.raises(RegistryError, match="malformed"):
+    with pytest.raises(RegistryError, match="'hardware' is missing the field 'compute_capability'"):
         Fingerprint.from_json({"hardware": {"gpu_name": "x"}, "software": {}})
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("compute_capability", 9, r"'hardware.compute_capability' has value 9; not str"),
+        ("sm_count", True, r"'hardware.sm_count' has value True; not int"),
+        ("sm_count", "132", r"'hardware.sm_count' has value '132'; not int"),
+        ("nvlink_full_mesh", 1, r"'hardware.nvlink_full_mesh' has value 1; not bool or NoneType"),
+        ("extra", "x", r"'hardware' has an unknown field 'extra'"),
+    ],
+)
+def test_from_json_refuses_a_wrong_typed_field(field, value, message):
+    data = gpu_fingerprint().to_json()
+    data["hardware"][field] = value
+    with pytest.raises(RegistryError, match=message):
+        Fingerprint.from_json(data)
+
+
+@pytest.mark.parametrize("data", [None, [], "x", {"hardware": [], "software": {}}])
+def test_from_json_refuses_what_is_not_an_object(data):
+    with pytest.raises(RegistryError, match="not an object"):
+        Fingerprint.from_json(data)
 
 
 def test_a_cpu_device_gets_the_cpu_fingerprint_even_on_a_gpu_machine(monkeypatch):

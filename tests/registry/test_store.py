@@ -1,6 +1,7 @@
 import json
 import multiprocessing
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from registry import Entry, MatchPolicy, Store
+from registry import Entry, MatchPolicy, Store, atomic
 from registry.store import CURRENT, QUARANTINE
 from tests.conftest import gpu_fingerprint
 from tests.registry import _workers
@@ -205,3 +206,160 @@ def test_entry_kernel_name_validation_guards_the_path(make_entry):
     with pytest.raises(Exception, match="Kernel name"):
         make_entry(kernel="../../etc/passwd")
     assert isinstance(make_entry(kernel="my_pkg.mod:fn"), Entry)
+
+
+def _ten_entries(root, make_entry):
+    store = Store(root)
+    store.put_many([make_entry(m=m) for m in range(1, 11)])
+    return store
+
+
+WRONG_TYPED = {
+    "measurements a list of ints": lambda d: d.update(measurements=[1]),
+    "measurements an int": lambda d: d.update(measurements=5),
+    "an int compute capability": lambda d: d["fingerprint"]["hardware"].update(
+        compute_capability=9
+    ),
+    "a deep nest": lambda d: d.update(key={"M": "DEEP"}),
+}
+
+
+@pytest.mark.parametrize("spoil", WRONG_TYPED.values(), ids=WRONG_TYPED.keys())
+def test_a_wrong_typed_entry_is_quarantined_and_the_store_goes_on(
+    tmp_path, make_entry, h200, spoil
+):
+    _ten_entries(tmp_path, make_entry)
+    path = tmp_path / CURRENT / make_entry(m=1).relpath()
+    data = json.loads(path.read_text())
+    spoil(data)
+    path.write_text(json.dumps(data).replace('"DEEP"', "[" * 50_000 + "]" * 50_000))
+    reader = Store(tmp_path)
+    assert reader.lookup("ag_gemm", {**KEY, "M": 1}, h200) is None
+    assert all(reader.lookup("ag_gemm", {**KEY, "M": m}, h200) for m in range(2, 11))
+    assert reader.quarantined == 1 and not path.exists()
+    reasons = [p.read_text() for p in (tmp_path / QUARANTINE).glob("*.reason")]
+    assert len(reasons) == 1 and reasons[0]
+    assert reader.put(make_entry(m=1)).key["M"] == 1  # a put reports what it stored
+    reader.install([make_entry(m=11)], record={"bundle": {"name": "b"}})
+    assert len(Store(tmp_path)) == 11
+
+
+def test_a_missing_generation_record_is_resealed_not_replaced_by_an_empty_one(tmp_path, make_entry):
+    store = _ten_entries(tmp_path, make_entry)
+    gen = tmp_path / os.readlink(tmp_path / CURRENT)
+    (gen / "GENERATION.json").unlink()
+    assert len(Store(tmp_path)) == 10  # readers see every entry meanwhile
+    store.put(make_entry(m=11))
+    assert len(Store(tmp_path)) == 11  # once: 10 entries became 1
+    assert store.generation_info()["kind"] == "repair"
+    store.install([make_entry(m=12)], record={"bundle": {"name": "b"}})
+    store.install([make_entry(m=13)], record={"bundle": {"name": "c"}})
+    assert len(Store(tmp_path)) == 13  # once: the next install deleted the old generation
+
+
+@pytest.mark.parametrize("record", [b"{", b'{"id": 5}', b"[]", b'{"id": "gen-000001"}'])
+def test_a_broken_generation_record_is_resealed(tmp_path, make_entry, record):
+    store = _ten_entries(tmp_path, make_entry)
+    gen = tmp_path / os.readlink(tmp_path / CURRENT)
+    (gen / "GENERATION.json").write_bytes(record)
+    store.put(make_entry(m=11))
+    assert len(Store(tmp_path)) == 11 and store.generation_info()["kind"] == "repair"
+    kept = [p for p in (tmp_path / QUARANTINE).iterdir() if p.suffix == ".json"]
+    assert [p.read_bytes() for p in kept] == [record]  # the broken record is kept aside
+
+
+BREAK_CURRENT = {
+    "missing": lambda link: link.unlink(),
+    "dangling": lambda link: (link.unlink(), link.symlink_to("gen-000099")),
+    "a link to a stray": lambda link: (link.unlink(), link.symlink_to("/etc")),
+    "a regular file": lambda link: (link.unlink(), link.write_text("gen-000001")),
+    "a copied folder": lambda link: _replace_link_with_copy(link),
+}
+
+
+def _replace_link_with_copy(link):
+    target = link.resolve()
+    link.unlink()
+    shutil.copytree(target, link)
+    shutil.rmtree(target)  # a copy tool that followed the link, then a cleanup
+
+
+@pytest.mark.parametrize("spoil", BREAK_CURRENT.values(), ids=BREAK_CURRENT.keys())
+def test_a_broken_current_link_hides_nothing_and_is_repaired(tmp_path, make_entry, h200, spoil):
+    store = _ten_entries(tmp_path, make_entry)
+    store.install([make_entry(m=11)], record={"bundle": {"name": "b"}})
+    spoil(tmp_path / CURRENT)
+    assert len(Store(tmp_path)) == 11  # a reader sees every entry before any repair
+    store.put(make_entry(m=12))
+    assert (tmp_path / CURRENT).is_symlink()
+    reader = Store(tmp_path)
+    assert len(reader) == 12 and reader.quarantined == 0
+    assert reader.lookup("ag_gemm", {**KEY, "M": 11}, h200) is not None
+
+
+def test_recover_cleans_temp_files_and_unsealed_generations(tmp_path, make_entry):
+    store = _ten_entries(tmp_path, make_entry)
+    gen = tmp_path / os.readlink(tmp_path / CURRENT)
+    (gen / "ag_gemm" / ".tmp-abc-x.json").write_text("{")  # what kill -9 mid-write leaves
+    (tmp_path / ".tmp-77-current").symlink_to("gen-000001")
+    crashed = tmp_path / "gen-000050"  # an install killed before its seal: links only
+    store._fork(gen).rename(crashed)
+    unique = tmp_path / "gen-000051"  # unsealed, holding an entry nobody else has
+    (unique / "ag_gemm").mkdir(parents=True)
+    (unique / "ag_gemm" / "lone.json").write_text(atomic.dumps(make_entry(m=99).to_json()))
+    report = Store(tmp_path).recover()
+    assert sorted(report["temp_files"]) == [
+        ".tmp-77-current",
+        f"{gen.name}/ag_gemm/.tmp-abc-x.json",
+    ]
+    assert report["generations"] == {"removed": ["gen-000050"], "quarantined": ["gen-000051"]}
+    assert not crashed.exists() and not unique.exists()
+    assert list((tmp_path / QUARANTINE).glob("*gen-000051-unsealed/ag_gemm/lone.json"))
+    assert len(Store(tmp_path)) == 10
+    assert Store(tmp_path).recover() == {
+        "repaired": "",
+        "temp_files": [],
+        "generations": {"removed": [], "quarantined": []},
+    }
+
+
+def test_no_generation_holding_entries_the_current_lacks_is_deleted(tmp_path, make_entry):
+    store = Store(tmp_path, keep_generations=2)
+    store.put_many([make_entry(m=m) for m in range(1, 4)])
+    first = tmp_path / os.readlink(tmp_path / CURRENT)
+    store.install([make_entry(m=4)], record={"bundle": {"name": "b"}})
+    current = tmp_path / os.readlink(tmp_path / CURRENT)
+    (current / make_entry(m=1).relpath()).unlink()  # lost from current by hand
+    for i in range(5):
+        store.install([make_entry(m=10 + i)], record={"bundle": {"name": f"c{i}"}})
+    assert first.exists()  # the only generation still holding M=1
+    assert len(list(tmp_path.glob("gen-*"))) <= 2 + 2
+
+
+def test_a_rolled_back_install_is_collected_once_out_of_the_window(tmp_path, make_entry):
+    store = Store(tmp_path, keep_generations=2)
+    store.put(make_entry(m=1))
+    store.install([make_entry(m=2)], record={"bundle": {"name": "b"}})
+    installed = tmp_path / os.readlink(tmp_path / CURRENT)
+    store.rollback()
+    for i in range(3):
+        store.install([make_entry(m=10 + i)], record={"bundle": {"name": f"c{i}"}})
+    assert not installed.exists()  # only the undone bundle's entry was lacking
+
+
+@pytest.mark.parametrize("kind", ["fifo", "huge", "symlink"])
+def test_an_entry_path_that_is_no_small_regular_file_is_quarantined(
+    tmp_path, make_entry, h200, kind
+):
+    _ten_entries(tmp_path, make_entry)
+    path = tmp_path / CURRENT / make_entry(m=1).relpath()
+    path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path)  # a read would block forever
+    elif kind == "huge":
+        with path.open("wb") as f:
+            f.truncate(64 * 2**20)
+    else:
+        path.symlink_to("/dev/zero")
+    reader = Store(tmp_path)
+    assert len(reader) == 9 and reader.quarantined == 1
