@@ -1,0 +1,182 @@
+"""Any bytes on disk are survivable: thousands of spoiled stores, each still answers.
+
+Every case copies one healthy store, spoils one stored file (an entry, a generation
+record, the stamp, the ``current`` link) by truncation, bit flips, a wrong-typed field,
+a deep nest or removal, then reads, writes, installs and recovers. No operation may
+raise, and every entry the spoiling did not touch must still be found.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from registry import Entry, KernelConfig, Measurement, Store
+from registry.generations import CURRENT, GENERATION_FILE, STAMP_FILE, entry_files
+from tests.conftest import gpu_fingerprint
+
+CASES = 2000
+WRONG_VALUES = [None, True, 0, -1, 2**70, 1.5, "", "x" * 300, [], [1], {}, {"a": [None]}]
+
+
+def _spoil_json(data: bytes, rng: random.Random) -> bytes:
+    """Replace one value somewhere in the JSON document with a wrong-typed one."""
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return data[: rng.randrange(len(data) + 1)]
+    holder, key = _random_slot(doc, rng)
+    if holder is None:
+        return json.dumps(rng.choice(WRONG_VALUES)).encode()
+    holder[key] = rng.choice([*WRONG_VALUES, "DEEP"])
+    return json.dumps(doc).replace('"DEEP"', "[" * 20_000 + "]" * 20_000).encode()
+
+
+def _random_slot(doc: object, rng: random.Random) -> tuple[object, object]:
+    slots: list[tuple[object, object]] = []
+    stack = [doc]
+    while stack:
+        node = stack.pop()
+        items = (
+            node.items()
+            if isinstance(node, dict)
+            else enumerate(node)
+            if isinstance(node, list)
+            else ()
+        )
+        for key, value in items:
+            slots.append((node, key))
+            stack.append(value)
+    return rng.choice(slots) if slots else (None, None)
+
+
+def _flip_bits(data: bytes, rng: random.Random) -> bytes:
+    out = bytearray(data or b"\0")
+    for _ in range(rng.randint(1, 8)):
+        i = rng.randrange(len(out))
+        out[i] ^= 1 << rng.randrange(8)
+    return bytes(out)
+
+
+MUTATIONS = {
+    "truncate": lambda data, rng: data[: rng.randrange(len(data) + 1)],
+    "flip bits": _flip_bits,
+    "wrong type": _spoil_json,
+    "deep nest": lambda data, rng: b"[" * 100_000 + b"]" * 100_000,
+    "empty": lambda data, rng: b"",
+    "garbage": lambda data, rng: rng.randbytes(rng.randint(1, 2000)),
+}
+
+
+@pytest.fixture(scope="module")
+def healthy(tmp_path_factory, make_entry_factory) -> tuple[Path, list]:
+    root = tmp_path_factory.mktemp("healthy")
+    store = Store(root)
+    store.put_many([make_entry_factory(m=m) for m in range(1, 7)])
+    store.install([make_entry_factory(m=m) for m in (7, 8)], record={"bundle": {"name": "b"}})
+    return root, store.entries()
+
+
+@pytest.fixture(scope="module")
+def make_entry_factory():
+    def make(m: int) -> Entry:
+        best = KernelConfig.make({"BLOCK_M": 64}, num_warps=4)
+        key = {"M": m, "N": 256, "K": 128, "dtype": "bf16", "world": 2}
+        return Entry.make(
+            "ag_gemm",
+            key,
+            gpu_fingerprint(),
+            best,
+            measurements=(Measurement(best, 1.0, 0.9, 1.1),),
+        )
+
+    return make
+
+
+def _targets(root: Path) -> list[Path]:
+    gens = sorted(root.glob("gen-*"))
+    return [
+        root / CURRENT,
+        *(g / GENERATION_FILE for g in gens),
+        *(g / STAMP_FILE for g in gens),
+        *(p for g in gens for p in entry_files(g)),
+    ]
+
+
+def _spoil(path: Path, rng: random.Random) -> str:
+    if path.name == CURRENT:
+        choice = rng.choice(["remove", "dangle", "file", "stray"])
+        path.unlink()
+        if choice == "dangle":
+            path.symlink_to("gen-000777")
+        elif choice == "file":
+            path.write_bytes(rng.randbytes(20))
+        elif choice == "stray":
+            path.symlink_to("..")
+        return f"current: {choice}"
+    if rng.random() < 0.08:
+        path.unlink()
+        return f"{path.name}: removed"
+    name, mutate = rng.choice(list(MUTATIONS.items()))
+    data = path.read_bytes()
+    path.unlink()  # generations share entry files by hard link: spoil this path only
+    path.write_bytes(mutate(data, rng))
+    return f"{path.relative_to(path.parents[len(path.parents) - 1])}: {name}"
+
+
+@pytest.fixture
+def scratch(tmp_path) -> Iterator[Path]:
+    """Memory-backed where the machine has it: the cases fsync thousands of files."""
+    shm = Path("/dev/shm")
+    if not (shm.is_dir() and os.access(shm, os.W_OK)):
+        yield tmp_path
+        return
+    folder = Path(tempfile.mkdtemp(prefix="store-fuzz-", dir=shm))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_two_thousand_spoiled_stores_each_still_answer(scratch, healthy, make_entry_factory):
+    base, entries = healthy
+    rng = random.Random(20261123)
+    for case in range(CASES):
+        root = scratch / f"case-{case}"
+        shutil.copytree(base, root, symlinks=True)
+        target = rng.choice(_targets(root))
+        touched = target.relative_to(root).as_posix()
+        how = _spoil(target, rng)
+        try:
+            _check(root, entries, touched, make_entry_factory, heavy=case % 10 == 0)
+        except Exception as e:  # name the case, so a failure can be replayed
+            raise AssertionError(f"case {case} ({how}): {type(e).__name__}: {e}") from e
+        shutil.rmtree(root)
+
+
+def _check(root: Path, entries: list, touched: str, make_entry, *, heavy: bool) -> None:
+    current = os.readlink(root / CURRENT) if (root / CURRENT).is_symlink() else None
+    spoiled_entry = (
+        touched.startswith(f"{current}/")
+        and touched.endswith(".json")
+        and (not touched.endswith(GENERATION_FILE))
+    )
+    reader = Store(root)
+    survivors = [e for e in entries if not (spoiled_entry and touched.endswith(e.relpath().name))]
+    for entry in entries:
+        found = reader.lookup(entry.kernel, entry.key, entry.fingerprint)
+        if entry in survivors:
+            assert found == entry, f"lost {entry.relpath()}"
+    extra = make_entry(m=1000)
+    assert reader.put(extra) == extra
+    if heavy:
+        reader.install([make_entry(m=1001)], record={"bundle": {"name": "fuzz"}})
+        reader.recover()
+    again = Store(root)
+    for entry in [*survivors, extra]:
+        assert again.lookup(entry.kernel, entry.key, entry.fingerprint) == entry
