@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from registry import Store, atomic, triton_cache, triton_internals
+from registry import RegistryError, Store, atomic, triton_cache, triton_internals
 from registry.fingerprint import Fingerprint, machine_name
 from registry.importers import import_triton_autotune
 from warmup.manifest import Manifest, ManifestError, load_manifest
@@ -137,6 +137,7 @@ def _barrier(group: Any) -> None:
 
 
 def restore(settings: Settings) -> None:
+    recover_store(settings)
     done = triton_cache.restore(settings.paths.triton_cache, settings.cache_dir)
     log.info(
         "restored %d compile artifacts (%d already there) into %s",
@@ -144,6 +145,17 @@ def restore(settings: Settings) -> None:
         done.present,
         settings.cache_dir,
     )
+
+
+def recover_store(settings: Settings) -> None:
+    """Before any rank reads the registry: clean what a killed writer left and repair a
+    broken ``current``. A store that cannot be written (a read-only mount) is read as is."""
+    try:
+        Store(settings.registry_path, lock_timeout=settings.lock_timeout_s).recover()
+    except (OSError, RegistryError) as e:
+        log.warning(
+            "registry %s not recovered (%s); reading it as it is", settings.registry_path, e
+        )
 
 
 def clear_run_dir(run_dir: Path) -> None:
