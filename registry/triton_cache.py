@@ -8,8 +8,10 @@ the folder it now lives in, so the relocated cache hits.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +20,7 @@ from registry import atomic
 
 log = logging.getLogger(__name__)
 GROUP_PREFIX = "__grp__"
+STALE_TEMP_S = 3600.0
 
 
 @dataclass
@@ -30,6 +33,7 @@ class CacheSync:
 def save(cache_dir: Path, target: Path) -> CacheSync:
     """Copy new compile artifacts from ``cache_dir`` into ``target`` (on the volume)."""
     sync = CacheSync()
+    remove_stale_temp_files(target)
     for rel, src in cache_files(cache_dir):
         _copy_if_new(src, target / rel, sync)
     log.info(
@@ -63,10 +67,8 @@ def relocate(cache_dir: Path) -> int:
     """Rewrite group files whose member paths are not in ``cache_dir``; returns how many."""
     count = 0
     for group in sorted(cache_dir.glob(f"*/{GROUP_PREFIX}*.json")):
-        try:
-            data = json.loads(group.read_text())
-            children = data["child_paths"]
-        except (OSError, ValueError, KeyError, TypeError):
+        children = _group_children(group)
+        if children is None:
             log.warning("skipping unreadable triton group file %s", group)
             continue
         moved = {name: str(group.parent / Path(path).name) for name, path in children.items()}
@@ -74,6 +76,31 @@ def relocate(cache_dir: Path) -> int:
             atomic.write_bytes(group, json.dumps({"child_paths": moved}).encode())
             count += 1
     return count
+
+
+def _group_children(group: Path) -> dict[str, str] | None:
+    """A group file's ``{name: path}``, or None for anything else (corrupt, wrong types)."""
+    try:
+        children = atomic.loads(group.read_bytes()).get("child_paths")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(children, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in children.items()
+    ):
+        return None
+    return children
+
+
+def remove_stale_temp_files(folder: Path, older_than_s: float = STALE_TEMP_S) -> int:
+    """Remove ``.tmp-*`` files a killed copy left (a live copy finishes in seconds)."""
+    removed = 0
+    cutoff = time.time() - older_than_s
+    for path in folder.glob(f"*/{atomic.TEMP_PREFIX}*") if folder.is_dir() else ():
+        with contextlib.suppress(OSError):
+            if path.lstat().st_mtime < cutoff:
+                path.unlink()
+                removed += 1
+    return removed
 
 
 def cache_files(cache_dir: Path) -> Iterator[tuple[Path, Path]]:

@@ -1,7 +1,9 @@
 import json
+import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -81,7 +83,29 @@ def test_restore_from_a_missing_folder_is_a_no_op(tmp_path):
     assert triton_cache.restore(tmp_path / "none", tmp_path / "cache").copied == 0
 
 
-def test_unreadable_group_file_is_skipped(tmp_path):
+@pytest.mark.parametrize(
+    "content",
+    [
+        "{not json",
+        '{"child_paths": ["a"]}',  # once: AttributeError out of relocate, a failed restore
+        '{"child_paths": {"a": 5}}',
+        '{"child_paths": {"a": "/x/a"}, "deep": ' + "[" * 50_000 + "]" * 50_000 + "}",
+        "[1]",
+    ],
+)
+def test_unreadable_group_file_is_skipped(tmp_path, content):
     (tmp_path / "abc").mkdir()
-    (tmp_path / "abc" / "__grp__k.json").write_text("{not json")
+    (tmp_path / "abc" / "__grp__k.json").write_text(content)
     assert triton_cache.relocate(tmp_path) == 0
+
+
+def test_save_removes_temp_files_a_killed_copy_left(tmp_path):
+    target = tmp_path / "volume"
+    (target / "abc").mkdir(parents=True)
+    stale, fresh = target / "abc" / ".tmp-1-x.cubin", target / "abc" / ".tmp-2-y.cubin"
+    stale.write_bytes(b"half")
+    fresh.write_bytes(b"in progress")
+    old = time.time() - 2 * triton_cache.STALE_TEMP_S
+    os.utime(stale, (old, old))
+    triton_cache.save(tmp_path / "empty", target)
+    assert not stale.exists() and fresh.exists()
