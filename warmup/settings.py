@@ -29,6 +29,11 @@ class Settings(BaseSettings):
     lock_url: str = Field(
         "", description="redis://..., unix://..., or a folder; '': <volume>/locks"
     )
+    lock_fallback: Literal["none", "file"] = Field(
+        "none",
+        description="a lock server that does not answer when a run starts: fail the run "
+        "(none), or lock with file leases in <volume>/locks for that run (file)",
+    )
     lock_ttl_s: float = Field(60.0, gt=0)
     lock_timeout_s: float = Field(1800.0, ge=0)
     rank_timeout_s: float = Field(300.0, gt=0, description="a silent rank fails the run after")

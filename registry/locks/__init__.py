@@ -3,6 +3,10 @@
 Locks are efficiency locks: a holder that lost its lease (killed, paused, partitioned)
 may overlap its successor, so whatever a lock protects must tolerate a duplicate.
 Every registry write is an idempotent merge for that reason.
+
+A lock server that stops answering is waited out: waiters retry until their timeout, a
+holder's heartbeat retries until its lease ends by its own clock, and then the holder
+says it lost the lock (``Holder.lost``) rather than claim it on.
 """
 
 from __future__ import annotations
@@ -11,12 +15,15 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
+import random
 import re
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -29,23 +36,100 @@ log = logging.getLogger(__name__)
 DEFAULT_TTL = 60.0
 DEFAULT_TIMEOUT = 600.0
 WAIT_LOG_INTERVAL = 5.0
+RETRY_FIRST_S = 0.05  # the first pause after a failed call; doubling up to a cap
+RETRY_CAP_S = 1.0
+LEASE_MARGIN = 0.05  # of the ttl: the holder gives up this much before the server would
+
+
+class LockServerUnreachable(RegistryError):
+    """The lock server did not answer; names where and why."""
+
+    def __init__(self, where: str, cause: str) -> None:
+        super().__init__(f"lock server {where} unreachable ({cause})")
+        self.where = where
+        self.cause = cause
+
+
+def backoff(attempt: int, cap: float) -> float:
+    """Seconds to pause before retry ``attempt`` (1, 2, ...): doubling from
+    ``RETRY_FIRST_S`` up to ``cap``, jittered down to half so that retries spread out."""
+    doubled = RETRY_FIRST_S * 2.0 ** min(attempt - 1, 30)
+    return min(cap, doubled) * random.uniform(0.5, 1.0)
+
+
+class Lease:
+    """A holder's own view of its lock: valid until ``ttl`` (less a margin) after the last
+    renewal it sent that succeeded, by its own clock, and lost for good once that passes
+    or the server says another holder owns the key."""
+
+    def __init__(self, name: str, ttl: float, sent: float) -> None:
+        self.name = name
+        self.ttl = ttl
+        self.margin = ttl * LEASE_MARGIN
+        self.renewals = 0
+        self.retries = 0  # renewals that failed and were tried again
+        self._valid_until = sent + ttl - self.margin
+        self._lost: str | None = None
+        self._ended = False
+        self._mutex = threading.Lock()
+
+    @property
+    def lost(self) -> bool:
+        """Whether this holder may no longer claim the lock (fixed once the block ends)."""
+        if self._lost is None and not self._ended and self.remaining() <= 0:
+            self.lose(f"not renewed for {self.ttl - self.margin:.1f} s of its {self.ttl:g} s ttl")
+        return self._lost is not None
+
+    def remaining(self) -> float:
+        """Seconds left by this holder's clock."""
+        return self._valid_until - time.monotonic()
+
+    def renewed(self, sent: float) -> None:
+        """A renewal sent at ``sent`` (monotonic) succeeded; ignored once lost."""
+        with self._mutex:
+            if self._lost is None:
+                self._valid_until = max(self._valid_until, sent + self.ttl - self.margin)
+                self.renewals += 1
+
+    def lose(self, reason: str) -> None:
+        with self._mutex:
+            first, self._lost = self._lost is None, self._lost or reason
+        if first:
+            log.warning(
+                "lock %s lost while held (%s): another worker may duplicate this work",
+                self.name,
+                reason,
+            )
+
+    def end(self) -> None:
+        """The ``with`` block is over: ``lost`` keeps its last answer."""
+        _ = self.lost
+        self._ended = True
 
 
 @dataclass(frozen=True)
 class Holder:
-    """Who holds a lock and since when; published by the holder for waiters to read."""
+    """Who holds a lock and since when; published by the holder for waiters to read.
+    The holder's own copy carries its ``lease`` (``lost``)."""
 
     host: str
     pid: int
     since: str
     token: str
+    lease: Lease | None = field(default=None, compare=False, repr=False)
 
     @classmethod
-    def me(cls, token: str) -> Holder:
-        return cls(host=machine_name(), pid=os.getpid(), since=now_iso(), token=token)
+    def me(cls, token: str, lease: Lease | None = None) -> Holder:
+        return cls(machine_name(), os.getpid(), now_iso(), token, lease)
+
+    @property
+    def lost(self) -> bool:
+        """True once this holder may no longer claim the lock (its backend tracks a lease)."""
+        return self.lease is not None and self.lease.lost
 
     def to_text(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        fields = {"host": self.host, "pid": self.pid, "since": self.since, "token": self.token}
+        return json.dumps(fields, sort_keys=True)
 
     @classmethod
     def parse(cls, text: str | bytes | None) -> Holder | None:
@@ -98,6 +182,14 @@ def backend_from_url(url: str) -> LockBackend:
     return FileLeaseBackend(Path(url.removeprefix("file://")))
 
 
+def check_backend(backend: LockBackend) -> None:
+    """:class:`LockServerUnreachable` when ``backend`` is a lock server that does not
+    answer now (a lease folder is not checked here)."""
+    ping = getattr(backend, "ping", None)
+    if ping is not None:
+        ping()
+
+
 @contextlib.contextmanager
 def lock(
     name: str,
@@ -111,13 +203,17 @@ def lock(
     ``ttl``: seconds after which a silent holder (killed, frozen) may be superseded; a
     live holder renews it by heartbeat. ``timeout``: how long to wait before raising
     :class:`LockTimeout`, which names the holder. Waiters log the holder every few seconds.
+    A lock server that does not answer is retried until ``timeout``; if it never
+    answered, :class:`LockServerUnreachable` says so. Yields this holder: check
+    ``holder.lost`` before work that only one holder should do.
     """
     if ttl <= 0 or timeout < 0:
         raise RegistryError(f"Lock '{name}': ttl {ttl!r} must be > 0 and timeout {timeout!r} >= 0.")
     backend = backend or default_backend()
     handle = _wait_for(backend, name, ttl, timeout)
+    mine = getattr(handle, "holder", None)  # a backend that tracks its lease hands it over
     try:
-        yield backend.holder(name)
+        yield mine if isinstance(mine, Holder) else backend.holder(name)
     finally:
         backend.release(handle)
 
@@ -125,15 +221,25 @@ def lock(
 def _wait_for(backend: LockBackend, name: str, ttl: float, timeout: float) -> object:
     start = time.monotonic()
     deadline = start + timeout
+    outage = _Outage(name)
     while True:
         wait = max(0.0, min(WAIT_LOG_INTERVAL, deadline - time.monotonic()))
-        handle = backend.try_acquire(name, ttl, wait)
+        try:
+            handle = backend.try_acquire(name, ttl, wait)
+            holder = backend.holder(name) if handle is None else None
+        except LockServerUnreachable as e:
+            outage.failed(e, start)
+            if time.monotonic() >= deadline:
+                raise outage.give_up(timeout) from None
+            left = deadline - time.monotonic()
+            time.sleep(max(0.0, min(backoff(outage.failures, RETRY_CAP_S), left)))
+            continue
+        outage.over()
         if handle is not None:
             waited = time.monotonic() - start
             if waited > 1.0:
                 log.info("lock %s acquired after %.1f s", name, waited)
             return handle
-        holder = backend.holder(name)
         who = holder.describe() if holder else "an unknown holder"
         if time.monotonic() >= deadline:
             raise LockTimeout(name, timeout, f"{who} ({backend.describe()})")
@@ -142,4 +248,49 @@ def _wait_for(backend: LockBackend, name: str, ttl: float, timeout: float) -> ob
         )
 
 
-__all__ = ["Holder", "LockBackend", "backend_from_url", "default_backend", "lock"]
+class _Outage:
+    """A waiter's view of its lock server: failed calls in a row, logged every
+    ``WAIT_LOG_INTERVAL`` at most, and whether the server ever answered."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.failures = 0
+        self.answered = False
+        self.error: LockServerUnreachable | None = None
+        self._logged = -math.inf
+
+    def failed(self, error: LockServerUnreachable, start: float) -> None:
+        self.failures, self.error = self.failures + 1, error
+        now = time.monotonic()
+        if now - self._logged >= WAIT_LOG_INTERVAL:
+            self._logged = now
+            log.warning(
+                "waiting for lock %s: %s; retrying (%d tries, %.0f s waited)",
+                self.name,
+                error,
+                self.failures,
+                now - start,
+            )
+
+    def over(self) -> None:
+        if self.failures:
+            log.info("lock %s: the lock server answers again", self.name)
+        self.failures, self.answered = 0, True
+
+    def give_up(self, timeout: float) -> RegistryError:
+        assert self.error is not None
+        if not self.answered:
+            return self.error
+        return LockTimeout(self.name, timeout, f"an unknown holder ({self.error})")
+
+
+__all__ = [
+    "Holder",
+    "Lease",
+    "LockBackend",
+    "LockServerUnreachable",
+    "backend_from_url",
+    "check_backend",
+    "default_backend",
+    "lock",
+]

@@ -1,77 +1,192 @@
 """Locks in redis: redis-py's Lock (the release checks the token), renewed by a
-heartbeat thread while held, so the TTL only expires for a holder that went silent."""
+heartbeat thread while held, so the TTL only expires for a holder that went silent.
+
+Through outages: every call has socket timeouts well inside the ttl and no retries of
+its own (redis-py's would outlast a short lease). A waiter's calls that fail are retried
+by ``registry.locks``; a renewal that fails is retried here, with backoff, until it
+succeeds or the lease has ended by the holder's own clock, which then marks it lost.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 import threading
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from registry.errors import RegistryError
-from registry.locks import Holder
+from registry.locks import RETRY_CAP_S, Holder, Lease, LockServerUnreachable, backoff
 
 log = logging.getLogger(__name__)
 PREFIX = "triton-warmup:lock:"
+POLL_S = 0.05  # a waiter's pause between tries while the lock is held
+RENEWALS_PER_TTL = 10  # renewed every ttl/10: a 6 s lease outlives a 4 s outage
+IO_TIMEOUT_CAP_S = 2.0
+
+
+def io_timeout(ttl: float) -> float:
+    """Socket connect and read timeout of the calls for a lock of ``ttl``: short enough
+    that one hung call leaves the heartbeat time to retry within the lease."""
+    return min(ttl / 4, IO_TIMEOUT_CAP_S)
 
 
 @dataclass
 class _Held:
     lock: Any
+    holder: Holder
+    lease: Lease
     stop: threading.Event
     thread: threading.Thread
 
 
 class RedisLockBackend:
+    """Locks as keys ``triton-warmup:lock:<name>`` on the redis server at ``url``."""
+
     def __init__(self, url: str) -> None:
         try:
-            import redis
+            import redis  # noqa: F401
         except ImportError:
             raise RegistryError(
                 "The redis lock backend needs redis-py: pip install 'triton-warmup[redis]'."
             ) from None
         self.url = url
-        self.client = redis.Redis.from_url(url, socket_timeout=10)
+        self._clients: dict[float, Any] = {}
+        self.client = self._client(IO_TIMEOUT_CAP_S)
 
     def describe(self) -> str:
-        return f"redis at {self.url}"
+        return f"redis at {redacted(self.url)}"
+
+    def ping(self) -> None:
+        """:class:`LockServerUnreachable` unless the server answers PING."""
+        with self._reaching():
+            self.client.ping()
 
     def try_acquire(self, name: str, ttl: float, wait: float) -> _Held | None:
-        lock = self.client.lock(PREFIX + name, timeout=ttl, sleep=0.05, thread_local=False)
-        token = Holder.me(secrets.token_hex(8)).to_text()
-        if not lock.acquire(blocking=wait > 0, blocking_timeout=wait or None, token=token):
-            return None
+        lock = self._client(io_timeout(ttl)).lock(PREFIX + name, timeout=ttl, thread_local=False)
+        token = secrets.token_hex(8)
+        deadline = time.monotonic() + wait
+        while True:
+            sent = time.monotonic()  # the lease runs from the SET that won, not from its reply
+            lease = Lease(name, ttl, sent)
+            holder = Holder.me(token, lease)
+            with self._reaching():
+                if lock.acquire(blocking=False, token=holder.to_text()):
+                    break
+            if time.monotonic() + POLL_S > deadline:
+                return None
+            time.sleep(POLL_S)
         stop = threading.Event()
         thread = threading.Thread(
-            target=_renew, args=(lock, ttl, stop, name), daemon=True, name=f"lock-heartbeat-{name}"
+            target=_renew, args=(lock, lease, stop), daemon=True, name=f"lock-heartbeat-{name}"
         )
         thread.start()
-        return _Held(lock, stop, thread)
+        return _Held(lock, holder, lease, stop, thread)
 
     def release(self, handle: object) -> None:
+        """Stop the heartbeat and delete the key if it is still this holder's (redis-py
+        checks the token). Never raises: the key expires within the ttl anyway."""
         import redis
 
         assert isinstance(handle, _Held)
         handle.stop.set()
         handle.thread.join()
+        handle.lease.end()
+        lost = handle.lease.lost
         try:
             handle.lock.release()
         except redis.exceptions.LockError as e:
-            log.warning("lock %s had expired before release: %s", handle.lock.name, e)
+            (log.debug if lost else log.warning)(
+                "lock %s not ours at release: %s", handle.lease.name, e
+            )
+        except redis.exceptions.RedisError as e:
+            (log.debug if lost else log.warning)(
+                "lock %s not released (%s): it expires within %g s",
+                handle.lease.name,
+                _cause(e),
+                handle.lease.ttl,
+            )
 
     def holder(self, name: str) -> Holder | None:
-        return Holder.parse(self.client.get(PREFIX + name))
+        with self._reaching():
+            return Holder.parse(self.client.get(PREFIX + name))
+
+    def _client(self, timeout: float) -> Any:
+        """One client per socket timeout, without redis-py's own retries."""
+        if timeout not in self._clients:
+            import redis
+            from redis.backoff import NoBackoff
+            from redis.retry import Retry
+
+            self._clients[timeout] = redis.Redis.from_url(
+                self.url,
+                socket_timeout=timeout,
+                socket_connect_timeout=timeout,
+                retry=Retry(NoBackoff(), 0),
+            )
+        return self._clients[timeout]
+
+    @contextlib.contextmanager
+    def _reaching(self) -> Iterator[None]:
+        """Connection failures and timeouts as :class:`LockServerUnreachable`."""
+        import redis
+
+        try:
+            yield
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
+            raise LockServerUnreachable(redacted(self.url), _cause(e)) from e
 
 
-def _renew(lock: Any, ttl: float, stop: threading.Event, name: str) -> None:
+def _renew(lock: Any, lease: Lease, stop: threading.Event) -> None:
+    """Extend the key every ttl/RENEWALS_PER_TTL. A failed renewal is retried with
+    backoff until one succeeds or the lease ends by this holder's clock; the key owned
+    by another token (redis-py's LockNotOwnedError) ends it at once."""
     import redis
 
-    while not stop.wait(ttl / 3):
-        try:
-            lock.extend(ttl, replace_ttl=True)
-        except redis.exceptions.RedisError as e:
-            log.warning(
-                "lock %s could not be renewed (%s): another worker may duplicate this work", name, e
-            )
+    every = lease.ttl / RENEWALS_PER_TTL
+    pause, failures = every, 0
+    while not stop.wait(pause):
+        if lease.lost:
             return
+        sent = time.monotonic()
+        try:
+            lock.extend(lease.ttl, replace_ttl=True)
+        except redis.exceptions.LockNotOwnedError:
+            lease.lose("the key is no longer this holder's")
+            return
+        except redis.exceptions.RedisError as e:
+            failures, lease.retries = failures + 1, lease.retries + 1
+            if failures == 1:
+                log.warning(
+                    "lock %s could not be renewed (%s): retrying for %.1f s",
+                    lease.name,
+                    _cause(e),
+                    lease.remaining(),
+                )
+            pause = max(0.0, min(backoff(failures, min(every / 2, RETRY_CAP_S)), lease.remaining()))
+            continue
+        lease.renewed(sent)
+        if failures:
+            log.info("lock %s renewed again after %d failed tries", lease.name, failures)
+        pause, failures = every, 0
+
+
+def _cause(error: Exception) -> str:
+    """The operating system's words where there are some ("Connection refused")."""
+    inner = error.__context__
+    if isinstance(inner, OSError) and inner.strerror:
+        return inner.strerror
+    return str(error).rstrip(".") or type(error).__name__
+
+
+def redacted(url: str) -> str:
+    """``url`` without its password."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
