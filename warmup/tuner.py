@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from registry import Entry, KernelConfig, MatchPolicy, Measurement, Store, lock
+from registry import Entry, KernelConfig, MatchPolicy, Measurement, RegistryError, Store, lock
 from registry.fingerprint import Fingerprint
 from registry.locks import LockBackend
 from warmup import compile_pool
@@ -200,18 +200,29 @@ class Tuner:
         return Entry.from_json(agreed) if agreed is not None else None
 
     def _lock(self, held: contextlib.ExitStack, kernel: str, key: Mapping[str, Any]) -> float:
-        if not self.lockstep.leader:
-            return 0.0
+        """Rank 0 takes the fleet lock; a lock it cannot get (timeout, a lock server gone)
+        fails this shape on every rank alike, so the next collective still matches."""
         started = time.perf_counter()
-        name = f"tune/{kernel}/{json.dumps(key, sort_keys=True)}"
-        held.enter_context(
-            lock(
+        failure = None
+        if self.lockstep.leader:
+            name = f"tune/{kernel}/{json.dumps(key, sort_keys=True)}"
+            lease = lock(
                 name,
                 ttl=self.options.lock_ttl_s,
                 timeout=self.options.lock_timeout_s,
                 backend=self.lock_backend,
             )
+            try:
+                held.enter_context(lease)
+            except RegistryError as e:
+                failure = f"{kernel} at {dict(key)}: {e}"
+        failure = self.lockstep.broadcast(
+            failure,
+            what="lock outcome",
+            timeout_s=self.options.lock_timeout_s + self.options.rank_timeout_s,
         )
+        if failure is not None:
+            raise TuneError(failure)
         waited = time.perf_counter() - started
         self.stats.lock_wait_seconds += waited
         return waited
@@ -225,8 +236,8 @@ class Tuner:
         started: float,
     ) -> Entry:
         assert outcome.search is not None
-        stored = None
-        if self.lockstep.leader:  # one writer
+        stored: dict[str, Any] = {}
+        if self.lockstep.leader:  # one writer; a write it cannot make fails the shape everywhere
             entry = Entry.make(
                 task.kernel,
                 key,
@@ -236,8 +247,14 @@ class Tuner:
                 tuning_seconds=time.perf_counter() - started,
                 source="tuned",
             )
-            stored = self.store.put(entry).to_json()
-        return Entry.from_json(self.lockstep.broadcast(stored, what="stored entry"))
+            try:
+                stored = {"entry": self.store.put(entry).to_json()}
+            except (OSError, RegistryError) as e:
+                stored = {"error": f"{task.kernel} at {dict(key)}: tuned, not stored: {e}"}
+        agreed = self.lockstep.broadcast(stored, what="stored entry")
+        if "error" in agreed:
+            raise TuneError(agreed["error"])
+        return Entry.from_json(agreed["entry"])
 
     def _fallback(self, task: TuneTask, fingerprint: Fingerprint, started: float) -> TuneOutcome:
         self.stats.fallbacks += 1

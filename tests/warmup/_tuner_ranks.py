@@ -17,7 +17,7 @@ from registry import Entry, KernelConfig, Store, cpu_fingerprint
 from registry.locks import backend_from_url
 from tests.warmup.fakes import FakeTask, fake_timer
 from warmup.lockstep import Lockstep, RankFailure
-from warmup.tuner import TuneOptions, Tuner
+from warmup.tuner import TuneError, TuneOptions, Tuner
 
 
 def make_tuner(task: FakeTask, store_root: Path, work: Path, lockstep: Lockstep) -> Tuner:
@@ -78,6 +78,23 @@ def killed(world: int, rank: int, work: Path) -> dict[str, object]:
             "seconds": time.monotonic() - started,
             "stored": len(Store(work / "registry")),
         }
+
+
+def lock_server_gone(world: int, rank: int, work: Path) -> dict[str, object]:
+    # Rank 0's lock server does not answer: the shape fails on every rank alike, and the
+    # next shape (tuned under a working lock) still runs in lockstep.
+    lockstep = Lockstep(dist.group.WORLD, timeout_s=15)
+    gone = make_tuner(FakeTask({16: 1.0}), work / "registry", work, lockstep)
+    gone.lock_backend = backend_from_url("redis://127.0.0.1:1/0")
+    gone.options = TuneOptions(rank_timeout_s=15, lock_timeout_s=1)
+    try:
+        gone.get(FakeTask({16: 1.0}))
+        error = None
+    except TuneError as e:
+        error = str(e)
+    task = FakeTask({16: 1.0, 32: 0.5}, m=64)
+    outcome = make_tuner(task, work / "registry", work, lockstep).get(task)
+    return {"rank": rank, "failed": error, "next": outcome.source}
 
 
 def same_key(world: int, rank: int, work: Path) -> dict[str, object]:

@@ -79,3 +79,9 @@ def test_two_processes_tuning_one_key_give_one_tuning_and_one_entry(tmp_path):
     waiter = next(r for r in results.values() if r["source"] == "registry")
     assert waiter["lock_wait_s"] > 0.2  # it waited for the tuner, then found the entry
     assert len(Store(tmp_path / "registry")) == 1
+
+
+def test_a_lock_rank_zero_cannot_get_fails_the_shape_on_every_rank_and_the_run_goes_on(tmp_path):
+    results = run("lock_server_gone", 2, tmp_path)
+    assert all("unreachable" in r["failed"] for r in results.values())  # once: rank 0 died
+    assert {r["next"] for r in results.values()} == {"tuned"}
