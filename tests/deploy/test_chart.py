@@ -224,6 +224,7 @@ def test_redis_lock_and_bundle_sources_are_wired(chart):
     redis, _ = containers(render(chart, VARIANTS["redis-lock"])[0])
     assert env(redis["warmup"])["TRITON_WARMUP_LOCK_URL"] == "redis://redis.ml:6379/0"
     assert env(redis["warmup-sidecar"])["TRITON_WARMUP_LOCK_URL"] == "redis://redis.ml:6379/0"
+    assert env(redis["warmup"])["TRITON_WARMUP_LOCK_FALLBACK"] == "none"
     objects, _ = render(chart, VARIANTS["configmap-bundles"])
     by_name, pod = containers(objects)
     bundle_dir = env(by_name["warmup-sidecar"])["TRITON_WARMUP_BUNDLE_DIR"]
@@ -273,6 +274,7 @@ def test_service_monitor_and_statefulset(chart):
         ({"workload": {"kind": "DaemonSet"}}, "kind"),
         ({"lock": {"backend": "redis", "redisUrl": ""}}, "redisUrl"),
         ({"lock": {"backend": "etcd"}}, "backend"),
+        ({"lock": {"backend": "redis", "redisUrl": "redis://r", "fallback": "maybe"}}, "fallback"),
         ({"bundles": {"source": "configMap", "configMapName": ""}}, "configMapName"),
         ({"persistence": {"size": "lots"}}, "size"),
         ({"metrics": {"serviceMonitor": {"enabled": "yes"}}}, "enabled"),

@@ -76,5 +76,7 @@ app.kubernetes.io/part-of: triton-warmup
 {{- if eq .Values.lock.backend "redis" }}
 - name: TRITON_WARMUP_LOCK_URL
   value: {{ .Values.lock.redisUrl | quote }}
+- name: TRITON_WARMUP_LOCK_FALLBACK
+  value: {{ .Values.lock.fallback | default "none" | quote }}
 {{- end }}
 {{- end -}}
