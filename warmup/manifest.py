@@ -14,6 +14,15 @@
 A dimension is an int, a list of ints, ``{pow2: [lo, hi]}`` or ``{start, stop, step}``;
 a shape line stands for every combination. A bad manifest fails before any GPU work,
 listing every error with its field path and value.
+
+Limits, so that any file is read or refused in bounded time and memory: the file is at
+most :data:`MAX_MANIFEST_BYTES` of UTF-8 (a BOM is accepted) and plain YAML, read by
+:mod:`warmup.plain_yaml` (no anchors, aliases, duplicate keys or tags, bounded depth and
+node count); a dimension is an int in [1, 2**31 - 1] and a list at most
+:data:`MAX_SHAPES` long; the whole manifest stands for at most :data:`MAX_SHAPES` shapes,
+counted by arithmetic before anything is expanded (duplicates counted). Each refusal is
+a :class:`ManifestError` line; at most :data:`MAX_ERRORS` lines are listed, then how
+many more.
 """
 
 from __future__ import annotations
@@ -24,20 +33,36 @@ import importlib
 import inspect
 import itertools
 import json
+import math
 import os
 import re
+import reprlib
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from kernels import ADAPTERS
+from warmup import plain_yaml
 
-MAX_SHAPES = 4096
+MAX_SHAPES = 4096  # shapes of the whole manifest, duplicates counted
+MAX_DIM = 2**31 - 1  # a dimension is a positive int32
+MAX_MANIFEST_BYTES = 1 << 20
+MAX_ERRORS = 50  # error lines listed; the rest are counted
 _USER_KERNEL = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = _SHORT.maxlong = 60
+_SHORT.maxlist = _SHORT.maxdict = 6
 
 
 class ManifestError(ValueError):
@@ -59,9 +84,16 @@ class Pow2(BaseModel):
     @model_validator(mode="after")
     def _bounds(self) -> Pow2:
         lo, hi = self.pow2
-        if lo < 1 or hi < lo or lo & (lo - 1) or hi & (hi - 1):
-            raise ValueError(f"pow2 bounds {list(self.pow2)} must be powers of two, 1 <= lo <= hi")
+        if lo < 1 or hi < lo or lo & (lo - 1) or hi & (hi - 1) or hi > _MAX_POW2:
+            raise ValueError(
+                f"pow2 bounds {list(self.pow2)} must be powers of two, 1 <= lo <= hi <= {_MAX_POW2}"
+            )
         return self
+
+    def count(self) -> int:
+        """How many values, without listing them."""
+        lo, hi = self.pow2
+        return len(range(lo.bit_length() - 1, hi.bit_length()))
 
     def values(self) -> list[int]:
         lo, hi = self.pow2
@@ -74,10 +106,24 @@ class Stepped(BaseModel):
     stop: int = Field(ge=2)
     step: int = Field(1, ge=1)
 
+    @model_validator(mode="after")
+    def _bounds(self) -> Stepped:
+        if self.stop > MAX_DIM + 1 or self.step > MAX_DIM:
+            raise ValueError(
+                f"range start {self.start}, stop {self.stop}, step {self.step}: values must "
+                f"be <= {MAX_DIM} (stop <= {MAX_DIM + 1}, step <= {MAX_DIM})"
+            )
+        return self
+
+    def count(self) -> int:
+        """How many values, without listing them (``len`` of a range is arithmetic)."""
+        return len(range(self.start, self.stop, self.step))
+
     def values(self) -> list[int]:
         return list(range(self.start, self.stop, self.step))
 
 
+_MAX_POW2 = 1 << (MAX_DIM.bit_length() - 1)
 Dim = int | list[int] | Pow2 | Stepped
 
 
@@ -87,11 +133,35 @@ class ShapeSpec(BaseModel):
     N: Dim
     K: Dim
 
+    @field_validator("M", "N", "K")
+    @classmethod
+    def _in_bounds(cls, dim: Dim, info: ValidationInfo) -> Dim:
+        if isinstance(dim, list) and len(dim) > MAX_SHAPES:
+            raise ValueError(f"{len(dim)} values; a list holds at most {MAX_SHAPES}")
+        values = [dim] if isinstance(dim, int) else dim if isinstance(dim, list) else []
+        for value in values:  # ranges and pow2 check their own bounds
+            if not 1 <= value <= MAX_DIM:
+                limit = ">= 1" if value < 1 else f"<= {MAX_DIM}"
+                raise ValueError(f"{info.field_name}={_short(value)} must be {limit}")
+        return dim
+
+    def count(self) -> int:
+        """Shapes this line stands for (duplicates included), without listing them."""
+        return math.prod(_count(getattr(self, name)) for name in ("M", "N", "K"))
+
     def expand(self) -> list[dict[str, int]]:
         axes = [_values(getattr(self, name)) for name in ("M", "N", "K")]
         return [
             dict(zip(("M", "N", "K"), combo, strict=True)) for combo in itertools.product(*axes)
         ]
+
+
+def _count(dim: Dim) -> int:
+    if isinstance(dim, int):
+        return 1
+    if isinstance(dim, list):
+        return len(dim)
+    return dim.count()
 
 
 def _values(dim: Dim) -> list[int]:
@@ -115,15 +185,8 @@ class ManifestEntry(BaseModel):
         if self.kernel not in ADAPTERS and not _USER_KERNEL.match(self.kernel):
             known = ", ".join(repr(name) for name in sorted(ADAPTERS))
             raise ValueError(
-                f"kernel {self.kernel!r} is neither one of {known} nor 'module:function'"
+                f"kernel {_short(self.kernel)} is neither one of {known} nor 'module:function'"
             )
-        shapes = self.expand()
-        if len(shapes) > MAX_SHAPES:
-            raise ValueError(f"{len(shapes)} shapes after expansion; the limit is {MAX_SHAPES}")
-        for shape in shapes:
-            bad = [f"{k}={v}" for k, v in shape.items() if v < 1]
-            if bad:
-                raise ValueError(f"shape {shape}: {', '.join(bad)} must be >= 1")
         return self
 
     @property
@@ -143,6 +206,24 @@ class Manifest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     version: Literal[1]
     entries: list[ManifestEntry] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _shape_limit(self) -> Manifest:
+        """One limit for the whole manifest, counted before anything is expanded."""
+        counts = [
+            (f"entries.{i}.shapes.{j}", spec.count())
+            for i, entry in enumerate(self.entries)
+            for j, spec in enumerate(entry.shapes)
+        ]
+        total = sum(count for _, count in counts)
+        if total <= MAX_SHAPES:
+            return self
+        running = itertools.accumulate(count for _, count in counts)
+        where = next(w for (w, _), upto in zip(counts, running, strict=True) if upto > MAX_SHAPES)
+        raise ValueError(
+            f"{where}: the manifest stands for {total} shapes (duplicates counted); the "
+            f"limit is {MAX_SHAPES} for the whole manifest, passed at this shape line"
+        )
 
     def digest(self) -> str:
         """What readiness is checked against: the same manifest, not just any warm run."""
@@ -246,41 +327,55 @@ def _working_folder_importable() -> Iterator[None]:
 def load_manifest(path: Path, *, check_kernels: bool = False) -> Manifest:
     """Read and validate; :class:`ManifestError` lists every problem at once. With
     ``check_kernels``, also each kernel's own shape check (imports torch)."""
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise ManifestError(str(path), [f"cannot read: {e}"]) from None
-    manifest = parse_manifest(text, source=str(path))
+    manifest = parse_manifest(_read(path), source=str(path))
     if check_kernels:
         manifest.check_kernels(str(path))
     return manifest
 
 
-def parse_manifest(text: str, *, source: str = "<text>") -> Manifest:
+def parse_manifest(text: str | bytes, *, source: str = "<text>") -> Manifest:
+    """Validate a manifest's text (or its bytes: UTF-8); :class:`ManifestError` lists every
+    problem, or the one limit of the text it passes (see the module's limits)."""
     try:
-        data = yaml.safe_load(text)  # JSON is YAML
-    except yaml.YAMLError as e:
-        raise ManifestError(source, [_yaml_error(e, source)]) from None
+        data = plain_yaml.load(plain_yaml.decode(text, MAX_MANIFEST_BYTES, "a manifest"), source)
+    except plain_yaml.Refused as e:
+        raise ManifestError(source, _at_most(list(e.args))) from None
     try:
         return Manifest.model_validate(data)
     except ValidationError as e:
-        raise ManifestError(source, _describe_all(e.errors())) from None
+        raise ManifestError(source, _at_most(_describe_all(e.errors()))) from None
 
 
-def _yaml_error(error: yaml.YAMLError, source: str) -> str:
-    """``file:line:column: problem``, then the line with a caret under the column."""
-    mark = getattr(error, "problem_mark", None)
-    problem = getattr(error, "problem", None) or str(error)
-    if mark is None:
-        return f"not YAML or JSON: {problem}"
-    context = getattr(error, "context", None)
-    where = f"{source}:{mark.line + 1}:{mark.column + 1}"
-    lines = mark.buffer.splitlines() if mark.buffer else []
-    text = lines[mark.line].rstrip("\0") if mark.line < len(lines) else ""
-    snippet = f"\n      {text}\n      {' ' * mark.column}^" if text.strip() else ""
-    return (
-        f"not YAML or JSON at {where}: {problem}" + (f" ({context})" if context else "") + snippet
-    )
+def _read(path: Path) -> bytes:
+    """At most one byte over the limit: a huge file (or /dev/zero) is never read whole."""
+    try:
+        with path.open("rb") as file:
+            data = file.read(MAX_MANIFEST_BYTES + 1)
+            size = os.fstat(file.fileno()).st_size
+    except OSError as e:
+        raise ManifestError(str(path), [f"cannot read: {e}"]) from None
+    if len(data) > MAX_MANIFEST_BYTES:
+        found = size if size >= len(data) else None
+        raise ManifestError(
+            str(path), [plain_yaml.too_big(found, MAX_MANIFEST_BYTES, "a manifest")]
+        )
+    return data
+
+
+def _clip(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _short(value: Any) -> str:
+    """A value's repr cut to a readable length (a hostile one may be a megabyte)."""
+    return _SHORT.repr(value)
+
+
+def _at_most(errors: list[str]) -> list[str]:
+    """The first :data:`MAX_ERRORS` lines, then how many more."""
+    if len(errors) <= MAX_ERRORS:
+        return errors
+    return [*errors[:MAX_ERRORS], f"... and {len(errors) - MAX_ERRORS} more errors"]
 
 
 _UNION_MEMBERS = {"int", "list[int]", "Pow2", "Stepped"}
@@ -292,18 +387,20 @@ def _describe_all(errors: list[Any]) -> list[str]:
     lines: list[str] = []
     dims: dict[str, tuple[str, Any]] = {}
     for error in errors:
-        loc = [str(p) for p in error["loc"]]
+        loc = [_clip(str(p), 60) for p in error["loc"]]
         member = next((p for p in loc if _is_member(p)), None)
         message = str(error["msg"]).removeprefix("Value error, ")
         if member is None:
-            lines.append(f"{'.'.join(loc) or '(top)'}: {message} (got {error.get('input')!r})")
+            whole = not loc and error["type"] == "value_error"  # the shape limit: names its line
+            got = f" (got {_short(error.get('input'))})"
+            lines.append(message if whole else f"{'.'.join(loc) or '(top)'}: {message}{got}")
             continue
         path = ".".join(loc[: loc.index(member)])
         custom = error["type"] == "value_error"  # our own check: the most specific
         if path not in dims or custom:
             dims[path] = (message if custom else _DIM_HELP, error.get("input"))
     for path, (message, value) in dims.items():
-        lines.append(f"{path}: {message} (got {value!r})")
+        lines.append(f"{path}: {message} (got {_short(value)})")
     return lines
 
 
