@@ -1,34 +1,65 @@
 """Bundles: one archive of registry entries and, optionally, Triton compile artifacts.
 
-Archive (tar, gzip) members::
+Archive (tar, gzip) members, MANIFEST.json first::
 
     MANIFEST.json                     format, schema, name, version, created,
                                       fingerprints covered, sha256 and size of every member
     entries/<kernel>/<gpu>/<software>/<shape>.json
     triton-cache/<hash>/<artifact>
 
-``verify`` reads the whole archive and checks it before ``install`` writes anything;
-``install`` swaps in a new store generation in one rename, so a bundle is installed
-whole or not at all, and ``Store.rollback`` undoes it.
+``verify`` and ``install`` read the archive once, as a stream, in bounded memory: each
+limit is checked before the bytes it guards are read (a header's size before its
+content, a member's size before its data), every member is hashed in 1 MiB pieces, and
+artifacts go to a staging folder on disk, never into memory. The limits
+(:class:`Limits`; each is also a keyword of ``verify`` and ``install``):
+
+- at most 32,768 members, each name at most 1,024 bytes, under ``entries/`` or
+  ``triton-cache/<hash>/``; regular files and folders only;
+- at most 64 KiB of tar headers per member (its header block, GNU long names, PAX
+  records): tarfile would read a 1 GiB header into memory before any other check;
+- MANIFEST.json first, at most 8 MiB; every member exactly the size and sha256 it lists,
+  at most 256 MiB, all together at most 2 GiB; an entry at most 1 MiB, all entries at
+  most 16 MiB;
+- JSON values (counted before parsing, as the bytes ``{ [ , :``): MANIFEST.json at most
+  262,144, an entry at most 32,768, all entries at most 262,144. A value can become
+  ~1 KiB of objects once parsed and written to the store (``[{},{},...]`` is 3 bytes
+  a measurement), so bytes alone do not bound memory;
+- MANIFEST.json's ``fingerprints`` (objects with string ``digest``, ``gpu``,
+  ``software``) are exactly those of the entries.
+
+With these, a process verifying or installing any bundle stays within 128 MiB of its
+idle size (``bench/bundle_memory.py`` measures it).
+
+``install`` is all or nothing: it parses every entry and computes its path, checks the
+fingerprints (unless ``force``), stages the artifacts in ``<triton_cache>/.bundle-*``,
+swaps in a new store generation in one rename, and only then moves the artifacts into
+place. On any failure it removes the staging folder and leaves the cache and the store
+as they were. ``Store.rollback`` undoes an install.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import gzip
 import hashlib
 import io
+import itertools
 import json
 import os
+import re
+import shutil
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, BinaryIO
 
 from registry import atomic
 from registry.entry import Entry, now_iso
-from registry.errors import BundleRejected, RegistryError
+from registry.errors import BundleRejected, RegistryError, shown
 from registry.fingerprint import Fingerprint, MatchPolicy
 from registry.store import Store
 from registry.triton_cache import cache_files, relocate
@@ -40,16 +71,40 @@ ENTRIES = "entries"
 TRITON_CACHE = "triton-cache"
 MAX_MEMBER_BYTES = 256 * 2**20
 MAX_TOTAL_BYTES = 2 * 2**30
+CHUNK = 2**20  # members are read, hashed and staged in pieces of this size
+TAIL_BYTES = 2**20  # zero records a tar writer may pad its archive with after the end marker
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+# What parsing an entry may raise besides RegistryError, whatever JSON it is given.
+_ENTRY_ERRORS = (ValueError, TypeError, AttributeError, KeyError, RecursionError, RegistryError)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a bundle may hold; each limit is checked before the bytes it guards are read."""
+
+    max_members: int = 32_768
+    max_name_bytes: int = 1024
+    max_header_bytes: int = 64 * 2**10  # per member: header block, GNU long names, PAX records
+    max_member_bytes: int = MAX_MEMBER_BYTES
+    max_total_bytes: int = MAX_TOTAL_BYTES
+    max_manifest_bytes: int = 8 * 2**20
+    max_entry_bytes: int = 2**20
+    max_entries_bytes: int = 16 * 2**20
+    # JSON values (counted before parsing) bound the objects a text becomes, which its
+    # bytes do not: "[{},{},...]" is 3 bytes a value, a parsed and stored one ~1 KiB.
+    max_manifest_values: int = 2**18
+    max_entry_values: int = 2**15
+    max_entries_values: int = 2**18
 
 
 @dataclass
 class Bundle:
-    """A verified bundle: its manifest, its entries and its compile artifacts."""
+    """A verified bundle: its manifest, its entries and the names of its compile artifacts."""
 
     path: Path
     manifest: dict[str, Any]
     entries: list[Entry] = field(default_factory=list)
-    artifacts: dict[str, bytes] = field(default_factory=dict)  # "<hash>/<file>" -> bytes
+    artifacts: list[str] = field(default_factory=list)  # "<hash>/<file>"; bytes stay on disk
     sha256: str = ""
 
     @property
@@ -61,6 +116,9 @@ class Bundle:
         return str(self.manifest["version"])
 
 
+# ---- create ------------------------------------------------------------------------
+
+
 def create(
     out: Path,
     *,
@@ -69,19 +127,22 @@ def create(
     entries: Iterable[Entry],
     triton_cache: Path | None = None,
 ) -> dict[str, Any]:
-    """Write a bundle of ``entries`` (and the artifacts in ``triton_cache``) to ``out``."""
+    """Write a bundle of ``entries`` (and the artifacts in ``triton_cache``) to ``out``.
+
+    Artifacts are hashed, then copied, in pieces; they must not change meanwhile."""
     if not name or not version:
         raise RegistryError(f"Bundle needs a name and a version; got {name!r} and {version!r}.")
-    members: dict[str, bytes] = {}
+    members: dict[str, bytes | Path] = {}
     fingerprints: dict[str, dict[str, Any]] = {}
     for entry in entries:
         members[f"{ENTRIES}/{entry.relpath().as_posix()}"] = atomic.dumps(entry.to_json()).encode()
         fingerprints[entry.fingerprint.digest()] = _describe(entry.fingerprint)
     if triton_cache is not None:
         for rel, path in cache_files(triton_cache):
-            members[f"{TRITON_CACHE}/{rel.as_posix()}"] = path.read_bytes()
+            members[f"{TRITON_CACHE}/{rel.as_posix()}"] = path
     if not members:
         raise RegistryError(f"Bundle '{name}' would be empty: no entries and no artifacts.")
+    listed = {p: _summary(src) for p, src in sorted(members.items())}
     manifest = {
         "format": FORMAT,
         "schema": SCHEMA,
@@ -89,11 +150,9 @@ def create(
         "version": version,
         "created": now_iso(),
         "fingerprints": [fingerprints[k] for k in sorted(fingerprints)],
-        "members": {p: {"sha256": _sha(b), "size": len(b)} for p, b in sorted(members.items())},
+        "members": listed,
     }
-    _write_archive(
-        out, {MANIFEST: atomic.dumps(manifest).encode(), **dict(sorted(members.items()))}
-    )
+    _write_archive(out, atomic.dumps(manifest).encode(), members, listed)
     return manifest
 
 
@@ -101,115 +160,537 @@ def _describe(fp: Fingerprint) -> dict[str, Any]:
     return {"digest": fp.digest(), "gpu": fp.gpu_slug(), "software": fp.software_slug()}
 
 
-def _write_archive(out: Path, members: dict[str, bytes]) -> None:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
-            tar.addfile(info, io.BytesIO(data))
-    atomic.write_bytes(out, buffer.getvalue())
+def _summary(src: bytes | Path) -> dict[str, Any]:
+    if isinstance(src, bytes):
+        return {"sha256": _sha(src), "size": len(src)}
+    sha, size = hashlib.sha256(), 0
+    with src.open("rb") as f:
+        while chunk := f.read(CHUNK):
+            sha.update(chunk)
+            size += len(chunk)
+    return {"sha256": sha.hexdigest(), "size": size}
 
 
-def verify(
-    path: Path, *, max_member_bytes: int = MAX_MEMBER_BYTES, max_total_bytes: int = MAX_TOTAL_BYTES
+def _write_archive(
+    out: Path, manifest: bytes, members: dict[str, bytes | Path], listed: dict[str, Any]
+) -> None:
+    """Stream the archive into a temp file beside ``out``, then rename it into place."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=atomic.TEMP_PREFIX, suffix=f"-{out.name}", dir=out.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            with tarfile.open(
+                fileobj=f, mode="w:gz", format=tarfile.PAX_FORMAT, compresslevel=6
+            ) as tar:
+                _add(tar, MANIFEST, io.BytesIO(manifest), len(manifest))
+                for name, src in sorted(members.items()):
+                    with io.BytesIO(src) if isinstance(src, bytes) else src.open("rb") as data:
+                        _add(tar, name, data, listed[name]["size"])
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, out)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    atomic.fsync_dir(out.parent)
+
+
+def _add(tar: tarfile.TarFile, name: str, data: BinaryIO, size: int) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = size, 0o644, int(time.time())
+    tar.addfile(info, data)
+
+
+# ---- verify --------------------------------------------------------------------------
+
+
+def verify(path: Path, **limits: int) -> Bundle:
+    """Read and check the whole bundle; raise :class:`BundleRejected` naming the first fault.
+
+    ``limits``: fields of :class:`Limits` to change, e.g. ``max_member_bytes=2**20``."""
+    return _read(path, Limits(**limits), stage=None, installing=False)
+
+
+def _read(
+    path: Path,
+    limits: Limits,
+    *,
+    stage: _Stage | None,
+    installing: bool,
+    check: Callable[[str, Entry], None] | None = None,
 ) -> Bundle:
-    """Read and check the whole bundle; raise :class:`BundleRejected` naming the first fault."""
+    """Stream the archive once through every check; artifacts go to ``stage`` if given."""
     label = str(path)
     try:
-        raw = path.read_bytes()
+        raw = path.open("rb")
     except OSError as e:
         raise BundleRejected(label, f"cannot read: {e}") from None
-    members = _read_members(label, raw, max_member_bytes, max_total_bytes)
-    manifest = _check_manifest(label, members)
-    bundle = Bundle(path=path, manifest=manifest, sha256=_sha(raw))
-    for name, data in members.items():
-        if name.startswith(f"{ENTRIES}/"):
-            bundle.entries.append(_parse_entry(label, name, data))
-        elif name.startswith(f"{TRITON_CACHE}/"):
-            bundle.artifacts[_artifact_path(label, name)] = data
-    return bundle
+    with raw:
+        hashed = _Hashed(raw)
+        gz = gzip.GzipFile(fileobj=hashed, mode="rb")
+        headers = _Headers(gz, label, limits.max_header_bytes)
+        reader = _Reader(label, limits, stage, installing=installing, check=check)
+        for info in _members(label, headers):
+            headers.after = info.name
+            reader.add(info, functools.partial(_chunks, gz, label, info.name))
+        _tail(gz, label)
+        return reader.finish(path, hashed.hexdigest())
 
 
-def _read_members(label: str, raw: bytes, max_member: int, max_total: int) -> dict[str, bytes]:
-    members: dict[str, bytes] = {}
-    total = 0
+class _Hashed:
+    """The raw archive file, hashed as gzip reads it: ``Bundle.sha256`` in the same pass."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self._raw, self._sha = raw, hashlib.sha256()
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._raw.read(size if 0 <= size <= CHUNK else CHUNK)
+        self._sha.update(data)
+        return data
+
+    def seek(self, offset: int, /) -> int:
+        raise io.UnsupportedOperation("read once, forward")  # a rewind would hash bytes twice
+
+    def hexdigest(self) -> str:
+        while self.read(CHUNK):  # bytes after the gzip stream belong to the file too
+            pass
+        return self._sha.hexdigest()
+
+
+class _Headers:
+    """What tarfile reads through. tarfile reads a GNU long name or a PAX record with one
+    ``read(size)``, then parses it: refusing a read that would take a member's headers
+    past the limit stops a 1 GiB header before anything allocates it."""
+
+    def __init__(self, gz: gzip.GzipFile, label: str, limit: int) -> None:
+        self.gz, self.label, self.limit = gz, label, limit
+        self.used = 0  # header bytes read for the member being parsed
+        self.after = ""  # the member before it, to name in a refusal
+
+    def read(self, size: int = -1) -> bytes:
+        if size < 0 or self.used + size > self.limit:
+            which = f"the member after '{self.after}'" if self.after else "the first member"
+            raise BundleRejected(
+                self.label,
+                f"{which} has more than {self.used + max(size, 0)} bytes of tar headers "
+                f"(GNU long name, PAX or sparse records); limit {self.limit}",
+            )
+        self.used += size
+        return self.gz.read(size)
+
+    def tell(self) -> int:
+        return self.gz.tell()
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return self.gz.seek(offset, whence)  # forward only: tarfile skips padding
+
+    def write(self, data: bytes) -> int:
+        raise io.UnsupportedOperation("a bundle is read only")
+
+    def close(self) -> None:
+        """The file belongs to ``_read``."""
+
+
+class _Tar(tarfile.TarFile):
+    """A TarFile that forgets each member once returned: it keeps no list of them all."""
+
+    members: list[tarfile.TarInfo]
+
+    def next(self) -> tarfile.TarInfo | None:
+        info = super().next()
+        self.members.clear()
+        return info
+
+
+def _members(label: str, headers: _Headers) -> Iterator[tarfile.TarInfo]:
+    """The archive's members in stream order; a corrupt stream is a :class:`BundleRejected`."""
     try:
-        with tarfile.open(fileobj=io.BytesIO(raw), mode="r:*") as tar:
-            for info in tar:
-                _check_member(label, info, max_member)
-                if info.isdir():
-                    continue
-                if info.name in members:
-                    raise BundleRejected(label, f"member '{info.name}' appears twice")
-                total += info.size
-                if total > max_total:
-                    raise BundleRejected(label, f"members exceed the total limit {max_total} bytes")
-                handle = tar.extractfile(info)
-                assert handle is not None  # a regular file always has a handle
-                members[info.name] = handle.read(max_member + 1)
-    except (tarfile.TarError, EOFError, OSError, ValueError) as e:
-        raise BundleRejected(label, f"not a readable tar archive ({e})") from None
-    return members
+        tar = _Tar(fileobj=headers, mode="r")  # reads the first header
+        while True:
+            info = tar.next()
+            if info is None:
+                return
+            if tar.pax_headers:
+                raise BundleRejected(label, f"member '{info.name}' follows a PAX global header")
+            yield info
+            headers.used = 0
+    except RegistryError:
+        raise
+    except Exception as e:  # any failure of gzip, zlib or tarfile on hostile bytes
+        raise BundleRejected(label, f"not a readable tar.gz archive ({_why(e)})") from None
 
 
-def _check_member(label: str, info: tarfile.TarInfo, max_member: int) -> None:
-    name = info.name
+def _chunks(gz: gzip.GzipFile, label: str, name: str, size: int) -> Iterator[bytes]:
+    """A member's ``size`` bytes of data, in pieces of at most :data:`CHUNK`."""
+    left = size
+    while left:
+        try:
+            chunk = gz.read(min(CHUNK, left))
+        except Exception as e:  # zlib.error, EOFError, gzip.BadGzipFile
+            raise BundleRejected(label, f"member '{name}' is unreadable ({_why(e)})") from None
+        if not chunk:
+            raise BundleRejected(label, f"member '{name}' ends after {size - left} of {size} bytes")
+        left -= len(chunk)
+        yield chunk
+
+
+def _tail(gz: gzip.GzipFile, label: str) -> None:
+    """Read to the end of the gzip stream, which checks its CRC; refuse a long tail."""
+    try:
+        tail = gz.read(TAIL_BYTES + 1)
+    except Exception as e:
+        raise BundleRejected(label, f"not a readable tar.gz archive ({_why(e)})") from None
+    if len(tail) > TAIL_BYTES:
+        raise BundleRejected(label, f"more than {TAIL_BYTES} bytes follow the end of the archive")
+
+
+def _json_values(text: bytes) -> int:
+    """An upper bound on the values and keys in JSON ``text``, counted without parsing it."""
+    return 1 + sum(text.count(c) for c in (b"{", b"[", b",", b":"))
+
+
+def _why(e: BaseException) -> str:
+    return f"{type(e).__name__}: {_short(str(e))}"
+
+
+class _Reader:
+    """Checks members in stream order against MANIFEST.json, which comes first."""
+
+    def __init__(
+        self,
+        label: str,
+        limits: Limits,
+        stage: _Stage | None,
+        *,
+        installing: bool,
+        check: Callable[[str, Entry], None] | None,
+    ) -> None:
+        self.label, self.limits, self.stage = label, limits, stage
+        self.installing, self.check = installing, check
+        self.manifest: dict[str, Any] | None = None
+        self.listed: dict[str, tuple[str, int]] = {}  # name -> (sha256, size)
+        self.seen: set[str] = set()
+        self.count = 0
+        self.values = 0  # JSON values in the entries so far
+        self.entries: list[Entry] = []
+        self.digests: dict[str, str] = {}  # fingerprint digest -> an entry member with it
+        self.artifacts: list[str] = []
+
+    def add(self, info: tarfile.TarInfo, data: Callable[[int], Iterator[bytes]]) -> None:
+        """Check one member, then read its data through ``data(size)``."""
+        self.count += 1
+        if self.count > self.limits.max_members:
+            raise self._reject(
+                f"member {self.count} ('{_short(info.name)}') is one too many; "
+                f"limit {self.limits.max_members} members"
+            )
+        _check_name(self.label, info.name, self.limits.max_name_bytes)
+        _check_type(self.label, info)
+        if info.isdir():
+            return
+        if self.manifest is None:
+            self._read_manifest(info, data)
+            return
+        sha, size = self._expected(info)
+        if info.name.startswith(f"{ENTRIES}/"):
+            self._read_entry(info.name, b"".join(self._hashed(info.name, sha, data(size))))
+        else:
+            self._read_artifact(info.name, sha, data(size))
+
+    def _reject(self, reason: str) -> BundleRejected:
+        return BundleRejected(self.label, reason)
+
+    def _expected(self, info: tarfile.TarInfo) -> tuple[str, int]:
+        name = info.name
+        if name in self.seen or name == MANIFEST:
+            raise self._reject(f"member '{name}' appears twice")
+        if name not in self.listed:
+            raise self._reject(f"member '{name}' is not listed in {MANIFEST}")
+        self.seen.add(name)
+        sha, size = self.listed[name]
+        if info.size != size:
+            raise self._reject(f"member '{name}' is {info.size} bytes; {MANIFEST} lists {size}")
+        return sha, size
+
+    def _hashed(self, name: str, sha: str, chunks: Iterator[bytes]) -> Iterator[bytes]:
+        """``chunks`` passed on; after the last, a mismatch with ``sha`` rejects."""
+        digest = hashlib.sha256()
+        for chunk in chunks:
+            digest.update(chunk)
+            yield chunk
+        if digest.hexdigest() != sha:
+            raise self._reject(f"checksum mismatch for '{name}'")
+
+    # -- the manifest
+
+    def _read_manifest(self, info: tarfile.TarInfo, data: Callable[[int], Iterator[bytes]]) -> None:
+        if info.name != MANIFEST:
+            raise self._reject(f"no {MANIFEST} as the first member (found '{info.name}')")
+        limit = min(self.limits.max_manifest_bytes, self.limits.max_member_bytes)
+        if info.size > limit:
+            raise self._reject(f"{MANIFEST} is {info.size} bytes; limit {limit}")
+        if info.size > self.limits.max_total_bytes:
+            raise self._reject(
+                f"members add up to more than the total limit {self.limits.max_total_bytes} bytes"
+            )
+        text = b"".join(data(info.size))
+        values = _json_values(text)
+        if values > self.limits.max_manifest_values:
+            raise self._reject(
+                f"{MANIFEST} has {values} JSON values; limit {self.limits.max_manifest_values}"
+            )
+        try:
+            manifest = json.loads(text)
+        except (ValueError, RecursionError) as e:
+            raise self._reject(f"{MANIFEST} is not JSON ({_why(e)})") from None
+        self.listed = _check_manifest(self.label, manifest, self.limits, info.size)
+        self.manifest = manifest
+        if self.installing and self.stage is None and any(_is_artifact(n) for n in self.listed):
+            raise self._reject("it carries Triton artifacts but no cache folder was given")
+
+    # -- entries and artifacts
+
+    def _read_entry(self, name: str, text: bytes) -> None:
+        values = _json_values(text)
+        self.values += values
+        if values > self.limits.max_entry_values:
+            raise self._reject(
+                f"entry '{name}' has {values} JSON values; limit {self.limits.max_entry_values}"
+            )
+        if self.values > self.limits.max_entries_values:
+            raise self._reject(
+                f"entries up to '{name}' have {self.values} JSON values; "
+                f"limit {self.limits.max_entries_values}"
+            )
+        try:
+            entry = Entry.from_json(json.loads(text))
+            entry.relpath()  # touches every fingerprint field the store will use
+            digest = entry.fingerprint.digest()
+        except _ENTRY_ERRORS as e:
+            reason = str(e) if isinstance(e, RegistryError) else _why(e)
+            raise self._reject(f"entry '{name}': {reason}") from None
+        if self.check is not None:
+            self.check(name, entry)
+        self.entries.append(entry)
+        self.digests.setdefault(digest, name)
+
+    def _read_artifact(self, name: str, sha: str, chunks: Iterator[bytes]) -> None:
+        rel = name.removeprefix(f"{TRITON_CACHE}/")
+        hashed = self._hashed(name, sha, chunks)
+        if self.stage is None:
+            for _ in hashed:  # verify only: hash and drop
+                pass
+        else:
+            self.stage.write(self.label, rel, hashed)
+        self.artifacts.append(rel)
+
+    def finish(self, path: Path, sha256: str) -> Bundle:
+        """After the last member: every listed member came, and the fingerprints agree."""
+        if self.manifest is None:
+            raise self._reject(f"no {MANIFEST}")
+        missing = sorted(set(self.listed) - self.seen)
+        if missing:
+            raise self._reject(f"member '{missing[0]}' is listed but missing")
+        listed = {fp["digest"]: fp for fp in self.manifest["fingerprints"]}
+        for digest, name in sorted(self.digests.items()):
+            if digest not in listed:
+                raise self._reject(
+                    f"entry '{name}' has fingerprint {digest}, not listed in "
+                    f"{MANIFEST} 'fingerprints'"
+                )
+        for digest in sorted(set(listed) - set(self.digests)):
+            fp = listed[digest]
+            raise self._reject(
+                f"{MANIFEST} 'fingerprints' lists {_short(digest)} ({_short(fp['gpu'])} / "
+                f"{_short(fp['software'])}), which no entry has"
+            )
+        return Bundle(path, self.manifest, self.entries, self.artifacts, sha256)
+
+
+def _check_name(label: str, name: str, max_bytes: int) -> None:
     parts = PurePosixPath(name).parts
     if name.startswith("/") or (parts and parts[0].endswith(":")) or "\\" in name:
-        raise BundleRejected(label, f"member '{name}' has an absolute path")
+        raise BundleRejected(label, f"member '{_short(name)}' has an absolute path")
     if ".." in parts:
-        raise BundleRejected(label, f"member '{name}' has a '..' component")
-    if info.issym() or info.islnk():
-        raise BundleRejected(label, f"member '{name}' is a link to '{info.linkname}'")
-    if not (info.isreg() or info.isdir()):
-        raise BundleRejected(label, f"member '{name}' is a device, fifo or other special file")
-    if info.size > max_member:
-        raise BundleRejected(label, f"member '{name}' is {info.size} bytes; limit {max_member}")
-
-
-def _check_manifest(label: str, members: dict[str, bytes]) -> dict[str, Any]:
-    if MANIFEST not in members:
-        raise BundleRejected(label, f"no {MANIFEST}")
+        raise BundleRejected(label, f"member '{_short(name)}' has a '..' component")
     try:
-        manifest = json.loads(members.pop(MANIFEST))
-    except ValueError as e:
-        raise BundleRejected(label, f"{MANIFEST} is not JSON ({e})") from None
+        size = len(name.encode())
+    except UnicodeEncodeError:
+        raise BundleRejected(label, f"member name {shown(name)} is not UTF-8") from None
+    if any(c < " " for c in name):
+        raise BundleRejected(label, f"member name {shown(name)} has a control character")
+    if size > max_bytes:
+        raise BundleRejected(
+            label, f"member name '{_short(name)}' is {size} bytes; limit {max_bytes}"
+        )
+    if not parts or PurePosixPath(name).as_posix() != name:
+        raise BundleRejected(label, f"member '{_short(name)}' is not a normalised relative path")
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= 160 else f"{text[:120]}... ({len(text)} characters)"
+
+
+def _check_type(label: str, info: tarfile.TarInfo) -> None:
+    name = info.name
+    if info.issym() or info.islnk():
+        raise BundleRejected(label, f"member '{name}' is a link to '{_short(info.linkname)}'")
+    if info.type not in (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.DIRTYPE) or info.sparse:
+        raise BundleRejected(label, f"member '{name}' is a device, fifo or other special file")
+
+
+def _is_artifact(name: str) -> bool:
+    return name.startswith(f"{TRITON_CACHE}/")
+
+
+def _check_manifest(
+    label: str, manifest: Any, limits: Limits, manifest_size: int
+) -> dict[str, tuple[str, int]]:
+    """The manifest's fields, and its members as ``{name: (sha256, size)}`` within limits."""
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise BundleRejected(label, f"{MANIFEST} 'format' is not '{FORMAT}'")
     if manifest.get("schema") != SCHEMA:
         raise BundleRejected(
-            label, f"unknown schema version {manifest.get('schema')!r}; this version reads {SCHEMA}"
+            label,
+            f"unknown schema version {shown(manifest.get('schema'))}; this version reads {SCHEMA}",
         )
-    for key in ("name", "version", "created", "members"):
+    for key in ("name", "version", "created", "members", "fingerprints"):
         if key not in manifest:
             raise BundleRejected(label, f"{MANIFEST} has no '{key}'")
-    listed = manifest["members"]
-    if not isinstance(listed, dict):
+    for key in ("name", "version"):
+        if not isinstance(manifest[key], str) or not manifest[key]:
+            raise BundleRejected(
+                label,
+                f"{MANIFEST} '{key}' is {shown(manifest[key])}; not a non-empty string",
+            )
+    _check_fingerprint_list(label, manifest["fingerprints"])
+    return _check_listed(label, manifest["members"], limits, manifest_size)
+
+
+def _check_fingerprint_list(label: str, fingerprints: Any) -> None:
+    if not isinstance(fingerprints, list):
+        raise BundleRejected(label, f"{MANIFEST} 'fingerprints' is not a list")
+    for i, fp in enumerate(fingerprints):
+        if not isinstance(fp, dict) or not all(
+            isinstance(fp.get(k), str) for k in ("digest", "gpu", "software")
+        ):
+            raise BundleRejected(
+                label,
+                f"{MANIFEST} 'fingerprints' item {i} is {shown(fp)}; expected an object "
+                "with string 'digest', 'gpu' and 'software'",
+            )
+
+
+def _check_listed(
+    label: str, members: Any, limits: Limits, manifest_size: int
+) -> dict[str, tuple[str, int]]:
+    if not isinstance(members, dict):
         raise BundleRejected(label, f"{MANIFEST} 'members' is not an object")
-    for name in sorted(set(listed) | set(members)):
-        if name not in members:
-            raise BundleRejected(label, f"member '{name}' is listed but missing")
-        if name not in listed:
-            raise BundleRejected(label, f"member '{name}' is not listed in {MANIFEST}")
-        expected = listed[name].get("sha256") if isinstance(listed[name], dict) else None
-        if _sha(members[name]) != expected:
-            raise BundleRejected(label, f"checksum mismatch for '{name}'")
-    return manifest
+    if len(members) >= limits.max_members:  # MANIFEST.json is a member too
+        raise BundleRejected(
+            label, f"{MANIFEST} lists {len(members)} members; limit {limits.max_members}"
+        )
+    listed: dict[str, tuple[str, int]] = {}
+    total, entries = manifest_size, 0
+    for name, item in members.items():
+        listed[name] = _listed_member(label, name, item, limits)
+        total += listed[name][1]
+        entries += 0 if _is_artifact(name) else listed[name][1]
+    if total > limits.max_total_bytes:
+        raise BundleRejected(
+            label, f"members add up to more than the total limit {limits.max_total_bytes} bytes"
+        )
+    if entries > limits.max_entries_bytes:
+        raise BundleRejected(
+            label, f"entries add up to {entries} bytes; limit {limits.max_entries_bytes}"
+        )
+    return listed
 
 
-def _parse_entry(label: str, name: str, data: bytes) -> Entry:
-    try:
-        return Entry.from_json(json.loads(data))
-    except (ValueError, RegistryError) as e:
-        raise BundleRejected(label, f"entry '{name}': {e}") from None
+def _listed_member(label: str, name: str, item: Any, limits: Limits) -> tuple[str, int]:
+    _check_name(label, name, limits.max_name_bytes)
+    if _is_artifact(name):
+        if len(PurePosixPath(name).parts) != 3:
+            raise BundleRejected(label, f"artifact '{name}' is not triton-cache/<hash>/<file>")
+        limit = limits.max_member_bytes
+    elif name.startswith(f"{ENTRIES}/"):
+        limit = min(limits.max_entry_bytes, limits.max_member_bytes)
+    else:
+        raise BundleRejected(
+            label, f"member '{name}' is neither under {ENTRIES}/ nor {TRITON_CACHE}/"
+        )
+    sha = item.get("sha256") if isinstance(item, dict) else None
+    size = item.get("size") if isinstance(item, dict) else None
+    if not isinstance(sha, str) or not _SHA256.fullmatch(sha):
+        raise BundleRejected(label, f"{MANIFEST} lists '{name}' without a sha256 (64 hex digits)")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise BundleRejected(label, f"{MANIFEST} lists '{name}' without a size (an int >= 0)")
+    if size > limit:
+        raise BundleRejected(label, f"member '{name}' is {size} bytes; limit {limit}")
+    return sha, size
 
 
-def _artifact_path(label: str, name: str) -> str:
-    parts = PurePosixPath(name).parts[1:]
-    if len(parts) != 2:
-        raise BundleRejected(label, f"artifact '{name}' is not triton-cache/<hash>/<file>")
-    return "/".join(parts)
+# ---- install -------------------------------------------------------------------------
+
+
+class _Stage:
+    """Artifacts wait in ``<cache>/.bundle-*`` (same file system: a rename moves each)
+    until the store holds the entries; on failure the folder goes, and so do the cache
+    folders it had to create."""
+
+    def __init__(self, cache: Path) -> None:
+        self.cache = cache
+        self.root: Path | None = None
+        self._made: list[Path] = []  # cache folders this install created, deepest first
+
+    def write(self, label: str, rel: str, chunks: Iterable[bytes]) -> None:
+        """Write an artifact from ``chunks``; the bundle's own faults reject."""
+        final = self.cache / rel
+        if final.is_dir() or (final.parent.exists() and not final.parent.is_dir()):
+            raise BundleRejected(label, f"artifact '{rel}' cannot replace what is at {final}")
+        try:
+            target = self._folder() / rel
+            target.parent.mkdir(exist_ok=True)
+            with target.open("xb") as f:
+                for chunk in chunks:
+                    f.write(chunk)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            raise BundleRejected(
+                label, f"cannot stage artifact '{rel}' in {self.root}: {e}"
+            ) from None
+
+    def _folder(self) -> Path:
+        if self.root is None:
+            missing = itertools.takewhile(
+                lambda p: not p.exists(), [self.cache, *self.cache.parents]
+            )
+            self._made = list(missing)
+            self.cache.mkdir(parents=True, exist_ok=True)
+            self.root = Path(tempfile.mkdtemp(prefix=".bundle-", dir=self.cache))
+        return self.root
+
+    def commit(self, artifacts: Iterable[str]) -> None:
+        """Move every staged artifact into the cache, each with one rename."""
+        assert self.root is not None  # only called when artifacts were staged
+        folders = set()
+        for rel in artifacts:
+            target = self.cache / rel
+            target.parent.mkdir(exist_ok=True)
+            os.replace(self.root / rel, target)
+            folders.add(target.parent)
+        for folder in sorted(folders):
+            atomic.fsync_dir(folder)
+
+    def discard(self, *, failed: bool) -> None:
+        if self.root is not None:
+            shutil.rmtree(self.root, ignore_errors=True)
+        for folder in self._made if failed else ():
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
 
 def install(
@@ -222,61 +703,66 @@ def install(
     triton_cache: Path | None = None,
     **limits: int,
 ) -> dict[str, Any]:
-    """Verify ``path``, then merge it into ``store`` as one new generation.
+    """Verify ``path``, then merge it into ``store`` as one new generation: all or nothing.
 
     ``expect``: the fingerprint of the machines this store serves; entries that do not
     match it under ``policy`` reject the bundle unless ``force``. ``None`` skips the check.
-    Artifacts go to ``triton_cache`` (the volume's copy of TRITON_CACHE_DIR).
+    Artifacts go to ``triton_cache`` (the volume's copy of TRITON_CACHE_DIR) only after
+    the store install succeeded. ``limits``: fields of :class:`Limits` to change.
     """
-    bundle = verify(path, **limits)
+    checked = Limits(**limits)
+    stage = _Stage(triton_cache) if triton_cache is not None else None
+    check = None
     if expect is not None and not force:
-        _check_fingerprints(bundle, expect, policy)
-    if bundle.artifacts and triton_cache is None:
-        raise BundleRejected(str(path), "it carries Triton artifacts but no cache folder was given")
+        check = _fingerprint_check(str(path), expect, policy)
+    try:
+        bundle = _read(path, checked, stage=stage, installing=True, check=check)
+        info = store.install(bundle.entries, record=_record(bundle))
+        if stage is not None and bundle.artifacts:
+            stage.commit(bundle.artifacts)
+    except BaseException:
+        if stage is not None:
+            stage.discard(failed=True)
+        raise
+    if stage is not None:
+        stage.discard(failed=False)
     if triton_cache is not None and bundle.artifacts:
-        _install_artifacts(bundle, triton_cache)
-    record = {
+        relocate(triton_cache)
+    return info
+
+
+def _record(bundle: Bundle) -> dict[str, Any]:
+    return {
         "bundle": {
             "name": bundle.name,
             "version": bundle.version,
             "sha256": bundle.sha256,
-            "file": path.name,
+            "file": bundle.path.name,
         },
         "entries": len(bundle.entries),
         "artifacts": len(bundle.artifacts),
     }
-    return store.install(bundle.entries, record=record)
 
 
-def _check_fingerprints(bundle: Bundle, expect: Fingerprint, policy: MatchPolicy) -> None:
-    for entry in bundle.entries:
+def _fingerprint_check(
+    label: str, expect: Fingerprint, policy: MatchPolicy
+) -> Callable[[str, Entry], None]:
+    """Reject an entry tuned for another platform as soon as it is read."""
+
+    def check(name: str, entry: Entry) -> None:
         mismatch = expect.with_kernel(entry.fingerprint.kernel_hash).mismatches(
             entry.fingerprint, policy
         )
         if mismatch:
             fields = ", ".join(f"{k} ({b!r}, here {a!r})" for k, (a, b) in sorted(mismatch.items()))
             raise BundleRejected(
-                str(bundle.path),
+                label,
                 f"entry {entry.relpath()} was tuned for another "
                 f"platform under policy '{policy.value}': "
                 f"{fields}; pass --force (force=True) to install anyway",
             )
 
-
-def _install_artifacts(bundle: Bundle, triton_cache: Path) -> None:
-    """Stage every artifact, then move each into place; then point groups at the new folder."""
-    triton_cache.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=triton_cache, prefix=".bundle-") as tmp:
-        staged = []
-        for rel, data in sorted(bundle.artifacts.items()):
-            target = Path(tmp) / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data)
-            staged.append((target, triton_cache / rel))
-        for src, dst in staged:
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(src, dst)
-    relocate(triton_cache)
+    return check
 
 
 def installed(store: Store) -> list[dict[str, Any]]:
