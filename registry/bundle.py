@@ -7,11 +7,11 @@ Archive (tar, gzip) members, MANIFEST.json first::
     entries/<kernel>/<gpu>/<software>/<shape>.json
     triton-cache/<hash>/<artifact>
 
-``verify`` and ``install`` read the archive once, as a stream, in bounded memory: each
-limit is checked before the bytes it guards are read (a header's size before its
-content, a member's size before its data), every member is hashed in 1 MiB pieces, and
-artifacts go to a staging folder on disk, never into memory. The limits
-(:class:`Limits`; each is also a keyword of ``verify`` and ``install``):
+``verify`` and ``install`` read the archive once, as a stream, in bounded memory
+(:mod:`registry.tar_stream`): each limit is checked before the bytes it guards are read
+(a header's size before its content, a member's size before its data), every member is
+hashed in 1 MiB pieces, and artifacts go to a staging folder on disk, never into memory.
+The limits (:class:`Limits`; each is also a keyword of ``verify`` and ``install``):
 
 - at most 32,768 members, each name at most 1,024 bytes, under ``entries/`` or
   ``triton-cache/<hash>/``; regular files and folders only;
@@ -57,11 +57,12 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
-from registry import atomic
+from registry import atomic, tar_stream
 from registry.entry import Entry, now_iso
-from registry.errors import BundleRejected, RegistryError, shown
+from registry.errors import BundleRejected, RegistryError, short, shown, why
 from registry.fingerprint import Fingerprint, MatchPolicy
 from registry.store import Store
+from registry.tar_stream import CHUNK
 from registry.triton_cache import cache_files, relocate
 
 FORMAT = "triton-warmup-bundle"
@@ -71,8 +72,6 @@ ENTRIES = "entries"
 TRITON_CACHE = "triton-cache"
 MAX_MEMBER_BYTES = 256 * 2**20
 MAX_TOTAL_BYTES = 2 * 2**30
-CHUNK = 2**20  # members are read, hashed and staged in pieces of this size
-TAIL_BYTES = 2**20  # zero records a tar writer may pad its archive with after the end marker
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 # What parsing an entry may raise besides RegistryError, whatever JSON it is given.
 _ENTRY_ERRORS = (ValueError, TypeError, AttributeError, KeyError, RecursionError, RegistryError)
@@ -228,131 +227,21 @@ def _read(
     except OSError as e:
         raise BundleRejected(label, f"cannot read: {e}") from None
     with raw:
-        hashed = _Hashed(raw)
+        hashed = tar_stream.Hashed(raw)
         gz = gzip.GzipFile(fileobj=hashed, mode="rb")
-        headers = _Headers(gz, label, limits.max_header_bytes)
         reader = _Reader(label, limits, stage, installing=installing, check=check)
-        for info in _members(label, headers):
-            headers.after = info.name
-            reader.add(info, functools.partial(_chunks, gz, label, info.name))
-        _tail(gz, label)
-        return reader.finish(path, hashed.hexdigest())
-
-
-class _Hashed:
-    """The raw archive file, hashed as gzip reads it: ``Bundle.sha256`` in the same pass."""
-
-    def __init__(self, raw: BinaryIO) -> None:
-        self._raw, self._sha = raw, hashlib.sha256()
-
-    def read(self, size: int = -1) -> bytes:
-        data = self._raw.read(size if 0 <= size <= CHUNK else CHUNK)
-        self._sha.update(data)
-        return data
-
-    def seek(self, offset: int, /) -> int:
-        raise io.UnsupportedOperation("read once, forward")  # a rewind would hash bytes twice
-
-    def hexdigest(self) -> str:
-        while self.read(CHUNK):  # bytes after the gzip stream belong to the file too
-            pass
-        return self._sha.hexdigest()
-
-
-class _Headers:
-    """What tarfile reads through. tarfile reads a GNU long name or a PAX record with one
-    ``read(size)``, then parses it: refusing a read that would take a member's headers
-    past the limit stops a 1 GiB header before anything allocates it."""
-
-    def __init__(self, gz: gzip.GzipFile, label: str, limit: int) -> None:
-        self.gz, self.label, self.limit = gz, label, limit
-        self.used = 0  # header bytes read for the member being parsed
-        self.after = ""  # the member before it, to name in a refusal
-
-    def read(self, size: int = -1) -> bytes:
-        if size < 0 or self.used + size > self.limit:
-            which = f"the member after '{self.after}'" if self.after else "the first member"
-            raise BundleRejected(
-                self.label,
-                f"{which} has more than {self.used + max(size, 0)} bytes of tar headers "
-                f"(GNU long name, PAX or sparse records); limit {self.limit}",
-            )
-        self.used += size
-        return self.gz.read(size)
-
-    def tell(self) -> int:
-        return self.gz.tell()
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        return self.gz.seek(offset, whence)  # forward only: tarfile skips padding
-
-    def write(self, data: bytes) -> int:
-        raise io.UnsupportedOperation("a bundle is read only")
-
-    def close(self) -> None:
-        """The file belongs to ``_read``."""
-
-
-class _Tar(tarfile.TarFile):
-    """A TarFile that forgets each member once returned: it keeps no list of them all."""
-
-    members: list[tarfile.TarInfo]
-
-    def next(self) -> tarfile.TarInfo | None:
-        info = super().next()
-        self.members.clear()
-        return info
-
-
-def _members(label: str, headers: _Headers) -> Iterator[tarfile.TarInfo]:
-    """The archive's members in stream order; a corrupt stream is a :class:`BundleRejected`."""
-    try:
-        tar = _Tar(fileobj=headers, mode="r")  # reads the first header
-        while True:
-            info = tar.next()
-            if info is None:
-                return
-            if tar.pax_headers:
-                raise BundleRejected(label, f"member '{info.name}' follows a PAX global header")
-            yield info
-            headers.used = 0
-    except RegistryError:
-        raise
-    except Exception as e:  # any failure of gzip, zlib or tarfile on hostile bytes
-        raise BundleRejected(label, f"not a readable tar.gz archive ({_why(e)})") from None
-
-
-def _chunks(gz: gzip.GzipFile, label: str, name: str, size: int) -> Iterator[bytes]:
-    """A member's ``size`` bytes of data, in pieces of at most :data:`CHUNK`."""
-    left = size
-    while left:
         try:
-            chunk = gz.read(min(CHUNK, left))
-        except Exception as e:  # zlib.error, EOFError, gzip.BadGzipFile
-            raise BundleRejected(label, f"member '{name}' is unreadable ({_why(e)})") from None
-        if not chunk:
-            raise BundleRejected(label, f"member '{name}' ends after {size - left} of {size} bytes")
-        left -= len(chunk)
-        yield chunk
-
-
-def _tail(gz: gzip.GzipFile, label: str) -> None:
-    """Read to the end of the gzip stream, which checks its CRC; refuse a long tail."""
-    try:
-        tail = gz.read(TAIL_BYTES + 1)
-    except Exception as e:
-        raise BundleRejected(label, f"not a readable tar.gz archive ({_why(e)})") from None
-    if len(tail) > TAIL_BYTES:
-        raise BundleRejected(label, f"more than {TAIL_BYTES} bytes follow the end of the archive")
+            for info in tar_stream.members(gz, limits.max_header_bytes):
+                reader.add(info, functools.partial(tar_stream.chunks, gz, info.name))
+            tar_stream.tail(gz)
+        except tar_stream.TarRejected as e:
+            raise BundleRejected(label, e.reason) from None
+        return reader.finish(path, hashed.hexdigest())
 
 
 def _json_values(text: bytes) -> int:
     """An upper bound on the values and keys in JSON ``text``, counted without parsing it."""
     return 1 + sum(text.count(c) for c in (b"{", b"[", b",", b":"))
-
-
-def _why(e: BaseException) -> str:
-    return f"{type(e).__name__}: {_short(str(e))}"
 
 
 class _Reader:
@@ -383,7 +272,7 @@ class _Reader:
         self.count += 1
         if self.count > self.limits.max_members:
             raise self._reject(
-                f"member {self.count} ('{_short(info.name)}') is one too many; "
+                f"member {self.count} ('{short(info.name)}') is one too many; "
                 f"limit {self.limits.max_members} members"
             )
         _check_name(self.label, info.name, self.limits.max_name_bytes)
@@ -444,7 +333,7 @@ class _Reader:
         try:
             manifest = json.loads(text)
         except (ValueError, RecursionError) as e:
-            raise self._reject(f"{MANIFEST} is not JSON ({_why(e)})") from None
+            raise self._reject(f"{MANIFEST} is not JSON ({why(e)})") from None
         self.listed = _check_manifest(self.label, manifest, self.limits, info.size)
         self.manifest = manifest
         if self.installing and self.stage is None and any(_is_artifact(n) for n in self.listed):
@@ -469,7 +358,7 @@ class _Reader:
             entry.relpath()  # touches every fingerprint field the store will use
             digest = entry.fingerprint.digest()
         except _ENTRY_ERRORS as e:
-            reason = str(e) if isinstance(e, RegistryError) else _why(e)
+            reason = str(e) if isinstance(e, RegistryError) else why(e)
             raise self._reject(f"entry '{name}': {reason}") from None
         if self.check is not None:
             self.check(name, entry)
@@ -503,8 +392,8 @@ class _Reader:
         for digest in sorted(set(listed) - set(self.digests)):
             fp = listed[digest]
             raise self._reject(
-                f"{MANIFEST} 'fingerprints' lists {_short(digest)} ({_short(fp['gpu'])} / "
-                f"{_short(fp['software'])}), which no entry has"
+                f"{MANIFEST} 'fingerprints' lists {short(digest)} ({short(fp['gpu'])} / "
+                f"{short(fp['software'])}), which no entry has"
             )
         return Bundle(path, self.manifest, self.entries, self.artifacts, sha256)
 
@@ -512,9 +401,9 @@ class _Reader:
 def _check_name(label: str, name: str, max_bytes: int) -> None:
     parts = PurePosixPath(name).parts
     if name.startswith("/") or (parts and parts[0].endswith(":")) or "\\" in name:
-        raise BundleRejected(label, f"member '{_short(name)}' has an absolute path")
+        raise BundleRejected(label, f"member '{short(name)}' has an absolute path")
     if ".." in parts:
-        raise BundleRejected(label, f"member '{_short(name)}' has a '..' component")
+        raise BundleRejected(label, f"member '{short(name)}' has a '..' component")
     try:
         size = len(name.encode())
     except UnicodeEncodeError:
@@ -523,20 +412,16 @@ def _check_name(label: str, name: str, max_bytes: int) -> None:
         raise BundleRejected(label, f"member name {shown(name)} has a control character")
     if size > max_bytes:
         raise BundleRejected(
-            label, f"member name '{_short(name)}' is {size} bytes; limit {max_bytes}"
+            label, f"member name '{short(name)}' is {size} bytes; limit {max_bytes}"
         )
     if not parts or PurePosixPath(name).as_posix() != name:
-        raise BundleRejected(label, f"member '{_short(name)}' is not a normalised relative path")
-
-
-def _short(text: str) -> str:
-    return text if len(text) <= 160 else f"{text[:120]}... ({len(text)} characters)"
+        raise BundleRejected(label, f"member '{short(name)}' is not a normalised relative path")
 
 
 def _check_type(label: str, info: tarfile.TarInfo) -> None:
     name = info.name
     if info.issym() or info.islnk():
-        raise BundleRejected(label, f"member '{name}' is a link to '{_short(info.linkname)}'")
+        raise BundleRejected(label, f"member '{name}' is a link to '{short(info.linkname)}'")
     if info.type not in (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.DIRTYPE) or info.sparse:
         raise BundleRejected(label, f"member '{name}' is a device, fifo or other special file")
 

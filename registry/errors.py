@@ -14,6 +14,16 @@ def shown(value: object) -> str:
     return _SHOWN.repr(value)
 
 
+def why(e: BaseException) -> str:
+    """An exception as its type and its message, cut short, for a reason."""
+    return f"{type(e).__name__}: {short(str(e))}"
+
+
+def short(text: str) -> str:
+    """``text``, or its start and length if it is longer than 160 characters."""
+    return text if len(text) <= 160 else f"{text[:120]}... ({len(text)} characters)"
+
+
 class RegistryError(Exception):
     """A registry operation that cannot go on: bad input, an unreadable store, a refused write."""
 
