@@ -16,7 +16,7 @@ import argparse
 import json
 import signal
 import sys
-import threading
+import time
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
@@ -156,11 +156,12 @@ def _serve(settings: Settings) -> int:
         f"watching {settings.bundles}",
         flush=True,
     )
-    stop = threading.Event()
+    signals: list[int] = []
     for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
-    stop.wait()
-    sidecar.stop()
+        signal.signal(signum, lambda signum, _: signals.append(signum))
+    while not signals:  # a handler that set an Event could deadlock with Event.wait here
+        time.sleep(0.1)
+    sidecar.stop(timeout=1.0)  # bounded: answers and an install in progress are not waited for
     return EXIT_OK
 
 

@@ -133,7 +133,7 @@ class RunMetrics:
 
 
 class ServeMetrics:
-    """The sidecar: readiness, bundle reloads, registry size."""
+    """The sidecar: readiness, bundle reloads and scans, registry size."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
@@ -145,6 +145,11 @@ class ServeMetrics:
             "triton_warmup_bundle_reloads",
             "Bundles seen in the watched folder, by result.",
             ["result"],
+            registry=r,
+        )
+        self.bundle_scans = Counter(
+            "triton_warmup_bundle_scans",
+            "Scans of the watched bundle folder (each after a change; none while idle).",
             registry=r,
         )
         self.registry_entries = Gauge(

@@ -142,7 +142,10 @@ class RunStatus(_Record):
     def _older_failures(cls, data: Any) -> Any:
         """A status written before ``errors`` existed kept its reasons in ``failures``."""
         if isinstance(data, dict) and "failures" in data and "errors" not in data:
-            return {**data, "errors": [str(f) for f in data["failures"] or []]}
+            failures = data["failures"]
+            if isinstance(failures, list):
+                return {**data, "errors": [str(f) for f in failures]}
+            return {**data, "errors": failures if failures is not None else []}  # else invalid
         return data
 
     @computed_field  # type: ignore[prop-decorator]
@@ -175,8 +178,9 @@ class RunStatus(_Record):
 
     @classmethod
     def read(cls, path: Path) -> RunStatus | None:
-        """The status, or None when there is none yet or it is unreadable or foreign."""
+        """The status, or None when there is none yet or it is unreadable or foreign
+        (not JSON, nested too deep, a wrong type anywhere); never raises."""
         try:
             return cls.model_validate_json(path.read_bytes())
-        except (OSError, ValidationError, ValueError):
-            return None
+        except (OSError, ValidationError, ValueError, TypeError, RecursionError):
+            return None  # the probe and the CLI must answer whatever the file holds

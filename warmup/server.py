@@ -6,7 +6,9 @@
     /metrics  the sidecar's metrics, the last warmup run's and every serving process's
               (Prometheus text; each serving process writes a file in the metrics folder)
 
-It also watches the bundle folder and installs new bundles (``warmup.watcher``).
+It also watches the bundle folder and installs new bundles (``warmup.watcher``). Its
+threads are bounded whatever its clients do (``ProbeServer``); the manifest is parsed at
+start and again only when its file changes; an error in an answer is a 500.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +29,13 @@ from registry.errors import BundleRejected
 from registry.fingerprint import Fingerprint
 from warmup.manifest import ManifestError, load_manifest
 from warmup.metrics import ServeMetrics, TextFileCollector, TextFolderCollector
+from warmup.probe_server import ProbeServer
 from warmup.results import RunStatus
 from warmup.settings import Settings
-from warmup.watcher import BundleWatcher
+from warmup.watcher import BundleWatcher, Stat, stat_key
 
 log = logging.getLogger(__name__)
+JSON = "application/json"
 
 
 class SidecarError(RuntimeError):
@@ -38,6 +43,8 @@ class SidecarError(RuntimeError):
 
 
 class Sidecar:
+    IDLE_S = 5.0  # how long a connection may stay silent, and each read or write take
+
     def __init__(self, settings: Settings, metrics: ServeMetrics | None = None) -> None:
         self.settings = settings
         self.metrics = metrics or ServeMetrics()
@@ -50,10 +57,16 @@ class Sidecar:
             settings.bundles,
             self.install_bundle,
             debounce_s=settings.reload_debounce_s,
+            retry_on=[settings.status_path],  # a warmup records the fingerprint installs need
             on_result=lambda r: self.metrics.bundle_reloads.labels(r).inc(),
+            on_scan=self.metrics.bundle_scans.inc,
         )
-        self._manifest: tuple[float, str] | None = None  # (mtime, digest)
-        self._http: ThreadingHTTPServer | None = None
+        # the manifest file's stat key, and its digest or its errors
+        self._manifest: tuple[Stat | None, str | ManifestError] | None = None
+        self._manifest_lock = threading.Lock()
+        self._scrape_lock = threading.Lock()
+        self._scraped: tuple[float, bytes] | None = None  # (when its rendering began, text)
+        self._http: ProbeServer | None = None
         self._thread: threading.Thread | None = None
 
     # ---- answers -------------------------------------------------------------------
@@ -63,12 +76,15 @@ class Sidecar:
             digest = self._manifest_digest()
         except ManifestError as e:
             return self._not_ready("manifest is invalid", errors=e.errors)
-        status = RunStatus.read(self.settings.status_path)
-        if status is None:
+        path = self.settings.status_path
+        status = RunStatus.read(path)
+        if status is None and path.exists():
             return self._not_ready(
-                "no warmup has run yet (or its status file is unreadable)",
-                status_file=str(self.settings.status_path),
+                "the status file is unreadable (damaged, or from an incompatible version)",
+                status_file=str(path),
             )
+        if status is None:
+            return self._not_ready("no warmup has run yet", status_file=str(path))
         if status.manifest_digest != digest:
             return self._not_ready(
                 "the last warmup was for another manifest",
@@ -98,23 +114,39 @@ class Sidecar:
         return False, {"ready": False, "reason": reason, **details}
 
     def _manifest_digest(self) -> str:
+        """The manifest's digest, parsed again only when its file changed (a ConfigMap
+        swap changes its inode); concurrent probes never parse at once: one parses, the
+        others wait for its result."""
         path = self.settings.manifest
-        try:
-            mtime = path.stat().st_mtime
-        except OSError as e:
-            raise ManifestError(str(path), [f"cannot read: {e}"]) from None
-        if self._manifest is None or self._manifest[0] != mtime:  # a ConfigMap may change it
-            self._manifest = (mtime, load_manifest(path).digest())
-        return self._manifest[1]
+        key = stat_key(path)
+        with self._manifest_lock:
+            if self._manifest is None or self._manifest[0] != key:
+                try:
+                    self._manifest = key, load_manifest(path).digest()
+                except ManifestError as e:
+                    self._manifest = key, e
+            found = self._manifest[1]
+        if isinstance(found, ManifestError):
+            raise ManifestError(found.source, found.errors)  # a fresh one: no growing traceback
+        return found
 
     def metrics_text(self) -> bytes:
-        try:
-            self.store.refresh()
-            self.metrics.registry_entries.set(len(self.store))
-            self.metrics.quarantined.set(self.store.quarantined)
-        except (OSError, RegistryError):
-            pass
-        return generate_latest(self.metrics.registry)
+        """The metrics, rendered once for concurrent scrapes: a scrape that arrives while
+        another renders waits and takes a rendering begun after it arrived (rendering
+        parses every serving process's file: a scrape storm must not use every thread)."""
+        asked = time.monotonic()
+        with self._scrape_lock:
+            if self._scraped is not None and self._scraped[0] >= asked:
+                return self._scraped[1]
+            began = time.monotonic()
+            try:
+                self.store.refresh()
+                self.metrics.registry_entries.set(len(self.store))
+                self.metrics.quarantined.set(self.store.quarantined)
+            except (OSError, RegistryError):
+                pass
+            self._scraped = began, generate_latest(self.metrics.registry)
+            return self._scraped[1]
 
     def install_bundle(self, path: Path) -> str:
         """Verify and install one bundle; the previous generation stays on rejection."""
@@ -122,7 +154,11 @@ class Sidecar:
         if status is None or not status.fingerprint:
             log.info("bundle %s deferred: no warmup has recorded this node's fingerprint", path)
             return "deferred"
-        expect = Fingerprint.from_json(status.fingerprint)
+        try:
+            expect = Fingerprint.from_json(status.fingerprint)
+        except RegistryError as e:  # the status is at fault, not the bundle: not final
+            log.warning("bundle %s deferred: the status's fingerprint is unusable: %s", path, e)
+            return "deferred"
         try:
             info = bundle.install(
                 path,
@@ -140,10 +176,13 @@ class Sidecar:
     # ---- serving -------------------------------------------------------------------
 
     def start(self, *, host: str | None = None, port: int | None = None) -> int:
-        """Serve in a background thread and start the watcher; returns the bound port."""
+        """Serve in a background thread, read the manifest, and start the watcher;
+        returns the bound port."""
         sidecar = self
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = self.IDLE_S
+
             def do_GET(self) -> None:
                 sidecar._answer(self)
 
@@ -155,43 +194,57 @@ class Sidecar:
             port if port is not None else self.settings.metrics_port,
         )
         try:
-            self._http = ThreadingHTTPServer(bind, Handler)
+            self._http = ProbeServer(bind, Handler, idle_s=self.IDLE_S)
         except OSError as e:
             raise SidecarError(
                 f"cannot listen on {bind[0]}:{bind[1]} ({e.strerror or e}): set --port or "
                 "TRITON_WARMUP_METRICS_PORT to a free port (0-65535; 0 picks one)"
             ) from None
-        self._http.daemon_threads = True
         self._thread = threading.Thread(
             target=self._http.serve_forever, daemon=True, name="sidecar-http"
         )
         self._thread.start()
+        self._check_manifest()
         self.watcher.start()
         return int(self._http.server_address[1])
 
-    def stop(self) -> None:
-        self.watcher.stop()
+    def stop(self, timeout: float = 1.0) -> None:
+        """Stop accepting, stop the watcher and the server; returns within about
+        ``timeout`` even while an answer or a bundle install is in progress."""
         if self._http is not None:
-            self._http.shutdown()
+            self._http.shutdown(timeout / 2)
             self._http.server_close()
+        self.watcher.stop(timeout / 2)
+
+    def _check_manifest(self) -> None:
+        """Parse the manifest now, so that a bad one is in the log at once."""
+        try:
+            self._manifest_digest()
+        except ManifestError as e:
+            for line in e.lines():
+                log.error("%s", line)
+            log.error("/readyz answers 503 until the manifest is fixed")
 
     def _answer(self, request: BaseHTTPRequestHandler) -> None:
         path = request.path.split("?", 1)[0]
+        try:
+            code, kind, body = self._route(path)
+        except Exception as e:  # answer, never drop the connection
+            log.exception("answering %s failed", path)
+            code, kind = HTTPStatus.INTERNAL_SERVER_ERROR, JSON
+            body = json.dumps({"error": f"{type(e).__name__}: {e}"}).encode()
+        self._send(request, code, kind, body)
+
+    def _route(self, path: str) -> tuple[int, str, bytes]:
         if path == "/healthz":
-            self._send(request, HTTPStatus.OK, "application/json", b'{"alive": true}')
-        elif path == "/readyz":
+            return HTTPStatus.OK, JSON, b'{"alive": true}'
+        if path == "/readyz":
             ready, body = self.readiness()
             code = HTTPStatus.OK if ready else HTTPStatus.SERVICE_UNAVAILABLE
-            self._send(request, code, "application/json", json.dumps(body).encode())
-        elif path == "/metrics":
-            self._send(request, HTTPStatus.OK, CONTENT_TYPE_LATEST, self.metrics_text())
-        else:
-            self._send(
-                request,
-                HTTPStatus.NOT_FOUND,
-                "application/json",
-                b'{"error": "not found: /healthz, /readyz, /metrics"}',
-            )
+            return code, JSON, json.dumps(body).encode()
+        if path == "/metrics":
+            return HTTPStatus.OK, CONTENT_TYPE_LATEST, self.metrics_text()
+        return HTTPStatus.NOT_FOUND, JSON, b'{"error": "not found: /healthz, /readyz, /metrics"}'
 
     @staticmethod
     def _send(request: BaseHTTPRequestHandler, code: int, kind: str, body: bytes) -> None:

@@ -1,101 +1,239 @@
 """Hot reload: a watchdog observer on the bundle folder installs new bundles.
 
 Kubernetes swaps a ConfigMap volume by renaming its ``..data`` symlink, so the folder is
-watched (not the files) and events are debounced: one scan after the burst settles. A
-scan looks at every ``*.tgz`` / ``*.tar.gz`` in the folder (through the ConfigMap's
-symlinks), installs those whose sha256 it has not seen, and rejects bad ones with the
-previous generation left active. A periodic rescan catches events the OS dropped.
+watched (not the files) and bundles are reached through its symlinks. Only events that
+change the folder's entries count (created, written, moved, deleted): opening and reading
+a bundle, the watcher's own reads included, never do. One worker thread runs every scan,
+one at a time: a burst of events is one scan once it settles, and changes during a scan
+bring exactly one more. A periodic check catches events the OS dropped. Either scans
+only when the folder's signature (names, and inode, size and mtime of what each points
+to) changed since the last scan began. A bundle is known by its sha256, hashed by
+streaming and cached by that stat signature, so an unchanged file is never hashed twice.
+Installed and rejected are final; deferred is retried at the next change of the folder
+or of ``retry_on`` (the files whose change can make a deferred bundle installable).
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import BinaryIO
 
-from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.events import (
+    DirCreatedEvent,
+    DirDeletedEvent,
+    DirMovedEvent,
+    FileClosedEvent,
+    FileCreatedEvent,
+    FileDeletedEvent,
+    FileModifiedEvent,
+    FileMovedEvent,
+    FileSystemEvent,
+    FileSystemEventHandler,
+)
 from watchdog.observers import Observer
+from watchdog.observers.api import BaseObserver
 
 log = logging.getLogger(__name__)
 PATTERNS = ("*.tgz", "*.tar.gz")
 Install = Callable[[Path], str]  # returns the result: installed, rejected, deferred
+FINAL = ("installed", "rejected")
+DEFERRED = "deferred"
+# What changes the folder's entries; opened and closed-without-writing are left out, or
+# every read of a bundle would schedule the next scan.
+CHANGES: list[type[FileSystemEvent]] = [
+    FileCreatedEvent,
+    FileModifiedEvent,
+    FileClosedEvent,
+    FileMovedEvent,
+    FileDeletedEvent,
+    DirCreatedEvent,
+    DirMovedEvent,
+    DirDeletedEvent,
+]
+CHUNK = 2**20
+Stat = tuple[int, int, int, int]  # device, inode, size, mtime_ns
+
+
+def stat_key(path: Path) -> Stat | None:
+    """What changes when a file is rewritten or replaced (through symlinks: a ConfigMap
+    swap changes the inode); None when there is no such file."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def sha256_of(file: BinaryIO) -> str:
+    """The sha256 of an open file, read in chunks (a bundle may be large)."""
+    digest = hashlib.sha256()
+    while chunk := file.read(CHUNK):
+        digest.update(chunk)
+    return digest.hexdigest()
 
 
 class BundleWatcher(FileSystemEventHandler):
+    """Install each new bundle in ``folder`` once; see the module's docstring.
+
+    ``debounce_s``: quiet time after an event before the scan (a burst that never settles
+    is scanned every ten periods). ``check_s``: how often the folder's signature is
+    compared. ``scans`` counts scans; ``seen`` maps sha256 to the last result."""
+
     def __init__(
         self,
         folder: Path,
         install: Install,
         *,
         debounce_s: float = 1.0,
-        rescan_s: float = 30.0,
+        check_s: float = 2.0,
+        retry_on: Iterable[Path] = (),
         on_result: Callable[[str], None] | None = None,
+        on_scan: Callable[[], None] | None = None,
     ) -> None:
         self.folder = folder
         self.install = install
         self.debounce_s = debounce_s
-        self.rescan_s = rescan_s
+        self.check_s = check_s
+        self.retry_on = tuple(retry_on)
         self.on_result = on_result
+        self.on_scan = on_scan
         self.seen: dict[str, str] = {}  # sha256 -> result
-        self._timer: threading.Timer | None = None
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._observer: Observer | None = None  # type: ignore[valid-type]
-        self._rescanner: threading.Thread | None = None
+        self.scans = 0
+        self._digests: dict[Stat, str] = {}  # the last scan's files: stat -> sha256
+        self._waiting = False  # a bundle of the last scan was deferred
+        self._signature: object = None  # the folder, as the last scan began
+        self._scan_lock = threading.Lock()
+        self._wake = threading.Condition()
+        self._due: float | None = None  # when the event-driven scan runs
+        self._burst: float | None = None  # when its first event came
+        self._stopped = False
+        self._observer: BaseObserver | None = None
+        self._worker: threading.Thread | None = None
 
     def start(self) -> None:
+        """Watch the folder; the first scan runs at once, in the background."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        self._observer = Observer()
-        self._observer.schedule(self, str(self.folder), recursive=False)
-        self._observer.daemon = True
+        self._observer = Observer()  # its threads are daemons
+        self._observer.schedule(self, str(self.folder), recursive=False, event_filter=CHANGES)
         self._observer.start()
-        self._rescanner = threading.Thread(
-            target=self._rescan_loop, daemon=True, name="bundle-rescan"
-        )
-        self._rescanner.start()
-        self.scan()
+        self._schedule(delay=0.0)
+        self._worker = threading.Thread(target=self._run, daemon=True, name="bundle-watcher")
+        self._worker.start()
 
-    def stop(self) -> None:
-        self._stop.set()
-        with self._lock:
-            if self._timer is not None:
-                self._timer.cancel()
+    def stop(self, timeout: float = 1.0) -> None:
+        """Stop watching, waiting at most ``timeout``; an install in progress is not
+        waited for: it ends in its daemon thread (a store install is atomic, and the
+        store's recovery cleans what a killed one left), and no other one starts."""
+        deadline = time.monotonic() + timeout
+        with self._wake:
+            self._stopped = True
+            self._wake.notify()
         if self._observer is not None:
             self._observer.stop()
-            self._observer.join(timeout=5)
+            self._observer.join(max(0.0, deadline - time.monotonic()))
+        if self._worker is not None and not self._scan_lock.locked():
+            self._worker.join(max(0.0, deadline - time.monotonic()))
 
     def on_any_event(self, event: FileSystemEvent) -> None:
-        with self._lock:  # debounce: a ConfigMap swap is a burst of events
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer = threading.Timer(self.debounce_s, self.scan)
-            self._timer.daemon = True
-            self._timer.start()
+        self._schedule(delay=self.debounce_s)
+
+    def _schedule(self, *, delay: float) -> None:
+        with self._wake:
+            now = time.monotonic()
+            self._burst = now if self._burst is None else self._burst
+            self._due = min(now + delay, self._burst + 10 * delay)
+            self._wake.notify()
+
+    def _run(self) -> None:
+        next_check = time.monotonic() + self.check_s
+        while (job := self._next_job(next_check)) is not None:
+            if job == "check":
+                next_check = time.monotonic() + self.check_s
+            if self.signature() == self._signature:
+                continue  # the last scan saw this already (an event and a check, say)
+            try:
+                self.scan()
+            except Exception:  # never kill the watcher: the next change scans again
+                log.exception("scanning %s failed", self.folder)
+
+    def _next_job(self, next_check: float) -> str | None:
+        """Wait for the next scan ("scan") or periodic check ("check"); None once stopped."""
+        with self._wake:
+            while not self._stopped:
+                now = time.monotonic()
+                if self._due is not None and now >= self._due:
+                    self._due = self._burst = None
+                    return "scan"
+                if now >= next_check:
+                    return "check"
+                until = next_check if self._due is None else min(self._due, next_check)
+                self._wake.wait(until - now)
+            return None
+
+    def signature(self) -> object:
+        """Cheap: the bundles' names and stat keys, and ``retry_on``'s while one waits."""
+        retry = tuple(map(stat_key, self.retry_on)) if self._waiting else None
+        return tuple((p.name, stat_key(p)) for p in self.bundles()), retry
+
+    def bundles(self) -> list[Path]:
+        """The folder's bundle files; hidden ones (a writer's temp files) are not."""
+        found = {p for pattern in PATTERNS for p in self.folder.glob(pattern)}
+        return sorted(p for p in found if not p.name.startswith("."))
 
     def scan(self) -> dict[str, str]:
-        """Install what is new; returns {file name: result} for the files looked at."""
+        """Install what is new, one scan at a time; returns {file name: result} for the
+        bundles tried (one installed or rejected before is skipped unread)."""
+        with self._scan_lock:
+            self.scans += 1
+            if self.on_scan is not None:
+                self.on_scan()
+            folder = tuple((p.name, stat_key(p)) for p in self.bundles())
+            retry = tuple(map(stat_key, self.retry_on))
+            results = self._scan()
+            self._waiting = DEFERRED in results.values()
+            self._signature = folder, retry if self._waiting else None
+            return results
+
+    def _scan(self) -> dict[str, str]:
         results: dict[str, str] = {}
-        for path in sorted({p for pattern in PATTERNS for p in self.folder.glob(pattern)}):
-            try:
-                digest = hashlib.sha256(path.read_bytes()).hexdigest()
-            except OSError:
+        digests: dict[Stat, str] = {}
+        for path in self.bundles():
+            if self._stopped:
+                break
+            found = self._digest(path)
+            if found is None:
                 continue  # removed or half-swapped meanwhile: the next event rescans
-            if self.seen.get(digest) in ("installed", "rejected"):
-                continue
-            try:
-                result = self.install(path)
-            except Exception as e:  # never kill the watcher; the bundle counts as rejected
-                log.exception("installing %s failed: %s", path, e)
-                result = "rejected"
-            self.seen[digest] = result
-            results[path.name] = result
-            log.info("bundle %s: %s", path.name, result)
-            if self.on_result is not None:
-                self.on_result(result)
+            key, digest = found
+            if self.seen.get(digest) not in FINAL and digest not in digests.values():
+                results[path.name] = self.seen[digest] = self._install(path)
+            digests[key] = digest
+        self._digests = digests
         return results
 
-    def _rescan_loop(self) -> None:
-        while not self._stop.wait(self.rescan_s):
-            self.scan()
+    def _digest(self, path: Path) -> tuple[Stat, str] | None:
+        key = stat_key(path)
+        if key is not None and key in self._digests:
+            return key, self._digests[key]
+        try:
+            with path.open("rb") as file:
+                st = os.fstat(file.fileno())  # the file hashed, even if the name moved on
+                return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), sha256_of(file)
+        except OSError:
+            return None
+
+    def _install(self, path: Path) -> str:
+        try:
+            result = self.install(path)
+        except Exception as e:  # never kill the watcher; the bundle counts as rejected
+            log.exception("installing %s failed: %s", path, e)
+            result = "rejected"
+        log.info("bundle %s: %s", path.name, result)
+        if self.on_result is not None:
+            self.on_result(result)
+        return result

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from warmup.metrics import RunMetrics
 from warmup.results import RankFailure, RankReport, RunStatus, ShapeResult
 
@@ -109,3 +111,50 @@ def test_a_status_from_another_version_still_reads(tmp_path):
     status = RunStatus.read(path)
     assert status is not None and status.failures == ["rank 1 exited with code -9"]
     assert status.shapes[0].seconds == 0.0
+
+
+VALID = {"state": "ready", "manifest_digest": "d", "started": 0, "world_size": 1}
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        json.dumps({**VALID, "failures": 5}),
+        json.dumps({**VALID, "failures": {"a": 1}}),
+        json.dumps({**VALID, "errors": [1, 2]}),
+        json.dumps({**VALID, "shapes": [{"kernel": "k", "key": 5, "source": "tuned"}]}),
+        json.dumps({**VALID, "shapes": 5}),
+        json.dumps({**VALID, "rank_failures": [{"rank": "x", "end": "exited"}]}),
+        json.dumps({**VALID, "started": {"nested": [[[]]]}}),
+        json.dumps([VALID]),
+        "null",
+        "5",
+        "[" * 100_000 + "]" * 100_000,
+        '{"a":' * 100_000 + "1" + "}" * 100_000,
+        "\udcff",
+    ],
+    ids=[
+        "failures-a-number",
+        "failures-a-dict",
+        "errors-not-strings",
+        "shape-key-a-number",
+        "shapes-a-number",
+        "rank-not-a-number",
+        "started-a-dict",
+        "a-list",
+        "null",
+        "a-number",
+        "deep-lists",
+        "deep-objects",
+        "not-utf8",
+    ],
+)
+def test_a_malformed_status_reads_as_none_and_never_raises(tmp_path, content):
+    path = tmp_path / "status.json"
+    path.write_bytes(content.encode(errors="surrogateescape"))
+    assert RunStatus.read(path) is None
+
+
+def test_a_status_folder_in_place_of_the_file_reads_as_none(tmp_path):
+    (tmp_path / "status.json").mkdir()
+    assert RunStatus.read(tmp_path / "status.json") is None

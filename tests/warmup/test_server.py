@@ -1,23 +1,31 @@
 """The sidecar: probes, metrics, and bundles installed while it keeps answering."""
 
+import contextlib
+import hashlib
+import http.client
 import json
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+import warmup.server
 from registry import Entry, KernelConfig, Store, bundle, cpu_fingerprint
 from tests.conftest import gpu_fingerprint
 from warmup.manifest import load_manifest
 from warmup.metrics import RunMetrics, ServingMetrics
+from warmup.probe_server import ProbeServer
 from warmup.results import RunStatus, ShapeResult
 from warmup.server import Sidecar
 from warmup.settings import Settings
@@ -184,7 +192,7 @@ def test_the_sidecar_imports_no_torch(tmp_path):
     assert done.stdout.strip() == "[]"
 
 
-def make_bundle(tmp_path, name, m, fingerprint=None):
+def make_bundle(tmp_path, name, m, fingerprint=None, artifacts=0):
     store = Store(tmp_path / f"src-{name}")
     store.put(
         Entry.make(
@@ -194,8 +202,14 @@ def make_bundle(tmp_path, name, m, fingerprint=None):
             KernelConfig.make({"BLOCK_M": 16}),
         )
     )
+    cache = None
+    if artifacts:  # compile artifacts of that many bytes: a bundle that takes a while
+        cache = tmp_path / f"cache-{name}" / ("0" * 32)
+        cache.mkdir(parents=True)
+        (cache / "kernel.cubin").write_bytes(os.urandom(artifacts))
+        cache = cache.parent
     out = tmp_path / f"{name}.tgz"
-    bundle.create(out, name=name, version="1", entries=store.entries())
+    bundle.create(out, name=name, version="1", entries=store.entries(), triton_cache=cache)
     return out
 
 
@@ -267,6 +281,253 @@ def test_a_configmap_data_swap_is_seen(sidecar, settings, tmp_path):
 def test_a_bundle_before_any_warmup_is_deferred_then_installed(sidecar, settings, tmp_path):
     shutil.copy(make_bundle(tmp_path, "early", 64), settings.bundles / "early.tgz")
     assert wait_for(lambda: reloads(sidecar).get("deferred") == 1)
+    ready_status(settings)  # records the fingerprint: the watcher retries on its own
+    assert wait_for(lambda: reloads(sidecar).get("installed") == 1)
+    assert reloads(sidecar) == {"deferred": 1.0, "installed": 1.0}
+
+
+def scans(car):
+    return samples(car.metrics_text().decode(), "triton_warmup_bundle_scans_total")[()]
+
+
+def test_an_idle_sidecar_scans_once_and_hashes_each_bundle_once(settings, tmp_path, monkeypatch):
     ready_status(settings)
-    sidecar.watcher.scan()
-    assert reloads(sidecar).get("installed") == 1
+    settings.bundles.mkdir(parents=True)
+    shutil.copy(make_bundle(tmp_path, "good", 64), settings.bundles / "good.tgz")
+    car = Sidecar(settings)
+    car.watcher.check_s = 0.2  # many periodic checks in the idle time
+    car.start(host="127.0.0.1", port=0)
+    try:
+        assert wait_for(lambda: reloads(car).get("installed") == 1)
+        hashed = []
+        real = hashlib.sha256
+        monkeypatch.setattr(hashlib, "sha256", lambda *a: hashed.append(a) or real(*a))
+        time.sleep(10)  # the install read the bundle and wrote the registry: no event counts
+        assert car.watcher.scans == 1 and scans(car) == 1 and hashed == []
+        assert reloads(car) == {"installed": 1.0} and len(Store(settings.paths.registry)) == 1
+    finally:
+        car.stop()
+
+
+def at_once(n, call, *args):
+    """Call ``call(*args)`` from ``n`` threads at once; their results."""
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(call(*args))) for _ in range(n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def test_concurrent_probes_parse_the_manifest_once(tmp_path, monkeypatch):
+    manifest = tmp_path / "manifest.yaml"
+    shutil.copy(DEMO, manifest)
+    settings = Settings(volume=tmp_path / "v", work_dir=tmp_path / "w", manifest=manifest)
+    parses = []
+
+    def slow_load(path, **options):
+        parses.append(path)
+        time.sleep(0.5)
+        return load_manifest(path, **options)
+
+    monkeypatch.setattr(warmup.server, "load_manifest", slow_load)
+    ready_status(settings)
+    car = Sidecar(settings)
+    url = f"http://127.0.0.1:{car.start(host='127.0.0.1', port=0)}/readyz"
+    try:
+        for expected in (1, 2):
+            assert [code for code, _ in at_once(8, get, url)] == [200] * 8
+            assert len(parses) == expected
+            replaced = tmp_path / "new.yaml"  # a ConfigMap swap: same text, a new inode
+            shutil.copy(DEMO, replaced)
+            os.replace(replaced, manifest)
+    finally:
+        car.stop()
+
+
+def test_concurrent_scrapes_share_one_rendering(sidecar):
+    class Slow:
+        calls = 0
+
+        def collect(self):
+            Slow.calls += 1
+            time.sleep(0.3)
+            return []
+
+    sidecar.metrics.registry.register(Slow())
+    codes = [code for code, _ in at_once(8, get, sidecar.url + "/metrics")]
+    assert codes == [200] * 8 and Slow.calls <= 2
+
+
+def test_idle_connections_hold_no_thread(sidecar):
+    port = int(sidecar.url.rsplit(":", 1)[1])
+    assert get(sidecar.url + "/healthz")[0] == 200  # every worker thread started
+    before = threading.active_count()
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(200)]
+    try:
+        time.sleep(0.2)
+        started = time.monotonic()
+        assert get(sidecar.url + "/healthz") == (200, '{"alive": true}')
+        assert time.monotonic() - started < 1.0
+        assert threading.active_count() <= before + 2
+    finally:
+        for connection in idle:
+            connection.close()
+
+
+def raw_get(port, timeout=5.0):
+    """Send one request on a raw socket; what came back (b"" when closed unanswered)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as connection:
+        connection.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        try:
+            return connection.recv(1024)
+        except ConnectionResetError:
+            return b""
+
+
+def test_silent_connections_are_closed_and_a_full_pool_refuses_at_once():
+    entered, release = threading.Event(), threading.Event()
+
+    class Waits(BaseHTTPRequestHandler):
+        def do_GET(self):
+            entered.set()
+            release.wait(5)
+            self.send_response(200)
+            self.end_headers()
+
+    server = ProbeServer(("127.0.0.1", 0), Waits, workers=1, backlog=1, idle_s=0.3)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=3) as silent:
+            started = time.monotonic()
+            assert silent.recv(1) == b"" and time.monotonic() - started < 2
+        answers = {}
+        first = threading.Thread(target=lambda: answers.update(first=raw_get(port)))
+        first.start()
+        assert entered.wait(3)  # the one worker is busy
+        second = threading.Thread(target=lambda: answers.update(second=raw_get(port)))
+        second.start()  # waits in the backlog
+        time.sleep(0.2)
+        started = time.monotonic()
+        assert raw_get(port) == b"" and time.monotonic() - started < 1  # refused
+        release.set()
+        first.join()
+        second.join()
+        assert answers["first"].startswith(b"HTTP/1.0 200") and answers["second"].startswith(
+            b"HTTP/1.0 200"
+        )
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_error_in_a_handler_answers_500(sidecar, monkeypatch):
+    def boom():
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(sidecar, "readiness", boom)
+    code, body = get(sidecar.url + "/readyz")
+    assert code == 500 and json.loads(body) == {"error": "RuntimeError: boom"}
+    assert get(sidecar.url + "/healthz")[0] == 200
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        {"state": "ready", "manifest_digest": "d", "started": 0, "world_size": 1, "failures": 5},
+        {"state": "ready", "manifest_digest": "d", "started": 0, "world_size": 1, "shapes": 5},
+        "[" * 100_000,
+        b"\xff\xfe\x00",
+    ],
+    ids=["failures-not-a-list", "shapes-not-a-list", "deep-nesting", "not-text"],
+)
+def test_a_malformed_status_file_reads_as_unreadable(sidecar, settings, content):
+    path = settings.status_path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(content, dict):
+        content = json.dumps(content)
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    code, body = get(sidecar.url + "/readyz")
+    assert code == 503
+    assert json.loads(body)["reason"].startswith("the status file is unreadable")
+
+
+SERVE = (  # triton-warmup, each bundle install 3 s longer: one is in progress at SIGTERM
+    "import sys, time; import registry.bundle as b; real = b.install; "
+    "b.install = lambda *a, **k: time.sleep(3) or real(*a, **k); "
+    "from warmup.cli import main; sys.exit(main())"
+)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_sigterm_stops_a_busy_sidecar_within_2_s(tmp_path):
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("TRITON_WARMUP_")},
+        "TRITON_WARMUP_VOLUME": str(tmp_path / "v"),
+        "TRITON_WARMUP_WORK_DIR": str(tmp_path / "w"),
+        "TRITON_WARMUP_MANIFEST": str(DEMO),
+    }
+    settings = Settings(volume=tmp_path / "v", work_dir=tmp_path / "w", manifest=DEMO)
+    ready_status(settings)
+    settings.serving_metrics_path.mkdir(parents=True)  # a large file: each /metrics parses it
+    series = (f'triton_warmup_serving_calls_total{{kernel="k{i}"}} 1.0' for i in range(20_000))
+    (settings.serving_metrics_path / "serving-rank0.prom").write_text(
+        "# TYPE triton_warmup_serving_calls_total counter\n" + "\n".join(series) + "\n"
+    )
+    settings.bundles.mkdir(parents=True)  # a large bundle to install at start
+    shutil.copy(make_bundle(tmp_path, "big", 64, artifacts=16 * 2**20), settings.bundles)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVE, "serve", "--host", "127.0.0.1", "--port", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
+    stop, idle, probes = threading.Event(), [], []
+
+    def probe(path):
+        while not stop.is_set():
+            with contextlib.suppress(OSError, http.client.HTTPException):
+                get(url + path)
+
+    def connect():
+        while len(idle) < 200 and not stop.is_set():
+            with contextlib.suppress(OSError):
+                idle.append(socket.create_connection(("127.0.0.1", port), timeout=1))
+
+    try:
+        assert wait_for(lambda: server.poll() is None and probe_ok(url + "/healthz"), 30)
+        probes += [threading.Thread(target=probe, args=(p,)) for p in ["/metrics"] * 8]
+        probes += [threading.Thread(target=probe, args=(p,)) for p in ["/readyz"] * 4]
+        probes.append(threading.Thread(target=connect))  # idle connections
+        for thread in probes:
+            thread.start()
+        time.sleep(1.0)  # probes answering, the bundle installing
+        started = time.monotonic()
+        server.send_signal(signal.SIGTERM)
+        code = server.wait(timeout=30)
+        assert time.monotonic() - started < 2.0 and code == 0  # a clean exit, not the default
+    finally:
+        stop.set()
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+        for thread in probes:
+            thread.join()
+        for connection in idle:
+            connection.close()
+
+
+def probe_ok(url):
+    with contextlib.suppress(OSError, http.client.HTTPException):
+        return get(url)[0] == 200
+    return False

@@ -1,0 +1,184 @@
+"""The sidecar's bundle watcher at idle and under a burst of changes (CPU, no GPU).
+
+    .venv/bin/python bench/watcher_idle.py --seconds 60
+
+A real ``Sidecar`` (real watchdog observer, real ``bundle.install`` into a temp store)
+watches a temp folder holding a few bundles, one reached ConfigMap-style through
+``..data``. Idle: after the first scan installed them, nothing changes for ``--seconds``;
+reported are the scans per minute, the files hashed, the installs per bundle and the
+peak thread count. Burst: ``--burst`` changes (touches, reads, renames, ConfigMap swaps
+of the same bundle, writes of other files) and one new bundle; reported are the scans
+and the installs they caused. Defaults: the settings' debounce, the watcher's checks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from registry import Entry, KernelConfig, Store, bundle, cpu_fingerprint
+from warmup import watcher as watcher_module
+from warmup.results import RunStatus, ShapeResult
+from warmup.server import Sidecar
+from warmup.settings import Settings
+
+ROOT = Path(__file__).parents[1]
+DEMO = ROOT / "examples" / "demo.yaml"
+
+
+def make_bundle(work: Path, name: str, m: int) -> Path:
+    store = Store(work / f"src-{name}")
+    entry = Entry.make(
+        "ag_gemm", {"M": m, "N": 32, "K": 32}, cpu_fingerprint(), KernelConfig.make({"BLOCK_M": 16})
+    )
+    store.put(entry)
+    out = work / f"{name}.tgz"
+    bundle.create(out, name=name, version="1", entries=store.entries())
+    return out
+
+
+def ready_status(settings: Settings) -> None:
+    from warmup.manifest import load_manifest
+
+    RunStatus(
+        state="ready",
+        manifest_digest=load_manifest(DEMO).digest(),
+        fingerprint=cpu_fingerprint().to_json(),
+        world_size=2,
+        started=0.0,
+        shapes=[ShapeResult(kernel="ag_gemm", key={"M": 32}, source="registry")],
+    ).write(settings.status_path)
+
+
+def configmap_swap(folder: Path, data: Path, stamp: str) -> None:
+    """What the kubelet does: a new ``..<time>`` folder, ``..data`` renamed onto it."""
+    target = folder / f"..{stamp}"
+    target.mkdir()
+    shutil.copy(data, target / "fleet.tgz")
+    (folder / "..data_tmp").symlink_to(target.name)
+    os.replace(folder / "..data_tmp", folder / "..data")
+
+
+class Sampler:
+    """Peak thread count, sampled every 50 ms in a thread of its own."""
+
+    def __init__(self) -> None:
+        self.peak = threading.active_count()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            self.peak = max(self.peak, threading.active_count() - 1)  # not the sampler
+
+
+def installs_per_bundle(store_path: Path) -> Counter[str]:
+    return Counter(g["bundle"]["sha256"] for g in bundle.installed(Store(store_path)))
+
+
+def wait_for(predicate: Any, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            sys.exit("timed out waiting for the watcher")
+        time.sleep(0.05)
+
+
+def burst(folder: Path, count: int, work: Path) -> None:
+    """``count`` changes that bring no new bundle, then one new bundle."""
+    fleet = work / "fleet.tgz"
+    for i in range(count):
+        kind = i % 5
+        if kind == 0:
+            os.utime(folder / "a.tgz")
+        elif kind == 1:
+            (folder / "a.tgz").read_bytes()
+        elif kind == 2:
+            os.replace(folder / "b.tgz", folder / "b-renamed.tgz")
+            os.replace(folder / "b-renamed.tgz", folder / "b.tgz")
+        elif kind == 3:
+            configmap_swap(folder, fleet, f"burst-{i}")
+        else:
+            (folder / "notes.txt").write_text(str(i))
+        time.sleep(0.02)
+    shutil.copy(make_bundle(work, "new", 512), folder / "new.tgz")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=60.0, help="idle time (default 60)")
+    parser.add_argument("--burst", type=int, default=50, help="changes in the burst")
+    args = parser.parse_args()
+    hashed = []
+    real_sha = watcher_module.sha256_of
+    watcher_module.sha256_of = lambda file: hashed.append(1) or real_sha(file)  # type: ignore[assignment]
+
+    with tempfile.TemporaryDirectory(prefix="watcher-bench-") as tmp:
+        work = Path(tmp)
+        settings = Settings(volume=work / "volume", work_dir=work / "work", manifest=DEMO)
+        ready_status(settings)
+        folder = settings.bundles
+        folder.mkdir(parents=True)
+        for name, m in (("a", 64), ("b", 128), ("c", 256)):
+            shutil.copy(make_bundle(work, name, m), folder / f"{name}.tgz")
+        fleet = make_bundle(work, "fleet", 384)
+        configmap_swap(folder, fleet, "first")
+        (folder / "fleet.tgz").symlink_to("..data/fleet.tgz")
+        bundles = 4
+
+        threads_before = threading.active_count()
+        car = Sidecar(settings)
+        car.start(host="127.0.0.1", port=0)
+        try:
+            wait_for(lambda: len(installs_per_bundle(settings.registry_path)) == bundles)
+            time.sleep(3 * max(car.watcher.debounce_s, car.watcher.check_s))  # settled
+            scans, files = car.watcher.scans, len(hashed)
+            with Sampler() as sampler:
+                time.sleep(args.seconds)
+            idle_scans, idle_hashed = car.watcher.scans - scans, len(hashed) - files
+            idle_installs = installs_per_bundle(settings.registry_path)
+
+            scans = car.watcher.scans
+            burst(folder, args.burst, work)
+            wait_for(lambda: len(installs_per_bundle(settings.registry_path)) == bundles + 1)
+            time.sleep(3 * max(car.watcher.debounce_s, car.watcher.check_s))
+            burst_scans = car.watcher.scans - scans
+            burst_installs = installs_per_bundle(settings.registry_path)
+        finally:
+            car.stop()
+
+    per_bundle = sorted(set(idle_installs.values()))
+    print(
+        f"\nsidecar watcher, debounce {settings.reload_debounce_s:g} s, "
+        f"checks every {car.watcher.check_s:g} s, {bundles} bundles, idle {args.seconds:g} s\n"
+    )
+    print("| measure | value |")
+    print("|---|---:|")
+    print(f"| scans per minute while idle | {idle_scans * 60 / args.seconds:.2f} |")
+    print(f"| files hashed while idle | {idle_hashed} |")
+    print(f"| installs per bundle (first scan + idle) | {', '.join(map(str, per_bundle))} |")
+    print(f"| threads before start / peak while idle | {threads_before} / {sampler.peak} |")
+    print(f"| burst: changes, then 1 new bundle | {args.burst} + 1 |")
+    print(f"| burst: scans | {burst_scans} |")
+    print(f"| burst: installs (all bundles, total) | {sum(burst_installs.values()) - bundles} |")
+    print(f"| installs per bundle after the burst | {max(burst_installs.values())} |")
+
+
+if __name__ == "__main__":
+    main()
