@@ -113,7 +113,11 @@ class Measurement:
             value = data.get(name)
             if value is None:
                 return math.inf
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+            if (
+                not isinstance(value, (int, float))
+                or isinstance(value, bool)
+                or not 0 <= value < 1e300
+            ):
                 raise RegistryError(
                     f"Measurement '{name}' has value {shown(value)}; not a time >= 0."
                 )

@@ -18,6 +18,7 @@ from registry.fingerprint import Fingerprint, machine_name
 
 SCHEMA_VERSION = 1
 _KERNEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,127}$")
+_MAX_NUMBER = 1e300  # a time beyond this is no time (and float() of a huge int overflows)
 _TEXT_FIELDS = {"created": "", "host": "", "source": "tuned"}  # optional, with defaults
 
 
@@ -136,7 +137,7 @@ class Entry:
                 f"Entry 'measurements' has value {shown(measurements)}; not a list."
             )
         seconds = data.get("tuning_seconds", 0.0)
-        if not _is_number(seconds) or not 0 <= seconds < math.inf:
+        if not _is_number(seconds) or not 0 <= seconds < _MAX_NUMBER:
             raise RegistryError(f"Entry 'tuning_seconds' has value {shown(seconds)}; not >= 0.")
         text = {name: data.get(name, default) for name, default in _TEXT_FIELDS.items()}
         for name, value in text.items():
@@ -154,6 +155,9 @@ class Entry:
             )
         except RecursionError:
             raise RegistryError("Entry is nested too deeply.") from None
+        except (OverflowError, ValueError, TypeError, AttributeError, KeyError) as e:
+            # a value no check above foresaw (a 400-digit time): one entry, never the store
+            raise RegistryError(f"Entry does not parse: {type(e).__name__}: {e}") from None
 
     def identity(self) -> tuple[str, ...]:
         """Every field but the measurements; the smallest (the earliest tuning) wins a merge."""

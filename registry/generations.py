@@ -21,7 +21,7 @@ CURRENT = "current"
 GENERATION_FILE = "GENERATION.json"
 STAMP_FILE = ".stamp"
 MAX_RECORD_BYTES = 4 * 2**20  # a record lists the paths a bundle changed: thousands at most
-_GEN = re.compile(r"^gen-(\d{6,})$")
+_GEN = re.compile(r"gen-([0-9]{6,})")  # fullmatch: no trailing newline, ASCII digits
 _TEXT = ("id", "created", "kind")
 
 
@@ -49,8 +49,10 @@ class Record:
         if not all(isinstance(data.get(name), str) for name in _TEXT):
             return None
         parent, undoes = data.get("parent"), data.get("undoes")
-        if not (parent is None or (isinstance(parent, str) and _GEN.match(parent))):
+        if not (parent is None or (isinstance(parent, str) and _GEN.fullmatch(parent))):
             return None
+        if parent is not None and _number(parent) >= _number(folder):
+            return None  # parents are older: a chain never loops
         if not (undoes is None or isinstance(undoes, str)):
             return None
         changed = data.get("changed", [])
@@ -78,14 +80,18 @@ def _is_entry_path(value: object) -> bool:
 
 
 def number(gen: Path) -> int:
-    match = _GEN.match(gen.name)
+    return _number(gen.name)
+
+
+def _number(name: str) -> int:
+    match = _GEN.fullmatch(name)
     return int(match.group(1)) if match else -1
 
 
 def generation_dirs(root: Path) -> list[Path]:
     """Every ``gen-NNNNNN`` folder under ``root``, oldest first."""
     try:
-        found = [p for p in root.iterdir() if _GEN.match(p.name) and is_real_dir(p)]
+        found = [p for p in root.iterdir() if _GEN.fullmatch(p.name) and is_real_dir(p)]
     except OSError:
         return []
     return sorted(found, key=number)
@@ -127,20 +133,29 @@ def linked(root: Path) -> Path | None:
     except OSError:
         return None
     gen = root / name
-    if not _GEN.match(name) or not is_real_dir(gen):
+    if not _GEN.fullmatch(name) or not is_real_dir(gen):
         return None
     return gen
 
 
 def fallback(root: Path) -> Path | None:
-    """The generation a broken ``current`` stands for: the newest sealed one, else the
-    newest one holding entries, else None (a store never written)."""
+    """The generation a broken ``current`` stands for: the sealed one written last (its
+    ``.stamp`` is replaced on every write, so an install that crashed before its swap
+    loses to the generation puts went on to), else the newest one holding entries, else
+    None (a store never written)."""
     gens = generation_dirs(root)
     sealed = [g for g in gens if read_record(g) is not None]
     if sealed:
-        return sealed[-1]
+        return max(sealed, key=lambda g: (_stamped(g), number(g)))
     holding = [g for g in gens if next(entry_files(g), None) is not None]
     return holding[-1] if holding else None
+
+
+def _stamped(gen: Path) -> int:
+    try:
+        return (gen / STAMP_FILE).lstat().st_mtime_ns
+    except OSError:
+        return -1
 
 
 def entry_files(gen: Path) -> Iterator[Path]:

@@ -18,6 +18,7 @@ for ``rollback``.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import secrets
@@ -32,7 +33,7 @@ from filelock import FileLock
 from filelock import Timeout as FileLockTimeout
 
 from registry import atomic
-from registry.entry import Entry, canonical_key, now_iso
+from registry.entry import SCHEMA_VERSION, Entry, canonical_key, now_iso
 from registry.errors import RegistryError
 from registry.fingerprint import Fingerprint, MatchPolicy
 from registry.generations import (
@@ -56,6 +57,7 @@ log = logging.getLogger(__name__)
 QUARANTINE = "quarantine"
 KEEP_GENERATIONS = 8
 MAX_ENTRY_BYTES = 2**20  # an entry is a few KiB; anything bigger is not one
+QUARANTINE_LOCK_S = 1.0  # a reader moving a corrupt file aside waits this long at most
 StatKey = tuple[int, int, int]
 
 
@@ -201,24 +203,34 @@ class Store:
                 loaded.refused[rel] = stat_key
                 continue
             entry = cached[1] if cached and cached[0] == stat_key else self._read(gen, path)
+            if isinstance(entry, _Unread):
+                continue  # a passing fault (EIO, EACCES): read again at the next reload
             if entry is None:
-                loaded.refused[rel] = stat_key
+                loaded.refused[rel] = stat_key  # not re-read while it stays as it is
                 continue
             loaded.by_path[rel] = (stat_key, entry)
             slot = loaded.by_slot.setdefault((entry.kernel, entry.key_json), {})
             slot[entry.fingerprint.digest()] = entry
         return loaded
 
-    def _read(self, gen: Path, path: Path) -> Entry | None:
+    def _read(self, gen: Path, path: Path) -> Entry | _Unread | None:
+        """The entry in ``path``; None when its content is not one (quarantined) or is
+        a newer schema's; ``_UNREAD`` when the file could not be read this time."""
         try:
             data = atomic.loads(read_small(path, MAX_ENTRY_BYTES))
         except FileNotFoundError:
             return None
-        except (OSError, ValueError) as e:
+        except OSError as e:
+            if e.errno != errno.ELOOP:  # a link where an entry belongs is content; EIO is not
+                log.warning("cannot read registry file %s now: %s", path, e)
+                return _UNREAD
+            self._quarantine(gen, path, f"not an entry file: {e}")
+            return None
+        except ValueError as e:
             self._quarantine(gen, path, f"not an entry file: {e}")
             return None
         schema = data.get("schema") if isinstance(data, dict) else None
-        if isinstance(schema, int) and not isinstance(schema, bool) and schema > 1:
+        if _is_newer_schema(schema):
             self.skipped += 1  # written by a newer version sharing the volume: leave it alone
             log.warning("skipping %s: schema %s is newer than this reader", path, schema)
             return None
@@ -229,26 +241,41 @@ class Store:
             return None
 
     def _quarantine(self, gen: Path, path: Path, reason: str) -> None:
-        """Move a corrupt file aside so readers stop tripping on it; its key becomes a miss."""
-        self.quarantined += 1
+        """Move a corrupt file aside so readers stop tripping on it; its key becomes a miss.
+        A reader does not wait for the write lock: a busy or read-only store keeps the
+        file where it is (skipped all the same), and the next reader moves it."""
         rel = path.relative_to(gen).as_posix().replace("/", "__")
         target = self._quarantine_path(f"{gen.name}-{rel}")
-        log.error("quarantining corrupt registry file %s (%s) -> %s", path, reason, target)
         try:
-            with self._locked():
+            with self._locked(timeout=QUARANTINE_LOCK_S):
                 if _still_corrupt(path):
                     self._move_aside(path, target, reason)
-        except (OSError, RegistryError) as e:  # a read-only mount: count it, skip it
-            log.warning("could not move %s to quarantine: %s", path, e)
+                    self.quarantined += 1
+                    log.error(
+                        "quarantined corrupt registry file %s (%s) -> %s", path, reason, target
+                    )
+        except (OSError, RegistryError) as e:  # a read-only mount, a busy lock: skip it
+            log.warning("corrupt registry file %s (%s) left in place: %s", path, reason, e)
 
     def _quarantine_path(self, name: str) -> Path:
-        return self.root / QUARANTINE / f"{time.strftime('%Y%m%dT%H%M%S')}-{name}"
+        """A fresh name in quarantine/: the time, then a random part (never overwritten)."""
+        stamp = f"{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(3)}"
+        return self.root / QUARANTINE / f"{stamp}-{name}"
 
-    @staticmethod
-    def _move_aside(path: Path, target: Path, reason: str) -> None:
-        target.parent.mkdir(parents=True, exist_ok=True)
+    def _move_aside(self, path: Path, target: Path, reason: str) -> None:
+        folder = target.parent
+        if os.path.lexists(folder) and not is_real_dir(folder):  # a file where it belongs
+            os.replace(folder, folder.with_name(f"{folder.name}.{secrets.token_hex(3)}"))
+        folder.mkdir(parents=True, exist_ok=True)
         os.replace(path, target)
         atomic.write_bytes(target.with_name(target.name + ".reason"), reason.encode())
+
+    def quarantined_files(self) -> int:
+        """Files and folders in quarantine/, moved there by any process: what a metric shows."""
+        try:
+            return sum(1 for p in (self.root / QUARANTINE).iterdir() if p.suffix == ".reason")
+        except OSError:
+            return 0
 
     # ---- writing -------------------------------------------------------------------
 
@@ -279,7 +306,8 @@ class Store:
             for e in entries:
                 self._merge_into(new, e)
             info = self._seal(new, parent, {"kind": "install", **record, "changed": changed})
-            self._swap(new)
+            self._swap_sealed(new)
+            self._collect_garbage()
         self.refresh(force=True)
         return info
 
@@ -305,7 +333,8 @@ class Store:
                 current,
                 {"kind": "rollback", "undoes": target["id"], "bundle": target.get("bundle")},
             )
-            self._swap(new)
+            self._swap_sealed(new)
+            self._collect_garbage()
         self.refresh(force=True)
         return info
 
@@ -317,7 +346,18 @@ class Store:
                 undone.add(str(record.undoes))
             elif record.kind == "install" and record.id not in undone:
                 return record.to_json()
-            gen = self.root / record.parent if record.parent else None
+            elif record.kind == "repair":  # its record, with what it changed, was lost
+                raise RegistryError(
+                    f"Store {self.root}: generation {record.id} was repaired "
+                    f"({record.extra.get('reason')}), so what it changed is unknown; "
+                    "roll back by hand from a bundle."
+                )
+            gen = self.root / record.parent if record.parent else None  # parents are older
+        if gen is not None:
+            raise RegistryError(
+                f"Store {self.root}: no bundle install to roll back among the kept generations "
+                f"({gen.name} and older are gone; kept: {self.keep_generations})."
+            )
         raise RegistryError(f"Store {self.root}: no bundle install left to roll back.")
 
     def recover(self) -> dict[str, Any]:
@@ -340,27 +380,59 @@ class Store:
         return report
 
     @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
+    def _locked(self, timeout: float | None = None) -> Iterator[None]:
         self.root.mkdir(parents=True, exist_ok=True)
+        wait = self.lock_timeout if timeout is None else timeout
+        lock_file = Path(self._lock.lock_file)
+        if is_real_dir(lock_file):  # nobody can hold a folder: move it out of the way
+            os.replace(lock_file, lock_file.with_name(f"{lock_file.name}.{secrets.token_hex(3)}"))
         try:
-            with self._lock:
+            with self._lock.acquire(timeout=wait):
                 yield
         except FileLockTimeout:
             raise RegistryError(
-                f"Store {self.root}: write lock not acquired within {self.lock_timeout:g} s."
+                f"Store {self.root}: write lock not acquired within {wait:g} s."
             ) from None
 
     def _merge_into(self, gen: Path, entry: Entry) -> Entry:
+        """Merge ``entry`` with what its file holds. Only a missing file counts as empty:
+        a corrupt one is quarantined first, a newer schema's is left alone, and a read
+        that fails (EIO) fails the write rather than overwrite a tuning it did not see."""
         path = gen / entry.relpath()
+        self._clear_the_way(gen, path)
         merged = entry
-        with contextlib.suppress(OSError, RegistryError):  # a corrupt file loses nothing valid
+        try:
             merged = read_entry(path).merge(entry)
+        except FileNotFoundError:
+            pass
+        except RegistryError as e:
+            if _is_newer_schema(_schema_of(path)):
+                log.warning("not writing %s: a newer version's entry holds the slot", path)
+                return entry
+            self._move_aside(path, self._quarantine_path(f"{gen.name}-{path.name}"), str(e))
+            self.quarantined += 1
+        except OSError as e:
+            if e.errno != errno.ELOOP:
+                raise
+            self._move_aside(path, self._quarantine_path(f"{gen.name}-{path.name}"), str(e))
+            self.quarantined += 1
         data = atomic.dumps(merged.to_json()).encode()
         with contextlib.suppress(OSError):
             if path.read_bytes() == data:
                 return merged  # an idempotent replay writes nothing
         atomic.write_bytes(path, data)
         return merged
+
+    def _clear_the_way(self, gen: Path, path: Path) -> None:
+        """A file where a folder of ``path`` belongs, or a folder where the entry file
+        belongs, is moved to quarantine: one stray object never blocks a slot's writes."""
+        rel = path.relative_to(gen)
+        for part in [*reversed(rel.parents[:-1]), rel]:  # the folders outermost first, the file
+            spot = gen / part
+            in_the_way = is_real_dir(spot) if part == rel else not is_real_dir(spot)
+            if os.path.lexists(spot) and in_the_way:
+                name = f"{gen.name}-{part.as_posix().replace('/', '__')}"
+                self._move_aside(spot, self._quarantine_path(name), "in the way of an entry")
 
     def _ensure_generation(self) -> Path:
         """The current generation, repaired first where its link or record is broken."""
@@ -418,10 +490,9 @@ class Store:
         return new
 
     def _new_generation_dir(self) -> Path:
-        self._collect_garbage()
         numbers = [int(g.name[4:]) for g in generation_dirs(self.root)]
         for name in os.listdir(self.root):  # a stray file may hold a number too
-            if name.startswith("gen-") and name[4:].isdigit():
+            if name.startswith("gen-") and name[4:].isdecimal() and name[4:].isascii():
                 numbers.append(int(name[4:]))
         new = self.root / f"gen-{max(numbers, default=0) + 1:06d}"
         new.mkdir(parents=True)
@@ -441,6 +512,16 @@ class Store:
     def _swap(self, gen: Path) -> None:
         atomic.replace_symlink(self.root / CURRENT, gen.name)
         log.info("store %s: current generation is now %s", self.root, gen.name)
+
+    def _swap_sealed(self, gen: Path) -> None:
+        """Swap in a new generation; if the swap fails (a full disk), unseal it, so that no
+        repair ever mistakes it for the generation in use."""
+        try:
+            self._swap(gen)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                (gen / GENERATION_FILE).unlink()
+            raise
 
     @staticmethod
     def _touch_stamp(gen: Path) -> None:
@@ -462,17 +543,19 @@ class Store:
         undone = {r.undoes for r in records.values() if r is not None and r.kind == "rollback"}
         held: set[str] | None = None
         for gen in gens:
-            newer = number(gen) > number(current)
-            if gen.name in keep or (newer and records[gen.name] is not None):
-                continue  # a sealed newer one: an install that crashed before its swap
+            record = records[gen.name]
+            never_current = record is None or number(gen) > number(current)
+            if gen.name == current.name or (gen.name in keep and not never_current):
+                continue
             held = entry_paths(current) if held is None else held
             lacking = entry_paths(gen) - held
-            record = records[gen.name]
             if record is not None and record.id in undone:
                 lacking -= set(record.changed)
-            if record is None and lacking:
-                target = self._quarantine_path(f"{gen.name}-unsealed")
-                self._move_aside(gen, target, f"unsealed generation with {len(lacking)} entries")
+            if never_current and lacking:  # a crashed install, before its seal or its swap
+                target = self._quarantine_path(f"{gen.name}-never-current")
+                self._move_aside(
+                    gen, target, f"a generation never swapped in, {len(lacking)} entries"
+                )
                 done["quarantined"].append(gen.name)
             elif not lacking:
                 shutil.rmtree(gen, ignore_errors=True)
@@ -489,13 +572,33 @@ def read_entry(path: Path) -> Entry:
 
 
 def _still_corrupt(path: Path) -> bool:
+    """Whether ``path`` still holds no entry (a writer may have replaced it meanwhile);
+    a file this process cannot read now (EACCES, EIO) is not called corrupt."""
     try:
         read_entry(path)
-    except FileNotFoundError:
-        return False
-    except (OSError, RegistryError):
+    except OSError as e:
+        return e.errno == errno.ELOOP
+    except RegistryError:
         return True
-    return False  # a writer replaced it with a good file meanwhile
+    return False
+
+
+def _schema_of(path: Path) -> object:
+    with contextlib.suppress(OSError, ValueError):
+        data = atomic.loads(read_small(path, MAX_ENTRY_BYTES))
+        return data.get("schema") if isinstance(data, dict) else None
+    return None
+
+
+def _is_newer_schema(schema: object) -> bool:
+    return isinstance(schema, int) and not isinstance(schema, bool) and schema > SCHEMA_VERSION
+
+
+class _Unread:
+    """The marker of an entry file that could not be read this time."""
+
+
+_UNREAD = _Unread()
 
 
 def _unlink_quiet(path: Path) -> None:

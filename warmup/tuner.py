@@ -181,9 +181,12 @@ class Tuner:
         timeout_s: float | None = None,
     ) -> Entry | None:
         """Rank 0 looks; every rank follows its answer (never mismatched collectives)."""
-        entry = None
+        entry, failure = None, None
         if self.lockstep.leader:
-            entry = self.store.lookup(task.kernel, key, fingerprint, self.options.match)
+            try:
+                entry = self.store.lookup(task.kernel, key, fingerprint, self.options.match)
+            except Exception as e:  # a store that cannot be read now: this shape fails
+                failure = f"{task.kernel} at {dict(key)}: registry lookup failed: {_named(e)}"
             if entry is not None and not accepts(task, entry.best):
                 log.warning(
                     "%s %s: the stored config %s is not among the candidates any more; "
@@ -193,11 +196,20 @@ class Tuner:
                     entry.best.label(),
                 )
                 entry = None
+        mine = {"entry": entry.to_json() if entry is not None else None, "error": failure}
+        agreed = self.lockstep.broadcast(
+            mine, what=what, timeout_s=max(timeout_s or 0.0, self._store_wait())
+        )
+        if agreed["error"]:
+            raise TuneError(agreed["error"])
         if not self.lockstep.active:
             return entry
-        mine = entry.to_json() if entry is not None else None
-        agreed = self.lockstep.broadcast(mine, what=what, timeout_s=timeout_s)
-        return Entry.from_json(agreed) if agreed is not None else None
+        return Entry.from_json(agreed["entry"]) if agreed["entry"] is not None else None
+
+    def _store_wait(self) -> float:
+        """How long the other ranks wait for rank 0's registry read or write: a quarantine
+        or a put may wait for the store's write lock first."""
+        return self.store.lock_timeout + self.options.rank_timeout_s
 
     def _lock(self, held: contextlib.ExitStack, kernel: str, key: Mapping[str, Any]) -> float:
         """Rank 0 takes the fleet lock; a lock it cannot get (timeout, a lock server gone)
@@ -214,8 +226,8 @@ class Tuner:
             )
             try:
                 held.enter_context(lease)
-            except RegistryError as e:
-                failure = f"{kernel} at {dict(key)}: {e}"
+            except Exception as e:  # a timeout, a lock server gone, a full volume
+                failure = f"{kernel} at {dict(key)}: {_named(e)}"
         failure = self.lockstep.broadcast(
             failure,
             what="lock outcome",
@@ -249,9 +261,9 @@ class Tuner:
             )
             try:
                 stored = {"entry": self.store.put(entry).to_json()}
-            except (OSError, RegistryError) as e:
-                stored = {"error": f"{task.kernel} at {dict(key)}: tuned, not stored: {e}"}
-        agreed = self.lockstep.broadcast(stored, what="stored entry")
+            except Exception as e:
+                stored = {"error": f"{task.kernel} at {dict(key)}: tuned, not stored: {_named(e)}"}
+        agreed = self.lockstep.broadcast(stored, what="stored entry", timeout_s=self._store_wait())
         if "error" in agreed:
             raise TuneError(agreed["error"])
         return Entry.from_json(agreed["entry"])
@@ -407,3 +419,9 @@ def key_distance(a: Mapping[str, Any], b: Mapping[str, Any]) -> float:
         elif x != y:
             return math.inf
     return total
+
+
+def _named(error: BaseException) -> str:
+    return (
+        f"{type(error).__name__}: {error}" if not isinstance(error, RegistryError) else str(error)
+    )

@@ -15,7 +15,7 @@ import secrets
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -56,6 +56,7 @@ class RedisLockBackend:
             ) from None
         self.url = url
         self._clients: dict[float, Any] = {}
+        self._unanswered: dict[str, tuple[str, float]] = {}  # name -> (SET text, sent at)
         self.client = self._client(IO_TIMEOUT_CAP_S)
 
     def describe(self) -> str:
@@ -68,18 +69,28 @@ class RedisLockBackend:
 
     def try_acquire(self, name: str, ttl: float, wait: float) -> _Held | None:
         lock = self._client(io_timeout(ttl)).lock(PREFIX + name, timeout=ttl, thread_local=False)
-        token = secrets.token_hex(8)
         deadline = time.monotonic() + wait
         while True:
-            sent = time.monotonic()  # the lease runs from the SET that won, not from its reply
-            lease = Lease(name, ttl, sent)
-            holder = Holder.me(token, lease)
-            with self._reaching():
-                if lock.acquire(blocking=False, token=holder.to_text()):
-                    break
+            sent = time.monotonic()  # a lease runs from the SET that won, not from its reply
+            text = self._value(name)
+            try:
+                with self._reaching():
+                    if self._landed(lock, name, text):
+                        sent = self._unanswered[name][1]  # the key's TTL may have started then
+                        break
+                    if lock.acquire(blocking=False, token=text):
+                        break
+            except LockServerUnreachable:
+                self._unanswered.setdefault(name, (text, sent))  # it may land all the same
+                raise
             if time.monotonic() + POLL_S > deadline:
                 return None
             time.sleep(POLL_S)
+        self._unanswered.pop(name, None)
+        lease = Lease(name, ttl, sent)
+        parsed = Holder.parse(text)
+        assert parsed is not None  # our own value
+        holder = replace(parsed, lease=lease)
         stop = threading.Event()
         thread = threading.Thread(
             target=_renew, args=(lock, lease, stop), daemon=True, name=f"lock-heartbeat-{name}"
@@ -130,14 +141,35 @@ class RedisLockBackend:
             )
         return self._clients[timeout]
 
+    def _value(self, name: str) -> str:
+        """This process as the key's value; after a SET whose reply was lost, that SET's
+        value again, so that a SET that landed is recognised as ours."""
+        if name in self._unanswered:
+            return self._unanswered[name][0]
+        return Holder.me(secrets.token_hex(8)).to_text()
+
+    def _landed(self, lock: Any, name: str, text: str) -> bool:
+        """Whether an earlier SET of ``text`` landed although its reply was lost: then
+        the key is ours, and waiting on it would wait on ourselves for a whole TTL."""
+        if name not in self._unanswered:
+            return False
+        token = lock.redis.get_encoder().encode(text)
+        if lock.redis.get(lock.name) != token:
+            return False
+        lock.local.token = token  # what redis-py's extend and release check
+        return True
+
     @contextlib.contextmanager
     def _reaching(self) -> Iterator[None]:
-        """Connection failures and timeouts as :class:`LockServerUnreachable`."""
+        """Any answer but a lock's own (a failover's READONLY, a timeout, a refused
+        connection) as :class:`LockServerUnreachable`: a waiter retries those."""
         import redis
 
         try:
             yield
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
+        except redis.exceptions.LockError:
+            raise
+        except redis.exceptions.RedisError as e:
             raise LockServerUnreachable(redacted(self.url), _cause(e)) from e
 
 

@@ -348,6 +348,46 @@ def test_a_holder_whose_key_another_owns_stops_claiming_it(redis, proxy):
     assert redis.client.pttl(KEY) > 25_000  # never extended as if it were ours
 
 
+def test_a_set_whose_reply_was_lost_is_recognised_as_ours(redis, proxy, monkeypatch):
+    import redis as redis_py
+
+    real = redis_py.lock.Lock.do_acquire
+    calls = []
+
+    def reply_lost(self, token):
+        calls.append(token)
+        landed = real(self, token)
+        if len(calls) == 1:
+            raise redis_py.exceptions.TimeoutError("Timeout reading from socket")
+        return landed
+
+    monkeypatch.setattr(redis_py.lock.Lock, "do_acquire", reply_lost)
+    started = time.monotonic()
+    with lock(LOCK, ttl=4, timeout=10, backend=backend_from_url(proxy.url)) as me:
+        waited = time.monotonic() - started
+        assert redis.client.get(KEY).decode() == me.to_text()
+    assert waited < 2  # once: it waited on its own key for the whole 4 s ttl
+    assert len(calls) == 1 and redis.client.get(KEY) is None  # released as ours
+
+
+def test_a_failover_answer_is_retried_like_an_outage(redis, proxy, monkeypatch):
+    import redis as redis_py
+
+    real = redis_py.lock.Lock.do_acquire
+    calls = []
+
+    def read_only(self, token):
+        calls.append(token)
+        if len(calls) <= 2:
+            raise redis_py.exceptions.ReadOnlyError("You can't write against a read only replica.")
+        return real(self, token)
+
+    monkeypatch.setattr(redis_py.lock.Lock, "do_acquire", read_only)
+    with lock(LOCK, ttl=3, timeout=10, backend=backend_from_url(proxy.url)) as me:
+        assert me is not None and not me.lost  # once: ReadOnlyError escaped the waiter
+    assert len(calls) == 3
+
+
 # ---- triton-warmup run ---------------------------------------------------------------------
 
 MANIFEST = """

@@ -1,3 +1,4 @@
+import errno
 import json
 import multiprocessing
 import os
@@ -10,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from registry import Entry, MatchPolicy, Store, atomic
+from registry import Entry, MatchPolicy, RegistryError, Store, atomic
+from registry import store as store_module
 from registry.store import CURRENT, QUARANTINE
 from tests.conftest import gpu_fingerprint
 from tests.registry import _workers
@@ -221,6 +223,8 @@ WRONG_TYPED = {
         compute_capability=9
     ),
     "a deep nest": lambda d: d.update(key={"M": "DEEP"}),
+    "a 400-digit time": lambda d: d.update(tuning_seconds=10**400),  # once: OverflowError
+    "a 400-digit median": lambda d: d["measurements"][0].update(median_ms=10**400),
 }
 
 
@@ -314,7 +318,7 @@ def test_recover_cleans_temp_files_and_unsealed_generations(tmp_path, make_entry
     ]
     assert report["generations"] == {"removed": ["gen-000050"], "quarantined": ["gen-000051"]}
     assert not crashed.exists() and not unique.exists()
-    assert list((tmp_path / QUARANTINE).glob("*gen-000051-unsealed/ag_gemm/lone.json"))
+    assert list((tmp_path / QUARANTINE).glob("*gen-000051-never-current/ag_gemm/lone.json"))
     assert len(Store(tmp_path)) == 10
     assert Store(tmp_path).recover() == {
         "repaired": "",
@@ -363,3 +367,163 @@ def test_an_entry_path_that_is_no_small_regular_file_is_quarantined(
         path.symlink_to("/dev/zero")
     reader = Store(tmp_path)
     assert len(reader) == 9 and reader.quarantined == 1
+
+
+def test_a_rollback_never_reports_success_without_the_entry_it_restores(tmp_path, make_entry, h200):
+    store = Store(tmp_path, keep_generations=2)
+    tuned = store.put(make_entry(m=1, block_m=128))
+    earlier = make_entry(m=1, block_m=64, created="2026-01-01T00:00:00+00:00")  # wins the merge
+    store.install([earlier], record={"bundle": {"name": "b"}})
+    assert store.lookup("ag_gemm", {**KEY, "M": 1}, h200).best.meta["BLOCK_M"] == 64
+    store.install([make_entry(m=2)], record={"bundle": {"name": "c"}})
+    store.rollback()  # undoes c
+    try:
+        store.rollback()  # undoes b: its parent may have left the kept window
+    except RegistryError:  # the kept window is too short for it: said, and nothing changed
+        assert store.lookup("ag_gemm", {**KEY, "M": 1}, h200).best.meta["BLOCK_M"] == 64
+    else:  # once: the parent was collected inside the rollback and the entry unlinked
+        assert store.lookup("ag_gemm", {**KEY, "M": 1}, h200) == tuned
+
+
+def test_a_parent_chain_that_loops_is_no_chain(tmp_path, make_entry):
+    store = Store(tmp_path)
+    store.put(make_entry())
+    store.install([make_entry(m=1)], record={"bundle": {"name": "b"}})
+    gen = tmp_path / os.readlink(tmp_path / CURRENT)
+    record = json.loads((gen / "GENERATION.json").read_text())
+    (gen / "GENERATION.json").write_text(json.dumps({**record, "parent": gen.name}))
+    with pytest.raises(RegistryError, match="repaired"):  # once: looped forever under the lock
+        store.rollback()
+    assert len(Store(tmp_path)) == 2
+
+
+def test_an_install_whose_swap_failed_is_never_taken_for_current(
+    tmp_path, make_entry, h200, monkeypatch
+):
+    store = _ten_entries(tmp_path, make_entry)
+
+    def full_disk(link, target):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(atomic, "replace_symlink", full_disk)
+        with pytest.raises(OSError):
+            store.install([make_entry(m=20)], record={"bundle": {"name": "b"}})
+    store.put(make_entry(m=11))  # puts go on into the real current
+    (tmp_path / CURRENT).unlink()
+    reader = Store(tmp_path)
+    assert reader.lookup("ag_gemm", {**KEY, "M": 11}, h200) is not None
+    assert reader.lookup("ag_gemm", {**KEY, "M": 20}, h200) is None
+
+
+def test_a_crashed_install_sealed_but_never_swapped_loses_to_the_generation_in_use(
+    tmp_path, make_entry, h200
+):
+    store = _ten_entries(tmp_path, make_entry)
+    current = tmp_path / os.readlink(tmp_path / CURRENT)
+    stale = store._fork(current)  # what a kill between seal and swap leaves
+    store._seal(stale, current, {"kind": "install", "changed": []})
+    old = time.time() - 60
+    os.utime(stale / ".stamp", (old, old))
+    store.put(make_entry(m=11))
+    (tmp_path / CURRENT).unlink()
+    assert Store(tmp_path).lookup("ag_gemm", {**KEY, "M": 11}, h200) is not None
+    report = Store(tmp_path).recover()
+    assert report["generations"]["removed"] == [stale.name]  # it held nothing current lacks
+
+
+def test_a_put_onto_a_corrupt_or_newer_file_keeps_what_it_must(tmp_path, make_entry, h200):
+    store = _ten_entries(tmp_path, make_entry)
+    path = tmp_path / CURRENT / make_entry(m=1).relpath()
+    path.write_text("{")
+    store.put(make_entry(m=1))
+    assert store.quarantined == 1 and list((tmp_path / QUARANTINE).glob("*.reason"))
+    newer = {**json.loads(path.read_text()), "schema": 2, "future": True}
+    path.write_text(json.dumps(newer))
+    store.put(make_entry(m=1))
+    assert json.loads(path.read_text())["future"] is True  # a newer version's entry stays
+
+
+def test_a_read_that_fails_fails_the_put_instead_of_overwriting(tmp_path, make_entry, monkeypatch):
+    store = _ten_entries(tmp_path, make_entry)
+    path = tmp_path / CURRENT / make_entry(m=1).relpath()
+    before = path.read_bytes()
+
+    def eio(*args, **kwargs):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr("registry.store.read_entry", eio)
+    with pytest.raises(OSError):
+        store.put(make_entry(m=1, block_m=32))
+    assert path.read_bytes() == before
+
+
+def test_a_passing_read_error_hides_an_entry_only_until_the_next_reload(
+    tmp_path, make_entry, monkeypatch
+):
+    _ten_entries(tmp_path, make_entry)
+    reader = Store(tmp_path)
+    real = store_module.read_small
+    calls = []
+
+    def flaky(path, limit):
+        calls.append(path)
+        if len(calls) == 1:
+            raise PermissionError(errno.EACCES, "Permission denied")
+        return real(path, limit)
+
+    monkeypatch.setattr(store_module, "read_small", flaky)
+    assert len(reader) == 9 and reader.quarantined == 0
+    reader.refresh(force=True)
+    assert len(reader) == 10 and not (tmp_path / QUARANTINE).exists()
+
+
+@pytest.mark.parametrize(
+    "obstacle", ["quarantine file", "kernel file", "entry folder", "lock folder"]
+)
+def test_a_stray_object_never_blocks_writes(tmp_path, make_entry, h200, obstacle):
+    store = _ten_entries(tmp_path, make_entry)
+    gen = tmp_path / os.readlink(tmp_path / CURRENT)
+    new = make_entry(m=1, kernel="other")
+    if obstacle == "quarantine file":
+        (tmp_path / QUARANTINE).write_text("x")
+        (gen / "GENERATION.json").unlink()  # a reseal moves the broken record aside
+    elif obstacle == "kernel file":
+        (gen / "other").write_text("x")
+    elif obstacle == "entry folder":
+        (gen / new.relpath()).mkdir(parents=True)
+    else:
+        (tmp_path / ".store.lock").unlink()
+        (tmp_path / ".store.lock").mkdir()
+    store.put(new)
+    assert Store(tmp_path).lookup("other", {**KEY, "M": 1}, h200) == new
+
+
+def test_a_rollback_stops_at_a_repaired_generation(tmp_path, make_entry):
+    store = Store(tmp_path)
+    store.put(make_entry())
+    store.install([make_entry(m=1)], record={"bundle": {"name": "a"}})
+    store.install([make_entry(m=2)], record={"bundle": {"name": "b"}})
+    gen = tmp_path / os.readlink(tmp_path / CURRENT)
+    (gen / "GENERATION.json").unlink()  # b's record, and what it changed, are lost
+    with pytest.raises(RegistryError, match="repaired"):  # once: it undid bundle a instead
+        store.rollback()
+    assert len(Store(tmp_path)) == 3
+
+
+def test_quarantined_files_never_overwrite_each_other(tmp_path, make_entry):
+    store = _ten_entries(tmp_path, make_entry)
+    path = tmp_path / CURRENT / make_entry(m=1).relpath()
+    for content in ("{", "[", "x"):
+        path.write_text(content)
+        Store(tmp_path).entries()
+    kept = sorted(p.read_text() for p in (tmp_path / QUARANTINE).iterdir() if p.suffix == ".json")
+    assert kept == ["[", "x", "{"] and store.quarantined_files() == 3
+
+
+def test_a_stray_name_like_a_generation_breaks_nothing(tmp_path, make_entry):
+    store = _ten_entries(tmp_path, make_entry)
+    (tmp_path / "gen-²").write_text("x")
+    (tmp_path / "gen-000009\n").mkdir()
+    store.install([make_entry(m=11)], record={"bundle": {"name": "b"}})
+    assert len(Store(tmp_path)) == 11

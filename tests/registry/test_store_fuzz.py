@@ -23,7 +23,7 @@ from registry.generations import CURRENT, GENERATION_FILE, STAMP_FILE, entry_fil
 from tests.conftest import gpu_fingerprint
 
 CASES = 2000
-WRONG_VALUES = [None, True, 0, -1, 2**70, 1.5, "", "x" * 300, [], [1], {}, {"a": [None]}]
+WRONG_VALUES = [None, True, 0, -1, 2**70, 10**400, 1.5, "", "x" * 300, [], [1], {}, {"a": [None]}]
 
 
 def _spoil_json(data: bytes, rng: random.Random) -> bytes:

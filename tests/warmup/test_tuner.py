@@ -106,3 +106,19 @@ def test_empty_space_is_refused(tmp_path):
     with pytest.raises(TuneError, match="empty"):
         tuner_for(task, tmp_path).get(task)
     assert configs() == []
+
+
+@pytest.mark.parametrize("where", ["lock", "lookup", "put"])
+def test_any_failure_of_the_lock_or_store_is_a_failed_shape(tmp_path, monkeypatch, where):
+    task = FakeTask(dict(TIMINGS))
+    tuner = tuner_for(task, tmp_path)
+
+    def broken(*args, **kwargs):
+        raise OSError(28, "No space left on device")  # not a RegistryError
+
+    if where == "lock":
+        monkeypatch.setattr(tuner.lock_backend, "try_acquire", broken)
+    else:
+        monkeypatch.setattr(tuner.store, where, broken)
+    with pytest.raises(TuneError, match="No space left on device"):  # once: an OSError
+        tuner.get(task)
