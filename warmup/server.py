@@ -32,7 +32,7 @@ from warmup.metrics import ServeMetrics, TextFileCollector, TextFolderCollector
 from warmup.probe_server import ProbeServer
 from warmup.results import RunStatus
 from warmup.settings import Settings
-from warmup.watcher import BundleWatcher, Stat, stat_key
+from warmup.watcher import BundleWatcher, Stat, sha256_of, stat_key
 
 log = logging.getLogger(__name__)
 JSON = "application/json"
@@ -142,7 +142,7 @@ class Sidecar:
             try:
                 self.store.refresh()
                 self.metrics.registry_entries.set(len(self.store))
-                self.metrics.quarantined.set(self.store.quarantined)
+                self.metrics.quarantined.set(self.store.quarantined_files())
             except (OSError, RegistryError):
                 pass
             self._scraped = began, generate_latest(self.metrics.registry)
@@ -159,6 +159,10 @@ class Sidecar:
         except RegistryError as e:  # the status is at fault, not the bundle: not final
             log.warning("bundle %s deferred: the status's fingerprint is unusable: %s", path, e)
             return "deferred"
+        done = self._installed_before(path)
+        if done is not None:
+            log.info("bundle %s: installed before, as %s; not again", path, done)
+            return "installed"
         try:
             info = bundle.install(
                 path,
@@ -172,6 +176,21 @@ class Sidecar:
             return "rejected"
         log.info("installed %s as %s", path, info["id"])
         return "installed"
+
+    def _installed_before(self, path: Path) -> str | None:
+        """The kept generation that installed these bytes already, if one did: a restarted
+        sidecar neither installs a bundle twice nor undoes a rollback of it."""
+        try:
+            with path.open("rb") as f:
+                digest = sha256_of(f)
+        except OSError:
+            return None
+        for record in bundle.installed(self.store):
+            about = record.get("bundle")
+            sha = about.get("sha256") if isinstance(about, dict) else None
+            if record.get("kind") == "install" and sha == digest:
+                return str(record.get("id"))
+        return None
 
     # ---- serving -------------------------------------------------------------------
 
@@ -205,6 +224,7 @@ class Sidecar:
         )
         self._thread.start()
         self._check_manifest()
+        self._recover_store()
         self.watcher.start()
         return int(self._http.server_address[1])
 
@@ -215,6 +235,14 @@ class Sidecar:
             self._http.shutdown(timeout / 2)
             self._http.server_close()
         self.watcher.stop(timeout / 2)
+
+    def _recover_store(self) -> None:
+        """Clean what a killed writer left (temp files, unsealed generations, a broken
+        ``current``) before the first install; a store it cannot write is served as is."""
+        try:
+            self.store.recover()
+        except (OSError, RegistryError) as e:
+            log.warning("registry %s not recovered: %s", self.store.root, e)
 
     def _check_manifest(self) -> None:
         """Parse the manifest now, so that a bad one is in the log at once."""

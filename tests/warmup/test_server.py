@@ -531,3 +531,44 @@ def probe_ok(url):
     with contextlib.suppress(OSError, http.client.HTTPException):
         return get(url)[0] == 200
     return False
+
+
+def test_a_restarted_sidecar_neither_reinstalls_a_bundle_nor_undoes_a_rollback(settings, tmp_path):
+    ready_status(settings)
+    settings.bundles.mkdir(parents=True)
+    shutil.copy(make_bundle(tmp_path, "good", 64), settings.bundles / "good.tgz")
+    first = Sidecar(settings)
+    first.start(host="127.0.0.1", port=0)
+    try:
+        assert wait_for(lambda: reloads(first).get("installed") == 1)
+    finally:
+        first.stop()
+    store = Store(settings.paths.registry)
+    store.rollback()
+    generations = len(store.generations())
+    second = Sidecar(settings)
+    second.start(host="127.0.0.1", port=0)
+    try:
+        assert wait_for(lambda: reloads(second).get("installed") == 1)
+    finally:
+        second.stop()
+    assert len(Store(settings.paths.registry)) == 0  # once: installed again, rollback undone
+    assert len(Store(settings.paths.registry).generations()) == generations
+
+
+def test_the_sidecar_recovers_the_store_at_start_and_counts_quarantined_files(settings, tmp_path):
+    store = Store(settings.paths.registry)
+    store.put(Entry.make("ag_gemm", {"M": 8}, cpu_fingerprint(), KernelConfig.make({"B": 1})))
+    gen = settings.paths.registry / os.readlink(settings.paths.registry / "current")
+    stale = gen / "ag_gemm" / ".tmp-99-x.json"
+    stale.write_text("{")
+    (gen / "bad.json").write_text("[1]")
+    Store(settings.paths.registry).entries()  # another process quarantines the bad file
+    car = Sidecar(settings)
+    car.start(host="127.0.0.1", port=0)
+    try:
+        assert not stale.exists()
+        text = car.metrics_text().decode()
+        assert samples(text, "triton_warmup_registry_quarantined")[()] == 1
+    finally:
+        car.stop()
