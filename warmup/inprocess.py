@@ -8,7 +8,7 @@ from pathlib import Path
 
 from warmup.manifest import Manifest, load_manifest
 from warmup.results import RunStatus
-from warmup.session import SELF_STARTED, run_session, uses_cuda
+from warmup.session import SELF_STARTED, lock_backend, run_session, uses_cuda
 from warmup.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -28,6 +28,7 @@ def warm_in_process(manifest: Manifest | str | Path, settings: Settings | None) 
     cuda = uses_cuda(settings)
     manifest.check_kernels(source)  # imports the kernels: after the interpreter is on
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    settings = lock_backend(settings, manifest, world)
     status = run_session(
         settings,
         manifest,

@@ -18,7 +18,6 @@ from pathlib import Path
 
 from registry import atomic
 from registry.fingerprint import NVIDIA_PROC, listed_gpus
-from registry.locks import LockServerUnreachable, backend_from_url, check_backend
 from warmup.manifest import Manifest, ManifestError
 from warmup.results import FAILED, RankFailure, RunStatus
 from warmup.session import (
@@ -26,6 +25,7 @@ from warmup.session import (
     RunError,
     clear_run_dir,
     finish,
+    lock_backend,
     mark_restored,
     restore,
     running,
@@ -45,7 +45,7 @@ def run(settings: Settings, manifest: Manifest) -> RunStatus:
     device = _device_type(settings, world)
     for skipped in manifest.skipped_entries(world):
         log.warning("skipping %s: this pod has %d ranks", skipped, world)
-    settings = _lock_backend(settings, manifest, world)
+    settings = lock_backend(settings, manifest, world)
     run_dir = settings.work_dir / "run"
     clear_run_dir(run_dir)
     status = running(manifest, world, started).write(settings.status_path)
@@ -79,24 +79,6 @@ def _device_type(settings: Settings, world: int) -> str:
             + (f" or --world-size {gpus}" if gpus else "")
         )
     return device
-
-
-def _lock_backend(settings: Settings, manifest: Manifest, world: int) -> Settings:
-    """Where the ranks lock, decided here once: a lock server must answer before any rank
-    starts, or with ``lock_fallback`` file every rank locks with the lease folder."""
-    if not any(e.policy == "tune" and not e.is_user_function for e in manifest.entries_for(world)):
-        return settings  # nothing will be tuned: no lock taken
-    try:
-        check_backend(backend_from_url(settings.lock_location))
-    except LockServerUnreachable as e:
-        if settings.lock_fallback != "file":
-            raise RunError(
-                f"{e}: start it, fix TRITON_WARMUP_LOCK_URL, "
-                "or set TRITON_WARMUP_LOCK_FALLBACK=file"
-            ) from None
-        log.warning("%s: falling back to file leases in %s for this run", e, settings.paths.locks)
-        return settings.model_copy(update={"lock_url": str(settings.paths.locks)})
-    return settings
 
 
 GPU_LIST = NVIDIA_PROC / "gpus"

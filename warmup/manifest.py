@@ -37,6 +37,7 @@ import math
 import os
 import re
 import reprlib
+import stat
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -349,9 +350,13 @@ def parse_manifest(text: str | bytes, *, source: str = "<text>") -> Manifest:
 def _read(path: Path) -> bytes:
     """At most one byte over the limit: a huge file (or /dev/zero) is never read whole."""
     try:
-        with path.open("rb") as file:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a fifo must not block the open
+        with os.fdopen(fd, "rb") as file:
+            st = os.fstat(file.fileno())
+            if stat.S_ISFIFO(st.st_mode) or stat.S_ISSOCK(st.st_mode):
+                raise ManifestError(str(path), ["not a regular file (a fifo or a socket)"])
             data = file.read(MAX_MANIFEST_BYTES + 1)
-            size = os.fstat(file.fileno()).st_size
+            size = st.st_size
     except OSError as e:
         raise ManifestError(str(path), [f"cannot read: {e}"]) from None
     if len(data) > MAX_MANIFEST_BYTES:

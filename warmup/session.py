@@ -29,6 +29,7 @@ from pydantic import ValidationError
 from registry import RegistryError, Store, atomic, triton_cache, triton_internals
 from registry.fingerprint import Fingerprint, machine_name
 from registry.importers import import_triton_autotune
+from registry.locks import LockServerUnreachable, backend_from_url, check_backend
 from warmup.manifest import Manifest, ManifestError, load_manifest
 from warmup.metrics import RunMetrics
 from warmup.results import FAILED, READY, RUNNING, RankFailure, RankReport, RunStatus
@@ -265,6 +266,7 @@ def main() -> int:
             manifest = load_manifest(settings.manifest)
             run_dir = settings.work_dir / "run"
             _prepare_self_started(settings, manifest, world)
+            settings = lock_backend(settings, manifest, world)
         logs.configure(settings.log_format, rank=rank)
         return _run_rank(
             settings, manifest, rank, world, run_dir, LAUNCHED if child_of else SELF_STARTED
@@ -284,6 +286,26 @@ def _prepare_self_started(settings: Settings, manifest: Manifest, world: int) ->
     os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
     uses_cuda(settings)
     manifest.check_kernels(str(settings.manifest))
+
+
+def lock_backend(settings: Settings, manifest: Manifest, world: int) -> Settings:
+    """Where this run locks, decided before any rank warms: a lock server must answer, or
+    with ``lock_fallback`` file the run locks with the lease folder (the launcher decides
+    once for the ranks it spawns; a torchrun or in-process rank decides for itself, and
+    only rank 0 ever takes a lock)."""
+    if not any(e.policy == "tune" and not e.is_user_function for e in manifest.entries_for(world)):
+        return settings  # nothing will be tuned: no lock taken
+    try:
+        check_backend(backend_from_url(settings.lock_location))
+    except LockServerUnreachable as e:
+        if settings.lock_fallback != "file":
+            raise RunError(
+                f"{e}: start it, fix TRITON_WARMUP_LOCK_URL, "
+                "or set TRITON_WARMUP_LOCK_FALLBACK=file"
+            ) from None
+        log.warning("%s: falling back to file leases in %s for this run", e, settings.paths.locks)
+        return settings.model_copy(update={"lock_url": str(settings.paths.locks)})
+    return settings
 
 
 def uses_cuda(settings: Settings) -> bool:

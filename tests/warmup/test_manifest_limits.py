@@ -2,6 +2,7 @@
 time and memory, before anything is expanded or built from it."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -266,3 +267,11 @@ def test_a_large_manifest_within_every_limit_is_read():
     text = manifest(*entries)
     parsed = parse_manifest(text.encode())
     assert parsed.shape_count(1) == MAX_SHAPES
+
+
+def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path):
+    fifo = tmp_path / "manifest.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(ManifestError) as info:  # once: blocked in open() forever
+        load_manifest(fifo)
+    assert info.value.errors == ["not a regular file (a fifo or a socket)"]

@@ -2,10 +2,14 @@
 
 import os
 
+import pytest
+
+import warmup
 from registry import RegistryError, Store
 from registry.store import CURRENT
-from tests.conftest import settings_for
-from warmup.session import restore
+from tests.conftest import settings_for, write_manifest
+from warmup.manifest import load_manifest
+from warmup.session import RunError, lock_backend, restore
 
 
 def test_restore_cleans_what_a_killed_writer_left_and_repairs_current(tmp_path, make_entry):
@@ -31,3 +35,29 @@ def test_a_store_that_cannot_be_recovered_is_read_as_it_is(tmp_path, monkeypatch
     monkeypatch.setattr(Store, "recover", refuse)
     restore(settings)  # a read-only mount or a stuck lock never stops the warmup
     assert "not recovered (write lock not acquired" in caplog.text
+
+
+MANIFEST = """
+version: 1
+entries:
+  - {kernel: ag_gemm, dtype: fp32, world_size: 1, shapes: [{M: 16, N: 16, K: 16}]}
+"""
+NOBODY = "redis://127.0.0.1:1/0"  # port 1: connection refused at once
+
+
+def test_a_lock_server_that_does_not_answer_is_one_clear_error_or_a_fallback(tmp_path):
+    manifest = write_manifest(tmp_path / "m.yaml", MANIFEST)
+    settings = settings_for(tmp_path, manifest=manifest, lock_url=NOBODY)
+    with pytest.raises(RunError, match=r"lock server redis://127.0.0.1:1/0 unreachable"):
+        lock_backend(settings, load_manifest(manifest), 1)
+    fallback = settings.model_copy(update={"lock_fallback": "file"})
+    chosen = lock_backend(fallback, load_manifest(manifest), 1)
+    assert chosen.lock_location == str(settings.paths.locks)
+
+
+def test_warm_in_process_checks_the_lock_server_before_warming(tmp_path):
+    manifest = write_manifest(tmp_path / "m.yaml", MANIFEST)
+    settings = settings_for(tmp_path, manifest=manifest, lock_url=NOBODY)
+    with pytest.raises(RunError, match="unreachable"):  # once: each shape waited its timeout
+        warmup.warm(manifest, settings)
+    assert not settings.status_path.exists()
