@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,22 @@ def write_json(path: Path, value: Any) -> None:
 def dumps(value: Any) -> str:
     """The project's one JSON spelling: sorted keys, two-space indent, trailing newline."""
     return json.dumps(value, indent=2, sort_keys=True, allow_nan=False) + "\n"
+
+
+def read_bounded(path: Path, limit: int, *, follow_links: bool = False) -> bytes:
+    """A regular file's bytes, refused (ValueError) past ``limit``: never a fifo (the open
+    does not block), never a GiB, and a link only with ``follow_links`` (OSError ELOOP)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | (0 if follow_links else os.O_NOFOLLOW)
+    with os.fdopen(os.open(path, flags), "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{path.name} is not a regular file")
+        if st.st_size > limit:
+            raise ValueError(f"{path.name} is {st.st_size} bytes; limit {limit}")
+        data = f.read(limit + 1)
+    if len(data) > limit:  # it grew while we read
+        raise ValueError(f"{path.name} is over {limit} bytes")
+    return data
 
 
 def loads(data: bytes | str) -> Any:

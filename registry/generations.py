@@ -107,22 +107,10 @@ def is_real_dir(path: Path) -> bool:
 def read_record(gen: Path) -> Record | None:
     """The generation's record, or None when it is missing or is not one (unsealed)."""
     try:
-        data = atomic.loads(read_small(gen / GENERATION_FILE, MAX_RECORD_BYTES))
+        data = atomic.loads(atomic.read_bounded(gen / GENERATION_FILE, MAX_RECORD_BYTES))
     except (OSError, ValueError):
         return None
     return Record.parse(data, gen.name)
-
-
-def read_small(path: Path, limit: int) -> bytes:
-    """A regular file's bytes, refused (ValueError) past ``limit``: never a fifo, never a GiB."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"{path.name} is not a regular file")
-        if st.st_size > limit:
-            raise ValueError(f"{path.name} is {st.st_size} bytes; limit {limit}")
-        return f.read(limit + 1)
 
 
 def linked(root: Path) -> Path | None:
@@ -191,6 +179,5 @@ __all__ = [
     "is_real_dir",
     "linked",
     "read_record",
-    "read_small",
     "temp_files",
 ]

@@ -48,7 +48,6 @@ from registry.generations import (
     linked,
     number,
     read_record,
-    read_small,
     temp_files,
 )
 
@@ -217,7 +216,7 @@ class Store:
         """The entry in ``path``; None when its content is not one (quarantined) or is
         a newer schema's; ``_UNREAD`` when the file could not be read this time."""
         try:
-            data = atomic.loads(read_small(path, MAX_ENTRY_BYTES))
+            data = atomic.loads(atomic.read_bounded(path, MAX_ENTRY_BYTES))
         except FileNotFoundError:
             return None
         except OSError as e:
@@ -566,7 +565,7 @@ class Store:
 def read_entry(path: Path) -> Entry:
     """The entry in ``path``; RegistryError (or OSError) for anything else."""
     try:
-        return Entry.from_json(atomic.loads(read_small(path, MAX_ENTRY_BYTES)))
+        return Entry.from_json(atomic.loads(atomic.read_bounded(path, MAX_ENTRY_BYTES)))
     except ValueError as e:
         raise RegistryError(f"{path.name}: {e}") from None
 
@@ -585,7 +584,7 @@ def _still_corrupt(path: Path) -> bool:
 
 def _schema_of(path: Path) -> object:
     with contextlib.suppress(OSError, ValueError):
-        data = atomic.loads(read_small(path, MAX_ENTRY_BYTES))
+        data = atomic.loads(atomic.read_bounded(path, MAX_ENTRY_BYTES))
         return data.get("schema") if isinstance(data, dict) else None
     return None
 

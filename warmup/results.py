@@ -22,6 +22,8 @@ from pydantic import (
 
 from registry import atomic
 
+MAX_STATUS_BYTES = 64 * 2**20  # 4096 shapes x 8 ranks of results fit many times over
+
 # registry/bundle: a stored config (bundle: one a bundle install wrote); tuned: found
 # by tuning now; fallback: the kernel's default, by policy; user: a ``module:function``
 # entry, whose kernels choose their own configs; failed: no config (``error`` says why).
@@ -181,6 +183,7 @@ class RunStatus(_Record):
         """The status, or None when there is none yet or it is unreadable or foreign
         (not JSON, nested too deep, a wrong type anywhere); never raises."""
         try:
-            return cls.model_validate_json(path.read_bytes())
+            data = atomic.read_bounded(path, MAX_STATUS_BYTES, follow_links=True)
+            return cls.model_validate_json(data)
         except (OSError, ValidationError, ValueError, TypeError, RecursionError):
             return None  # the probe and the CLI must answer whatever the file holds

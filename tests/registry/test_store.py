@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from registry import Entry, MatchPolicy, RegistryError, Store, atomic
-from registry import store as store_module
 from registry.store import CURRENT, QUARANTINE
 from tests.conftest import gpu_fingerprint
 from tests.registry import _workers
@@ -463,16 +462,16 @@ def test_a_passing_read_error_hides_an_entry_only_until_the_next_reload(
 ):
     _ten_entries(tmp_path, make_entry)
     reader = Store(tmp_path)
-    real = store_module.read_small
+    real = atomic.read_bounded
     calls = []
 
-    def flaky(path, limit):
+    def flaky(path, limit, **kwargs):
         calls.append(path)
         if len(calls) == 1:
             raise PermissionError(errno.EACCES, "Permission denied")
-        return real(path, limit)
+        return real(path, limit, **kwargs)
 
-    monkeypatch.setattr(store_module, "read_small", flaky)
+    monkeypatch.setattr(atomic, "read_bounded", flaky)
     assert len(reader) == 9 and reader.quarantined == 0
     reader.refresh(force=True)
     assert len(reader) == 10 and not (tmp_path / QUARANTINE).exists()

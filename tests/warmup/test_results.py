@@ -1,9 +1,12 @@
 """The typed records a run passes between processes, and what the metrics count of them."""
 
 import json
+import random
 
 import pytest
 
+from registry import cpu_fingerprint
+from tests.spoil import MUTATIONS
 from warmup.metrics import RunMetrics
 from warmup.results import RankFailure, RankReport, RunStatus, ShapeResult
 
@@ -158,3 +161,27 @@ def test_a_malformed_status_reads_as_none_and_never_raises(tmp_path, content):
 def test_a_status_folder_in_place_of_the_file_reads_as_none(tmp_path):
     (tmp_path / "status.json").mkdir()
     assert RunStatus.read(tmp_path / "status.json") is None
+
+
+def test_two_thousand_spoiled_status_files_each_read_as_a_status_or_none(tmp_path):
+    shape = ShapeResult(kernel="ag_gemm", key={"M": 8, "N": 16}, source="tuned", seconds=1.5)
+    full = RunStatus(
+        **{**VALID, "state": "failed"},
+        fingerprint=cpu_fingerprint().to_json(),
+        errors=["the time limit"],
+        rank_failures=[RankFailure(rank=1, end="exited", code=-9)],
+        skipped_entries=["entries.1 (ag_gemm, world size 8)"],
+        shapes=[shape, shape.model_copy(update={"source": "failed", "error": "boom"})],
+    )
+    path = tmp_path / "status.json"
+    healthy = full.write(path).model_dump_json(indent=1).encode()
+    rng = random.Random(20261123)
+    kinds: dict[str, int] = {}
+    for case in range(2000):
+        name, mutate = rng.choice(list(MUTATIONS.items()))
+        path.write_bytes(mutate(healthy, rng))
+        status = RunStatus.read(path)  # once: a TypeError or a RecursionError out of the probe
+        kinds[name] = kinds.get(name, 0) + 1
+        if status is not None:  # whatever it read is a status the probe can answer from
+            assert isinstance(status.failures, list) and isinstance(status.ready, bool), case
+    assert len(kinds) == len(MUTATIONS)
