@@ -60,7 +60,7 @@ def test_the_compiler_check_builds_a_real_extension_here_and_cleans_up(tmp_path,
     assert result.state == "OK", result
     assert result.detail.startswith(shutil.which("gcc", path=PATH) or "gcc")
     assert list(scratch.iterdir()) == []
-    assert not any("probe" in name for name in sys.modules)
+    assert not any(doctor._PROBE in name for name in sys.modules)
 
 
 def test_cc_naming_a_missing_compiler_is_missing_with_a_fix(tmp_path):
