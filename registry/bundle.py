@@ -63,7 +63,7 @@ from registry.errors import BundleRejected, RegistryError, short, shown, why
 from registry.fingerprint import Fingerprint, MatchPolicy
 from registry.store import Store
 from registry.tar_stream import CHUNK
-from registry.triton_cache import cache_files, relocate
+from registry.triton_cache import STAGING_PREFIX, cache_files, relocate
 
 FORMAT = "triton-warmup-bundle"
 SCHEMA = 1
@@ -555,7 +555,7 @@ class _Stage:
             )
             self._made = list(missing)
             self.cache.mkdir(parents=True, exist_ok=True)
-            self.root = Path(tempfile.mkdtemp(prefix=".bundle-", dir=self.cache))
+            self.root = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=self.cache))
         return self.root
 
     def commit(self, artifacts: Iterable[str]) -> None:

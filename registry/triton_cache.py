@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from registry import atomic
 log = logging.getLogger(__name__)
 GROUP_PREFIX = "__grp__"
 STALE_TEMP_S = 3600.0
+STAGING_PREFIX = ".bundle-"  # bundle.install stages artifacts in such a folder
 
 
 @dataclass
@@ -92,13 +94,17 @@ def _group_children(group: Path) -> dict[str, str] | None:
 
 
 def remove_stale_temp_files(folder: Path, older_than_s: float = STALE_TEMP_S) -> int:
-    """Remove ``.tmp-*`` files a killed copy left (a live copy finishes in seconds)."""
+    """Remove what killed writers left: ``.tmp-*`` files of a copy and ``.bundle-*``
+    staging folders of a bundle install (a live one finishes in seconds or minutes)."""
+    if not folder.is_dir():
+        return 0
     removed = 0
     cutoff = time.time() - older_than_s
-    for path in folder.glob(f"*/{atomic.TEMP_PREFIX}*") if folder.is_dir() else ():
+    leftovers = [*folder.glob(f"*/{atomic.TEMP_PREFIX}*"), *folder.glob(f"{STAGING_PREFIX}*")]
+    for path in leftovers:
         with contextlib.suppress(OSError):
             if path.lstat().st_mtime < cutoff:
-                path.unlink()
+                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
                 removed += 1
     return removed
 

@@ -109,6 +109,11 @@ class Stepped(BaseModel):
 
     @model_validator(mode="after")
     def _bounds(self) -> Stepped:
+        if self.stop <= self.start:
+            raise ValueError(
+                f"range start {self.start}, stop {self.stop}: no value (stop is exclusive "
+                "and must be greater than start)"
+            )
         if self.stop > MAX_DIM + 1 or self.step > MAX_DIM:
             raise ValueError(
                 f"range start {self.start}, stop {self.stop}, step {self.step}: values must "

@@ -24,7 +24,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from registry import RegistryError, Store, bundle
+from registry import RegistryError, Store, bundle, triton_cache
 from registry.errors import BundleRejected
 from registry.fingerprint import Fingerprint
 from warmup.manifest import ManifestError, load_manifest
@@ -241,6 +241,7 @@ class Sidecar:
         ``current``) before the first install; a store it cannot write is served as is."""
         try:
             self.store.recover()
+            triton_cache.remove_stale_temp_files(self.settings.paths.triton_cache)
         except (OSError, RegistryError) as e:
             log.warning("registry %s not recovered: %s", self.store.root, e)
 

@@ -109,3 +109,14 @@ def test_save_removes_temp_files_a_killed_copy_left(tmp_path):
     os.utime(stale, (old, old))
     triton_cache.save(tmp_path / "empty", target)
     assert not stale.exists() and fresh.exists()
+
+
+def test_a_staging_folder_a_killed_install_left_is_removed_once_stale(tmp_path):
+    stale, live = tmp_path / ".bundle-abc", tmp_path / ".bundle-def"
+    for folder in (stale, live):
+        (folder / "hash").mkdir(parents=True)
+        (folder / "hash" / "kernel.cubin").write_bytes(b"x")
+    old = time.time() - 2 * triton_cache.STALE_TEMP_S
+    os.utime(stale, (old, old))
+    assert triton_cache.remove_stale_temp_files(tmp_path) == 1
+    assert not stale.exists() and live.exists()

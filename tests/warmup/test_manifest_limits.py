@@ -275,3 +275,9 @@ def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path):
     with pytest.raises(ManifestError) as info:  # once: blocked in open() forever
         load_manifest(fifo)
     assert info.value.errors == ["not a regular file (a fifo or a socket)"]
+
+
+def test_an_empty_range_is_an_error_not_a_line_of_no_shapes():
+    with pytest.raises(ManifestError) as info:  # once: the line silently warmed nothing
+        parse_manifest(manifest(entry({"M": {"start": 5, "stop": 3}, "N": 8, "K": 8})))
+    assert "no value" in info.value.errors[0]
