@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, writ
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from registry import atomic
 from warmup.results import ShapeResult
 
 SECONDS_BUCKETS = (
@@ -208,10 +209,14 @@ class ServingMetrics:
         return path
 
 
+MAX_METRICS_FILE_BYTES = 16 * 2**20  # a serving process's file is a few KiB
+
+
 def _read_families(path: Path) -> list[Metric]:
     """The metric families of one text-format file; none if it is missing or invalid."""
     try:
-        return list(text_string_to_metric_families(path.read_text()))  # parse all, then yield
+        text = atomic.read_bounded(path, MAX_METRICS_FILE_BYTES, follow_links=True).decode()
+        return list(text_string_to_metric_families(text))  # parse all, then yield
     except FileNotFoundError:
         return []
     except (OSError, ValueError) as e:  # unreadable, half-written or foreign: skip, keep serving

@@ -8,6 +8,7 @@ timeout whatever the handlers are doing.
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import queue
 import selectors
@@ -60,16 +61,22 @@ class ProbeServer(HTTPServer):
             selector.register(self._wake_loop, selectors.EVENT_READ)
             try:
                 while not self._closing.is_set():
-                    for key, _ in selector.select(poll_interval):
-                        if key.fileobj is self.socket:
-                            self._accept(selector)
-                        elif key.fileobj is not self._wake_loop:
-                            self._hand_over(selector, key.fileobj, key.data)  # type: ignore[arg-type]
-                    self._expire(selector)
+                    try:
+                        self._turn(selector, poll_interval)
+                    except Exception:  # the loop is the server: it never dies of one event
+                        log.exception("the sidecar's HTTP loop failed one turn; going on")
             finally:
                 for connection in list(self._waiting):
                     self._drop(selector, connection)
                 self._closed.set()
+
+    def _turn(self, selector: selectors.BaseSelector, poll_interval: float) -> None:
+        for key, _ in selector.select(poll_interval):
+            if key.fileobj is self.socket:
+                self._accept(selector)
+            elif key.fileobj in self._waiting:  # not dropped by an accept of this same batch
+                self._hand_over(selector, key.fileobj, key.data)  # type: ignore[arg-type]
+        self._expire(selector)
 
     def shutdown(self, timeout: float = 1.0) -> None:
         """Stop accepting and answering; waits at most ``timeout`` for the loop, never for
@@ -145,3 +152,37 @@ class ProbeServer(HTTPServer):
                 self.handle_error(connection, address)
             finally:
                 self.shutdown_request(connection)
+
+
+class HeadFirstHandler(BaseHTTPRequestHandler):
+    """A request handler that reads the whole request head first, within ``timeout``
+    seconds in all (not per read: a client dripping a byte at a time is cut at the
+    deadline) and ``MAX_HEAD`` bytes, then parses it. For GET-only servers (no body)."""
+
+    timeout = 5.0
+    MAX_HEAD = 16 * 1024
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile = io.BytesIO(_read_head(self.connection, self.timeout, self.MAX_HEAD))
+
+
+def _read_head(connection: socket.socket, timeout: float, limit: int) -> bytes:
+    """Bytes up to the blank line that ends a request head (or ``limit`` bytes, or what
+    arrived by the deadline: the parser then answers 400 or drops it)."""
+    deadline = time.monotonic() + timeout
+    head = b""
+    while b"\r\n\r\n" not in head and b"\n\n" not in head and len(head) < limit:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        connection.settimeout(left)
+        try:
+            chunk = connection.recv(min(4096, limit - len(head)))
+        except TimeoutError:
+            break
+        if not chunk:
+            break
+        head += chunk
+    connection.settimeout(timeout)  # the answer's writes: a client that never reads is cut
+    return head

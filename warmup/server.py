@@ -29,13 +29,14 @@ from registry.errors import BundleRejected
 from registry.fingerprint import Fingerprint
 from warmup.manifest import ManifestError, load_manifest
 from warmup.metrics import ServeMetrics, TextFileCollector, TextFolderCollector
-from warmup.probe_server import ProbeServer
+from warmup.probe_server import HeadFirstHandler, ProbeServer
 from warmup.results import RunStatus
 from warmup.settings import Settings
 from warmup.watcher import BundleWatcher, Stat, sha256_of, stat_key
 
 log = logging.getLogger(__name__)
 JSON = "application/json"
+SCRAPE_WAIT_S = 10.0  # a scrape waits this long for another one's rendering, then fails
 
 
 class SidecarError(RuntimeError):
@@ -64,6 +65,8 @@ class Sidecar:
         # the manifest file's stat key, and its digest or its errors
         self._manifest: tuple[Stat | None, str | ManifestError] | None = None
         self._manifest_lock = threading.Lock()
+        self._status_cache: tuple[Stat | None, RunStatus | None] | None = None
+        self._status_lock = threading.Lock()
         self._scrape_lock = threading.Lock()
         self._scraped: tuple[float, bytes] | None = None  # (when its rendering began, text)
         self._http: ProbeServer | None = None
@@ -77,7 +80,7 @@ class Sidecar:
         except ManifestError as e:
             return self._not_ready("manifest is invalid", errors=e.errors)
         path = self.settings.status_path
-        status = RunStatus.read(path)
+        status = self._status()
         if status is None and path.exists():
             return self._not_ready(
                 "the status file is unreadable (damaged, or from an incompatible version)",
@@ -130,12 +133,25 @@ class Sidecar:
             raise ManifestError(found.source, found.errors)  # a fresh one: no growing traceback
         return found
 
+    def _status(self) -> RunStatus | None:
+        """The status file, parsed again only when it changed (a run replaces it whole);
+        one probe parses, the others wait for its result (a status of 32,768 shape-rank
+        results is 7 MB of JSON)."""
+        path = self.settings.status_path
+        key = stat_key(path)
+        with self._status_lock:
+            if self._status_cache is None or self._status_cache[0] != key or key is None:
+                self._status_cache = key, RunStatus.read(path)
+            return self._status_cache[1]
+
     def metrics_text(self) -> bytes:
         """The metrics, rendered once for concurrent scrapes: a scrape that arrives while
         another renders waits and takes a rendering begun after it arrived (rendering
         parses every serving process's file: a scrape storm must not use every thread)."""
         asked = time.monotonic()
-        with self._scrape_lock:
+        if not self._scrape_lock.acquire(timeout=SCRAPE_WAIT_S):  # a hung volume: say so
+            raise TimeoutError(f"another scrape has rendered for over {SCRAPE_WAIT_S:g} s")
+        try:
             if self._scraped is not None and self._scraped[0] >= asked:
                 return self._scraped[1]
             began = time.monotonic()
@@ -147,6 +163,8 @@ class Sidecar:
                 pass
             self._scraped = began, generate_latest(self.metrics.registry)
             return self._scraped[1]
+        finally:
+            self._scrape_lock.release()
 
     def install_bundle(self, path: Path) -> str:
         """Verify and install one bundle; the previous generation stays on rejection."""
@@ -171,9 +189,12 @@ class Sidecar:
                 policy=self.settings.match_policy,
                 triton_cache=self.settings.paths.triton_cache,
             )
-        except (BundleRejected, RegistryError) as e:
+        except BundleRejected as e:
             log.error("rejected %s: %s", path, e)
             return "rejected"
+        except (OSError, RegistryError) as e:  # the store's fault (a busy lock, a full disk)
+            log.warning("bundle %s deferred: the store could not take it now: %s", path, e)
+            return "deferred"
         log.info("installed %s as %s", path, info["id"])
         return "installed"
 
@@ -199,7 +220,7 @@ class Sidecar:
         returns the bound port."""
         sidecar = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(HeadFirstHandler):
             timeout = self.IDLE_S
 
             def do_GET(self) -> None:

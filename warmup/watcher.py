@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -57,7 +58,8 @@ CHANGES: list[type[FileSystemEvent]] = [
     DirDeletedEvent,
 ]
 CHUNK = 2**20
-Stat = tuple[int, int, int, int]  # device, inode, size, mtime_ns
+DEFERRED_RETRY_S = 60.0  # a deferred bundle is tried again at least this often
+Stat = tuple[int, int, int, int, int]  # device, inode, size, mtime_ns, ctime_ns
 
 
 def stat_key(path: Path) -> Stat | None:
@@ -67,7 +69,12 @@ def stat_key(path: Path) -> Stat | None:
         st = os.stat(path)
     except OSError:
         return None
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+    return _key(st)
+
+
+def _key(st: os.stat_result) -> Stat:
+    # ctime too: a rewrite in place that restores the mtime (cp -p, rsync -t) changes it
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 def sha256_of(file: BinaryIO) -> str:
@@ -177,9 +184,14 @@ class BundleWatcher(FileSystemEventHandler):
             return None
 
     def signature(self) -> object:
-        """Cheap: the bundles' names and stat keys, and ``retry_on``'s while one waits."""
-        retry = tuple(map(stat_key, self.retry_on)) if self._waiting else None
-        return tuple((p.name, stat_key(p)) for p in self.bundles()), retry
+        """Cheap: the bundles' names and stat keys; while a bundle waits, also
+        ``retry_on``'s stat keys and the minute (a store that was busy may take it now)."""
+        return tuple((p.name, stat_key(p)) for p in self.bundles()), self._retry()
+
+    def _retry(self) -> object:
+        if not self._waiting:
+            return None
+        return tuple(map(stat_key, self.retry_on)), int(time.monotonic() // DEFERRED_RETRY_S)
 
     def bundles(self) -> list[Path]:
         """The folder's bundle files; hidden ones (a writer's temp files) are not."""
@@ -194,7 +206,8 @@ class BundleWatcher(FileSystemEventHandler):
             if self.on_scan is not None:
                 self.on_scan()
             folder = tuple((p.name, stat_key(p)) for p in self.bundles())
-            retry = tuple(map(stat_key, self.retry_on))
+            self._waiting = True  # the retry keys as this scan began
+            retry = self._retry()
             results = self._scan()
             self._waiting = DEFERRED in results.values()
             self._signature = folder, retry if self._waiting else None
@@ -220,10 +233,12 @@ class BundleWatcher(FileSystemEventHandler):
         key = stat_key(path)
         if key is not None and key in self._digests:
             return key, self._digests[key]
-        try:
-            with path.open("rb") as file:
+        try:  # never blocks on a fifo named *.tgz; only regular files are bundles
+            with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as file:
                 st = os.fstat(file.fileno())  # the file hashed, even if the name moved on
-                return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), sha256_of(file)
+                if not stat.S_ISREG(st.st_mode):
+                    return None
+                return _key(st), sha256_of(file)
         except OSError:
             return None
 

@@ -21,11 +21,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import warmup.server
-from registry import Entry, KernelConfig, Store, bundle, cpu_fingerprint
+from registry import Entry, KernelConfig, RegistryError, Store, bundle, cpu_fingerprint
 from tests.conftest import gpu_fingerprint
 from warmup.manifest import load_manifest
 from warmup.metrics import RunMetrics, ServingMetrics
-from warmup.probe_server import ProbeServer
+from warmup.probe_server import HeadFirstHandler, ProbeServer
 from warmup.results import RunStatus, ShapeResult
 from warmup.server import Sidecar
 from warmup.settings import Settings
@@ -572,3 +572,101 @@ def test_the_sidecar_recovers_the_store_at_start_and_counts_quarantined_files(se
         assert samples(text, "triton_warmup_registry_quarantined")[()] == 1
     finally:
         car.stop()
+
+
+class Answers(HeadFirstHandler):
+    timeout = 0.5
+
+    def do_GET(self):
+        body = b"ok"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def serving(handler, **options):
+    server = ProbeServer(("127.0.0.1", 0), handler, **options)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, server.server_address[1]
+
+
+def test_a_client_dripping_bytes_is_cut_at_the_request_deadline():
+    server, port = serving(Answers, workers=1, backlog=4, idle_s=0.5)
+    stop = threading.Event()
+
+    def drip():
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port)) as s:
+            for byte in b"GET /" + b"x" * 10_000:
+                if stop.is_set():
+                    return
+                s.sendall(bytes([byte]))
+                time.sleep(0.1)  # each read within the per-read timeout: once, forever
+
+    dripper = threading.Thread(target=drip, daemon=True)
+    dripper.start()
+    try:
+        time.sleep(0.3)  # the one worker now reads the dripping request
+        started = time.monotonic()
+        answer = b""
+        while not answer.startswith(b"HTTP/1.0 200") and time.monotonic() - started < 5:
+            answer = raw_get(port, timeout=3)
+        assert answer.startswith(b"HTTP/1.0 200") and time.monotonic() - started < 3
+    finally:
+        stop.set()
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_event_for_a_connection_dropped_in_the_same_batch_never_kills_the_loop():
+    server, port = serving(Answers, workers=2, max_waiting=1, idle_s=2.0)
+    try:
+        for _ in range(30):  # each new connection evicts the one waiting, often mid-batch
+            with socket.create_connection(("127.0.0.1", port)) as a:
+                a.sendall(b"GET / HTTP/1.0\r\n\r\n")
+                with socket.create_connection(("127.0.0.1", port)) as b:
+                    b.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        assert raw_get(port).startswith(b"HTTP/1.0 200")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_concurrent_probes_read_the_status_file_once(sidecar, settings, monkeypatch):
+    ready_status(settings)
+    reads = []
+    real = RunStatus.read
+
+    def slow_read(path):
+        reads.append(path)
+        time.sleep(0.3)
+        return real(path)
+
+    monkeypatch.setattr(RunStatus, "read", staticmethod(slow_read))
+    threads = [threading.Thread(target=sidecar.readiness) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(reads) == 1  # once: 8 parses of a file that may be 7 MB
+    ready_status(settings, state="failed")
+    assert sidecar.readiness()[1]["reason"] == "warmup is failed"  # a new file is read
+
+
+def test_a_store_that_cannot_take_a_bundle_now_defers_it(sidecar, settings, tmp_path, monkeypatch):
+    ready_status(settings)
+
+    def busy(*args, **kwargs):
+        raise RegistryError("Store x: write lock not acquired within 120 s.")
+
+    monkeypatch.setattr(bundle, "install", busy)
+    path = make_bundle(tmp_path, "good", 64)
+    assert sidecar.install_bundle(path) == "deferred"  # once: rejected for good
+
+
+def test_a_fifo_in_the_metrics_folder_never_blocks_a_scrape(sidecar, settings):
+    folder = settings.serving_metrics_path
+    folder.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(folder / "serving-rank0.prom")
+    code, _ = get(sidecar.url + "/metrics")
+    assert code == 200

@@ -8,6 +8,7 @@ import tracemalloc
 
 import pytest
 
+from warmup import watcher as watcher_module
 from warmup.watcher import BundleWatcher
 
 
@@ -173,3 +174,37 @@ def test_a_bundle_is_hashed_by_streaming_and_once(folder, monkeypatch):
     monkeypatch.setattr(hashlib, "sha256", lambda *a: hashed.append(a) or hashlib.new("sha256"))
     watcher.scan()  # unchanged: known by its stat, not hashed again
     assert hashed == [] and installs == ["big.tgz"] and watcher.scans == 2
+
+
+def test_a_bundle_rewritten_in_place_with_its_old_mtime_is_installed(folder, watch):
+    installs = Installs()
+    watcher = watch(installs)
+    first_scan_done(watcher)
+    path = folder / "fleet.tgz"
+    drop(path, b"a" * 4096)
+    assert wait_for(lambda: len(installs.calls) == 1)
+    before = path.stat()
+    with path.open("r+b") as f:  # rsync --inplace -t, cp -p: same size, same mtime
+        f.write(b"b" * 4096)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert wait_for(lambda: len(installs.calls) == 2)  # once: never seen again
+    assert installs.calls[1] == hashlib.sha256(b"b" * 4096).hexdigest()
+
+
+def test_a_deferred_bundle_is_retried_now_and_then_without_a_change(folder, watch, monkeypatch):
+    monkeypatch.setattr(watcher_module, "DEFERRED_RETRY_S", 0.5)
+    answers = iter(["deferred", "installed"])  # a store that was busy, then took it
+    installs = Installs(result=lambda path: next(answers))
+    watcher = watch(installs)
+    first_scan_done(watcher)
+    digest = drop(folder / "fleet.tgz", os.urandom(4096))
+    assert wait_for(lambda: watcher.seen.get(digest) == "installed", timeout=5)
+
+
+def test_a_fifo_named_like_a_bundle_never_blocks_a_scan(folder, watch):
+    os.mkfifo(folder / "trap.tgz")
+    installs = Installs()
+    watcher = watch(installs)
+    digest = drop(folder / "real.tgz", os.urandom(4096))
+    assert wait_for(lambda: watcher.seen.get(digest) == "installed", timeout=5)
+    assert len(installs.calls) == 1
