@@ -261,6 +261,38 @@ def everything_at_its_limit(path: Path) -> Path:
     return write(path, pieces)
 
 
+def negative_size(path: Path, *, pax: bool) -> Path:
+    """MANIFEST.json of size -1 (a base-256 size field, or a PAX ``size=-1`` record), then
+    1 GiB of zeros: ``read(-1)`` would decompress all of it."""
+    head = bytearray(header(bundle.MANIFEST))
+    if not pax:
+        head[124:136] = b"\xff" * 12
+        head[148:156] = b" " * 8
+        head[148:155] = b"%06o\0" % sum(head)
+        return write(path, [bytes(head), *zeros(GIB)])
+    record = b"11 size=-1\n"
+    pax_header = [header("pax", tarfile.XHDTYPE, len(record)), record + bytes(BLOCK - len(record))]
+    return write(path, [*pax_header, bytes(head), *zeros(GIB)])
+
+
+def big_group_file(path: Path) -> Path:
+    """A 200 MiB Triton group file, listed with its true size and hash: relocating it
+    after the install would parse all of it."""
+    data = b'{"child_paths": {}, "pad": "' + b"a" * (200 * MIB) + b'"}'
+    name = "triton-cache/" + "a" * 32 + "/__grp__k.json"
+    head = manifest({name: (hashlib.sha256(data).hexdigest(), len(data))})
+    return write(path, [*member(bundle.MANIFEST, head), *member(name, data)])
+
+
+def trailing_zeros(path: Path, work: Path) -> Path:
+    """A valid bundle, then 20 MiB of zeros after its gzip stream (gzip reads such
+    padding one byte a call)."""
+    valid(path, work / "z", files=1, size=MIB)
+    with open(path, "ab") as f:
+        f.write(bytes(20 * MIB))
+    return path
+
+
 def truncated(path: Path, work: Path) -> Path:
     good = valid(work / "good-t.tgz", work / "t", files=1, size=8 * MIB)
     data = good.read_bytes()
@@ -289,6 +321,10 @@ CASES: list[tuple[str, Callable[[Path, Path], Path]]] = [
     ("manifest and entries at every limit", lambda p, w: everything_at_its_limit(p)),
     ("truncated gzip", truncated),
     ("bit-flipped gzip", bit_flipped),
+    ("negative size (base-256), then 1 GiB", lambda p, w: negative_size(p, pax=False)),
+    ("negative size (PAX size=-1), then 1 GiB", lambda p, w: negative_size(p, pax=True)),
+    ("Triton group file, 200 MiB", lambda p, w: big_group_file(p)),
+    ("20 MiB of zeros after the gzip stream", trailing_zeros),
 ]
 
 

@@ -13,13 +13,16 @@ Archive (tar, gzip) members, MANIFEST.json first::
 hashed in 1 MiB pieces, and artifacts go to a staging folder on disk, never into memory.
 The limits (:class:`Limits`; each is also a keyword of ``verify`` and ``install``):
 
-- at most 32,768 members, each name at most 1,024 bytes, under ``entries/`` or
-  ``triton-cache/<hash>/``; regular files and folders only;
-- at most 64 KiB of tar headers per member (its header block, GNU long names, PAX
-  records): tarfile would read a 1 GiB header into memory before any other check;
+- the file no bigger than a bundle within these limits can be (checked before reading);
+- at most 32,768 members, each name at most 1,024 bytes (each part at most 255), under
+  ``entries/`` or ``triton-cache/<hash>/`` (``<hash>``: 1 to 128 of ``A-Za-z0-9_=-``; an
+  artifact's name never starts with a dot); regular files and folders only;
+- at most 8 KiB of tar headers per member (its header block, GNU long names, PAX
+  records): tarfile would read a 1 GiB header into memory before any other check; no
+  negative sizes, no PAX record with a run of over 100 digits (CVE-2024-6232);
 - MANIFEST.json first, at most 8 MiB; every member exactly the size and sha256 it lists,
-  at most 256 MiB, all together at most 2 GiB; an entry at most 1 MiB, all entries at
-  most 16 MiB;
+  at most 256 MiB, all together at most 2 GiB; a Triton group file at most 1 MiB; an
+  entry at most 1 MiB, all entries at most 16 MiB;
 - JSON values (counted before parsing, as the bytes ``{ [ , :``): MANIFEST.json at most
   262,144, an entry at most 32,768, all entries at most 262,144. A value can become
   ~1 KiB of objects once parsed and written to the store (``[{},{},...]`` is 3 bytes
@@ -32,9 +35,11 @@ idle size (``bench/bundle_memory.py`` measures it).
 
 ``install`` is all or nothing: it parses every entry and computes its path, checks the
 fingerprints (unless ``force``), stages the artifacts in ``<triton_cache>/.bundle-*``,
-swaps in a new store generation in one rename, and only then moves the artifacts into
-place. On any failure it removes the staging folder and leaves the cache and the store
-as they were. ``Store.rollback`` undoes an install.
+swaps in a new store generation in one rename, and only then, still under the store's
+lock, moves the artifacts into place. On any failure before the swap it removes the
+staging folder and leaves the cache and the store as they were. After the swap an
+artifact that cannot move, or a group file that cannot be rewritten, is logged: it
+costs a recompile, not the install. ``Store.rollback`` undoes an install.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ import hashlib
 import io
 import itertools
 import json
+import logging
 import os
 import re
 import shutil
@@ -63,7 +69,9 @@ from registry.errors import BundleRejected, RegistryError, short, shown, why
 from registry.fingerprint import Fingerprint, MatchPolicy
 from registry.store import Store
 from registry.tar_stream import CHUNK
-from registry.triton_cache import STAGING_PREFIX, cache_files, relocate
+from registry.triton_cache import MAX_GROUP_BYTES, STAGING_PREFIX, cache_files, is_group, relocate
+
+log = logging.getLogger(__name__)
 
 FORMAT = "triton-warmup-bundle"
 SCHEMA = 1
@@ -72,7 +80,9 @@ ENTRIES = "entries"
 TRITON_CACHE = "triton-cache"
 MAX_MEMBER_BYTES = 256 * 2**20
 MAX_TOTAL_BYTES = 2 * 2**30
+MAX_PART_BYTES = 255  # a file name on Linux file systems (NAME_MAX)
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+_CACHE_FOLDER = re.compile(r"[A-Za-z0-9_=-]{1,128}")  # Triton's hashes: base32 or hex
 # What parsing an entry may raise besides RegistryError, whatever JSON it is given.
 _ENTRY_ERRORS = (ValueError, TypeError, AttributeError, KeyError, RecursionError, RegistryError)
 
@@ -83,12 +93,13 @@ class Limits:
 
     max_members: int = 32_768
     max_name_bytes: int = 1024
-    max_header_bytes: int = 64 * 2**10  # per member: header block, GNU long names, PAX records
+    max_header_bytes: int = 8 * 2**10  # per member: header block, GNU long names, PAX records
     max_member_bytes: int = MAX_MEMBER_BYTES
     max_total_bytes: int = MAX_TOTAL_BYTES
     max_manifest_bytes: int = 8 * 2**20
     max_entry_bytes: int = 2**20
     max_entries_bytes: int = 16 * 2**20
+    max_group_bytes: int = MAX_GROUP_BYTES  # relocate reads each whole, after the swap
     # JSON values (counted before parsing) bound the objects a text becomes, which its
     # bytes do not: "[{},{},...]" is 3 bytes a value, a parsed and stored one ~1 KiB.
     max_manifest_values: int = 2**18
@@ -227,16 +238,32 @@ def _read(
     except OSError as e:
         raise BundleRejected(label, f"cannot read: {e}") from None
     with raw:
+        size, most = os.fstat(raw.fileno()).st_size, _max_file_bytes(limits)
+        if size > most:
+            raise BundleRejected(
+                label,
+                f"the file is {size} bytes; limit {most} (max_total_bytes plus room for tar "
+                "headers and gzip)",
+            )
         hashed = tar_stream.Hashed(raw)
         gz = gzip.GzipFile(fileobj=hashed, mode="rb")
         reader = _Reader(label, limits, stage, installing=installing, check=check)
         try:
             for info in tar_stream.members(gz, limits.max_header_bytes):
                 reader.add(info, functools.partial(tar_stream.chunks, gz, info.name))
-            tar_stream.tail(gz)
+            tar_stream.tail(gz, hashed)
+            sha256 = hashed.hexdigest()
         except tar_stream.TarRejected as e:
             raise BundleRejected(label, e.reason) from None
-        return reader.finish(path, hashed.hexdigest())
+        return reader.finish(path, sha256)
+
+
+def _max_file_bytes(limits: Limits) -> int:
+    """The biggest file a bundle within ``limits`` can be: its members, each with its
+    headers and padding, the tail, and what deflate adds to bytes it cannot compress."""
+    per_member = limits.max_header_bytes + tarfile.BLOCKSIZE
+    tar = limits.max_total_bytes + limits.max_members * per_member + 2 * tar_stream.TAIL_BYTES
+    return tar + tar // 100
 
 
 def _json_values(text: bytes) -> int:
@@ -318,7 +345,7 @@ class _Reader:
         if info.name != MANIFEST:
             raise self._reject(f"no {MANIFEST} as the first member (found '{info.name}')")
         limit = min(self.limits.max_manifest_bytes, self.limits.max_member_bytes)
-        if info.size > limit:
+        if not 0 <= info.size <= limit:
             raise self._reject(f"{MANIFEST} is {info.size} bytes; limit {limit}")
         if info.size > self.limits.max_total_bytes:
             raise self._reject(
@@ -414,6 +441,13 @@ def _check_name(label: str, name: str, max_bytes: int) -> None:
         raise BundleRejected(
             label, f"member name '{short(name)}' is {size} bytes; limit {max_bytes}"
         )
+    longest = max((len(part.encode()) for part in parts), default=0)
+    if longest > MAX_PART_BYTES:  # no file system takes it: installing it would fail
+        raise BundleRejected(
+            label,
+            f"member '{short(name)}' has a path component of {longest} bytes; "
+            f"limit {MAX_PART_BYTES}",
+        )
     if not parts or PurePosixPath(name).as_posix() != name:
         raise BundleRejected(label, f"member '{short(name)}' is not a normalised relative path")
 
@@ -496,10 +530,22 @@ def _check_listed(
 
 def _listed_member(label: str, name: str, item: Any, limits: Limits) -> tuple[str, int]:
     _check_name(label, name, limits.max_name_bytes)
+    what = "member"
     if _is_artifact(name):
-        if len(PurePosixPath(name).parts) != 3:
+        parts = PurePosixPath(name).parts
+        if len(parts) != 3:
             raise BundleRejected(label, f"artifact '{name}' is not triton-cache/<hash>/<file>")
+        if not _CACHE_FOLDER.fullmatch(parts[1]):  # never .bundle-*, "." or ".."
+            raise BundleRejected(
+                label,
+                f"artifact '{name}': {shown(parts[1])} is not a Triton cache folder name "
+                f"({_CACHE_FOLDER.pattern})",
+            )
+        if parts[2].startswith("."):  # Triton's temp files and our own start with a dot
+            raise BundleRejected(label, f"artifact '{name}' has a file name that starts with a dot")
         limit = limits.max_member_bytes
+        if is_group(parts[2]):
+            what, limit = "Triton group file", min(limit, limits.max_group_bytes)
     elif name.startswith(f"{ENTRIES}/"):
         limit = min(limits.max_entry_bytes, limits.max_member_bytes)
     else:
@@ -513,7 +559,7 @@ def _listed_member(label: str, name: str, item: Any, limits: Limits) -> tuple[st
     if not isinstance(size, int) or isinstance(size, bool) or size < 0:
         raise BundleRejected(label, f"{MANIFEST} lists '{name}' without a size (an int >= 0)")
     if size > limit:
-        raise BundleRejected(label, f"member '{name}' is {size} bytes; limit {limit}")
+        raise BundleRejected(label, f"{what} '{name}' is {size} bytes; limit {limit}")
     return sha, size
 
 
@@ -529,13 +575,15 @@ class _Stage:
         self.cache = cache
         self.root: Path | None = None
         self._made: list[Path] = []  # cache folders this install created, deepest first
+        self.moved: list[str] = []  # artifacts committed into the cache
 
     def write(self, label: str, rel: str, chunks: Iterable[bytes]) -> None:
-        """Write an artifact from ``chunks``; the bundle's own faults reject."""
+        """Write an artifact from ``chunks``; the bundle's own faults reject, and so does
+        any failure of the file system (a path too long, a full disk)."""
         final = self.cache / rel
-        if final.is_dir() or (final.parent.exists() and not final.parent.is_dir()):
-            raise BundleRejected(label, f"artifact '{rel}' cannot replace what is at {final}")
         try:
+            if final.is_dir() or (final.parent.exists() and not final.parent.is_dir()):
+                raise BundleRejected(label, f"artifact '{rel}' cannot replace what is at {final}")
             target = self._folder() / rel
             target.parent.mkdir(exist_ok=True)
             with target.open("xb") as f:
@@ -558,17 +606,41 @@ class _Stage:
             self.root = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=self.cache))
         return self.root
 
-    def commit(self, artifacts: Iterable[str]) -> None:
-        """Move every staged artifact into the cache, each with one rename."""
+    def commit(self, artifacts: list[str]) -> None:
+        """Move every staged artifact into the cache, each with one rename. Called after
+        the store swap, so it never raises: one that cannot move is logged and left out
+        (Triton compiles it again)."""
         assert self.root is not None  # only called when artifacts were staged
-        folders = set()
+        folders, failed = set(), []
         for rel in artifacts:
             target = self.cache / rel
-            target.parent.mkdir(exist_ok=True)
-            os.replace(self.root / rel, target)
+            try:
+                target.parent.mkdir(exist_ok=True)
+                os.replace(self.root / rel, target)
+            except OSError as e:
+                failed.append(f"{rel}: {e}")
+                continue
+            self.moved.append(rel)
             folders.add(target.parent)
         for folder in sorted(folders):
             atomic.fsync_dir(folder)
+        if failed:
+            log.error(
+                "%d of %d artifacts not moved into the cache %s (Triton compiles them "
+                "again); first: %s",
+                len(failed),
+                len(artifacts),
+                self.cache,
+                failed[0],
+            )
+
+    def relocate_groups(self) -> None:
+        """Point the group files this install moved in at the folder they now live in."""
+        groups = [self.cache / rel for rel in self.moved if is_group(PurePosixPath(rel).name)]
+        try:
+            relocate(self.cache, groups)
+        except OSError as e:  # after the swap: a miss costs a recompile, not the install
+            log.error("group files in %s not relocated (Triton compiles again): %s", self.cache, e)
 
     def discard(self, *, failed: bool) -> None:
         if self.root is not None:
@@ -602,17 +674,17 @@ def install(
         check = _fingerprint_check(str(path), expect, policy)
     try:
         bundle = _read(path, checked, stage=stage, installing=True, check=check)
-        info = store.install(bundle.entries, record=_record(bundle))
+        commit = None
         if stage is not None and bundle.artifacts:
-            stage.commit(bundle.artifacts)
+            commit = functools.partial(stage.commit, bundle.artifacts)
+        info = store.install(bundle.entries, record=_record(bundle), after_swap=commit)
     except BaseException:
         if stage is not None:
             stage.discard(failed=True)
         raise
     if stage is not None:
         stage.discard(failed=False)
-    if triton_cache is not None and bundle.artifacts:
-        relocate(triton_cache)
+        stage.relocate_groups()
     return info
 
 

@@ -24,7 +24,7 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -291,11 +291,20 @@ class Store:
         self.refresh(force=True)
         return stored
 
-    def install(self, entries: Iterable[Entry], *, record: Mapping[str, Any]) -> dict[str, Any]:
+    def install(
+        self,
+        entries: Iterable[Entry],
+        *,
+        record: Mapping[str, Any],
+        after_swap: Callable[[], None] | None = None,
+    ) -> dict[str, Any]:
         """Make a new generation = current + ``entries`` and swap it in with one rename.
 
         ``record`` describes the change (a bundle's name and version); it lands in the
         generation's GENERATION.json together with the paths it changed, for rollback.
+        ``after_swap`` runs right after the swap, still under the lock (a bundle moves its
+        artifacts into the cache there); if it fails, the failure is logged and the swap
+        stands.
         """
         entries = list(entries)
         with self._locked():
@@ -306,6 +315,13 @@ class Store:
                 self._merge_into(new, e)
             info = self._seal(new, parent, {"kind": "install", **record, "changed": changed})
             self._swap_sealed(new)
+            if after_swap is not None:
+                try:
+                    after_swap()
+                except Exception:
+                    log.exception(
+                        "store %s: %s is in, but its after-swap step failed", self.root, new.name
+                    )
             self._collect_garbage()
         self.refresh(force=True)
         return info

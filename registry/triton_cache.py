@@ -13,7 +13,7 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +21,7 @@ from registry import atomic
 
 log = logging.getLogger(__name__)
 GROUP_PREFIX = "__grp__"
+MAX_GROUP_BYTES = 2**20  # a group file lists a kernel's few files: a few hundred bytes
 STALE_TEMP_S = 3600.0
 STAGING_PREFIX = ".bundle-"  # bundle.install stages artifacts in such a folder
 
@@ -65,31 +66,46 @@ def restore(source: Path, cache_dir: Path) -> CacheSync:
     return sync
 
 
-def relocate(cache_dir: Path) -> int:
-    """Rewrite group files whose member paths are not in ``cache_dir``; returns how many."""
+def is_group(name: str) -> bool:
+    """Whether a cache file named ``name`` is a group file."""
+    return name.startswith(GROUP_PREFIX) and name.endswith(".json")
+
+
+def relocate(cache_dir: Path, groups: Iterable[Path] | None = None) -> int:
+    """Rewrite group files whose member paths are not in their folder; returns how many.
+
+    ``groups``: the group files to look at (default: every one in ``cache_dir``). One
+    that is unreadable or over :data:`MAX_GROUP_BYTES` is skipped and logged; a member
+    whose path names no file (``/``, ``..``, empty) is dropped, never pointed at a folder.
+    """
     count = 0
-    for group in sorted(cache_dir.glob(f"*/{GROUP_PREFIX}*.json")):
-        children = _group_children(group)
-        if children is None:
-            log.warning("skipping unreadable triton group file %s", group)
+    found = cache_dir.glob(f"*/{GROUP_PREFIX}*.json") if groups is None else groups
+    for group in sorted(found):
+        try:
+            children = _group_children(group)
+        except (OSError, ValueError) as e:
+            log.warning("skipping triton group file %s: %s", group, e)
             continue
-        moved = {name: str(group.parent / Path(path).name) for name, path in children.items()}
+        moved = {
+            name: str(group.parent / Path(path).name)
+            for name, path in children.items()
+            if Path(path).name not in ("", ".", "..")
+        }
         if moved != children:
             atomic.write_bytes(group, json.dumps({"child_paths": moved}).encode())
             count += 1
     return count
 
 
-def _group_children(group: Path) -> dict[str, str] | None:
-    """A group file's ``{name: path}``, or None for anything else (corrupt, wrong types)."""
-    try:
-        children = atomic.loads(group.read_bytes()).get("child_paths")
-    except (OSError, ValueError, AttributeError):
-        return None
+def _group_children(group: Path) -> dict[str, str]:
+    """A group file's ``{name: path}``; ValueError for anything else (too big, corrupt,
+    wrong types), OSError when it cannot be read."""
+    data = atomic.loads(atomic.read_bounded(group, MAX_GROUP_BYTES))
+    children = data.get("child_paths") if isinstance(data, dict) else None
     if not isinstance(children, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in children.items()
     ):
-        return None
+        raise ValueError("not a group file: no 'child_paths' object of strings")
     return children
 
 

@@ -117,7 +117,7 @@ def test_a_huge_tar_header_is_refused_before_it_is_read(tmp_path, kind):
     assert bomb.stat().st_size < MIB
     result, peak = _peak(lambda: bundle.verify(bomb))
     assert isinstance(result, BundleRejected), result
-    assert "tar headers" in result.reason and "limit 65536" in result.reason
+    assert "tar headers" in result.reason and "limit 8192" in result.reason
     assert peak < 8 * MIB
 
 
@@ -212,6 +212,16 @@ def _artifacts(count: int, size: int = 1) -> list[tuple[str, bytes]]:
         ([("triton-cache/k.bin", b"x")], {}, "not triton-cache/<hash>/<file>"),
         ([("entries/./e.json", b"{}")], {}, "not a normalised relative path"),
         ([("triton-cache/h/a\nb", b"")], {}, "has a control character"),
+        ([("triton-cache/h/" + "x" * 300, b"")], {}, "a path component of 300 bytes; limit 255"),
+        ([("entries/" + "e" * 256, b"{}")], {}, "a path component of 256 bytes; limit 255"),
+        ([("triton-cache/.bundle-x/k.bin", b"")], {}, "'.bundle-x' is not a Triton cache folder"),
+        ([("triton-cache/a b/k.bin", b"")], {}, "'a b' is not a Triton cache folder"),
+        ([("triton-cache/" + "h" * 129 + "/k", b"")], {}, "is not a Triton cache folder"),
+        (
+            [("triton-cache/h/.k.bin", b"")],
+            {},
+            "'triton-cache/h/.k.bin' has a file name that starts",
+        ),
     ],
 )
 def test_limits_are_checked_from_the_manifest_before_members_are_read(
@@ -375,7 +385,7 @@ def test_forced_install_of_an_int_compute_capability_leaves_no_cubin(tmp_path, w
 
 
 class FailingStore(Store):
-    def install(self, entries, *, record):
+    def install(self, entries, *, record, after_swap=None):
         raise RegistryError("disk full")
 
 
@@ -452,3 +462,105 @@ def test_an_artifact_bundle_round_trips_with_its_fingerprints(tmp_path, with_cac
     with pytest.raises(BundleRejected, match="compute_capability"):
         bundle.install(with_cache, Store(tmp_path / "t"), expect=a100, triton_cache=cache)
     assert not cache.exists() and not os.path.exists(tmp_path / "t" / CURRENT)
+
+
+def _negative_manifest(kind: str) -> bytes:
+    """A MANIFEST.json header of size -1 (base-256 field, or a PAX record) then 8 MiB of
+    zeros, which ``read(-1)`` would decompress into memory."""
+    block = bytearray(_header("MANIFEST.json", tarfile.REGTYPE, 0))
+    if kind == "base-256":
+        block[124:136] = b"\xff" * 12
+        block[148:156] = b" " * 8
+        block[148:155] = b"%06o\0" % sum(block)
+        return bytes(block)
+    record = b"11 size=-1\n"
+    pax = _header("pax", tarfile.XHDTYPE, len(record)) + record + bytes(512 - len(record))
+    return pax + bytes(block)
+
+
+@pytest.mark.parametrize("kind", ["base-256", "pax"])
+def test_a_negative_member_size_is_rejected_before_its_data_is_read(tmp_path, kind):
+    path = _gzip(tmp_path / "neg.tgz", [_negative_manifest(kind), *_padded(8 * MIB)])
+    result, peak = _peak(lambda: bundle.verify(path))
+    assert isinstance(result, BundleRejected), result
+    assert result.reason == "member 'MANIFEST.json' has a negative size (-1)"
+    assert peak < 2 * MIB
+
+
+def test_a_file_larger_than_any_bundle_within_the_limits_is_refused_unread(tmp_path):
+    path = tmp_path / "huge.tgz"
+    with open(path, "wb") as f:
+        f.truncate(64 * MIB)  # sparse: the check reads no byte of it
+    limits = {"max_total_bytes": MIB, "max_members": 16, "max_header_bytes": 4096}
+    with pytest.raises(BundleRejected, match=r"the file is 67108864 bytes; limit \d+ \(") as e:
+        bundle.verify(path, **limits)
+    assert int(e.value.reason.split("limit ")[1].split()[0]) < 4 * MIB
+    del limits["max_total_bytes"]
+    with pytest.raises(BundleRejected, match=r"not a readable tar\.gz archive"):
+        bundle.verify(path, **limits)  # within the default limit: read, and not a gzip
+
+
+def test_a_group_file_over_its_limit_is_rejected_from_the_manifest(tmp_path):
+    name = "triton-cache/h/__grp__k.json"
+
+    def big(manifest):
+        manifest["members"][name]["size"] = 2 * MIB
+
+    path = _tar(tmp_path / "b.tgz", [(name, b"{}")], edit=big)
+    with pytest.raises(
+        BundleRejected, match=f"group file '{name}' is {2 * MIB} bytes; limit {MIB}"
+    ):
+        bundle.verify(path)
+    with pytest.raises(BundleRejected, match=r"group file .* is 2 bytes; limit 1$"):
+        bundle.verify(_tar(tmp_path / "c.tgz", [(name, b"{}")]), max_group_bytes=1)
+
+
+def test_install_relocates_only_the_group_files_it_brought(tmp_path, with_cache, h200):
+    cache = tmp_path / "vol" / "triton-cache"
+    other = cache / "OTHER" / "__grp__x.json"
+    other.parent.mkdir(parents=True)
+    other.write_text(json.dumps({"child_paths": {"x.cubin": "/elsewhere/x.cubin"}}))
+    before = other.read_bytes()
+    bundle.install(with_cache, Store(tmp_path / "t"), expect=h200, triton_cache=cache)
+    group = json.loads((cache / "HASH1" / "__grp__k.json").read_text())
+    assert group == {"child_paths": {"k.cubin": str(cache / "HASH1" / "k.cubin")}}
+    assert other.read_bytes() == before
+
+
+def test_artifacts_reach_the_cache_right_after_the_swap_before_garbage_collection(
+    tmp_path, with_cache, h200
+):
+    cache = tmp_path / "vol" / "triton-cache"
+    seen = []
+
+    class Watching(Store):
+        def _collect_garbage(self):
+            files = sorted(p for p in _tree(cache) if not p.startswith(".bundle-"))
+            seen.append(((self.root / CURRENT).exists(), files))
+            return super()._collect_garbage()
+
+    bundle.install(with_cache, Watching(tmp_path / "t"), expect=h200, triton_cache=cache)
+    assert seen[-1] == (True, ["HASH1", "HASH1/__grp__k.json", "HASH1/k.cubin"])
+
+
+def test_a_failure_while_staging_is_a_rejection(tmp_path, with_cache, h200):
+    cache = tmp_path.joinpath(*["d" * 250] * 20)  # longer than PATH_MAX: each stat fails
+    with pytest.raises(BundleRejected, match="cannot stage artifact"):
+        bundle.install(with_cache, Store(tmp_path / "t"), expect=h200, triton_cache=cache)
+    assert not (tmp_path / "t" / CURRENT).exists()
+
+
+def test_a_failure_moving_artifacts_after_the_swap_is_logged_not_raised(
+    tmp_path, with_cache, h200, caplog
+):
+    cache = tmp_path / "vol" / "triton-cache"
+
+    class Obstructed(Store):
+        def install(self, entries, *, record, **hooks):
+            (cache / "HASH1").write_bytes(b"in the way")  # the artifacts are staged by now
+            return super().install(entries, record=record, **hooks)
+
+    info = bundle.install(with_cache, Obstructed(tmp_path / "t"), expect=h200, triton_cache=cache)
+    assert info["artifacts"] == 2 and len(Store(tmp_path / "t")) == 2
+    assert "2 of 2 artifacts not moved into the cache" in caplog.text and "HASH1/" in caplog.text
+    assert [p.name for p in cache.iterdir()] == ["HASH1"]  # the staging folder is gone

@@ -526,3 +526,34 @@ def test_a_stray_name_like_a_generation_breaks_nothing(tmp_path, make_entry):
     (tmp_path / "gen-000009\n").mkdir()
     store.install([make_entry(m=11)], record={"bundle": {"name": "b"}})
     assert len(Store(tmp_path)) == 11
+
+
+def test_install_runs_after_swap_under_the_lock_before_garbage_collection(tmp_path, make_entry):
+    events = []
+
+    class Watching(Store):
+        def _collect_garbage(self):
+            events.append("gc")
+            return super()._collect_garbage()
+
+    store = Watching(tmp_path)
+    store.put(make_entry())
+
+    def after_swap():
+        current = os.readlink(tmp_path / CURRENT)
+        events.append(("after_swap", current, store._lock.is_locked))
+
+    events.clear()
+    info = store.install([make_entry(m=1)], record={"bundle": {"name": "b"}}, after_swap=after_swap)
+    assert events[-2:] == [("after_swap", info["id"], True), "gc"]
+
+
+def test_a_failing_after_swap_keeps_the_swap_and_is_logged(tmp_path, make_entry, caplog):
+    store = Store(tmp_path)
+
+    def after_swap():
+        raise OSError("disk full")
+
+    info = store.install([make_entry(m=1)], record={"bundle": {"name": "b"}}, after_swap=after_swap)
+    assert os.readlink(tmp_path / CURRENT) == info["id"] and len(Store(tmp_path)) == 1
+    assert "disk full" in caplog.text

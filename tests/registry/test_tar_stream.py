@@ -16,7 +16,9 @@ from registry.tar_stream import CHUNK, TAIL_BYTES, TarRejected
 BLOCK = tarfile.BLOCKSIZE
 
 
-def _read(path: Path, max_header_bytes: int = 64 * 2**10) -> tuple[dict[str, list[bytes]], str]:
+def _read(
+    path: Path, max_header_bytes: int = 64 * 2**10, tail_limit: int = TAIL_BYTES
+) -> tuple[dict[str, list[bytes]], str]:
     """Every member's data as the chunks it came in, in stream order; the file's sha256."""
     with path.open("rb") as raw:
         hashed = tar_stream.Hashed(raw)
@@ -25,7 +27,7 @@ def _read(path: Path, max_header_bytes: int = 64 * 2**10) -> tuple[dict[str, lis
             info.name: list(tar_stream.chunks(gz, info.name, info.size))
             for info in tar_stream.members(gz, max_header_bytes)
         }
-        tar_stream.tail(gz)
+        tar_stream.tail(gz, hashed, limit=tail_limit)
         return data, hashed.hexdigest()
 
 
@@ -110,3 +112,96 @@ def test_a_broken_archive_is_a_tar_rejected_with_its_reason(tmp_path, content, e
     path.write_bytes(content(good))
     with pytest.raises(TarRejected, match=expected):
         _read(path)
+
+
+def _pax(*records: bytes, kind: bytes = tarfile.XHDTYPE) -> bytes:
+    """A PAX header block of ``kind`` and its records (``b"key=value"``), padded."""
+    payload = b""
+    for record in records:
+        body = b" " + record + b"\n"
+        length = len(body) + 1
+        while length != len(body) + len(str(length)):  # the length counts its own digits
+            length = len(body) + len(str(length))
+        payload += str(length).encode() + body
+    return _header("pax", len(payload), kind) + payload + bytes(-len(payload) % BLOCK)
+
+
+def _negative_size(name: str) -> bytes:
+    """A header block whose base-256 size field is -1 (tarfile reads it as -1)."""
+    block = bytearray(_header(name, 0))
+    block[124:136] = b"\xff" * 12
+    block[148:156] = b" " * 8
+    block[148:155] = b"%06o\0" % sum(block)
+    return bytes(block)
+
+
+@pytest.mark.parametrize(
+    "head",
+    [_negative_size("a"), _pax(b"size=-1") + _header("a", 0)],
+    ids=["base-256", "pax"],
+)
+def test_a_negative_member_size_is_refused_before_any_data_is_read(tmp_path, head):
+    path = tmp_path / "neg.tgz"
+    path.write_bytes(gzip.compress(head + bytes(4 * CHUNK)))  # read(-1) would take it all
+    with pytest.raises(TarRejected, match=r"^member 'a' has a negative size \(-1\)$"):
+        _read(path)
+
+
+def test_chunks_refuses_a_negative_size(tmp_path):
+    path = tmp_path / "a.gz"
+    path.write_bytes(gzip.compress(bytes(3 * CHUNK)))
+    with gzip.open(path, "rb") as gz:
+        with pytest.raises(TarRejected, match=r"member 'a' has a negative size \(-1\)"):
+            next(tar_stream.chunks(gz, "a", -1))
+        assert gz.tell() == 0
+
+
+def test_a_pax_record_with_a_long_run_of_digits_is_refused_before_tarfile_parses_it(tmp_path):
+    # CVE-2024-6232: tarfile before 3.11.10 / 3.12.6 scans such a run in quadratic time.
+    ok = _pax(b"comment=" + b"7" * tar_stream.MAX_PAX_DIGITS) + _member("ok", b"x")
+    bad = _pax(b"comment=" + b"7" * (tar_stream.MAX_PAX_DIGITS + 1)) + _member("bad", b"x")
+    path = tmp_path / "redos.tgz"
+    path.write_bytes(gzip.compress(ok + bad))
+    with pytest.raises(TarRejected) as caught:
+        _read(path)
+    assert caught.value.reason == (
+        "the member after 'ok' has a PAX record with a run of more than "
+        f"{tar_stream.MAX_PAX_DIGITS} digits; limit {tar_stream.MAX_PAX_DIGITS}"
+    )
+
+
+def test_digits_outside_pax_records_are_not_limited(tmp_path):
+    long_name = "d/" + "1" * 200  # a GNU long name: tarfile parses it without a regex
+    with tarfile.open(fileobj=(buffer := io.BytesIO()), mode="w", format=tarfile.GNU_FORMAT) as t:
+        info = tarfile.TarInfo(long_name)
+        info.size = 1
+        t.addfile(info, io.BytesIO(b"x"))
+    path = tmp_path / "a.tgz"
+    path.write_bytes(gzip.compress(buffer.getvalue()))
+    assert _read(path)[0] == {long_name: [b"x"]}
+
+
+def test_a_name_in_a_refusal_is_cut_short_and_quoted(tmp_path):
+    name = "x\n" * 3000  # unchecked: tar_stream refuses before the caller sees the name
+    global_header = _pax(b"comment=x", kind=tarfile.XGLTYPE)
+    with tarfile.open(fileobj=(buffer := io.BytesIO()), mode="w", format=tarfile.PAX_FORMAT) as t:
+        t.addfile(tarfile.TarInfo(name))
+    path = tmp_path / "a.tgz"
+    path.write_bytes(gzip.compress(global_header + buffer.getvalue()))
+    with pytest.raises(TarRejected) as caught:
+        _read(path)
+    reason = caught.value.reason
+    assert "\n" not in reason and len(reason) < 200 and "follows a PAX global header" in reason
+
+
+@pytest.mark.parametrize("trailer", ["zeros", "empty gzip members"])
+def test_the_compressed_bytes_after_the_end_marker_are_bounded(tmp_path, trailer):
+    limit = 16 * 2**10
+    good = gzip.compress(_member("a", b"x") + bytes(2 * BLOCK))
+    padding = bytes(64 * 2**10) if trailer == "zeros" else gzip.compress(b"") * 4000
+    path = tmp_path / "a.tgz"
+    path.write_bytes(good + bytes(limit // 2))  # a little zero padding is fine
+    assert _read(path, tail_limit=limit)[0] == {"a": [b"x"]}
+    path.write_bytes(good + padding)  # gzip reads zero padding one byte a call
+    with pytest.raises(TarRejected, match=f"more than {limit} compressed bytes follow the end"):
+        _read(path, tail_limit=limit)

@@ -120,3 +120,35 @@ def test_a_staging_folder_a_killed_install_left_is_removed_once_stale(tmp_path):
     os.utime(stale, (old, old))
     assert triton_cache.remove_stale_temp_files(tmp_path) == 1
     assert not stale.exists() and live.exists()
+
+
+def _group(folder: Path, children: dict, **extra) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "__grp__k.json"
+    path.write_text(json.dumps({"child_paths": children, **extra}))
+    return path
+
+
+def test_a_group_file_over_its_limit_is_skipped_unread(tmp_path, caplog):
+    pad = "a" * 2**20  # Triton's group files are a few hundred bytes
+    group = _group(tmp_path / "abc", {"k.cubin": "/x/k.cubin"}, pad=pad)
+    before = group.read_bytes()
+    assert triton_cache.relocate(tmp_path) == 0 and group.read_bytes() == before
+    assert f"limit {2**20}" in caplog.text
+
+
+def test_relocate_rewrites_only_the_groups_it_is_given(tmp_path):
+    mine = _group(tmp_path / "mine", {"k.cubin": "/x/k.cubin"})
+    other = _group(tmp_path / "other", {"k.cubin": "/x/k.cubin"})
+    before = other.read_bytes()
+    assert triton_cache.relocate(tmp_path, groups=[mine]) == 1
+    assert json.loads(mine.read_text())["child_paths"] == {"k.cubin": str(mine.parent / "k.cubin")}
+    assert other.read_bytes() == before
+
+
+def test_a_child_path_that_names_a_folder_is_dropped(tmp_path):
+    children = {"k.cubin": "/x/k.cubin", "up": "/x/..", "root": "/", "empty": "", "dot": "."}
+    group = _group(tmp_path / "abc", children)
+    assert triton_cache.relocate(tmp_path) == 1
+    moved = json.loads(group.read_text())["child_paths"]
+    assert moved == {"k.cubin": str(tmp_path / "abc" / "k.cubin")}
