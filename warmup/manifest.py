@@ -36,7 +36,6 @@ import json
 import math
 import os
 import re
-import reprlib
 import stat
 import sys
 from collections.abc import Callable, Iterator
@@ -55,15 +54,13 @@ from pydantic import (
 
 from kernels import ADAPTERS
 from warmup import plain_yaml
+from warmup.plain_yaml import clip, short
 
 MAX_SHAPES = 4096  # shapes of the whole manifest, duplicates counted
 MAX_DIM = 2**31 - 1  # a dimension is a positive int32
 MAX_MANIFEST_BYTES = 1 << 20
 MAX_ERRORS = 50  # error lines listed; the rest are counted
 _USER_KERNEL = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
-_SHORT = reprlib.Repr()
-_SHORT.maxstring = _SHORT.maxother = _SHORT.maxlong = 60
-_SHORT.maxlist = _SHORT.maxdict = 6
 
 
 class ManifestError(ValueError):
@@ -148,7 +145,7 @@ class ShapeSpec(BaseModel):
         for value in values:  # ranges and pow2 check their own bounds
             if not 1 <= value <= MAX_DIM:
                 limit = ">= 1" if value < 1 else f"<= {MAX_DIM}"
-                raise ValueError(f"{info.field_name}={_short(value)} must be {limit}")
+                raise ValueError(f"{info.field_name}={short(value)} must be {limit}")
         return dim
 
     def count(self) -> int:
@@ -191,7 +188,7 @@ class ManifestEntry(BaseModel):
         if self.kernel not in ADAPTERS and not _USER_KERNEL.match(self.kernel):
             known = ", ".join(repr(name) for name in sorted(ADAPTERS))
             raise ValueError(
-                f"kernel {_short(self.kernel)} is neither one of {known} nor 'module:function'"
+                f"kernel {short(self.kernel)} is neither one of {known} nor 'module:function'"
             )
         return self
 
@@ -372,15 +369,6 @@ def _read(path: Path) -> bytes:
     return data
 
 
-def _clip(text: str, limit: int = 120) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _short(value: Any) -> str:
-    """A value's repr cut to a readable length (a hostile one may be a megabyte)."""
-    return _SHORT.repr(value)
-
-
 def _at_most(errors: list[str]) -> list[str]:
     """The first :data:`MAX_ERRORS` lines, then how many more."""
     if len(errors) <= MAX_ERRORS:
@@ -397,12 +385,12 @@ def _describe_all(errors: list[Any]) -> list[str]:
     lines: list[str] = []
     dims: dict[str, tuple[str, Any]] = {}
     for error in errors:
-        loc = [_clip(str(p), 60) for p in error["loc"]]
+        loc = [clip(str(p), 60) for p in error["loc"]]
         member = next((p for p in loc if _is_member(p)), None)
         message = str(error["msg"]).removeprefix("Value error, ")
         if member is None:
             whole = not loc and error["type"] == "value_error"  # the shape limit: names its line
-            got = f" (got {_short(error.get('input'))})"
+            got = f" (got {short(error.get('input'))})"
             lines.append(message if whole else f"{'.'.join(loc) or '(top)'}: {message}{got}")
             continue
         path = ".".join(loc[: loc.index(member)])
@@ -410,7 +398,7 @@ def _describe_all(errors: list[Any]) -> list[str]:
         if path not in dims or custom:
             dims[path] = (message if custom else _DIM_HELP, error.get("input"))
     for path, (message, value) in dims.items():
-        lines.append(f"{path}: {message} (got {_short(value)})")
+        lines.append(f"{path}: {message} (got {short(value)})")
     return lines
 
 

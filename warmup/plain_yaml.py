@@ -144,7 +144,7 @@ class _Builder:
         else:
             if value in top.lines:
                 both = _both(top.lines[value], where)
-                self.duplicates.append(f"duplicate key {_short(value)} at {both}")
+                self.duplicates.append(f"duplicate key {short(value)} at {both}")
             top.lines.setdefault(value, where)
             top.key, top.has_key = value, True
 
@@ -188,13 +188,13 @@ class _Scalars(yaml.constructor.SafeConstructor, yaml.resolver.Resolver):
         except (ValueError, KeyError, AttributeError, TypeError) as e:
             # an explicit tag hands any text to int(), float(), a dict or a regex match
             raise Refused(
-                f"line {line}: {_tag(tag)} {_short(event.value)} is refused: "
-                f"{type(e).__name__}: {_clip(str(e))}"
+                f"line {line}: {_tag(tag)} {short(event.value)} is refused: "
+                f"{type(e).__name__}: {clip(str(e))}"
             ) from None
 
 
 def _tag(tag: str | None) -> str:
-    return _clip(str(tag).replace("tag:yaml.org,2002:", "!!"), 60)
+    return clip(str(tag).replace("tag:yaml.org,2002:", "!!"), 60)
 
 
 def _where(node: yaml.Node | yaml.Event) -> tuple[int, int]:
@@ -214,14 +214,14 @@ def _yaml_error(error: yaml.YAMLError, source: str, text: str) -> str:
         where = f"#x{error.character:04x} at character {error.position}"
         return f"not YAML or JSON: {error.reason} ({where})"
     mark = getattr(error, "problem_mark", None)
-    problem = _clip(getattr(error, "problem", None) or str(error))
+    problem = clip(getattr(error, "problem", None) or str(error))
     if mark is None:
         return f"not YAML or JSON: {problem}"
     context = getattr(error, "context", None)
     where = f"{source}:{mark.line + 1}:{mark.column + 1}"
     return (
         f"not YAML or JSON at {where}: {problem}"
-        + (f" ({_clip(context)})" if context else "")
+        + (f" ({clip(context)})" if context else "")
         + _caret(text, mark.line, mark.column)
     )
 
@@ -237,9 +237,11 @@ def _caret(text: str, line: int, column: int) -> str:
     return f"\n      {shown}\n      {' ' * (column - start)}^" if shown.strip() else ""
 
 
-def _clip(text: str, limit: int = 120) -> str:
+def clip(text: str, limit: int = 120) -> str:
+    """``text`` cut to ``limit`` characters (a source line, a YAML problem)."""
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _short(value: Any) -> str:
+def short(value: Any) -> str:
+    """A value's repr cut to a readable length (a hostile one may be a megabyte)."""
     return _SHORT.repr(value)
