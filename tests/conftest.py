@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -78,6 +79,16 @@ def error_line(err: str) -> str:
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("triton-warmup: error: "), err
     return lines[0]
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 10.0) -> bool:
+    """Whether ``predicate`` came true within ``timeout`` seconds (polled every 20 ms)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
 
 
 def env_without_interpreter(**extra: str) -> dict[str, str]:

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import warmup.server
 from registry import Entry, KernelConfig, RegistryError, Store, bundle, cpu_fingerprint
-from tests.conftest import gpu_fingerprint
+from tests.conftest import gpu_fingerprint, wait_for
 from warmup.manifest import load_manifest
 from warmup.metrics import RunMetrics, ServingMetrics
 from warmup.probe_server import HeadFirstHandler, ProbeServer
@@ -41,13 +41,24 @@ def settings(tmp_path):
     )
 
 
+@contextlib.contextmanager
+def running(settings, **attributes):
+    """A started sidecar on a free local port (``url`` set), stopped at the end; the
+    ``attributes`` are set on its watcher before it starts."""
+    car = Sidecar(settings)
+    for name, value in attributes.items():
+        setattr(car.watcher, name, value)
+    car.url = f"http://127.0.0.1:{car.start(host='127.0.0.1', port=0)}"
+    try:
+        yield car
+    finally:
+        car.stop()
+
+
 @pytest.fixture
 def sidecar(settings):
-    car = Sidecar(settings)
-    port = car.start(host="127.0.0.1", port=0)
-    car.url = f"http://127.0.0.1:{port}"
-    yield car
-    car.stop()
+    with running(settings) as car:
+        yield car
 
 
 def get(url):
@@ -213,15 +224,6 @@ def make_bundle(tmp_path, name, m, fingerprint=None, artifacts=0):
     return out
 
 
-def wait_for(predicate, timeout=10.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def reloads(car):
     text = car.metrics_text().decode()
     return {
@@ -294,10 +296,7 @@ def test_an_idle_sidecar_scans_once_and_hashes_each_bundle_once(settings, tmp_pa
     ready_status(settings)
     settings.bundles.mkdir(parents=True)
     shutil.copy(make_bundle(tmp_path, "good", 64), settings.bundles / "good.tgz")
-    car = Sidecar(settings)
-    car.watcher.check_s = 0.2  # many periodic checks in the idle time
-    car.start(host="127.0.0.1", port=0)
-    try:
+    with running(settings, check_s=0.2) as car:  # many periodic checks in the idle time
         assert wait_for(lambda: reloads(car).get("installed") == 1)
         hashed = []
         real = hashlib.sha256
@@ -305,8 +304,6 @@ def test_an_idle_sidecar_scans_once_and_hashes_each_bundle_once(settings, tmp_pa
         time.sleep(10)  # the install read the bundle and wrote the registry: no event counts
         assert car.watcher.scans == 1 and scans(car) == 1 and hashed == []
         assert reloads(car) == {"installed": 1.0} and len(Store(settings.paths.registry)) == 1
-    finally:
-        car.stop()
 
 
 def at_once(n, call, *args):
@@ -333,17 +330,14 @@ def test_concurrent_probes_parse_the_manifest_once(tmp_path, monkeypatch):
 
     monkeypatch.setattr(warmup.server, "load_manifest", slow_load)
     ready_status(settings)
-    car = Sidecar(settings)
-    url = f"http://127.0.0.1:{car.start(host='127.0.0.1', port=0)}/readyz"
-    try:
+    with running(settings) as car:
+        url = car.url + "/readyz"
         for expected in (1, 2):
             assert [code for code, _ in at_once(8, get, url)] == [200] * 8
             assert len(parses) == expected
             replaced = tmp_path / "new.yaml"  # a ConfigMap swap: same text, a new inode
             shutil.copy(DEMO, replaced)
             os.replace(replaced, manifest)
-    finally:
-        car.stop()
 
 
 def test_concurrent_scrapes_share_one_rendering(sidecar):
@@ -537,21 +531,13 @@ def test_a_restarted_sidecar_neither_reinstalls_a_bundle_nor_undoes_a_rollback(s
     ready_status(settings)
     settings.bundles.mkdir(parents=True)
     shutil.copy(make_bundle(tmp_path, "good", 64), settings.bundles / "good.tgz")
-    first = Sidecar(settings)
-    first.start(host="127.0.0.1", port=0)
-    try:
+    with running(settings) as first:
         assert wait_for(lambda: reloads(first).get("installed") == 1)
-    finally:
-        first.stop()
     store = Store(settings.paths.registry)
     store.rollback()
     generations = len(store.generations())
-    second = Sidecar(settings)
-    second.start(host="127.0.0.1", port=0)
-    try:
+    with running(settings) as second:
         assert wait_for(lambda: reloads(second).get("installed") == 1)
-    finally:
-        second.stop()
     assert len(Store(settings.paths.registry)) == 0  # once: installed again, rollback undone
     assert len(Store(settings.paths.registry).generations()) == generations
 
@@ -564,14 +550,10 @@ def test_the_sidecar_recovers_the_store_at_start_and_counts_quarantined_files(se
     stale.write_text("{")
     (gen / "bad.json").write_text("[1]")
     Store(settings.paths.registry).entries()  # another process quarantines the bad file
-    car = Sidecar(settings)
-    car.start(host="127.0.0.1", port=0)
-    try:
+    with running(settings) as car:
         assert not stale.exists()
         text = car.metrics_text().decode()
         assert samples(text, "triton_warmup_registry_quarantined")[()] == 1
-    finally:
-        car.stop()
 
 
 class Answers(HeadFirstHandler):

@@ -8,6 +8,7 @@ import tracemalloc
 
 import pytest
 
+from tests.conftest import wait_for
 from warmup import watcher as watcher_module
 from warmup.watcher import BundleWatcher
 
@@ -54,15 +55,6 @@ def watch(folder):
     yield start
     for watcher in started:
         watcher.stop()
-
-
-def wait_for(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def first_scan_done(watcher):
