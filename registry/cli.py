@@ -284,10 +284,6 @@ def _fingerprint(args: argparse.Namespace, store: Store) -> dict[str, Any]:
 
 
 def _rollback(args: argparse.Namespace, store: Store) -> dict[str, Any]:
-    if store.current_generation() is None:  # Store.rollback would create the store first
-        raise RegistryError(
-            f"Store {store.root}: no bundle install left to roll back (it has no generation yet)."
-        )
     info = store.rollback()
     if not args.json:
         print(

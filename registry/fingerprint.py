@@ -208,13 +208,20 @@ def detect_for(device: Any, kernel_hash: str = "") -> Fingerprint:
     device's, or the CPU's (Triton's interpreter) even on a machine with GPUs, so a CPU
     run never stores or reads configs under a GPU's fingerprint. Detected once per GPU."""
     if getattr(device, "type", device) != "cuda":
-        return cpu_fingerprint(kernel_hash)
-    return _detected_gpu(getattr(device, "index", None) or 0, kernel_hash)
+        found = _detected_cpu()
+    else:
+        found = _detected_gpu(getattr(device, "index", None) or 0)
+    return found.with_kernel(kernel_hash) if kernel_hash else found
 
 
 @cache
-def _detected_gpu(index: int, kernel_hash: str) -> Fingerprint:
-    return detect(kernel_hash, device=index)
+def _detected_gpu(index: int) -> Fingerprint:
+    return detect(device=index)  # once per GPU, whatever the kernels asking
+
+
+@cache
+def _detected_cpu() -> Fingerprint:
+    return cpu_fingerprint()
 
 
 def _software(*, cuda: bool, arch: int = 0) -> Software:

@@ -40,6 +40,7 @@ from registry.generations import (
     CURRENT,
     GENERATION_FILE,
     STAMP_FILE,
+    Record,
     entry_files,
     entry_paths,
     fallback,
@@ -185,7 +186,7 @@ class Store:
         return (gen.name, st.st_ino, st.st_mtime_ns, st.st_size)
 
     def _load(self, version: tuple[object, ...]) -> _Loaded:
-        gen = self.current_generation()
+        gen = self.root / str(version[0]) if version else None  # resolved once, by _version
         loaded = _Loaded(version=version)
         if gen is None:
             return loaded
@@ -216,26 +217,17 @@ class Store:
         """The entry in ``path``; None when its content is not one (quarantined) or is
         a newer schema's; ``_UNREAD`` when the file could not be read this time."""
         try:
-            data = atomic.loads(atomic.read_bounded(path, MAX_ENTRY_BYTES))
+            return read_entry(path)[1]
         except FileNotFoundError:
             return None
-        except OSError as e:
-            if e.errno != errno.ELOOP:  # a link where an entry belongs is content; EIO is not
+        except NewerSchema as e:
+            self.skipped += 1  # written by a newer version sharing the volume: leave it alone
+            log.warning("skipping %s: %s", path, e)
+            return None
+        except (OSError, RegistryError) as e:
+            if isinstance(e, OSError) and e.errno != errno.ELOOP:  # EIO passes; a link stays
                 log.warning("cannot read registry file %s now: %s", path, e)
                 return _UNREAD
-            self._quarantine(gen, path, f"not an entry file: {e}")
-            return None
-        except ValueError as e:
-            self._quarantine(gen, path, f"not an entry file: {e}")
-            return None
-        schema = data.get("schema") if isinstance(data, dict) else None
-        if _is_newer_schema(schema):
-            self.skipped += 1  # written by a newer version sharing the volume: leave it alone
-            log.warning("skipping %s: schema %s is newer than this reader", path, schema)
-            return None
-        try:
-            return Entry.from_json(data)
-        except RegistryError as e:
             self._quarantine(gen, path, str(e))
             return None
 
@@ -248,8 +240,7 @@ class Store:
         try:
             with self._locked(timeout=QUARANTINE_LOCK_S):
                 if _still_corrupt(path):
-                    self._move_aside(path, target, reason)
-                    self.quarantined += 1
+                    self._set_aside(path, target, reason)
                     log.error(
                         "quarantined corrupt registry file %s (%s) -> %s", path, reason, target
                     )
@@ -268,6 +259,11 @@ class Store:
         folder.mkdir(parents=True, exist_ok=True)
         os.replace(path, target)
         atomic.write_bytes(target.with_name(target.name + ".reason"), reason.encode())
+
+    def _set_aside(self, path: Path, target: Path, reason: str) -> None:
+        """Quarantine a file that holds no entry, and count it."""
+        self._move_aside(path, target, reason)
+        self.quarantined += 1
 
     def quarantined_files(self) -> int:
         """Files and folders in quarantine/, moved there by any process: what a metric shows."""
@@ -328,17 +324,22 @@ class Store:
 
     def rollback(self) -> dict[str, Any]:
         """Undo the latest bundle install not yet undone, keeping every other change."""
+        if self.current_generation() is None:  # never create a store just to say so
+            raise RegistryError(
+                f"Store {self.root}: no bundle install left to roll back "
+                "(it has no generation yet)."
+            )
         with self._locked():
             current = self._ensure_generation()
             target = self._latest_undoable_install(current)
-            parent = self.root / str(target["parent"])
+            parent = self.root / str(target.parent)
             if not (parent / GENERATION_FILE).exists():
                 raise RegistryError(
-                    f"Cannot roll back {target['id']}: its parent generation "
-                    f"{target['parent']} is gone (kept: {self.keep_generations})."
+                    f"Cannot roll back {target.id}: its parent generation "
+                    f"{target.parent} is gone (kept: {self.keep_generations})."
                 )
             new = self._fork(current)
-            for rel in target.get("changed", []):
+            for rel in target.changed:
                 _unlink_quiet(new / rel)
                 if (parent / rel).exists():
                     (new / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -346,21 +347,21 @@ class Store:
             info = self._seal(
                 new,
                 current,
-                {"kind": "rollback", "undoes": target["id"], "bundle": target.get("bundle")},
+                {"kind": "rollback", "undoes": target.id, "bundle": target.extra.get("bundle")},
             )
             self._swap_sealed(new)
             self._collect_garbage()
         self.refresh(force=True)
         return info
 
-    def _latest_undoable_install(self, current: Path) -> dict[str, Any]:
+    def _latest_undoable_install(self, current: Path) -> Record:
         undone: set[str] = set()
         gen: Path | None = current
         while gen is not None and (record := read_record(gen)) is not None:
             if record.kind == "rollback":
                 undone.add(str(record.undoes))
             elif record.kind == "install" and record.id not in undone:
-                return record.to_json()
+                return record
             elif record.kind == "repair":  # its record, with what it changed, was lost
                 raise RegistryError(
                     f"Store {self.root}: generation {record.id} was repaired "
@@ -415,27 +416,22 @@ class Store:
         that fails (EIO) fails the write rather than overwrite a tuning it did not see."""
         path = gen / entry.relpath()
         self._clear_the_way(gen, path)
-        merged = entry
+        merged, held = entry, None
         try:
-            merged = read_entry(path).merge(entry)
+            held, stored = read_entry(path)
+            merged = stored.merge(entry)
         except FileNotFoundError:
             pass
-        except RegistryError as e:
-            if _is_newer_schema(_schema_of(path)):
-                log.warning("not writing %s: a newer version's entry holds the slot", path)
-                return entry
-            self._move_aside(path, self._quarantine_path(f"{gen.name}-{path.name}"), str(e))
-            self.quarantined += 1
-        except OSError as e:
-            if e.errno != errno.ELOOP:
+        except NewerSchema:
+            log.warning("not writing %s: a newer version's entry holds the slot", path)
+            return entry
+        except (OSError, RegistryError) as e:
+            if isinstance(e, OSError) and e.errno != errno.ELOOP:
                 raise
-            self._move_aside(path, self._quarantine_path(f"{gen.name}-{path.name}"), str(e))
-            self.quarantined += 1
+            self._set_aside(path, self._quarantine_path(f"{gen.name}-{path.name}"), str(e))
         data = atomic.dumps(merged.to_json()).encode()
-        with contextlib.suppress(OSError):
-            if path.read_bytes() == data:
-                return merged  # an idempotent replay writes nothing
-        atomic.write_bytes(path, data)
+        if held != data:  # an idempotent replay writes nothing
+            atomic.write_bytes(path, data)
         return merged
 
     def _clear_the_way(self, gen: Path, path: Path) -> None:
@@ -505,8 +501,8 @@ class Store:
         return new
 
     def _new_generation_dir(self) -> Path:
-        numbers = [int(g.name[4:]) for g in generation_dirs(self.root)]
-        for name in os.listdir(self.root):  # a stray file may hold a number too
+        numbers = []
+        for name in os.listdir(self.root):  # every gen-<digits> name: a stray file's too
             if name.startswith("gen-") and name[4:].isdecimal() and name[4:].isascii():
                 numbers.append(int(name[4:]))
         new = self.root / f"gen-{max(numbers, default=0) + 1:06d}"
@@ -578,12 +574,23 @@ class Store:
         return done
 
 
-def read_entry(path: Path) -> Entry:
-    """The entry in ``path``; RegistryError (or OSError) for anything else."""
+class NewerSchema(RegistryError):
+    """An entry file a newer version wrote: left alone, neither read nor overwritten."""
+
+
+def read_entry(path: Path) -> tuple[bytes, Entry]:
+    """The bytes of ``path`` and the entry they hold. :class:`NewerSchema` for a newer
+    version's entry, RegistryError for anything else that is no entry (not a small
+    regular file, not JSON, a wrong type), OSError when it cannot be read (ELOOP: a link)."""
     try:
-        return Entry.from_json(atomic.loads(atomic.read_bounded(path, MAX_ENTRY_BYTES)))
+        raw = atomic.read_bounded(path, MAX_ENTRY_BYTES)
+        data = atomic.loads(raw)
     except ValueError as e:
-        raise RegistryError(f"{path.name}: {e}") from None
+        raise RegistryError(f"not an entry file: {e}") from None
+    schema = data.get("schema") if isinstance(data, dict) else None
+    if isinstance(schema, int) and not isinstance(schema, bool) and schema > SCHEMA_VERSION:
+        raise NewerSchema(f"schema {schema} is newer than this reader")
+    return raw, Entry.from_json(data)
 
 
 def _still_corrupt(path: Path) -> bool:
@@ -596,17 +603,6 @@ def _still_corrupt(path: Path) -> bool:
     except RegistryError:
         return True
     return False
-
-
-def _schema_of(path: Path) -> object:
-    with contextlib.suppress(OSError, ValueError):
-        data = atomic.loads(atomic.read_bounded(path, MAX_ENTRY_BYTES))
-        return data.get("schema") if isinstance(data, dict) else None
-    return None
-
-
-def _is_newer_schema(schema: object) -> bool:
-    return isinstance(schema, int) and not isinstance(schema, bool) and schema > SCHEMA_VERSION
 
 
 class _Unread:
