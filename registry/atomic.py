@@ -7,19 +7,28 @@ import json
 import os
 import stat
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 TEMP_PREFIX = ".tmp-"
 
 
 def write_bytes(path: Path, data: bytes, *, mode: int = 0o644) -> None:
     """Replace ``path`` with ``data`` so that a reader sees the old file or the new one, whole."""
+    with replacing(path, mode=mode) as f:
+        f.write(data)
+
+
+@contextlib.contextmanager
+def replacing(path: Path, *, mode: int = 0o644) -> Iterator[BinaryIO]:
+    """A file to write that replaces ``path`` when the block ends, whole (temp file beside
+    it, fsync, ``os.replace``, fsync of the folder); on an error ``path`` stays as it was."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, suffix=f"-{path.name}", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, mode)

@@ -50,7 +50,6 @@ import gzip
 import hashlib
 import io
 import itertools
-import json
 import logging
 import os
 import re
@@ -83,8 +82,6 @@ MAX_TOTAL_BYTES = 2 * 2**30
 MAX_PART_BYTES = 255  # a file name on Linux file systems (NAME_MAX)
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _CACHE_FOLDER = re.compile(r"[A-Za-z0-9_=-]{1,128}")  # Triton's hashes: base32 or hex
-# What parsing an entry may raise besides RegistryError, whatever JSON it is given.
-_ENTRY_ERRORS = (ValueError, TypeError, AttributeError, KeyError, RecursionError, RegistryError)
 
 
 @dataclass(frozen=True)
@@ -185,26 +182,14 @@ def _write_archive(
     out: Path, manifest: bytes, members: dict[str, bytes | Path], listed: dict[str, Any]
 ) -> None:
     """Stream the archive into a temp file beside ``out``, then rename it into place."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=atomic.TEMP_PREFIX, suffix=f"-{out.name}", dir=out.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            with tarfile.open(
-                fileobj=f, mode="w:gz", format=tarfile.PAX_FORMAT, compresslevel=6
-            ) as tar:
-                _add(tar, MANIFEST, io.BytesIO(manifest), len(manifest))
-                for name, src in sorted(members.items()):
-                    with io.BytesIO(src) if isinstance(src, bytes) else src.open("rb") as data:
-                        _add(tar, name, data, listed[name]["size"])
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, out)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    atomic.fsync_dir(out.parent)
+    with (
+        atomic.replacing(out) as f,
+        tarfile.open(fileobj=f, mode="w:gz", format=tarfile.PAX_FORMAT, compresslevel=6) as tar,
+    ):
+        _add(tar, MANIFEST, io.BytesIO(manifest), len(manifest))
+        for name, src in sorted(members.items()):
+            with io.BytesIO(src) if isinstance(src, bytes) else src.open("rb") as data:
+                _add(tar, name, data, listed[name]["size"])
 
 
 def _add(tar: tarfile.TarFile, name: str, data: BinaryIO, size: int) -> None:
@@ -358,8 +343,8 @@ class _Reader:
                 f"{MANIFEST} has {values} JSON values; limit {self.limits.max_manifest_values}"
             )
         try:
-            manifest = json.loads(text)
-        except (ValueError, RecursionError) as e:
+            manifest = atomic.loads(text)
+        except ValueError as e:
             raise self._reject(f"{MANIFEST} is not JSON ({why(e)})") from None
         self.listed = _check_manifest(self.label, manifest, self.limits, info.size)
         self.manifest = manifest
@@ -381,10 +366,10 @@ class _Reader:
                 f"limit {self.limits.max_entries_values}"
             )
         try:
-            entry = Entry.from_json(json.loads(text))
+            entry = Entry.from_json(atomic.loads(text))
             entry.relpath()  # touches every fingerprint field the store will use
             digest = entry.fingerprint.digest()
-        except _ENTRY_ERRORS as e:
+        except (ValueError, RegistryError) as e:
             reason = str(e) if isinstance(e, RegistryError) else why(e)
             raise self._reject(f"entry '{name}': {reason}") from None
         if self.check is not None:

@@ -79,6 +79,12 @@ class KernelConfig:
         return f"{meta} w{self.num_warps} s{self.num_stages}".strip()
 
 
+def is_time(value: object) -> bool:
+    """A JSON number that can be a duration: >= 0 and small enough for a float (a
+    400-digit int is not one)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1e300
+
+
 @dataclass(frozen=True)
 class Measurement:
     """The timing of one config (milliseconds), or the reason it has none."""
@@ -113,11 +119,7 @@ class Measurement:
             value = data.get(name)
             if value is None:
                 return math.inf
-            if (
-                not isinstance(value, (int, float))
-                or isinstance(value, bool)
-                or not 0 <= value < 1e300
-            ):
+            if not is_time(value):
                 raise RegistryError(
                     f"Measurement '{name}' has value {shown(value)}; not a time >= 0."
                 )

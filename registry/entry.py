@@ -12,13 +12,12 @@ from datetime import datetime, timezone
 from pathlib import PurePosixPath
 from typing import Any
 
-from registry.config import KernelConfig, Measurement
+from registry.config import KernelConfig, Measurement, is_time
 from registry.errors import RegistryError, shown
 from registry.fingerprint import Fingerprint, machine_name
 
 SCHEMA_VERSION = 1
 _KERNEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,127}$")
-_MAX_NUMBER = 1e300  # a time beyond this is no time (and float() of a huge int overflows)
 _TEXT_FIELDS = {"created": "", "host": "", "source": "tuned"}  # optional, with defaults
 
 
@@ -43,10 +42,6 @@ def _check_key_value(path: str, value: Any) -> None:
         raise RegistryError(f"Key field {path} has value {shown(value)}; not a finite number.")
     elif not isinstance(value, (str, int, float, bool, type(None))):
         raise RegistryError(f"Key field {path} has value {shown(value)}; not JSON.")
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def check_kernel_name(kernel: str) -> str:
@@ -137,7 +132,7 @@ class Entry:
                 f"Entry 'measurements' has value {shown(measurements)}; not a list."
             )
         seconds = data.get("tuning_seconds", 0.0)
-        if not _is_number(seconds) or not 0 <= seconds < _MAX_NUMBER:
+        if not is_time(seconds):
             raise RegistryError(f"Entry 'tuning_seconds' has value {shown(seconds)}; not >= 0.")
         text = {name: data.get(name, default) for name, default in _TEXT_FIELDS.items()}
         for name, value in text.items():
