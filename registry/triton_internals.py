@@ -113,6 +113,7 @@ def compile_specialization(data: str, target: Any) -> None:
     """Rebuild the JIT's ``ASTSource`` from its serialised specialisation and compile it
     for ``target`` into TRITON_CACHE_DIR."""
     import json
+    import pkgutil
 
     import triton.language as tl
 
@@ -124,11 +125,11 @@ def compile_specialization(data: str, target: Any) -> None:
         if isinstance(value, dict) and "constexpr" in value:
             return tl.constexpr(_tuples(value["constexpr"]))
         if isinstance(value, dict) and "jit_function" in value:
-            return _resolve(value["jit_function"].replace(":", "."))
+            return pkgutil.resolve_name(value["jit_function"])
         return _tuples(value)
 
     compile_for(
-        _resolve(spec["name"]),
+        pkgutil.resolve_name(spec["name"]),
         signature={k: _tuples(v) for k, v in spec["signature"].items()},
         constexprs={
             tuple(k): decode(v)
@@ -138,26 +139,6 @@ def compile_specialization(data: str, target: Any) -> None:
         target=target,
         options={k: tuple(v) if isinstance(v, list) else v for k, v in spec["options"].items()},
     )
-
-
-def _resolve(full_name: str) -> Any:
-    """``package.module.qualname`` -> the object, using the longest importable prefix."""
-    import importlib
-
-    parts = full_name.split(".")
-    for cut in range(len(parts) - 1, 0, -1):
-        module_name = ".".join(parts[:cut])
-        module = sys.modules.get(module_name)
-        if module is None:
-            try:
-                module = importlib.import_module(module_name)
-            except ImportError:
-                continue
-        obj: Any = module
-        for attr in parts[cut:]:
-            obj = getattr(obj, attr)
-        return obj
-    raise LookupError(f"cannot resolve {full_name}")
 
 
 def _tuples(value: Any) -> Any:

@@ -143,10 +143,17 @@ class Holder:
         return f"host {self.host} pid {self.pid} since {self.since}"
 
 
+class Held(Protocol):
+    """What a backend hands back for a lock it acquired: this process as its holder."""
+
+    @property
+    def holder(self) -> Holder: ...
+
+
 class LockBackend(Protocol):
     """A place where locks live: a shared folder or a redis server."""
 
-    def try_acquire(self, name: str, ttl: float, wait: float) -> object | None:
+    def try_acquire(self, name: str, ttl: float, wait: float) -> Held | None:
         """Wait up to ``wait`` seconds; a handle when acquired, else None."""
 
     def release(self, handle: object) -> None: ...
@@ -197,7 +204,7 @@ def lock(
     ttl: float = DEFAULT_TTL,
     timeout: float = DEFAULT_TIMEOUT,
     backend: LockBackend | None = None,
-) -> Iterator[Holder | None]:
+) -> Iterator[Holder]:
     """Hold the lock ``name`` for the ``with`` block.
 
     ``ttl``: seconds after which a silent holder (killed, frozen) may be superseded; a
@@ -211,14 +218,13 @@ def lock(
         raise RegistryError(f"Lock '{name}': ttl {ttl!r} must be > 0 and timeout {timeout!r} >= 0.")
     backend = backend or default_backend()
     handle = _wait_for(backend, name, ttl, timeout)
-    mine = getattr(handle, "holder", None)  # a backend that tracks its lease hands it over
     try:
-        yield mine if isinstance(mine, Holder) else backend.holder(name)
+        yield handle.holder
     finally:
         backend.release(handle)
 
 
-def _wait_for(backend: LockBackend, name: str, ttl: float, timeout: float) -> object:
+def _wait_for(backend: LockBackend, name: str, ttl: float, timeout: float) -> Held:
     start = time.monotonic()
     deadline = start + timeout
     outage = _Outage(name)

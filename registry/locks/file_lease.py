@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 class _Held:
     lease: SoftFileLease
     name: str
-    token: str
+    holder: Holder
 
 
 class FileLeaseBackend:
@@ -47,14 +47,14 @@ class FileLeaseBackend:
                 lease.acquire(timeout=wait, poll_interval=min(0.05, ttl / 10))
         except FileLockTimeout:
             return None
-        token = secrets.token_hex(8)
-        atomic.write_bytes(self._holder_path(name), Holder.me(token).to_text().encode())
-        return _Held(lease, name, token)
+        holder = Holder.me(secrets.token_hex(8))
+        atomic.write_bytes(self._holder_path(name), holder.to_text().encode())
+        return _Held(lease, name, holder)
 
     def release(self, handle: object) -> None:
         assert isinstance(handle, _Held)
         holder = self.holder(handle.name)
-        if holder is not None and holder.token == handle.token:
+        if holder is not None and holder.token == handle.holder.token:
             with contextlib.suppress(FileNotFoundError):
                 self._holder_path(handle.name).unlink()
         handle.lease.release()
