@@ -29,8 +29,8 @@ from registry.errors import RegistryError
 from warmup import doctor, logs
 from warmup.launch import RunError
 from warmup.manifest import ManifestError, load_manifest
+from warmup.probe_server import SidecarError  # light: serve imports the sidecar itself
 from warmup.results import RunStatus
-from warmup.server import SidecarError
 from warmup.settings import Settings
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2

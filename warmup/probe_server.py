@@ -21,6 +21,10 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
+class SidecarError(RuntimeError):
+    """The sidecar cannot start: its port is taken, its address is not this host's."""
+
+
 class ProbeServer(HTTPServer):
     """An HTTP server whose threads stay bounded however many clients connect.
 

@@ -29,7 +29,7 @@ from warmup.manifest import Manifest, ManifestEntry, resolve_user_function
 from warmup.results import RankReport, ShapeResult
 from warmup.settings import Settings
 from warmup.timing import Timer, cuda_event_timer, wall_clock_timer
-from warmup.tuner import TuneError, TuneOptions, Tuner, TunerStats
+from warmup.tuner import TuneError, TuneOptions, Tuner
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,6 @@ def _tuner(
     fingerprint: Fingerprint,
     group: Any,
     device: torch.device,
-    stats: TunerStats,
 ) -> Tuner:
     timer: Timer = cuda_event_timer() if device.type == "cuda" else wall_clock_timer()
     options = TuneOptions(
@@ -89,7 +88,6 @@ def _tuner(
         lockstep=Lockstep(group, timeout_s=settings.rank_timeout_s),
         lock_backend=backend_from_url(settings.lock_location),
         options=options,
-        stats=stats,
     )
 
 
@@ -105,7 +103,7 @@ def _warm_kernel(
     tasks = kernels.adapter_for(entry.kernel).tasks(
         entry.expand(), dtype=entry.dtype, group=group, device=device
     )
-    tuner = _tuner(entry, settings, store, fingerprint, group, device, TunerStats())
+    tuner = _tuner(entry, settings, store, fingerprint, group, device)
     from_bundles = _bundle_paths(store)
     for task in tasks:
         yield _warm_task(task, tuner, from_bundles)

@@ -29,7 +29,7 @@ from registry.errors import BundleRejected
 from registry.fingerprint import Fingerprint
 from warmup.manifest import ManifestError, load_manifest
 from warmup.metrics import ServeMetrics, TextFileCollector, TextFolderCollector
-from warmup.probe_server import HeadFirstHandler, ProbeServer
+from warmup.probe_server import HeadFirstHandler, ProbeServer, SidecarError
 from warmup.results import RunStatus
 from warmup.settings import Settings
 from warmup.watcher import BundleWatcher, Stat, sha256_of, stat_key
@@ -37,10 +37,6 @@ from warmup.watcher import BundleWatcher, Stat, sha256_of, stat_key
 log = logging.getLogger(__name__)
 JSON = "application/json"
 SCRAPE_WAIT_S = 10.0  # a scrape waits this long for another one's rendering, then fails
-
-
-class SidecarError(RuntimeError):
-    """The sidecar cannot start: its port is taken, its address is not this host's."""
 
 
 class Sidecar:
@@ -81,7 +77,8 @@ class Sidecar:
             return self._not_ready("manifest is invalid", errors=e.errors)
         path = self.settings.status_path
         status = self._status()
-        if status is None and path.exists():
+        there = self._status_cache is not None and self._status_cache[0] is not None  # its stat
+        if status is None and there:
             return self._not_ready(
                 "the status file is unreadable (damaged, or from an incompatible version)",
                 status_file=str(path),
@@ -99,8 +96,7 @@ class Sidecar:
         if not status.shapes:  # a status written by hand or by an older writer
             return self._not_ready("the last warmup warmed no shape")
         try:
-            self.store.refresh()
-            entries = len(self.store)
+            entries = len(self.store)  # reloads when another process changed the store
         except (OSError, RegistryError) as e:
             return self._not_ready(f"registry does not load: {e}")
         self.metrics.ready.set(1)
@@ -156,7 +152,6 @@ class Sidecar:
                 return self._scraped[1]
             began = time.monotonic()
             try:
-                self.store.refresh()
                 self.metrics.registry_entries.set(len(self.store))
                 self.metrics.quarantined.set(self.store.quarantined_files())
             except (OSError, RegistryError):
@@ -168,7 +163,7 @@ class Sidecar:
 
     def install_bundle(self, path: Path) -> str:
         """Verify and install one bundle; the previous generation stays on rejection."""
-        status = RunStatus.read(self.settings.status_path)
+        status = self._status()
         if status is None or not status.fingerprint:
             log.info("bundle %s deferred: no warmup has recorded this node's fingerprint", path)
             return "deferred"
