@@ -181,12 +181,9 @@ class Tuner:
         timeout_s: float | None = None,
     ) -> Entry | None:
         """Rank 0 looks; every rank follows its answer (never mismatched collectives)."""
-        entry, failure = None, None
-        if self.lockstep.leader:
-            try:
-                entry = self.store.lookup(task.kernel, key, fingerprint, self.options.match)
-            except Exception as e:  # a store that cannot be read now: this shape fails
-                failure = f"{task.kernel} at {dict(key)}: registry lookup failed: {_named(e)}"
+
+        def look() -> dict[str, Any] | None:
+            entry = self.store.lookup(task.kernel, key, fingerprint, self.options.match)
             if entry is not None and not accepts(task, entry.best):
                 log.warning(
                     "%s %s: the stored config %s is not among the candidates any more; "
@@ -195,16 +192,33 @@ class Tuner:
                     dict(key),
                     entry.best.label(),
                 )
-                entry = None
-        mine = {"entry": entry.to_json() if entry is not None else None, "error": failure}
-        agreed = self.lockstep.broadcast(
-            mine, what=what, timeout_s=max(timeout_s or 0.0, self._store_wait())
+                return None
+            return entry.to_json() if entry is not None else None
+
+        found = self._on_leader(
+            look,
+            what=what,
+            failed=f"{task.kernel} at {dict(key)}: registry lookup failed",
+            timeout_s=max(timeout_s or 0.0, self._store_wait()),
         )
-        if agreed["error"]:
+        return Entry.from_json(found) if found is not None else None
+
+    def _on_leader(
+        self, work: Callable[[], Any], *, what: str, failed: str, timeout_s: float
+    ) -> Any:
+        """Rank 0 runs ``work`` (a JSON-able result) and every rank gets that result, or
+        every rank raises the same :class:`TuneError` when it failed: one shape fails on
+        all ranks alike and the next collective still matches."""
+        mine: dict[str, Any] = {}
+        if self.lockstep.leader:
+            try:
+                mine = {"value": work()}
+            except Exception as e:  # a store that cannot be read, a lock server gone, ...
+                mine = {"error": f"{failed}: {_named(e)}"}
+        agreed = self.lockstep.broadcast(mine, what=what, timeout_s=timeout_s)
+        if "error" in agreed:
             raise TuneError(agreed["error"])
-        if not self.lockstep.active:
-            return entry
-        return Entry.from_json(agreed["entry"]) if agreed["entry"] is not None else None
+        return agreed["value"]
 
     def _store_wait(self) -> float:
         """How long the other ranks wait for rank 0's registry read or write: a quarantine
@@ -215,26 +229,24 @@ class Tuner:
         """Rank 0 takes the fleet lock; a lock it cannot get (timeout, a lock server gone)
         fails this shape on every rank alike, so the next collective still matches."""
         started = time.perf_counter()
-        failure = None
-        if self.lockstep.leader:
+
+        def take() -> None:
             name = f"tune/{kernel}/{json.dumps(key, sort_keys=True)}"
-            lease = lock(
-                name,
-                ttl=self.options.lock_ttl_s,
-                timeout=self.options.lock_timeout_s,
-                backend=self.lock_backend,
+            held.enter_context(
+                lock(
+                    name,
+                    ttl=self.options.lock_ttl_s,
+                    timeout=self.options.lock_timeout_s,
+                    backend=self.lock_backend,
+                )
             )
-            try:
-                held.enter_context(lease)
-            except Exception as e:  # a timeout, a lock server gone, a full volume
-                failure = f"{kernel} at {dict(key)}: {_named(e)}"
-        failure = self.lockstep.broadcast(
-            failure,
+
+        self._on_leader(
+            take,
             what="lock outcome",
+            failed=f"{kernel} at {dict(key)}",
             timeout_s=self.options.lock_timeout_s + self.options.rank_timeout_s,
         )
-        if failure is not None:
-            raise TuneError(failure)
         waited = time.perf_counter() - started
         self.stats.lock_wait_seconds += waited
         return waited
@@ -248,25 +260,27 @@ class Tuner:
         started: float,
     ) -> Entry:
         assert outcome.search is not None
-        stored: dict[str, Any] = {}
-        if self.lockstep.leader:  # one writer; a write it cannot make fails the shape everywhere
+        search = outcome.search
+
+        def put() -> dict[str, Any]:  # one writer: rank 0
             entry = Entry.make(
                 task.kernel,
                 key,
                 fingerprint,
                 outcome.config,
-                measurements=tuple(outcome.search.measurements),
+                measurements=tuple(search.measurements),
                 tuning_seconds=time.perf_counter() - started,
                 source="tuned",
             )
-            try:
-                stored = {"entry": self.store.put(entry).to_json()}
-            except Exception as e:
-                stored = {"error": f"{task.kernel} at {dict(key)}: tuned, not stored: {_named(e)}"}
-        agreed = self.lockstep.broadcast(stored, what="stored entry", timeout_s=self._store_wait())
-        if "error" in agreed:
-            raise TuneError(agreed["error"])
-        return Entry.from_json(agreed["entry"])
+            return self.store.put(entry).to_json()
+
+        stored = self._on_leader(
+            put,
+            what="stored entry",
+            failed=f"{task.kernel} at {dict(key)}: tuned, not stored",
+            timeout_s=self._store_wait(),
+        )
+        return Entry.from_json(stored)
 
     def _fallback(self, task: TuneTask, fingerprint: Fingerprint, started: float) -> TuneOutcome:
         self.stats.fallbacks += 1
