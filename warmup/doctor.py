@@ -21,13 +21,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
-from urllib.parse import urlsplit, urlunsplit
 
 from registry import triton_internals
 from registry.errors import RegistryError
 from registry.fingerprint import NVIDIA_PROC, listed_gpus, proc_driver_version
-from registry.locks import backend_from_url
+from registry.locks import LockServerUnreachable, backend_from_url, check_backend
 from registry.locks.file_lease import FileLeaseBackend
+from registry.locks.redis_lock import redacted
 from warmup.settings import Settings
 
 State = Literal["OK", "MISSING", "SKIP"]
@@ -259,44 +259,23 @@ def check_lock(settings: Settings, host: Host) -> Result:
         backend = backend_from_url(url)
     except RegistryError as e:  # redis-py is not installed
         return Result("lock", "MISSING", str(e), "pip install 'triton-warmup[redis]'")
+    except ValueError as e:  # redis-py refuses the URL
+        fix = "fix TRITON_WARMUP_LOCK_URL (redis://host:port/db)"
+        return Result("lock", "MISSING", f"{redacted(url)}: {e}", fix)
     if isinstance(backend, FileLeaseBackend):
         error = _unwritable(backend.folder)
         if error:
             fix = "make the lock folder writable, or set TRITON_WARMUP_LOCK_URL"
             return Result("lock", "MISSING", f"{backend.folder}: {error}", fix)
         return Result("lock", "OK", f"file leases in {backend.folder}")
-    return _ping_redis(url, host.timeout_s)
-
-
-def _ping_redis(url: str, timeout_s: float) -> Result:
-    import redis
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-
-    shown = _redacted(url)
     start = time.monotonic()
     try:
-        client = redis.Redis.from_url(
-            url,
-            socket_connect_timeout=timeout_s,
-            socket_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0),
-        )
-        with contextlib.closing(client):
-            client.ping()
-    except (redis.exceptions.RedisError, OSError, ValueError) as e:
+        check_backend(backend)  # a PING, with the lock's own timeouts, no retries
+    except LockServerUnreachable as e:
         fix = "start redis there or fix TRITON_WARMUP_LOCK_URL (redis://host:port/db)"
-        return Result("lock", "MISSING", f"redis at {shown}: {e}", fix)
+        return Result("lock", "MISSING", str(e), fix)
     ms = (time.monotonic() - start) * 1000
-    return Result("lock", "OK", f"redis at {shown} answered PING in {ms:.0f} ms")
-
-
-def _redacted(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username or ''}:***@{parts.netloc.rpartition('@')[2]}"
-    return urlunsplit(parts._replace(netloc=netloc))
+    return Result("lock", "OK", f"{backend.describe()} answered PING in {ms:.0f} ms")
 
 
 # ---- the command --------------------------------------------------------------------------
