@@ -8,7 +8,7 @@ from pathlib import Path
 
 from warmup.manifest import Manifest, load_manifest
 from warmup.results import RunStatus
-from warmup.session import SELF_STARTED, lock_backend, run_session, uses_cuda
+from warmup.session import SELF_STARTED, prepare, run_session
 from warmup.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -24,11 +24,8 @@ def warm_in_process(manifest: Manifest | str | Path, settings: Settings | None) 
         manifest = load_manifest(Path(manifest))
     grouped = dist.is_available() and dist.is_initialized()
     rank, world = (dist.get_rank(), dist.get_world_size()) if grouped else (0, 1)
-    manifest.require_world(world, source)
-    cuda = uses_cuda(settings)
-    manifest.check_kernels(source)  # imports the kernels: after the interpreter is on
+    settings, cuda = prepare(settings, manifest, world, source)
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    settings = lock_backend(settings, manifest, world)
     status = run_session(
         settings,
         manifest,

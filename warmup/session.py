@@ -265,8 +265,7 @@ def main() -> int:
             settings = Settings()
             manifest = load_manifest(settings.manifest)
             run_dir = settings.work_dir / "run"
-            _prepare_self_started(settings, manifest, world)
-            settings = lock_backend(settings, manifest, world)
+            settings = _prepare_self_started(settings, manifest, world)
         logs.configure(settings.log_format, rank=rank)
         return _run_rank(
             settings, manifest, rank, world, run_dir, LAUNCHED if child_of else SELF_STARTED
@@ -278,14 +277,25 @@ def main() -> int:
         return 2
 
 
-def _prepare_self_started(settings: Settings, manifest: Manifest, world: int) -> None:
+def _prepare_self_started(settings: Settings, manifest: Manifest, world: int) -> Settings:
     """Under torchrun: what the launcher does for the ranks it spawns, before anything
     imports triton (Triton reads its cache folder and the interpreter switch then)."""
-    manifest.require_world(world, str(settings.manifest))
     os.environ["TRITON_CACHE_DIR"] = str(settings.cache_dir.resolve())
     os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
-    uses_cuda(settings)
-    manifest.check_kernels(str(settings.manifest))
+    return prepare(settings, manifest, world, str(settings.manifest))[0]
+
+
+def prepare(
+    settings: Settings, manifest: Manifest, world: int, source: str
+) -> tuple[Settings, bool]:
+    """What a self-started rank (torchrun, ``warm()``) checks before it warms: the
+    manifest has entries for ``world``, the device (the interpreter on for CPU), every
+    kernel's shapes, the lock server. Returns the settings to warm with and whether the
+    rank warms on its GPU."""
+    manifest.require_world(world, source)
+    cuda = uses_cuda(settings)
+    manifest.check_kernels(source)  # imports the kernels: after the interpreter is on
+    return lock_backend(settings, manifest, world), cuda
 
 
 def lock_backend(settings: Settings, manifest: Manifest, world: int) -> Settings:
