@@ -7,6 +7,7 @@ import getpass
 import itertools
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -81,6 +82,13 @@ def error_line(err: str) -> str:
     return lines[0]
 
 
+def free_port() -> int:
+    """A local TCP port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def wait_for(predicate: Callable[[], object], timeout: float = 10.0) -> bool:
     """Whether ``predicate`` came true within ``timeout`` seconds (polled every 20 ms)."""
     deadline = time.monotonic() + timeout
@@ -101,7 +109,7 @@ def run_rank_processes(
 ) -> list[dict[str, Any]]:
     """``python -m module WORLD RANK *args`` once per rank, on CPU under the interpreter;
     each prints one JSON line last, returned in rank order."""
-    env = {**env_without_interpreter(), "TRITON_INTERPRET": "1"}
+    env = env_without_interpreter(TRITON_INTERPRET="1")
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", module, str(world), str(rank), *args],
@@ -151,8 +159,8 @@ def h200() -> Fingerprint:
     return gpu_fingerprint()
 
 
-@pytest.fixture
-def make_entry(h200: Fingerprint) -> Callable[..., Entry]:
+@pytest.fixture(scope="session")
+def make_entry() -> Callable[..., Entry]:
     def make(
         m: int = 4096,
         *,

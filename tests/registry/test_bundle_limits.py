@@ -413,13 +413,6 @@ def test_a_bad_artifact_after_staging_leaves_the_cache_as_it_was(tmp_path, with_
     assert _tree(cache) == before
 
 
-def _fingerprints(edit):
-    def change(manifest):
-        edit(manifest["fingerprints"])
-
-    return change
-
-
 @pytest.mark.parametrize(
     "edit,expected",
     [

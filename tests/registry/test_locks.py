@@ -4,7 +4,6 @@ import multiprocessing
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ import pytest
 import registry.locks
 from registry import LockTimeout, RegistryError, lock
 from registry.locks import backend_from_url, lock_file_name
+from tests.conftest import free_port
 from tests.registry import _workers
 
 ROOT = Path(__file__).parents[2]
@@ -207,15 +207,9 @@ def test_a_waiter_with_another_ttl_contends_on_the_holders_terms(lock_url, tmp_p
 
 
 def test_a_redis_password_is_never_shown():
-    url = f"redis://:s3cret@127.0.0.1:{_closed_port()}/0"
+    url = f"redis://:s3cret@127.0.0.1:{free_port()}/0"
     backend = backend_from_url(url)
     with pytest.raises(RegistryError) as info, lock("x", timeout=0, backend=backend):
         pass
     assert "s3cret" not in str(info.value) and "s3cret" not in backend.describe()
     assert ":***@127.0.0.1" in str(info.value)
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])

@@ -22,17 +22,11 @@ import pytest
 from registry import LockTimeout, RegistryError, Store, lock
 from registry.locks import Holder, backend_from_url
 from registry.locks.redis_lock import PREFIX
-from tests.conftest import error_line, write_manifest
+from tests.conftest import error_line, free_port, write_manifest
 from tests.registry import _workers
 
 LOCK = "tune/outage"
 KEY = PREFIX + LOCK
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Redis:

@@ -17,37 +17,20 @@ from pathlib import Path
 
 import pytest
 
-from registry import Entry, KernelConfig, Measurement, Store
+from registry import Store
 from registry.generations import CURRENT, GENERATION_FILE, STAMP_FILE, entry_files
-from tests.conftest import gpu_fingerprint
 from tests.spoil import MUTATIONS
 
 CASES = 2000
 
 
 @pytest.fixture(scope="module")
-def healthy(tmp_path_factory, make_entry_factory) -> tuple[Path, list]:
+def healthy(tmp_path_factory, make_entry) -> tuple[Path, list]:
     root = tmp_path_factory.mktemp("healthy")
     store = Store(root)
-    store.put_many([make_entry_factory(m=m) for m in range(1, 7)])
-    store.install([make_entry_factory(m=m) for m in (7, 8)], record={"bundle": {"name": "b"}})
+    store.put_many([make_entry(m=m) for m in range(1, 7)])
+    store.install([make_entry(m=m) for m in (7, 8)], record={"bundle": {"name": "b"}})
     return root, store.entries()
-
-
-@pytest.fixture(scope="module")
-def make_entry_factory():
-    def make(m: int) -> Entry:
-        best = KernelConfig.make({"BLOCK_M": 64}, num_warps=4)
-        key = {"M": m, "N": 256, "K": 128, "dtype": "bf16", "world": 2}
-        return Entry.make(
-            "ag_gemm",
-            key,
-            gpu_fingerprint(),
-            best,
-            measurements=(Measurement(best, 1.0, 0.9, 1.1),),
-        )
-
-    return make
 
 
 def _targets(root: Path) -> list[Path]:
@@ -93,7 +76,7 @@ def scratch(tmp_path) -> Iterator[Path]:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def test_two_thousand_spoiled_stores_each_still_answer(scratch, healthy, make_entry_factory):
+def test_two_thousand_spoiled_stores_each_still_answer(scratch, healthy, make_entry):
     base, entries = healthy
     rng = random.Random(20261123)
     for case in range(CASES):
@@ -103,7 +86,7 @@ def test_two_thousand_spoiled_stores_each_still_answer(scratch, healthy, make_en
         touched = target.relative_to(root).as_posix()
         how = _spoil(target, rng)
         try:
-            _check(root, entries, touched, make_entry_factory, heavy=case % 10 == 0)
+            _check(root, entries, touched, make_entry, heavy=case % 10 == 0)
         except Exception as e:  # name the case, so a failure can be replayed
             raise AssertionError(f"case {case} ({how}): {type(e).__name__}: {e}") from e
         shutil.rmtree(root)

@@ -4,7 +4,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -16,7 +15,7 @@ import torch
 
 from registry import triton_internals
 from registry.triton_internals import c_compiler
-from tests.conftest import settings_for
+from tests.conftest import free_port, settings_for
 from warmup import doctor
 from warmup.doctor import Host, Result, check_compiler, diagnose
 from warmup.settings import Settings
@@ -240,14 +239,8 @@ def test_a_readable_registry_is_counted(tmp_path):
     assert result.state == "OK" and result.detail.endswith("registry: 1 entries")
 
 
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_redis_on_a_closed_port_is_missing_quickly(tmp_path):
-    settings = settings_for(tmp_path, lock_url=f"redis://127.0.0.1:{closed_port()}/0")
+    settings = settings_for(tmp_path, lock_url=f"redis://127.0.0.1:{free_port()}/0")
     start = time.monotonic()
     result = doctor.check_lock(settings, Host(timeout_s=1.0))
     assert time.monotonic() - start < 3

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import warmup.server
 from registry import Entry, KernelConfig, RegistryError, Store, bundle, cpu_fingerprint
-from tests.conftest import gpu_fingerprint, wait_for
+from tests.conftest import free_port, gpu_fingerprint, wait_for
 from warmup.manifest import load_manifest
 from warmup.metrics import RunMetrics, ServingMetrics
 from warmup.probe_server import HeadFirstHandler, ProbeServer
@@ -454,12 +454,6 @@ SERVE = (  # triton-warmup, each bundle install 3 s longer: one is in progress a
     "b.install = lambda *a, **k: time.sleep(3) or real(*a, **k); "
     "from warmup.cli import main; sys.exit(main())"
 )
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_sigterm_stops_a_busy_sidecar_within_2_s(tmp_path):
