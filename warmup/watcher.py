@@ -186,11 +186,12 @@ class BundleWatcher(FileSystemEventHandler):
     def signature(self) -> object:
         """Cheap: the bundles' names and stat keys; while a bundle waits, also
         ``retry_on``'s stat keys and the minute (a store that was busy may take it now)."""
-        return tuple((p.name, stat_key(p)) for p in self.bundles()), self._retry()
+        return self._listing(), self._retry_keys() if self._waiting else None
 
-    def _retry(self) -> object:
-        if not self._waiting:
-            return None
+    def _listing(self) -> tuple[tuple[str, Stat | None], ...]:
+        return tuple((p.name, stat_key(p)) for p in self.bundles())
+
+    def _retry_keys(self) -> object:
         return tuple(map(stat_key, self.retry_on)), int(time.monotonic() // DEFERRED_RETRY_S)
 
     def bundles(self) -> list[Path]:
@@ -205,21 +206,20 @@ class BundleWatcher(FileSystemEventHandler):
             self.scans += 1
             if self.on_scan is not None:
                 self.on_scan()
-            folder = tuple((p.name, stat_key(p)) for p in self.bundles())
-            self._waiting = True  # the retry keys as this scan began
-            retry = self._retry()
-            results = self._scan()
+            listing, retry = self._listing(), self._retry_keys()  # as this scan began
+            results = self._scan(listing)
             self._waiting = DEFERRED in results.values()
-            self._signature = folder, retry if self._waiting else None
+            self._signature = listing, retry if self._waiting else None
             return results
 
-    def _scan(self) -> dict[str, str]:
+    def _scan(self, listing: tuple[tuple[str, Stat | None], ...]) -> dict[str, str]:
         results: dict[str, str] = {}
         digests: dict[Stat, str] = {}
-        for path in self.bundles():
+        for name, key in listing:
             if self._stopped:
                 break
-            found = self._digest(path)
+            path = self.folder / name
+            found = self._digest(path, key)
             if found is None:
                 continue  # removed or half-swapped meanwhile: the next event rescans
             key, digest = found
@@ -229,8 +229,7 @@ class BundleWatcher(FileSystemEventHandler):
         self._digests = digests
         return results
 
-    def _digest(self, path: Path) -> tuple[Stat, str] | None:
-        key = stat_key(path)
+    def _digest(self, path: Path, key: Stat | None) -> tuple[Stat, str] | None:
         if key is not None and key in self._digests:
             return key, self._digests[key]
         try:  # never blocks on a fifo named *.tgz; only regular files are bundles
