@@ -21,9 +21,8 @@ where gloo does the gather and raises each flag as its shard lands.
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -194,6 +193,7 @@ class AgGemmContext:
     symm: list[Any] = field(default_factory=list)  # symmetric-memory handles, one per slot
     peers: list[list[Any]] = field(default_factory=list)  # [slot][src]: a peer's G[slot]
     side_stream: Any = None
+    landed: list[Any] = field(default_factory=list)  # [src]: an event, its rows pulled
 
 
 def group_size_and_rank(group: Any) -> tuple[int, int]:
@@ -270,6 +270,7 @@ def _allocate_symmetric(ctx: AgGemmContext) -> None:
             [handle.get_buffer(src, (ctx.max_m, ctx.k), ctx.dtype) for src in range(ctx.world)]
         )
     ctx.side_stream = torch.cuda.Stream(device=ctx.device, priority=-1)  # type: ignore[no-untyped-call]
+    ctx.landed = [torch.cuda.Event() for _ in range(ctx.world)]  # type: ignore[no-untyped-call]
     ctx.symm[0].barrier()
 
 
@@ -317,6 +318,24 @@ def check_inputs(
     return m, n, k
 
 
+# The algorithms a config chooses (``KernelConfig.algorithm``); the tuner times them all
+# and the registry stores the winner, so a warmed op is never slower than the baseline.
+FUSED = "fused_pull"  # copy-engine pulls overlapped with the Triton consumer above
+BASELINE = "nccl_cublas"  # NCCL all-gather, then one cuBLAS GEMM: what the op replaces
+GATHER_FIRST = "gather_cublas"  # small M: pull every shard from symmetric memory, one GEMM
+OVERLAP = "overlap_cublas"  # one cuBLAS GEMM per shard, each as soon as its pull lands
+ALGORITHMS = (BASELINE, GATHER_FIRST, OVERLAP, FUSED)
+LIBRARY = (BASELINE, GATHER_FIRST, OVERLAP)  # no meta-parameters: one config each
+# torch 2.13 renames all_gather_into_tensor (and warns on the old name); 2.11 has only it
+ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def algorithm_of(config: KernelConfig) -> str:
+    """The algorithm ``config`` runs: a config stored before algorithms existed (None)
+    is a fused one, the only algorithm there was."""
+    return config.algorithm or FUSED
+
+
 def ag_gemm(
     a_shard: torch.Tensor,
     b: torch.Tensor,
@@ -324,34 +343,126 @@ def ag_gemm(
     config: KernelConfig,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``all_gather(a_shard) @ b`` with ``config``; a collective: every rank calls it.
+    """``all_gather(a_shard) @ b`` with ``config``'s algorithm; a collective: every rank
+    calls it with the same algorithm.
 
     a_shard: [M/world, K], b: [K, N] -> [M, N]. The config comes from the registry or
     the tuner; nothing here picks one.
     """
     m, n, _ = check_inputs(a_shard, b, ctx, out)
+    run = _run_for(config)
     out = torch.empty(m, n, dtype=ctx.dtype, device=ctx.device) if out is None else out
-    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+    if ctx.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         raise ValueError(
             "ag_gemm: CUDA graph capture is not supported (the epoch flags "
             "would be baked into the graph)."
         )
     ctx.epoch += 1
-    m_per_rank = a_shard.shape[0]
     if ctx.world == 1:
-        launch_plan(ctx, a_shard, b, out, m_per_rank, config).launch()
+        if run is _run_fused:
+            launch_plan(ctx, a_shard, b, out, a_shard.shape[0], config).launch()
+        else:  # nothing to gather
+            torch.matmul(a_shard, b, out=out)
         return out
-    g = ctx.buffers[ctx.epoch % 2][:m]  # [M, K]
-    g[ctx.rank * m_per_rank : (ctx.rank + 1) * m_per_rank].copy_(a_shard)
+    run(ctx, a_shard, b, out, config)
+    return out
+
+
+def _run_fused(
+    ctx: AgGemmContext, a_shard: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config: Any
+) -> None:
+    """Copy-engine pulls on the side stream, each raising its shard's flag, while the
+    consumer GEMM (launched first, so the GPU never idles) waits tile by tile."""
+    m_per_rank = a_shard.shape[0]
+    g = _own_rows_in(ctx, a_shard)
     if ctx.device.type != "cuda":
         _gather_gloo(ctx, g, m_per_rank)
         launch_plan(ctx, g, b, out, m_per_rank, config).launch()
-        return out
+        return
     met = _meet_peers(ctx)
-    launch_plan(ctx, g, b, out, m_per_rank, config).launch()  # first: the GPU never idles
-    _pull_peers(ctx, met, m_per_rank)
+    launch_plan(ctx, g, b, out, m_per_rank, config).launch()
+    flags = ctx.flags.view(torch.uint32)
+
+    def raise_flag(src: int) -> None:
+        _stream_write_value32(flags, src, ctx.epoch)
+
+    _pull_peers(ctx, met, m_per_rank, raise_flag)
     torch.cuda.current_stream(ctx.device).wait_stream(ctx.side_stream)
-    return out
+
+
+def _run_baseline(
+    ctx: AgGemmContext, a_shard: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config: Any
+) -> None:
+    """NCCL (gloo on CPU) all-gather into this call's slot, then one cuBLAS GEMM. In
+    stream order the gather is a meeting point like the barrier of the other algorithms,
+    so the slots stay safe to reuse whichever algorithm each call runs."""
+    g = ctx.buffers[ctx.epoch % 2][: a_shard.shape[0] * ctx.world]
+    ALL_GATHER(g, a_shard, group=ctx.group)
+    torch.matmul(g, b, out=out)
+
+
+def _run_gather_first(
+    ctx: AgGemmContext, a_shard: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config: Any
+) -> None:
+    """Barrier, then every peer's rows pulled with the copy engine on this stream, then
+    one cuBLAS GEMM: at small M the GEMM reads all of B whatever the rows, so one GEMM
+    after a low-latency gather beats splitting it."""
+    m_per_rank = a_shard.shape[0]
+    g = _own_rows_in(ctx, a_shard)
+    if ctx.device.type != "cuda":
+        _gather_gloo(ctx, g, m_per_rank)
+    else:
+        _meet_peers(ctx)
+        slot = ctx.epoch % 2
+        for src in _peers_in_order(ctx):
+            rows = slice(src * m_per_rank, (src + 1) * m_per_rank)
+            g[rows].copy_(ctx.peers[slot][src][rows])
+    torch.matmul(g, b, out=out)
+
+
+def _run_overlap(
+    ctx: AgGemmContext, a_shard: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config: Any
+) -> None:
+    """The own rows' GEMM at once; each peer's rows pulled on the side stream and
+    multiplied as soon as they land: cuBLAS speed, the gather hidden behind the GEMMs."""
+    m_per_rank = a_shard.shape[0]
+    g = _own_rows_in(ctx, a_shard)
+    own = slice(ctx.rank * m_per_rank, (ctx.rank + 1) * m_per_rank)
+    if ctx.device.type != "cuda":
+        _gather_gloo(ctx, g, m_per_rank)
+        torch.matmul(g[own], b, out=out[own])
+    else:
+        met = _meet_peers(ctx)
+        torch.matmul(g[own], b, out=out[own])
+
+        def landed(src: int) -> None:
+            ctx.landed[src].record(ctx.side_stream)
+
+        _pull_peers(ctx, met, m_per_rank, landed)
+    current = torch.cuda.current_stream(ctx.device) if ctx.device.type == "cuda" else None
+    for src in _peers_in_order(ctx):
+        rows = slice(src * m_per_rank, (src + 1) * m_per_rank)
+        if current is not None:
+            current.wait_event(ctx.landed[src])
+        torch.matmul(g[rows], b, out=out[rows])
+
+
+_RUNS = {
+    FUSED: _run_fused,
+    BASELINE: _run_baseline,
+    GATHER_FIRST: _run_gather_first,
+    OVERLAP: _run_overlap,
+}
+
+
+def _run_for(config: KernelConfig) -> Callable[..., None]:
+    run = _RUNS.get(algorithm_of(config))
+    if run is None:
+        raise ValueError(
+            f"ag_gemm: config {config.label()} names algorithm {config.algorithm!r}; "
+            f"this version runs {', '.join(ALGORITHMS)}."
+        )
+    return run
 
 
 def input_buffer(ctx: AgGemmContext, m_per_rank: int) -> torch.Tensor:
@@ -371,6 +482,22 @@ def input_buffer(ctx: AgGemmContext, m_per_rank: int) -> torch.Tensor:
     return ctx.buffers[(ctx.epoch + 1) % 2][rows]
 
 
+def _own_rows_in(ctx: AgGemmContext, a_shard: torch.Tensor) -> torch.Tensor:
+    """This call's gathered buffer ``[M, K]``, this rank's shard copied into its rows
+    (no copy when the producer wrote it there: see :func:`input_buffer`)."""
+    m_per_rank = a_shard.shape[0]
+    g = ctx.buffers[ctx.epoch % 2][: m_per_rank * ctx.world]
+    own = g[ctx.rank * m_per_rank : (ctx.rank + 1) * m_per_rank]
+    if own.data_ptr() != a_shard.data_ptr():
+        own.copy_(a_shard)
+    return g
+
+
+def _peers_in_order(ctx: AgGemmContext) -> list[int]:
+    """The peers, starting after this rank: the order every consumer walks the rows."""
+    return [(ctx.rank + step) % ctx.world for step in range(1, ctx.world)]
+
+
 def _meet_peers(ctx: AgGemmContext) -> torch.cuda.Event:
     """Barrier on this slot: afterwards every rank's own rows are in its G[slot]."""
     ctx.symm[ctx.epoch % 2].barrier(channel=ctx.epoch % 2)
@@ -379,24 +506,30 @@ def _meet_peers(ctx: AgGemmContext) -> torch.cuda.Event:
     return met
 
 
-def _pull_peers(ctx: AgGemmContext, met: torch.cuda.Event, m_per_rank: int) -> None:
-    """Copy-engine pulls of every peer's rows on the side stream, each raising its flag.
-    The side stream waits for the barrier only, never for the consumer that spins on it.
+def _pull_peers(
+    ctx: AgGemmContext, met: torch.cuda.Event, m_per_rank: int, landed: Callable[[int], None]
+) -> None:
+    """Copy-engine pulls of every peer's rows on the side stream, ``landed(src)`` after
+    each (a flag write, an event). The side stream waits for the barrier only, never for
+    the consumer that waits on it.
 
     One stream, in the consumer's rotation order, so shards land in the order they are
     needed. One stream per peer measured slower on 4 H200s at 8192x3584x8192 (887 and
     917 us against 708 and 774 with one stream, two runs each)."""
-    from torch._C._distributed_c10d import _SymmetricMemory
-
     slot = ctx.epoch % 2
-    local, flags = ctx.buffers[slot], ctx.flags.view(torch.uint32)
+    local = ctx.buffers[slot]
     ctx.side_stream.wait_event(met)
     with torch.cuda.stream(ctx.side_stream):
-        for step in range(1, ctx.world):
-            src = (ctx.rank + step) % ctx.world
+        for src in _peers_in_order(ctx):
             rows = slice(src * m_per_rank, (src + 1) * m_per_rank)
             local[rows].copy_(ctx.peers[slot][src][rows])
-            _SymmetricMemory.stream_write_value32(flags, src, ctx.epoch)
+            landed(src)
+
+
+def _stream_write_value32(flags: torch.Tensor, index: int, value: int) -> None:
+    from torch._C._distributed_c10d import _SymmetricMemory
+
+    _SymmetricMemory.stream_write_value32(flags, index, value)
 
 
 def _gather_gloo(ctx: AgGemmContext, g: torch.Tensor, m_per_rank: int) -> None:
@@ -482,14 +615,11 @@ class AgGemmTask:
         return key(self.a_shard, self.b, self.ctx)
 
     def candidates(self) -> list[KernelConfig]:
+        """The baseline first (the policy 'fallback' takes the first), the other library
+        algorithms, then the fused space, pruned and ordered by the model."""
         if self.configs is not None:
             return list(self.configs)
-        from kernels.spaces import ordered, prune
-
-        problem_ = problem(self.a_shard, self.b, self.ctx)
-        return ordered(
-            prune(space(self.ctx), problem_, self.ctx.limits).kept, problem_, self.ctx.limits
-        )
+        return candidates(self.ctx, problem(self.a_shard, self.b, self.ctx))
 
     def run(self, config: KernelConfig) -> torch.Tensor:
         if self.out is None:
@@ -504,8 +634,8 @@ class AgGemmTask:
         return relative_error_reason(output, self._expected, TOLERANCE[self.ctx.dtype])
 
     def warmup(self, config: KernelConfig) -> None:
-        if self.ctx.device.type != "cuda":
-            return  # the interpreter compiles nothing
+        if self.ctx.device.type != "cuda" or algorithm_of(config) != FUSED:
+            return  # the interpreter compiles nothing; a library call compiles nothing
         m, n, _ = check_inputs(self.a_shard, self.b, self.ctx)
         g = self.a_shard if self.ctx.world == 1 else self.ctx.buffers[0][:m]
         out = (
@@ -538,8 +668,25 @@ def problem(a_shard: torch.Tensor, b: torch.Tensor, ctx: AgGemmContext) -> Probl
 
 
 def space(ctx: AgGemmContext) -> list[KernelConfig]:
-    """The config space for the context's device (see :mod:`kernels.spaces`)."""
-    return ag_gemm_space(ctx.limits)
+    """The fused algorithm's config space for the context's device (see
+    :mod:`kernels.spaces`); the library algorithms have no parameters."""
+    return [replace(c, algorithm=FUSED) for c in ag_gemm_space(ctx.limits)]
+
+
+def library_configs(ctx: AgGemmContext) -> list[KernelConfig]:
+    """One config per library algorithm; on one rank there is nothing to gather, and the
+    baseline alone (a plain GEMM) stands for them."""
+    names = LIBRARY if ctx.world > 1 else (BASELINE,)
+    return [KernelConfig.make(algorithm=name) for name in names]
+
+
+def candidates(ctx: AgGemmContext, problem_: Problem) -> list[KernelConfig]:
+    """Every algorithm's configs for one problem: the library ones (the baseline first),
+    then the fused space, pruned and ordered by the performance model."""
+    from kernels.spaces import ordered, prune
+
+    fused = prune(space(ctx), problem_, ctx.limits).kept
+    return library_configs(ctx) + ordered(fused, problem_, ctx.limits)
 
 
 def reference(a_shard: torch.Tensor, b: torch.Tensor, group: Any = None) -> torch.Tensor:
@@ -548,9 +695,7 @@ def reference(a_shard: torch.Tensor, b: torch.Tensor, group: Any = None) -> torc
     if world == 1:
         return torch.matmul(a_shard, b)
     gathered = a_shard.new_empty(a_shard.shape[0] * world, a_shard.shape[1])
-    with warnings.catch_warnings():  # torch 2.13 renames it; torch 2.11 has only this name
-        warnings.simplefilter("ignore", FutureWarning)
-        dist.all_gather_into_tensor(gathered, a_shard, group=group)
+    ALL_GATHER(gathered, a_shard, group=group)
     return torch.matmul(gathered, b)
 
 
@@ -564,11 +709,16 @@ def torch_fused(a_shard: torch.Tensor, b: torch.Tensor, group: Any) -> torch.Ten
 
 
 def kernel_hash() -> str:
-    """The public hash of both consumers' sources (part of every fingerprint)."""
+    """The public hash of both consumers' sources and of the algorithms a config may
+    choose (part of every fingerprint): a version that adds an algorithm tunes again
+    rather than keep a winner chosen without it."""
+    import hashlib
+
     from registry import kernel_source_hash
 
     tma = kernel_source_hash(_ag_gemm_tma_kernel)
-    return tma + kernel_source_hash(_ag_gemm_portable_kernel)[:16]
+    algorithms = hashlib.sha256(",".join(ALGORITHMS).encode()).hexdigest()[:8]
+    return f"{tma}{kernel_source_hash(_ag_gemm_portable_kernel)[:16]}-{algorithms}"
 
 
 class AgGemmServed:
@@ -610,8 +760,9 @@ class AgGemmServed:
         return holder[0]
 
     def prepare(self, config: KernelConfig) -> None:
-        if self.ctx.device.type != "cuda":
-            return  # the interpreter compiles nothing
+        _run_for(config)  # an algorithm this version lacks fails here, not on a request
+        if self.ctx.device.type != "cuda" or algorithm_of(config) != FUSED:
+            return  # the interpreter compiles nothing; a library call compiles nothing
         self.warm_up_plan(config).load()
 
     def warm_up_plan(self, config: KernelConfig) -> LaunchPlan:
@@ -634,18 +785,8 @@ class AgGemmServed:
             torch.cuda.current_stream(ctx.device).synchronize()
 
     def default_config(self) -> KernelConfig:
-        from kernels.spaces import ordered, prune
-
-        problem_ = Problem(
-            self.layer.max_m,
-            self.layer.n,
-            self.layer.k,
-            self.ctx.world,
-            self.ctx.dtype.itemsize,
-        )
-        return ordered(
-            prune(space(self.ctx), problem_, self.ctx.limits).kept, problem_, self.ctx.limits
-        )[0]
+        """The baseline: with no tuning to go by, never slower than what it replaces."""
+        return KernelConfig.make(algorithm=BASELINE)
 
 
 class AgGemmAdapter:

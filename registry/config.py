@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,14 +12,19 @@ from registry.errors import RegistryError, shown
 
 Scalar = int | float | str | bool | None
 _LAUNCH_FIELDS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+_ALGORITHM_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
 
 @dataclass(frozen=True)
 class KernelConfig:
-    """One point of a kernel's config space: meta-parameters plus launch options.
+    """One point of a kernel's config space: the algorithm, its meta-parameters and its
+    launch options.
 
     Mirrors ``triton.Config`` without importing triton; ``kwargs`` holds the
     ``tl.constexpr`` meta-parameters (BLOCK_M, ...), sorted so equal configs hash equal.
+    ``algorithm`` names which implementation of the op the config runs (the kernel
+    module defines the names); ``None`` is the kernel's original one, the only one a
+    config stored before algorithms existed can mean.
     """
 
     kwargs: tuple[tuple[str, Scalar], ...] = ()
@@ -26,14 +32,28 @@ class KernelConfig:
     num_stages: int = 3
     num_ctas: int = 1
     maxnreg: int | None = None
+    algorithm: str | None = None
 
     @classmethod
-    def make(cls, kwargs: Mapping[str, Scalar] | None = None, **launch: Any) -> KernelConfig:
+    def make(
+        cls,
+        kwargs: Mapping[str, Scalar] | None = None,
+        *,
+        algorithm: str | None = None,
+        **launch: Any,
+    ) -> KernelConfig:
         """Build from a mapping, as ``triton.Config(kwargs, num_warps=...)`` is called."""
         unknown = set(launch) - set(_LAUNCH_FIELDS)
         if unknown:
             raise RegistryError(f"KernelConfig got unknown launch option(s) {sorted(unknown)}.")
-        return cls(kwargs=tuple(sorted((kwargs or {}).items())), **launch)
+        if algorithm is not None and not (
+            isinstance(algorithm, str) and _ALGORITHM_NAME.match(algorithm)
+        ):
+            raise RegistryError(
+                f"Config 'algorithm' has value {shown(algorithm)}; not a name "
+                "(lower-case letters, digits and _, at most 64)."
+            )
+        return cls(kwargs=tuple(sorted((kwargs or {}).items())), algorithm=algorithm, **launch)
 
     @property
     def meta(self) -> dict[str, Scalar]:
@@ -46,7 +66,10 @@ class KernelConfig:
         return {**self.meta, **{k: v for k, v in launch.items() if v is not None}}
 
     def to_json(self) -> dict[str, Any]:
+        """Without an ``algorithm`` field when it is None: the form schema 1 wrote."""
+        algorithm = {} if self.algorithm is None else {"algorithm": self.algorithm}
         return {
+            **algorithm,
             "kwargs": self.meta,
             "num_warps": self.num_warps,
             "num_stages": self.num_stages,
@@ -71,12 +94,16 @@ class KernelConfig:
         for name, value in launch.items():
             if not isinstance(value, int) or isinstance(value, bool):
                 raise RegistryError(f"Config '{name}' has value {shown(value)}; not an int.")
-        return cls.make(kwargs, **launch)
+        return cls.make(kwargs, algorithm=data.get("algorithm"), **launch)
 
     def label(self) -> str:
-        """A short human label, for tables and logs only (never parsed back)."""
+        """A short human label, for tables and logs only (never parsed back). A config
+        with an algorithm and no meta-parameters (a library call) is its algorithm."""
+        if self.algorithm is not None and not self.kwargs:
+            return self.algorithm
         meta = " ".join(f"{k}={v}" for k, v in self.kwargs)
-        return f"{meta} w{self.num_warps} s{self.num_stages}".strip()
+        prefix = "" if self.algorithm is None else f"{self.algorithm} "
+        return f"{prefix}{meta} w{self.num_warps} s{self.num_stages}".strip()
 
 
 def is_time(value: object) -> bool:

@@ -16,7 +16,8 @@ from registry.config import KernelConfig, Measurement, is_time
 from registry.errors import RegistryError, shown
 from registry.fingerprint import Fingerprint, machine_name
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: a config may name its algorithm; 1: it cannot
+READ_SCHEMAS = (1, 2)
 _KERNEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,127}$")
 _TEXT_FIELDS = {"created": "", "host": "", "source": "tuned"}  # optional, with defaults
 
@@ -97,8 +98,11 @@ class Entry:
         return PurePosixPath(self.kernel, fp.gpu_slug(), fp.software_slug(), shape)
 
     def to_json(self) -> dict[str, Any]:
+        """In the oldest schema that holds the entry: one whose configs name no algorithm
+        is written as schema 1, so a reader of an older version sharing the volume still
+        uses it; one that does is schema 2, which such a reader skips."""
         return {
-            "schema": SCHEMA_VERSION,
+            "schema": SCHEMA_VERSION if self.names_algorithm() else 1,
             "kernel": self.kernel,
             "key": self.key,
             "fingerprint": self.fingerprint.to_json(),
@@ -118,10 +122,10 @@ class Entry:
         if not isinstance(data, Mapping):
             raise RegistryError(f"Entry is {type(data).__name__}, not a JSON object.")
         schema = data.get("schema")
-        if schema != SCHEMA_VERSION or isinstance(schema, bool):
+        if schema not in READ_SCHEMAS or isinstance(schema, bool):
             raise RegistryError(
                 f"Entry 'schema' has value {shown(schema)}; "
-                f"this version reads schema {SCHEMA_VERSION}."
+                f"this version reads schemas {', '.join(map(str, READ_SCHEMAS))}."
             )
         for name in ("kernel", "key", "fingerprint", "best"):
             if name not in data:
@@ -153,6 +157,11 @@ class Entry:
         except (OverflowError, ValueError, TypeError, AttributeError, KeyError) as e:
             # a value no check above foresaw (a 400-digit time): one entry, never the store
             raise RegistryError(f"Entry does not parse: {type(e).__name__}: {e}") from None
+
+    def names_algorithm(self) -> bool:
+        """Whether any config of the entry names an algorithm (schema 2 holds it)."""
+        configs = (self.best, *(m.config for m in self.measurements))
+        return any(c.algorithm is not None for c in configs)
 
     def identity(self) -> tuple[str, ...]:
         """Every field but the measurements; the smallest (the earliest tuning) wins a merge."""

@@ -1,9 +1,15 @@
 """Timers for the tuner, injected like Triton's ``do_bench=``: a timer runs a thunk
 ``repetitions`` times and returns each repetition's time in milliseconds.
 
-``cuda_event_timer``: device events, warm-up, L2 flushed before every repetition, CUDA
-graph replay for kernels too short to time one launch at a time. ``wall_clock_timer``:
-the host clock, for the CPU interpreter (tests, demo). Tests inject fakes.
+A repetition is timed as a call runs in serving: from an idle device, so that the host's
+own work (argument checks, descriptors, launches, a barrier) counts as the GPU waiting for
+it, with the L2 flushed first. For a collective the tuner passes ``meet``, which every
+rank runs before every repetition: the ranks start each repetition together, and the
+wait for the slowest rank inside the op is part of its time.
+
+``cuda_event_timer``: device events, warm-up, CUDA graph replay for single-GPU kernels
+too short to time one launch at a time. ``wall_clock_timer``: the host clock, for the CPU
+interpreter (tests, demo). Tests inject fakes.
 """
 
 from __future__ import annotations
@@ -16,17 +22,21 @@ Thunk = Callable[[], Any]
 
 
 class Timer(Protocol):
-    def __call__(self, fn: Thunk, repetitions: int) -> list[float]: ...
+    def __call__(
+        self, fn: Thunk, repetitions: int, *, meet: Thunk | None = None
+    ) -> list[float]: ...
 
 
 def wall_clock_timer(*, warmup: int = 1) -> Timer:
     """Host time per repetition (the interpreter runs synchronously on the CPU)."""
 
-    def timer(fn: Thunk, repetitions: int) -> list[float]:
+    def timer(fn: Thunk, repetitions: int, *, meet: Thunk | None = None) -> list[float]:
         for _ in range(warmup):
             fn()
         times = []
         for _ in range(repetitions):
+            if meet is not None:
+                meet()
             start = time.perf_counter()
             fn()
             times.append((time.perf_counter() - start) * 1e3)
@@ -42,34 +52,39 @@ def cuda_event_timer(
     graph_below_ms: float = 0.02,
     graph_batch: int = 20,
 ) -> Timer:
-    """Device-event timing with the L2 flushed before each repetition.
+    """Device-event timing from an idle device, the L2 flushed before each repetition
+    (see the module docstring; ``meet`` runs after the flush, before the start).
 
-    A kernel whose first timed launch takes under ``graph_below_ms`` is captured in a CUDA
-    graph of ``graph_batch`` launches and timed per replay (launch gaps would dominate);
-    kernels that cannot be captured fall back to single launches.
+    A single-GPU kernel whose first timed launch takes under ``graph_below_ms`` is
+    captured in a CUDA graph of ``graph_batch`` launches and timed per replay (launch gaps
+    would dominate); kernels that cannot be captured fall back to single launches. A
+    collective (``meet`` given) is never graphed: it serves one call at a time.
     """
     import torch
 
     flush = torch.empty(flush_bytes, dtype=torch.int8, device="cuda")
 
-    def one(fn: Thunk) -> float:
+    def one(fn: Thunk, meet: Thunk | None) -> float:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         flush.zero_()
+        if meet is not None:
+            meet()
+        torch.cuda.synchronize()  # idle and released together: the host's work counts
         start.record()
         fn()
         end.record()
         end.synchronize()
         return float(start.elapsed_time(end))
 
-    def timer(fn: Thunk, repetitions: int) -> list[float]:
+    def timer(fn: Thunk, repetitions: int, *, meet: Thunk | None = None) -> list[float]:
         for _ in range(warmup):
             fn()
-        first = one(fn)
-        if first < graph_below_ms:
+        first = one(fn, meet)
+        if first < graph_below_ms and meet is None:
             graphed = _graph_times(fn, repetitions, graph_batch, flush)
             if graphed is not None:
                 return graphed
-        return [first] + [one(fn) for _ in range(repetitions - 1)]
+        return [first] + [one(fn, meet) for _ in range(repetitions - 1)]
 
     return timer
 

@@ -367,6 +367,11 @@ class Tuner:
         self, task: TuneTask, failures: dict[KernelConfig, str]
     ) -> Callable[[KernelConfig, int], Measurement]:
         checked: set[KernelConfig] = set()
+        meet = None  # one process: nobody to start with
+        if self.lockstep.active:
+
+            def meet() -> None:
+                self.lockstep.barrier(what="start of a repetition")
 
         def measure(config: KernelConfig, repetitions: int) -> Measurement:
             self.lockstep.barrier(what=f"start of {config.label()}")
@@ -377,7 +382,7 @@ class Tuner:
                         reason = task.verify(task.run(config))
                         checked.add(config)
                     if reason is None:
-                        times = self.timer(lambda: task.run(config), repetitions)
+                        times = self.timer(lambda: task.run(config), repetitions, meet=meet)
                 except Exception as e:  # compile, launch or resource failure: inf, reason kept
                     reason = f"{type(e).__name__}: {e}"
             flags = self.lockstep.max_over_ranks(

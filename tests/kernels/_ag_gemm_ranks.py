@@ -1,6 +1,6 @@
 """One rank of the CPU AllGather-GEMM tests: gloo, the interpreter, a float64 reference.
 
-Usage: python -m tests.kernels._ag_gemm_ranks WORLD RANK INIT_FILE SCENARIO
+Usage: python -m tests.kernels._ag_gemm_ranks WORLD RANK INIT_FILE SCENARIO[:ARGUMENT]
 Prints one JSON line: the results the test asserts on.
 """
 
@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -49,6 +51,35 @@ def correctness(world: int, rank: int) -> dict[str, object]:
                 }
             )
     return {"rank": rank, "results": errors}
+
+
+def algorithms(world: int, rank: int) -> dict[str, object]:
+    """Every algorithm, calls of different algorithms back to back (they share the two
+    slots), shapes odd and even, the shard passed in or written in place."""
+    ctx = ag_gemm.create_context(None, max_m=world * 16, k=33, dtype=torch.float32, device="cpu")
+    configs = [*ag_gemm.library_configs(ctx), replace(TILE, algorithm=ag_gemm.FUSED), TILE]
+    results = []
+    for call in range(3 * len(configs)):
+        config = configs[call % len(configs)]
+        m_per_rank, n = (5, 23) if call % 2 else (16, 40)
+        a = _gathered(world, (m_per_rank, 33), 300 + call)
+        b = torch.randn(33, n, generator=torch.Generator().manual_seed(call))
+        if call % 3 == 2:  # the producer writes the shard where the call reads it
+            shard = ag_gemm.input_buffer(ctx, m_per_rank)
+            shard.copy_(a[rank * m_per_rank : (rank + 1) * m_per_rank])
+        else:
+            shard = a[rank * m_per_rank : (rank + 1) * m_per_rank].contiguous()
+        out = torch.full((world * m_per_rank, n), float("nan"))
+        ag_gemm.ag_gemm(shard, b, ctx, config, out=out)
+        expected = a.double() @ b.double()
+        results.append(
+            {
+                "algorithm": ag_gemm.algorithm_of(config),
+                "written": bool(torch.isfinite(out).all()),
+                "rel_error": float((out.double() - expected).norm() / expected.norm()),
+            }
+        )
+    return {"rank": rank, "results": results}
 
 
 def in_place(world: int, rank: int) -> dict[str, object]:
@@ -147,17 +178,72 @@ def tuned(world: int, rank: int) -> dict[str, object]:
     }
 
 
+def fake_clock(world: int, rank: int, winner: str) -> dict[str, object]:
+    """The real task and tuner over every algorithm, a fake clock on which ``winner`` is
+    fastest: the tuner must store that algorithm's config, whatever it is."""
+    from pathlib import Path
+
+    from registry import Store, cpu_fingerprint
+    from registry.locks import backend_from_url
+    from warmup.lockstep import Lockstep
+    from warmup.tuner import TuneOptions, Tuner
+
+    root = Path(sys.argv[3]).parent / "registry"
+    ctx = ag_gemm.create_context(None, max_m=world * 16, k=24, dtype=torch.float32, device="cpu")
+    shard = torch.randn(16, 24, generator=torch.Generator().manual_seed(rank))
+    b = torch.randn(24, 40, generator=torch.Generator().manual_seed(7))
+    fused = [replace(c, algorithm=ag_gemm.FUSED) for c in ag_gemm.space(ctx)[:2]]
+    task = ag_gemm.AgGemmTask(shard, b, ctx, configs=ag_gemm.library_configs(ctx) + fused)
+    ran: list[KernelConfig] = []
+
+    def timer(fn, repetitions, meet=None):  # type: ignore[no-untyped-def]
+        original, task.run = task.run, lambda config: ran.append(config) or original(config)
+        try:
+            fn()
+        finally:
+            task.run = original
+        config = ran[-1]
+        ms = 1.0 if ag_gemm.algorithm_of(config) == winner else 2.0 + len(config.kwargs) / 10
+        return [ms] * repetitions
+
+    tuner = Tuner(
+        Store(root),
+        cpu_fingerprint(),
+        timer=timer,
+        lockstep=Lockstep(dist.group.WORLD, timeout_s=60),
+        lock_backend=backend_from_url(str(root.parent / "locks")),
+        options=TuneOptions(parallel_compile=False),
+    )
+    outcome = tuner.get(task)
+    stored = Store(root).entries()
+    default = ag_gemm.AgGemmTask(shard, b, ctx).candidates()
+    return {
+        "rank": rank,
+        "winner": outcome.config.to_json(),
+        "stored": [e.best.to_json() for e in stored] if rank == 0 else None,
+        "measured": sorted({ag_gemm.algorithm_of(m.config) for m in outcome.search.measurements}),
+        "default_candidates": [ag_gemm.algorithm_of(c) for c in default],
+    }
+
+
+SCENARIOS: dict[str, Any] = {
+    "correctness": correctness,
+    "bad_inputs": bad_inputs,
+    "in_place": in_place,
+    "algorithms": algorithms,
+    "tuned": tuned,
+    "reference": reference_matches,
+    "fake_clock": fake_clock,  # fake_clock:ALGORITHM
+}
+
+
 def main() -> None:
     world, rank, init_file, scenario = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    name, _, argument = scenario.partition(":")
     try:
-        result = {
-            "correctness": correctness,
-            "bad_inputs": bad_inputs,
-            "in_place": in_place,
-            "tuned": tuned,
-            "reference": reference_matches,
-        }[scenario](world, rank)
+        run = SCENARIOS[name]
+        result = run(world, rank, argument) if argument else run(world, rank)
         dist.barrier()
     finally:
         dist.destroy_process_group()

@@ -28,6 +28,18 @@ def test_matches_float64_reference_at_odd_shapes(world, tmp_path):
         assert [r["epoch"] for r in result["results"]] == [1, 2] * 3
 
 
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_every_algorithm_matches_the_reference_calls_after_calls(world, tmp_path):
+    expected = {"nccl_cublas", "fused_pull"} | (
+        {"gather_cublas", "overlap_cublas"} if world > 1 else set()
+    )
+    for result in run_ranks(world, "algorithms", tmp_path):
+        assert {row["algorithm"] for row in result["results"]} == expected
+        for row in result["results"]:
+            assert row["written"], f"rank {result['rank']} left unwritten outputs: {row}"
+            assert row["rel_error"] < 1e-5, row
+
+
 def test_bad_inputs_raise_value_errors_and_launch_nothing(tmp_path):
     for result in run_ranks(2, "bad_inputs", tmp_path):
         messages = result["messages"]
@@ -74,3 +86,41 @@ def test_the_task_tunes_in_lockstep_through_the_tuner(tmp_path):
     assert {r["source"] for r in results} == {"tuned"}
     assert all(r["errors"] == [] for r in results)  # every candidate passed its check
     assert results[0]["stored"] == 1
+
+
+@pytest.mark.parametrize("winner", ["nccl_cublas", "overlap_cublas", "fused_pull"])
+def test_the_tuner_stores_the_algorithm_the_clock_finds_fastest(winner, tmp_path):
+    """The baseline is a candidate like any other: where it wins, it is what is stored."""
+    results = run_ranks(2, f"fake_clock:{winner}", tmp_path)
+    assert [r["winner"].get("algorithm") for r in results] == [winner, winner]
+    assert [c.get("algorithm") for c in results[0]["stored"]] == [winner]
+    assert results[0]["measured"] == sorted(
+        ["nccl_cublas", "gather_cublas", "overlap_cublas", "fused_pull"]
+    )
+    default = results[0]["default_candidates"]
+    assert default[:3] == ["nccl_cublas", "gather_cublas", "overlap_cublas"]  # baseline first
+    assert set(default[3:]) == {"fused_pull"} and len(default) > 4
+
+
+def test_a_config_naming_an_algorithm_this_version_lacks_is_refused_by_name():
+    import torch
+
+    from kernels import ag_gemm
+    from registry import KernelConfig
+
+    ctx = ag_gemm.create_context(None, max_m=4, k=8, dtype=torch.float32, device="cpu")
+    shard, b = torch.randn(4, 8), torch.randn(8, 4)
+    with pytest.raises(ValueError, match="names algorithm 'warp_magic'; this version runs"):
+        ag_gemm.ag_gemm(shard, b, ctx, KernelConfig.make(algorithm="warp_magic"))
+    assert ctx.epoch == 0  # refused before the call counted
+    out = ag_gemm.ag_gemm(shard, b, ctx, KernelConfig.make(algorithm=ag_gemm.BASELINE))
+    assert torch.allclose(out, shard @ b)
+
+
+def test_the_kernel_hash_changes_with_the_algorithms(monkeypatch):
+    """A version that adds an algorithm must tune again: its fingerprint differs."""
+    from kernels import ag_gemm
+
+    before = ag_gemm.kernel_hash()
+    monkeypatch.setattr(ag_gemm, "ALGORITHMS", (*ag_gemm.ALGORITHMS, "one_more"))
+    assert ag_gemm.kernel_hash() != before

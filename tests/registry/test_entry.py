@@ -1,4 +1,5 @@
 import json
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -6,6 +7,26 @@ from hypothesis import strategies as st
 
 from registry import Entry, KernelConfig, Measurement, RegistryError, canonical_key
 from registry.entry import SCHEMA_VERSION, shape_slug
+
+_OLD_FINGERPRINT = {
+    "hardware": {
+        "gpu_name": "NVIDIA H200",
+        "compute_capability": "9.0",
+        "sm_count": 132,
+        "gpus_per_node": 8,
+        "nvlink_full_mesh": True,
+        "memory_gib": 141,
+    },
+    "software": {
+        "torch": "2.11.0",
+        "triton": "3.6.0",
+        "triton_hash": "t" * 16,
+        "cuda_runtime": "12.8",
+        "driver": "570.86",
+        "ptxas": "12.8",
+    },
+    "kernel_hash": "k" * 64,
+}
 
 
 def test_canonical_key_ignores_order_and_rejects_non_json():
@@ -18,7 +39,7 @@ def test_canonical_key_ignores_order_and_rejects_non_json():
 def test_entry_round_trips_every_field(make_entry):
     entry = make_entry()
     data = json.loads(json.dumps(entry.to_json()))
-    assert data["schema"] == SCHEMA_VERSION
+    assert data["schema"] == 1  # no config names an algorithm: the oldest schema holds it
     assert set(data) >= {
         "kernel",
         "key",
@@ -42,10 +63,66 @@ def test_entry_path_shows_kernel_gpu_software_shape(make_entry):
     assert parts[3].startswith("K16384_M4096_N6656_dtype-bf16_world-2-")
 
 
+def test_the_winning_algorithm_round_trips_in_schema_2(make_entry):
+    baseline = KernelConfig.make(algorithm="nccl_cublas")
+    fused = KernelConfig.make({"BLOCK_M": 128}, algorithm="fused_pull", num_warps=8)
+    entry = replace(
+        make_entry(),
+        best=baseline,
+        measurements=(Measurement(baseline, 0.08), Measurement(fused, 0.16)),
+    )
+    data = json.loads(json.dumps(entry.to_json()))
+    assert data["schema"] == SCHEMA_VERSION == 2
+    assert data["best"]["algorithm"] == "nccl_cublas"
+    assert data["measurements"][1]["config"]["algorithm"] == "fused_pull"
+    read = Entry.from_json(data)
+    assert read == entry and read.best.algorithm == "nccl_cublas"
+    assert read.best != KernelConfig.make()  # the algorithm is part of the config's identity
+
+
+def test_an_entry_written_before_algorithms_still_reads():
+    """A schema-1 file as the previous version wrote it, byte for byte in its fields."""
+    old = {
+        "schema": 1,
+        "kernel": "ag_gemm",
+        "key": {"K": 4096, "M": 256, "N": 4096, "dtype": "bf16", "world": 2},
+        "fingerprint": _OLD_FINGERPRINT,
+        "best": {
+            "kwargs": {"BLOCK_K": 64, "BLOCK_M": 64, "BLOCK_N": 128, "GROUP_M": 8},
+            "num_warps": 4,
+            "num_stages": 4,
+            "num_ctas": 1,
+            "maxnreg": None,
+        },
+        "measurements": [],
+        "tuning_seconds": 2.5,
+        "created": "2026-11-20T10:00:00+00:00",
+        "host": "node-1",
+        "source": "tuned",
+    }
+    entry = Entry.from_json(old)
+    assert entry.best.algorithm is None and entry.best.meta["BLOCK_M"] == 64
+    assert entry.to_json() == old  # and is written back as it was
+
+
+@pytest.mark.parametrize("bad", ["", "Fused", "x" * 65, 5, ["a"], "a b"])
+def test_a_bad_algorithm_name_is_a_registry_error(bad):
+    with pytest.raises(RegistryError, match="'algorithm' has value"):
+        KernelConfig.from_json({"kwargs": {}, "algorithm": bad})
+
+
+def test_a_config_label_names_its_algorithm():
+    assert KernelConfig.make(algorithm="nccl_cublas").label() == "nccl_cublas"
+    fused = KernelConfig.make({"BLOCK_M": 64}, algorithm="fused_pull", num_warps=4)
+    assert fused.label() == "fused_pull BLOCK_M=64 w4 s3"
+    assert KernelConfig.make({"BLOCK_M": 64}).label() == "BLOCK_M=64 w4 s3"
+
+
 @pytest.mark.parametrize(
     "field,value,message",
     [
         ("schema", 99, "schema"),
+        ("schema", 0, "schema"),
         ("tuning_seconds", -1, "tuning_seconds"),
         ("kernel", "../etc", "Kernel name"),
         ("fingerprint", {"hardware": {}}, "Fingerprint"),

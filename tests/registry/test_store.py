@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from registry import Entry, MatchPolicy, RegistryError, Store, atomic
+from registry.entry import SCHEMA_VERSION
 from registry.store import CURRENT, QUARANTINE
 from tests.conftest import gpu_fingerprint
 from tests.registry import _workers
@@ -102,7 +103,7 @@ def test_entry_from_a_newer_schema_is_skipped_not_quarantined(tmp_path, make_ent
     entry = store.put(make_entry())
     path = tmp_path / CURRENT / entry.relpath()
     data = json.loads(path.read_text())
-    data["schema"] = 2
+    data["schema"] = SCHEMA_VERSION + 1
     path.write_text(json.dumps(data))
     reader = Store(tmp_path)
     assert reader.lookup("ag_gemm", KEY, h200) is None
@@ -437,7 +438,7 @@ def test_a_put_onto_a_corrupt_or_newer_file_keeps_what_it_must(tmp_path, make_en
     path.write_text("{")
     store.put(make_entry(m=1))
     assert store.quarantined == 1 and list((tmp_path / QUARANTINE).glob("*.reason"))
-    newer = {**json.loads(path.read_text()), "schema": 2, "future": True}
+    newer = {**json.loads(path.read_text()), "schema": SCHEMA_VERSION + 1, "future": True}
     path.write_text(json.dumps(newer))
     store.put(make_entry(m=1))
     assert json.loads(path.read_text())["future"] is True  # a newer version's entry stays

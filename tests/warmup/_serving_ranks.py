@@ -38,7 +38,7 @@ def main(world: int, rank: int, init: str, volume: str, work: str) -> dict[str, 
             out = op(a[rank * rows : (rank + 1) * rows].contiguous(), b)
             expected = a.double() @ b.double()
             error = float((out.double() - expected).norm() / expected.norm())
-            calls.append({"m": m, "error": error, "block_m": op.config_for(m).meta["BLOCK_M"]})
+            calls.append({"m": m, "error": error, "config": op.config_for(m).label()})
         result = {
             "calls": calls,
             "buckets": list(op.table.buckets),

@@ -42,6 +42,8 @@ def agreement(world: int, rank: int, work: Path) -> dict[str, object]:
         "source": outcome.source,
         "block": outcome.config.meta["BLOCK"],
         "stored": outcome.entry.best.meta["BLOCK"] if outcome.entry else None,
+        "repetitions": sum(tuner.timer.calls),  # type: ignore[attr-defined]
+        "meetings": tuner.timer.meetings,  # type: ignore[attr-defined]
     }
 
 

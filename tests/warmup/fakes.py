@@ -59,13 +59,18 @@ class FakeTask:
 
 
 def fake_timer(task: FakeTask, *, scale: float = 1.0):  # type: ignore[no-untyped-def]
-    """Runs the thunk once (so the task records its config), reports the known time."""
+    """Runs the thunk once (so the task records its config), reports the known time;
+    runs ``meet`` before each repetition, as a real timer does, and counts it."""
     calls = []
 
-    def timer(fn, repetitions):  # type: ignore[no-untyped-def]
+    def timer(fn, repetitions, meet=None):  # type: ignore[no-untyped-def]
         fn()
         calls.append(repetitions)
+        for _ in range(repetitions if meet is not None else 0):
+            meet()
+            timer.meetings += 1  # type: ignore[attr-defined]
         return [task.timings[task.last] * scale] * repetitions
 
     timer.calls = calls  # type: ignore[attr-defined]
+    timer.meetings = 0  # type: ignore[attr-defined]
     return timer

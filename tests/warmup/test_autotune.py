@@ -15,7 +15,7 @@ TIMES = {32: 2.0, 64: 0.5, 128: 1.0}
 def decorated(tmp_path, calls, **extra):
     last = {}
 
-    def timer(fn, repetitions):
+    def timer(fn, repetitions, meet=None):
         fn()
         return [TIMES[last["block"]]] * repetitions
 
@@ -91,7 +91,7 @@ def test_a_changed_config_space_is_a_miss_that_tunes_again(tmp_path):
     registry = tmp_path / "registry"
     seen = []
 
-    def timer(fn, repetitions):
+    def timer(fn, repetitions, meet=None):
         fn()
         return [1.0] * repetitions
 
@@ -122,7 +122,7 @@ def test_every_launch_option_of_a_config_reaches_the_function(tmp_path):
         key_fn=lambda a: a.shape,
         store=Store(tmp_path / "registry"),
         fingerprint=cpu_fingerprint(),
-        timer=lambda fn, repetitions: [fn(), 1.0][1:] * repetitions,
+        timer=lambda fn, repetitions, meet=None: [fn(), 1.0][1:] * repetitions,
         lock_backend=backend_from_url(str(tmp_path / "locks")),
     )
     def launch(a, **options):
