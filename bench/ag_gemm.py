@@ -1,15 +1,28 @@
-"""AllGather-GEMM against its anchors on one host's GPUs, all in one run.
+"""AllGather-GEMM: the tuned op against its anchors on one host's GPUs, all in one run.
 
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-    PYTHONPATH=. python -m torch.distributed.run --nproc-per-node 2 bench/ag_gemm.py --out x.json
+    PYTHONPATH=. python -m torch.distributed.run --nproc-per-node 2 bench/ag_gemm.py \\
+        --exhaustive --out x.json
+    # a second tuning in a fresh process; both runs' winners timed side by side:
+    PYTHONPATH=. python -m torch.distributed.run --nproc-per-node 2 bench/ag_gemm.py \\
+        --tune-only --compare x.json --out y.json
 
-First a correctness pass on the GPU (TMA and portable consumers, sizes that are not
-multiples of the tile, many back-to-back calls with fresh inputs and poisoned outputs),
-then for each shape (bf16, N per rank): cuBLAS alone, NCCL all-gather alone,
-NCCL + cuBLAS, torch's fused_all_gather_matmul, and ours with the best config of the
-pruned, model-ordered space. Every timing: ranks meet at a barrier, L2 is flushed,
-device events bracket the op; a repetition's time is the max over ranks; the median
-of those is reported. Prints a table last; writes every number to --out.
+First a correctness pass on the GPU: every algorithm, both fused consumers, sizes that are
+not multiples of the tile, calls of different algorithms back to back on one context,
+fresh inputs and NaN-poisoned outputs. Then per shape (bf16, N per rank):
+
+1. the tuner (``warmup.tuner.Tuner.tune``, the registry left out) searches every
+   algorithm's candidates with its own clock, as ``triton-warmup run`` does;
+2. the bench times, with its own sampler, the anchors (cuBLAS alone, NCCL all-gather
+   alone, NCCL + cuBLAS called directly, torch's fused_all_gather_matmul), the tuned op
+   (``ag_gemm`` with the winner), the best config of each algorithm, and the best fused
+   config on one rank's data alone ("GEMM alone");
+3. with ``--exhaustive``, every candidate the tuner saw, timed the same way.
+
+Every timing repetition: the ranks meet on an idle device, the L2 is flushed, device
+events bracket the op; a repetition's time is the max over ranks; ops are timed in
+rotating rounds; medians are reported. Prints a table last;
+writes every number to --out.
 """
 
 from __future__ import annotations
@@ -18,6 +31,7 @@ import argparse
 import json
 import os
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,17 +41,36 @@ import torch
 import torch.distributed as dist
 
 from kernels import ag_gemm
-from kernels.spaces import ordered, prune
-from registry import KernelConfig
+from registry import KernelConfig, Store, cpu_fingerprint
 
-SHAPES = [(4096, 6656, 16384), (8192, 3584, 8192), (2048, 4096, 4096), (16384, 7168, 8192)]
+SHAPES = [
+    (4096, 6656, 16384),
+    (8192, 3584, 8192),
+    (2048, 4096, 4096),
+    (16384, 7168, 8192),
+    (256, 7168, 8192),  # a decode batch
+    (1024, 7168, 8192),
+    (4096, 3584, 8192),
+    (8192, 7168, 8192),
+    (32768, 1792, 8192),
+    (64, 4096, 4096),  # decode batches
+    (1024, 4096, 4096),
+]
 DTYPE = torch.bfloat16
 TMA_CHECK = KernelConfig.make(
-    {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=8, num_stages=3
+    {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8},
+    algorithm=ag_gemm.FUSED,
+    num_warps=8,
+    num_stages=3,
 )
 PORTABLE_CHECK = KernelConfig.make(
-    {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8}, num_warps=4, num_stages=3
+    {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8},
+    algorithm=ag_gemm.FUSED,
+    num_warps=4,
+    num_stages=3,
 )
+LIBRARY = [KernelConfig.make(algorithm=name) for name in ag_gemm.LIBRARY]
+Op = Callable[[], object]
 
 
 def log(*parts: object) -> None:
@@ -62,35 +95,39 @@ def inputs(m: int, n: int, k: int, world: int, rank: int, seed: int) -> tuple[to
 
 
 def check_correctness(world: int, rank: int) -> list[dict[str, Any]]:
-    """Both consumers at awkward sizes, many calls back to back, fresh data each time."""
+    """Every algorithm at awkward sizes, 12 calls back to back each, fresh data each
+    time; then the algorithms in turn on one context (they share its two slots)."""
     rows = []
     cases = [
-        ("tma", TMA_CHECK, 1024, 1024, 1024),
-        ("tma", TMA_CHECK, 1000, 1000, 1000),
-        ("tma", TMA_CHECK, 333, 1000, 2048),
-        ("tma", TMA_CHECK, 256, 1000, 1001),
-        ("portable", PORTABLE_CHECK, 500, 1000, 1000),
-        ("portable", PORTABLE_CHECK, 77, 129, 200),
+        ("tma", [TMA_CHECK], 1024, 1024, 1024),
+        ("tma", [TMA_CHECK], 1000, 1000, 1000),
+        ("tma", [TMA_CHECK], 333, 1000, 2048),
+        ("tma", [TMA_CHECK], 256, 1000, 1001),
+        ("portable", [PORTABLE_CHECK], 500, 1000, 1000),
+        ("portable", [PORTABLE_CHECK], 77, 129, 200),
+        *((c.label(), [c], 333, 1000, 2048) for c in LIBRARY),
+        *((c.label(), [c], 77, 129, 200) for c in LIBRARY),
+        ("mixed", [*LIBRARY, TMA_CHECK], 1000, 1000, 1000),
     ]
-    for consumer, config, m_rank, n, k in cases:
+    for name, configs, m_rank, n, k in cases:
         ctx = ag_gemm.create_context(
             dist.group.WORLD,
             max_m=world * m_rank,
             k=k,
             dtype=DTYPE,
             device="cuda",
-            consumer=consumer,
+            consumer="portable" if name == "portable" else None,
         )
         worst, unwritten = 0.0, 0
         for call in range(12):
             a, b, shard = inputs(world * m_rank, n, k, world, rank, seed=1000 + call)
             out = torch.full((world * m_rank, n), float("nan"), device="cuda", dtype=DTYPE)
-            ag_gemm.ag_gemm(shard, b, ctx, config, out=out)
+            ag_gemm.ag_gemm(shard, b, ctx, configs[call % len(configs)], out=out)
             unwritten += int((~torch.isfinite(out)).sum())
             worst = max(worst, rel_error(out, a.float() @ b.float()))
         rows.append(
             {
-                "consumer": consumer,
+                "case": name,
                 "m_per_rank": m_rank,
                 "n": n,
                 "k": k,
@@ -100,18 +137,19 @@ def check_correctness(world: int, rank: int) -> list[dict[str, Any]]:
             }
         )
         log(
-            f"check {consumer:8} M/rank={m_rank:5} N={n:5} K={k:5}: max rel error "
+            f"check {name:14} M/rank={m_rank:5} N={n:5} K={k:5}: max rel error "
             f"{worst:.2e} over 12 calls, unwritten {unwritten}"
         )
     return rows
 
 
-def samples(fn: Callable[[], object], flush: torch.Tensor, iters: int) -> list[float]:
-    """Per-repetition times in microseconds, each the max over ranks."""
+def samples(fn: Op, flush: torch.Tensor, iters: int) -> list[float]:
+    """Per-repetition times in microseconds, each the max over ranks: the ranks meet on
+    an idle device, the L2 is flushed, events bracket the op."""
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     for i in range(iters):
-        dist.barrier()
+        meet()
         flush.zero_()
         starts[i].record()
         fn()
@@ -124,21 +162,16 @@ def samples(fn: Callable[[], object], flush: torch.Tensor, iters: int) -> list[f
     return times.tolist()
 
 
-def timed(fn: Callable[[], object], flush: torch.Tensor, *, iters: int, warmup: int) -> float:
-    """Median over repetitions of the max over ranks, in microseconds."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    return statistics.median(samples(fn, flush, iters))
+def meet() -> None:
+    """Every rank released within microseconds, the device idle: a 1-element all-reduce,
+    its completion spun on (a barrier's wait may poll at millisecond intervals)."""
+    work = dist.all_reduce(torch.zeros(1, device="cuda"), async_op=True)
+    while not work.is_completed():
+        pass
 
 
 def timed_together(
-    ops: dict[str, Callable[[], object]],
-    flush: torch.Tensor,
-    *,
-    iters: int,
-    warmup: int,
-    rounds: int = 3,
+    ops: dict[str, Op], flush: torch.Tensor, *, iters: int, warmup: int, rounds: int = 3
 ) -> tuple[dict[str, float], dict[str, list[float]]]:
     """Every op in rotating rounds, so clock drift touches all columns alike: medians
     and p20/p80 by op."""
@@ -164,143 +197,173 @@ def percentiles(values: list[float]) -> list[float]:
     ]
 
 
-def pick_config(
-    shard: torch.Tensor,
-    b: torch.Tensor,
-    ctx: ag_gemm.AgGemmContext,
-    ref: torch.Tensor,
-    flush: torch.Tensor,
-    candidates: int,
-) -> dict[str, Any]:
-    """The best of the model's top candidates: each compiled, checked, then timed briefly."""
-    problem = ag_gemm.problem(shard, b, ctx)
-    report = prune(ag_gemm.space(ctx), problem, ctx.limits)
-    tried = []
-    started = time.perf_counter()
-    for config in ordered(report.kept, problem, ctx.limits)[:candidates]:
-        out = torch.full_like(ref, float("nan"), dtype=DTYPE)
-        try:
-            ag_gemm.ag_gemm(shard, b, ctx, config, out=out)
-            error = rel_error(out, ref)
-            us = (
-                timed(
-                    lambda c=config, o=out: ag_gemm.ag_gemm(shard, b, ctx, c, out=o),
-                    flush,
-                    iters=15,
-                    warmup=2,
-                )
-                if error < 2e-2
-                else float("inf")
-            )
-        except Exception as e:  # a config that cannot run scores inf with its reason
-            error, us = float("inf"), float("inf")
-            log(f"  {config.label()}: failed: {e}")
-        tried.append(
-            {"config": config.to_json(), "label": config.label(), "us": us, "rel_error": error}
+def tune(task: ag_gemm.AgGemmTask) -> dict[str, Any]:
+    """The tuner's search over every algorithm, as a warmup runs it (no registry)."""
+    from warmup.lockstep import Lockstep
+    from warmup.timing import cuda_event_timer
+    from warmup.tuner import TuneOptions, Tuner
+
+    with tempfile.TemporaryDirectory() as unused_store:
+        tuner = Tuner(
+            Store(Path(unused_store)),
+            cpu_fingerprint(),
+            timer=cuda_event_timer(),
+            lockstep=Lockstep(dist.group.WORLD),
+            options=TuneOptions(),
         )
-    best = min(tried, key=lambda t: t["us"])
+        started = time.perf_counter()
+        outcome = tuner.tune(task)
+    assert outcome.search is not None
+    measured = [m for m in outcome.search.measurements if m.ok]
+    best_of: dict[str, Any] = {}
+    for m in measured:  # fastest first: the first of each algorithm is its best
+        best_of.setdefault(ag_gemm.algorithm_of(m.config), m)
     return {
-        "best": best,
-        "tried": tried,
-        "prune": report.describe(),
-        "search_seconds": time.perf_counter() - started,
+        "winner": outcome.config,
+        "recorded_us": outcome.search.best.median_ms * 1e3,
+        "seconds": time.perf_counter() - started,
+        "repetitions": outcome.benchmark_runs,
+        "candidates": len(outcome.search.measurements),
+        "best_of": {name: m.config for name, m in best_of.items()},
+        "recorded_best_of_us": {name: m.median_ms * 1e3 for name, m in best_of.items()},
+        "measured": [m.config for m in measured],
     }
 
 
 def bench_shape(
-    m: int,
-    n: int,
-    k: int,
-    world: int,
-    rank: int,
+    shape: tuple[int, int, int],
     flush: torch.Tensor,
     solo: Any,
     args: argparse.Namespace,
+    previous: dict[str, Any] | None,
 ) -> dict[str, Any]:
+    m, n, k = shape
+    world, rank = dist.get_world_size(), dist.get_rank()
     a, b, shard = inputs(m, n, k, world, rank, seed=m + n + k)
     ref = a.float() @ b.float()
     group = dist.group.WORLD
     ctx = ag_gemm.create_context(group, max_m=m, k=k, dtype=DTYPE, device="cuda")
-    search = pick_config(shard, b, ctx, ref, flush, args.candidates)
-    best = KernelConfig.from_json(search["best"]["config"])
-    gathered = torch.empty(m, k, device="cuda", dtype=DTYPE)
-    c = torch.empty(m, n, device="cuda", dtype=DTYPE)
-    c_ours = torch.full((m, n), float("nan"), device="cuda", dtype=DTYPE)
-    c_solo = torch.empty(m, n, device="cuda", dtype=DTYPE)
-    c_in_place = torch.full((m, n), float("nan"), device="cuda", dtype=DTYPE)
-    for _ in range(2):  # the "producer" writes the shard into both slots once
-        ag_gemm.input_buffer(ctx, shard.shape[0]).copy_(shard)
-        ag_gemm.ag_gemm(ag_gemm.input_buffer(ctx, shard.shape[0]), b, ctx, best, out=c_in_place)
-    solo_ctx = ag_gemm.create_context(solo, max_m=m, k=k, dtype=DTYPE, device="cuda")
+    search = tune(ag_gemm.AgGemmTask(shard, b, ctx))
+    winner: KernelConfig = search["winner"]
+    outs: dict[str, torch.Tensor] = {}
 
-    def nccl_cublas() -> None:
-        dist.all_gather_into_tensor(gathered, shard)
-        torch.matmul(gathered, b, out=c)
+    def ours(name: str, config: KernelConfig, on: Any = ctx, a_in: torch.Tensor = shard) -> Op:
+        out = outs.setdefault(name, torch.full((m, n), float("nan"), device="cuda", dtype=DTYPE))
+        return lambda: ag_gemm.ag_gemm(a_in, b, on, config, out=out)
 
-    fused_out = ag_gemm.torch_fused(shard, b, group)
-    ops: dict[str, Callable[[], object]] = {
-        "cublas": lambda: torch.matmul(a, b, out=c),
-        "allgather": lambda: dist.all_gather_into_tensor(gathered, shard),
-        "nccl_cublas": nccl_cublas,
-        "ours": lambda: ag_gemm.ag_gemm(shard, b, ctx, best, out=c_ours),
-        "ours_gemm_alone": lambda: ag_gemm.ag_gemm(a, b, solo_ctx, best, out=c_solo),
-        "ours_in_place": lambda: ag_gemm.ag_gemm(
-            ag_gemm.input_buffer(ctx, shard.shape[0]), b, ctx, best, out=c_in_place
-        ),
-    }
-    if fused_out is not None:
-        ops["torch_fused"] = lambda: ag_gemm.torch_fused(shard, b, group)
+    ops: dict[str, Op] = {"tuned": ours("tuned", winner)}
+    if previous is not None:
+        ops["previous_winner"] = ours("previous_winner", KernelConfig.from_json(previous))
+    fused_best = search["best_of"].get(ag_gemm.FUSED)
+    if not args.tune_only:
+        gathered = torch.empty(m, k, device="cuda", dtype=DTYPE)
+        c = torch.empty(m, n, device="cuda", dtype=DTYPE)
+
+        def nccl_cublas() -> None:
+            ag_gemm.ALL_GATHER(gathered, shard)
+            torch.matmul(gathered, b, out=c)
+
+        ops |= {
+            "cublas": lambda: torch.matmul(a, b, out=c),
+            "allgather": lambda: ag_gemm.ALL_GATHER(gathered, shard),
+            "nccl_cublas": nccl_cublas,
+        }
+        if ag_gemm.torch_fused(shard, b, group) is not None:
+            ops["torch_fused"] = lambda: ag_gemm.torch_fused(shard, b, group)
+        for name, config in search["best_of"].items():
+            ops[f"best {name}"] = ours(f"best {name}", config)
+        if fused_best is not None:
+            solo_ctx = ag_gemm.create_context(solo, max_m=m, k=k, dtype=DTYPE, device="cuda")
+            ops["fused_gemm_alone"] = ours("fused_gemm_alone", fused_best, solo_ctx, a)
     times, p20_p80 = timed_together(ops, flush, iters=args.iters, warmup=args.warmup)
-    nccl_cublas()
-    errors = {
-        "ours": rel_error(c_ours, ref),
-        "ours_gemm_alone": rel_error(c_solo, ref),
-        "ours_in_place": rel_error(c_in_place, ref),
-        "nccl_cublas": rel_error(c, ref),
-        "torch_fused": rel_error(fused_out, ref) if fused_out is not None else None,
-    }
-    floor = max(times["cublas"], times["allgather"])
-    return {
+    exhaustive = timed_exhaustive(search["measured"], ours, flush, args) if args.exhaustive else {}
+    row: dict[str, Any] = {
         "shape": [m, n, k],
         "world": world,
         "us": times,
         "us_p20_p80": p20_p80,
-        "rel_error": errors,
-        "speedup_vs_nccl_cublas": times["nccl_cublas"] / times["ours"],
-        "ratio_to_floor": times["ours"] / floor,
-        "in_place_speedup_vs_nccl_cublas": times["nccl_cublas"] / times["ours_in_place"],
-        "in_place_ratio_to_floor": times["ours_in_place"] / floor,
-        "vs_torch_fused": (
-            times["torch_fused"] / times["ours"] if "torch_fused" in times else None
-        ),
-        "best": search["best"]["label"],
-        "prune": search["prune"],
-        "search_seconds": search["search_seconds"],
-        "tried": search["tried"],
+        "rel_error": {name: rel_error(out, ref) for name, out in outs.items()},
+        "winner": winner.to_json(),
+        "algorithm": ag_gemm.algorithm_of(winner),
+        "winner_label": winner.label(),
+        "tuner_recorded_us": search["recorded_us"],
+        "tuner_over_bench": search["recorded_us"] / times["tuned"],
+        "tuning_seconds": search["seconds"],
+        "tuning_repetitions": search["repetitions"],
+        "candidates": search["candidates"],
+        "tuner_best_of_us": search["recorded_best_of_us"],
+        "best_of": {name: c.to_json() for name, c in search["best_of"].items()},
+    }
+    if previous is not None:
+        row["previous_winner"] = previous
+        row["winners_ratio"] = times["previous_winner"] / times["tuned"]
+    if not args.tune_only:
+        floor = max(times["cublas"], times["allgather"])
+        row["speedup_vs_nccl_cublas"] = times["nccl_cublas"] / times["tuned"]
+        row["tuned_over_floor"] = times["tuned"] / floor
+        if fused_best is not None:
+            row["fused_over_floor"] = times[f"best {ag_gemm.FUSED}"] / floor
+        if "torch_fused" in times:
+            row["torch_fused_over_tuned"] = times["torch_fused"] / times["tuned"]
+    if exhaustive:
+        best_label = min(exhaustive, key=lambda label: exhaustive[label]["us"])
+        row["exhaustive"] = exhaustive
+        row["exhaustive_best"] = {"label": best_label, **exhaustive[best_label]}
+        row["tuned_over_exhaustive_best"] = (
+            exhaustive[winner.label()]["us"] / exhaustive[best_label]["us"]
+        )
+    return row
+
+
+def timed_exhaustive(
+    configs: list[KernelConfig],
+    ours: Callable[[str, KernelConfig], Op],
+    flush: torch.Tensor,
+    args: argparse.Namespace,
+) -> dict[str, dict[str, Any]]:
+    """Every candidate the tuner saw, each in its own careful run: warm-up, then
+    ``args.iters`` repetitions in 3 interleaved passes over all candidates."""
+    ops = {c.label(): ours(f"exhaustive {c.label()}", c) for c in configs}
+    medians, p20_p80 = timed_together(ops, flush, iters=args.iters, warmup=args.warmup)
+    return {
+        c.label(): {"config": c.to_json(), "us": medians[c.label()], "p20_p80": p20_p80[c.label()]}
+        for c in configs
     }
 
 
 def table(rows: list[dict[str, Any]], world: int, gpu: str) -> str:
     head = (
         f"{world} x {gpu}, bf16, N per rank; median us (max over ranks), L2 flushed\n"
-        f"{'M,N,K':>18} {'cuBLAS':>8} {'AG':>7} {'NCCL+cuBLAS':>12} {'torch fused':>12} "
-        f"{'ours':>8} {'speedup':>8} {'/floor':>7} {'vs torch':>9} {'rel err':>8} "
-        f"{'GEMM alone':>11} {'in place':>9} {'speedup':>8} {'/floor':>7}  best"
+        f"{'M,N,K':>17} {'cuBLAS':>7} {'AG':>6} {'NCCL+cuBLAS':>11} {'torch':>6} "
+        f"{'tuned':>7} {'x base':>6} {'tuner us':>8} {'tuner/bench':>11} {'fused':>7} "
+        f"{'fused/floor':>11} {'/exh':>6}  algorithm (winner)"
     )
     lines = [head]
     for r in rows:
         t = r["us"]
-        fused = f"{t['torch_fused']:12.0f}" if "torch_fused" in t else f"{'n/a':>12}"
-        vs = f"{r['vs_torch_fused']:9.2f}" if r["vs_torch_fused"] else f"{'n/a':>9}"
         lines.append(
-            f"{','.join(map(str, r['shape'])):>18} {t['cublas']:8.0f} "
-            f"{t['allgather']:7.0f} {t['nccl_cublas']:12.0f} {fused} {t['ours']:8.0f} "
-            f"{r['speedup_vs_nccl_cublas']:8.2f} {r['ratio_to_floor']:7.2f} {vs} "
-            f"{r['rel_error']['ours']:8.1e} {t['ours_gemm_alone']:11.0f} "
-            f"{t['ours_in_place']:9.0f} {r['in_place_speedup_vs_nccl_cublas']:8.2f} "
-            f"{r['in_place_ratio_to_floor']:7.2f}  {r['best']}"
+            f"{','.join(map(str, r['shape'])):>17} {_cell(t, 'cublas', 7)} "
+            f"{_cell(t, 'allgather', 6)} {_cell(t, 'nccl_cublas', 11)} "
+            f"{_cell(t, 'torch_fused', 6)} {t['tuned']:7.0f} "
+            f"{_ratio(r, 'speedup_vs_nccl_cublas', 6)} {r['tuner_recorded_us']:8.0f} "
+            f"{r['tuner_over_bench']:11.3f} {_cell(t, 'best fused_pull', 7)} "
+            f"{_ratio(r, 'fused_over_floor', 11)} {_ratio(r, 'tuned_over_exhaustive_best', 6)}  "
+            f"{r['algorithm']} ({r['winner_label']})"
+            + (
+                f"; previous winner / this: {r['winners_ratio']:.3f}"
+                if "winners_ratio" in r
+                else ""
+            )
         )
     return "\n".join(lines)
+
+
+def _cell(times: dict[str, float], name: str, width: int) -> str:
+    return f"{times[name]:{width}.0f}" if name in times else f"{'-':>{width}}"
+
+
+def _ratio(row: dict[str, Any], name: str, width: int) -> str:
+    return f"{row[name]:{width}.3f}" if name in row else f"{'-':>{width}}"
 
 
 def main() -> None:
@@ -308,9 +371,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--iters", type=int, default=45)
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--candidates", type=int, default=12)
     parser.add_argument("--shapes", default="all", help="'all' or indexes like 0,2")
     parser.add_argument("--skip-checks", action="store_true")
+    parser.add_argument("--exhaustive", action="store_true", help="time every candidate too")
+    parser.add_argument("--tune-only", action="store_true", help="no anchors: tuned op only")
+    parser.add_argument("--compare", type=Path, default=None, help="an earlier run's --out")
     args = parser.parse_args()
     for name in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
         expected = "0" if name == "NCCL_NVLS_ENABLE" else "1"
@@ -328,14 +393,11 @@ def main() -> None:
     flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")  # > L2 (60 MB)
     solos = [dist.new_group([r]) for r in range(world)]  # collective: all ranks make all
     picked = SHAPES if args.shapes == "all" else [SHAPES[int(i)] for i in args.shapes.split(",")]
-    rows = []
-    for m, n, k in picked:
-        row = bench_shape(m, n, k, world, rank, flush, solos[rank], args)
-        rows.append(row)
-        log(
-            f"{m},{n},{k}: ours {row['us']['ours']:.0f} us with {row['best']} "
-            f"(search {row['search_seconds']:.1f} s; {row['prune']})"
-        )
+    earlier = {}
+    if args.compare is not None:
+        earlier = {
+            tuple(r["shape"]): r["winner"] for r in json.loads(args.compare.read_text())["rows"]
+        }
     result = {
         "gpu": gpu,
         "world": world,
@@ -343,12 +405,21 @@ def main() -> None:
         "triton": triton.__version__,
         "date": time.strftime("%Y-%m-%d"),
         "checks": checks,
-        "rows": rows,
+        "rows": [],
     }
-    if rank == 0:
-        if args.out:
+    for shape in picked:
+        row = bench_shape(shape, flush, solos[rank], args, earlier.get(shape))
+        result["rows"].append(row)
+        log(
+            f"{','.join(map(str, shape))}: tuned {row['us']['tuned']:.0f} us with "
+            f"{row['winner_label']} (tuner recorded {row['tuner_recorded_us']:.0f} us; "
+            f"{row['candidates']} candidates, {row['tuning_repetitions']} repetitions, "
+            f"{row['tuning_seconds']:.1f} s)"
+        )
+        if rank == 0 and args.out:  # after every shape: a run cut short keeps its rows
             args.out.write_text(json.dumps(result, indent=2))
-        print(table(rows, world, gpu), flush=True)
+    if rank == 0:
+        print(table(result["rows"], world, gpu), flush=True)
     dist.barrier()
     dist.destroy_process_group()
 

@@ -237,6 +237,7 @@ class MatmulServed:
 
     kernel = NAME
     rows_step = 1
+    collective = False  # one device: each call is this process's alone
 
     def __init__(self, layer: Layer, *, device: Any) -> None:
         self.layer, self.device = layer, torch.device(device)

@@ -63,6 +63,30 @@ class Lockstep:
         if self.active:
             self._run("barrier", None, what, None)
 
+    def meet(self, *, what: str) -> None:
+        """A barrier that releases every rank within microseconds of the others: it spins
+        on the collective's completion, where a wait with a timeout polls at intervals
+        (a millisecond of skew between ranks, charged to whatever is timed next)."""
+        if not self.active:
+            return
+        import time
+
+        import torch
+        import torch.distributed as dist
+
+        ping = torch.zeros(1, dtype=torch.int32, device=self._device)
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            work = dist.all_reduce(ping, group=self.group, async_op=True)
+        except Exception as e:
+            raise RankFailure(f"rank {self.rank}/{self.world}: {what} (meet) failed: {e}") from e
+        while not work.is_completed():
+            if time.monotonic() > deadline:
+                raise RankFailure(
+                    f"rank {self.rank}/{self.world}: {what} (meet) did not complete "
+                    f"within {self.timeout_s:g} s; a peer died or hangs"
+                )
+
     def _run(self, op: str, tensor: Any, what: str, timeout_s: float | None) -> None:
         import torch.distributed as dist
 

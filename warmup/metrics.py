@@ -200,6 +200,13 @@ class ServingMetrics:
             ["kernel", "rank"],
             registry=r,
         )
+        self.pending_tables = Gauge(
+            "triton_warmup_serving_pending_tables",
+            "Serving ops holding a new table that changes an M's algorithm, waiting for "
+            "Serving.sync() (a collective every rank calls at a step boundary).",
+            ["kernel", "rank"],
+            registry=r,
+        )
 
     def write(self, folder: Path) -> Path:
         """Atomically replace this process's file in ``folder``; returns its path."""

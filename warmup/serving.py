@@ -17,7 +17,16 @@ tuner's fallback rule; a tie goes to the larger M). Every config of the table is
 
 A follower thread checks the registry every ``serving_refresh_s``; a new generation (a
 hot-reloaded bundle, another pod's tuning) builds a new table off the request path and
-swaps it in with one assignment. It also writes this process's metrics file.
+swaps it in with one assignment. Each rank's follower swaps on its own, so a swap must be
+safe whichever call each rank takes it at: every call of a tensor-parallel op is a
+collective, and every rank must run the same algorithm at each call. A new table that
+changes block shapes only swaps at once; one that changes an M's algorithm in a
+collective op is built and kept pending until :meth:`Serving.sync`, a collective that
+every rank calls at the same point (a step boundary), swaps it on every rank together:
+
+    serving.sync()                                  # every rank, between two steps
+
+The follower also writes this process's metrics file.
 """
 
 from __future__ import annotations
@@ -84,10 +93,14 @@ class ServingOp:
         self.step = served.rows_step
         self.on_missing = on_missing
         self._store, self._fingerprint, self._settings = store, fingerprint, settings
+        self.collective = served.collective  # every rank must take an algorithm change together
         self.calls = [0, 0, 0]  # by source; the follower exports them
         self.version: tuple[object, ...] = ()  # the registry version the table was built from
+        self.pending: Table | None = None  # built, waiting for Serving.sync(): see refresh()
+        self._pending_tuned: dict[int, KernelConfig] | None = None
+        self._rejected: dict[int, KernelConfig] | None = None  # an agreed table that failed
         # Every rank takes rank 0's table: the same error, the same rehearsal collectives.
-        self.tuned = self._agreed(self._read())  # M -> config: what the table is made of
+        self.tuned = self._read_agreed()[1]  # M -> config: what the table is made of
         self.table = self._table(self.tuned)
         if not self.table.buckets and on_missing == "error":
             raise ServingError(self._no_entries())
@@ -114,24 +127,98 @@ class ServingOp:
         return self.table.config_for(m // self.step)
 
     def refresh(self) -> bool:
-        """Rebuild from the registry as it is now and swap the table in if it changed;
-        builds new configs first. Called by the follower, never by a request. Each rank
-        swaps on its own: a table changes block shapes only, so ranks on different
-        generations for a while still compute the same result (a config that chose the
-        algorithm would need the swap agreed across ranks)."""
+        """Rebuild from the registry as it is now and swap the table in if it changed and
+        the swap is safe on this rank alone; builds new configs first. Called by the
+        follower, never by a request. Each rank swaps on its own, at whichever call it
+        sees the generation, so a swap must not change what the ranks run together: a
+        collective op swaps only a table whose every M keeps its algorithm (block shapes
+        change, the ranks compute the same result). A table that changes an M's algorithm
+        is built and kept in :attr:`pending` (warned once) until :meth:`sync`."""
         tuned = self._read()
         if tuned == self.tuned:
-            return False  # this layer's entries did not change: no table to build
+            self._set_pending(None, None)  # the registry is back at this table
+            return False
         if not tuned:
+            self._warn_empty()
+            return False
+        if tuned == self._pending_tuned:
+            return False  # built already, waiting for a sync
+        new = self._built(tuned)
+        changed = self._algorithm_changes(new) if self.collective else []
+        if changed:
+            self._set_pending(new, tuned)
             log.warning(
-                "%s %s: the registry lost every entry; keeping the table", self.kernel, self.layer
+                "%s %s: the registry's new table changes the algorithm at %d Ms (M %d..%d); "
+                "ranks must take it together, so it waits, built: call serving.sync() on "
+                "every rank at a step boundary",
+                *(self.kernel, self.layer, len(changed), changed[0], changed[-1]),
             )
             return False
-        new = self._table(tuned)
-        self._prepare(new, built=set(self.table.configs))
-        self.table, self.tuned = new, tuned
-        log.info("%s %s: new table, tuned M %s", self.kernel, self.layer, list(new.buckets))
+        self._swap(new, tuned)
         return True
+
+    def sync(self) -> bool:
+        """Take rank 0's table on every rank of the group and swap it in, algorithm
+        changes included; a collective: every rank calls it at the same point (one
+        ``agree`` per call, whether anything changed or not). See :meth:`Serving.sync`."""
+        mine, tuned = self._read_agreed()
+        if self._pending_tuned is not None and self._pending_tuned != mine:
+            self._set_pending(None, None)  # this rank's registry moved on from it
+        if tuned == self.tuned or tuned == self._rejected:
+            return False
+        if not tuned:
+            self._warn_empty()
+            return False
+        built = self.pending if tuned == self._pending_tuned else None
+        try:  # a config this version cannot build fails on every rank alike: all keep
+            self._swap(built or self._built(tuned), tuned)
+        except Exception:
+            log.exception("%s %s: the agreed table failed to build; kept", self.kernel, self.layer)
+            self._rejected = tuned  # not built again at every sync
+            return False
+        return True
+
+    def _read_agreed(self) -> tuple[dict[int, KernelConfig], dict[int, KernelConfig]]:
+        """(this rank's configs, rank 0's) as the registry holds them now; a collective."""
+        try:
+            mine = self._read()
+        except Exception:  # a rank that skips the agree leaves the others waiting in it
+            if not self.collective:
+                raise
+            log.exception("%s %s: could not read the registry; agreeing", self.kernel, self.layer)
+            mine = {}
+        agreed = self._agreed(mine)
+        if agreed != mine:
+            self.version = ()  # rank 0 read another generation: the follower reads again
+        return mine, agreed
+
+    def _built(self, tuned: Mapping[int, KernelConfig]) -> Table:
+        """The table of ``tuned`` with every config built (those already built skipped)."""
+        new = self._table(tuned)
+        pending = self.pending.configs if self.pending is not None else ()
+        self._prepare(new, built={*self.table.configs, *pending})
+        return new
+
+    def _swap(self, new: Table, tuned: dict[int, KernelConfig]) -> None:
+        self.table, self.tuned = new, tuned  # one assignment each: a call reads table once
+        self._set_pending(None, None)
+        self._rejected = None
+        log.info("%s %s: new table, tuned M %s", self.kernel, self.layer, list(new.buckets))
+
+    def _set_pending(self, table: Table | None, tuned: dict[int, KernelConfig] | None) -> None:
+        self.pending, self._pending_tuned = table, tuned
+
+    def _algorithm_changes(self, new: Table) -> list[int]:
+        """The Ms at which ``new`` runs another algorithm than the current table."""
+        old = [config.algorithm for config in self.table.configs]
+        now = [config.algorithm for config in new.configs]
+        picks = zip(self.table.pick, new.pick, strict=True)
+        return [i * self.step for i, (a, b) in enumerate(picks) if i and old[a] != now[b]]
+
+    def _warn_empty(self) -> None:
+        log.warning(
+            "%s %s: the registry lost every entry; keeping the table", self.kernel, self.layer
+        )
 
     def _read(self) -> dict[int, KernelConfig]:
         """This layer's tuned configs as the registry holds them now; read again if the
@@ -303,22 +390,35 @@ class Serving:
         self.flush_metrics()
 
     def refresh(self) -> int:
-        """Check the registry now and swap in every op's new table; returns how many
-        swapped. The follower calls it; a server may too, e.g. at a step boundary."""
-        swapped = 0
+        """Check the registry now and swap in every op's new table that this rank may
+        take alone (see :meth:`ServingOp.refresh`); returns how many swapped. The
+        follower calls it; a server may too. Not a collective: any rank, any time."""
         with self._lock, self._exempt():
             self.store.refresh()
-            for op in self.ops:
-                if op.version == self.store.version:
-                    continue  # built from these very files: nothing to rebuild
-                if op.refresh():
-                    swapped += 1
-                    self.metrics.generation_swaps.labels(op.kernel, self.metrics.rank).inc()
-        return swapped
+            return self._counted([self._refreshed(op) for op in self.ops])
+
+    def sync(self) -> int:
+        """Swap in every op's new table, algorithm changes included: each collective op
+        takes rank 0's table on every rank of its group (:meth:`ServingOp.sync`). A
+        collective: every rank of every collective op's group calls it at the same
+        point, where the ranks are in lockstep (a step boundary), as many times as the
+        others; each collective op agrees once per call, in the order the ops were made,
+        whether anything changed or not. Other ops just refresh. Returns how many ops
+        swapped."""
+        with self._lock, self._exempt():
+            self.store.refresh()
+            swapped = [op.sync() if op.collective else self._refreshed(op) for op in self.ops]
+            return self._counted(swapped)
 
     def flush_metrics(self) -> None:
-        """Export the ops' call counts and write this process's metrics file."""
+        """Export the ops' call counts and pending tables, and write this process's
+        metrics file."""
         with self._lock:
+            pending: dict[str, int] = {}
+            for op in self.ops:
+                pending[op.kernel] = pending.get(op.kernel, 0) + (op.pending is not None)
+            for kernel, count in pending.items():
+                self.metrics.pending_tables.labels(kernel, self.metrics.rank).set(count)
             for number, op in enumerate(self.ops):
                 for source, count in enumerate(list(op.calls)):
                     delta = count - self._exported.get((number, source), 0)
@@ -356,6 +456,16 @@ class Serving:
             if time.monotonic() - flushed >= METRICS_EVERY_S:  # a file write: not every tick
                 self.flush_metrics()  # also, and above all, when refreshes fail
                 flushed = time.monotonic()
+
+    def _refreshed(self, op: ServingOp) -> bool:
+        """Whether ``op`` swapped; an op built from these very files is not rebuilt."""
+        return op.version != self.store.version and op.refresh()
+
+    def _counted(self, swapped: list[bool]) -> int:
+        for op, swap in zip(self.ops, swapped, strict=True):
+            if swap:
+                self.metrics.generation_swaps.labels(op.kernel, self.metrics.rank).inc()
+        return sum(swapped)
 
     def _exempt(self) -> Any:
         """Builds made by the op's owner (construction, follower) are not request compiles."""

@@ -1,11 +1,12 @@
 """Timers for the tuner, injected like Triton's ``do_bench=``: a timer runs a thunk
 ``repetitions`` times and returns each repetition's time in milliseconds.
 
-A repetition is timed as a call runs in serving: from an idle device, so that the host's
-own work (argument checks, descriptors, launches, a barrier) counts as the GPU waiting for
-it, with the L2 flushed first. For a collective the tuner passes ``meet``, which every
-rank runs before every repetition: the ranks start each repetition together, and the
-wait for the slowest rank inside the op is part of its time.
+A repetition is timed as a call runs in serving: for a collective the tuner passes
+``meet``, which every rank runs before every repetition, so the ranks start each one
+together and the wait for the slowest rank inside the op is part of its time; then the
+L2 is flushed (the host issues the call while the device flushes: a serving host runs
+ahead of its GPU, by about that much) and device events bracket the call, the side
+streams and events it sets up included.
 
 ``cuda_event_timer``: device events, warm-up, CUDA graph replay for single-GPU kernels
 too short to time one launch at a time. ``wall_clock_timer``: the host clock, for the CPU
@@ -52,8 +53,8 @@ def cuda_event_timer(
     graph_below_ms: float = 0.02,
     graph_batch: int = 20,
 ) -> Timer:
-    """Device-event timing from an idle device, the L2 flushed before each repetition
-    (see the module docstring; ``meet`` runs after the flush, before the start).
+    """Device-event timing, the L2 flushed before each repetition (see the module
+    docstring; ``meet`` runs first, on an idle device).
 
     A single-GPU kernel whose first timed launch takes under ``graph_below_ms`` is
     captured in a CUDA graph of ``graph_batch`` launches and timed per replay (launch gaps
@@ -66,10 +67,9 @@ def cuda_event_timer(
 
     def one(fn: Thunk, meet: Thunk | None) -> float:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        flush.zero_()
         if meet is not None:
-            meet()
-        torch.cuda.synchronize()  # idle and released together: the host's work counts
+            meet()  # the device is idle (the last repetition was waited for): start together
+        flush.zero_()
         start.record()
         fn()
         end.record()

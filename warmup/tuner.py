@@ -63,6 +63,14 @@ class TuneTask(Protocol):
     def warmup(self, config: KernelConfig) -> None: ...
 
 
+def baseline_of(task: TuneTask, candidates: Sequence[KernelConfig]) -> KernelConfig | None:
+    """The candidate that stands for what the op replaces (a library call), if the task
+    names one: ``baseline()``. The search keeps it unless a rival beats it beyond noise."""
+    name = getattr(task, "baseline", None)
+    found = None if name is None else name()
+    return found if found in candidates else None
+
+
 def accepts(task: TuneTask, config: KernelConfig) -> bool:
     """Whether ``task`` can run a stored config. A task may define ``accepts(config)``
     (a decorated function whose config space changed cannot run a config that left it);
@@ -325,7 +333,12 @@ class Tuner:
             compile_pool.cache_files(self.options.cache_dir) if self.options.cache_dir else None
         )
         failures: dict[KernelConfig, str] = {}
-        search = successive_halving(candidates, self._measure_fn(task, failures), self.options.plan)
+        search = successive_halving(
+            candidates,
+            self._measure_fn(task, failures),
+            self.options.plan,
+            baseline=baseline_of(task, candidates),
+        )
         mine_best = search.best.config.to_json() if self.lockstep.leader else None
         best = KernelConfig.from_json(self.lockstep.broadcast(mine_best, what="winner"))
         if not search.best.ok:
@@ -371,7 +384,7 @@ class Tuner:
         if self.lockstep.active:
 
             def meet() -> None:
-                self.lockstep.barrier(what="start of a repetition")
+                self.lockstep.meet(what="start of a repetition")
 
         def measure(config: KernelConfig, repetitions: int) -> Measurement:
             self.lockstep.barrier(what=f"start of {config.label()}")

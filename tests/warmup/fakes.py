@@ -26,6 +26,7 @@ class FakeTask:
     sleep_s: float = 0.0  # per launch, to make tuning take a while
     die_at_launch: int | None = None  # SIGKILL this process at that launch
     kernel: str = "fake_gemm"
+    baseline_block: int | None = None  # the config that stands for what the op replaces
     launches: int = 0
     last: int | None = None
 
@@ -38,6 +39,9 @@ class FakeTask:
 
     def candidates(self) -> list[KernelConfig]:
         return configs(*self.timings)
+
+    def baseline(self) -> KernelConfig | None:
+        return None if self.baseline_block is None else configs(self.baseline_block)[0]
 
     def run(self, config: KernelConfig) -> str:
         self.launches += 1
@@ -58,9 +62,12 @@ class FakeTask:
         return None
 
 
-def fake_timer(task: FakeTask, *, scale: float = 1.0):  # type: ignore[no-untyped-def]
-    """Runs the thunk once (so the task records its config), reports the known time;
-    runs ``meet`` before each repetition, as a real timer does, and counts it."""
+def fake_timer(  # type: ignore[no-untyped-def]
+    task: FakeTask, *, scale: float = 1.0, spread: dict[int, float] | None = None
+):
+    """Runs the thunk once (so the task records its config), reports the known time,
+    spread evenly by +-``spread[BLOCK]`` (a fraction) over the repetitions; runs ``meet``
+    before each repetition, as a real timer does, and counts it."""
     calls = []
 
     def timer(fn, repetitions, meet=None):  # type: ignore[no-untyped-def]
@@ -69,7 +76,10 @@ def fake_timer(task: FakeTask, *, scale: float = 1.0):  # type: ignore[no-untype
         for _ in range(repetitions if meet is not None else 0):
             meet()
             timer.meetings += 1  # type: ignore[attr-defined]
-        return [task.timings[task.last] * scale] * repetitions
+        ms, width = task.timings[task.last] * scale, (spread or {}).get(task.last, 0.0)
+        if repetitions == 1 or not width:
+            return [ms] * repetitions
+        return [ms * (1 - width + 2 * width * i / (repetitions - 1)) for i in range(repetitions)]
 
     timer.calls = calls  # type: ignore[attr-defined]
     timer.meetings = 0  # type: ignore[attr-defined]

@@ -67,6 +67,34 @@ def test_all_failing_or_empty():
         HalvingPlan(eta=1)
 
 
+def test_the_baseline_is_measured_in_every_round_and_loses_only_to_a_clear_winner():
+    timings = {b: 1.0 + abs(b - 40) / 100 for b in range(8, 72, 4)}  # 16 configs, best 40
+    timings[68] = 1.5  # the baseline: clearly slower than the best
+    measure, _ = measure_with(timings)
+    result = successive_halving(configs(*timings), measure, baseline=configs(68)[0])
+    assert all(configs(68)[0] in measured for measured in result.rounds)
+    assert result.best.config.meta["BLOCK"] == 40
+
+
+def _spread(config, median, width):
+    return summarize(config, [median * (1 - width + width * i / 5) for i in range(11)])
+
+
+@pytest.mark.parametrize(
+    "rival_spread,expected",
+    [(0.10, "baseline"), (0.02, "rival")],  # p80 1.045 against p20 0.992: a tie; 0.959: a win
+)
+def test_a_near_tie_goes_to_the_baseline(rival_spread, expected):
+    base, rival = configs(1, 2)
+
+    def measure(config, repetitions):
+        return _spread(config, 1.0, 0.01) if config == base else _spread(config, 0.95, rival_spread)
+
+    result = successive_halving([rival, base], measure, baseline=base)
+    assert result.best.config == {"baseline": base, "rival": rival}[expected]
+    assert len(result.measurements) == 2
+
+
 def test_summarize_gives_median_and_percentiles():
     m = summarize(configs(16)[0], [5.0, 1.0, 2.0, 4.0, 3.0])
     assert (m.median_ms, m.p20_ms, m.p80_ms) == (3.0, 2.0, 4.0)

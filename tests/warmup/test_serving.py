@@ -28,9 +28,11 @@ from warmup.serving import (
 N, K = 24, 40
 
 
-def config(block_m: int) -> KernelConfig:
+def config(block_m: int, algorithm: str | None = None) -> KernelConfig:
     return KernelConfig.make(
-        {"BLOCK_M": block_m, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2}, num_warps=4
+        {"BLOCK_M": block_m, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2},
+        algorithm=algorithm,
+        num_warps=4,
     )
 
 
@@ -61,10 +63,10 @@ def test_an_op_rehearses_a_fixed_number_of_calls_covering_its_configs():
     assert len(set(rehearsal(many))) == REHEARSALS < len(many.configs)
 
 
-def entry(m: int, block_m: int) -> Entry:
+def entry(m: int, block_m: int, algorithm: str | None = None) -> Entry:
     key = matmul.ADAPTER.key(m=m, n=N, k=K, dtype="fp32", world=1)
     fingerprint = cpu_fingerprint(matmul.kernel_hash())
-    return Entry.make("matmul", key, fingerprint, config(block_m), source="tuned")
+    return Entry.make("matmul", key, fingerprint, config(block_m, algorithm), source="tuned")
 
 
 @pytest.fixture
@@ -269,3 +271,161 @@ def test_config_for_takes_only_ms_a_call_can_have():
     for bad in (0, 3, 10):
         with pytest.raises(ValueError, match=r"is not a multiple of 2 in 1\.\.8"):
             op.config_for(bad)
+
+
+class CollectiveMatmul(matmul.MatmulServed):
+    """The matmul as if each call were a collective of a tensor-parallel group (the
+    matmul ignores a config's algorithm); ``rank0`` stands for rank 0's registry."""
+
+    collective = True
+
+    def __init__(self, layer: Layer, *, device: object) -> None:
+        super().__init__(layer, device=device)
+        self.agreed = 0
+        self.rank0: dict[int, object] | None = None
+
+    def agree(self, value: object) -> object:
+        self.agreed += 1
+        return value if self.rank0 is None else self.rank0
+
+
+@pytest.fixture
+def collective(monkeypatch):
+    """``serving.op("matmul", ...)`` makes collective ops; the list holds their layers."""
+    made: list[CollectiveMatmul] = []
+
+    def serve(layer, *, group, device):
+        made.append(CollectiveMatmul(layer, device=device))
+        return made[-1]
+
+    monkeypatch.setattr(matmul.ADAPTER, "serve", serve)
+    return made
+
+
+def pending_tables(serving: Serving) -> float | None:
+    labels = {"kernel": "matmul", "rank": "0"}
+    return serving.metrics.registry.get_sample_value("triton_warmup_serving_pending_tables", labels)
+
+
+def swaps(serving: Serving) -> float | None:
+    labels = {"kernel": "matmul", "rank": "0"}
+    return serving.metrics.registry.get_sample_value(
+        "triton_warmup_serving_generation_swaps_total", labels
+    )
+
+
+def test_a_change_of_algorithm_in_a_collective_op_waits_for_sync(
+    settings, store, collective, caplog
+):
+    with Serving(settings, follow=False) as serving:
+        op = serving.op("matmul", n=N, k=K, dtype="fp32", max_m=100, device="cpu")
+        served, table = collective[0], op.table
+        assert served.agreed == 1 and op.config_for(30) == config(16)
+        # M=23..45 now take M=32's config, which runs another algorithm
+        store.install([entry(32, 64, "split_k")], record={"bundle": "b1"})
+        with caplog.at_level("WARNING", "warmup.serving"):
+            assert serving.refresh() == 0
+            assert op.table is table and op.config_for(30) == config(16)
+            assert op.pending is not None and op.pending.buckets == (16, 32, 64)
+            other = matmul.ADAPTER.key(m=8, n=N + 8, k=K, dtype="fp32", world=1)
+            fingerprint = cpu_fingerprint(matmul.kernel_hash())
+            store.put(Entry.make("matmul", other, fingerprint, config(16)))  # another layer's
+            assert serving.refresh() == 0 and op.table is table  # the same pending table
+        warnings = [r.getMessage() for r in caplog.records if "serving.sync()" in r.getMessage()]
+        assert len(warnings) == 1, warnings  # once per pending table
+        assert "at 23 Ms (M 23..45)" in warnings[0] and "on every rank" in warnings[0]
+        a, b = inputs(30)
+        torch.testing.assert_close(op(a, b), a @ b, rtol=1e-3, atol=1e-3)
+        assert served.agreed == 1  # a refresh is no collective
+        serving.flush_metrics()
+        assert pending_tables(serving) == 1.0  # a missing sync() shows on the sidecar
+        pending = op.pending
+        assert serving.sync() == 1 and served.agreed == 2
+        assert op.table is pending and op.pending is None
+        serving.flush_metrics()
+        assert pending_tables(serving) == 0.0
+        assert op.config_for(30) == config(64, "split_k") and swaps(serving) == 1.0
+        torch.testing.assert_close(op(a, b), a @ b, rtol=1e-3, atol=1e-3)
+        assert serving.sync() == 0 and served.agreed == 3  # one agree per sync, always
+
+
+def test_sync_takes_rank_0s_table_and_a_rollback_drops_a_pending_one(settings, store, collective):
+    with Serving(settings, follow=False) as serving:
+        op = serving.op("matmul", n=N, k=K, dtype="fp32", max_m=100, device="cpu")
+        served, table = collective[0], op.table
+        store.install([entry(32, 64, "split_k")], record={"bundle": "b1"})
+        assert serving.refresh() == 0 and op.pending is not None
+        served.rank0 = {m: c.to_json() for m, c in op.tuned.items()}  # rank 0: not seen yet
+        assert serving.sync() == 0 and op.table is table  # every rank keeps rank 0's
+        assert op.pending is not None  # still this rank's registry: synced once rank 0 sees it
+        served.rank0 = None
+        assert serving.sync() == 1 and op.config_for(30) == config(64, "split_k")
+        store.rollback()  # back to the first table: an algorithm change again
+        assert serving.refresh() == 0 and op.pending is not None
+        store.install([entry(32, 64, "split_k")], record={"bundle": "b1 again"})
+        assert serving.refresh() == 0 and op.pending is None  # the registry is back
+        assert op.config_for(30) == config(64, "split_k")
+
+
+def test_a_rank_that_cannot_read_the_registry_still_agrees_at_sync(
+    settings, store, collective, monkeypatch
+):
+    with Serving(settings, follow=False) as serving:
+        op = serving.op("matmul", n=N, k=K, dtype="fp32", max_m=100, device="cpu")
+        served = collective[0]
+        served.rank0 = {16: config(16).to_json(), 32: config(64, "split_k").to_json()}
+
+        def unreadable(self):
+            raise OSError("EIO")
+
+        monkeypatch.setattr(ServingOp, "_read", unreadable)
+        assert serving.sync() == 1 and served.agreed == 2  # no rank is left waiting
+        assert op.table.buckets == (16, 32) and op.config_for(30) == config(64, "split_k")
+
+
+def test_a_change_of_block_shapes_only_swaps_on_refresh_in_a_collective_op(
+    settings, store, collective
+):
+    with Serving(settings, follow=False) as serving:
+        op = serving.op("matmul", n=N, k=K, dtype="fp32", max_m=100, device="cpu")
+        store.install([entry(32, 64)], record={"bundle": "b1"})  # no algorithm, as the others
+        assert serving.refresh() == 1 and op.pending is None
+        assert op.config_for(30) == config(64) and collective[0].agreed == 1
+        a, b = inputs(30)
+        torch.testing.assert_close(op(a, b), a @ b, rtol=1e-3, atol=1e-3)
+
+
+def test_a_change_of_algorithm_in_an_op_of_one_device_swaps_on_refresh(settings, store):
+    with Serving(settings, follow=False) as serving:
+        op = serving.op("matmul", n=N, k=K, dtype="fp32", max_m=100, device="cpu")
+        assert op.collective is False
+        store.install([entry(32, 64, "split_k")], record={"bundle": "b1"})
+        assert serving.refresh() == 1 and op.pending is None
+        assert op.config_for(30) == config(64, "split_k")
+        store.install([entry(80, 16, "split_k")], record={"bundle": "b2"})
+        assert serving.sync() == 1 and op.config_for(80) == config(16, "split_k")
+        a, b = inputs(30)
+        torch.testing.assert_close(op(a, b), a @ b, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.slow
+def test_two_ranks_take_a_change_of_algorithm_together_at_sync(tmp_path):
+    from tests.warmup._serving_ranks import BASELINE, FUSED, SYNC_MS
+    from tests.warmup._serving_ranks import entry as ag_entry
+
+    settings = settings_for(tmp_path)
+    Store(settings.registry_path).put_many([ag_entry(16, BASELINE), ag_entry(48, FUSED)])
+    args = [str(tmp_path / "init"), str(settings.volume), str(settings.work_dir), "sync"]
+    ranks = run_rank_processes("tests.warmup._serving_ranks", 2, *args, timeout=300)
+    assert ranks[1]["refreshed"] == 0 and ranks[1]["pending"] is True  # its follower waits
+    for result in ranks:
+        assert result["synced"] == 1 and result["buckets"] == [16, 32, 48]
+        for phase in ("before", "between", "after"):
+            assert [call["m"] for call in result[phase]] == list(SYNC_MS)
+            for call in result[phase]:
+                assert call["error"] < 1e-5, (phase, call)
+        assert result["between"][1]["config"] == FUSED.label()  # M=32: M=48's
+        assert result["after"][1]["config"] == BASELINE.label()  # M=32: its own
+        assert result["guard"] == 0
+    for phase in ("before", "between", "after"):  # both ranks on the same table
+        assert ranks[0][phase] == ranks[1][phase]

@@ -52,6 +52,17 @@ def test_halving_times_the_leaders_longer(tmp_path):
     assert sorted(set(tuner.timer.calls)) == [1, 2, 4, 8, 16]  # per pass, doubling
 
 
+@pytest.mark.parametrize("baseline_ms,stored", [(0.95, 16), (1.2, 32)])
+def test_the_baseline_keeps_its_place_unless_beaten_beyond_noise(tmp_path, baseline_ms, stored):
+    """32 runs 0.9 ms at the median but +-20% from one repetition to the next: against a
+    baseline at 0.95 ms that is a tie, and the baseline is stored; against 1.2 ms, a win."""
+    task = FakeTask({16: baseline_ms, 32: 0.9, 64: 2.0}, baseline_block=16)
+    tuner = tuner_for(task, tmp_path)
+    tuner.timer = fake_timer(task, spread={32: 0.2})
+    outcome = tuner.get(task)
+    assert outcome.config.meta["BLOCK"] == stored == outcome.entry.best.meta["BLOCK"]
+
+
 def test_policy_fallback_uses_the_nearest_tuned_shape_or_the_default(tmp_path):
     for m in (512, 8192):
         task = FakeTask({16: 1.0, 32: 0.5} if m == 512 else {16: 0.5, 32: 1.0}, m=m)
