@@ -95,9 +95,12 @@ class Served(Protocol):
         """Run the layer's kernel with ``config``; the kernel checks its inputs."""
         ...
 
-    def prepare(self, config: KernelConfig) -> None:
+    def prepare(self, config: KernelConfig, rows: Sequence[int]) -> None:
         """Build ``config``'s variant in this process (compile or load, GPU module
-        loaded), so that no call compiles; launches nothing, collective-free."""
+        loaded) for calls of every M in ``rows`` (the Ms a table serves with it), so that
+        no call compiles or makes a per-shape choice (a library's, such as cuBLAS's
+        algorithm pick at each new M); collective-free, and cheap for what was built
+        already: a new table calls it for every config."""
         ...
 
     def rehearse(self, configs: Sequence[KernelConfig]) -> None:

@@ -104,7 +104,7 @@ class ServingOp:
         self.table = self._table(self.tuned)
         if not self.table.buckets and on_missing == "error":
             raise ServingError(self._no_entries())
-        self._prepare(self.table, built=set())
+        self._prepare(self.table)
         served.rehearse(rehearsal(self.table))  # every rank makes its ops together
 
     def __call__(self, *inputs: Any, out: Any = None) -> Any:
@@ -193,10 +193,10 @@ class ServingOp:
         return mine, agreed
 
     def _built(self, tuned: Mapping[int, KernelConfig]) -> Table:
-        """The table of ``tuned`` with every config built (those already built skipped)."""
+        """The table of ``tuned`` with every config built for the Ms it serves (the
+        served layer skips what it built already)."""
         new = self._table(tuned)
-        pending = self.pending.configs if self.pending is not None else ()
-        self._prepare(new, built={*self.table.configs, *pending})
+        self._prepare(new)
         return new
 
     def _swap(self, new: Table, tuned: dict[int, KernelConfig]) -> None:
@@ -260,14 +260,16 @@ class ServingOp:
                 found[m] = entry.best
         return found
 
-    def _prepare(self, table: Table, *, built: set[KernelConfig]) -> None:
+    def _prepare(self, table: Table) -> None:
         import torch
 
+        rows: list[list[int]] = [[] for _ in table.configs]  # config slot -> the Ms it serves
+        for index, slot in enumerate(table.pick[1:], start=1):
+            rows[slot].append(index * self.step)
         on_gpu = self.served.device.type == "cuda"  # Triton builds for the thread's device
         with torch.cuda.device(self.served.device) if on_gpu else contextlib.nullcontext():
-            for config in table.configs:
-                if config not in built:
-                    self.served.prepare(config)
+            for config, ms in zip(table.configs, rows, strict=True):
+                self.served.prepare(config, ms)
 
     def _no_entries(self) -> str:
         held = sum(1 for e in self._store.entries() if e.kernel == self.kernel)

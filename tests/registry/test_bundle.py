@@ -4,11 +4,12 @@ import io
 import json
 import os
 import tarfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from registry import BundleRejected, MatchPolicy, Store, bundle
+from registry import BundleRejected, KernelConfig, MatchPolicy, Measurement, Store, bundle
 from registry.store import CURRENT
 from tests.conftest import gpu_fingerprint
 
@@ -42,6 +43,29 @@ def test_create_verify_install_round_trip(tmp_path, built, source, h200):
     assert info["entries"] == 3 and info["bundle"]["name"] == "llama-tp2"
     assert target.lookup("ag_gemm", KEY, h200) == source.lookup("ag_gemm", KEY, h200)
     assert [r["bundle"]["name"] for r in bundle.installed(target)] == ["llama-tp2"]
+
+
+def test_the_winning_algorithm_round_trips_through_a_bundle(tmp_path, make_entry, h200):
+    """Schema-2 entries (a config naming its algorithm) beside a schema-1 one."""
+    baseline = KernelConfig.make(algorithm="nccl_cublas")
+    overlap = KernelConfig.make(algorithm="overlap_cublas")
+    chosen = [
+        replace(make_entry(m=256), best=baseline, measurements=(Measurement(baseline, 0.08),)),
+        replace(make_entry(m=8192), best=overlap, measurements=(Measurement(overlap, 1.4),)),
+        make_entry(m=4096),  # written before algorithms: no algorithm, schema 1
+    ]
+    source = Store(tmp_path / "source")
+    source.put_many(chosen)
+    out = tmp_path / "algorithms.tgz"
+    bundle.create(out, name="tp2", version="1", entries=source.entries())
+    schemas = {json.loads(data)["schema"] for name, data in _members(out).items() if "/" in name}
+    assert schemas == {1, 2}
+    target = Store(tmp_path / "target")
+    bundle.install(out, target, expect=h200)
+    for m, algorithm in ((256, "nccl_cublas"), (8192, "overlap_cublas"), (4096, None)):
+        found = target.lookup("ag_gemm", {**KEY, "M": m}, h200)
+        assert found is not None and found.best.algorithm == algorithm
+        assert found == source.lookup("ag_gemm", {**KEY, "M": m}, h200)
 
 
 def test_install_then_rollback_restores_the_previous_generation(tmp_path, built, h200, make_entry):

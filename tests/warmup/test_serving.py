@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import pytest
 import torch
@@ -283,10 +284,15 @@ class CollectiveMatmul(matmul.MatmulServed):
         super().__init__(layer, device=device)
         self.agreed = 0
         self.rank0: dict[int, object] | None = None
+        self.prepared: list[tuple[KernelConfig, list[int]]] = []
 
     def agree(self, value: object) -> object:
         self.agreed += 1
         return value if self.rank0 is None else self.rank0
+
+    def prepare(self, config: KernelConfig, rows: Sequence[int]) -> None:
+        self.prepared.append((config, list(rows)))
+        super().prepare(config, rows)
 
 
 @pytest.fixture
@@ -312,6 +318,23 @@ def swaps(serving: Serving) -> float | None:
     return serving.metrics.registry.get_sample_value(
         "triton_warmup_serving_generation_swaps_total", labels
     )
+
+
+def test_every_config_is_prepared_for_the_ms_it_serves(settings, store, collective):
+    """A library call chooses its kernel at the first call of each shape: the layer is
+    told every M each config will serve, at construction and for a new table."""
+    with Serving(settings, follow=False) as serving:
+        op = serving.op("matmul", n=N, k=K, dtype="fp32", max_m=100, device="cpu")
+        served = collective[0]
+        by_config = {c: ms for c, ms in served.prepared}
+        assert sorted(m for ms in by_config.values() for m in ms) == list(range(1, 101))
+        for chosen, ms in by_config.items():
+            assert all(op.config_for(m) == chosen for m in ms)
+        served.prepared.clear()
+        store.install([entry(32, 64, "split_k")], record={"bundle": "b1"})
+        assert serving.sync() == 1
+        routed = {c: ms for c, ms in served.prepared}
+        assert routed[config(64, "split_k")] == list(range(23, 46))  # M=32's share
 
 
 def test_a_change_of_algorithm_in_a_collective_op_waits_for_sync(
