@@ -95,6 +95,22 @@ def test_a_near_tie_goes_to_the_baseline(rival_spread, expected):
     assert len(result.measurements) == 2
 
 
+def test_one_disturbed_pass_moves_neither_the_median_nor_the_spread():
+    """A rival 20% faster than the baseline, but one of its three passes hit a stall."""
+    base, rival = configs(1, 2)
+    calls = {rival: 0}
+
+    def measure(config, repetitions):
+        if config == base:
+            return _spread(config, 1.0, 0.01)
+        calls[rival] += 1
+        return _spread(config, 3.0 if calls[rival] == 2 else 0.8, 0.01)
+
+    result = successive_halving([rival, base], measure, HalvingPlan(passes=3), baseline=base)
+    assert result.best.config == rival
+    assert result.best.p80_ms < 0.82  # the stalled pass is outvoted, not the maximum
+
+
 def test_summarize_gives_median_and_percentiles():
     m = summarize(configs(16)[0], [5.0, 1.0, 2.0, 4.0, 3.0])
     assert (m.median_ms, m.p20_ms, m.p80_ms) == (3.0, 2.0, 4.0)
