@@ -119,6 +119,11 @@ class Served(Protocol):
         ranks that read the registry at different moments still make the same op."""
         ...
 
+    def all_true(self, flag: bool) -> bool:
+        """Whether ``flag`` is true on every rank of the layer's group (a collective), so
+        that a change one rank could not make is made by none."""
+        ...
+
 
 class Adapter(Protocol):
     name: str

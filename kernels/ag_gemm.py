@@ -327,6 +327,7 @@ GATHER_FIRST = "gather_cublas"  # small M: pull every shard from symmetric memor
 OVERLAP = "overlap_cublas"  # one cuBLAS GEMM per shard, each as soon as its pull lands
 ALGORITHMS = (BASELINE, GATHER_FIRST, OVERLAP, FUSED)
 LIBRARY = (BASELINE, GATHER_FIRST, OVERLAP)  # no meta-parameters: one config each
+BASELINE_CONFIG = KernelConfig.make(algorithm=BASELINE)
 # torch 2.13 renames all_gather_into_tensor (and warns on the old name); 2.11 has only it
 ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
@@ -396,11 +397,17 @@ def _run_baseline(
     symmetric slots: on 2 H200s that measured 13-30% faster at 1024-2048 x 4096 x 4096.
     In stream order the gather is a meeting point like the other algorithms' barrier, so
     the slots stay safe to reuse whichever algorithm each call runs."""
-    if ctx.gathered is None:
-        ctx.gathered = torch.empty(ctx.max_m, ctx.k, dtype=ctx.dtype, device=ctx.device)
-    g = ctx.gathered[: a_shard.shape[0] * ctx.world]
+    g = _baseline_buffer(ctx)[: a_shard.shape[0] * ctx.world]
     ALL_GATHER(g, a_shard, group=ctx.group)
     torch.matmul(g, b, out=out)
+
+
+def _baseline_buffer(ctx: AgGemmContext) -> torch.Tensor:
+    """The NCCL baseline's gathered buffer ``[max_M, K]``, made at its first use (a
+    serving op makes it when it prepares the baseline, off the request path)."""
+    if ctx.gathered is None:
+        ctx.gathered = torch.empty(ctx.max_m, ctx.k, dtype=ctx.dtype, device=ctx.device)
+    return ctx.gathered
 
 
 def _run_gather_first(
@@ -634,7 +641,7 @@ class AgGemmTask:
     def baseline(self) -> KernelConfig:
         """NCCL + cuBLAS: the tuner stores another algorithm only if it beats this one
         beyond noise."""
-        return KernelConfig.make(algorithm=BASELINE)
+        return BASELINE_CONFIG
 
     def run(self, config: KernelConfig) -> torch.Tensor:
         if self.out is None:
@@ -777,6 +784,14 @@ class AgGemmServed:
         dist.broadcast_object_list(holder, src=root, group=self.ctx.group)
         return holder[0]
 
+    def all_true(self, flag: bool) -> bool:
+        if self.ctx.world == 1:
+            return flag
+        device = self.ctx.device if dist.get_backend(self.ctx.group) == "nccl" else "cpu"
+        votes = torch.tensor([int(flag)], dtype=torch.int32, device=device)
+        dist.all_reduce(votes, op=dist.ReduceOp.MIN, group=self.ctx.group)
+        return bool(votes.item())
+
     def prepare(self, config: KernelConfig, rows: Sequence[int]) -> None:
         """The fused variant compiled or loaded once (one serves every M); for a library
         algorithm, one cuBLAS call at each shape its calls of ``rows`` will make: cuBLAS
@@ -784,6 +799,8 @@ class AgGemmServed:
         and 3.4 ms at p90 on an H200 at N 7168, K 4096, against 18 us after), which no
         request may pay."""
         _run_for(config)  # an algorithm this version lacks fails here, not on a request
+        if algorithm_of(config) == BASELINE and self.ctx.world > 1:
+            _baseline_buffer(self.ctx)
         if self.ctx.device.type != "cuda":
             return  # the interpreter compiles nothing
         if algorithm_of(config) != FUSED:
@@ -802,10 +819,11 @@ class AgGemmServed:
             return
         ctx, n = self.ctx, self.layer.n
         stream = torch.cuda.Stream(device=ctx.device)  # type: ignore[no-untyped-call]
+        rows_needed = shapes[-1] * (2 if per_shard else 1)
         with torch.cuda.stream(stream):
-            a = torch.zeros(2 * shapes[-1], ctx.k, dtype=ctx.dtype, device=ctx.device)
+            a = torch.zeros(rows_needed, ctx.k, dtype=ctx.dtype, device=ctx.device)
             b = torch.zeros(ctx.k, n, dtype=ctx.dtype, device=ctx.device)
-            out = torch.empty(2 * shapes[-1], n, dtype=ctx.dtype, device=ctx.device)
+            out = torch.empty(rows_needed, n, dtype=ctx.dtype, device=ctx.device)
             for m in shapes:  # a shard's GEMM also runs at an offset: both alignments
                 for at in (0, m) if per_shard else (0,):
                     torch.matmul(a[at : at + m], b, out=out[at : at + m])
@@ -833,7 +851,7 @@ class AgGemmServed:
 
     def default_config(self) -> KernelConfig:
         """The baseline: with no tuning to go by, never slower than what it replaces."""
-        return KernelConfig.make(algorithm=BASELINE)
+        return BASELINE_CONFIG
 
 
 class AgGemmAdapter:

@@ -143,7 +143,7 @@ class Entry:
             if not isinstance(value, str):
                 raise RegistryError(f"Entry '{name}' has value {shown(value)}; not a string.")
         try:
-            return cls.make(
+            entry = cls.make(
                 data["kernel"],
                 data["key"],
                 Fingerprint.from_json(data["fingerprint"]),
@@ -157,6 +157,9 @@ class Entry:
         except (OverflowError, ValueError, TypeError, AttributeError, KeyError) as e:
             # a value no check above foresaw (a 400-digit time): one entry, never the store
             raise RegistryError(f"Entry does not parse: {type(e).__name__}: {e}") from None
+        if schema == 1 and entry.names_algorithm():  # no version wrote that: a forged file
+            raise RegistryError("Entry has schema 1 but names an algorithm; schema 2 can.")
+        return entry
 
     def names_algorithm(self) -> bool:
         """Whether any config of the entry names an algorithm (schema 2 holds it)."""

@@ -40,7 +40,7 @@ class HalvingPlan:
 
 @dataclass
 class SearchResult:
-    measurements: list[Measurement]  # the last measurement of every candidate, best first
+    measurements: list[Measurement]  # every candidate's latest; the last round's first, best first
     rounds: list[list[KernelConfig]] = field(default_factory=list)  # who was measured when
     repetitions: int = 0  # total repetitions run
 
@@ -71,6 +71,7 @@ def successive_halving(
     result = SearchResult(measurements=[])
     alive = list(dict.fromkeys(candidates))
     repetitions = plan.first_repetitions
+    pinned = False  # the baseline is in ``alive`` only because it is pinned
     while True:
         result.rounds.append(list(alive))
         passes: dict[KernelConfig, list[Measurement]] = {c: [] for c in alive}
@@ -85,14 +86,31 @@ def successive_halving(
         for config in alive:
             latest[config] = _combine(config, passes[config])
         ranked = [m.config for m in sort_measurements([latest[c] for c in alive]) if m.ok]
-        if len(ranked) <= plan.final_survivors or repetitions >= plan.max_repetitions:
+        contenders = [c for c in ranked if not (pinned and c == baseline)]
+        if len(contenders) <= plan.final_survivors or repetitions >= plan.max_repetitions:
             break
-        alive = ranked[: max(plan.final_survivors, math.ceil(len(ranked) / plan.eta))]
-        if baseline in ranked and baseline not in alive:
+        alive = contenders[: max(plan.final_survivors, math.ceil(len(contenders) / plan.eta))]
+        pinned = baseline in ranked and baseline not in alive
+        if pinned and baseline is not None:  # measured beside the survivors, not among them
             alive.append(baseline)
         repetitions = min(plan.max_repetitions, repetitions * plan.eta)
-    result.measurements = rank_against_baseline(list(latest.values()), baseline)
+    result.measurements = _final_order(latest, result.rounds[-1], baseline)
     return result
+
+
+def _final_order(
+    latest: dict[KernelConfig, Measurement],
+    finalists: list[KernelConfig],
+    baseline: KernelConfig | None,
+) -> list[Measurement]:
+    """The last round's candidates first, by :func:`rank_against_baseline`, then those
+    dropped earlier: a short early measurement never outranks the long last ones (under
+    clock drift one could)."""
+    ranked = rank_against_baseline([latest[c] for c in finalists], baseline)
+    if not ranked or not ranked[0].ok:  # every finalist failed at the last: take any
+        return rank_against_baseline(list(latest.values()), baseline)
+    dropped = [m for c, m in latest.items() if c not in set(finalists)]
+    return [*ranked, *sort_measurements(dropped)]
 
 
 def rank_against_baseline(

@@ -159,23 +159,34 @@ class ServingOp:
 
     def sync(self) -> bool:
         """Take rank 0's table on every rank of the group and swap it in, algorithm
-        changes included; a collective: every rank calls it at the same point (one
-        ``agree`` per call, whether anything changed or not). See :meth:`Serving.sync`."""
+        changes included; a collective: every rank calls it at the same point. It makes
+        two collectives per call, whether anything changed or not: the agreement on rank
+        0's table, and one on whether every rank built it (a rank that failed, out of
+        memory say, keeps every rank on the old table). See :meth:`Serving.sync`."""
         mine, tuned = self._read_agreed()
         if self._pending_tuned is not None and self._pending_tuned != mine:
             self._set_pending(None, None)  # this rank's registry moved on from it
-        if tuned == self.tuned or tuned == self._rejected:
-            return False
+        new, failed = None, False
         if not tuned:
             self._warn_empty()
-            return False
-        built = self.pending if tuned == self._pending_tuned else None
-        try:  # a config this version cannot build fails on every rank alike: all keep
-            self._swap(built or self._built(tuned), tuned)
-        except Exception:
-            log.exception("%s %s: the agreed table failed to build; kept", self.kernel, self.layer)
+        elif tuned != self.tuned and tuned != self._rejected:
+            try:
+                new = self.pending if tuned == self._pending_tuned else None
+                new = new or self._built(tuned)
+            except Exception:
+                log.exception("%s %s: the agreed table failed to build", self.kernel, self.layer)
+                failed = True
+        if not self.served.all_true(not failed):
+            log.warning(
+                "%s %s: a rank could not build the table; every rank keeps its own",
+                self.kernel,
+                self.layer,
+            )
             self._rejected = tuned  # not built again at every sync
             return False
+        if new is None:
+            return False
+        self._swap(new, tuned)
         return True
 
     def _read_agreed(self) -> tuple[dict[int, KernelConfig], dict[int, KernelConfig]]:
@@ -408,8 +419,13 @@ class Serving:
         whether anything changed or not. Other ops just refresh. Returns how many ops
         swapped."""
         with self._lock, self._exempt():
-            self.store.refresh()
-            swapped = [op.sync() if op.collective else self._refreshed(op) for op in self.ops]
+            try:
+                self.store.refresh()
+            except Exception:  # every collective op must still take part below
+                log.exception("serving sync: the registry could not be refreshed")
+            swapped = [
+                op.sync() if op.collective else self._refreshed_safely(op) for op in self.ops
+            ]
             return self._counted(swapped)
 
     def flush_metrics(self) -> None:
@@ -458,6 +474,15 @@ class Serving:
             if time.monotonic() - flushed >= METRICS_EVERY_S:  # a file write: not every tick
                 self.flush_metrics()  # also, and above all, when refreshes fail
                 flushed = time.monotonic()
+
+    def _refreshed_safely(self, op: ServingOp) -> bool:
+        """A one-device op's refresh inside a sync: its failure must not stop the
+        collective ops after it from taking part (their peers would wait)."""
+        try:
+            return self._refreshed(op)
+        except Exception:
+            log.exception("serving sync: %s %s could not refresh", op.kernel, op.layer)
+            return False
 
     def _refreshed(self, op: ServingOp) -> bool:
         """Whether ``op`` swapped; an op built from these very files is not rebuilt."""

@@ -32,7 +32,7 @@ from registry import Entry, KernelConfig, MatchPolicy, Measurement, RegistryErro
 from registry.fingerprint import Fingerprint
 from registry.locks import LockBackend
 from warmup import compile_pool
-from warmup.lockstep import Lockstep
+from warmup.lockstep import Lockstep, RankFailure
 from warmup.search import HalvingPlan, SearchResult, successive_halving, summarize
 from warmup.timing import Timer
 
@@ -380,11 +380,13 @@ class Tuner:
         self, task: TuneTask, failures: dict[KernelConfig, str]
     ) -> Callable[[KernelConfig, int], Measurement]:
         checked: set[KernelConfig] = set()
-        meet = None  # one process: nobody to start with
+        timed = self.timer  # one process: nobody to start with (and a timer of two arguments)
         if self.lockstep.active:
 
             def meet() -> None:
                 self.lockstep.meet(what="start of a repetition")
+
+            timed = functools.partial(self.timer, meet=meet)
 
         def measure(config: KernelConfig, repetitions: int) -> Measurement:
             self.lockstep.barrier(what=f"start of {config.label()}")
@@ -395,7 +397,9 @@ class Tuner:
                         reason = task.verify(task.run(config))
                         checked.add(config)
                     if reason is None:
-                        times = self.timer(lambda: task.run(config), repetitions, meet=meet)
+                        times = timed(lambda: task.run(config), repetitions)
+                except RankFailure:  # a peer died or hangs: no config's fault, and the
+                    raise  # ranks' collectives would no longer match
                 except Exception as e:  # compile, launch or resource failure: inf, reason kept
                     reason = f"{type(e).__name__}: {e}"
             flags = self.lockstep.max_over_ranks(

@@ -105,6 +105,15 @@ def test_an_entry_written_before_algorithms_still_reads():
     assert entry.to_json() == old  # and is written back as it was
 
 
+def test_a_schema_1_entry_naming_an_algorithm_is_refused(make_entry):
+    """No version wrote one: read as it stands it would be written back as schema 2."""
+    data = json.loads(json.dumps(make_entry().to_json()))
+    data["best"]["algorithm"] = "nccl_cublas"
+    with pytest.raises(RegistryError, match="schema 1 but names an algorithm"):
+        Entry.from_json(data)
+    Entry.from_json({**data, "schema": 2})  # the same in schema 2 reads
+
+
 @pytest.mark.parametrize("bad", ["", "Fused", "x" * 65, 5, ["a"], "a b"])
 def test_a_bad_algorithm_name_is_a_registry_error(bad):
     with pytest.raises(RegistryError, match="'algorithm' has value"):

@@ -126,3 +126,32 @@ def test_each_round_interleaves_its_candidates_in_rotating_passes():
     order = [block for block, _ in log]
     assert order == [16, 32, 64, 32, 64, 16, 64, 16, 32]  # each pass starts one later
     assert {reps for _, reps in log} == {2}  # 6 repetitions split over 3 passes
+
+
+def test_a_pinned_baseline_costs_one_candidate_per_round_not_more_rounds():
+    timings = {b: 1.0 + abs(b - 40) / 100 for b in range(8, 72, 4)}  # 16 configs, best 40
+    timings[68] = 1.5  # the baseline, dropped on merit after the first round
+    plain, _ = measure_with(timings)
+    without = successive_halving(configs(*timings), plain)
+    pinned, _ = measure_with(timings)
+    with_baseline = successive_halving(configs(*timings), pinned, baseline=configs(68)[0])
+    assert len(with_baseline.rounds) == len(without.rounds) == 4
+    assert [len(r) for r in with_baseline.rounds] == [
+        len(r) + (i > 0) for i, r in enumerate(without.rounds)
+    ]
+
+
+def test_a_config_dropped_early_never_outranks_the_last_round():
+    """Clocks drift slower round after round: a config dropped in round 0 has the
+    lowest time on record, but was never measured beside the finalists."""
+    timings = {16: 1.0, 32: 1.01, 64: 1.2, 128: 1.3}
+
+    def measure(config, repetitions):
+        drift = 1.0 + 0.5 * (repetitions > 3)  # every later round runs 50% slower
+        return summarize(config, [timings[config.meta["BLOCK"]] * drift] * repetitions)
+
+    result = successive_halving(configs(*timings), measure, HalvingPlan(final_survivors=2))
+    assert {c.meta["BLOCK"] for c in result.rounds[-1]} == {16, 32}
+    assert result.best.config.meta["BLOCK"] == 16
+    dropped = {m.config.meta["BLOCK"] for m in result.measurements[2:]}
+    assert dropped == {64, 128}

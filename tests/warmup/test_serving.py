@@ -285,10 +285,16 @@ class CollectiveMatmul(matmul.MatmulServed):
         self.agreed = 0
         self.rank0: dict[int, object] | None = None
         self.prepared: list[tuple[KernelConfig, list[int]]] = []
+        self.votes: list[bool] = []  # this rank's word at each sync
+        self.peers_built = True  # what the other ranks say
 
     def agree(self, value: object) -> object:
         self.agreed += 1
         return value if self.rank0 is None else self.rank0
+
+    def all_true(self, flag: bool) -> bool:
+        self.votes.append(flag)
+        return flag and self.peers_built
 
     def prepare(self, config: KernelConfig, rows: Sequence[int]) -> None:
         self.prepared.append((config, list(rows)))
@@ -404,6 +410,51 @@ def test_a_rank_that_cannot_read_the_registry_still_agrees_at_sync(
         monkeypatch.setattr(ServingOp, "_read", unreadable)
         assert serving.sync() == 1 and served.agreed == 2  # no rank is left waiting
         assert op.table.buckets == (16, 32) and op.config_for(30) == config(64, "split_k")
+
+
+@pytest.mark.parametrize("where", ["here", "on a peer"])
+def test_a_table_one_rank_cannot_build_is_taken_by_none(
+    settings, store, collective, monkeypatch, where
+):
+    """Out of memory on one rank while building: if that rank kept its table and the
+    others swapped, they would run different algorithms' collectives."""
+    with Serving(settings, follow=False) as serving:
+        op = serving.op("matmul", n=N, k=K, dtype="fp32", max_m=100, device="cpu")
+        served, table = collective[0], op.table
+        store.install([entry(32, 64, "split_k")], record={"bundle": "b1"})
+        if where == "here":
+            real = served.prepare
+
+            def out_of_memory(config, rows):
+                if config.algorithm == "split_k":
+                    raise RuntimeError("CUDA out of memory")
+                real(config, rows)
+
+            monkeypatch.setattr(served, "prepare", out_of_memory)
+        else:
+            served.peers_built = False
+        assert serving.sync() == 0 and op.table is table
+        assert served.votes == [where != "here"]
+        assert serving.sync() == 0 and op.table is table  # the same table is not retried
+        assert served.agreed == 3 and len(served.votes) == 2  # but every sync still votes
+
+
+def test_a_one_device_op_failing_in_a_sync_leaves_the_collective_ones_in_it(
+    settings, store, collective, monkeypatch
+):
+    with Serving(settings, follow=False) as serving:
+        with monkeypatch.context() as one_device:
+            one_device.setattr(CollectiveMatmul, "collective", False)
+            local = serving.op("matmul", n=N, k=K, dtype="fp32", max_m=100, device="cpu")
+        serving.op("matmul", n=N, k=K, dtype="fp32", max_m=100, device="cpu")
+        store.install([entry(32, 64)], record={"bundle": "b1"})
+
+        def broken():
+            raise OSError("EIO")
+
+        monkeypatch.setattr(local, "refresh", broken)
+        serving.sync()
+        assert collective[1].agreed == 2 and collective[1].votes == [True]
 
 
 def test_a_change_of_block_shapes_only_swaps_on_refresh_in_a_collective_op(

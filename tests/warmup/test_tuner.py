@@ -5,6 +5,7 @@ import pytest
 from registry import Store, cpu_fingerprint
 from registry.locks import backend_from_url
 from tests.warmup.fakes import FakeTask, configs, fake_timer
+from warmup.lockstep import RankFailure
 from warmup.tuner import TuneError, TuneOptions, Tuner, key_distance, nearest_entry
 
 TIMINGS = {16: 3.0, 32: 1.2, 64: 0.9, 128: 1.1, 256: 2.5}
@@ -87,6 +88,28 @@ def test_every_candidate_failing_is_a_named_error_and_stores_nothing(tmp_path):
     task = FakeTask({16: 1.0, 32: 1.0}, broken={16: "no", 32: "nope"})
     tuner = tuner_for(task, tmp_path)
     with pytest.raises(TuneError, match="every candidate failed"):
+        tuner.get(task)
+    assert len(tuner.store) == 0
+
+
+def test_a_timer_of_two_arguments_still_works_in_one_process(tmp_path):
+    task = FakeTask(dict(TIMINGS))
+    tuner = tuner_for(task, tmp_path)
+    tuner.timer = lambda fn, repetitions: [fn(), TIMINGS[task.last]][1:] * repetitions
+    assert tuner.get(task).config.meta["BLOCK"] == 64
+
+
+def test_a_peer_lost_while_timing_fails_the_tuning_not_the_config(tmp_path):
+    """A meeting that times out is no slow config: scoring it inf would let this rank
+    go on while its peer still waits in the meeting."""
+    task = FakeTask(dict(TIMINGS))
+    tuner = tuner_for(task, tmp_path)
+
+    def timer(fn, repetitions, meet=None):
+        raise RankFailure("rank 0/2: start of a repetition (meet) did not complete")
+
+    tuner.timer = timer
+    with pytest.raises(RankFailure, match="meet"):
         tuner.get(task)
     assert len(tuner.store) == 0
 
