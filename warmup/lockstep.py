@@ -24,6 +24,7 @@ class Lockstep:
         self.rank = dist.get_rank(group) if self.active else 0
         self.world = dist.get_world_size(group) if self.active else 1
         self._device = "cpu"
+        self._ping: Any = None  # the 1-element tensor meet() all-reduces
         if self.active and dist.get_backend(group) == "nccl":
             import torch
 
@@ -74,10 +75,11 @@ class Lockstep:
         import torch
         import torch.distributed as dist
 
-        ping = torch.zeros(1, dtype=torch.int32, device=self._device)
+        if self._ping is None:  # made once: meet runs before every timed repetition
+            self._ping = torch.zeros(1, dtype=torch.int32, device=self._device)
         deadline = time.monotonic() + self.timeout_s
         try:
-            work = dist.all_reduce(ping, group=self.group, async_op=True)
+            work = dist.all_reduce(self._ping, group=self.group, async_op=True)
         except Exception as e:
             raise RankFailure(f"rank {self.rank}/{self.world}: {what} (meet) failed: {e}") from e
         while not work.is_completed():

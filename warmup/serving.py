@@ -93,7 +93,6 @@ class ServingOp:
         self.step = served.rows_step
         self.on_missing = on_missing
         self._store, self._fingerprint, self._settings = store, fingerprint, settings
-        self.collective = served.collective  # every rank must take an algorithm change together
         self.calls = [0, 0, 0]  # by source; the follower exports them
         self.version: tuple[object, ...] = ()  # the registry version the table was built from
         self.pending: Table | None = None  # built, waiting for Serving.sync(): see refresh()
@@ -106,6 +105,11 @@ class ServingOp:
             raise ServingError(self._no_entries())
         self._prepare(self.table)
         served.rehearse(rehearsal(self.table))  # every rank makes its ops together
+
+    @property
+    def collective(self) -> bool:
+        """Every rank must take an algorithm change together (a tensor-parallel op)."""
+        return bool(self.served.collective)
 
     def __call__(self, *inputs: Any, out: Any = None) -> Any:
         table = self.table  # one read: a swap between calls never splits a call
