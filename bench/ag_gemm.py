@@ -21,15 +21,21 @@ fresh inputs and NaN-poisoned outputs. Then per shape (bf16, N per rank):
 
 Every timing repetition: the ranks meet on an idle device, the L2 is flushed, device
 events bracket the op; a repetition's time is the max over ranks; ops are timed in
-rotating rounds; medians are reported. Prints a table last;
-writes every number to --out.
+rotating rounds; medians are reported. At decode-like sizes (up to 1024 rows in all)
+the fused op, the tuned op and NCCL + cuBLAS are also captured in CUDA graphs and their
+replays timed the same way. The host's cost of one call (``host_us``) is timed apart:
+calls issued back to back on the host clock; ``--host-profile`` adds where it goes.
+Prints a table last; writes every number to --out.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
 import os
+import pstats
 import statistics
 import tempfile
 import time
@@ -70,6 +76,8 @@ PORTABLE_CHECK = KernelConfig.make(
     num_stages=3,
 )
 LIBRARY = [KernelConfig.make(algorithm=name) for name in ag_gemm.LIBRARY]
+GRAPH_ROWS = 1024  # graph columns up to here: decode batches
+HOST_TIMED = ("tuned", f"best {ag_gemm.FUSED}", "nccl_cublas", "graph fused", "graph nccl_cublas")
 Op = Callable[[], object]
 
 
@@ -188,6 +196,47 @@ def timed_together(
     return medians, {name: percentiles(v) for name, v in pooled.items()}
 
 
+def graphed(fn: Op) -> Op:
+    """``fn`` captured in a CUDA graph (every rank together: it may be a collective);
+    returns the replay."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def host_us(fn: Op, calls: int = 50, passes: int = 5) -> float:
+    """Host microseconds to issue one call: ``calls`` calls back to back on the host
+    clock, after the ranks meet on an idle device; the median of ``passes``. 50 calls
+    stay well inside the launch queue, so the host never waits for the device."""
+    per_pass = []
+    for _ in range(passes):
+        torch.cuda.synchronize()
+        meet()
+        started = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        per_pass.append((time.perf_counter() - started) / calls * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(per_pass)
+
+
+def host_profile(fn: Op, calls: int = 200, lines: int = 14) -> list[str]:
+    """Where a call's host time goes: cProfile over ``calls`` calls (every rank runs
+    them; rank 0's profile is kept), functions by their own time."""
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(calls):
+        fn()
+    profile.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(lines)
+    return [line for line in text.getvalue().splitlines() if line.strip()][-lines - 1 :]
+
+
 def percentiles(values: list[float]) -> list[float]:
     """p20 and p80: the spread behind a median."""
     ordered_values = sorted(values)
@@ -275,6 +324,13 @@ def bench_shape(
         if fused_best is not None:
             solo_ctx = ag_gemm.create_context(solo, max_m=m, k=k, dtype=DTYPE, device="cuda")
             ops["fused_gemm_alone"] = ours("fused_gemm_alone", fused_best, solo_ctx, a)
+        if m <= GRAPH_ROWS:
+            ops["graph nccl_cublas"] = graphed(nccl_cublas)
+            ops["graph tuned"] = graphed(ours("graph tuned", winner))
+            if fused_best is not None:
+                ops["graph fused"] = graphed(ours("graph fused", fused_best))
+    host = {name: host_us(ops[name]) for name in HOST_TIMED if name in ops}
+    profile = host_profile(ops[f"best {ag_gemm.FUSED}"]) if args.host_profile else None
     times, p20_p80 = timed_together(ops, flush, iters=args.iters, warmup=args.warmup)
     exhaustive = timed_exhaustive(search["measured"], ours, flush, args) if args.exhaustive else {}
     row: dict[str, Any] = {
@@ -293,7 +349,10 @@ def bench_shape(
         "candidates": search["candidates"],
         "tuner_best_of_us": search["recorded_best_of_us"],
         "best_of": {name: c.to_json() for name, c in search["best_of"].items()},
+        "host_us": host,
     }
+    if profile is not None:
+        row["host_profile"] = profile
     if previous is not None:
         row["previous_winner"] = previous
         row["winners_ratio"] = times["previous_winner"] / times["tuned"]
@@ -305,6 +364,13 @@ def bench_shape(
             row["fused_over_floor"] = times[f"best {ag_gemm.FUSED}"] / floor
         if "torch_fused" in times:
             row["torch_fused_over_tuned"] = times["torch_fused"] / times["tuned"]
+            if fused_best is not None:
+                row["torch_fused_over_fused"] = (
+                    times["torch_fused"] / times[f"best {ag_gemm.FUSED}"]
+                )
+        if "graph fused" in times:
+            row["graph_speedup_fused"] = times["graph nccl_cublas"] / times["graph fused"]
+            row["graph_speedup_tuned"] = times["graph nccl_cublas"] / times["graph tuned"]
     if exhaustive:
         best_label = min(exhaustive, key=lambda label: exhaustive[label]["us"])
         row["exhaustive"] = exhaustive
@@ -358,6 +424,36 @@ def table(rows: list[dict[str, Any]], world: int, gpu: str) -> str:
     return "\n".join(lines)
 
 
+def fused_table(rows: list[dict[str, Any]]) -> str:
+    """The fused algorithm's own figures: its GEMM core against cuBLAS, the op against
+    the floor and torch's fused op, the host's cost of a call, graph replays."""
+    head = (
+        f"{'M,N,K':>17} {'alone':>6} {'cuBLAS':>6} {'ratio':>6} {'fused':>6} {'floor':>6} "
+        f"{'/floor':>6} {'torch/':>6} {'host f':>6} {'host b':>6} {'g.fused':>7} "
+        f"{'g.tuned':>7} {'g.base':>6} {'g.x':>5}"
+    )
+    lines = [head]
+    for r in rows:
+        t, host = r["us"], r.get("host_us", {})
+        fused = t.get(f"best {ag_gemm.FUSED}")
+        alone, cublas = t.get("fused_gemm_alone"), t.get("cublas")
+        floor = max(t["cublas"], t["allgather"]) if "allgather" in t else None
+        lines.append(
+            f"{','.join(map(str, r['shape'])):>17} {_num(alone, 6)} {_num(cublas, 6)} "
+            f"{_num(alone / cublas if alone and cublas else None, 6, 3)} {_num(fused, 6)} "
+            f"{_num(floor, 6)} {_ratio(r, 'fused_over_floor', 6)} "
+            f"{_ratio(r, 'torch_fused_over_fused', 6)} "
+            f"{_num(host.get(f'best {ag_gemm.FUSED}'), 6)} {_num(host.get('nccl_cublas'), 6)} "
+            f"{_cell(t, 'graph fused', 7)} {_cell(t, 'graph tuned', 7)} "
+            f"{_cell(t, 'graph nccl_cublas', 6)} {_ratio(r, 'graph_speedup_fused', 5)}"
+        )
+    return "\n".join(lines)
+
+
+def _num(value: float | None, width: int, places: int = 0) -> str:
+    return f"{value:{width}.{places}f}" if value is not None else f"{'-':>{width}}"
+
+
 def _cell(times: dict[str, float], name: str, width: int) -> str:
     return f"{times[name]:{width}.0f}" if name in times else f"{'-':>{width}}"
 
@@ -376,6 +472,7 @@ def main() -> None:
     parser.add_argument("--exhaustive", action="store_true", help="time every candidate too")
     parser.add_argument("--tune-only", action="store_true", help="no anchors: tuned op only")
     parser.add_argument("--compare", type=Path, default=None, help="an earlier run's --out")
+    parser.add_argument("--host-profile", action="store_true", help="profile the fused op's host")
     args = parser.parse_args()
     for name in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
         expected = "0" if name == "NCCL_NVLS_ENABLE" else "1"
@@ -420,6 +517,7 @@ def main() -> None:
             args.out.write_text(json.dumps(result, indent=2))
     if rank == 0:
         print(table(result["rows"], world, gpu), flush=True)
+        print(fused_table(result["rows"]), flush=True)
     dist.barrier()
     dist.destroy_process_group()
 

@@ -48,12 +48,46 @@ class LaunchPlan:
         """Compile (or load from the cache) exactly this launch's variant; no launch."""
         return self.kernel.warmup(*self.args, grid=self.grid, **self.options)
 
+    def variant(self) -> tuple[Any, ...]:
+        """What Triton specialises this launch on, taken generously: two plans of one
+        variant run one compiled kernel (:meth:`launch_compiled`)."""
+        params = getattr(self.kernel, "params", [])
+        arguments = tuple(
+            _specialisation(arg, getattr(param, "do_not_specialize", False))
+            for param, arg in zip(params, self.args, strict=False)
+        )
+        return (self.kernel, tuple(sorted(self.options.items())), arguments)
+
+    def launch_compiled(self, compiled: Any) -> None:
+        """Launch through ``compiled`` (this plan's :meth:`compile`, or one of the same
+        :meth:`variant`), as Triton's JIT does after its dispatch: every argument in
+        signature order, the constexpr ones included."""
+        names = self.kernel.arg_names
+        full = (*self.args, *(self.options[name] for name in names[len(self.args) :]))
+        compiled[(*self.grid, 1, 1)[:3]](*full)
+
     def load(self) -> None:
         """Compile, then load the GPU module now, so the first real launch only launches."""
         compiled = self.compile()
         init = getattr(compiled, "_init_handles", None)  # Triton 3.x: lazy module load
         if init is not None:
             init()
+
+
+def _specialisation(arg: Any, unspecialised: bool) -> Any:
+    """What of one argument a compiled variant may depend on: a tensor's dtype and 16-byte
+    alignment, a descriptor's type and layout, an integer's value (its width alone where
+    the kernel does not specialise on it)."""
+    if isinstance(arg, bool) or arg is None or isinstance(arg, str):
+        return arg
+    if isinstance(arg, int):
+        return ("int", -(2**31) <= arg < 2**31) if unspecialised else arg
+    if hasattr(arg, "block_shape"):  # a host tensor descriptor
+        shape, strides = tuple(arg.shape), tuple(arg.strides)
+        return ("descriptor", arg.base.dtype, tuple(arg.block_shape), shape[1:], strides)
+    if hasattr(arg, "data_ptr"):
+        return ("tensor", arg.dtype, arg.data_ptr() % 16 == 0)
+    return (type(arg).__name__, arg)
 
 
 @dataclass(frozen=True)

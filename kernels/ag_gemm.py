@@ -3,26 +3,25 @@
 Each rank holds ``a_shard: [M/world, K]`` and ``b: [K, N]`` (its column shard of a
 weight). The gather hides behind the GEMM:
 
-* A context, made once per process group and maximum shape, owns two gathered buffers
-  ``G[slot]: [max_M, K]`` in symmetric memory (one slot per call parity), per-source
-  ready flags and a side stream.
-* A call copies the local shard into its own rows of ``G[slot]``, meets the peers at a
-  symmetric-memory barrier, then the side stream pulls each peer's rows from the peer's
-  ``G[slot]`` with the copy engine (no SMs) and raises that peer's flag to this call's
-  epoch with ``stream_write_value32``. Flags only grow, so calls repeat back to back
-  with no reset; the two slots plus the per-call barrier make reuse safe.
+* A context (:mod:`kernels.ag_gemm_workspace`), made once per process group and maximum
+  shape, owns the gathered buffer ``G: [max_M, K]`` and per-source ready flags, both
+  writable by every peer, and a side stream.
+* A call arms its flags, puts its own rows in G, meets the peers at a barrier; then the
+  side stream pushes this rank's rows into every peer's G with the copy engine (no SMs),
+  each followed by this rank's flag there. Nothing on the host changes from call to
+  call, so calls repeat back to back and replay from a CUDA graph.
 * The consumer GEMM walks its tiles starting at its own rows (ready at once) and makes
   every tile wait for the flags of the shards its rows come from.
 
 Consumers: a persistent kernel with TMA tensor descriptors for Hopper (sm90+), and a
 pointer-based kernel for other CUDA GPUs and for CPU under ``TRITON_INTERPRET=1``,
-where gloo does the gather and raises each flag as its shard lands.
+where memory-mapped files stand in for symmetric memory.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -30,26 +29,41 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
+from kernels import ag_gemm_workspace as workspace
 from kernels.adapter import LaunchPlan, Layer, torch_dtype
-from kernels.spaces import DeviceLimits, Problem, ag_gemm_space, device_limits
+from kernels.ag_gemm_workspace import (
+    DTYPES,
+    AgGemmContext,
+    create_context,
+    group_size_and_rank,
+    input_buffer,
+)
+from kernels.spaces import Problem, ag_gemm_space
 from registry import KernelConfig
 
 NAME = "ag_gemm"
-DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 # Integers that change from call to call: specialised (divisible by 16, == 1) they would
 # make a new kernel for most batch sizes, so no serving call could be warm.
-M_DERIVED = ["epoch", "M", "m_per_rank", "rank"]
+M_DERIVED = ["M", "m_per_rank", "rank"]
+__all__ = ["DTYPES", "AgGemmContext", "create_context", "group_size_and_rank", "input_buffer"]
 
 
 @triton.jit  # type: ignore[untyped-decorator]
-def _wait_for_rows(flags_ptr, epoch, row_lo, row_hi, m_per_rank, rank, WORLD: tl.constexpr):
-    """Spin until every shard holding rows [row_lo, row_hi] has landed (own rows excepted)."""
+def _wait_for_rows(flags_ptr, row_lo, row_hi, m_per_rank, rank, WORLD: tl.constexpr):
+    """Spin until every shard holding rows [row_lo, row_hi] has landed (own rows excepted);
+    a peer's copy engine raises the flag, hence the system scope."""
     first, last = row_lo // m_per_rank, row_hi // m_per_rank
     for src in tl.static_range(WORLD):
         if (src != rank) & (src >= first) & (src <= last):
-            flag = tl.atomic_add(flags_ptr + src, 0, sem="acquire", scope="gpu")
-            while flag < epoch:
-                flag = tl.atomic_add(flags_ptr + src, 0, sem="acquire", scope="gpu")
+            flag = tl.atomic_add(flags_ptr + src, 0, sem="acquire", scope="sys")
+            while flag == 0:
+                flag = tl.atomic_add(flags_ptr + src, 0, sem="acquire", scope="sys")
+
+
+@triton.jit(do_not_specialize=["row_lo", "row_hi", "m_per_rank", "rank"])  # type: ignore[untyped-decorator]
+def _wait_kernel(flags_ptr, row_lo, row_hi, m_per_rank, rank, WORLD: tl.constexpr):
+    """One program: the wait of a tile, before a library GEMM reads those rows."""
+    _wait_for_rows(flags_ptr, row_lo, row_hi, m_per_rank, rank, WORLD)
 
 
 @triton.jit
@@ -94,7 +108,6 @@ def _ag_gemm_portable_kernel(
     b_ptr,
     c_ptr,
     flags_ptr,
-    epoch,
     M,
     N,
     K,
@@ -112,7 +125,7 @@ def _ag_gemm_portable_kernel(
     # g: [M, K] gathered A (own rows local, peers' rows as their flags rise); b: [K, N]
     pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, m_per_rank, rank, BLOCK_M, BLOCK_N, GROUP_M)
     row_lo = pid_m * BLOCK_M
-    _wait_for_rows(flags_ptr, epoch, row_lo, min(row_lo + BLOCK_M, M) - 1, m_per_rank, rank, WORLD)
+    _wait_for_rows(flags_ptr, row_lo, min(row_lo + BLOCK_M, M) - 1, m_per_rank, rank, WORLD)
     rows = row_lo + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, BLOCK_K)
@@ -141,7 +154,6 @@ def _ag_gemm_tma_kernel(
     b_desc,
     c_desc,
     flags_ptr,
-    epoch,
     M,
     N,
     K,
@@ -153,6 +165,8 @@ def _ag_gemm_tma_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
+    EPILOGUE_SUBTILE: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
 ):
     # Persistent: program p takes tiles p, p + NUM_SMS, ...; TMA loads, TMA store.
     num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
@@ -161,118 +175,22 @@ def _ag_gemm_tma_kernel(
         pid_m, pid_n = _tile_coords(tile, M, N, m_per_rank, rank, BLOCK_M, BLOCK_N, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
-        _wait_for_rows(
-            flags_ptr, epoch, off_m, min(off_m + BLOCK_M, M) - 1, m_per_rank, rank, WORLD
-        )
-        _fence_async_proxy(epoch)
+        _wait_for_rows(flags_ptr, off_m, min(off_m + BLOCK_M, M) - 1, m_per_rank, rank, WORLD)
+        _fence_async_proxy(M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kt in range(k_tiles):
+        # Specialised warps (loads apart from MMAs) inside the K loop only: every load of
+        # a tile stays behind that tile's wait in program order.
+        for kt in tl.range(k_tiles, warp_specialize=WARP_SPECIALIZE):
             a = g_desc.load([off_m, kt * BLOCK_K])
             b = b_desc.load([kt * BLOCK_K, off_n])
             acc = tl.dot(a, b, acc)
-        c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
-
-
-@dataclass
-class AgGemmContext:
-    """Buffers, flags and streams for one process group and maximum shape; reused by
-    every call. Make it with :func:`create_context` on every rank of the group."""
-
-    group: Any
-    rank: int
-    world: int
-    max_m: int
-    k: int
-    dtype: torch.dtype
-    device: torch.device
-    limits: DeviceLimits
-    buffers: list[torch.Tensor]  # two slots, each G: [max_M, K]
-    flags: torch.Tensor  # int32 [world]: the epoch each source's rows last landed in
-    consumer: str = "portable"  # "tma" (Hopper, persistent) or "portable"
-    epoch: int = 0
-    symm: list[Any] = field(default_factory=list)  # symmetric-memory handles, one per slot
-    peers: list[list[Any]] = field(default_factory=list)  # [slot][src]: a peer's G[slot]
-    side_stream: Any = None
-    landed: list[Any] = field(default_factory=list)  # [src]: an event, its rows pulled
-    gathered: torch.Tensor | None = None  # [max_M, K]: the NCCL baseline's, on first use
-
-
-def group_size_and_rank(group: Any) -> tuple[int, int]:
-    """(world, rank) of ``group``; one process without torch.distributed is (1, 0)."""
-    if group is None and not (dist.is_available() and dist.is_initialized()):
-        return 1, 0
-    return dist.get_world_size(group), dist.get_rank(group)
-
-
-def create_context(
-    group: Any,
-    *,
-    max_m: int,
-    k: int,
-    dtype: torch.dtype,
-    device: torch.device | str,
-    consumer: str | None = None,
-) -> AgGemmContext:
-    """Allocate the workspace for gathered A up to ``[max_m, k]`` (collective on CUDA).
-
-    ``consumer``: ``"tma"`` or ``"portable"``; by default TMA on Hopper and newer.
-    """
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    world, rank = group_size_and_rank(group)
-    if max_m <= 0 or k <= 0 or max_m % world:
-        raise ValueError(
-            f"ag_gemm context: max_m={max_m} must be a positive multiple of the "
-            f"world size {world}, and k={k} positive."
-        )
-    if dtype not in DTYPES:
-        raise ValueError(
-            f"ag_gemm context: dtype {dtype} not supported; use one of {sorted(DTYPES.values())}."
-        )
-    ctx = AgGemmContext(
-        group=group,
-        rank=rank,
-        world=world,
-        max_m=max_m,
-        k=k,
-        dtype=dtype,
-        device=device,
-        limits=device_limits(device),
-        buffers=[],
-        flags=torch.zeros(world, dtype=torch.int32, device=device),
-    )
-    ctx.consumer = consumer or (
-        "tma" if device.type == "cuda" and ctx.limits.is_hopper else "portable"
-    )
-    if ctx.consumer not in ("tma", "portable") or (
-        ctx.consumer == "tma" and not (device.type == "cuda" and ctx.limits.is_hopper)
-    ):
-        raise ValueError(
-            f"ag_gemm context: consumer {ctx.consumer!r} not available on "
-            f"{ctx.limits.name}; use 'portable'."
-        )
-    if device.type == "cuda" and world > 1:
-        _allocate_symmetric(ctx)
-    elif world > 1:
-        ctx.buffers = [torch.empty(max_m, k, dtype=dtype, device=device) for _ in range(2)]
-    return ctx
-
-
-def _allocate_symmetric(ctx: AgGemmContext) -> None:
-    import torch.distributed._symmetric_memory as symm_mem
-
-    for _ in range(2):
-        buffer = symm_mem.empty(ctx.max_m, ctx.k, dtype=ctx.dtype, device=ctx.device)
-        handle = symm_mem.rendezvous(buffer, ctx.group.group_name)
-        ctx.symm.append(handle)
-        ctx.buffers.append(buffer)
-        ctx.peers.append(
-            [handle.get_buffer(src, (ctx.max_m, ctx.k), ctx.dtype) for src in range(ctx.world)]
-        )
-    ctx.side_stream = torch.cuda.Stream(device=ctx.device, priority=-1)  # type: ignore[no-untyped-call]
-    ctx.landed = [torch.cuda.Event() for _ in range(ctx.world)]  # type: ignore[no-untyped-call]
-    ctx.symm[0].barrier()
+        if EPILOGUE_SUBTILE == 2:  # two half-width stores: half the shared memory
+            halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+            left, right = tl.split(halves)
+            c_desc.store([off_m, off_n], left.to(c_desc.dtype))
+            c_desc.store([off_m, off_n + BLOCK_N // 2], right.to(c_desc.dtype))
+        else:
+            c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
 
 
 def check_inputs(
@@ -321,10 +239,10 @@ def check_inputs(
 
 # The algorithms a config chooses (``KernelConfig.algorithm``); the tuner times them all
 # and the registry stores the winner, which is the baseline unless another beats it.
-FUSED = "fused_pull"  # copy-engine pulls overlapped with the Triton consumer above
+FUSED = "fused_pull"  # copy-engine pushes overlapped with the Triton consumer above
 BASELINE = "nccl_cublas"  # NCCL all-gather, then one cuBLAS GEMM: what the op replaces
-GATHER_FIRST = "gather_cublas"  # small M: pull every shard from symmetric memory, one GEMM
-OVERLAP = "overlap_cublas"  # one cuBLAS GEMM per shard, each as soon as its pull lands
+GATHER_FIRST = "gather_cublas"  # small M: every shard through symmetric memory, one GEMM
+OVERLAP = "overlap_cublas"  # one cuBLAS GEMM per shard, each as soon as its rows land
 ALGORITHMS = (BASELINE, GATHER_FIRST, OVERLAP, FUSED)
 LIBRARY = (BASELINE, GATHER_FIRST, OVERLAP)  # no meta-parameters: one config each
 BASELINE_CONFIG = KernelConfig.make(algorithm=BASELINE)
@@ -346,7 +264,7 @@ def ag_gemm(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``all_gather(a_shard) @ b`` with ``config``'s algorithm; a collective: every rank
-    calls it with the same algorithm.
+    calls it with the same algorithm. Capturable in a CUDA graph: a replay is a call.
 
     a_shard: [M/world, K], b: [K, N] -> [M, N]. The config comes from the registry or
     the tuner; nothing here picks one.
@@ -354,12 +272,10 @@ def ag_gemm(
     m, n, _ = check_inputs(a_shard, b, ctx, out)
     run = _run_for(config)
     out = torch.empty(m, n, dtype=ctx.dtype, device=ctx.device) if out is None else out
-    if run is not _run_baseline or ctx.gathered is None:  # the baseline's steady calls
-        _refuse_capture(ctx)  # make one driver call less
-    ctx.epoch += 1
+    ctx.calls += 1
     if ctx.world == 1:
         if run is _run_fused:
-            launch_plan(ctx, a_shard, b, out, a_shard.shape[0], config).launch()
+            _launch(ctx, launch_plan(ctx, a_shard, b, out, a_shard.shape[0], config))
         else:  # nothing to gather
             torch.matmul(a_shard, b, out=out)
         return out
@@ -370,34 +286,22 @@ def ag_gemm(
 def _run_fused(
     ctx: AgGemmContext, a_shard: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config: Any
 ) -> None:
-    """Copy-engine pulls on the side stream, each raising its shard's flag, while the
-    consumer GEMM (launched first, so the GPU never idles) waits tile by tile."""
-    m_per_rank = a_shard.shape[0]
-    g = _own_rows_in(ctx, a_shard)
-    if ctx.device.type != "cuda":
-        _gather_gloo(ctx, g, m_per_rank)
-        launch_plan(ctx, g, b, out, m_per_rank, config).launch()
-        return
-    met = _meet_peers(ctx)
-    launch_plan(ctx, g, b, out, m_per_rank, config).launch()
-    flags = ctx.flags.view(torch.uint32)
-
-    def raise_flag(src: int) -> None:
-        _stream_write_value32(flags, src, ctx.epoch)
-
-    _pull_peers(ctx, met, m_per_rank, raise_flag)
-    torch.cuda.current_stream(ctx.device).wait_stream(ctx.side_stream)
+    """The side stream pushes this rank's rows to the peers while the consumer GEMM
+    starts on its own rows and waits tile by tile for the peers'."""
+    g = workspace.arm_and_meet(ctx, a_shard)
+    workspace.push_aside(ctx, a_shard)
+    _launch(ctx, launch_plan(ctx, g, b, out, a_shard.shape[0], config))
+    workspace.join(ctx)
 
 
 def _run_baseline(
     ctx: AgGemmContext, a_shard: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config: Any
 ) -> None:
     """NCCL (gloo on CPU) all-gather, then one cuBLAS GEMM: what the op replaces. It
-    gathers into an ordinary buffer of its own, not into a symmetric slot: through the
-    slot, on 2 H200s, it ran at 0.82x and 0.88x the same two calls made directly at
-    1024 and 2048 x 4096 x 4096; through its own buffer at 1.00x (another machine). In
-    stream order the gather is a meeting point like the other algorithms' barrier, so
-    the slots stay safe to reuse whichever algorithm each call runs."""
+    gathers into an ordinary buffer of its own, not into the symmetric one: through that,
+    on 2 H200s, it ran at 0.82x and 0.88x the same two calls made directly at 1024 and
+    2048 x 4096 x 4096; through its own buffer at 1.00x (another machine). The gather
+    touches neither G nor the flags, so the next call of any algorithm is safe."""
     g = _baseline_buffer(ctx)[: a_shard.shape[0] * ctx.world]
     ALL_GATHER(g, a_shard, group=ctx.group)
     torch.matmul(g, b, out=out)
@@ -414,45 +318,32 @@ def _baseline_buffer(ctx: AgGemmContext) -> torch.Tensor:
 def _run_gather_first(
     ctx: AgGemmContext, a_shard: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config: Any
 ) -> None:
-    """Barrier, then every peer's rows pulled with the copy engine on this stream, then
-    one cuBLAS GEMM: at small M the GEMM reads all of B whatever the rows, so one GEMM
-    after a low-latency gather beats splitting it."""
+    """Barrier, this rank's rows pushed to every peer on this stream, a wait for every
+    peer's, then one cuBLAS GEMM: at small M the GEMM reads all of B whatever the rows,
+    so one GEMM after a low-latency gather beats splitting it."""
     m_per_rank = a_shard.shape[0]
-    g = _own_rows_in(ctx, a_shard)
-    if ctx.device.type != "cuda":
-        _gather_gloo(ctx, g, m_per_rank)
-    else:
-        _meet_peers(ctx)
-        for src in _peers_in_order(ctx):
-            _pull_rows(ctx, src, m_per_rank)
+    g = workspace.arm_and_meet(ctx, a_shard)
+    workspace.push(ctx, a_shard)
+    _await_rows(ctx, 0, g.shape[0] - 1, m_per_rank)
     torch.matmul(g, b, out=out)
+    workspace.join(ctx)  # the side stream forked at the barrier (a graph needs it back)
 
 
 def _run_overlap(
     ctx: AgGemmContext, a_shard: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config: Any
 ) -> None:
-    """The own rows' GEMM at once; each peer's rows pulled on the side stream and
-    multiplied as soon as they land: cuBLAS speed, the gather hidden behind the GEMMs."""
+    """The own rows' GEMM at once; each peer's rows multiplied as soon as they land:
+    cuBLAS speed, the gather hidden behind the GEMMs."""
     m_per_rank = a_shard.shape[0]
-    g = _own_rows_in(ctx, a_shard)
+    g = workspace.arm_and_meet(ctx, a_shard)
+    workspace.push_aside(ctx, a_shard)
     own = slice(ctx.rank * m_per_rank, (ctx.rank + 1) * m_per_rank)
-    if ctx.device.type != "cuda":
-        _gather_gloo(ctx, g, m_per_rank)
-        torch.matmul(g[own], b, out=out[own])
-    else:
-        met = _meet_peers(ctx)
-        torch.matmul(g[own], b, out=out[own])
-
-        def landed(src: int) -> None:
-            ctx.landed[src].record(ctx.side_stream)
-
-        _pull_peers(ctx, met, m_per_rank, landed)
-    current = torch.cuda.current_stream(ctx.device) if ctx.device.type == "cuda" else None
-    for src in _peers_in_order(ctx):
+    torch.matmul(g[own], b, out=out[own])
+    for src in workspace.peers_in_order(ctx):
         rows = slice(src * m_per_rank, (src + 1) * m_per_rank)
-        if current is not None:
-            current.wait_event(ctx.landed[src])
+        _await_rows(ctx, rows.start, rows.stop - 1, m_per_rank)
         torch.matmul(g[rows], b, out=out[rows])
+    workspace.join(ctx)
 
 
 _RUNS = {
@@ -461,14 +352,6 @@ _RUNS = {
     GATHER_FIRST: _run_gather_first,
     OVERLAP: _run_overlap,
 }
-
-
-def _refuse_capture(ctx: AgGemmContext) -> None:
-    if ctx.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        raise ValueError(
-            "ag_gemm: CUDA graph capture is not supported (the epoch flags "
-            "would be baked into the graph)."
-        )
 
 
 def _run_for(config: KernelConfig) -> Callable[..., None]:
@@ -481,88 +364,30 @@ def _run_for(config: KernelConfig) -> Callable[..., None]:
     return run
 
 
-def input_buffer(ctx: AgGemmContext, m_per_rank: int) -> torch.Tensor:
-    """Where the next call reads this rank's shard: a producer that writes its output
-    here (on the stream that then calls ag_gemm) saves the call a copy of the shard.
-
-    a_shard: [m_per_rank, K]. Any other tensor still works; it is copied in.
-    """
-    if m_per_rank <= 0 or m_per_rank * ctx.world > ctx.max_m:
-        raise ValueError(
-            f"ag_gemm: {m_per_rank} rows per rank exceed the context's "
-            f"max_m {ctx.max_m} over {ctx.world} ranks."
-        )
-    if ctx.world == 1:
-        return torch.empty(m_per_rank, ctx.k, dtype=ctx.dtype, device=ctx.device)
-    rows = slice(ctx.rank * m_per_rank, (ctx.rank + 1) * m_per_rank)
-    return ctx.buffers[(ctx.epoch + 1) % 2][rows]
+def _await_rows(ctx: AgGemmContext, row_lo: int, row_hi: int, m_per_rank: int) -> None:
+    """The current stream waits until the peers' shards in rows [row_lo, row_hi] landed:
+    one program of :func:`_wait_kernel` (a library GEMM cannot wait on a flag itself)."""
+    args = (ctx.flags, row_lo, row_hi, m_per_rank, ctx.rank)
+    _launch(ctx, LaunchPlan(_wait_kernel, (1,), args, {"WORLD": ctx.world, "num_warps": 1}))
 
 
-def _own_rows_in(ctx: AgGemmContext, a_shard: torch.Tensor) -> torch.Tensor:
-    """This call's gathered buffer ``[M, K]``, this rank's shard copied into its rows
-    (no copy when the producer wrote it there: see :func:`input_buffer`)."""
-    m_per_rank = a_shard.shape[0]
-    g = ctx.buffers[ctx.epoch % 2][: m_per_rank * ctx.world]
-    own = g[ctx.rank * m_per_rank : (ctx.rank + 1) * m_per_rank]
-    if own.data_ptr() != a_shard.data_ptr():
-        own.copy_(a_shard)
-    return g
+def _launch(ctx: AgGemmContext, plan: LaunchPlan) -> None:
+    """``plan`` launched through its compiled kernel, found once per variant: Triton's
+    per-launch dispatch (binding, specialisation key, cache lookup) stays off the hot
+    path. The interpreter launches through the JIT."""
+    if ctx.device.type != "cuda":
+        plan.launch()
+        return
+    variant = plan.variant()
+    compiled = ctx.cache.get(variant)
+    if compiled is None:
+        compiled = ctx.cache[variant] = plan.compile()
+    plan.launch_compiled(compiled)
 
 
-def _peers_in_order(ctx: AgGemmContext) -> list[int]:
-    """The peers, starting after this rank: the order every consumer walks the rows."""
-    return [(ctx.rank + step) % ctx.world for step in range(1, ctx.world)]
-
-
-def _meet_peers(ctx: AgGemmContext) -> torch.cuda.Event:
-    """Barrier on this slot: afterwards every rank's own rows are in its G[slot]."""
-    ctx.symm[ctx.epoch % 2].barrier(channel=ctx.epoch % 2)
-    met = torch.cuda.Event()  # type: ignore[no-untyped-call]
-    met.record(torch.cuda.current_stream(ctx.device))
-    return met
-
-
-def _pull_peers(
-    ctx: AgGemmContext, met: torch.cuda.Event, m_per_rank: int, landed: Callable[[int], None]
-) -> None:
-    """Copy-engine pulls of every peer's rows on the side stream, ``landed(src)`` after
-    each (a flag write, an event). The side stream waits for the barrier only, never for
-    the consumer that waits on it.
-
-    One stream, in the consumer's rotation order, so shards land in the order they are
-    needed. One stream per peer measured slower on 4 H200s at 8192x3584x8192 (887 and
-    917 us against 708 and 774 with one stream, two runs each)."""
-    ctx.side_stream.wait_event(met)
-    with torch.cuda.stream(ctx.side_stream):
-        for src in _peers_in_order(ctx):
-            _pull_rows(ctx, src, m_per_rank)
-            landed(src)
-
-
-def _pull_rows(ctx: AgGemmContext, src: int, m_per_rank: int) -> None:
-    """A copy-engine copy of ``src``'s rows from its G[slot] into ours, on the current
-    stream."""
-    slot, rows = ctx.epoch % 2, slice(src * m_per_rank, (src + 1) * m_per_rank)
-    ctx.buffers[slot][rows].copy_(ctx.peers[slot][src][rows])
-
-
-def _stream_write_value32(flags: torch.Tensor, index: int, value: int) -> None:
-    from torch._C._distributed_c10d import _SymmetricMemory
-
-    _SymmetricMemory.stream_write_value32(flags, index, value)
-
-
-def _gather_gloo(ctx: AgGemmContext, g: torch.Tensor, m_per_rank: int) -> None:
-    """CPU: one broadcast per source (the same order on every rank); each flag rises as
-    its shard lands."""
-    pending = []
-    for src in range(ctx.world if ctx.world > 1 else 0):
-        rows = g[src * m_per_rank : (src + 1) * m_per_rank]
-        root = src if ctx.group is None else dist.get_global_rank(ctx.group, src)
-        pending.append((src, dist.broadcast(rows, src=root, group=ctx.group, async_op=True)))
-    for src, work in pending:
-        work.wait()
-        ctx.flags[src] = ctx.epoch
+# The TMA consumer's own meta-parameters, and what a config without them runs with; the
+# portable consumer takes neither.
+HOPPER_META: dict[str, int | bool] = {"EPILOGUE_SUBTILE": 1, "WARP_SPECIALIZE": False}
 
 
 def launch_plan(
@@ -577,24 +402,46 @@ def launch_plan(
     here may depend on M beyond the grid and the unspecialised integers."""
     (m, k), n = g.shape, b.shape[1]
     meta, options = config.meta, {**config.all_kwargs(), "WORLD": ctx.world}
+    hopper_only = {name: options.pop(name, default) for name, default in HOPPER_META.items()}
     if ctx.consumer == "tma" and _tma_aligned(g, b, out):
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
-        bm, bn, bk = meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_K"]
+        bm, bn, bk = (_int(meta, name) for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
         tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
         # NUM_SMS is the loop stride, fixed per device; a smaller grid leaves no tile out.
-        options["NUM_SMS"] = ctx.limits.sm_count
+        options |= {"NUM_SMS": ctx.limits.sm_count, **hopper_only}
+        store_n = bn // _int(hopper_only, "EPILOGUE_SUBTILE")
         descriptors = (
-            TensorDescriptor.from_tensor(g, [bm, bk]),
-            TensorDescriptor.from_tensor(b, [bk, bn]),
-            TensorDescriptor.from_tensor(out, [bm, bn]),
+            _descriptor(ctx, g, [bm, bk]),
+            _descriptor(ctx, b, [bk, bn]),
+            _descriptor(ctx, out, [bm, store_n]),
         )
-        args: tuple[Any, ...] = (*descriptors, ctx.flags, ctx.epoch, m, n, k, m_per_rank, ctx.rank)
+        args: tuple[Any, ...] = (*descriptors, ctx.flags, m, n, k, m_per_rank, ctx.rank)
         return LaunchPlan(_ag_gemm_tma_kernel, (min(ctx.limits.sm_count, tiles),), args, options)
     grid = (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
-    args = (g, b, out, ctx.flags, ctx.epoch, m, n, k, m_per_rank, ctx.rank)
+    args = (g, b, out, ctx.flags, m, n, k, m_per_rank, ctx.rank)
     args += (g.stride(0), b.stride(0), out.stride(0))
     return LaunchPlan(_ag_gemm_portable_kernel, grid, args, options)
+
+
+def _descriptor(ctx: AgGemmContext, tensor: torch.Tensor, block: list[Any]) -> Any:
+    """A host TMA descriptor; the workspace's rows (the same view every call at one M,
+    see :func:`kernels.ag_gemm_workspace.rows`) get theirs once per M and block. A
+    caller's tensors get a new one per call: a kept one would keep their memory."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    if tensor.device.type == "meta" or tensor.data_ptr() != ctx.buffer.data_ptr():
+        return TensorDescriptor.from_tensor(tensor, block)
+    key = ("descriptor", tuple(block), tuple(tensor.shape))
+    made = ctx.cache.get(key)
+    if made is None or made.base is not tensor:
+        made = ctx.cache[key] = TensorDescriptor.from_tensor(tensor, block)
+    return made
+
+
+def _int(values: Mapping[str, Any], name: str) -> int:
+    value = values[name]
+    if not isinstance(value, int):
+        raise ValueError(f"ag_gemm: {name}={value!r} must be an int.")
+    return value
 
 
 def _tma_aligned(*tensors: torch.Tensor) -> bool:
@@ -662,7 +509,7 @@ class AgGemmTask:
         if self.ctx.device.type != "cuda" or algorithm_of(config) != FUSED:
             return  # the interpreter compiles nothing; a library call compiles nothing
         m, n, _ = check_inputs(self.a_shard, self.b, self.ctx)
-        g = self.a_shard if self.ctx.world == 1 else self.ctx.buffers[0][:m]
+        g = self.a_shard if self.ctx.world == 1 else self.ctx.buffer[:m]
         out = (
             torch.empty(m, n, dtype=self.ctx.dtype, device=self.ctx.device)
             if self.out is None

@@ -90,7 +90,8 @@ def shared_memory_fits(c: KernelConfig, p: Problem, d: DeviceLimits) -> bool:
     64x256x64 with 5: this sum, plus a few bytes of barriers."""
     bm, bn, bk = _int(c, "BLOCK_M"), _int(c, "BLOCK_N"), _int(c, "BLOCK_K")
     stages = (bm * bk + bk * bn) * p.element_bytes * c.num_stages
-    return stages + bm * bn * p.element_bytes + 64 <= d.shared_memory_bytes
+    epilogue = bm * bn * p.element_bytes // int(c.meta.get("EPILOGUE_SUBTILE", 1) or 1)
+    return stages + epilogue + 64 <= d.shared_memory_bytes
 
 
 def enough_work_per_warp(c: KernelConfig, p: Problem, d: DeviceLimits) -> bool:
@@ -179,8 +180,9 @@ def ordered(
 
 
 def ag_gemm_space(limits: DeviceLimits) -> list[KernelConfig]:
-    """The AllGather-GEMM space for a device: Hopper gets larger tiles and deeper pipes;
-    the interpreter gets small tiles (it runs every element on the CPU)."""
+    """The AllGather-GEMM space for a device: Hopper gets larger tiles, deeper pipes and
+    the TMA consumer's own knobs (:func:`hopper_variants`); the interpreter gets small
+    tiles (it runs every element on the CPU)."""
     blocks_m: tuple[int, ...]
     blocks_n: tuple[int, ...]
     blocks_k: tuple[int, ...]
@@ -198,7 +200,9 @@ def ag_gemm_space(limits: DeviceLimits) -> list[KernelConfig]:
         stages, warps, groups = (2, 3, 4), (4, 8), (8,)
     return [
         KernelConfig.make(
-            {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": g}, num_warps=w, num_stages=s
+            {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": g, **knobs},
+            num_warps=w,
+            num_stages=s,
         )
         for bm in blocks_m
         for bn in blocks_n
@@ -206,7 +210,28 @@ def ag_gemm_space(limits: DeviceLimits) -> list[KernelConfig]:
         for g in groups
         for s in stages
         for w in warps
+        for knobs in (hopper_variants(bm, bn) if limits.is_hopper else [{}])
     ]
+
+
+def hopper_variants(block_m: int, block_n: int) -> list[dict[str, int | bool]]:
+    """The TMA consumer's knobs for one tile: the plain one; for a 256-wide tile, its
+    epilogue stored in two halves (half the epilogue's shared memory, room for a deeper
+    pipe); for a tile of 128x128 and up, on Triton 3.5 and later (the first whose
+    Hopper warp specialisation is complete), loads and MMAs in specialised warps."""
+    variants: list[dict[str, int | bool]] = [{}]
+    if block_n == 256:
+        variants.append({"EPILOGUE_SUBTILE": 2})
+    if block_m >= 128 and block_n >= 128 and _triton_at_least(3, 5):
+        variants += [{**v, "WARP_SPECIALIZE": True} for v in variants]
+    return variants
+
+
+def _triton_at_least(major: int, minor: int) -> bool:
+    import triton
+
+    found = tuple(int(part) for part in triton.__version__.split(".")[:2])
+    return found >= (major, minor)
 
 
 def _int(c: KernelConfig, name: str) -> int:

@@ -122,10 +122,15 @@ def run_rank_processes(
         for rank in range(world)
     ]
     results = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=timeout)
-        assert proc.returncode == 0, err[-3000:]
-        results.append(json.loads(out.strip().splitlines()[-1]))
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=timeout)
+            assert proc.returncode == 0, err[-3000:]
+            results.append(json.loads(out.strip().splitlines()[-1]))
+    finally:  # a rank that hangs (a deadlock is a failure too) leaves nothing running
+        for proc in procs:
+            proc.kill()
+            proc.communicate()
     return results
 
 

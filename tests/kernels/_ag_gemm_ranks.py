@@ -7,7 +7,9 @@ Prints one JSON line: the results the test asserts on.
 from __future__ import annotations
 
 import json
+import random
 import sys
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -15,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from kernels import ag_gemm
+from kernels import ag_gemm_workspace as workspace
 from registry import KernelConfig
 
 TILE = KernelConfig.make({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2})
@@ -31,7 +34,7 @@ def correctness(world: int, rank: int) -> dict[str, object]:
     errors = []
     for index, (m_per_rank, n, k) in enumerate(SHAPES):
         ctx = ag_gemm.create_context(None, max_m=world * 16, k=k, dtype=torch.float32, device="cpu")
-        for call in range(2):  # back to back, no reset: the epoch carries
+        for call in range(2):  # back to back on one context
             seed = 1000 * index + call
             a = _gathered(world, (m_per_rank, k), seed)
             b = torch.randn(k, n, generator=torch.Generator().manual_seed(seed + 7))
@@ -45,7 +48,7 @@ def correctness(world: int, rank: int) -> dict[str, object]:
                 {
                     "shape": [m_per_rank, n, k],
                     "call": call,
-                    "epoch": ctx.epoch,
+                    "calls": ctx.calls,
                     "written": written,
                     "rel_error": rel,
                 }
@@ -123,7 +126,7 @@ def bad_inputs(world: int, rank: int) -> dict[str, object]:
         messages["max_m_not_divisible"] = None if world > 1 else "n/a"
     except ValueError as e:
         messages["max_m_not_divisible"] = str(e)
-    return {"rank": rank, "epoch_after": ctx.epoch, "messages": messages}
+    return {"rank": rank, "calls_after": ctx.calls, "messages": messages}
 
 
 def reference_matches(world: int, rank: int) -> dict[str, object]:
@@ -226,7 +229,54 @@ def fake_clock(world: int, rank: int, winner: str) -> dict[str, object]:
     }
 
 
+def _delayed(function: Any, rng: random.Random) -> Any:
+    """``function`` after a random pause of up to 20 ms: ranks drift apart at every step."""
+
+    def late(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(rng.random() * 0.02)
+        return function(*args, **kwargs)
+
+    return late
+
+
+def _signal_before_data(ctx: Any, a_shard: torch.Tensor) -> None:
+    """A broken push: the flag first, the rows a moment later."""
+    m_per_rank = a_shard.shape[0]
+    rows = slice(ctx.rank * m_per_rank, (ctx.rank + 1) * m_per_rank)
+    for dst in workspace.readers_in_order(ctx):
+        workspace.signal(ctx, dst)
+        time.sleep(0.05)
+        ctx.peer_buffers[dst][rows].copy_(a_shard)
+
+
+def protocol(world: int, rank: int, variant: str = "") -> dict[str, object]:
+    """Calls of every algorithm back to back on one context, each rank pausing at random
+    before every step of the protocol (a different pattern per rank), fresh data and a
+    new M each call; ``variant`` 'signal_before_data' breaks the push to show the check
+    can fail."""
+    rng = random.Random(rank * 7919 + 1)
+    for name in ("arm_and_meet", "push", "signal"):
+        setattr(workspace, name, _delayed(getattr(workspace, name), rng))
+    if variant == "signal_before_data":
+        workspace.push = _signal_before_data
+    ctx = ag_gemm.create_context(None, max_m=world * 16, k=20, dtype=torch.float32, device="cpu")
+    configs = [*ag_gemm.library_configs(ctx), replace(TILE, algorithm=ag_gemm.FUSED)]
+    errors = []
+    for call in range(12):
+        config = configs[call % len(configs)]
+        m_per_rank, n = (3, 17) if call % 3 == 0 else (16, 24) if call % 3 == 1 else (9, 8)
+        a = _gathered(world, (m_per_rank, 20), 700 + call)
+        b = torch.randn(20, n, generator=torch.Generator().manual_seed(call))
+        shard = a[rank * m_per_rank : (rank + 1) * m_per_rank].contiguous()
+        out = ag_gemm.ag_gemm(shard, b, ctx, config)
+        expected = a.double() @ b.double()
+        error = float((out.double() - expected).norm() / expected.norm())
+        errors.append({"algorithm": ag_gemm.algorithm_of(config), "rel_error": error})
+    return {"rank": rank, "results": errors}
+
+
 SCENARIOS: dict[str, Any] = {
+    "protocol": protocol,  # protocol[:signal_before_data]
     "correctness": correctness,
     "bad_inputs": bad_inputs,
     "in_place": in_place,

@@ -14,13 +14,23 @@ SIGNATURE = {
     "b_desc": f"tensordesc<bf16[{BK},{BN}]>",
     "c_desc": f"tensordesc<bf16[{BM},{BN}]>",
     "flags_ptr": "*i32",
-    **{name: "i32" for name in ("epoch", "M", "N", "K", "m_per_rank", "rank")},
+    **{name: "i32" for name in ("M", "N", "K", "m_per_rank", "rank")},
     **{
         name: "constexpr"
-        for name in ("WORLD", "NUM_SMS", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")
+        for name in (
+            "WORLD",
+            "NUM_SMS",
+            "BLOCK_M",
+            "BLOCK_N",
+            "BLOCK_K",
+            "GROUP_M",
+            "EPILOGUE_SUBTILE",
+            "WARP_SPECIALIZE",
+        )
     },
 }
 CONSTANTS = {"WORLD": 4, "NUM_SMS": 132, "BLOCK_M": BM, "BLOCK_N": BN, "BLOCK_K": BK, "GROUP_M": 8}
+CONSTANTS |= {"EPILOGUE_SUBTILE": 1, "WARP_SPECIALIZE": False}
 
 if __name__ == "__main__":
     kernel = triton_internals.compile_for(
@@ -34,7 +44,7 @@ if __name__ == "__main__":
     print(
         json.dumps(
             {
-                "acquire_loads": ptx.count("ld.global.gpu.acquire"),
+                "acquire_loads": ptx.count("ld.global.sys.acquire"),
                 "async_proxy_fence": "fence.proxy.async.global" in ptx,
                 "wgmma": "wgmma.mma_async" in ptx,
                 "tma_loads": "cp.async.bulk.tensor" in ptx,

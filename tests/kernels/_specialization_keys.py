@@ -44,10 +44,10 @@ def context(world: int, consumer: str, max_m: int) -> ag_gemm.AgGemmContext:
         dtype=torch.bfloat16,
         device=torch.device("cpu"),
         limits=H100,
-        buffers=[buffer(), buffer()],
+        buffer=buffer(),
         flags=torch.zeros(world, dtype=torch.int32),
+        one=torch.ones(1, dtype=torch.int32),
         consumer=consumer,
-        epoch=7,
     )
 
 
@@ -56,9 +56,8 @@ def ag_gemm_keys(world: int, consumer: str, max_m: int) -> dict[str, Any]:
     b = torch.empty(K, N, dtype=torch.bfloat16)
     keys = set()
     for m in range(world, max_m + 1, world):
-        g = torch.empty(m, K, dtype=torch.bfloat16) if world == 1 else ctx.buffers[m % 2][:m]
+        g = torch.empty(m, K, dtype=torch.bfloat16) if world == 1 else ctx.buffer[:m]
         out = torch.empty(m, N, dtype=torch.bfloat16)
-        ctx.epoch = m  # the epoch grows every call
         keys.add(key(ag_gemm.launch_plan(ctx, g, b, out, m // world, CONFIG)))
     served = object.__new__(ag_gemm.AgGemmServed)  # the serving layer over this context
     served.ctx, served.layer = ctx, Layer(N, K, "bf16", max_m)

@@ -13,9 +13,11 @@ ROOT = Path(__file__).parents[2]
 pytestmark = pytest.mark.slow
 
 
-def run_ranks(world: int, scenario: str, tmp_path: Path) -> list[dict]:
+def run_ranks(world: int, scenario: str, tmp_path: Path, timeout: float = 600) -> list[dict]:
     init = tmp_path / f"init-{scenario}-{world}"
-    return run_rank_processes("tests.kernels._ag_gemm_ranks", world, str(init), scenario)
+    return run_rank_processes(
+        "tests.kernels._ag_gemm_ranks", world, str(init), scenario, timeout=timeout
+    )
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])
@@ -25,7 +27,7 @@ def test_matches_float64_reference_at_odd_shapes(world, tmp_path):
         for row in result["results"]:
             assert row["written"], f"rank {result['rank']} left unwritten outputs: {row}"
             assert row["rel_error"] < 1e-5, row
-        assert [r["epoch"] for r in result["results"]] == [1, 2] * 3
+        assert [r["calls"] for r in result["results"]] == [1, 2] * 3
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])
@@ -40,6 +42,24 @@ def test_every_algorithm_matches_the_reference_calls_after_calls(world, tmp_path
             assert row["rel_error"] < 1e-5, row
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_the_protocol_holds_when_ranks_drift_apart_at_every_step(world, tmp_path):
+    """Random pauses before every step on every rank, every algorithm, a new M each call:
+    the barrier and the flags alone keep each call's rows apart from the next's."""
+    for result in run_ranks(world, "protocol", tmp_path, timeout=120):  # a deadlock fails
+        assert len(result["results"]) == 12
+        for row in result["results"]:
+            assert row["rel_error"] < 1e-5, (result["rank"], row)
+
+
+def test_a_flag_raised_before_its_rows_is_caught(tmp_path):
+    """The check above can fail: a push that raises its flag before the rows land makes
+    the peers read stale rows."""
+    results = run_ranks(2, "protocol:signal_before_data", tmp_path, timeout=120)
+    worst = max(row["rel_error"] for result in results for row in result["results"])
+    assert worst > 1e-2
+
+
 def test_bad_inputs_raise_value_errors_and_launch_nothing(tmp_path):
     for result in run_ranks(2, "bad_inputs", tmp_path):
         messages = result["messages"]
@@ -49,7 +69,7 @@ def test_bad_inputs_raise_value_errors_and_launch_nothing(tmp_path):
         assert "must be [K=16, N]" in messages["k_mismatch"]
         assert "exceeds the context's [16, 16]" in messages["above_max"]
         assert "multiple of the world size 2" in messages["max_m_not_divisible"]
-        assert result["epoch_after"] == 0
+        assert result["calls_after"] == 0
 
 
 def test_agrees_with_the_gather_then_matmul_reference(tmp_path):
@@ -112,7 +132,7 @@ def test_a_config_naming_an_algorithm_this_version_lacks_is_refused_by_name():
     shard, b = torch.randn(4, 8), torch.randn(8, 4)
     with pytest.raises(ValueError, match="names algorithm 'warp_magic'; this version runs"):
         ag_gemm.ag_gemm(shard, b, ctx, KernelConfig.make(algorithm="warp_magic"))
-    assert ctx.epoch == 0  # refused before the call counted
+    assert ctx.calls == 0  # refused before the call counted
     out = ag_gemm.ag_gemm(shard, b, ctx, KernelConfig.make(algorithm=ag_gemm.BASELINE))
     assert torch.allclose(out, shard @ b)
 

@@ -40,7 +40,7 @@ def test_every_m_up_to_max_is_one_variant_and_the_serving_warm_up_builds_it():
 def test_a_launch_passes_every_launch_option_of_its_config(consumer):
     config = KernelConfig.make(CONFIG.meta, num_warps=4, num_stages=3, num_ctas=1, maxnreg=128)
     ctx = context(2, consumer, 32)
-    g, b = ctx.buffers[0][:32], torch.empty(K, N, dtype=torch.bfloat16)
+    g, b = ctx.buffer[:32], torch.empty(K, N, dtype=torch.bfloat16)
     out = torch.empty(32, N, dtype=torch.bfloat16)
     options = ag_gemm.launch_plan(ctx, g, b, out, 16, config).options
     assert options["num_ctas"] == 1 and options["maxnreg"] == 128 and options["WORLD"] == 2

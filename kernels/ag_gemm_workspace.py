@@ -1,0 +1,266 @@
+"""The AllGather-GEMM's workspace and the protocol that fills it (see :mod:`kernels.ag_gemm`).
+
+Every rank owns ``G: [max_M, K]`` and ``flags: int32 [world]``, both writable by its
+peers: symmetric memory on CUDA, memory-mapped shared files on the CPU. One call, the
+same steps on every rank:
+
+1. **arm**: ``flags[:] = 0`` (this rank's own consumers of the last call are done with
+   them: stream order).
+2. **own rows**: ``G[own] = a_shard``, unless the producer wrote it there
+   (:func:`input_buffer`).
+3. **meet**: a barrier. Past it, every peer is past its previous call too: its
+   consumers are done reading its G and flags, and its flags are armed.
+4. **push** (side stream): for each peer, the one that reads these rows first first,
+   ``G_peer[own] = a_shard``, then ``flags_peer[rank] = 1``, both copies on one stream
+   (the second starts when the first has landed).
+5. **consume**: a reader waits for ``flags[src] != 0`` before it reads ``src``'s rows.
+6. **join**: the caller's stream waits for the side stream.
+
+No host state changes from call to call and every value written is a constant, so a
+call captured in a CUDA graph replays correctly any number of times, between eager
+calls or other graphs: the barrier orders each call after the last one everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from kernels.spaces import DeviceLimits, device_limits
+
+DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+
+@dataclass
+class AgGemmContext:
+    """Buffers, flags and streams for one process group and maximum shape; reused by
+    every call. Make it with :func:`create_context` on every rank of the group."""
+
+    group: Any
+    rank: int
+    world: int
+    max_m: int
+    k: int
+    dtype: torch.dtype
+    device: torch.device
+    limits: DeviceLimits
+    buffer: torch.Tensor  # G: [max_M, K], this rank's, peers write their rows into it
+    flags: torch.Tensor  # int32 [world]: flags[src] != 0 once src's rows of this call landed
+    one: torch.Tensor  # int32 [1] == 1: what a signal writes
+    consumer: str = "portable"  # "tma" (Hopper, persistent) or "portable"
+    peer_buffers: list[torch.Tensor] = field(default_factory=list)  # [dst]: dst's G, mapped
+    peer_flags: list[torch.Tensor] = field(default_factory=list)  # [dst]: dst's flags, mapped
+    handle: Any = None  # CUDA: G's symmetric-memory handle (its barrier)
+    side_stream: Any = None
+    gathered: torch.Tensor | None = None  # [max_M, K]: the NCCL baseline's, on first use
+    calls: int = 0  # calls made through this context, on this rank (host-side count)
+    cache: dict[Any, Any] = field(default_factory=dict)  # per-shape launch state (ag_gemm's)
+
+
+def group_size_and_rank(group: Any) -> tuple[int, int]:
+    """(world, rank) of ``group``; one process without torch.distributed is (1, 0)."""
+    if group is None and not (dist.is_available() and dist.is_initialized()):
+        return 1, 0
+    return dist.get_world_size(group), dist.get_rank(group)
+
+
+def create_context(
+    group: Any,
+    *,
+    max_m: int,
+    k: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    consumer: str | None = None,
+) -> AgGemmContext:
+    """Allocate the workspace for gathered A up to ``[max_m, k]`` (collective).
+
+    ``consumer``: ``"tma"`` or ``"portable"``; by default TMA on Hopper and newer.
+    """
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    world, rank = group_size_and_rank(group)
+    if max_m <= 0 or k <= 0 or max_m % world:
+        raise ValueError(
+            f"ag_gemm context: max_m={max_m} must be a positive multiple of the "
+            f"world size {world}, and k={k} positive."
+        )
+    if dtype not in DTYPES:
+        raise ValueError(
+            f"ag_gemm context: dtype {dtype} not supported; use one of {sorted(DTYPES.values())}."
+        )
+    limits = device_limits(device)
+    consumer = consumer or ("tma" if device.type == "cuda" and limits.is_hopper else "portable")
+    if consumer not in ("tma", "portable") or (
+        consumer == "tma" and not (device.type == "cuda" and limits.is_hopper)
+    ):
+        raise ValueError(
+            f"ag_gemm context: consumer {consumer!r} not available on {limits.name}; "
+            "use 'portable'."
+        )
+    ctx = AgGemmContext(
+        group=group,
+        rank=rank,
+        world=world,
+        max_m=max_m,
+        k=k,
+        dtype=dtype,
+        device=device,
+        limits=limits,
+        buffer=torch.empty(0, k, dtype=dtype, device=device),
+        flags=torch.zeros(world, dtype=torch.int32, device=device),
+        one=torch.ones(1, dtype=torch.int32, device=device),
+        consumer=consumer,
+    )
+    if world > 1 and device.type == "cuda":
+        _map_symmetric(ctx)
+    elif world > 1:
+        _map_shared_files(ctx)
+    return ctx
+
+
+def _map_symmetric(ctx: AgGemmContext) -> None:
+    import torch.distributed._symmetric_memory as symm_mem
+
+    ctx.buffer = symm_mem.empty(ctx.max_m, ctx.k, dtype=ctx.dtype, device=ctx.device)
+    ctx.handle = symm_mem.rendezvous(ctx.buffer, ctx.group.group_name)
+    flags = symm_mem.empty(ctx.world, dtype=torch.int32, device=ctx.device)
+    flags_handle = symm_mem.rendezvous(flags, ctx.group.group_name)
+    ctx.flags = flags.zero_()
+    ctx.peer_buffers = [
+        ctx.handle.get_buffer(dst, (ctx.max_m, ctx.k), ctx.dtype) for dst in range(ctx.world)
+    ]
+    ctx.peer_flags = [
+        flags_handle.get_buffer(dst, (ctx.world,), torch.int32) for dst in range(ctx.world)
+    ]
+    ctx.side_stream = torch.cuda.Stream(device=ctx.device, priority=-1)  # type: ignore[no-untyped-call]
+    torch.cuda.current_stream(ctx.device).synchronize()  # flags zeroed before any peer signals
+    ctx.handle.barrier(channel=0)
+
+
+def _map_shared_files(ctx: AgGemmContext) -> None:
+    """CPU: each rank's G and flags in a file every rank maps; the files are unlinked
+    once mapped (the mappings stay), so nothing is left behind however the run ends."""
+    holder = [tempfile.mkdtemp(prefix="ag-gemm-") if ctx.rank == 0 else None]
+    _broadcast(ctx, holder)
+    folder = str(holder[0])
+
+    def mapped(rank: int, name: str, count: int, dtype: torch.dtype) -> torch.Tensor:
+        path = os.path.join(folder, f"{name}{rank}")
+        return torch.from_file(path, shared=True, size=count, dtype=dtype)
+
+    ctx.buffer = mapped(ctx.rank, "g", ctx.max_m * ctx.k, ctx.dtype).view(ctx.max_m, ctx.k)
+    ctx.flags = mapped(ctx.rank, "flags", ctx.world, torch.int32).zero_()
+    dist.barrier(group=ctx.group)  # every rank's files exist
+    ctx.peer_buffers = [
+        mapped(dst, "g", ctx.max_m * ctx.k, ctx.dtype).view(ctx.max_m, ctx.k)
+        for dst in range(ctx.world)
+    ]
+    ctx.peer_flags = [mapped(dst, "flags", ctx.world, torch.int32) for dst in range(ctx.world)]
+    dist.barrier(group=ctx.group)  # every rank mapped every file
+    for name in ("g", "flags"):
+        os.unlink(os.path.join(folder, f"{name}{ctx.rank}"))
+    dist.barrier(group=ctx.group)
+    if ctx.rank == 0:
+        os.rmdir(folder)
+
+
+def _broadcast(ctx: AgGemmContext, holder: list[Any]) -> None:
+    root = 0 if ctx.group is None else dist.get_global_rank(ctx.group, 0)
+    dist.broadcast_object_list(holder, src=root, group=ctx.group)
+
+
+def input_buffer(ctx: AgGemmContext, m_per_rank: int) -> torch.Tensor:
+    """Where the next call reads this rank's shard: a producer that writes its output
+    here (on the stream that then calls ag_gemm) saves the call a copy of the shard.
+
+    a_shard: [m_per_rank, K]. Any other tensor still works; it is copied in.
+    """
+    if m_per_rank <= 0 or m_per_rank * ctx.world > ctx.max_m:
+        raise ValueError(
+            f"ag_gemm: {m_per_rank} rows per rank exceed the context's "
+            f"max_m {ctx.max_m} over {ctx.world} ranks."
+        )
+    if ctx.world == 1:
+        return torch.empty(m_per_rank, ctx.k, dtype=ctx.dtype, device=ctx.device)
+    return ctx.buffer[ctx.rank * m_per_rank : (ctx.rank + 1) * m_per_rank]
+
+
+def peers_in_order(ctx: AgGemmContext) -> list[int]:
+    """The peers, starting after this rank: the order every consumer reads their rows."""
+    return [(ctx.rank + step) % ctx.world for step in range(1, ctx.world)]
+
+
+def readers_in_order(ctx: AgGemmContext) -> list[int]:
+    """The peers this rank pushes to, the one that reads its rows soonest first (rank
+    r - 1 reads ours right after its own)."""
+    return [(ctx.rank - step) % ctx.world for step in range(1, ctx.world)]
+
+
+def rows(ctx: AgGemmContext, m_per_rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``G[:M]`` and this rank's rows in it, the same two views every call at one M (a
+    descriptor made for them once stays valid)."""
+    key = ("rows", m_per_rank)
+    views = ctx.cache.get(key)
+    if views is None:
+        g = ctx.buffer[: m_per_rank * ctx.world]
+        views = ctx.cache[key] = (g, g[ctx.rank * m_per_rank : (ctx.rank + 1) * m_per_rank])
+    return views  # type: ignore[no-any-return]
+
+
+def arm_and_meet(ctx: AgGemmContext, a_shard: torch.Tensor) -> torch.Tensor:
+    """Steps 1 to 3 on the caller's stream: flags armed, own rows in G, the barrier;
+    the side stream (CUDA) starts from here, not from whatever the caller launches next
+    (a consumer that waits for the peers' pushes: theirs wait the same way for ours).
+    Returns this call's ``G[:M]``."""
+    g, own = rows(ctx, a_shard.shape[0])
+    ctx.flags.zero_()
+    if own.data_ptr() != a_shard.data_ptr():
+        own.copy_(a_shard)
+    if ctx.device.type == "cuda":
+        ctx.handle.barrier(channel=0)
+        ctx.side_stream.wait_stream(torch.cuda.current_stream(ctx.device))
+    else:
+        dist.barrier(group=ctx.group)
+    return g
+
+
+def push(ctx: AgGemmContext, a_shard: torch.Tensor) -> None:
+    """Step 4 on the current stream: this rank's rows into every peer's G, each
+    followed by its flag there."""
+    m_per_rank = a_shard.shape[0]
+    rows = slice(ctx.rank * m_per_rank, (ctx.rank + 1) * m_per_rank)
+    for dst in readers_in_order(ctx):
+        ctx.peer_buffers[dst][rows].copy_(a_shard)
+        signal(ctx, dst)
+
+
+def signal(ctx: AgGemmContext, dst: int) -> None:
+    """``flags_dst[rank] = 1`` after this stream's earlier writes: a 4-byte copy of a
+    constant, stream-ordered after the rows (a copy captures into a CUDA graph; torch's
+    stream_write_value32 did not on torch 2.11)."""
+    ctx.peer_flags[dst][ctx.rank : ctx.rank + 1].copy_(ctx.one)
+
+
+def push_aside(ctx: AgGemmContext, a_shard: torch.Tensor) -> None:
+    """Step 4 on the side stream (CUDA), which starts at the barrier of
+    :func:`arm_and_meet`; the caller joins it with :func:`join`. On the CPU, in line:
+    before the caller's consumer, which waits for the peers' pushes."""
+    if ctx.side_stream is None:
+        push(ctx, a_shard)
+        return
+    with torch.cuda.stream(ctx.side_stream):
+        push(ctx, a_shard)
+
+
+def join(ctx: AgGemmContext) -> None:
+    """Step 6: the caller's stream waits for the pushes (so the next call's barrier, and
+    any reuse of ``a_shard``'s memory, come after them)."""
+    if ctx.side_stream is not None:
+        torch.cuda.current_stream(ctx.device).wait_stream(ctx.side_stream)
