@@ -62,9 +62,12 @@ class LaunchPlan:
         """Launch through ``compiled`` (this plan's :meth:`compile`, or one of the same
         :meth:`variant`), as Triton's JIT does after its dispatch: every argument in
         signature order, the constexpr ones included."""
+        compiled[(*self.grid, 1, 1)[:3]](*self.full_args())
+
+    def full_args(self) -> tuple[Any, ...]:
+        """Every argument in signature order: the positional ones, then the constexprs."""
         names = self.kernel.arg_names
-        full = (*self.args, *(self.options[name] for name in names[len(self.args) :]))
-        compiled[(*self.grid, 1, 1)[:3]](*full)
+        return (*self.args, *(self.options[name] for name in names[len(self.args) :]))
 
     def load(self) -> None:
         """Compile, then load the GPU module now, so the first real launch only launches."""

@@ -288,9 +288,9 @@ def _run_fused(
 ) -> None:
     """The side stream pushes this rank's rows to the peers while the consumer GEMM
     starts on its own rows and waits tile by tile for the peers'."""
-    g = workspace.arm_and_meet(ctx, a_shard)
-    workspace.push_aside(ctx, a_shard)
-    _launch(ctx, launch_plan(ctx, g, b, out, a_shard.shape[0], config))
+    at = workspace.arm_and_meet(ctx, a_shard)
+    workspace.push_aside(ctx, a_shard, at)
+    _launch_fused(ctx, at.g, b, out, a_shard.shape[0], config)
     workspace.join(ctx)
 
 
@@ -322,10 +322,10 @@ def _run_gather_first(
     peer's, then one cuBLAS GEMM: at small M the GEMM reads all of B whatever the rows,
     so one GEMM after a low-latency gather beats splitting it."""
     m_per_rank = a_shard.shape[0]
-    g = workspace.arm_and_meet(ctx, a_shard)
-    workspace.push(ctx, a_shard)
-    _await_rows(ctx, 0, g.shape[0] - 1, m_per_rank)
-    torch.matmul(g, b, out=out)
+    at = workspace.arm_and_meet(ctx, a_shard)
+    workspace.push(ctx, a_shard, at)
+    _await_rows(ctx, 0, at.g.shape[0] - 1, m_per_rank)
+    torch.matmul(at.g, b, out=out)
     workspace.join(ctx)  # the side stream forked at the barrier (a graph needs it back)
 
 
@@ -335,14 +335,14 @@ def _run_overlap(
     """The own rows' GEMM at once; each peer's rows multiplied as soon as they land:
     cuBLAS speed, the gather hidden behind the GEMMs."""
     m_per_rank = a_shard.shape[0]
-    g = workspace.arm_and_meet(ctx, a_shard)
-    workspace.push_aside(ctx, a_shard)
+    at = workspace.arm_and_meet(ctx, a_shard)
+    workspace.push_aside(ctx, a_shard, at)
     own = slice(ctx.rank * m_per_rank, (ctx.rank + 1) * m_per_rank)
-    torch.matmul(g[own], b, out=out[own])
+    torch.matmul(at.g[own], b, out=out[own])
     for src in workspace.peers_in_order(ctx):
         rows = slice(src * m_per_rank, (src + 1) * m_per_rank)
         _await_rows(ctx, rows.start, rows.stop - 1, m_per_rank)
-        torch.matmul(g[rows], b, out=out[rows])
+        torch.matmul(at.g[rows], b, out=out[rows])
     workspace.join(ctx)
 
 
@@ -378,11 +378,61 @@ def _launch(ctx: AgGemmContext, plan: LaunchPlan) -> None:
     if ctx.device.type != "cuda":
         plan.launch()
         return
+    plan.launch_compiled(_compiled(ctx, plan))
+
+
+def _compiled(ctx: AgGemmContext, plan: LaunchPlan) -> Any:
     variant = plan.variant()
     compiled = ctx.cache.get(variant)
     if compiled is None:
         compiled = ctx.cache[variant] = plan.compile()
-    plan.launch_compiled(compiled)
+    return compiled
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A fused launch at one (config, rows per rank) with one ``b``, made once: the
+    compiled kernel, its grid and every argument but the output (argument 2 of both
+    consumers), which is the caller's each call."""
+
+    b: torch.Tensor
+    out_layout: tuple[bool, int]  # what of the output the variant depends on
+    compiled: Any
+    grid: tuple[int, ...]
+    head: tuple[Any, ...]
+    tail: tuple[Any, ...]
+    out_block: list[int] | None  # TMA: the output descriptor's block; None: the tensor
+
+
+def _launch_fused(
+    ctx: AgGemmContext,
+    g: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor,
+    m_per_rank: int,
+    config: KernelConfig,
+) -> None:
+    """The consumer over the workspace's rows: on CUDA through what :class:`_Prepared`
+    keeps, so a steady call builds one descriptor (its output's) and one tuple."""
+    if ctx.device.type != "cuda":
+        launch_plan(ctx, g, b, out, m_per_rank, config).launch()
+        return
+    key = ("fused", config, m_per_rank)
+    prepared = ctx.cache.get(key)
+    layout = (out.data_ptr() % 16 == 0, out.stride(0))
+    if prepared is None or prepared.b is not b or prepared.out_layout != layout:
+        plan = launch_plan(ctx, g, b, out, m_per_rank, config)
+        full = plan.full_args()
+        block = getattr(plan.args[2], "block_shape", None)
+        grid = (*plan.grid, 1, 1)[:3]
+        prepared = _Prepared(b, layout, _compiled(ctx, plan), grid, full[:2], full[3:], block)
+        ctx.cache[key] = prepared
+    output: Any = out
+    if prepared.out_block is not None:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        output = TensorDescriptor.from_tensor(out, prepared.out_block)
+    prepared.compiled[prepared.grid](*prepared.head, output, *prepared.tail)
 
 
 # The TMA consumer's own meta-parameters, and what a config without them runs with; the

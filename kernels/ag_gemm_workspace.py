@@ -6,10 +6,11 @@ same steps on every rank:
 
 1. **arm**: ``flags[:] = 0`` (this rank's own consumers of the last call are done with
    them: stream order).
-2. **own rows**: ``G[own] = a_shard``, unless the producer wrote it there
-   (:func:`input_buffer`).
-3. **meet**: a barrier. Past it, every peer is past its previous call too: its
+2. **meet**: a barrier. Past it, every peer is past its previous call too: its
    consumers are done reading its G and flags, and its flags are armed.
+3. **own rows**: ``G[own] = a_shard``, unless the producer wrote it there
+   (:func:`input_buffer`); only this rank reads them, so it need not precede the
+   barrier, and the pushes do not wait for it.
 4. **push** (side stream): for each peer, the one that reads these rows first first,
    ``G_peer[own] = a_shard``, then ``flags_peer[rank] = 1``, both copies on one stream
    (the second starts when the first has landed).
@@ -57,6 +58,8 @@ class AgGemmContext:
     peer_flags: list[torch.Tensor] = field(default_factory=list)  # [dst]: dst's flags, mapped
     handle: Any = None  # CUDA: G's symmetric-memory handle (its barrier)
     side_stream: Any = None
+    forked: Any = None  # CUDA events: the side stream starts at the barrier ...
+    joined: Any = None  # ... and the caller's stream waits for its end
     gathered: torch.Tensor | None = None  # [max_M, K]: the NCCL baseline's, on first use
     calls: int = 0  # calls made through this context, on this rank (host-side count)
     cache: dict[Any, Any] = field(default_factory=dict)  # per-shape launch state (ag_gemm's)
@@ -140,6 +143,7 @@ def _map_symmetric(ctx: AgGemmContext) -> None:
         flags_handle.get_buffer(dst, (ctx.world,), torch.int32) for dst in range(ctx.world)
     ]
     ctx.side_stream = torch.cuda.Stream(device=ctx.device, priority=-1)  # type: ignore[no-untyped-call]
+    ctx.forked, ctx.joined = torch.cuda.Event(), torch.cuda.Event()  # type: ignore[no-untyped-call]
     torch.cuda.current_stream(ctx.device).synchronize()  # flags zeroed before any peer signals
     ctx.handle.barrier(channel=0)
 
@@ -203,64 +207,85 @@ def readers_in_order(ctx: AgGemmContext) -> list[int]:
     return [(ctx.rank - step) % ctx.world for step in range(1, ctx.world)]
 
 
-def rows(ctx: AgGemmContext, m_per_rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``G[:M]`` and this rank's rows in it, the same two views every call at one M (a
-    descriptor made for them once stays valid)."""
+@dataclass(frozen=True)
+class Rows:
+    """The views of one call at ``m_per_rank`` rows per rank, made once per M: slicing
+    costs the host a microsecond a view, and a descriptor made for ``g`` stays valid."""
+
+    g: torch.Tensor  # G[:M]
+    own: torch.Tensor  # this rank's rows in G
+    pushes: tuple[tuple[torch.Tensor, torch.Tensor], ...]  # per reader: its rows, its flag
+
+
+def rows(ctx: AgGemmContext, m_per_rank: int) -> Rows:
     key = ("rows", m_per_rank)
-    views = ctx.cache.get(key)
-    if views is None:
+    made = ctx.cache.get(key)
+    if made is None:
         g = ctx.buffer[: m_per_rank * ctx.world]
-        views = ctx.cache[key] = (g, g[ctx.rank * m_per_rank : (ctx.rank + 1) * m_per_rank])
-    return views  # type: ignore[no-any-return]
+        ours = slice(ctx.rank * m_per_rank, (ctx.rank + 1) * m_per_rank)
+        pushes = tuple(
+            (ctx.peer_buffers[dst][ours], ctx.peer_flags[dst][ctx.rank : ctx.rank + 1])
+            for dst in readers_in_order(ctx)
+        )
+        made = ctx.cache[key] = Rows(g, g[ours], pushes)
+    return made  # type: ignore[no-any-return]
 
 
-def arm_and_meet(ctx: AgGemmContext, a_shard: torch.Tensor) -> torch.Tensor:
-    """Steps 1 to 3 on the caller's stream: flags armed, own rows in G, the barrier;
-    the side stream (CUDA) starts from here, not from whatever the caller launches next
-    (a consumer that waits for the peers' pushes: theirs wait the same way for ours).
-    Returns this call's ``G[:M]``."""
-    g, own = rows(ctx, a_shard.shape[0])
+def arm_and_meet(ctx: AgGemmContext, a_shard: torch.Tensor) -> Rows:
+    """Steps 1 to 3 on the caller's stream: flags armed, the barrier, own rows in G;
+    the side stream (CUDA) starts at the barrier, not from whatever the caller launches next
+    (a consumer that waits for the peers' pushes: theirs wait the same way for ours)."""
+    at = rows(ctx, a_shard.shape[0])
     ctx.flags.zero_()
-    if own.data_ptr() != a_shard.data_ptr():
-        own.copy_(a_shard)
     if ctx.device.type == "cuda":
         ctx.handle.barrier(channel=0)
-        ctx.side_stream.wait_stream(torch.cuda.current_stream(ctx.device))
+        ctx.forked.record(caller_stream(ctx))
+        ctx.side_stream.wait_event(ctx.forked)
     else:
         dist.barrier(group=ctx.group)
-    return g
+    if at.own.data_ptr() != a_shard.data_ptr():  # read here only: off the pushes' path
+        at.own.copy_(a_shard)
+    return at
 
 
-def push(ctx: AgGemmContext, a_shard: torch.Tensor) -> None:
+def push(ctx: AgGemmContext, a_shard: torch.Tensor, at: Rows) -> None:
     """Step 4 on the current stream: this rank's rows into every peer's G, each
     followed by its flag there."""
-    m_per_rank = a_shard.shape[0]
-    rows = slice(ctx.rank * m_per_rank, (ctx.rank + 1) * m_per_rank)
-    for dst in readers_in_order(ctx):
-        ctx.peer_buffers[dst][rows].copy_(a_shard)
-        signal(ctx, dst)
+    for peer_rows, peer_flag in at.pushes:
+        peer_rows.copy_(a_shard)
+        signal(ctx, peer_flag)
 
 
-def signal(ctx: AgGemmContext, dst: int) -> None:
-    """``flags_dst[rank] = 1`` after this stream's earlier writes: a 4-byte copy of a
-    constant, stream-ordered after the rows (a copy captures into a CUDA graph; torch's
-    stream_write_value32 did not on torch 2.11)."""
-    ctx.peer_flags[dst][ctx.rank : ctx.rank + 1].copy_(ctx.one)
+def signal(ctx: AgGemmContext, peer_flag: torch.Tensor) -> None:
+    """A peer's flag of this rank set to 1 after this stream's earlier writes: a 4-byte
+    copy of a constant, stream-ordered after the rows (a copy captures into a CUDA
+    graph; torch's stream_write_value32 takes no int32 flags)."""
+    peer_flag.copy_(ctx.one)
 
 
-def push_aside(ctx: AgGemmContext, a_shard: torch.Tensor) -> None:
+def push_aside(ctx: AgGemmContext, a_shard: torch.Tensor, at: Rows) -> None:
     """Step 4 on the side stream (CUDA), which starts at the barrier of
     :func:`arm_and_meet`; the caller joins it with :func:`join`. On the CPU, in line:
     before the caller's consumer, which waits for the peers' pushes."""
     if ctx.side_stream is None:
-        push(ctx, a_shard)
+        push(ctx, a_shard, at)
         return
-    with torch.cuda.stream(ctx.side_stream):
-        push(ctx, a_shard)
+    caller = caller_stream(ctx)
+    torch.cuda.set_stream(ctx.side_stream)
+    try:
+        push(ctx, a_shard, at)
+    finally:
+        torch.cuda.set_stream(caller)
 
 
 def join(ctx: AgGemmContext) -> None:
     """Step 6: the caller's stream waits for the pushes (so the next call's barrier, and
     any reuse of ``a_shard``'s memory, come after them)."""
     if ctx.side_stream is not None:
-        torch.cuda.current_stream(ctx.device).wait_stream(ctx.side_stream)
+        ctx.joined.record(ctx.side_stream)
+        caller_stream(ctx).wait_event(ctx.joined)
+
+
+def caller_stream(ctx: AgGemmContext) -> Any:
+    """The current stream of the context's device (by index: the cheap lookup)."""
+    return torch.cuda.current_stream(ctx.device.index)

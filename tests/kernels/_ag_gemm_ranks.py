@@ -239,14 +239,12 @@ def _delayed(function: Any, rng: random.Random) -> Any:
     return late
 
 
-def _signal_before_data(ctx: Any, a_shard: torch.Tensor) -> None:
+def _signal_before_data(ctx: Any, a_shard: torch.Tensor, at: Any) -> None:
     """A broken push: the flag first, the rows a moment later."""
-    m_per_rank = a_shard.shape[0]
-    rows = slice(ctx.rank * m_per_rank, (ctx.rank + 1) * m_per_rank)
-    for dst in workspace.readers_in_order(ctx):
-        workspace.signal(ctx, dst)
+    for peer_rows, peer_flag in at.pushes:
+        workspace.signal(ctx, peer_flag)
         time.sleep(0.05)
-        ctx.peer_buffers[dst][rows].copy_(a_shard)
+        peer_rows.copy_(a_shard)
 
 
 def protocol(world: int, rank: int, variant: str = "") -> dict[str, object]:

@@ -33,6 +33,30 @@ def test_space_depends_on_the_device():
     assert all(c.meta["BLOCK_M"] <= 32 for c in cpu)
 
 
+def test_hopper_gets_the_tma_consumers_knobs_where_they_compile(monkeypatch):
+    import kernels.spaces as spaces
+
+    monkeypatch.setattr(spaces, "_triton_at_least", lambda major, minor: True)
+    hopper, ampere = ag_gemm_space(H200), ag_gemm_space(A100)
+    subtiled = [c for c in hopper if c.meta.get("EPILOGUE_SUBTILE") == 2]
+    specialised = [c for c in hopper if c.meta.get("WARP_SPECIALIZE")]
+    assert subtiled and all(c.meta["BLOCK_N"] == 256 for c in subtiled)
+    assert specialised and all(
+        c.meta["BLOCK_M"] == 128 and c.num_warps == 8 for c in specialised
+    )  # Triton 3.6 failed every 4-warp one
+    assert not any("EPILOGUE_SUBTILE" in c.meta or "WARP_SPECIALIZE" in c.meta for c in ampere)
+    monkeypatch.setattr(spaces, "_triton_at_least", lambda major, minor: False)
+    assert not any(c.meta.get("WARP_SPECIALIZE") for c in ag_gemm_space(H200))  # Triton 3.4
+
+
+def test_a_subtiled_epilogue_needs_half_the_epilogue_memory():
+    fits, _ = PREDICATES["shared_memory"]
+    problem = Problem(8192, 8192, 8192, 2)
+    whole = config(128, 256, 64, stages=4)  # 4 * (128*64 + 64*256) * 2 + 128*256*2 > 227 KiB
+    halves = KernelConfig.make({**whole.meta, "EPILOGUE_SUBTILE": 2}, num_warps=8, num_stages=4)
+    assert not fits(whole, problem, H200) and fits(halves, problem, H200)
+
+
 def test_shared_memory_predicate_uses_the_device_limit():
     fits, _ = PREDICATES["shared_memory"]
     big = config(256, 256, 64, stages=4)  # 4 * (256*64 + 64*256) * 2 + 256*256*2 bytes
