@@ -275,7 +275,7 @@ def ag_gemm(
     ctx.calls += 1
     if ctx.world == 1:
         if run is _run_fused:
-            _launch(ctx, launch_plan(ctx, a_shard, b, out, a_shard.shape[0], config))
+            _launch_fused(ctx, a_shard, b, out, a_shard.shape[0], config)
         else:  # nothing to gather
             torch.matmul(a_shard, b, out=out)
         return out
@@ -391,10 +391,12 @@ def _compiled(ctx: AgGemmContext, plan: LaunchPlan) -> Any:
 
 @dataclass(frozen=True)
 class _Prepared:
-    """A fused launch at one (config, rows per rank) with one ``b``, made once: the
-    compiled kernel, its grid and every argument but the output (argument 2 of both
-    consumers), which is the caller's each call."""
+    """A fused launch at one (config, rows per rank) with one ``g`` and ``b``, made
+    once: the compiled kernel, its grid and every argument but the output (argument 2
+    of both consumers), which is the caller's each call. ``g`` is the workspace's view
+    at that M (one rank: the caller's shard, kept while the same one comes back)."""
 
+    g: torch.Tensor
     b: torch.Tensor
     out_layout: tuple[bool, int]  # what of the output the variant depends on
     compiled: Any
@@ -420,12 +422,18 @@ def _launch_fused(
     key = ("fused", config, m_per_rank)
     prepared = ctx.cache.get(key)
     layout = (out.data_ptr() % 16 == 0, out.stride(0))
-    if prepared is None or prepared.b is not b or prepared.out_layout != layout:
+    if (
+        prepared is None
+        or prepared.g is not g
+        or prepared.b is not b
+        or prepared.out_layout != layout
+    ):
         plan = launch_plan(ctx, g, b, out, m_per_rank, config)
         full = plan.full_args()
         block = getattr(plan.args[2], "block_shape", None)
         grid = (*plan.grid, 1, 1)[:3]
-        prepared = _Prepared(b, layout, _compiled(ctx, plan), grid, full[:2], full[3:], block)
+        compiled = _compiled(ctx, plan)
+        prepared = _Prepared(g, b, layout, compiled, grid, full[:2], full[3:], block)
         ctx.cache[key] = prepared
     output: Any = out
     if prepared.out_block is not None:
