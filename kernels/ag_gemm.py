@@ -391,19 +391,18 @@ def _compiled(ctx: AgGemmContext, plan: LaunchPlan) -> Any:
 
 @dataclass(frozen=True)
 class _Prepared:
-    """A fused launch at one (config, rows per rank) with one ``g`` and ``b``, made
-    once: the compiled kernel, its grid and every argument but the output (argument 2
-    of both consumers), which is the caller's each call. ``g`` is the workspace's view
-    at that M (one rank: the caller's shard, kept while the same one comes back)."""
+    """A fused launch at one (config, rows per rank, operand layout), made once: the
+    compiled kernel, its grid, the arguments after the three operands (``g``, ``b``,
+    ``out``: the first three of both consumers), each operand's TMA block (None: the
+    tensor itself), and the workspace's ``g`` with its descriptor. Nothing of a
+    caller's tensors is kept: their descriptors are made each call."""
 
-    g: torch.Tensor
-    b: torch.Tensor
-    out_layout: tuple[bool, int]  # what of the output the variant depends on
     compiled: Any
     grid: tuple[int, ...]
-    head: tuple[Any, ...]
     tail: tuple[Any, ...]
-    out_block: list[int] | None  # TMA: the output descriptor's block; None: the tensor
+    blocks: tuple[list[int] | None, ...]
+    g: torch.Tensor | None
+    g_operand: Any
 
 
 def _launch_fused(
@@ -414,33 +413,38 @@ def _launch_fused(
     m_per_rank: int,
     config: KernelConfig,
 ) -> None:
-    """The consumer over the workspace's rows: on CUDA through what :class:`_Prepared`
-    keeps, so a steady call builds one descriptor (its output's) and one tuple."""
+    """The consumer over ``g`` (the workspace's rows; one rank: the shard): on CUDA
+    through what :class:`_Prepared` keeps, so a steady call makes the descriptors of
+    ``b`` and ``out`` and launches."""
     if ctx.device.type != "cuda":
         launch_plan(ctx, g, b, out, m_per_rank, config).launch()
         return
-    key = ("fused", config, m_per_rank)
+    key = ("fused", config, m_per_rank, _layout(g), _layout(b), _layout(out))
     prepared = ctx.cache.get(key)
-    layout = (out.data_ptr() % 16 == 0, out.stride(0))
-    if (
-        prepared is None
-        or prepared.g is not g
-        or prepared.b is not b
-        or prepared.out_layout != layout
-    ):
+    if prepared is None:
         plan = launch_plan(ctx, g, b, out, m_per_rank, config)
-        full = plan.full_args()
-        block = getattr(plan.args[2], "block_shape", None)
+        blocks = tuple(getattr(arg, "block_shape", None) for arg in plan.args[:3])
+        owned = g if g.data_ptr() == ctx.buffer.data_ptr() else None
         grid = (*plan.grid, 1, 1)[:3]
-        compiled = _compiled(ctx, plan)
-        prepared = _Prepared(g, b, layout, compiled, grid, full[:2], full[3:], block)
+        tail = plan.full_args()[3:]
+        prepared = _Prepared(_compiled(ctx, plan), grid, tail, blocks, owned, plan.args[0])
         ctx.cache[key] = prepared
-    output: Any = out
-    if prepared.out_block is not None:
-        from triton.tools.tensor_descriptor import TensorDescriptor
+    g_operand = prepared.g_operand if prepared.g is g else _operand(g, prepared.blocks[0])
+    b_operand, out_operand = _operand(b, prepared.blocks[1]), _operand(out, prepared.blocks[2])
+    prepared.compiled[prepared.grid](g_operand, b_operand, out_operand, *prepared.tail)
 
-        output = TensorDescriptor.from_tensor(out, prepared.out_block)
-    prepared.compiled[prepared.grid](*prepared.head, output, *prepared.tail)
+
+def _layout(t: torch.Tensor) -> tuple[bool, int, int]:
+    """What of an operand a compiled variant and the choice of consumer depend on."""
+    return t.data_ptr() % 16 == 0, t.shape[1], t.stride(0)
+
+
+def _operand(t: torch.Tensor, block: list[int] | None) -> Any:
+    if block is None:
+        return t
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor.from_tensor(t, block)
 
 
 # The TMA consumer's own meta-parameters, and what a config without them runs with; the
@@ -467,32 +471,13 @@ def launch_plan(
         # NUM_SMS is the loop stride, fixed per device; a smaller grid leaves no tile out.
         options |= {"NUM_SMS": ctx.limits.sm_count, **hopper_only}
         store_n = bn // _int(hopper_only, "EPILOGUE_SUBTILE")
-        descriptors = (
-            _descriptor(ctx, g, [bm, bk]),
-            _descriptor(ctx, b, [bk, bn]),
-            _descriptor(ctx, out, [bm, store_n]),
-        )
+        descriptors = (_operand(g, [bm, bk]), _operand(b, [bk, bn]), _operand(out, [bm, store_n]))
         args: tuple[Any, ...] = (*descriptors, ctx.flags, m, n, k, m_per_rank, ctx.rank)
         return LaunchPlan(_ag_gemm_tma_kernel, (min(ctx.limits.sm_count, tiles),), args, options)
     grid = (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
     args = (g, b, out, ctx.flags, m, n, k, m_per_rank, ctx.rank)
     args += (g.stride(0), b.stride(0), out.stride(0))
     return LaunchPlan(_ag_gemm_portable_kernel, grid, args, options)
-
-
-def _descriptor(ctx: AgGemmContext, tensor: torch.Tensor, block: list[Any]) -> Any:
-    """A host TMA descriptor; the workspace's rows (the same view every call at one M,
-    see :func:`kernels.ag_gemm_workspace.rows`) get theirs once per M and block. A
-    caller's tensors get a new one per call: a kept one would keep their memory."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    if tensor.device.type == "meta" or tensor.data_ptr() != ctx.buffer.data_ptr():
-        return TensorDescriptor.from_tensor(tensor, block)
-    key = ("descriptor", tuple(block), tuple(tensor.shape))
-    made = ctx.cache.get(key)
-    if made is None or made.base is not tensor:
-        made = ctx.cache[key] = TensorDescriptor.from_tensor(tensor, block)
-    return made
 
 
 def _int(values: Mapping[str, Any], name: str) -> int:

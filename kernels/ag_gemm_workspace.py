@@ -210,7 +210,8 @@ def readers_in_order(ctx: AgGemmContext) -> list[int]:
 @dataclass(frozen=True)
 class Rows:
     """The views of one call at ``m_per_rank`` rows per rank, made once per M: slicing
-    costs the host a microsecond a view, and a descriptor made for ``g`` stays valid."""
+    costs the host a microsecond a view, and a descriptor made for ``g`` stays valid
+    while ``g`` is this same view."""
 
     g: torch.Tensor  # G[:M]
     own: torch.Tensor  # this rank's rows in G
