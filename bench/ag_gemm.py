@@ -16,7 +16,9 @@ fresh inputs and NaN-poisoned outputs. Then per shape (bf16, N per rank):
 2. the bench times, with its own sampler, the anchors (cuBLAS alone, NCCL all-gather
    alone, NCCL + cuBLAS called directly, torch's fused_all_gather_matmul), the tuned op
    (``ag_gemm`` with the winner), the best config of each algorithm, and the best fused
-   config on one rank's data alone ("GEMM alone");
+   config on one rank's data alone ("GEMM alone"); then the GEMM core: the fused
+   consumer on one rank's whole A, tuned on its own over the same space, and cuBLAS,
+   both replayed from CUDA graphs (no host time in either);
 3. with ``--exhaustive``, every candidate the tuner saw, timed the same way.
 
 Every timing repetition: the ranks meet on an idle device, the L2 is flushed, device
@@ -322,16 +324,20 @@ def bench_shape(
             ops["torch_fused"] = lambda: ag_gemm.torch_fused(shard, b, group)
         for name, config in search["best_of"].items():
             ops[f"best {name}"] = ours(f"best {name}", config)
+        solo_ctx = ag_gemm.create_context(solo, max_m=m, k=k, dtype=DTYPE, device="cuda")
         if fused_best is not None:
-            solo_ctx = ag_gemm.create_context(solo, max_m=m, k=k, dtype=DTYPE, device="cuda")
             ops["fused_gemm_alone"] = ours("fused_gemm_alone", fused_best, solo_ctx, a)
+        core = gemm_core(a, b, solo_ctx)
+        ops["graph core"] = graphed(ours("graph core", core["config"], solo_ctx, a))
+        ops["graph cublas"] = graphed(lambda: torch.matmul(a, b, out=c))
         if m <= GRAPH_ROWS:
             ops["graph nccl_cublas"] = graphed(nccl_cublas)
             ops["graph tuned"] = graphed(ours("graph tuned", winner))
             if fused_best is not None:
                 ops["graph fused"] = graphed(ours("graph fused", fused_best))
     host = {name: host_us(ops[name]) for name in HOST_TIMED if name in ops}
-    profile = host_profile(ops[f"best {ag_gemm.FUSED}"]) if args.host_profile else None
+    fused_op = ops.get(f"best {ag_gemm.FUSED}")
+    profile = host_profile(fused_op) if args.host_profile and fused_op is not None else None
     times, p20_p80 = timed_together(ops, flush, iters=args.iters, warmup=args.warmup)
     exhaustive = timed_exhaustive(search["measured"], ours, flush, args) if args.exhaustive else {}
     row: dict[str, Any] = {
@@ -369,6 +375,8 @@ def bench_shape(
                 row["torch_fused_over_fused"] = (
                     times["torch_fused"] / times[f"best {ag_gemm.FUSED}"]
                 )
+        row["core_over_cublas"] = times["graph core"] / times["graph cublas"]
+        row["core_config"] = core["config"].to_json()
         if "graph fused" in times:
             row["graph_speedup_fused"] = times["graph nccl_cublas"] / times["graph fused"]
             row["graph_speedup_tuned"] = times["graph nccl_cublas"] / times["graph tuned"]
@@ -380,6 +388,15 @@ def bench_shape(
             exhaustive[winner.label()]["us"] / exhaustive[best_label]["us"]
         )
     return row
+
+
+def gemm_core(a: torch.Tensor, b: torch.Tensor, solo_ctx: Any) -> dict[str, Any]:
+    """The GEMM core on its own: the fused consumer on one rank's whole A (no gather),
+    its best config from the same space the tuner searches, tuned for this problem."""
+    problem = ag_gemm.problem(a, b, solo_ctx)
+    fused = [c for c in ag_gemm.candidates(solo_ctx, problem) if c.algorithm == ag_gemm.FUSED]
+    search = tune(ag_gemm.AgGemmTask(a, b, solo_ctx, configs=fused))
+    return {"config": search["winner"], "seconds": search["seconds"]}
 
 
 def timed_exhaustive(
@@ -426,10 +443,11 @@ def table(rows: list[dict[str, Any]], world: int, gpu: str) -> str:
 
 
 def fused_table(rows: list[dict[str, Any]]) -> str:
-    """The fused algorithm's own figures: its GEMM core against cuBLAS, the op against
-    the floor and torch's fused op, the host's cost of a call, graph replays."""
+    """The fused algorithm's own figures: its GEMM core (tuned on its own, replayed from
+    a graph) against cuBLAS (likewise), the op against the floor and torch's fused op,
+    the host's cost of a call, graph replays."""
     head = (
-        f"{'M,N,K':>17} {'alone':>6} {'cuBLAS':>6} {'ratio':>6} {'fused':>6} {'floor':>6} "
+        f"{'M,N,K':>17} {'core':>6} {'g.cuBLAS':>8} {'ratio':>6} {'fused':>6} {'floor':>6} "
         f"{'/floor':>6} {'torch/':>6} {'host f':>6} {'host b':>6} {'g.fused':>7} "
         f"{'g.tuned':>7} {'g.base':>6} {'g.x':>5}"
     )
@@ -437,11 +455,10 @@ def fused_table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         t, host = r["us"], r.get("host_us", {})
         fused = t.get(f"best {ag_gemm.FUSED}")
-        alone, cublas = t.get("fused_gemm_alone"), t.get("cublas")
         floor = max(t["cublas"], t["allgather"]) if "allgather" in t else None
         lines.append(
-            f"{','.join(map(str, r['shape'])):>17} {_num(alone, 6)} {_num(cublas, 6)} "
-            f"{_num(alone / cublas if alone and cublas else None, 6, 3)} {_num(fused, 6)} "
+            f"{','.join(map(str, r['shape'])):>17} {_cell(t, 'graph core', 6)} "
+            f"{_cell(t, 'graph cublas', 8)} {_ratio(r, 'core_over_cublas', 6)} {_num(fused, 6)} "
             f"{_num(floor, 6)} {_ratio(r, 'fused_over_floor', 6)} "
             f"{_ratio(r, 'torch_fused_over_fused', 6)} "
             f"{_num(host.get(f'best {ag_gemm.FUSED}'), 6)} {_num(host.get('nccl_cublas'), 6)} "

@@ -20,6 +20,7 @@ where memory-mapped files stand in for symmetric memory.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -166,7 +167,6 @@ def _ag_gemm_tma_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     EPILOGUE_SUBTILE: tl.constexpr,
-    WARP_SPECIALIZE: tl.constexpr,
 ):
     # Persistent: program p takes tiles p, p + NUM_SMS, ...; TMA loads, TMA store.
     num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
@@ -178,9 +178,7 @@ def _ag_gemm_tma_kernel(
         _wait_for_rows(flags_ptr, off_m, min(off_m + BLOCK_M, M) - 1, m_per_rank, rank, WORLD)
         _fence_async_proxy(M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        # Specialised warps (loads apart from MMAs) inside the K loop only: every load of
-        # a tile stays behind that tile's wait in program order.
-        for kt in tl.range(k_tiles, warp_specialize=WARP_SPECIALIZE):
+        for kt in range(k_tiles):
             a = g_desc.load([off_m, kt * BLOCK_K])
             b = b_desc.load([kt * BLOCK_K, off_n])
             acc = tl.dot(a, b, acc)
@@ -290,7 +288,8 @@ def _run_fused(
     starts on its own rows and waits tile by tile for the peers'."""
     at = workspace.arm_and_meet(ctx, a_shard)
     workspace.push_aside(ctx, a_shard, at)
-    _launch_fused(ctx, at.g, b, out, a_shard.shape[0], config)
+    with _settled_on_error(ctx, at):
+        _launch_fused(ctx, at.g, b, out, a_shard.shape[0], config)
     workspace.join(ctx)
 
 
@@ -326,7 +325,6 @@ def _run_gather_first(
     workspace.push(ctx, a_shard, at)
     _await_rows(ctx, 0, at.g.shape[0] - 1, m_per_rank)
     torch.matmul(at.g, b, out=out)
-    workspace.join(ctx)  # the side stream forked at the barrier (a graph needs it back)
 
 
 def _run_overlap(
@@ -338,7 +336,8 @@ def _run_overlap(
     at = workspace.arm_and_meet(ctx, a_shard)
     workspace.push_aside(ctx, a_shard, at)
     own = slice(ctx.rank * m_per_rank, (ctx.rank + 1) * m_per_rank)
-    torch.matmul(at.g[own], b, out=out[own])
+    with _settled_on_error(ctx, at):
+        torch.matmul(at.g[own], b, out=out[own])
     for src in workspace.peers_in_order(ctx):
         rows = slice(src * m_per_rank, (src + 1) * m_per_rank)
         _await_rows(ctx, rows.start, rows.stop - 1, m_per_rank)
@@ -366,9 +365,43 @@ def _run_for(config: KernelConfig) -> Callable[..., None]:
 
 def _await_rows(ctx: AgGemmContext, row_lo: int, row_hi: int, m_per_rank: int) -> None:
     """The current stream waits until the peers' shards in rows [row_lo, row_hi] landed:
-    one program of :func:`_wait_kernel` (a library GEMM cannot wait on a flag itself)."""
-    args = (ctx.flags, row_lo, row_hi, m_per_rank, ctx.rank)
-    _launch(ctx, LaunchPlan(_wait_kernel, (1,), args, {"WORLD": ctx.world, "num_warps": 1}))
+    one program of :func:`_wait_kernel` (a library GEMM cannot wait on a flag itself).
+    Its one variant is compiled once per context (:func:`prepare_wait`)."""
+    plan = _wait_plan(ctx, row_lo, row_hi, m_per_rank)
+    if ctx.device.type != "cuda":
+        plan.launch()
+        return
+    prepare_wait(ctx)
+    plan.launch_compiled(ctx.cache["wait"])
+
+
+def _wait_plan(ctx: AgGemmContext, row_lo: int, row_hi: int, m_per_rank: int) -> LaunchPlan:
+    args = (ctx.flags, row_lo, row_hi, m_per_rank, ctx.rank)  # every integer unspecialised
+    return LaunchPlan(_wait_kernel, (1,), args, {"WORLD": ctx.world, "num_warps": 1})
+
+
+def prepare_wait(ctx: AgGemmContext) -> None:
+    """Compile (or load) the wait kernel of the library algorithms that gather through
+    the workspace, and keep it, so that no call compiles it."""
+    if ctx.device.type == "cuda" and "wait" not in ctx.cache:
+        plan = _wait_plan(ctx, 0, ctx.max_m - 1, max(1, ctx.max_m // ctx.world))
+        compiled = plan.compile()
+        getattr(compiled, "_init_handles", lambda: None)()  # load the module now
+        ctx.cache["wait"] = compiled
+
+
+@contextlib.contextmanager
+def _settled_on_error(ctx: AgGemmContext, at: workspace.Rows) -> Iterator[None]:
+    """Past the barrier the peers push into this rank whatever happens here: if a launch
+    fails (a config that does not compile, say), wait for every peer's rows and join
+    before raising, so that no push of this call lands after the next call's arm."""
+    try:
+        yield
+    except BaseException:
+        m_per_rank = at.own.shape[0]
+        _await_rows(ctx, 0, at.g.shape[0] - 1, m_per_rank)
+        workspace.join(ctx)
+        raise
 
 
 def _launch(ctx: AgGemmContext, plan: LaunchPlan) -> None:
@@ -395,14 +428,14 @@ class _Prepared:
     compiled kernel, its grid, the arguments after the three operands (``g``, ``b``,
     ``out``: the first three of both consumers), each operand's TMA block (None: the
     tensor itself), and the workspace's ``g`` with its descriptor. Nothing of a
-    caller's tensors is kept: their descriptors are made each call."""
+    caller's tensors is kept (one rank's ``g`` is the caller's shard): their
+    descriptors are made each call."""
 
     compiled: Any
     grid: tuple[int, ...]
     tail: tuple[Any, ...]
     blocks: tuple[list[int] | None, ...]
-    g: torch.Tensor | None
-    g_operand: Any
+    owned: tuple[torch.Tensor, Any] | None  # the workspace's g and its operand
 
 
 def _launch_fused(
@@ -424,12 +457,15 @@ def _launch_fused(
     if prepared is None:
         plan = launch_plan(ctx, g, b, out, m_per_rank, config)
         blocks = tuple(getattr(arg, "block_shape", None) for arg in plan.args[:3])
-        owned = g if g.data_ptr() == ctx.buffer.data_ptr() else None
+        owned = (g, plan.args[0]) if g.data_ptr() == ctx.buffer.data_ptr() else None
         grid = (*plan.grid, 1, 1)[:3]
         tail = plan.full_args()[3:]
-        prepared = _Prepared(_compiled(ctx, plan), grid, tail, blocks, owned, plan.args[0])
+        prepared = _Prepared(_compiled(ctx, plan), grid, tail, blocks, owned)
         ctx.cache[key] = prepared
-    g_operand = prepared.g_operand if prepared.g is g else _operand(g, prepared.blocks[0])
+    if prepared.owned is not None and prepared.owned[0] is g:
+        g_operand = prepared.owned[1]
+    else:
+        g_operand = _operand(g, prepared.blocks[0])
     b_operand, out_operand = _operand(b, prepared.blocks[1]), _operand(out, prepared.blocks[2])
     prepared.compiled[prepared.grid](g_operand, b_operand, out_operand, *prepared.tail)
 
@@ -449,7 +485,7 @@ def _operand(t: torch.Tensor, block: list[int] | None) -> Any:
 
 # The TMA consumer's own meta-parameters, and what a config without them runs with; the
 # portable consumer takes neither.
-HOPPER_META: dict[str, int | bool] = {"EPILOGUE_SUBTILE": 1, "WARP_SPECIALIZE": False}
+HOPPER_META: dict[str, int | bool] = {"EPILOGUE_SUBTILE": 1}
 
 
 def launch_plan(
@@ -549,8 +585,11 @@ class AgGemmTask:
         return relative_error_reason(output, self._expected, TOLERANCE[self.ctx.dtype])
 
     def warmup(self, config: KernelConfig) -> None:
-        if self.ctx.device.type != "cuda" or algorithm_of(config) != FUSED:
-            return  # the interpreter compiles nothing; a library call compiles nothing
+        if self.ctx.device.type != "cuda" or algorithm_of(config) == BASELINE:
+            return  # the interpreter compiles nothing; the baseline compiles nothing
+        if algorithm_of(config) != FUSED:
+            prepare_wait(self.ctx)
+            return
         m, n, _ = check_inputs(self.a_shard, self.b, self.ctx)
         g = self.a_shard if self.ctx.world == 1 else self.ctx.buffer[:m]
         out = (
@@ -698,6 +737,8 @@ class AgGemmServed:
             return  # the interpreter compiles nothing
         if algorithm_of(config) != FUSED:
             self._choose_gemms(config, rows)
+            if algorithm_of(config) != BASELINE and self.ctx.world > 1:
+                prepare_wait(self.ctx)
         elif config not in self._prepared:
             self.warm_up_plan(config).load()
             self._prepared.add(config)

@@ -149,8 +149,10 @@ def _map_symmetric(ctx: AgGemmContext) -> None:
 
 
 def _map_shared_files(ctx: AgGemmContext) -> None:
-    """CPU: each rank's G and flags in a file every rank maps; the files are unlinked
-    once mapped (the mappings stay), so nothing is left behind however the run ends."""
+    """CPU (tests and the demo: every rank on one x86 host, where the flag's store
+    cannot pass the rows'): each rank's G and flags in a file in a folder of rank 0's
+    temp dir that every rank maps; each rank unlinks its files once all have mapped
+    them (the mappings stay), and rank 0 removes the folder."""
     holder = [tempfile.mkdtemp(prefix="ag-gemm-") if ctx.rank == 0 else None]
     _broadcast(ctx, holder)
     folder = str(holder[0])
@@ -233,15 +235,14 @@ def rows(ctx: AgGemmContext, m_per_rank: int) -> Rows:
 
 
 def arm_and_meet(ctx: AgGemmContext, a_shard: torch.Tensor) -> Rows:
-    """Steps 1 to 3 on the caller's stream: flags armed, the barrier, own rows in G;
-    the side stream (CUDA) starts at the barrier, not from whatever the caller launches next
-    (a consumer that waits for the peers' pushes: theirs wait the same way for ours)."""
+    """Steps 1 to 3 on the caller's stream: flags armed, the barrier, own rows in G.
+    The side stream (CUDA) starts at the barrier, not after whatever the caller launches
+    next (a consumer that waits for the peers' pushes: theirs wait the same way)."""
     at = rows(ctx, a_shard.shape[0])
     ctx.flags.zero_()
     if ctx.device.type == "cuda":
         ctx.handle.barrier(channel=0)
-        ctx.forked.record(caller_stream(ctx))
-        ctx.side_stream.wait_event(ctx.forked)
+        ctx.forked.record(caller_stream(ctx))  # where push_aside's side stream starts
     else:
         dist.barrier(group=ctx.group)
     if at.own.data_ptr() != a_shard.data_ptr():  # read here only: off the pushes' path
@@ -272,6 +273,7 @@ def push_aside(ctx: AgGemmContext, a_shard: torch.Tensor, at: Rows) -> None:
         push(ctx, a_shard, at)
         return
     caller = caller_stream(ctx)
+    ctx.side_stream.wait_event(ctx.forked)
     torch.cuda.set_stream(ctx.side_stream)
     try:
         push(ctx, a_shard, at)

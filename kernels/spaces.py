@@ -210,30 +210,17 @@ def ag_gemm_space(limits: DeviceLimits) -> list[KernelConfig]:
         for g in groups
         for s in stages
         for w in warps
-        for knobs in (hopper_variants(bm, bn, w) if limits.is_hopper else [{}])
+        for knobs in (hopper_variants(bn) if limits.is_hopper else [{}])
     ]
 
 
-def hopper_variants(block_m: int, block_n: int, warps: int) -> list[dict[str, int | bool]]:
-    """The TMA consumer's knobs for one tile: the plain one; for a 256-wide tile, its
-    epilogue stored in two halves (half the epilogue's shared memory, room for a deeper
-    pipe); for 128-row tiles 128 or 256 wide with 8 warps, on Triton 3.5 and later (the
-    first whose Hopper warp specialisation is complete), loads and MMAs in specialised
-    warps. On a 2 x H200 run, Triton 3.6's pass failed to compile every such config with
-    4 warps (315 of them), and ran every tuned one with 8."""
-    variants: list[dict[str, int | bool]] = [{}]
-    if block_n == 256:
-        variants.append({"EPILOGUE_SUBTILE": 2})
-    if block_m == 128 and block_n >= 128 and warps == 8 and _triton_at_least(3, 5):
-        variants += [{**v, "WARP_SPECIALIZE": True} for v in variants]
-    return variants
-
-
-def _triton_at_least(major: int, minor: int) -> bool:
-    import triton
-
-    found = tuple(int(part) for part in triton.__version__.split(".")[:2])
-    return found >= (major, minor)
+def hopper_variants(block_n: int) -> list[dict[str, int | bool]]:
+    """The TMA consumer's knobs for one tile: the plain one and, for a 256-wide tile,
+    its epilogue stored in two halves (half the epilogue's shared memory, room for a
+    deeper pipeline). Not warp specialisation: the loads would run in warps other than
+    the ones that wait for a tile's flags and fence the async proxy, an ordering the
+    PTX memory model does not give (measured: no better winners on 2 H200s)."""
+    return [{}, {"EPILOGUE_SUBTILE": 2}] if block_n == 256 else [{}]
 
 
 def _int(c: KernelConfig, name: str) -> int:

@@ -273,7 +273,36 @@ def protocol(world: int, rank: int, variant: str = "") -> dict[str, object]:
     return {"rank": rank, "results": errors}
 
 
+def failed_launch(world: int, rank: int) -> dict[str, object]:
+    """A fused config that cannot launch fails past the barrier, on every rank; the error
+    reaches the caller and the next calls on the context are right."""
+    ctx = ag_gemm.create_context(None, max_m=world * 8, k=16, dtype=torch.float32, device="cpu")
+    broken = KernelConfig.make(
+        {"BLOCK_M": 12, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2}, algorithm=ag_gemm.FUSED
+    )  # 12 rows: not a power of two
+    a = _gathered(world, (8, 16), 900)
+    b = torch.randn(16, 8, generator=torch.Generator().manual_seed(9))
+    shard = a[rank * 8 : (rank + 1) * 8].contiguous()
+    try:
+        ag_gemm.ag_gemm(shard, b, ctx, broken)
+        error = None
+    except Exception as e:  # the interpreter's error, whatever its type
+        error = type(e).__name__
+    errors = []
+    for call, config in enumerate([replace(TILE, algorithm=ag_gemm.FUSED), *LIBRARY_ON_CPU]):
+        a = _gathered(world, (8, 16), 901 + call)
+        shard = a[rank * 8 : (rank + 1) * 8].contiguous()
+        out = ag_gemm.ag_gemm(shard, b, ctx, config)
+        expected = a.double() @ b.double()
+        errors.append(float((out.double() - expected).norm() / expected.norm()))
+    return {"rank": rank, "error": error, "errors": errors}
+
+
+LIBRARY_ON_CPU = [KernelConfig.make(algorithm=name) for name in ag_gemm.LIBRARY]
+
+
 SCENARIOS: dict[str, Any] = {
+    "failed_launch": failed_launch,
     "protocol": protocol,  # protocol[:signal_before_data]
     "correctness": correctness,
     "bad_inputs": bad_inputs,

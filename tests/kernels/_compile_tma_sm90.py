@@ -25,30 +25,32 @@ SIGNATURE = {
             "BLOCK_K",
             "GROUP_M",
             "EPILOGUE_SUBTILE",
-            "WARP_SPECIALIZE",
         )
     },
 }
 CONSTANTS = {"WORLD": 4, "NUM_SMS": 132, "BLOCK_M": BM, "BLOCK_N": BN, "BLOCK_K": BK, "GROUP_M": 8}
-CONSTANTS |= {"EPILOGUE_SUBTILE": 1, "WARP_SPECIALIZE": False}
+CONSTANTS |= {"EPILOGUE_SUBTILE": 1}
 
-if __name__ == "__main__":
+
+def compiled(subtile: int) -> dict[str, object]:
+    signature = {**SIGNATURE, "c_desc": f"tensordesc<bf16[{BM},{BN // subtile}]>"}
     kernel = triton_internals.compile_for(
         ag_gemm._ag_gemm_tma_kernel,
-        signature=SIGNATURE,
-        constexprs=CONSTANTS,
+        signature=signature,
+        constexprs={**CONSTANTS, "EPILOGUE_SUBTILE": subtile},
         target=triton_internals.gpu_target(90),
         options={"num_warps": 8, "num_stages": 3},
     )
     ptx = kernel.asm["ptx"]
-    print(
-        json.dumps(
-            {
-                "acquire_loads": ptx.count("ld.global.sys.acquire"),
-                "async_proxy_fence": "fence.proxy.async.global" in ptx,
-                "wgmma": "wgmma.mma_async" in ptx,
-                "tma_loads": "cp.async.bulk.tensor" in ptx,
-                "shared": kernel.metadata.shared,
-            }
-        )
-    )
+    return {
+        "acquire_loads": ptx.count("ld.global.sys.acquire"),
+        "async_proxy_fence": "fence.proxy.async.global" in ptx,
+        "wgmma": "wgmma.mma_async" in ptx,
+        "tma_loads": "cp.async.bulk.tensor" in ptx,
+        "tma_stores": ptx.count("cp.async.bulk.tensor.2d.global.shared"),
+        "shared": kernel.metadata.shared,
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps({"whole": compiled(1), "halves": compiled(2)}))

@@ -60,6 +60,12 @@ def test_a_flag_raised_before_its_rows_is_caught(tmp_path):
     assert worst > 1e-2
 
 
+def test_a_launch_failing_past_the_barrier_raises_and_leaves_the_context_working(tmp_path):
+    for result in run_ranks(2, "failed_launch", tmp_path, timeout=120):
+        assert result["error"] is not None
+        assert max(result["errors"]) < 1e-5, result
+
+
 def test_bad_inputs_raise_value_errors_and_launch_nothing(tmp_path):
     for result in run_ranks(2, "bad_inputs", tmp_path):
         messages = result["messages"]
@@ -94,10 +100,12 @@ def test_hopper_consumer_compiles_for_sm90_with_its_synchronisation(tmp_path):
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    ptx = json.loads(done.stdout.strip().splitlines()[-1])
-    assert ptx["acquire_loads"] >= 1 and ptx["async_proxy_fence"], ptx
-    assert ptx["wgmma"] and ptx["tma_loads"]
-    assert ptx["shared"] <= 232448  # the H200's per-block limit
+    variants = json.loads(done.stdout.strip().splitlines()[-1])
+    for ptx in variants.values():
+        assert ptx["acquire_loads"] >= 1 and ptx["async_proxy_fence"], ptx
+        assert ptx["wgmma"] and ptx["tma_loads"]
+        assert ptx["shared"] <= 232448  # the H200's per-block limit
+    assert (variants["whole"]["tma_stores"], variants["halves"]["tma_stores"]) == (1, 2)
 
 
 def test_the_task_tunes_in_lockstep_through_the_tuner(tmp_path):
