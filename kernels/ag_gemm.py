@@ -39,7 +39,7 @@ from kernels.ag_gemm_workspace import (
     group_size_and_rank,
     input_buffer,
 )
-from kernels.spaces import Problem, ag_gemm_space
+from kernels.spaces import Problem, ag_gemm_space, meta_int
 from registry import KernelConfig
 
 NAME = "ag_gemm"
@@ -404,16 +404,6 @@ def _settled_on_error(ctx: AgGemmContext, at: workspace.Rows) -> Iterator[None]:
         raise
 
 
-def _launch(ctx: AgGemmContext, plan: LaunchPlan) -> None:
-    """``plan`` launched through its compiled kernel, found once per variant: Triton's
-    per-launch dispatch (binding, specialisation key, cache lookup) stays off the hot
-    path. The interpreter launches through the JIT."""
-    if ctx.device.type != "cuda":
-        plan.launch()
-        return
-    plan.launch_compiled(_compiled(ctx, plan))
-
-
 def _compiled(ctx: AgGemmContext, plan: LaunchPlan) -> Any:
     variant = plan.variant()
     compiled = ctx.cache.get(variant)
@@ -502,11 +492,11 @@ def launch_plan(
     meta, options = config.meta, {**config.all_kwargs(), "WORLD": ctx.world}
     hopper_only = {name: options.pop(name, default) for name, default in HOPPER_META.items()}
     if ctx.consumer == "tma" and _tma_aligned(g, b, out):
-        bm, bn, bk = (_int(meta, name) for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
+        bm, bn, bk = (meta_int(config, name) for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
         tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
         # NUM_SMS is the loop stride, fixed per device; a smaller grid leaves no tile out.
         options |= {"NUM_SMS": ctx.limits.sm_count, **hopper_only}
-        store_n = bn // _int(hopper_only, "EPILOGUE_SUBTILE")
+        store_n = bn // meta_int(config, "EPILOGUE_SUBTILE", 1)
         descriptors = (_operand(g, [bm, bk]), _operand(b, [bk, bn]), _operand(out, [bm, store_n]))
         args: tuple[Any, ...] = (*descriptors, ctx.flags, m, n, k, m_per_rank, ctx.rank)
         return LaunchPlan(_ag_gemm_tma_kernel, (min(ctx.limits.sm_count, tiles),), args, options)
@@ -514,13 +504,6 @@ def launch_plan(
     args = (g, b, out, ctx.flags, m, n, k, m_per_rank, ctx.rank)
     args += (g.stride(0), b.stride(0), out.stride(0))
     return LaunchPlan(_ag_gemm_portable_kernel, grid, args, options)
-
-
-def _int(values: Mapping[str, Any], name: str) -> int:
-    value = values[name]
-    if not isinstance(value, int):
-        raise ValueError(f"ag_gemm: {name}={value!r} must be an int.")
-    return value
 
 
 def _tma_aligned(*tensors: torch.Tensor) -> bool:
@@ -709,12 +692,7 @@ class AgGemmServed:
         return ag_gemm(a_shard, b, self.ctx, config, out=out)
 
     def agree(self, value: Any) -> Any:
-        if self.ctx.world == 1:
-            return value
-        holder = [value]
-        root = 0 if self.ctx.group is None else dist.get_global_rank(self.ctx.group, 0)
-        dist.broadcast_object_list(holder, src=root, group=self.ctx.group)
-        return holder[0]
+        return workspace.agree(self.ctx, value)
 
     def all_true(self, flag: bool) -> bool:
         if self.ctx.world == 1:

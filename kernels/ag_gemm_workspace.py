@@ -153,9 +153,7 @@ def _map_shared_files(ctx: AgGemmContext) -> None:
     cannot pass the rows'): each rank's G and flags in a file in a folder of rank 0's
     temp dir that every rank maps; each rank unlinks its files once all have mapped
     them (the mappings stay), and rank 0 removes the folder."""
-    holder = [tempfile.mkdtemp(prefix="ag-gemm-") if ctx.rank == 0 else None]
-    _broadcast(ctx, holder)
-    folder = str(holder[0])
+    folder = str(agree(ctx, tempfile.mkdtemp(prefix="ag-gemm-") if ctx.rank == 0 else None))
 
     def mapped(rank: int, name: str, count: int, dtype: torch.dtype) -> torch.Tensor:
         path = os.path.join(folder, f"{name}{rank}")
@@ -177,9 +175,14 @@ def _map_shared_files(ctx: AgGemmContext) -> None:
         os.rmdir(folder)
 
 
-def _broadcast(ctx: AgGemmContext, holder: list[Any]) -> None:
+def agree(ctx: AgGemmContext, value: Any) -> Any:
+    """Rank 0's ``value``, on every rank of the context's group (a collective)."""
+    if ctx.world == 1:
+        return value
+    holder = [value]
     root = 0 if ctx.group is None else dist.get_global_rank(ctx.group, 0)
     dist.broadcast_object_list(holder, src=root, group=ctx.group)
+    return holder[0]
 
 
 def input_buffer(ctx: AgGemmContext, m_per_rank: int) -> torch.Tensor:

@@ -88,26 +88,26 @@ def shared_memory_fits(c: KernelConfig, p: Problem, d: DeviceLimits) -> bool:
     """Pipelined A and B tiles plus the epilogue tile within the per-block limit. Triton
     on an H200 asked for 262,176 bytes at 128x256x64 with 4 stages and 237,608 at
     64x256x64 with 5: this sum, plus a few bytes of barriers."""
-    bm, bn, bk = _int(c, "BLOCK_M"), _int(c, "BLOCK_N"), _int(c, "BLOCK_K")
+    bm, bn, bk = meta_int(c, "BLOCK_M"), meta_int(c, "BLOCK_N"), meta_int(c, "BLOCK_K")
     stages = (bm * bk + bk * bn) * p.element_bytes * c.num_stages
-    epilogue = bm * bn * p.element_bytes // int(c.meta.get("EPILOGUE_SUBTILE", 1) or 1)
+    epilogue = bm * bn * p.element_bytes // meta_int(c, "EPILOGUE_SUBTILE", 1)
     return stages + epilogue + 64 <= d.shared_memory_bytes
 
 
 def enough_work_per_warp(c: KernelConfig, p: Problem, d: DeviceLimits) -> bool:
     """BM*BN/256 >= num_warps: each warp owns at least a 16x16 piece of the tile."""
-    return _int(c, "BLOCK_M") * _int(c, "BLOCK_N") // 256 >= c.num_warps
+    return meta_int(c, "BLOCK_M") * meta_int(c, "BLOCK_N") // 256 >= c.num_warps
 
 
 def tile_divides_rank_block(c: KernelConfig, p: Problem, d: DeviceLimits) -> bool:
     """A tile inside one rank's rows waits for one shard, not two."""
-    return p.m_per_rank % _int(c, "BLOCK_M") == 0
+    return p.m_per_rank % meta_int(c, "BLOCK_M") == 0
 
 
 def tile_fits_problem(c: KernelConfig, p: Problem, d: DeviceLimits) -> bool:
     """No tile dimension more than twice the (power-of-two rounded) problem dimension."""
     return all(
-        _int(c, name) <= 2 * _pow2(dim)
+        meta_int(c, name) <= 2 * _pow2(dim)
         for name, dim in (("BLOCK_M", p.m_per_rank), ("BLOCK_N", p.n), ("BLOCK_K", p.k))
     )
 
@@ -155,7 +155,7 @@ def prune(space: list[KernelConfig], problem: Problem, limits: DeviceLimits) -> 
 def predicted_us(c: KernelConfig, p: Problem, d: DeviceLimits) -> float:
     """A roofline with wave quantisation, tile efficiency and register pressure; for
     ordering candidates only, never reported as a time."""
-    bm, bn, bk = _int(c, "BLOCK_M"), _int(c, "BLOCK_N"), _int(c, "BLOCK_K")
+    bm, bn, bk = meta_int(c, "BLOCK_M"), meta_int(c, "BLOCK_N"), meta_int(c, "BLOCK_K")
     tiles = math.ceil(p.m / bm) * math.ceil(p.n / bn)
     waves = math.ceil(tiles / d.sm_count)
     tile_flops = 2.0 * bm * bn * p.k
@@ -223,9 +223,12 @@ def hopper_variants(block_n: int) -> list[dict[str, int | bool]]:
     return [{}, {"EPILOGUE_SUBTILE": 2}] if block_n == 256 else [{}]
 
 
-def _int(c: KernelConfig, name: str) -> int:
-    value = c.meta[name]
-    assert isinstance(value, int), f"{name} must be an int in {c}"
+def meta_int(c: KernelConfig, name: str, default: int | None = None) -> int:
+    """An integer meta-parameter of ``c`` (``default`` where it has none); ``ValueError``
+    naming it otherwise."""
+    value = c.meta.get(name, default)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"{c.label()}: {name}={value!r} must be an int.")
     return value
 
 

@@ -22,30 +22,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from bench.ag_gemm import LIBRARY, PORTABLE_CHECK, TMA_CHECK
 from kernels import ag_gemm
 from registry import Entry, KernelConfig, Store
 from registry.fingerprint import detect_for
 
 DTYPE = torch.bfloat16
 REPLAYS = 100
-TMA = KernelConfig.make(
-    {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8},
-    algorithm=ag_gemm.FUSED,
-    num_warps=8,
-    num_stages=3,
-)
-PORTABLE = KernelConfig.make(
-    {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8},
-    algorithm=ag_gemm.FUSED,
-    num_warps=4,
-    num_stages=3,
-)
-LIBRARY = [KernelConfig.make(algorithm=name) for name in ag_gemm.LIBRARY]
 CASES: list[tuple[str, list[KernelConfig], str | None, int, int, int]] = [
-    ("fused tma", [TMA], None, 333, 1000, 2048),
-    ("fused portable", [PORTABLE], "portable", 77, 129, 200),
+    ("fused tma", [TMA_CHECK], None, 333, 1000, 2048),
+    ("fused portable", [PORTABLE_CHECK], "portable", 77, 129, 200),
     *((c.label(), [c], None, 160, 1000, 1024) for c in LIBRARY),
-    ("every algorithm in one graph", [*LIBRARY, TMA], None, 256, 512, 1024),
+    ("every algorithm in one graph", [*LIBRARY, TMA_CHECK], None, 256, 512, 1024),
 ]
 
 
@@ -151,7 +139,7 @@ def serving_case() -> dict[str, Any]:
             key = ag_gemm.ADAPTER.key(m=world * m_per_rank, n=n, k=k, dtype="bf16", world=world)
             fingerprint = detect_for(device, ag_gemm.kernel_hash())
             Store(settings.registry_path).put(
-                Entry.make("ag_gemm", key, fingerprint, TMA, source="tuned")
+                Entry.make("ag_gemm", key, fingerprint, TMA_CHECK, source="tuned")
             )
         dist.barrier()
         with Serving(settings, follow=False) as serving:

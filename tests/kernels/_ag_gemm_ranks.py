@@ -289,16 +289,14 @@ def failed_launch(world: int, rank: int) -> dict[str, object]:
     except Exception as e:  # the interpreter's error, whatever its type
         error = type(e).__name__
     errors = []
-    for call, config in enumerate([replace(TILE, algorithm=ag_gemm.FUSED), *LIBRARY_ON_CPU]):
+    fused = replace(TILE, algorithm=ag_gemm.FUSED)
+    for call, config in enumerate([fused, *ag_gemm.library_configs(ctx)]):
         a = _gathered(world, (8, 16), 901 + call)
         shard = a[rank * 8 : (rank + 1) * 8].contiguous()
         out = ag_gemm.ag_gemm(shard, b, ctx, config)
         expected = a.double() @ b.double()
         errors.append(float((out.double() - expected).norm() / expected.norm()))
     return {"rank": rank, "error": error, "errors": errors}
-
-
-LIBRARY_ON_CPU = [KernelConfig.make(algorithm=name) for name in ag_gemm.LIBRARY]
 
 
 SCENARIOS: dict[str, Any] = {
