@@ -49,7 +49,6 @@ class Host:
 
     env: Mapping[str, str] = field(default_factory=dict)  # what Triton reads: CC, PATH
     nvidia_proc: Path = NVIDIA_PROC
-    timeout_s: float = 2.0  # per network probe
 
     @classmethod
     def current(cls) -> Host:

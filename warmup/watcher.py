@@ -60,6 +60,7 @@ CHANGES: list[type[FileSystemEvent]] = [
 CHUNK = 2**20
 DEFERRED_RETRY_S = 60.0  # a deferred bundle is tried again at least this often
 Stat = tuple[int, int, int, int, int]  # device, inode, size, mtime_ns, ctime_ns
+Listing = tuple[tuple[str, Stat | None], ...]  # the bundles' names and stat keys
 
 
 def stat_key(path: Path) -> Stat | None:
@@ -113,8 +114,8 @@ class BundleWatcher(FileSystemEventHandler):
         self.seen: dict[str, str] = {}  # sha256 -> result
         self.scans = 0
         self._digests: dict[Stat, str] = {}  # the last scan's files: stat -> sha256
-        self._waiting = False  # a bundle of the last scan was deferred
-        self._signature: object = None  # the folder, as the last scan began
+        # the folder as the last scan began, and retry_on's keys if it deferred a bundle
+        self._signature: tuple[Listing, object] | None = None
         self._scan_lock = threading.Lock()
         self._wake = threading.Condition()
         self._due: float | None = None  # when the event-driven scan runs
@@ -162,10 +163,11 @@ class BundleWatcher(FileSystemEventHandler):
         while (job := self._next_job(next_check)) is not None:
             if job == "check":
                 next_check = time.monotonic() + self.check_s
-            if self.signature() == self._signature:
+            signature = self.signature()
+            if signature == self._signature:
                 continue  # the last scan saw this already (an event and a check, say)
             try:
-                self.scan()
+                self.scan(signature[0])
             except Exception:  # never kill the watcher: the next change scans again
                 log.exception("scanning %s failed", self.folder)
 
@@ -183,12 +185,13 @@ class BundleWatcher(FileSystemEventHandler):
                 self._wake.wait(until - now)
             return None
 
-    def signature(self) -> object:
+    def signature(self) -> tuple[Listing, object]:
         """Cheap: the bundles' names and stat keys; while a bundle waits, also
         ``retry_on``'s stat keys and the minute (a store that was busy may take it now)."""
-        return self._listing(), self._retry_keys() if self._waiting else None
+        waiting = self._signature is not None and self._signature[1] is not None
+        return self._listing(), self._retry_keys() if waiting else None
 
-    def _listing(self) -> tuple[tuple[str, Stat | None], ...]:
+    def _listing(self) -> Listing:
         return tuple((p.name, stat_key(p)) for p in self.bundles())
 
     def _retry_keys(self) -> object:
@@ -199,20 +202,21 @@ class BundleWatcher(FileSystemEventHandler):
         found = {p for pattern in PATTERNS for p in self.folder.glob(pattern)}
         return sorted(p for p in found if not p.name.startswith("."))
 
-    def scan(self) -> dict[str, str]:
+    def scan(self, listing: Listing | None = None) -> dict[str, str]:
         """Install what is new, one scan at a time; returns {file name: result} for the
-        bundles tried (one installed or rejected before is skipped unread)."""
+        bundles tried (one installed or rejected before is skipped unread). ``listing``:
+        the folder's, just taken (the watcher's loop has it from its check)."""
         with self._scan_lock:
             self.scans += 1
             if self.on_scan is not None:
                 self.on_scan()
-            listing, retry = self._listing(), self._retry_keys()  # as this scan began
+            listing = self._listing() if listing is None else listing  # as this scan began
+            retry = self._retry_keys()
             results = self._scan(listing)
-            self._waiting = DEFERRED in results.values()
-            self._signature = listing, retry if self._waiting else None
+            self._signature = listing, retry if DEFERRED in results.values() else None
             return results
 
-    def _scan(self, listing: tuple[tuple[str, Stat | None], ...]) -> dict[str, str]:
+    def _scan(self, listing: Listing) -> dict[str, str]:
         results: dict[str, str] = {}
         digests: dict[Stat, str] = {}
         for name, key in listing:
