@@ -17,10 +17,11 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -58,11 +59,8 @@ class Sidecar:
             on_result=lambda r: self.metrics.bundle_reloads.labels(r).inc(),
             on_scan=self.metrics.bundle_scans.inc,
         )
-        # the manifest file's stat key, and its digest or its errors
-        self._manifest: tuple[Stat | None, str | ManifestError] | None = None
-        self._manifest_lock = threading.Lock()
-        self._status_cache: tuple[Stat | None, RunStatus | None] | None = None
-        self._status_lock = threading.Lock()
+        self._manifest = ByStat(_manifest_digest)  # its digest or its errors
+        self._status_file = ByStat(_read_status)  # a status of 32,768 results is 7 MB
         self._scrape_lock = threading.Lock()
         self._scraped: tuple[float, bytes] | None = None  # (when its rendering began, text)
         self._http: ProbeServer | None = None
@@ -76,9 +74,8 @@ class Sidecar:
         except ManifestError as e:
             return self._not_ready("manifest is invalid", errors=e.errors)
         path = self.settings.status_path
-        status = self._status()
-        there = self._status_cache is not None and self._status_cache[0] is not None  # its stat
-        if status is None and there:
+        there, status = self._status_file.get(path)  # there: its stat key
+        if status is None and there is not None:
             return self._not_ready(
                 "the status file is unreadable (damaged, or from an incompatible version)",
                 status_file=str(path),
@@ -113,32 +110,13 @@ class Sidecar:
         return False, {"ready": False, "reason": reason, **details}
 
     def _manifest_digest(self) -> str:
-        """The manifest's digest, parsed again only when its file changed (a ConfigMap
-        swap changes its inode); concurrent probes never parse at once: one parses, the
-        others wait for its result."""
-        path = self.settings.manifest
-        key = stat_key(path)
-        with self._manifest_lock:
-            if self._manifest is None or self._manifest[0] != key:
-                try:
-                    self._manifest = key, load_manifest(path).digest()
-                except ManifestError as e:
-                    self._manifest = key, e
-            found = self._manifest[1]
+        found = self._manifest.get(self.settings.manifest)[1]
         if isinstance(found, ManifestError):
             raise ManifestError(found.source, found.errors)  # a fresh one: no growing traceback
         return found
 
     def _status(self) -> RunStatus | None:
-        """The status file, parsed again only when it changed (a run replaces it whole);
-        one probe parses, the others wait for its result (a status of 32,768 shape-rank
-        results is 7 MB of JSON)."""
-        path = self.settings.status_path
-        key = stat_key(path)
-        with self._status_lock:
-            if self._status_cache is None or self._status_cache[0] != key or key is None:
-                self._status_cache = key, RunStatus.read(path)
-            return self._status_cache[1]
+        return self._status_file.get(self.settings.status_path)[1]
 
     def metrics_text(self) -> bytes:
         """The metrics, rendered once for concurrent scrapes: a scrape that arrives while
@@ -161,8 +139,9 @@ class Sidecar:
         finally:
             self._scrape_lock.release()
 
-    def install_bundle(self, path: Path) -> str:
-        """Verify and install one bundle; the previous generation stays on rejection."""
+    def install_bundle(self, path: Path, digest: str | None = None) -> str:
+        """Verify and install one bundle; the previous generation stays on rejection.
+        ``digest``: its sha256, where the caller has read it already (the watcher)."""
         status = self._status()
         if status is None or not status.fingerprint:
             log.info("bundle %s deferred: no warmup has recorded this node's fingerprint", path)
@@ -172,7 +151,7 @@ class Sidecar:
         except RegistryError as e:  # the status is at fault, not the bundle: not final
             log.warning("bundle %s deferred: the status's fingerprint is unusable: %s", path, e)
             return "deferred"
-        done = self._installed_before(path)
+        done = self._installed_before(path, digest)
         if done is not None:
             log.info("bundle %s: installed before, as %s; not again", path, done)
             return "installed"
@@ -193,14 +172,15 @@ class Sidecar:
         log.info("installed %s as %s", path, info["id"])
         return "installed"
 
-    def _installed_before(self, path: Path) -> str | None:
+    def _installed_before(self, path: Path, digest: str | None) -> str | None:
         """The kept generation that installed these bytes already, if one did: a restarted
         sidecar neither installs a bundle twice nor undoes a rollback of it."""
-        try:
-            with path.open("rb") as f:
-                digest = sha256_of(f)
-        except OSError:
-            return None
+        if digest is None:
+            try:
+                with path.open("rb") as f:
+                    digest = sha256_of(f)
+            except OSError:
+                return None
         for record in bundle.installed(self.store):
             about = record.get("bundle")
             sha = about.get("sha256") if isinstance(about, dict) else None
@@ -298,3 +278,36 @@ class Sidecar:
         request.send_header("Content-Length", str(len(body)))
         request.end_headers()
         request.wfile.write(body)
+
+
+T = TypeVar("T")
+
+
+class ByStat(Generic[T]):
+    """A file parsed again only when its stat key changed (a ConfigMap swap or a run's
+    replace changes the inode) or while it is absent; concurrent readers never parse at
+    once: one parses, the others wait for its result."""
+
+    def __init__(self, parse: Callable[[Path], T]) -> None:
+        self._parse = parse
+        self._lock = threading.Lock()
+        self._held: tuple[Stat | None, T] | None = None
+
+    def get(self, path: Path) -> tuple[Stat | None, T]:
+        """(the file's stat key, None if absent; its parse)."""
+        key = stat_key(path)
+        with self._lock:
+            if self._held is None or self._held[0] != key or key is None:
+                self._held = key, self._parse(path)
+            return self._held
+
+
+def _read_status(path: Path) -> RunStatus | None:  # looked up per parse: patchable
+    return RunStatus.read(path)
+
+
+def _manifest_digest(path: Path) -> str | ManifestError:
+    try:
+        return load_manifest(path).digest()
+    except ManifestError as e:
+        return e

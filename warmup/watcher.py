@@ -42,7 +42,8 @@ from watchdog.observers.api import BaseObserver
 
 log = logging.getLogger(__name__)
 PATTERNS = ("*.tgz", "*.tar.gz")
-Install = Callable[[Path], str]  # returns the result: installed, rejected, deferred
+# (path, the sha256 the watcher read it with) -> installed, rejected or deferred
+Install = Callable[[Path, str], str]
 FINAL = ("installed", "rejected")
 DEFERRED = "deferred"
 # What changes the folder's entries; opened and closed-without-writing are left out, or
@@ -228,7 +229,7 @@ class BundleWatcher(FileSystemEventHandler):
                 continue  # removed or half-swapped meanwhile: the next event rescans
             key, digest = found
             if self.seen.get(digest) not in FINAL and digest not in digests.values():
-                results[path.name] = self.seen[digest] = self._install(path)
+                results[path.name] = self.seen[digest] = self._install(path, digest)
             digests[key] = digest
         self._digests = digests
         return results
@@ -245,9 +246,9 @@ class BundleWatcher(FileSystemEventHandler):
         except OSError:
             return None
 
-    def _install(self, path: Path) -> str:
+    def _install(self, path: Path, digest: str) -> str:
         try:
-            result = self.install(path)
+            result = self.install(path, digest)
         except Exception as e:  # never kill the watcher; the bundle counts as rejected
             log.exception("installing %s failed: %s", path, e)
             result = "rejected"

@@ -22,7 +22,7 @@ class Installs:
         self.calls, self.active, self.overlap = [], 0, False
         self._lock = threading.Lock()
 
-    def __call__(self, path):
+    def __call__(self, path, digest=None):
         with self._lock:
             self.active += 1
             self.overlap |= self.active > 1
@@ -139,7 +139,7 @@ def test_a_deferred_bundle_is_retried_when_what_it_waits_for_changes(tmp_path, f
 
 
 def test_a_failing_install_counts_as_rejected_and_the_watcher_goes_on(folder, watch):
-    def install(path):
+    def install(path, digest):
         if path.name == "bad.tgz":
             raise RuntimeError("boom")
         return "installed"
@@ -154,7 +154,7 @@ def test_a_bundle_is_hashed_by_streaming_and_once(folder, monkeypatch):
     (folder / "big.tgz").write_bytes(b"\0" * (32 * 2**20))
     (folder / ".tmp-123-partial.tgz").write_bytes(b"half")  # a writer's temp file: not a bundle
     installs = []
-    watcher = BundleWatcher(folder, lambda path: installs.append(path.name) or "rejected")
+    watcher = BundleWatcher(folder, lambda path, digest: installs.append(path.name) or "rejected")
     tracemalloc.start()
     try:
         watcher.scan()
