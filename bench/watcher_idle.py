@@ -24,38 +24,17 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from registry import Entry, KernelConfig, Store, bundle, cpu_fingerprint
+sys.path.insert(0, str(Path(__file__).parents[1]))  # the tests' bundle and status helpers
+
+from registry import Store, bundle
+from tests.conftest import wait_for
+from tests.warmup.test_server import make_bundle, ready_status
 from warmup import watcher as watcher_module
-from warmup.results import RunStatus, ShapeResult
 from warmup.server import Sidecar
 from warmup.settings import Settings
 
 ROOT = Path(__file__).parents[1]
 DEMO = ROOT / "examples" / "demo.yaml"
-
-
-def make_bundle(work: Path, name: str, m: int) -> Path:
-    store = Store(work / f"src-{name}")
-    entry = Entry.make(
-        "ag_gemm", {"M": m, "N": 32, "K": 32}, cpu_fingerprint(), KernelConfig.make({"BLOCK_M": 16})
-    )
-    store.put(entry)
-    out = work / f"{name}.tgz"
-    bundle.create(out, name=name, version="1", entries=store.entries())
-    return out
-
-
-def ready_status(settings: Settings) -> None:
-    from warmup.manifest import load_manifest
-
-    RunStatus(
-        state="ready",
-        manifest_digest=load_manifest(DEMO).digest(),
-        fingerprint=cpu_fingerprint().to_json(),
-        world_size=2,
-        started=0.0,
-        shapes=[ShapeResult(kernel="ag_gemm", key={"M": 32}, source="registry")],
-    ).write(settings.status_path)
 
 
 def configmap_swap(folder: Path, data: Path, stamp: str) -> None:
@@ -92,12 +71,9 @@ def installs_per_bundle(store_path: Path) -> Counter[str]:
     return Counter(g["bundle"]["sha256"] for g in bundle.installed(Store(store_path)))
 
 
-def wait_for(predicate: Any, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            sys.exit("timed out waiting for the watcher")
-        time.sleep(0.05)
+def settled(predicate: Any) -> None:
+    if not wait_for(predicate, timeout=30.0):
+        sys.exit("timed out waiting for the watcher")
 
 
 def burst(folder: Path, count: int, work: Path) -> None:
@@ -146,7 +122,7 @@ def main() -> None:
         car = Sidecar(settings)
         car.start(host="127.0.0.1", port=0)
         try:
-            wait_for(lambda: len(installs_per_bundle(settings.registry_path)) == bundles)
+            settled(lambda: len(installs_per_bundle(settings.registry_path)) == bundles)
             time.sleep(3 * max(car.watcher.debounce_s, car.watcher.check_s))  # settled
             scans, files = car.watcher.scans, len(hashed)
             with Sampler() as sampler:
@@ -156,7 +132,7 @@ def main() -> None:
 
             scans = car.watcher.scans
             burst(folder, args.burst, work)
-            wait_for(lambda: len(installs_per_bundle(settings.registry_path)) == bundles + 1)
+            settled(lambda: len(installs_per_bundle(settings.registry_path)) == bundles + 1)
             time.sleep(3 * max(car.watcher.debounce_s, car.watcher.check_s))
             burst_scans = car.watcher.scans - scans
             burst_installs = installs_per_bundle(settings.registry_path)
