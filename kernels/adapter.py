@@ -136,8 +136,8 @@ class Served(Protocol):
         """Build ``config``'s variant in this process (compile or load, GPU module
         loaded) for calls of every M in ``rows`` (the Ms a table serves with it), so that
         no call compiles or makes a per-shape choice (a library's, such as cuBLAS's
-        algorithm pick at each new M); collective-free, and cheap for what was built
-        already: a new table calls it for every config."""
+        algorithm pick at each new M); collective-free. A serving op calls it once per
+        config and then only with Ms that config was not built for yet."""
         ...
 
     def rehearse(self, configs: Sequence[KernelConfig]) -> None:

@@ -671,7 +671,6 @@ class AgGemmServed:
         )
         self.rows_step, self.device = self.ctx.world, self.ctx.device
         self.collective = self.ctx.world > 1  # ranks must change algorithms together
-        self._prepared: set[KernelConfig] = set()  # fused variants built
         self._chosen: dict[bool, set[int]] = {False: set(), True: set()}  # cuBLAS shapes run
 
     def key(self, m: int) -> dict[str, Any]:
@@ -717,9 +716,8 @@ class AgGemmServed:
             self._choose_gemms(config, rows)
             if algorithm_of(config) != BASELINE and self.ctx.world > 1:
                 prepare_wait(self.ctx)
-        elif config not in self._prepared:
+        else:
             self.warm_up_plan(config).load()
-            self._prepared.add(config)
 
     def _choose_gemms(self, config: KernelConfig, rows: Sequence[int]) -> None:
         """One GEMM per new shape of ``config``'s calls at ``rows``, on scratch memory and

@@ -98,6 +98,7 @@ class ServingOp:
         self.pending: Table | None = None  # built, waiting for Serving.sync(): see refresh()
         self._pending_tuned: dict[int, KernelConfig] | None = None
         self._rejected: dict[int, KernelConfig] | None = None  # an agreed table that failed
+        self._prepared: dict[KernelConfig, set[int]] = {}  # config -> the Ms it was built for
         # Every rank takes rank 0's table: the same error, the same rehearsal collectives.
         self.tuned = self._read_agreed()[1]  # M -> config: what the table is made of
         self.table = self._table(self.tuned)
@@ -284,7 +285,11 @@ class ServingOp:
         on_gpu = self.served.device.type == "cuda"  # Triton builds for the thread's device
         with torch.cuda.device(self.served.device) if on_gpu else contextlib.nullcontext():
             for config, ms in zip(table.configs, rows, strict=True):
-                self.served.prepare(config, ms)
+                done = self._prepared.get(config)
+                new = [m for m in ms if done is None or m not in done]
+                if done is None or new:  # built already, for these Ms: nothing to do
+                    self.served.prepare(config, new)
+                    self._prepared.setdefault(config, set()).update(new)
 
     def _no_entries(self) -> str:
         held = sum(1 for e in self._store.entries() if e.kernel == self.kernel)
