@@ -23,6 +23,7 @@ import logging
 import os
 import secrets
 import shutil
+import stat
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -224,12 +225,12 @@ class Store:
             self.skipped += 1  # written by a newer version sharing the volume: leave it alone
             log.warning("skipping %s: %s", path, e)
             return None
-        except (OSError, RegistryError) as e:
-            if isinstance(e, OSError) and e.errno != errno.ELOOP:  # EIO passes; a link stays
-                log.warning("cannot read registry file %s now: %s", path, e)
-                return _UNREAD
+        except RegistryError as e:
             self._quarantine(gen, path, str(e))
             return None
+        except OSError as e:  # EIO passes
+            log.warning("cannot read registry file %s now: %s", path, e)
+            return _UNREAD
 
     def _quarantine(self, gen: Path, path: Path, reason: str) -> None:
         """Move a corrupt file aside so readers stop tripping on it; its key becomes a miss.
@@ -255,7 +256,7 @@ class Store:
     def _move_aside(self, path: Path, target: Path, reason: str) -> None:
         folder = target.parent
         if os.path.lexists(folder) and not is_real_dir(folder):  # a file where it belongs
-            os.replace(folder, folder.with_name(f"{folder.name}.{secrets.token_hex(3)}"))
+            _rename_aside(folder)
         folder.mkdir(parents=True, exist_ok=True)
         os.replace(path, target)
         atomic.write_bytes(target.with_name(target.name + ".reason"), reason.encode())
@@ -401,7 +402,7 @@ class Store:
         wait = self.lock_timeout if timeout is None else timeout
         lock_file = Path(self._lock.lock_file)
         if is_real_dir(lock_file):  # nobody can hold a folder: move it out of the way
-            os.replace(lock_file, lock_file.with_name(f"{lock_file.name}.{secrets.token_hex(3)}"))
+            _rename_aside(lock_file)
         try:
             with self._lock.acquire(timeout=wait):
                 yield
@@ -425,9 +426,7 @@ class Store:
         except NewerSchema:
             log.warning("not writing %s: a newer version's entry holds the slot", path)
             return entry
-        except (OSError, RegistryError) as e:
-            if isinstance(e, OSError) and e.errno != errno.ELOOP:
-                raise
+        except RegistryError as e:
             self._set_aside(path, self._quarantine_path(f"{gen.name}-{path.name}"), str(e))
         data = atomic.dumps(merged.to_json()).encode()
         if held != data:  # an idempotent replay writes nothing
@@ -440,8 +439,11 @@ class Store:
         rel = path.relative_to(gen)
         for part in [*reversed(rel.parents[:-1]), rel]:  # the folders outermost first, the file
             spot = gen / part
-            in_the_way = is_real_dir(spot) if part == rel else not is_real_dir(spot)
-            if os.path.lexists(spot) and in_the_way:
+            try:
+                is_dir = stat.S_ISDIR(os.lstat(spot).st_mode)  # one lstat; a link is no folder
+            except OSError:
+                break  # missing: nothing below it exists either
+            if is_dir if part == rel else not is_dir:
                 name = f"{gen.name}-{part.as_posix().replace('/', '__')}"
                 self._move_aside(spot, self._quarantine_path(name), "in the way of an entry")
 
@@ -501,11 +503,9 @@ class Store:
         return new
 
     def _new_generation_dir(self) -> Path:
-        numbers = []
-        for name in os.listdir(self.root):  # every gen-<digits> name: a stray file's too
-            if name.startswith("gen-") and name[4:].isdecimal() and name[4:].isascii():
-                numbers.append(int(name[4:]))
-        new = self.root / f"gen-{max(numbers, default=0) + 1:06d}"
+        # every generation name, a stray file's too (anything else numbers -1)
+        numbers = [number(self.root / name) for name in os.listdir(self.root)]
+        new = self.root / f"gen-{max([0, *numbers]) + 1:06d}"
         new.mkdir(parents=True)
         return new
 
@@ -581,12 +581,17 @@ class NewerSchema(RegistryError):
 def read_entry(path: Path) -> tuple[bytes, Entry]:
     """The bytes of ``path`` and the entry they hold. :class:`NewerSchema` for a newer
     version's entry, RegistryError for anything else that is no entry (not a small
-    regular file, not JSON, a wrong type), OSError when it cannot be read (ELOOP: a link)."""
+    regular file, a link, not JSON, a wrong type), OSError when it cannot be read now
+    (EIO, EACCES: not the file's fault)."""
     try:
         raw = atomic.read_bounded(path, MAX_ENTRY_BYTES)
         data = atomic.loads(raw)
     except ValueError as e:
         raise RegistryError(f"not an entry file: {e}") from None
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # a link where an entry belongs
+            raise RegistryError(str(e)) from None
+        raise
     schema = data.get("schema") if isinstance(data, dict) else None
     if isinstance(schema, int) and not isinstance(schema, bool) and schema > SCHEMA_VERSION:
         raise NewerSchema(f"schema {schema} is newer than this reader")
@@ -598,8 +603,8 @@ def _still_corrupt(path: Path) -> bool:
     a file this process cannot read now (EACCES, EIO) is not called corrupt."""
     try:
         read_entry(path)
-    except OSError as e:
-        return e.errno == errno.ELOOP
+    except OSError:
+        return False
     except RegistryError:
         return True
     return False
@@ -615,3 +620,8 @@ _UNREAD = _Unread()
 def _unlink_quiet(path: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
+
+
+def _rename_aside(path: Path) -> None:
+    """``path`` renamed to ``<name>.<random hex>`` beside it: out of the way, kept."""
+    os.replace(path, path.with_name(f"{path.name}.{secrets.token_hex(3)}"))

@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import shutil
+import stat
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -119,8 +120,9 @@ def remove_stale_temp_files(folder: Path, older_than_s: float = STALE_TEMP_S) ->
     leftovers = [*folder.glob(f"*/{atomic.TEMP_PREFIX}*"), *folder.glob(f"{STAGING_PREFIX}*")]
     for path in leftovers:
         with contextlib.suppress(OSError):
-            if path.lstat().st_mtime < cutoff:
-                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+            st = path.lstat()
+            if st.st_mtime < cutoff:
+                shutil.rmtree(path) if stat.S_ISDIR(st.st_mode) else path.unlink()
                 removed += 1
     return removed
 
