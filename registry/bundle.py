@@ -330,7 +330,7 @@ class _Reader:
         if info.name != MANIFEST:
             raise self._reject(f"no {MANIFEST} as the first member (found '{info.name}')")
         limit = min(self.limits.max_manifest_bytes, self.limits.max_member_bytes)
-        if not 0 <= info.size <= limit:
+        if info.size > limit:  # a negative size never gets here: tar_stream refuses it
             raise self._reject(f"{MANIFEST} is {info.size} bytes; limit {limit}")
         if info.size > self.limits.max_total_bytes:
             raise self._reject(

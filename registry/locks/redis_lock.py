@@ -56,7 +56,7 @@ class RedisLockBackend:
             ) from None
         self.url = url
         self._clients: dict[float, Any] = {}
-        self._unanswered: dict[str, tuple[str, float]] = {}  # name -> (SET text, sent at)
+        self._unanswered: dict[str, tuple[Holder, float]] = {}  # name -> (SET value, sent at)
         self.client = self._client(IO_TIMEOUT_CAP_S)
 
     def describe(self) -> str:
@@ -72,7 +72,8 @@ class RedisLockBackend:
         deadline = time.monotonic() + wait
         while True:
             sent = time.monotonic()  # a lease runs from the SET that won, not from its reply
-            text = self._value(name)
+            holder = self._value(name)
+            text = holder.to_text()
             try:
                 with self._reaching():
                     if self._landed(lock, name, text):
@@ -81,16 +82,14 @@ class RedisLockBackend:
                     if lock.acquire(blocking=False, token=text):
                         break
             except LockServerUnreachable:
-                self._unanswered.setdefault(name, (text, sent))  # it may land all the same
+                self._unanswered.setdefault(name, (holder, sent))  # it may land all the same
                 raise
             if time.monotonic() + POLL_S > deadline:
                 return None
             time.sleep(POLL_S)
         self._unanswered.pop(name, None)
         lease = Lease(name, ttl, sent)
-        parsed = Holder.parse(text)
-        assert parsed is not None  # our own value
-        holder = replace(parsed, lease=lease)
+        holder = replace(holder, lease=lease)
         stop = threading.Event()
         thread = threading.Thread(
             target=_renew, args=(lock, lease, stop), daemon=True, name=f"lock-heartbeat-{name}"
@@ -141,12 +140,12 @@ class RedisLockBackend:
             )
         return self._clients[timeout]
 
-    def _value(self, name: str) -> str:
+    def _value(self, name: str) -> Holder:
         """This process as the key's value; after a SET whose reply was lost, that SET's
         value again, so that a SET that landed is recognised as ours."""
         if name in self._unanswered:
             return self._unanswered[name][0]
-        return Holder.me(secrets.token_hex(8)).to_text()
+        return Holder.me(secrets.token_hex(8))
 
     def _landed(self, lock: Any, name: str, text: str) -> bool:
         """Whether an earlier SET of ``text`` landed although its reply was lost: then
