@@ -50,23 +50,23 @@ class Hashed:
 
     def __init__(self, raw: BinaryIO) -> None:
         self._raw, self._sha = raw, hashlib.sha256()
-        self.count = 0  # bytes read so far
-        self._mark, self._stop = 0, -1  # from end_within: refuse to read past _stop
+        self._limit, self._left = 0, -1  # from end_within: bytes it allows, and still left
 
     def read(self, size: int = -1) -> bytes:
         data = self._raw.read(size if 0 <= size <= CHUNK else CHUNK)
-        self.count += len(data)
-        if self.count > self._stop >= 0:
-            raise TarRejected(
-                f"more than {self._stop - self._mark} compressed bytes follow the end of "
-                "the archive (zero padding or empty gzip members)"
-            )
+        if self._left >= 0:
+            self._left -= len(data)
+            if self._left < 0:
+                raise TarRejected(
+                    f"more than {self._limit} compressed bytes follow the end of "
+                    "the archive (zero padding or empty gzip members)"
+                )
         self._sha.update(data)
         return data
 
     def end_within(self, limit: int) -> None:
         """Refuse to read more than ``limit`` bytes beyond those read so far."""
-        self._mark, self._stop = self.count, self.count + limit
+        self._limit, self._left = limit, limit
 
     def seek(self, offset: int, /) -> int:
         raise io.UnsupportedOperation("read once, forward")  # a rewind would hash bytes twice
