@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from registry import Entry, KernelConfig, bundle, cpu_fingerprint  # noqa: E402
+from tests import tar_blocks as blocks  # noqa: E402
 
 MIB = 2**20
 GIB = 2**30
@@ -264,15 +265,9 @@ def everything_at_its_limit(path: Path) -> Path:
 def negative_size(path: Path, *, pax: bool) -> Path:
     """MANIFEST.json of size -1 (a base-256 size field, or a PAX ``size=-1`` record), then
     1 GiB of zeros: ``read(-1)`` would decompress all of it."""
-    head = bytearray(header(bundle.MANIFEST))
     if not pax:
-        head[124:136] = b"\xff" * 12
-        head[148:156] = b" " * 8
-        head[148:155] = b"%06o\0" % sum(head)
-        return write(path, [bytes(head), *zeros(GIB)])
-    record = b"11 size=-1\n"
-    pax_header = [header("pax", tarfile.XHDTYPE, len(record)), record + bytes(BLOCK - len(record))]
-    return write(path, [*pax_header, bytes(head), *zeros(GIB)])
+        return write(path, [blocks.negative_size(bundle.MANIFEST), *zeros(GIB)])
+    return write(path, [blocks.pax(b"size=-1"), header(bundle.MANIFEST), *zeros(GIB)])
 
 
 def big_group_file(path: Path) -> Path:

@@ -14,6 +14,7 @@ import pytest
 from registry import BundleRejected, RegistryError, Store, bundle
 from registry.store import CURRENT
 from tests.conftest import gpu_fingerprint
+from tests.tar_blocks import header, negative_size, pax
 from warmup.cli import main
 
 MIB = 2**20
@@ -63,12 +64,6 @@ def _tree(folder: Path) -> dict[str, bytes]:
     }
 
 
-def _header(name: str, kind: bytes, size: int) -> bytes:
-    info = tarfile.TarInfo(name)
-    info.type, info.size = kind, size
-    return info.tobuf(format=tarfile.GNU_FORMAT)
-
-
 def _padded(size: int):
     """``size`` zero bytes padded to whole tar blocks, in 1 MiB pieces."""
     left = -(-size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
@@ -80,7 +75,7 @@ def _padded(size: int):
 def _sparse_extensions(blocks: int):
     """An old-style GNU sparse header whose extension blocks go on for ``blocks`` blocks,
     each with 21 (offset, size) pairs that tarfile keeps in a list."""
-    head = bytearray(_header("sparse", tarfile.GNUTYPE_SPARSE, 0))
+    head = bytearray(header("sparse", 0, tarfile.GNUTYPE_SPARSE))
     head[482] = 1  # isextended
     head[148:156] = b" " * 8
     head[148:155] = b"%06o\0" % sum(head)
@@ -103,9 +98,9 @@ def _bomb(path: Path, kind: str) -> Path:
     """A small file that asks tarfile for 64 MiB of header bytes."""
     size = 64 * MIB
     if kind == "gnu-long-name":
-        pieces = [_header("././@LongLink", tarfile.GNUTYPE_LONGNAME, size), *_padded(size)]
+        pieces = [header("././@LongLink", size, tarfile.GNUTYPE_LONGNAME), *_padded(size)]
     elif kind == "pax":
-        pieces = [_header("pax", tarfile.XHDTYPE, size), *_padded(size)]
+        pieces = [header("pax", size, tarfile.XHDTYPE), *_padded(size)]
     else:
         pieces = list(_sparse_extensions(size // tarfile.BLOCKSIZE // 8))
     return _gzip(path, pieces)
@@ -458,17 +453,11 @@ def test_an_artifact_bundle_round_trips_with_its_fingerprints(tmp_path, with_cac
 
 
 def _negative_manifest(kind: str) -> bytes:
-    """A MANIFEST.json header of size -1 (base-256 field, or a PAX record) then 8 MiB of
-    zeros, which ``read(-1)`` would decompress into memory."""
-    block = bytearray(_header("MANIFEST.json", tarfile.REGTYPE, 0))
+    """A MANIFEST.json header of size -1 (base-256 field, or a PAX record); 8 MiB of
+    zeros follow it in the test, which ``read(-1)`` would decompress into memory."""
     if kind == "base-256":
-        block[124:136] = b"\xff" * 12
-        block[148:156] = b" " * 8
-        block[148:155] = b"%06o\0" % sum(block)
-        return bytes(block)
-    record = b"11 size=-1\n"
-    pax = _header("pax", tarfile.XHDTYPE, len(record)) + record + bytes(512 - len(record))
-    return pax + bytes(block)
+        return negative_size("MANIFEST.json")
+    return pax(b"size=-1") + header("MANIFEST.json")
 
 
 @pytest.mark.parametrize("kind", ["base-256", "pax"])

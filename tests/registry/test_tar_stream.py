@@ -12,6 +12,7 @@ import pytest
 
 from registry import tar_stream
 from registry.tar_stream import CHUNK, TAIL_BYTES, TarRejected
+from tests.tar_blocks import header, negative_size, pax
 
 BLOCK = tarfile.BLOCKSIZE
 
@@ -31,15 +32,9 @@ def _read(
         return data, hashed.hexdigest()
 
 
-def _header(name: str, size: int, kind: bytes = tarfile.REGTYPE) -> bytes:
-    info = tarfile.TarInfo(name)
-    info.type, info.size = kind, size
-    return info.tobuf(format=tarfile.GNU_FORMAT)
-
-
 def _member(name: str, data: bytes) -> bytes:
     """A header block and ``data`` padded to whole blocks."""
-    return _header(name, len(data)) + data + bytes(-len(data) % BLOCK)
+    return header(name, len(data)) + data + bytes(-len(data) % BLOCK)
 
 
 def test_members_stream_in_order_in_chunks_with_the_whole_file_hashed(tmp_path):
@@ -66,7 +61,7 @@ def test_members_stream_in_order_in_chunks_with_the_whole_file_hashed(tmp_path):
 )
 def test_a_gnu_long_name_over_the_limit_is_refused_before_it_is_read(tmp_path, before, which):
     size = 64 * 2**20  # the archive holds none of it: reading it would fail differently
-    pieces = [_member(n, b"x") for n in before] + [_header("././@LongLink", size, b"L")]
+    pieces = [_member(n, b"x") for n in before] + [header("././@LongLink", size, b"L")]
     path = tmp_path / "bomb.tgz"
     path.write_bytes(gzip.compress(b"".join(pieces)))
     with pytest.raises(TarRejected) as caught:
@@ -101,7 +96,7 @@ def test_the_data_after_the_end_marker_is_bounded(tmp_path, after_end, expected)
         (lambda good: good + b"garbage!", r"not a readable tar\.gz archive \(BadGzipFile: "),
         (lambda good: good[:-9], r"not a readable tar\.gz archive \(EOFError: "),
         (
-            lambda good: gzip.compress(_header("a", 3 * BLOCK) + b"y" * 10),
+            lambda good: gzip.compress(header("a", 3 * BLOCK) + b"y" * 10),
             r"^member 'a' ends after 10 of 1536 bytes$",
         ),
     ],
@@ -114,30 +109,9 @@ def test_a_broken_archive_is_a_tar_rejected_with_its_reason(tmp_path, content, e
         _read(path)
 
 
-def _pax(*records: bytes, kind: bytes = tarfile.XHDTYPE) -> bytes:
-    """A PAX header block of ``kind`` and its records (``b"key=value"``), padded."""
-    payload = b""
-    for record in records:
-        body = b" " + record + b"\n"
-        length = len(body) + 1
-        while length != len(body) + len(str(length)):  # the length counts its own digits
-            length = len(body) + len(str(length))
-        payload += str(length).encode() + body
-    return _header("pax", len(payload), kind) + payload + bytes(-len(payload) % BLOCK)
-
-
-def _negative_size(name: str) -> bytes:
-    """A header block whose base-256 size field is -1 (tarfile reads it as -1)."""
-    block = bytearray(_header(name, 0))
-    block[124:136] = b"\xff" * 12
-    block[148:156] = b" " * 8
-    block[148:155] = b"%06o\0" % sum(block)
-    return bytes(block)
-
-
 @pytest.mark.parametrize(
     "head",
-    [_negative_size("a"), _pax(b"size=-1") + _header("a", 0)],
+    [negative_size("a"), pax(b"size=-1") + header("a", 0)],
     ids=["base-256", "pax"],
 )
 def test_a_negative_member_size_is_refused_before_any_data_is_read(tmp_path, head):
@@ -158,8 +132,8 @@ def test_chunks_refuses_a_negative_size(tmp_path):
 
 def test_a_pax_record_with_a_long_run_of_digits_is_refused_before_tarfile_parses_it(tmp_path):
     # CVE-2024-6232: tarfile before 3.11.10 / 3.12.6 scans such a run in quadratic time.
-    ok = _pax(b"comment=" + b"7" * tar_stream.MAX_PAX_DIGITS) + _member("ok", b"x")
-    bad = _pax(b"comment=" + b"7" * (tar_stream.MAX_PAX_DIGITS + 1)) + _member("bad", b"x")
+    ok = pax(b"comment=" + b"7" * tar_stream.MAX_PAX_DIGITS) + _member("ok", b"x")
+    bad = pax(b"comment=" + b"7" * (tar_stream.MAX_PAX_DIGITS + 1)) + _member("bad", b"x")
     path = tmp_path / "redos.tgz"
     path.write_bytes(gzip.compress(ok + bad))
     with pytest.raises(TarRejected) as caught:
@@ -183,7 +157,7 @@ def test_digits_outside_pax_records_are_not_limited(tmp_path):
 
 def test_a_name_in_a_refusal_is_cut_short_and_quoted(tmp_path):
     name = "x\n" * 3000  # unchecked: tar_stream refuses before the caller sees the name
-    global_header = _pax(b"comment=x", kind=tarfile.XGLTYPE)
+    global_header = pax(b"comment=x", kind=tarfile.XGLTYPE)
     with tarfile.open(fileobj=(buffer := io.BytesIO()), mode="w", format=tarfile.PAX_FORMAT) as t:
         t.addfile(tarfile.TarInfo(name))
     path = tmp_path / "a.tgz"
