@@ -57,6 +57,10 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+
+class NewerSchema(RegistryError):
+    """An entry file a newer version wrote: left alone, neither read nor overwritten."""
+
 @dataclass(frozen=True)
 class Entry:
     """A tuned config for one (kernel, key, fingerprint), with the evidence behind it."""
@@ -123,7 +127,8 @@ class Entry:
             raise RegistryError(f"Entry is {type(data).__name__}, not a JSON object.")
         schema = data.get("schema")
         if schema not in READ_SCHEMAS or isinstance(schema, bool):
-            raise RegistryError(
+            newer = type(schema) is int and schema > max(READ_SCHEMAS)  # a later version's
+            raise (NewerSchema if newer else RegistryError)(
                 f"Entry 'schema' has value {shown(schema)}; "
                 f"this version reads schemas {', '.join(map(str, READ_SCHEMAS))}."
             )

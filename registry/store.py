@@ -34,7 +34,7 @@ from filelock import FileLock
 from filelock import Timeout as FileLockTimeout
 
 from registry import atomic
-from registry.entry import SCHEMA_VERSION, Entry, canonical_key, now_iso
+from registry.entry import Entry, NewerSchema, canonical_key, now_iso
 from registry.errors import RegistryError
 from registry.fingerprint import Fingerprint, MatchPolicy
 from registry.generations import (
@@ -574,10 +574,6 @@ class Store:
         return done
 
 
-class NewerSchema(RegistryError):
-    """An entry file a newer version wrote: left alone, neither read nor overwritten."""
-
-
 def read_entry(path: Path) -> tuple[bytes, Entry]:
     """The bytes of ``path`` and the entry they hold. :class:`NewerSchema` for a newer
     version's entry, RegistryError for anything else that is no entry (not a small
@@ -592,10 +588,7 @@ def read_entry(path: Path) -> tuple[bytes, Entry]:
         if e.errno == errno.ELOOP:  # a link where an entry belongs
             raise RegistryError(str(e)) from None
         raise
-    schema = data.get("schema") if isinstance(data, dict) else None
-    if isinstance(schema, int) and not isinstance(schema, bool) and schema > SCHEMA_VERSION:
-        raise NewerSchema(f"schema {schema} is newer than this reader")
-    return raw, Entry.from_json(data)
+    return raw, Entry.from_json(data)  # NewerSchema: a newer version's
 
 
 def _still_corrupt(path: Path) -> bool:
