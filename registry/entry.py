@@ -57,9 +57,9 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-
 class NewerSchema(RegistryError):
     """An entry file a newer version wrote: left alone, neither read nor overwritten."""
+
 
 @dataclass(frozen=True)
 class Entry:
