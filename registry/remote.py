@@ -1,0 +1,313 @@
+"""The remote tier: tuned entries on a redis server, shared by pods on every node (like
+PyTorch Inductor's remote autotune cache).
+
+Layout: one hash per slot, a field per fingerprint, the value an entry file's JSON::
+
+    triton-warmup:entry:<kernel>:<sha256(canonical key)[:24]>
+        <fingerprint digest>  ->  {"schema": 1, "kernel": ..., "fingerprint": ..., ...}
+
+A fetch is one round trip (HGET of the exact field; HGETALL where the policy forgives a
+differing fingerprint) and picks as ``Store.lookup`` does. A publish merges into the
+field under WATCH, as a local put merges into its file: an identical value writes
+nothing, a newer version's entry is left alone. Nothing read is trusted: a value that
+is too big, no entry, or not the entry of its slot is skipped with one warning.
+
+Outages: every call has socket timeouts and no retries of its own. A call that fails
+logs one warning for the outage, then the tier is skipped (no network) for
+``retry_after_s`` and tried again; the local tier works alone meanwhile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from registry import atomic
+from registry.entry import Entry, NewerSchema, canonical_key
+from registry.errors import RegistryError, shown, why
+from registry.fingerprint import Fingerprint, MatchPolicy
+from registry.locks.redis_lock import _cause, redacted
+from registry.store import MAX_ENTRY_BYTES
+
+log = logging.getLogger(__name__)
+
+PREFIX = "triton-warmup:entry:"
+SCHEMES = ("redis://", "rediss://", "unix://")
+WATCH_TRIES = 5  # a publish that loses this many races to other writers gives up
+
+
+@dataclass
+class RemoteStats:
+    """Counters the metrics read."""
+
+    hits: int = 0
+    misses: int = 0
+    published: int = 0  # values written (an identical publish writes none)
+    errors: int = 0  # calls that failed
+    skipped: int = 0  # calls not made while the tier is down
+
+
+def slot_name(kernel: str, key_json: str) -> str:
+    """The hash that holds the entries of ``kernel`` at the canonical key ``key_json``."""
+    return f"{PREFIX}{kernel}:{hashlib.sha256(key_json.encode()).hexdigest()[:24]}"
+
+
+class RemoteTier:
+    """Tuned entries on a redis server, shared by pods on every node."""
+
+    def __init__(self, url: str, *, timeout_s: float = 1.0, retry_after_s: float = 30.0) -> None:
+        try:
+            import redis
+            from redis.backoff import NoBackoff
+            from redis.retry import Retry
+        except ImportError:
+            raise RegistryError(
+                "The remote tier needs redis-py: pip install 'triton-warmup[redis]'."
+            ) from None
+        self.url = url
+        self.retry_after_s = retry_after_s
+        self.stats = RemoteStats()
+        self._retry_at = 0.0  # monotonic: calls are skipped until then
+        self._down_since: float | None = None
+        self._warned: set[tuple[str, str]] = set()
+        try:
+            self.client: Any = redis.Redis.from_url(
+                url,
+                socket_timeout=timeout_s,
+                socket_connect_timeout=timeout_s,
+                retry=Retry(NoBackoff(), 0),
+            )
+        except ValueError as e:
+            raise RegistryError(
+                f"Remote tier URL {shown(redacted(url))} is not valid: {e}"
+            ) from None
+
+    def describe(self) -> str:
+        return f"redis at {redacted(self.url)}"
+
+    @property
+    def up(self) -> bool:
+        """False while the tier is skipped after a failed call."""
+        return time.monotonic() >= self._retry_at
+
+    # ---- reading -------------------------------------------------------------------
+
+    def fetch(
+        self,
+        kernel: str,
+        key: Mapping[str, Any],
+        fingerprint: Fingerprint,
+        policy: MatchPolicy = MatchPolicy.EXACT,
+    ) -> Entry | None:
+        """The entry for ``kernel`` at ``key`` valid for ``fingerprint``, or None (a miss,
+        a bad value, or the tier down). Never raises."""
+        try:
+            key_json = canonical_key(key)
+        except RegistryError as e:
+            log.warning("remote tier: no lookup of %s: %s", kernel, e)
+            return None
+        if not self._ready():
+            return None
+        try:
+            found = self._fetch(slot_name(kernel, key_json), fingerprint, policy)
+        except Exception as e:
+            self._failed(e)
+            return None
+        self._answered()
+        if found is None:
+            self.stats.misses += 1
+        else:
+            self.stats.hits += 1
+        return found
+
+    def _fetch(self, name: str, fingerprint: Fingerprint, policy: MatchPolicy) -> Entry | None:
+        digest = fingerprint.digest()
+        values: dict[bytes, bytes] = {}  # stays empty for a string at the slot's name
+        with self._unless_wrong_type(name):
+            if policy is MatchPolicy.EXACT:  # only the exact field can match
+                raw = self.client.hget(name, digest)
+                values = {} if raw is None else {digest.encode(): raw}
+            else:
+                values = self.client.hgetall(name)
+        candidates = {}
+        for field, raw in values.items():
+            entry = self._decode(name, field.decode(errors="replace"), raw)
+            if entry is not None:
+                candidates[entry.fingerprint.digest()] = entry
+        return _best(candidates, fingerprint, policy)
+
+    def _decode(self, name: str, field: str, raw: bytes) -> Entry | None:
+        """The entry ``raw`` holds, if it is one filed under its own fingerprint."""
+        try:
+            entry = _parse(raw)
+        except NewerSchema as e:
+            self._warn_once(name, field, "skipping a newer version's entry (%s)", e)
+            return None
+        except RegistryError as e:
+            self._warn_once(name, field, "skipping a value that is no entry (%s)", e)
+            return None
+        if entry.fingerprint.digest() != field or slot_name(entry.kernel, entry.key_json) != name:
+            self._warn_once(name, field, "skipping an entry filed under another slot")
+            return None
+        return entry
+
+    # ---- writing -------------------------------------------------------------------
+
+    def publish(self, entry: Entry) -> bool:
+        """Merge ``entry`` into its field; True when the server holds it. Never raises."""
+        if not self._ready():
+            return False
+        try:
+            stored = self._publish(entry)
+        except Exception as e:
+            self._failed(e)
+            return False
+        self._answered()
+        return stored
+
+    def _publish(self, entry: Entry) -> bool:
+        name, field = slot_name(entry.kernel, entry.key_json), entry.fingerprint.digest()
+        with self._unless_wrong_type(name):
+            return self._merge_into(name, field, entry)
+        return False  # a string at the slot's name: left alone
+
+    def _merge_into(self, name: str, field: str, entry: Entry) -> bool:
+        """Read the field, merge, write it back unless another writer changed it since."""
+        import redis
+
+        with self.client.pipeline() as pipe:
+            for _ in range(WATCH_TRIES):
+                try:
+                    pipe.watch(name)
+                    held = pipe.hget(name, field)
+                    data = self._merged(name, field, held, entry)
+                    if data is None or data == held:  # refused, or already there
+                        pipe.unwatch()
+                        return data is not None
+                    pipe.multi()
+                    pipe.hset(name, field, data)
+                    pipe.execute()
+                    self.stats.published += 1
+                    return True
+                except redis.exceptions.WatchError:
+                    continue  # another writer changed the slot: merge with theirs
+        log.warning("remote tier: %s not published, %d writers raced", name, WATCH_TRIES)
+        return False
+
+    def _merged(self, name: str, field: str, held: bytes | None, entry: Entry) -> bytes | None:
+        """The value to store: ``entry`` merged with what ``held`` holds; None to write
+        nothing (a newer version's entry, an entry too big to read back)."""
+        merged = entry
+        if held is not None:
+            try:
+                stored = _parse(held)
+                if slot_name(stored.kernel, stored.key_json) != name:
+                    raise RegistryError("an entry of another slot")
+                merged = stored.merge(entry)  # RegistryError for another fingerprint's
+            except NewerSchema:
+                self._warn_once(name, field, "not publishing: a newer version's entry holds it")
+                return None
+            except RegistryError as e:  # replaced, as a local put replaces a corrupt file
+                log.warning(
+                    "remote tier: %s field %s: replacing a value that is no entry (%s)",
+                    name,
+                    field[:12],
+                    e,
+                )
+        data = atomic.dumps(merged.to_json()).encode()
+        if len(data) > MAX_ENTRY_BYTES:
+            log.warning("remote tier: %s is %d bytes; limit %d", name, len(data), MAX_ENTRY_BYTES)
+            return None
+        return data
+
+    # ---- outages -------------------------------------------------------------------
+
+    def _ready(self) -> bool:
+        """Whether to make a call now; a call not made is counted."""
+        if self.up:
+            return True
+        self.stats.skipped += 1
+        return False
+
+    def _failed(self, error: Exception) -> None:
+        import redis
+
+        self.stats.errors += 1
+        self._retry_at = time.monotonic() + self.retry_after_s
+        cause = _cause(error) if isinstance(error, redis.exceptions.RedisError) else why(error)
+        if self._down_since is not None:
+            log.debug("registry remote tier %s still unreachable (%s)", self.describe(), cause)
+            return
+        self._down_since = time.monotonic()
+        log.warning(
+            "registry remote tier %s unreachable (%s): using the local tier only; retrying in %g s",
+            self.describe(),
+            cause,
+            self.retry_after_s,
+        )
+
+    def _answered(self) -> None:
+        if self._down_since is not None:
+            down = time.monotonic() - self._down_since
+            log.info("registry remote tier %s answers again after %.1f s", self.describe(), down)
+            self._down_since = None
+
+    @contextlib.contextmanager
+    def _unless_wrong_type(self, name: str) -> Iterator[None]:
+        """Redis's WRONGTYPE answer (someone stored a string at a slot's name) passes as a
+        miss or a refused publish, warned once: one bad key is no outage."""
+        import redis
+
+        try:
+            yield
+        except redis.exceptions.ResponseError as e:
+            if not str(e).startswith("WRONGTYPE"):
+                raise
+            self._warn_once(name, "", "not a hash, left alone (%s)", e)
+
+    def _warn_once(self, name: str, field: str, message: str, *args: object) -> None:
+        if (name, field) not in self._warned:
+            self._warned.add((name, field))
+            where = f"{name} field {field[:12]}" if field else name
+            log.warning("remote tier: %s: " + message, where, *args)
+
+
+def _parse(raw: bytes) -> Entry:
+    """The entry in ``raw``: NewerSchema for a newer version's, RegistryError otherwise."""
+    if len(raw) > MAX_ENTRY_BYTES:
+        raise RegistryError(f"{len(raw)} bytes; limit {MAX_ENTRY_BYTES}")
+    try:
+        data = atomic.loads(raw)
+    except ValueError as e:
+        raise RegistryError(f"not JSON: {e}") from None
+    return Entry.from_json(data)
+
+
+def _best(
+    candidates: Mapping[str, Entry], fingerprint: Fingerprint, policy: MatchPolicy
+) -> Entry | None:
+    """As ``Store.lookup`` picks: the exact fingerprint, else the closest one allowed."""
+    exact = candidates.get(fingerprint.digest())
+    if exact is not None:
+        return exact
+    matching = [e for e in candidates.values() if not fingerprint.mismatches(e.fingerprint, policy)]
+    if not matching:
+        return None
+    return min(matching, key=lambda e: (len(fingerprint.diff(e.fingerprint)), e.identity()))
+
+
+def remote_tier(url: str) -> RemoteTier | None:
+    """The remote tier at ``url``; None for "" or "off"."""
+    if url.strip() in ("", "off"):
+        return None
+    if not url.startswith(SCHEMES):
+        raise RegistryError(
+            f"Remote tier URL {shown(redacted(url))} is not valid: "
+            f"use {', '.join(SCHEMES)} or 'off'."
+        )
+    return RemoteTier(url)

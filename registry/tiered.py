@@ -1,0 +1,89 @@
+"""The registry's two tiers: the local store (the volume) and, behind it, the remote tier.
+
+A lookup asks the local store first; on a miss it asks the remote tier and files a hit
+in the local store, so the next lookup stays local. A put writes the local store (its
+errors raise as always), then publishes what the store now holds. The remote tier never
+raises: while it is down, the local store works alone, as it does without one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from registry.entry import Entry
+from registry.errors import RegistryError
+from registry.fingerprint import Fingerprint, MatchPolicy
+from registry.remote import RemoteTier
+from registry.store import Store
+
+log = logging.getLogger(__name__)
+
+Tier = Literal["local", "remote"]
+
+
+class TieredStore:
+    """The local store first (the volume, works alone as today); the remote tier on a local miss."""
+
+    def __init__(self, local: Store, remote: RemoteTier | None = None) -> None:
+        self.local = local
+        self.remote = remote
+
+    @property
+    def lock_timeout(self) -> float:
+        return self.local.lock_timeout
+
+    def locate(
+        self,
+        kernel: str,
+        key: Mapping[str, Any],
+        fingerprint: Fingerprint,
+        policy: MatchPolicy = MatchPolicy.EXACT,
+    ) -> tuple[Entry, Tier] | None:
+        """The entry for ``kernel`` at ``key`` valid for ``fingerprint`` and the tier it
+        came from, or None (a miss in both)."""
+        found = self.local.lookup(kernel, key, fingerprint, policy)
+        if found is not None:
+            return found, "local"
+        if self.remote is None:
+            return None
+        fetched = self.remote.fetch(kernel, key, fingerprint, policy)
+        if fetched is None:
+            return None
+        return self._keep(fetched), "remote"
+
+    def lookup(
+        self,
+        kernel: str,
+        key: Mapping[str, Any],
+        fingerprint: Fingerprint,
+        policy: MatchPolicy = MatchPolicy.EXACT,
+    ) -> Entry | None:
+        """:meth:`locate`'s entry."""
+        found = self.locate(kernel, key, fingerprint, policy)
+        return found[0] if found is not None else None
+
+    def put(self, entry: Entry) -> Entry:
+        """Merge ``entry`` into the local store, then publish what it holds now."""
+        stored = self.local.put(entry)
+        if self.remote is not None:
+            self.remote.publish(stored)
+        return stored
+
+    def entries(self) -> list[Entry]:
+        """The local store's entries (the remote tier is not listed)."""
+        return self.local.entries()
+
+    def _keep(self, entry: Entry) -> Entry:
+        """``entry`` from the remote tier, filed in the local store where it can be."""
+        try:
+            return self.local.put(entry)
+        except (RegistryError, OSError) as e:  # a read-only volume, a busy lock
+            log.warning(
+                "registry: remote entry %s not kept in the local store %s: %s",
+                entry.relpath(),
+                self.local.root,
+                e,
+            )
+            return entry
