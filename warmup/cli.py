@@ -2,6 +2,7 @@
 
 triton-warmup run       warm every manifest shape (init container); exit 0 when ready
 triton-warmup serve     the sidecar: /healthz /readyz /metrics, bundle hot reload
+triton-warmup status    the last run: state, sources, time by phase
 triton-warmup validate  check a manifest, write nothing
 triton-warmup doctor    check this host for what a run needs
 triton-warmup registry  inspect and move tuned configs
@@ -29,6 +30,7 @@ from registry.errors import RegistryError
 from warmup import doctor, logs
 from warmup.launch import RunError
 from warmup.manifest import ManifestError, load_manifest
+from warmup.phases import phase_table
 from warmup.probe_server import SidecarError  # light: serve imports the sidecar itself
 from warmup.results import RunStatus
 from warmup.settings import Settings
@@ -52,6 +54,12 @@ def build_parser(settings: Settings) -> argparse.ArgumentParser:
     _common(serve, settings)
     serve.add_argument("--host", help=f"bind address (default {settings.metrics_host})")
     serve.add_argument("--port", type=int, help=f"port (default {settings.metrics_port})")
+
+    status = sub.add_parser("status", help="the last run: state, sources, seconds by phase")
+    status.add_argument(
+        "--file", type=Path, help=f"the status file (default {settings.status_path})"
+    )
+    status.add_argument("--json", action="store_true", help="the status file's JSON as it is")
 
     validate = sub.add_parser("validate", help="check a manifest and print what it expands to")
     validate.add_argument("manifest", type=Path)
@@ -115,6 +123,8 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         return _run(settings)
     if args.command == "serve":
         return _serve(settings)
+    if args.command == "status":
+        return _status(args.file or settings.status_path, as_json=args.json)
     if args.command == "validate":
         return _validate(args)
     if args.command == "doctor":
@@ -144,6 +154,24 @@ def summary(status: RunStatus) -> str:
         f"{status.duration_s or 0:.1f} s"
     )
     return line + "".join(f"\n  FAILED {f}" for f in status.failures)
+
+
+def _status(path: Path, *, as_json: bool) -> int:
+    """Exit 0 when the last run is ready, 1 when it failed or runs, 2 when there is no
+    readable status."""
+    status = RunStatus.read(path)
+    if status is None:
+        return _error(f"no readable status at {path}: has a run started here?", EXIT_BAD_INPUT)
+    if as_json:
+        print(status.model_dump_json(indent=1))
+    else:
+        print(summary(status))
+        if status.phases:
+            print("\n".join(["", *phase_table(status.phases, status.duration_s)]))
+        if status.remote is not None:
+            counts = ", ".join(f"{n} {v}" for n, v in status.remote.model_dump().items())
+            print(f"\nremote tier: {counts}")
+    return EXIT_OK if status.ready else EXIT_FAILED
 
 
 def _serve(settings: Settings) -> int:

@@ -19,6 +19,7 @@ from pathlib import Path
 from registry import atomic
 from registry.fingerprint import NVIDIA_PROC, listed_gpus
 from warmup.manifest import Manifest, ManifestError
+from warmup.phases import process_age
 from warmup.results import FAILED, RankFailure, RunStatus
 from warmup.session import (
     CHILD_FLAG,
@@ -40,6 +41,7 @@ def run(settings: Settings, manifest: Manifest) -> RunStatus:
     """Warm the manifest; returns the status written (``state`` ready or failed).
     :class:`RunError` or :class:`ManifestError` before any rank starts on bad input."""
     started = time.time()
+    phases = {"imports": process_age()}  # this process's start, imports, the CLI
     world = settings.world_size or max(manifest.world_sizes())
     manifest.require_world(world, str(settings.manifest))
     device = _device_type(settings, world)
@@ -53,10 +55,12 @@ def run(settings: Settings, manifest: Manifest) -> RunStatus:
     procs = _spawn_ranks(settings.model_copy(update={"device": device}), manifest, world, run_dir)
     try:
         manifest.check_kernels(str(settings.manifest))  # imports torch: while the ranks do
+        restoring = time.perf_counter()
         restore(settings)  # while the ranks import torch; they wait for the marker
         mark_restored(run_dir)
+        phases["restore"] = time.perf_counter() - restoring
         failures, errors = _wait(procs, settings.run_timeout_s, settings.rank_timeout_s)
-        return finish(settings, manifest, run_dir, world, started, failures, errors)
+        return finish(settings, manifest, run_dir, world, started, failures, errors, phases)
     except BaseException as e:  # a status that says why; no rank outlives the run
         errors = e.errors if isinstance(e, ManifestError) else [f"{type(e).__name__}: {e}"]
         status.model_copy(

@@ -8,7 +8,7 @@ serves its own metrics plus that file's.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, write_to_textfile
@@ -16,7 +16,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from registry import atomic
-from warmup.results import ShapeResult
+from warmup.results import RemoteCounts, ShapeResult
 
 SECONDS_BUCKETS = (
     0.01,
@@ -37,6 +37,13 @@ SECONDS_BUCKETS = (
 )
 
 log = logging.getLogger(__name__)
+REMOTE_RESULTS = {  # label -> RemoteCounts field
+    "hit": "hits",
+    "miss": "misses",
+    "published": "published",
+    "error": "errors",
+    "skipped": "skipped",
+}
 
 
 class RunMetrics:
@@ -106,6 +113,19 @@ class RunMetrics:
         self.ranks = Gauge(
             "triton_warmup_ranks", "Ranks whose records these numbers sum.", registry=r
         )
+        self.phase_seconds = Gauge(
+            "triton_warmup_phase_seconds",
+            "Seconds of the last warmup run in each phase (the slowest rank's).",
+            ["phase"],
+            registry=r,
+        )
+        self.remote_calls = Counter(
+            "triton_warmup_remote_tier_calls",
+            "Calls to the registry's remote tier: hit, miss, published, error, skipped "
+            "(not made while it was down).",
+            ["result"],
+            registry=r,
+        )
 
     def record(self, shapes: Iterable[ShapeResult]) -> None:
         """Add the ranks' per-shape results."""
@@ -127,6 +147,22 @@ class RunMetrics:
                 self.lock_wait_seconds.observe(shape.lock_wait_s)
             if shape.source == "fallback":
                 self.fallbacks.labels(kernel).inc()
+
+    def record_run(
+        self,
+        ranks: int,
+        duration_s: float,
+        phases: Mapping[str, float],
+        remote: RemoteCounts | None,
+    ) -> None:
+        """The run as a whole: its ranks, duration, phases and remote-tier calls."""
+        self.ranks.set(ranks)
+        self.duration.set(duration_s)
+        for phase, seconds in phases.items():
+            self.phase_seconds.labels(phase).set(seconds)
+        if remote is not None:
+            for result, count in REMOTE_RESULTS.items():
+                self.remote_calls.labels(result).inc(getattr(remote, count))
 
     def write(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -24,11 +24,12 @@ from registry import atomic
 
 MAX_STATUS_BYTES = 64 * 2**20  # 4096 shapes x 8 ranks of results fit many times over
 
-# registry/bundle: a stored config (bundle: one a bundle install wrote); tuned: found
+# registry/bundle: a stored config (bundle: one a bundle install wrote); remote: one the
+# registry's remote tier had (another node's pod tuned it), now stored here too; tuned: found
 # by tuning now; fallback: the kernel's default, by policy; user: a ``module:function``
 # entry, whose kernels choose their own configs; failed: no config (``error`` says why).
-Source = Literal["registry", "bundle", "tuned", "fallback", "user", "failed"]
-HIT_SOURCES: tuple[Source, ...] = ("registry", "bundle")
+Source = Literal["registry", "bundle", "remote", "tuned", "fallback", "user", "failed"]
+HIT_SOURCES: tuple[Source, ...] = ("registry", "bundle", "remote")
 State = Literal["running", "ready", "failed"]
 RUNNING: State = "running"
 READY: State = "ready"
@@ -78,6 +79,21 @@ class ShapeResult(_Record):
         return f"{self.kernel} {shape or self.key}".strip()
 
 
+class RemoteCounts(_Record):
+    """Calls to the registry's remote tier (``registry.remote.RemoteStats``): hits and
+    misses of lookups, entries published, calls that failed, calls skipped while down."""
+
+    hits: int = 0
+    misses: int = 0
+    published: int = 0
+    errors: int = 0
+    skipped: int = 0
+
+    def __add__(self, other: RemoteCounts) -> RemoteCounts:
+        mine, theirs = self.model_dump(), other.model_dump()
+        return RemoteCounts.model_validate({k: v + theirs[k] for k, v in mine.items()})
+
+
 class RankReport(_Record):
     """Everything one rank did; written once, as ``rank-<r>.json`` in the run folder."""
 
@@ -85,6 +101,8 @@ class RankReport(_Record):
     world: int
     fingerprint: dict[str, Any] | None = None
     seconds: float = 0.0
+    phases: dict[str, float] = {}  # warmup.phases: seconds per phase on this rank
+    remote: RemoteCounts | None = None  # None: this rank asked no remote tier
     shapes: list[ShapeResult] = []
 
     def write(self, run_dir: Path) -> Path:
@@ -137,6 +155,8 @@ class RunStatus(_Record):
     benchmark_runs: int = 0
     saved_artifacts: int = 0
     imported_entries: int = 0
+    phases: dict[str, float] = {}  # warmup.phases: seconds per phase, the slowest rank's
+    remote: RemoteCounts | None = None  # the registry's remote tier; None: not used
     shapes: list[ShapeResult] = []
 
     @model_validator(mode="before")

@@ -2,8 +2,9 @@
 
 For a shape of a kernel with an adapter (``kernels.ADAPTERS``): the adapter makes the
 tune task, the tuner answers (registry hit, fallback, or a tuning in lockstep with the
-other ranks); a config that was not just tuned is then compiled (from the cache),
-launched once and checked against the reference. For a ``module:function``
+other ranks; a shape another pod is tuning waits until the others are done,
+``warmup.sharing``); a config that was not just tuned is then compiled (from the
+cache), launched once and checked against the reference. For a ``module:function``
 entry the user's function is called for every shape with Triton's own autotune result
 caching on, so its ``@triton.autotune`` choices land in the compile cache (and, after
 the run, in the registry).
@@ -11,6 +12,8 @@ the run, in the registry).
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import logging
 import sys
 import time
@@ -24,12 +27,16 @@ from kernels.adapter import torch_dtype
 from registry import Store, triton_internals
 from registry.fingerprint import Fingerprint, detect_for
 from registry.locks import backend_from_url
+from registry.remote import remote_tier
+from registry.tiered import TieredStore
 from warmup.lockstep import Lockstep
 from warmup.manifest import Manifest, ManifestEntry, resolve_user_function
-from warmup.results import RankReport, ShapeResult
+from warmup.phases import PhaseClock
+from warmup.results import RankReport, RemoteCounts, ShapeResult
 from warmup.settings import Settings
+from warmup.sharing import Job, Settled, rotated, start_fraction, warm_shared
 from warmup.timing import Timer, cuda_event_timer, wall_clock_timer
-from warmup.tuner import TuneError, TuneOptions, Tuner
+from warmup.tuner import TuneOptions, Tuner
 
 log = logging.getLogger(__name__)
 
@@ -46,29 +53,80 @@ def warm_rank(
     group: Any,
     device: torch.device,
     progress: Progress | None = None,
+    clock: PhaseClock | None = None,
 ) -> RankReport:
-    """Warm every shape of the manifest entries made for ``world`` ranks."""
+    """Warm every shape of the manifest entries made for ``world`` ranks, entry after
+    entry; the shapes of consecutive kernel entries are shared with the other pods of
+    the fleet (``warmup.sharing``). The report lists the shapes in manifest order."""
     started = time.perf_counter()
+    clock = clock or PhaseClock()
     fingerprint = detect_for(device)  # the CPU's on CPU, even on a GPU machine
-    store = Store(settings.registry_path, lock_timeout=settings.lock_timeout_s)
+    local = Store(settings.registry_path, lock_timeout=settings.lock_timeout_s)
+    store = TieredStore(local, remote_tier(settings.remote_location) if rank == 0 else None)
     report = RankReport(rank=rank, world=world, fingerprint=fingerprint.to_json())
     total = manifest.shape_count(world)
-    for entry in manifest.entries_for(world):
-        warm_entry = _warm_user_function if entry.is_user_function else _warm_kernel
-        for shape in warm_entry(entry, settings, store, fingerprint, group=group, device=device):
-            report.shapes.append(shape.model_copy(update={"rank": rank}))
-            if progress is not None:
-                progress(len(report.shapes), total, report.shapes[-1])
+    places: dict[int, int] = {}  # id(result) -> its place in the manifest
+
+    def done(shape: ShapeResult, place: int) -> None:
+        report.shapes.append(shape.model_copy(update={"rank": rank}))
+        places[id(report.shapes[-1])] = place
+        if progress is not None:
+            progress(len(report.shapes), total, report.shapes[-1])
+
+    lockstep = Lockstep(group, timeout_s=settings.rank_timeout_s)
+    fraction = start_fraction(lockstep)
+    from_bundles = _bundle_paths(local)
+    first = 0
+    for user, run in itertools.groupby(manifest.entries_for(world), lambda e: e.is_user_function):
+        entries = list(run)
+        if user:
+            for entry in entries:
+                for shape in _warm_user_function(entry, device=device):
+                    done(shape, first)
+                    first += 1
+            continue
+        tuners = [_tuner(e, settings, store, fingerprint, lockstep, device) for e in entries]
+        jobs = _kernel_jobs(entries, tuners, first, fraction, group, device)
+        timed = clock.timed_items("setup", jobs)
+        for settled in warm_shared(timed, lock_timeout_s=settings.lock_timeout_s):
+            done(_warm_settled(settled, from_bundles, clock), settled.job.place)
+        first += sum(len(entry.expand()) for entry in entries)
+    report.shapes.sort(key=lambda shape: places[id(shape)])
     report.seconds = time.perf_counter() - started
+    report.phases = dict(clock.seconds)
+    if store.remote is not None:
+        report.remote = RemoteCounts.model_validate(dataclasses.asdict(store.remote.stats))
     return report
+
+
+def _kernel_jobs(
+    entries: list[ManifestEntry],
+    tuners: list[Tuner],
+    first: int,
+    fraction: float,
+    group: Any,
+    device: torch.device,
+) -> Iterator[Job]:
+    """The entries' shapes as jobs, made lazily (workspace and inputs when the first
+    pass reaches them), each entry's shapes rotated by this pod's start; ``first`` is
+    the manifest place of the first entry's first shape."""
+    for entry, tuner in zip(entries, tuners, strict=True):
+        shapes = list(enumerate(entry.expand(), start=first))
+        first += len(shapes)
+        order = rotated(shapes, fraction)
+        tasks = kernels.adapter_for(entry.kernel).tasks(
+            [shape for _, shape in order], dtype=entry.dtype, group=group, device=device
+        )
+        for (place, _), task in zip(order, tasks, strict=True):
+            yield Job(task, tuner, place=place)
 
 
 def _tuner(
     entry: ManifestEntry,
     settings: Settings,
-    store: Store,
+    store: TieredStore,
     fingerprint: Fingerprint,
-    group: Any,
+    lockstep: Lockstep,
     device: torch.device,
 ) -> Tuner:
     timer: Timer = cuda_event_timer() if device.type == "cuda" else wall_clock_timer()
@@ -85,35 +143,25 @@ def _tuner(
         store,
         fingerprint,
         timer=timer,
-        lockstep=Lockstep(group, timeout_s=settings.rank_timeout_s),
+        lockstep=lockstep,
         lock_backend=backend_from_url(settings.lock_location),
         options=options,
     )
 
 
-def _warm_kernel(
-    entry: ManifestEntry,
-    settings: Settings,
-    store: Store,
-    fingerprint: Fingerprint,
-    *,
-    group: Any,
-    device: torch.device,
-) -> Iterator[ShapeResult]:
-    tasks = kernels.adapter_for(entry.kernel).tasks(
-        entry.expand(), dtype=entry.dtype, group=group, device=device
-    )
-    tuner = _tuner(entry, settings, store, fingerprint, group, device)
-    from_bundles = _bundle_paths(store)
-    for task in tasks:
-        yield _warm_task(task, tuner, from_bundles)
-
-
-def _warm_task(task: Any, tuner: Tuner, from_bundles: set[str]) -> ShapeResult:
-    try:
-        outcome = tuner.get(task)
-    except TuneError as e:
-        return ShapeResult(kernel=task.kernel, key=task.key(), source="failed", error=str(e))
+def _warm_settled(settled: Settled, from_bundles: set[str], clock: PhaseClock) -> ShapeResult:
+    """A settled job as a shape result; a config that was not just tuned is compiled
+    (or loaded from the cache), launched once and checked."""
+    task, outcome = settled.job.task, settled.outcome
+    clock.add("lock_wait", settled.deferred_s)
+    if outcome is None:
+        reason = str(settled.error)
+        return ShapeResult(kernel=task.kernel, key=task.key(), source="failed", error=reason)
+    clock.add("lock_wait", outcome.lock_wait_s)
+    if outcome.source == "tuned":
+        clock.add("tune", outcome.seconds - outcome.lock_wait_s)
+    else:
+        clock.add("lookup", outcome.seconds - outcome.lock_wait_s)
     from_bundle = outcome.entry is not None and outcome.entry.relpath().as_posix() in from_bundles
     result = ShapeResult(
         kernel=task.kernel,
@@ -122,16 +170,21 @@ def _warm_task(task: Any, tuner: Tuner, from_bundles: set[str]) -> ShapeResult:
         config=outcome.config.to_json(),
         seconds=outcome.seconds,
         benchmark_runs=outcome.benchmark_runs,
-        lock_wait_s=outcome.lock_wait_s,
+        lock_wait_s=outcome.lock_wait_s + settled.deferred_s,
     )
     if outcome.source == "tuned":  # tuning launched and checked it already
         return result
     started = time.perf_counter()  # a stored config: compile (from the cache), launch, check
+    error: str | None = None
     try:
-        error = task.verify(task.run(outcome.config))
+        with clock.timing("compile"):
+            task.warmup(outcome.config)
+            _synchronize()
+        with clock.timing("check"):
+            error = task.verify(task.run(outcome.config))
+            _synchronize()
     except Exception as e:  # the shape failed, the run goes on
         error = f"{type(e).__name__}: {e}"
-    _synchronize()
     return result.model_copy(
         update={
             "compile_seconds": time.perf_counter() - started,
@@ -140,15 +193,7 @@ def _warm_task(task: Any, tuner: Tuner, from_bundles: set[str]) -> ShapeResult:
     )
 
 
-def _warm_user_function(
-    entry: ManifestEntry,
-    settings: Settings,
-    store: Store,
-    fingerprint: Fingerprint,
-    *,
-    group: Any,
-    device: torch.device,
-) -> Iterator[ShapeResult]:
+def _warm_user_function(entry: ManifestEntry, *, device: torch.device) -> Iterator[ShapeResult]:
     try:
         function = resolve_user_function(entry.kernel)
     except ValueError as e:  # validated before the run: the rank's environment differs

@@ -19,6 +19,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -32,7 +33,16 @@ from registry.importers import import_triton_autotune
 from registry.locks import LockServerUnreachable, backend_from_url, check_backend
 from warmup.manifest import Manifest, ManifestError, load_manifest
 from warmup.metrics import RunMetrics
-from warmup.results import FAILED, READY, RUNNING, RankFailure, RankReport, RunStatus
+from warmup.phases import PhaseClock, process_age, run_phases
+from warmup.results import (
+    FAILED,
+    READY,
+    RUNNING,
+    RankFailure,
+    RankReport,
+    RemoteCounts,
+    RunStatus,
+)
 from warmup.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -68,18 +78,24 @@ def run_session(
     run_dir: Path,
     roles: Roles,
     started: float,
+    clock: PhaseClock | None = None,
 ) -> RunStatus | None:
     """This rank's part of the run; returns the status where this process can know it
-    (rank 0 of a self-started run, or every rank when there is a group to share it)."""
+    (rank 0 of a self-started run, or every rank when there is a group to share it).
+    ``clock`` has what this rank spent before (its start, the process group)."""
     from warmup.runner import progress_printer, warm_rank
 
+    clock = clock or PhaseClock()
     if not roles.restores:
-        wait_for_restore(run_dir, settings.run_timeout_s)
+        with clock.timing("rendezvous"):
+            wait_for_restore(run_dir, settings.run_timeout_s)
     elif rank == 0:
         clear_run_dir(run_dir)
         running(manifest, world, started).write(settings.status_path)  # not ready
-        restore(settings)
-    _barrier(group)
+        with clock.timing("restore"):
+            restore(settings)
+    with clock.timing("rendezvous"):
+        _barrier(group)
     report = warm_rank(
         manifest,
         settings,
@@ -88,6 +104,7 @@ def run_session(
         group=group,
         device=device,
         progress=progress_printer() if rank == 0 else None,
+        clock=clock,
     )
     report.write(run_dir)
     _barrier(group)
@@ -185,8 +202,10 @@ def finish(
     started: float,
     rank_failures: list[RankFailure] | None = None,
     errors: list[str] | None = None,
+    phases: Mapping[str, float] | None = None,
 ) -> RunStatus:
     """Sum every rank's report into metrics and status; save the compile cache.
+    ``phases``: what the launcher spent before the ranks' reports (``warmup.phases``).
 
     Ready only when every rank reported every shape of the manifest's entries for
     ``world`` ranks, none failed, and there was at least one."""
@@ -205,15 +224,18 @@ def finish(
         if len(report.shapes) != expected:
             errors.append(f"rank {report.rank} reported {len(report.shapes)} of {expected} shapes")
     shapes = [shape for report in reports for shape in report.shapes]
-    metrics = RunMetrics()
-    metrics.record(shapes)
-    metrics.ranks.set(len(reports))
+    saving = time.perf_counter()
     saved = triton_cache.save(settings.cache_dir, settings.paths.triton_cache)
     fingerprint = reports[0].fingerprint if reports else None
     imported = _import_autotune(settings, manifest, fingerprint)
+    launcher = {**(phases or {}), "save": time.perf_counter() - saving}
+    run = run_phases(launcher, [report.phases for report in reports])
+    remote = _remote_counts(reports)
     ready = not errors and not failures and not any(s.failed for s in shapes)
     duration = time.time() - started
-    metrics.duration.set(duration)
+    metrics = RunMetrics()
+    metrics.record(shapes)
+    metrics.record_run(len(reports), duration, run, remote)
     metrics.write(settings.metrics_path)
     return RunStatus(
         state=READY if ready else FAILED,
@@ -230,8 +252,16 @@ def finish(
         benchmark_runs=sum(s.benchmark_runs for s in shapes),
         saved_artifacts=saved.copied,
         imported_entries=imported,
+        phases=run,
+        remote=remote,
         shapes=shapes,
     ).write(settings.status_path)
+
+
+def _remote_counts(reports: list[RankReport]) -> RemoteCounts | None:
+    """The remote tier's calls summed over the ranks that asked one (rank 0)."""
+    asked = [report.remote for report in reports if report.remote is not None]
+    return sum(asked[1:], asked[0]) if asked else None
 
 
 def _import_autotune(
@@ -347,6 +377,8 @@ def _run_rank(
     import torch
     import torch.distributed as dist
 
+    clock = PhaseClock()
+    clock.add("rank_start", process_age())  # this process's start and its imports
     cuda = settings.device != "cpu" and torch.cuda.is_available()
     if settings.device == "cuda" and not cuda:
         raise RunError(f"rank {rank}: device cuda, and torch sees no CUDA GPU here")
@@ -358,13 +390,14 @@ def _run_rank(
         torch.cuda.set_device(device)
     started = time.time()
     options: dict[str, Any] = {"device_id": device} if cuda else {}
-    dist.init_process_group(
-        "nccl" if cuda else "gloo",
-        rank=rank,
-        world_size=world,
-        timeout=timedelta(seconds=settings.rank_timeout_s),
-        **options,
-    )
+    with clock.timing("rendezvous"):
+        dist.init_process_group(
+            "nccl" if cuda else "gloo",
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=settings.rank_timeout_s),
+            **options,
+        )
     try:
         status = run_session(
             settings,
@@ -376,6 +409,7 @@ def _run_rank(
             run_dir=run_dir,
             roles=roles,
             started=started,
+            clock=clock,
         )
     finally:
         dist.destroy_process_group()

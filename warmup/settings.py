@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from registry.fingerprint import MatchPolicy
+from registry.remote import SCHEMES as REDIS_SCHEMES
 from registry.volume import Volume
 
 
@@ -33,6 +34,12 @@ class Settings(BaseSettings):
         "none",
         description="a lock server that does not answer when a run starts: fail the run "
         "(none), or lock with file leases in <volume>/locks for that run (file)",
+    )
+    remote_url: str = Field(
+        "",
+        description="the registry's remote tier (redis://..., rediss://..., unix://...): "
+        "entries tuned anywhere in the fleet; '': the lock server when it is redis; "
+        "'off': none",
     )
     lock_ttl_s: float = Field(60.0, gt=0)
     lock_timeout_s: float = Field(1800.0, ge=0)
@@ -70,6 +77,22 @@ class Settings(BaseSettings):
     @property
     def lock_location(self) -> str:
         return self.lock_url or str(self.paths.locks)
+
+    @property
+    def remote_location(self) -> str:
+        """The remote tier's URL, or '' for none."""
+        if self.remote_url == "off":
+            return ""
+        if self.remote_url:
+            return self.remote_url
+        return self.lock_url if self.lock_url.startswith(REDIS_SCHEMES) else ""
+
+    @field_validator("remote_url")
+    @classmethod
+    def _a_redis_url(cls, value: str) -> str:
+        if value in ("", "off") or value.startswith(REDIS_SCHEMES):
+            return value
+        raise ValueError("must be redis://..., rediss://..., unix://..., '' or 'off'")
 
     @property
     def cache_dir(self) -> Path:

@@ -6,6 +6,7 @@ Flow for one (kernel, key), every rank in lockstep, rank 0 deciding:
         | miss, policy "fallback": nearest tuned shape, else the space's default
         | miss, policy "fail": TuneError
         | miss, policy "tune": rank 0 takes the fleet lock, looks again
+        |   (``try_get``: a lock another pod holds is not waited for -> Deferred)
         v
     compile every candidate in parallel (exact launch specialisation)
     successive halving: each candidate launched and checked, timed on every rank,
@@ -28,9 +29,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from registry import Entry, KernelConfig, MatchPolicy, Measurement, RegistryError, Store, lock
+from registry import (
+    Entry,
+    KernelConfig,
+    LockTimeout,
+    MatchPolicy,
+    Measurement,
+    RegistryError,
+    Store,
+    lock,
+)
 from registry.fingerprint import Fingerprint
-from registry.locks import LockBackend
+from registry.locks import LockBackend, LockServerUnreachable
+from registry.tiered import TieredStore
 from warmup import compile_pool
 from warmup.lockstep import Lockstep, RankFailure
 from warmup.search import HalvingPlan, SearchResult, successive_halving, summarize
@@ -38,6 +49,7 @@ from warmup.timing import Timer
 
 log = logging.getLogger(__name__)
 Policy = Literal["tune", "fallback", "fail"]
+Found = Literal["registry", "remote"]  # the local store (the volume), or the remote tier
 
 
 class TuneError(RuntimeError):
@@ -104,10 +116,17 @@ class TunerStats:
     lock_wait_seconds: float = 0.0
 
 
+@dataclass(frozen=True)
+class Deferred:
+    """A miss whose fleet lock another pod holds (``Tuner.try_get``): come back later."""
+
+    reason: str  # who holds the lock, or why it could not be taken
+
+
 @dataclass
 class TuneOutcome:
     config: KernelConfig
-    source: Literal["registry", "tuned", "fallback"]
+    source: Literal["registry", "remote", "tuned", "fallback"]  # remote: the remote tier
     entry: Entry | None = None
     seconds: float = 0.0
     benchmark_runs: int = 0  # timed repetitions; 0 on a hit
@@ -123,7 +142,7 @@ class Tuner:
 
     def __init__(
         self,
-        store: Store,
+        store: Store | TieredStore,
         fingerprint: Fingerprint,
         *,
         timer: Timer,
@@ -132,7 +151,7 @@ class Tuner:
         options: TuneOptions = TuneOptions(),
         stats: TunerStats | None = None,
     ) -> None:
-        self.store = store
+        self.store = store if isinstance(store, TieredStore) else TieredStore(store)
         self.fingerprint = fingerprint
         self.timer = timer
         self.lockstep = lockstep or Lockstep()
@@ -143,23 +162,42 @@ class Tuner:
     # ---- the registry flow ---------------------------------------------------------
 
     def get(self, task: TuneTask) -> TuneOutcome:
+        """The task's config: found, fallen back to, or tuned now; a lock another pod
+        holds is waited for (up to ``lock_timeout_s``)."""
+        outcome = self._get(task, None)
+        assert isinstance(outcome, TuneOutcome)
+        return outcome
+
+    def try_get(self, task: TuneTask, *, give_up_at: float = math.inf) -> TuneOutcome | Deferred:
+        """As :meth:`get`, except that a lock another pod holds (or a lock server that
+        does not answer) is not waited for: :class:`Deferred`, to try again later. Once
+        ``time.monotonic()`` passes ``give_up_at`` (rank 0's clock decides), a lock not
+        taken fails the shape as :meth:`get`'s timeout would."""
+        return self._get(task, give_up_at)
+
+    def _get(self, task: TuneTask, give_up_at: float | None) -> TuneOutcome | Deferred:
+        """``give_up_at`` None: wait for a held lock (``get``); else ``try_get``'s."""
         started = time.perf_counter()
         fingerprint = self.fingerprint.with_kernel(task.kernel_hash)
         key = task.key()
         found = self._agreed_lookup(task, key, fingerprint, what="registry lookup")
         if found is not None:
             self.stats.hits += 1
-            return TuneOutcome(found.best, "registry", found, time.perf_counter() - started)
-        self.stats.misses += 1
+            entry, source = found
+            return TuneOutcome(entry.best, source, entry, time.perf_counter() - started)
         if self.options.policy == "fallback":
+            self.stats.misses += 1
             return self._fallback(task, fingerprint, started)
         if self.options.policy == "fail":
+            self.stats.misses += 1
             raise TuneError(
                 f"No tuned config for {task.kernel} at {key} on "
                 f"{fingerprint.gpu_slug()} and the policy is 'fail'."
             )
         with contextlib.ExitStack() as held:
-            waited = self._lock(held, task.kernel, key)
+            taken = self._lock(held, task.kernel, key, give_up_at)
+            if isinstance(taken, Deferred):
+                return taken
             again = self._agreed_lookup(
                 task,
                 key,
@@ -168,11 +206,13 @@ class Tuner:
                 timeout_s=self.options.lock_timeout_s + self.options.rank_timeout_s,
             )
             if again is not None:  # tuned by another pod while we waited
-                return TuneOutcome(
-                    again.best, "registry", again, time.perf_counter() - started, lock_wait_s=waited
-                )
+                self.stats.hits += 1
+                entry, source = again
+                seconds = time.perf_counter() - started
+                return TuneOutcome(entry.best, source, entry, seconds, lock_wait_s=taken)
+            self.stats.misses += 1
             outcome = self.tune(task)
-            outcome.lock_wait_s = waited
+            outcome.lock_wait_s = taken
             outcome.entry = self._store(task, fingerprint, key, outcome, started)
         outcome.seconds = time.perf_counter() - started
         self.stats.tuned += 1
@@ -187,12 +227,16 @@ class Tuner:
         *,
         what: str,
         timeout_s: float | None = None,
-    ) -> Entry | None:
-        """Rank 0 looks; every rank follows its answer (never mismatched collectives)."""
+    ) -> tuple[Entry, Found] | None:
+        """Rank 0 looks (the local tier, then the remote one); every rank follows its
+        answer (never mismatched collectives)."""
 
         def look() -> dict[str, Any] | None:
-            entry = self.store.lookup(task.kernel, key, fingerprint, self.options.match)
-            if entry is not None and not accepts(task, entry.best):
+            located = self.store.locate(task.kernel, key, fingerprint, self.options.match)
+            if located is None:
+                return None
+            entry, tier = located
+            if not accepts(task, entry.best):
                 log.warning(
                     "%s %s: the stored config %s is not among the candidates any more; "
                     "tuning again",
@@ -201,7 +245,7 @@ class Tuner:
                     entry.best.label(),
                 )
                 return None
-            return entry.to_json() if entry is not None else None
+            return {"entry": entry.to_json(), "remote": tier == "remote"}
 
         found = self._on_leader(
             look,
@@ -209,7 +253,9 @@ class Tuner:
             failed=f"{task.kernel} at {dict(key)}: registry lookup failed",
             timeout_s=max(timeout_s or 0.0, self._store_wait()),
         )
-        return Entry.from_json(found) if found is not None else None
+        if found is None:
+            return None
+        return Entry.from_json(found["entry"]), "remote" if found["remote"] else "registry"
 
     def _on_leader(
         self, work: Callable[[], Any], *, what: str, failed: str, timeout_s: float
@@ -233,28 +279,42 @@ class Tuner:
         or a put may wait for the store's write lock first."""
         return self.store.lock_timeout + self.options.rank_timeout_s
 
-    def _lock(self, held: contextlib.ExitStack, kernel: str, key: Mapping[str, Any]) -> float:
-        """Rank 0 takes the fleet lock; a lock it cannot get (timeout, a lock server gone)
-        fails this shape on every rank alike, so the next collective still matches."""
+    def _lock(
+        self,
+        held: contextlib.ExitStack,
+        kernel: str,
+        key: Mapping[str, Any],
+        give_up_at: float | None,
+    ) -> float | Deferred:
+        """Rank 0 takes the fleet lock: the seconds waited, or :class:`Deferred` when
+        another pod holds it and ``give_up_at`` is still ahead (then nothing is waited
+        for). A lock it cannot get (timeout, a lock server gone) fails this shape on
+        every rank alike, so the next collective still matches."""
         started = time.perf_counter()
+        waits = give_up_at is None
 
-        def take() -> None:
+        def take() -> str | None:
             name = f"tune/{kernel}/{json.dumps(key, sort_keys=True)}"
-            held.enter_context(
-                lock(
-                    name,
-                    ttl=self.options.lock_ttl_s,
-                    timeout=self.options.lock_timeout_s,
-                    backend=self.lock_backend,
+            timeout = self.options.lock_timeout_s if waits else 0.0
+            try:
+                taken = lock(
+                    name, ttl=self.options.lock_ttl_s, timeout=timeout, backend=self.lock_backend
                 )
-            )
+                held.enter_context(taken)
+            except (LockTimeout, LockServerUnreachable) as e:
+                if give_up_at is None or time.monotonic() >= give_up_at:
+                    raise
+                return str(e)
+            return None
 
-        self._on_leader(
+        deferred = self._on_leader(
             take,
             what="lock outcome",
             failed=f"{kernel} at {dict(key)}",
             timeout_s=self.options.lock_timeout_s + self.options.rank_timeout_s,
         )
+        if deferred is not None:
+            return Deferred(deferred)
         waited = time.perf_counter() - started
         self.stats.lock_wait_seconds += waited
         return waited
@@ -426,7 +486,11 @@ class Tuner:
 
 
 def nearest_entry(
-    store: Store, kernel: str, key: Mapping[str, Any], fingerprint: Fingerprint, match: MatchPolicy
+    store: Store | TieredStore,
+    kernel: str,
+    key: Mapping[str, Any],
+    fingerprint: Fingerprint,
+    match: MatchPolicy,
 ) -> Entry | None:
     """The stored entry of ``kernel`` whose key is closest (log-distance of the numbers;
     other fields must be equal) among those whose fingerprint matches."""

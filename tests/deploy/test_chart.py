@@ -225,6 +225,10 @@ def test_redis_lock_and_bundle_sources_are_wired(chart):
     assert env(redis["warmup"])["TRITON_WARMUP_LOCK_URL"] == "redis://redis.ml:6379/0"
     assert env(redis["warmup-sidecar"])["TRITON_WARMUP_LOCK_URL"] == "redis://redis.ml:6379/0"
     assert env(redis["warmup"])["TRITON_WARMUP_LOCK_FALLBACK"] == "none"
+    assert "TRITON_WARMUP_REMOTE_URL" not in env(redis["warmup"])  # the lock server's tier
+    no_tier = {"lock": {**VARIANTS["redis-lock"]["lock"], "remoteTier": False}}
+    alone, _ = containers(render(chart, no_tier)[0])
+    assert env(alone["warmup"])["TRITON_WARMUP_REMOTE_URL"] == "off"
     objects, _ = render(chart, VARIANTS["configmap-bundles"])
     by_name, pod = containers(objects)
     bundle_dir = env(by_name["warmup-sidecar"])["TRITON_WARMUP_BUNDLE_DIR"]
@@ -325,6 +329,8 @@ def test_the_dashboard_queries_only_metrics_the_code_exports(chart):
         "lock wait",
         "bundle reloads",
         "while serving",
+        "by phase",
+        "remote tier",
     ):
         assert topic in titles
     objects, _ = render(chart, VARIANTS["dashboard"])

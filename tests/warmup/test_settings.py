@@ -34,3 +34,14 @@ def test_bad_values_name_the_variable(monkeypatch, capsys):
         Settings()
     assert main(["registry", "ls"]) == 2
     assert "TRITON_WARMUP_LOCK_TTL_S" in capsys.readouterr().err
+
+
+def test_the_remote_tier_follows_a_redis_lock_unless_set_or_off(monkeypatch):
+    assert Settings().remote_location == ""  # file leases: no remote tier
+    redis = "redis://cache:6379/0"
+    assert Settings(lock_url=redis).remote_location == redis
+    assert Settings(lock_url=redis, remote_url="off").remote_location == ""
+    other = "rediss://other:6380/1"
+    assert Settings(lock_url="/locks", remote_url=other).remote_location == other
+    with pytest.raises(ValidationError, match="redis://"):
+        Settings(remote_url="http://cache")

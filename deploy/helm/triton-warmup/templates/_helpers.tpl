@@ -78,5 +78,9 @@ app.kubernetes.io/part-of: triton-warmup
   value: {{ .Values.lock.redisUrl | quote }}
 - name: TRITON_WARMUP_LOCK_FALLBACK
   value: {{ .Values.lock.fallback | default "none" | quote }}
+{{- if eq (toString .Values.lock.remoteTier) "false" }}
+- name: TRITON_WARMUP_REMOTE_URL
+  value: "off"
+{{- end }}
 {{- end }}
 {{- end -}}

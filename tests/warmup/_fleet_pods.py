@@ -1,0 +1,81 @@
+"""One rank of one pod in the fleet tests: pods that start together share the tuning.
+
+Usage: python -m tests.warmup._fleet_pods SCENARIO PODS RANKS POD RANK WORKDIR [REDIS_URL]
+Every pod has its own gloo group; all pods' processes leave one start gate together.
+Tuning a shape takes a known time (the fake task sleeps at each launch). With a redis
+URL the pods share only redis (locks and the registry's remote tier), each with its own
+volume; without, they share one volume (its lease folder and registry).
+Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch.distributed as dist
+
+from registry import Store, cpu_fingerprint
+from registry.locks import backend_from_url
+from registry.remote import remote_tier
+from registry.tiered import TieredStore
+from tests.warmup._tuner_ranks import start_together
+from tests.warmup.fakes import FakeTask, fake_timer
+from warmup.lockstep import Lockstep
+from warmup.sharing import Job, rotated, start_fraction, warm_shared
+from warmup.tuner import TuneOptions, Tuner
+
+SHAPES = [64 * (i + 1) for i in range(8)]  # M of each fake shape
+TTL_S = 1.0
+
+
+def main() -> None:
+    scenario, pods, ranks, pod, rank = sys.argv[1], *map(int, sys.argv[2:6])
+    work, redis_url = Path(sys.argv[6]), sys.argv[7] if len(sys.argv) > 7 else ""
+    dist.init_process_group(
+        "gloo", init_method=f"file://{work / f'pg-{pod}'}", rank=rank, world_size=ranks
+    )
+    start_together(work, pod * ranks + rank, pods * ranks, 0.0)
+    lockstep = Lockstep(dist.group.WORLD, timeout_s=60)
+    if redis_url:
+        local = Store(work / f"volume-{pod}" / "registry")
+        store = TieredStore(local, remote_tier(redis_url) if rank == 0 else None)
+        locks = backend_from_url(redis_url)
+    else:
+        store = TieredStore(Store(work / "volume" / "registry"))
+        locks = backend_from_url(str(work / "volume" / "locks"))
+    dies = scenario == "killed" and pod == 0  # killed mid-shape, holding its lock
+    jobs = []
+    for m in rotated(SHAPES, start_fraction(lockstep)):
+        task = FakeTask({16: 1.0, 32: 0.5, 64: 0.7}, m=m, sleep_s=0.05)
+        task.die_at_launch = 2 if dies else None
+        tuner = Tuner(
+            store,
+            cpu_fingerprint(),
+            timer=fake_timer(task),
+            lockstep=lockstep,
+            lock_backend=locks,
+            options=TuneOptions(rank_timeout_s=60, lock_timeout_s=60, lock_ttl_s=TTL_S),
+        )
+        jobs.append(Job(task, tuner))
+    started = time.monotonic()
+    results = []
+    for settled in warm_shared(jobs, lock_timeout_s=60):
+        outcome, task = settled.outcome, settled.job.task
+        results.append(
+            {
+                "m": task.key()["M"],
+                "source": outcome.source if outcome else "failed",
+                "error": str(settled.error) if settled.error else None,
+                "deferred_s": settled.deferred_s,
+                "at": time.monotonic() - started,
+            }
+        )
+    print(json.dumps({"pod": pod, "rank": rank, "shapes": results}), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

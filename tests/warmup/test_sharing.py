@@ -1,0 +1,248 @@
+"""Work sharing: a pod moves on from a shape another pod is tuning, and a fleet tunes
+every shape once. In-process tests hold a lock from a thread; the fleet tests start
+pods of gloo ranks (``_fleet_pods``) on one volume, or on their own volumes sharing
+only a real redis-server."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from registry import Entry, KernelConfig, Store, cpu_fingerprint, lock
+from registry.locks import backend_from_url
+from tests.conftest import DEMO, ROOT, env_without_interpreter
+from tests.registry.test_redis_outage import redis  # noqa: F401  (a module fixture)
+from tests.warmup._fleet_pods import SHAPES
+from tests.warmup.fakes import FakeTask, fake_timer
+from warmup import sharing
+from warmup.manifest import load_manifest
+from warmup.results import RunStatus
+from warmup.sharing import Job, rotated, warm_shared
+from warmup.tuner import TuneOptions, Tuner
+
+
+def test_rotated_starts_at_the_fraction_and_keeps_every_item():
+    items = list(range(8))
+    assert rotated(items, 0.0) == items
+    assert rotated(items, 0.5) == [4, 5, 6, 7, 0, 1, 2, 3]
+    assert rotated(items, 0.999) == [7, 0, 1, 2, 3, 4, 5, 6]
+    assert rotated([], 0.3) == []
+    for fraction in (0.1, 0.37, 0.8):
+        assert sorted(rotated(items, fraction)) == items
+
+
+def _job(tmp_path: Path, m: int, *, lock_timeout_s: float = 30.0) -> Job:
+    task = FakeTask({16: 1.0, 32: 0.5}, m=m)
+    tuner = Tuner(
+        Store(tmp_path / "registry"),
+        cpu_fingerprint(),
+        timer=fake_timer(task),
+        lock_backend=backend_from_url(str(tmp_path / "locks")),
+        options=TuneOptions(lock_timeout_s=lock_timeout_s, lock_ttl_s=5),
+    )
+    return Job(task, tuner)
+
+
+def _lock_name(job: Job) -> str:
+    return f"tune/{job.task.kernel}/{json.dumps(job.task.key(), sort_keys=True)}"
+
+
+class OtherPod(threading.Thread):
+    """Holds one shape's lock until ``release`` is set; stores an entry first if told."""
+
+    def __init__(self, job: Job, folder: Path, *, stores: bool) -> None:
+        super().__init__(daemon=True)
+        self.job, self.folder, self.stores = job, folder, stores
+        self.holding, self.release = threading.Event(), threading.Event()
+
+    def run(self) -> None:
+        backend = backend_from_url(str(self.folder / "locks"))  # a backend of its own
+        with lock(_lock_name(self.job), ttl=5, timeout=5, backend=backend):
+            self.holding.set()
+            self.release.wait(30)
+            if self.stores:
+                fingerprint = cpu_fingerprint().with_kernel(self.job.task.kernel_hash)
+                config = KernelConfig.make({"BLOCK": 16})
+                entry = Entry.make(self.job.task.kernel, self.job.task.key(), fingerprint, config)
+                Store(self.folder / "registry").put(entry)
+
+
+@pytest.mark.parametrize("holder_stores", [True, False])
+def test_a_held_shape_is_warmed_after_the_others(tmp_path, holder_stores):
+    jobs = [_job(tmp_path, m) for m in (64, 128, 256)]
+    other = OtherPod(jobs[0], tmp_path, stores=holder_stores)
+    other.start()
+    assert other.holding.wait(10)
+    order = []
+    for settled in warm_shared(jobs, lock_timeout_s=30):
+        assert settled.outcome is not None, settled.error
+        order.append((settled.job.task.key()["M"], settled.outcome.source))
+        if len(order) == 2:  # the free shapes are done: the other pod finishes
+            other.release.set()
+    other.join(10)
+    assert order[:2] == [(128, "tuned"), (256, "tuned")]
+    # Stored by the pod that held it: found. Released without storing (its pod died
+    # after the lock ended): tuned here.
+    assert order[2] == (64, "registry" if holder_stores else "tuned")
+
+
+def test_a_shape_held_past_the_lock_timeout_fails_alone(tmp_path, monkeypatch):
+    monkeypatch.setattr(sharing, "POLL_CAP_S", 0.05)
+    jobs = [_job(tmp_path, m, lock_timeout_s=0.5) for m in (64, 128)]
+    other = OtherPod(jobs[0], tmp_path, stores=False)
+    other.start()
+    assert other.holding.wait(10)
+    try:
+        started = time.monotonic()
+        settled = list(warm_shared(jobs, lock_timeout_s=0.5))
+    finally:
+        other.release.set()
+        other.join(10)
+    assert [s.job.task.key()["M"] for s in settled] == [128, 64]
+    assert settled[0].outcome is not None and settled[0].outcome.source == "tuned"
+    assert settled[1].outcome is None and "not acquired" in str(settled[1].error).lower()
+    assert 0.5 <= settled[1].deferred_s < 5 and time.monotonic() - started < 10
+
+
+# ---- fleets of pods --------------------------------------------------------------------
+
+
+def run_fleet(
+    scenario: str, pods: int, ranks: int, work: Path, redis_url: str = ""
+) -> list[dict[str, Any]]:
+    """Every rank of every pod; the results of the ranks that exited normally."""
+    env = env_without_interpreter()
+    extra = [redis_url] if redis_url else []
+    module = [sys.executable, "-m", "tests.warmup._fleet_pods"]
+    procs = [
+        subprocess.Popen(
+            [*module, scenario, str(pods), str(ranks), str(pod), str(rank), str(work), *extra],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for pod in range(pods)
+        for rank in range(ranks)
+    ]
+    results = []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=240)
+            if proc.returncode == -9:  # killed on purpose
+                continue
+            assert proc.returncode == 0, err[-3000:]
+            results.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.communicate()
+    return results
+
+
+def tuned_by_pod(results: list[dict[str, Any]]) -> dict[int, list[int]]:
+    """Shapes each pod tuned, from its rank 0; every rank of a pod must agree."""
+    by_pod: dict[int, list[int]] = {}
+    for result in results:
+        tuned = sorted(s["m"] for s in result["shapes"] if s["source"] == "tuned")
+        assert by_pod.setdefault(result["pod"], tuned) == tuned, "a pod's ranks disagree"
+        assert sorted(s["m"] for s in result["shapes"]) == SHAPES
+        assert not [s for s in result["shapes"] if s["error"]]
+    return by_pod
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("pods", "ranks"), [(2, 2), (4, 1)])
+def test_pods_on_one_volume_each_tune_a_share_and_every_shape_once(tmp_path, pods, ranks):
+    by_pod = tuned_by_pod(run_fleet("share", pods, ranks, tmp_path))
+    assert len(by_pod) == pods
+    counts = Counter(m for tuned in by_pod.values() for m in tuned)
+    assert sorted(counts) == SHAPES and set(counts.values()) == {1}  # each once
+    assert all(len(tuned) >= len(SHAPES) // pods // 2 for tuned in by_pod.values()), by_pod
+    assert len(Store(tmp_path / "volume" / "registry")) == len(SHAPES)
+
+
+@pytest.mark.slow
+def test_pods_that_share_only_redis_tune_every_shape_once(tmp_path, redis):  # noqa: F811
+    redis.client.flushall()
+    results = run_fleet("share", 2, 1, tmp_path, redis.url)
+    by_pod = tuned_by_pod(results)
+    counts = Counter(m for tuned in by_pod.values() for m in tuned)
+    assert sorted(counts) == SHAPES and set(counts.values()) == {1}
+    assert all(by_pod.values()), by_pod
+    for result in results:  # the other pod's shapes came from the remote tier
+        sources = {s["source"] for s in result["shapes"]}
+        assert sources == {"tuned", "remote"}, sources
+    for pod in range(2):  # and every volume holds every shape afterwards
+        assert len(Store(tmp_path / f"volume-{pod}" / "registry")) == len(SHAPES)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["volume", "redis"])
+def test_a_shape_whose_pod_is_killed_mid_tuning_is_taken_over(tmp_path, where, request):
+    url = ""
+    if where == "redis":
+        server = request.getfixturevalue("redis")
+        server.client.flushall()
+        url = server.url
+    results = run_fleet("killed", 2, 1, tmp_path, url)
+    assert [r["pod"] for r in results] == [1]  # pod 0 died holding a shape's lock
+    shapes = results[0]["shapes"]
+    assert sorted(s["m"] for s in shapes) == SHAPES
+    assert {s["source"] for s in shapes} == {"tuned"}  # all eight, its dead peer's too
+    taken_over = [s for s in shapes if s["deferred_s"] > 0]
+    assert len(taken_over) <= 1  # the one pod 0 held, if pod 1 met its lock
+
+
+@pytest.mark.slow
+def test_two_run_pods_on_their_own_volumes_share_through_redis(tmp_path, redis):  # noqa: F811
+    """The whole path: two ``triton-warmup run`` pods of the demo manifest, each with its
+    own volume, locks and remote tier on one redis: every shape tuned once, each pod's
+    status ready with its phases and the remote tier's calls."""
+    redis.client.flushall()
+    env = env_without_interpreter(TRITON_WARMUP_LOCK_URL=redis.url, TRITON_WARMUP_DEVICE="cpu")
+    pods = [
+        subprocess.Popen(
+            [sys.executable, "-m", "warmup.cli", "run", "--manifest", str(DEMO)],
+            cwd=ROOT,
+            env={
+                **env,
+                "TRITON_WARMUP_VOLUME": str(tmp_path / f"volume-{pod}"),
+                "TRITON_WARMUP_WORK_DIR": str(tmp_path / f"work-{pod}"),
+            },
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for pod in range(2)
+    ]
+    try:
+        for pod in pods:
+            _, err = pod.communicate(timeout=240)
+            assert pod.returncode == 0, err[-3000:]
+    finally:
+        for pod in pods:
+            pod.kill()
+            pod.communicate()
+    statuses = [RunStatus.read(tmp_path / f"work-{pod}" / "status.json") for pod in range(2)]
+    tuned = Counter()
+    for status in statuses:
+        assert status is not None and status.ready
+        shapes = {json.dumps(s.key, sort_keys=True) for s in status.shapes if s.source == "tuned"}
+        tuned.update(shapes)
+        assert {"rank_start", "rendezvous", "setup", "save"} <= set(status.phases)
+        assert status.remote is not None and status.remote.errors == 0
+    expanded = load_manifest(DEMO).entries[0].expand()
+    assert len(tuned) == len(expanded) and set(tuned.values()) == {1}  # each shape once
+    found_remote = sum(s.remote.hits for s in statuses)
+    assert found_remote == sum(st.sources.get("remote", 0) for st in statuses) // 2
+    assert sum(s.remote.published for s in statuses) == len(expanded)

@@ -1,0 +1,107 @@
+"""Time to ready, by phase: where a run's seconds went.
+
+A rank adds up its own phases (``PhaseClock``) and writes them in its report; the
+launcher adds its own and :func:`run_phases` folds them into the status: the slowest
+rank's seconds for each rank phase, since a run is ready when its slowest rank is.
+``restore`` runs in the launcher while the ranks start, so it overlaps ``rank_start``;
+``rendezvous`` holds what the ranks still waited for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TypeVar
+
+T = TypeVar("T")
+
+# name -> what it holds, in the order a run goes through them
+OVERLAPPING = ("restore",)  # runs beside the ranks' start: not added to the total
+PHASES: dict[str, str] = {
+    "imports": "process start and imports, until the run begins",
+    "restore": "registry recovery and compile-cache restore from the volume",
+    "rank_start": "rank processes: start and imports (overlaps restore)",
+    "rendezvous": "process group, waiting for the restore, first barrier",
+    "setup": "workspaces (symmetric memory) and inputs of every shape",
+    "lookup": "registry lookups that found a config (local, then remote)",
+    "tune": "tuning the shapes this pod took: compile, time, check, store",
+    "compile": "stored configs: compile or load from the compile cache",
+    "check": "stored configs: first launch and check against the reference",
+    "lock_wait": "waiting on shapes that other pods were tuning",
+    "save": "compile-cache save, autotune import, status",
+}
+
+
+class PhaseClock:
+    """Seconds per phase, added up as the run goes."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def add(self, phase: str, seconds: float) -> None:
+        assert phase in PHASES, phase
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + max(0.0, seconds)
+
+    @contextlib.contextmanager
+    def timing(self, phase: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(phase, time.perf_counter() - started)
+
+    def timed_items(self, phase: str, items: Iterable[T]) -> Iterator[T]:
+        """``items``, each one's making (a lazy iterable's ``next``) added to ``phase``."""
+        iterator = iter(items)
+        while True:
+            with self.timing(phase):
+                try:
+                    item = next(iterator)
+                except StopIteration:
+                    return
+            yield item
+
+
+def process_age() -> float:
+    """Seconds since this process started (its start time in ``/proc``); 0.0 where
+    there is no ``/proc``."""
+    try:
+        ticks = os.sysconf("SC_CLK_TCK")
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - int(fields[19]) / ticks)  # field 22: starttime
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def run_phases(
+    launcher: Mapping[str, float], ranks: Iterable[Mapping[str, float]]
+) -> dict[str, float]:
+    """The run's phases: the launcher's own, and the slowest rank's for each rank phase,
+    in :data:`PHASES` order."""
+    slowest: dict[str, float] = {}
+    for phases in ranks:
+        for name, seconds in phases.items():
+            slowest[name] = max(slowest.get(name, 0.0), seconds)
+    merged = {**slowest, **launcher}
+    return {name: round(merged[name], 4) for name in PHASES if name in merged}
+
+
+def phase_table(phases: Mapping[str, float], total_s: float | None) -> list[str]:
+    """The phases as table lines: seconds, share of the run, what each holds; ``other``
+    is what no phase holds (the ranks' exit, the launcher's polling)."""
+    rows = [(name, seconds, PHASES.get(name, "")) for name, seconds in phases.items()]
+    if total_s is not None:
+        counted = sum(s for name, s in phases.items() if name not in OVERLAPPING)
+        rows.append(("other", max(0.0, total_s - counted), "in no phase above"))
+    lines = [f"{'phase':<11} {'seconds':>8} {'share':>6}  what"]
+    for name, seconds, what in rows:
+        share = f"{100 * seconds / total_s:5.1f}%" if total_s else ""
+        lines.append(f"{name:<11} {seconds:8.2f} {share:>6}  {what}")
+    if total_s is not None:
+        lines.append(f"{'total':<11} {total_s:8.2f} {'':>6}  time to ready")
+    return lines
