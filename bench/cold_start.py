@@ -9,7 +9,10 @@ warm:  ``triton-warmup run`` again, fresh processes and a fresh pod folder (empt
 floor: two bare rank processes that only launch each shape once with the configs the
        cold run stored, their compile cache filled before the clock starts
 
-Each time is the wall time of the whole command, process start to exit.
+Each time is the wall time of the whole command, process start to exit. Printed too:
+the warm run's seconds by phase (its status file, ``warmup.phases``), and beside them the
+floor's: its imports (as a warm rank's ``rank_start``), rendezvous, setup (contexts and
+inputs of every shape) and launches (against the warm run's compile + check).
 """
 
 from __future__ import annotations
@@ -22,8 +25,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from warmup.phases import OVERLAPPING, phase_table, process_age  # no torch, no triton
 
 SHAPES = [
     (4096, 6656, 16384),
@@ -38,11 +44,14 @@ SHAPES = [
 WORLD = 2
 
 
-def manifest_text() -> str:
-    shapes = "\n".join(f"      - {{M: {m}, N: {n}, K: {k}}}" for m, n, k in SHAPES)
+def manifest_text(
+    shapes: Sequence[tuple[int, int, int]] = SHAPES, world: int = WORLD, dtype: str = "bf16"
+) -> str:
+    """A manifest of one ag_gemm entry (``bench/fleet.py`` writes its own with it)."""
+    rows = "\n".join(f"      - {{M: {m}, N: {n}, K: {k}}}" for m, n, k in shapes)
     return (
-        f"version: 1\nentries:\n  - kernel: ag_gemm\n    dtype: bf16\n"
-        f"    world_size: {WORLD}\n    shapes:\n{shapes}\n"
+        f"version: 1\nentries:\n  - kernel: ag_gemm\n    dtype: {dtype}\n"
+        f"    world_size: {world}\n    shapes:\n{rows}\n"
     )
 
 
@@ -70,13 +79,16 @@ def timed_run(work: Path, pod: str) -> tuple[float, dict[str, Any]]:
     return seconds, status
 
 
-def floor(work: Path) -> float:
+def floor(work: Path) -> tuple[float, dict[str, float]]:
+    """The floor's wall time, and rank 0's seconds by phase (:func:`floor_rank`)."""
     from registry import Store, triton_cache
 
     configs = {}
     for entry in Store(work / "volume" / "registry").entries():
-        configs[f"{entry.key['M']},{entry.key['N']},{entry.key['K']}"] = entry.best.to_json()
-    (work / "configs.json").write_text(json.dumps(configs))
+        configs[(entry.key["M"], entry.key["N"], entry.key["K"])] = entry.best.to_json()
+    # in SHAPES order: the ranks launch what this process lists, whatever SHAPES they see
+    launches = [[*shape, configs[shape]] for shape in SHAPES]
+    (work / "configs.json").write_text(json.dumps(launches))
     cache = work / "floor-cache"
     triton_cache.restore(work / "volume" / "triton-cache", cache)  # before the clock
     with socket.socket() as s:
@@ -103,30 +115,97 @@ def floor(work: Path) -> float:
     if any(codes):
         raise SystemExit(f"floor ranks failed: {codes}")
     print(f"floor  {seconds:7.2f} s", flush=True)
-    return seconds
+    return seconds, json.loads((work / FLOOR_PHASES).read_text())
+
+
+FLOOR_PHASES = "floor_phases.json"
 
 
 def floor_rank(work: Path) -> None:
-    """Only what serving needs: a context and one launch per shape with a known config."""
+    """Only what serving needs: a context and one launch per shape with a known config.
+    Rank 0 writes its seconds by phase to ``FLOOR_PHASES`` in ``work``."""
     import torch
     import torch.distributed as dist
 
+    phases = {"imports": process_age()}  # as a warm rank's rank_start: up to torch's imports
     from kernels import ag_gemm
-    from registry import KernelConfig
+    from registry import KernelConfig, atomic
 
     rank = int(os.environ["RANK"])
+    started = time.perf_counter()
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
-    configs = json.loads((work / "configs.json").read_text())
-    for m, n, k in SHAPES:
+    phases["rendezvous"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    launches = []
+    for m, n, k, config in json.loads((work / "configs.json").read_text()):
         ctx = ag_gemm.create_context(
             dist.group.WORLD, max_m=m, k=k, dtype=torch.bfloat16, device="cuda"
         )
-        shard = torch.randn(m // WORLD, k, device="cuda", dtype=torch.bfloat16)
-        b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-        ag_gemm.ag_gemm(shard, b, ctx, KernelConfig.from_json(configs[f"{m},{n},{k}"]))
+        shard = torch.randn(m // WORLD, k, device="cuda", dtype=torch.bfloat16)  # [M/world, K]
+        b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)  # [K, N]
+        launches.append((shard, b, ctx, KernelConfig.from_json(config)))
     torch.cuda.synchronize()
+    phases["setup"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    for shard, b, ctx, config in launches:
+        ag_gemm.ag_gemm(shard, b, ctx, config)  # compile (or load from the cache), launch
+    torch.cuda.synchronize()
+    phases["launch"] = time.perf_counter() - started
+    phases["total"] = process_age()
+    if rank == 0:
+        atomic.write_json(work / FLOOR_PHASES, phases)
     dist.destroy_process_group()
+
+
+# A row of the side-by-side table: the warm run's phases it adds up, and the floor's phase
+# that does the same work (None: the floor does none of it).
+VS_FLOOR: list[tuple[str, tuple[str, ...], str | None]] = [
+    ("imports", ("imports",), None),  # the launcher's own start: the floor has no launcher
+    ("restore", ("restore",), None),
+    ("rank_start", ("rank_start",), "imports"),
+    ("rendezvous", ("rendezvous",), "rendezvous"),
+    ("setup", ("setup",), "setup"),
+    ("lookup", ("lookup",), None),
+    ("tune", ("tune",), None),
+    ("compile+check", ("compile", "check"), "launch"),
+    ("lock_wait", ("lock_wait",), None),
+    ("save", ("save",), None),
+]
+
+
+def phase_vs_floor(
+    warm: dict[str, float], warm_s: float, floor: dict[str, float], floor_s: float
+) -> dict[str, dict[str, float]]:
+    """Warm run and floor side by side, phase by phase, in seconds; ``other`` is what no
+    phase holds, ``total`` each command's wall time."""
+    rows = list(VS_FLOOR)
+    listed = {name for _, names, _ in rows for name in names}
+    rows += [(name, (name,), None) for name in warm if name not in listed]  # a newer phase
+    table: dict[str, tuple[float, float]] = {}
+    for row, names, floor_name in rows:
+        table[row] = (sum(warm.get(n, 0.0) for n in names), floor.get(floor_name or "", 0.0))
+    counted = [v for row, v in table.items() if row not in OVERLAPPING]
+    table["other"] = (
+        max(0.0, warm_s - sum(w for w, _ in counted)),
+        max(0.0, floor_s - sum(f for _, f in counted)),
+    )
+    table["total"] = (warm_s, floor_s)
+    return {
+        row: {"warm_s": round(w, 4), "floor_s": round(f, 4), "warm_minus_floor_s": round(w - f, 4)}
+        for row, (w, f) in table.items()
+    }
+
+
+def vs_floor_lines(rows: dict[str, dict[str, float]]) -> list[str]:
+    lines = [f"{'phase':<14} {'warm s':>8} {'floor s':>8} {'warm - floor':>12}"]
+    for row, v in rows.items():
+        lines.append(
+            f"{row:<14} {v['warm_s']:8.2f} {v['floor_s']:8.2f} {v['warm_minus_floor_s']:12.2f}"
+        )
+    return [*lines, f"({', '.join(OVERLAPPING)}: beside rank_start, not in other or total)"]
 
 
 def main() -> None:
@@ -141,7 +220,8 @@ def main() -> None:
     (work / "manifest.yaml").write_text(manifest_text())
     cold, cold_status = timed_run(work, "cold")
     warm, warm_status = timed_run(work, "warm")
-    bottom = floor(work)
+    bottom, floor_phases = floor(work)
+    vs_floor = phase_vs_floor(warm_status.get("phases", {}), warm, floor_phases, bottom)
     result = {
         "shapes": SHAPES,
         "world": WORLD,
@@ -154,6 +234,10 @@ def main() -> None:
         "warm_benchmark_runs": warm_status["benchmark_runs"],
         "cold_benchmark_runs": cold_status["benchmark_runs"],
         "warm_restored_and_saved": warm_status.get("saved_artifacts"),
+        "cold_phases": cold_status.get("phases", {}),
+        "warm_phases": warm_status.get("phases", {}),
+        "floor_phases": floor_phases,
+        "phase_vs_floor": vs_floor,
     }
     if args.out:
         args.out.write_text(json.dumps(result, indent=2))
@@ -162,6 +246,10 @@ def main() -> None:
         f"benchmark runs, {warm_status['sources']}) | floor {bottom:.2f} s | "
         f"warm / floor {warm / bottom:.2f}"
     )
+    print("\nwarm run, by phase (total: the command's wall time)")
+    print("\n".join(phase_table(warm_status.get("phases", {}), warm)))
+    print("\nwarm run against the floor")
+    print("\n".join(vs_floor_lines(vs_floor)))
 
 
 if __name__ == "__main__":

@@ -40,8 +40,9 @@ __all__ = ["RunError", "run"]
 def run(settings: Settings, manifest: Manifest) -> RunStatus:
     """Warm the manifest; returns the status written (``state`` ready or failed).
     :class:`RunError` or :class:`ManifestError` before any rank starts on bad input."""
-    started = time.time()
-    phases = {"imports": process_age()}  # this process's start, imports, the CLI
+    imports = process_age()  # this process's start, imports, the CLI
+    started = time.time() - imports  # time to ready counts from the process's start
+    phases = {"imports": imports}
     world = settings.world_size or max(manifest.world_sizes())
     manifest.require_world(world, str(settings.manifest))
     device = _device_type(settings, world)

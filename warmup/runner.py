@@ -153,7 +153,7 @@ def _warm_settled(settled: Settled, from_bundles: set[str], clock: PhaseClock) -
     """A settled job as a shape result; a config that was not just tuned is compiled
     (or loaded from the cache), launched once and checked."""
     task, outcome = settled.job.task, settled.outcome
-    clock.add("lock_wait", settled.deferred_s)
+    clock.add("lock_wait", settled.idle_s)
     if outcome is None:
         reason = str(settled.error)
         return ShapeResult(kernel=task.kernel, key=task.key(), source="failed", error=reason)

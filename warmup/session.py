@@ -83,9 +83,10 @@ def run_session(
     """This rank's part of the run; returns the status where this process can know it
     (rank 0 of a self-started run, or every rank when there is a group to share it).
     ``clock`` has what this rank spent before (its start, the process group)."""
-    from warmup.runner import progress_printer, warm_rank
-
     clock = clock or PhaseClock()
+    with clock.timing("rank_start"):  # the kernels and triton, imported here
+        from warmup.runner import progress_printer, warm_rank
+
     if not roles.restores:
         with clock.timing("rendezvous"):
             wait_for_restore(run_dir, settings.run_timeout_s)

@@ -47,12 +47,15 @@ class Job:
 @dataclass
 class Settled:
     """A job's answer: the outcome, or the error that failed the shape. ``deferred_s``
-    is how long it waited for another pod (0 when it was never deferred)."""
+    is how long it waited for another pod (0 when it was never deferred), other work
+    included; ``idle_s`` is the time the pod did nothing but wait for other pods since
+    the previous answer."""
 
     job: Job
     outcome: TuneOutcome | None
     error: TuneError | None = None
     deferred_s: float = 0.0
+    idle_s: float = 0.0
 
 
 def start_fraction(lockstep: Lockstep) -> float:
@@ -85,9 +88,10 @@ def warm_shared(jobs: Iterable[Job], *, lock_timeout_s: float) -> Iterator[Settl
 
 
 def _come_back(deferred: list[Job], lock_timeout_s: float) -> Iterator[Settled]:
-    attempt = 0
+    attempt, idle = 0, 0.0
     while deferred:
         still: list[Job] = []
+        round_started = time.monotonic()
         for job in deferred:
             assert job.deferred_at is not None
             settled = _try(job, job.deferred_at + lock_timeout_s)
@@ -95,11 +99,13 @@ def _come_back(deferred: list[Job], lock_timeout_s: float) -> Iterator[Settled]:
                 still.append(job)
             else:
                 settled.deferred_s = time.monotonic() - job.deferred_at
+                settled.idle_s, idle = idle, 0.0
                 yield settled
         attempt = 0 if len(still) < len(deferred) else attempt + 1
         deferred = still
         if deferred and attempt:
             time.sleep(min(POLL_CAP_S, POLL_FIRST_S * 2 ** (attempt - 1)))
+            idle += time.monotonic() - round_started  # a round that settled nothing
 
 
 def _try(job: Job, give_up_at: float) -> Settled | None:
