@@ -127,9 +127,10 @@ def floor_rank(work: Path) -> None:
     import torch
     import torch.distributed as dist
 
-    phases = {"imports": process_age()}  # as a warm rank's rank_start: up to torch's imports
     from kernels import ag_gemm
     from registry import KernelConfig, atomic
+
+    phases = {"imports": process_age()}  # as a warm rank's rank_start: torch, the kernels
 
     rank = int(os.environ["RANK"])
     started = time.perf_counter()

@@ -23,6 +23,7 @@ tuned exactly once in the fleet. Default shapes: the 8 of bench/cold_start.py.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -277,9 +278,9 @@ def _wait_all(
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:
     """Kill a pod that still runs, with the rank processes of its group."""
-    if proc.poll() is None:
+    with contextlib.suppress(ProcessLookupError):  # ranks a crashed launcher left too
         os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    proc.wait()
 
 
 def read_pod(index: int, folder: Path, seconds: float, code: int | None, *, ranks: int) -> Pod:

@@ -24,6 +24,7 @@ from warmup.results import FAILED, RankFailure, RunStatus
 from warmup.session import (
     CHILD_FLAG,
     RunError,
+    check_remote,
     clear_run_dir,
     finish,
     lock_backend,
@@ -48,6 +49,7 @@ def run(settings: Settings, manifest: Manifest) -> RunStatus:
     device = _device_type(settings, world)
     for skipped in manifest.skipped_entries(world):
         log.warning("skipping %s: this pod has %d ranks", skipped, world)
+    check_remote(settings)
     settings = lock_backend(settings, manifest, world)
     run_dir = settings.work_dir / "run"
     clear_run_dir(run_dir)

@@ -81,14 +81,16 @@ def process_age() -> float:
 def run_phases(
     launcher: Mapping[str, float], ranks: Iterable[Mapping[str, float]]
 ) -> dict[str, float]:
-    """The run's phases: the launcher's own, and the slowest rank's for each rank phase,
-    in :data:`PHASES` order."""
-    slowest: dict[str, float] = {}
-    for phases in ranks:
-        for name, seconds in phases.items():
-            slowest[name] = max(slowest.get(name, 0.0), seconds)
+    """The run's phases, in :data:`PHASES` order: the launcher's own, and those of the
+    slowest rank (the most seconds in all). Not each phase's slowest rank: a rank that
+    starts late makes its peers wait at the rendezvous, and both would count."""
+    slowest = max(ranks, key=lambda phases: sum(_counted(phases).values()), default={})
     merged = {**slowest, **launcher}
     return {name: round(merged[name], 4) for name in PHASES if name in merged}
+
+
+def _counted(phases: Mapping[str, float]) -> dict[str, float]:
+    return {name: s for name, s in phases.items() if name not in OVERLAPPING}
 
 
 def phase_table(phases: Mapping[str, float], total_s: float | None) -> list[str]:
@@ -96,7 +98,7 @@ def phase_table(phases: Mapping[str, float], total_s: float | None) -> list[str]
     is what no phase holds (the ranks' exit, the launcher's polling)."""
     rows = [(name, seconds, PHASES.get(name, "")) for name, seconds in phases.items()]
     if total_s is not None:
-        counted = sum(s for name, s in phases.items() if name not in OVERLAPPING)
+        counted = sum(_counted(phases).values())
         rows.append(("other", max(0.0, total_s - counted), "in no phase above"))
     lines = [f"{'phase':<11} {'seconds':>8} {'share':>6}  what"]
     for name, seconds, what in rows:

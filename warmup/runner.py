@@ -24,10 +24,10 @@ import torch
 
 import kernels
 from kernels.adapter import torch_dtype
-from registry import Store, triton_internals
+from registry import RegistryError, Store, triton_internals
 from registry.fingerprint import Fingerprint, detect_for
 from registry.locks import backend_from_url
-from registry.remote import remote_tier
+from registry.remote import RemoteTier, remote_tier
 from registry.tiered import TieredStore
 from warmup.lockstep import Lockstep
 from warmup.manifest import Manifest, ManifestEntry, resolve_user_function
@@ -62,7 +62,7 @@ def warm_rank(
     clock = clock or PhaseClock()
     fingerprint = detect_for(device)  # the CPU's on CPU, even on a GPU machine
     local = Store(settings.registry_path, lock_timeout=settings.lock_timeout_s)
-    store = TieredStore(local, remote_tier(settings.remote_location) if rank == 0 else None)
+    store = TieredStore(local, _remote(settings) if rank == 0 else None)
     report = RankReport(rank=rank, world=world, fingerprint=fingerprint.to_json())
     total = manifest.shape_count(world)
     places: dict[int, int] = {}  # id(result) -> its place in the manifest
@@ -97,6 +97,16 @@ def warm_rank(
     if store.remote is not None:
         report.remote = RemoteCounts.model_validate(dataclasses.asdict(store.remote.stats))
     return report
+
+
+def _remote(settings: Settings) -> RemoteTier | None:
+    """The registry's remote tier, if set; one that cannot be made (checked before the
+    run, so an environment that differs here) leaves the local tier alone."""
+    try:
+        return remote_tier(settings.remote_location)
+    except RegistryError as e:
+        log.warning("registry remote tier not used: %s", e)
+        return None
 
 
 def _kernel_jobs(
@@ -155,6 +165,7 @@ def _warm_settled(settled: Settled, from_bundles: set[str], clock: PhaseClock) -
     task, outcome = settled.job.task, settled.outcome
     clock.add("lock_wait", settled.idle_s)
     if outcome is None:
+        clock.add("tune", settled.seconds)  # a tuning (or a lookup) that failed
         reason = str(settled.error)
         return ShapeResult(kernel=task.kernel, key=task.key(), source="failed", error=reason)
     clock.add("lock_wait", outcome.lock_wait_s)

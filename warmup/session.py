@@ -31,6 +31,7 @@ from registry import RegistryError, Store, atomic, triton_cache, triton_internal
 from registry.fingerprint import Fingerprint, machine_name
 from registry.importers import import_triton_autotune
 from registry.locks import LockServerUnreachable, backend_from_url, check_backend
+from registry.remote import remote_tier
 from warmup.manifest import Manifest, ManifestError, load_manifest
 from warmup.metrics import RunMetrics
 from warmup.phases import PhaseClock, process_age, run_phases
@@ -326,7 +327,18 @@ def prepare(
     manifest.require_world(world, source)
     cuda = uses_cuda(settings)
     manifest.check_kernels(source)  # imports the kernels: after the interpreter is on
+    check_remote(settings)
     return lock_backend(settings, manifest, world), cuda
+
+
+def check_remote(settings: Settings) -> None:
+    """:class:`RunError` when the registry's remote tier is set and cannot be made (a
+    bad URL, no redis-py); whether it answers is the tier's own business (it may not,
+    and the run goes on with the local tier)."""
+    try:
+        remote_tier(settings.remote_location)
+    except RegistryError as e:
+        raise RunError(f"TRITON_WARMUP_REMOTE_URL: {e}") from None
 
 
 def lock_backend(settings: Settings, manifest: Manifest, world: int) -> Settings:
@@ -389,7 +401,7 @@ def _run_rank(
     device = torch.device("cuda", local) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    started = time.time()
+    started = time.time() - process_age()  # time to ready counts from the process's start
     options: dict[str, Any] = {"device_id": device} if cuda else {}
     with clock.timing("rendezvous"):
         dist.init_process_group(

@@ -42,18 +42,22 @@ class Job:
     tuner: Tuner
     place: int = 0  # where its shape is in the manifest, for the report's order
     deferred_at: float | None = None  # monotonic, when the first pass deferred it
+    waited_s: float = 0.0  # second-pass seconds spent on it: its tries, the pauses
 
 
 @dataclass
 class Settled:
-    """A job's answer: the outcome, or the error that failed the shape. ``deferred_s``
-    is how long it waited for another pod (0 when it was never deferred), other work
-    included; ``idle_s`` is the time the pod did nothing but wait for other pods since
-    the previous answer."""
+    """A job's answer: the outcome, or the error that failed the shape.
+
+    ``seconds``: the try that settled it. ``deferred_s``: how long since the first pass
+    deferred it, other shapes' work included (0 when never deferred). ``idle_s``: the
+    time this pod spent on nothing but shapes other pods held (tries that found them
+    held, pauses between rounds) since the previous answer."""
 
     job: Job
     outcome: TuneOutcome | None
     error: TuneError | None = None
+    seconds: float = 0.0
     deferred_s: float = 0.0
     idle_s: float = 0.0
 
@@ -75,49 +79,71 @@ def rotated(items: list[T], fraction: float) -> list[T]:
 
 def warm_shared(jobs: Iterable[Job], *, lock_timeout_s: float) -> Iterator[Settled]:
     """Settle every job, deferring those whose lock another pod holds (module docstring).
-    ``jobs`` may be lazy: a job is made when the first pass reaches it."""
+    ``jobs`` may be lazy: a job is made when the first pass reaches it. A deferred job
+    fails once it has been waited on for ``lock_timeout_s`` in the second pass (the
+    pod's own work in between does not count)."""
     deferred: list[Job] = []
+    idle = _Idle()
     for job in jobs:
+        started = time.monotonic()
         settled = _try(job, math.inf)
         if settled is None:
             job.deferred_at = time.monotonic()
+            idle.seconds += job.deferred_at - started
             deferred.append(job)
         else:
-            yield settled
-    yield from _come_back(deferred, lock_timeout_s)
+            yield idle.attach(settled)
+    yield from _come_back(deferred, lock_timeout_s, idle)
 
 
-def _come_back(deferred: list[Job], lock_timeout_s: float) -> Iterator[Settled]:
-    attempt, idle = 0, 0.0
+@dataclass
+class _Idle:
+    """Seconds spent on held shapes since the last answer."""
+
+    seconds: float = 0.0
+
+    def attach(self, settled: Settled) -> Settled:
+        settled.idle_s, self.seconds = self.seconds, 0.0
+        return settled
+
+
+def _come_back(deferred: list[Job], lock_timeout_s: float, idle: _Idle) -> Iterator[Settled]:
+    attempt = 0
     while deferred:
         still: list[Job] = []
-        round_started = time.monotonic()
         for job in deferred:
             assert job.deferred_at is not None
-            settled = _try(job, job.deferred_at + lock_timeout_s)
+            started = time.monotonic()
+            settled = _try(job, started + lock_timeout_s - job.waited_s)
             if settled is None:
+                spent = time.monotonic() - started
+                job.waited_s += spent
+                idle.seconds += spent
                 still.append(job)
             else:
                 settled.deferred_s = time.monotonic() - job.deferred_at
-                settled.idle_s, idle = idle, 0.0
-                yield settled
+                yield idle.attach(settled)
         attempt = 0 if len(still) < len(deferred) else attempt + 1
         deferred = still
         if deferred and attempt:
-            time.sleep(min(POLL_CAP_S, POLL_FIRST_S * 2 ** (attempt - 1)))
-            idle += time.monotonic() - round_started  # a round that settled nothing
+            pause = min(POLL_CAP_S, POLL_FIRST_S * 2 ** (attempt - 1))
+            time.sleep(pause)
+            idle.seconds += pause
+            for job in deferred:
+                job.waited_s += pause
 
 
 def _try(job: Job, give_up_at: float) -> Settled | None:
+    started = time.monotonic()
     try:
         outcome = job.tuner.try_get(job.task, give_up_at=give_up_at)
     except TuneError as e:
-        return Settled(job, None, e)
+        return Settled(job, None, e, seconds=time.monotonic() - started)
     if isinstance(outcome, Deferred):
         if job.deferred_at is None:
             log.info("%s: %s; warming other shapes first", _describe(job.task), outcome.reason)
         return None
-    return Settled(job, outcome)
+    return Settled(job, outcome, seconds=time.monotonic() - started)
 
 
 def _describe(task: Any) -> str:

@@ -302,8 +302,11 @@ class Tuner:
                 )
                 held.enter_context(taken)
             except (LockTimeout, LockServerUnreachable) as e:
-                if give_up_at is None or time.monotonic() >= give_up_at:
+                if give_up_at is None:
                     raise
+                if time.monotonic() >= give_up_at:
+                    waited = self.options.lock_timeout_s
+                    raise RegistryError(f"lock not taken in {waited:g} s of waiting: {e}") from e
                 return str(e)
             return None
 

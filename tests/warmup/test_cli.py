@@ -110,3 +110,11 @@ def test_a_user_function_in_the_working_folder_validates_as_the_ranks_import_it(
     assert main(["validate", str(manifest)]) == 0, capsys.readouterr().err
     assert str(isolated) not in sys.path  # put back as it was
     sys.modules.pop("mywarm", None)
+
+
+def test_a_remote_tier_url_that_cannot_be_used_fails_before_any_rank(isolated, capsys, monkeypatch):
+    monkeypatch.setenv("TRITON_WARMUP_REMOTE_URL", "redis://cache:abc/0")
+    assert main(["run", "--manifest", str(DEMO)]) == 2
+    line = one_line_error(capsys)
+    assert "TRITON_WARMUP_REMOTE_URL" in line and "Port could not be cast" in line
+    assert not (isolated / "work_dir" / "status.json").exists()

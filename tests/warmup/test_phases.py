@@ -40,13 +40,19 @@ def test_process_age_is_this_process_s_lifetime():
     assert 0.0 < process_age() < time.monotonic() + 1e6  # a running process is older than 0
 
 
-def test_the_run_takes_the_slowest_rank_of_each_phase_in_run_order():
-    ranks = [{"tune": 3.0, "setup": 1.0}, {"tune": 2.0, "setup": 1.5, "lock_wait": 0.5}]
+def test_the_run_takes_the_slowest_rank_s_phases_in_run_order():
+    # Rank 1 started late (rank_start) and rank 0 waited for it (rendezvous): the run
+    # takes the slowest rank's phases, not each phase's maximum, which would count both.
+    ranks = [
+        {"rank_start": 1.0, "rendezvous": 1.5, "tune": 3.0},
+        {"rank_start": 2.5, "rendezvous": 0.1, "tune": 3.0, "lock_wait": 0.5},
+    ]
     phases = run_phases({"save": 0.2, "imports": 0.1, "restore": 0.4}, ranks)
     assert phases == {
         "imports": 0.1,
         "restore": 0.4,
-        "setup": 1.5,
+        "rank_start": 2.5,
+        "rendezvous": 0.1,
         "tune": 3.0,
         "lock_wait": 0.5,
         "save": 0.2,
