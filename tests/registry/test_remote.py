@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -15,23 +14,9 @@ from registry.entry import SCHEMA_VERSION
 from registry.remote import RemoteTier, remote_tier, slot_name
 from registry.store import MAX_ENTRY_BYTES
 from tests.conftest import gpu_fingerprint
-from tests.registry.test_redis_outage import Proxy, redis  # noqa: F401  (the fixture)
 
 KEY = {"M": 4096, "N": 6656, "K": 16384, "dtype": "bf16", "world": 2}
 RETRY_S = 0.3
-
-
-@pytest.fixture
-def server(redis):  # noqa: F811
-    redis.client.flushall()
-    return redis
-
-
-@pytest.fixture
-def proxy(server) -> Iterator[Proxy]:
-    p = Proxy(server.port)
-    yield p
-    p.close()
 
 
 def _slot(entry) -> str:

@@ -3,30 +3,13 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-
-import pytest
 
 from registry import MatchPolicy, RegistryError, Store, canonical_key
 from registry.remote import RemoteTier, slot_name
 from registry.tiered import TieredStore
 from tests.conftest import gpu_fingerprint
-from tests.registry.test_redis_outage import Proxy, redis  # noqa: F401  (the fixture)
 
 KEY = {"M": 4096, "N": 6656, "K": 16384, "dtype": "bf16", "world": 2}
-
-
-@pytest.fixture
-def server(redis):  # noqa: F811
-    redis.client.flushall()
-    return redis
-
-
-@pytest.fixture
-def proxy(server) -> Iterator[Proxy]:
-    p = Proxy(server.port)
-    yield p
-    p.close()
 
 
 def _pod(root, url: str) -> TieredStore:
