@@ -11,7 +11,7 @@ First a correctness pass on the GPU: every algorithm, both fused consumers, size
 not multiples of the tile, calls of different algorithms back to back on one context,
 fresh inputs and NaN-poisoned outputs. Then per shape (bf16, N per rank):
 
-1. the tuner (``warmup.tuner.Tuner.tune``, the registry left out) searches every
+1. the tuner (``warmup.tuning.tuner.Tuner.tune``, the registry left out) searches every
    algorithm's candidates with its own clock, as ``triton-warmup run`` does;
 2. the bench times, with its own sampler, the anchors (cuBLAS alone, NCCL all-gather
    alone, NCCL + cuBLAS called directly, torch's fused_all_gather_matmul), the tuned op
@@ -251,9 +251,9 @@ def percentiles(values: list[float]) -> list[float]:
 
 def tune(task: ag_gemm.AgGemmTask) -> dict[str, Any]:
     """The tuner's search over every algorithm, as a warmup runs it (no registry)."""
-    from warmup.lockstep import Lockstep
-    from warmup.timing import cuda_event_timer
-    from warmup.tuner import TuneOptions, Tuner
+    from warmup.run.lockstep import Lockstep
+    from warmup.tuning.timing import cuda_event_timer
+    from warmup.tuning.tuner import TuneOptions, Tuner
 
     with tempfile.TemporaryDirectory() as unused_store:
         tuner = Tuner(

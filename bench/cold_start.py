@@ -10,7 +10,7 @@ floor: two bare rank processes that only launch each shape once with the configs
        cold run stored, their compile cache filled before the clock starts
 
 Each time is the wall time of the whole command, process start to exit. Printed too:
-the warm run's seconds by phase (its status file, ``warmup.phases``), and beside them the
+the warm run's seconds by phase (its status file, ``warmup.run.phases``), and beside them the
 floor's: its imports (as a warm rank's ``rank_start``), rendezvous, setup (contexts and
 inputs of every shape) and launches (against the warm run's compile + check).
 """
@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from warmup.phases import OVERLAPPING, phase_table, process_age  # no torch, no triton
+from warmup.run.phases import OVERLAPPING, phase_table, process_age  # no torch, no triton
 
 SHAPES = [
     (4096, 6656, 16384),

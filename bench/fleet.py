@@ -41,8 +41,8 @@ from typing import Any
 
 from bench.cold_start import SHAPES, manifest_text
 from registry.fingerprint import listed_gpus
-from warmup.phases import phase_table
 from warmup.results import RunStatus
+from warmup.run.phases import phase_table
 
 Shape = tuple[int, int, int]
 MODES = ("solo", "volume", "redis")

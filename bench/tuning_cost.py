@@ -105,8 +105,8 @@ def scenario_ours(registry: Path, cache_dir: Path) -> dict[str, Any]:
     from kernels import matmul
     from registry import Store, detect
     from registry.locks import backend_from_url
-    from warmup.timing import cuda_event_timer
-    from warmup.tuner import TuneOptions, Tuner
+    from warmup.tuning.timing import cuda_event_timer
+    from warmup.tuning.tuner import TuneOptions, Tuner
 
     data = [inputs(*shape) for shape in SHAPES]
     torch.cuda.synchronize()
@@ -164,7 +164,7 @@ def scenario_exhaustive(picks: dict[str, list[dict[str, Any]]]) -> dict[str, Any
 
     from kernels import matmul
     from registry import KernelConfig
-    from warmup.timing import cuda_event_timer
+    from warmup.tuning.timing import cuda_event_timer
 
     timer = cuda_event_timer(warmup=5)
     rows = []
@@ -288,9 +288,9 @@ def ag_gemm_tuning(args: argparse.Namespace) -> None:
     from kernels import ag_gemm
     from registry import Store, detect
     from registry.locks import backend_from_url
-    from warmup.lockstep import Lockstep
-    from warmup.timing import cuda_event_timer
-    from warmup.tuner import TuneOptions, Tuner
+    from warmup.run.lockstep import Lockstep
+    from warmup.tuning.timing import cuda_event_timer
+    from warmup.tuning.tuner import TuneOptions, Tuner
 
     local = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local)

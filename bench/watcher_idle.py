@@ -28,10 +28,10 @@ sys.path.insert(0, str(Path(__file__).parents[1]))  # the tests' bundle and stat
 
 from registry import Store, bundle
 from tests.conftest import wait_for
-from tests.warmup.test_server import make_bundle, ready_status
-from warmup import watcher as watcher_module
-from warmup.server import Sidecar
+from tests.warmup.sidecar.test_server import make_bundle, ready_status
 from warmup.settings import Settings
+from warmup.sidecar import watcher as watcher_module
+from warmup.sidecar.server import Sidecar
 
 ROOT = Path(__file__).parents[1]
 DEMO = ROOT / "examples" / "demo.yaml"

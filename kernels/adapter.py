@@ -3,7 +3,7 @@
 An adapter (one per kernel module, listed in :data:`kernels.ADAPTERS`) answers:
 
 * ``check_shape``: is a manifest shape valid for this kernel (before any GPU work);
-* ``tasks``: the tune tasks (``warmup.tuner.TuneTask``) for a manifest entry's shapes;
+* ``tasks``: the tune tasks (``warmup.tuning.tuner.TuneTask``) for a manifest entry's shapes;
 * ``kernel_hash``: the public hash of the kernel's source, part of every fingerprint;
 * ``key``: the registry key of one problem (what a stored config depends on);
 * ``serve``: a :class:`Served` layer, which a serving op calls with a config per call.

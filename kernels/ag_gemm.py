@@ -515,7 +515,7 @@ def _tma_aligned(*tensors: torch.Tensor) -> bool:
 
 @dataclass
 class AgGemmTask:
-    """One AllGather-GEMM problem, as the tuner sees it (``warmup.tuner.TuneTask``).
+    """One AllGather-GEMM problem, as the tuner sees it (``warmup.tuning.tuner.TuneTask``).
     Every rank builds the same task; the tuner runs them in lockstep."""
 
     a_shard: torch.Tensor

@@ -131,7 +131,7 @@ TOLERANCE = {torch.float32: 2e-3, torch.float16: 1e-2, torch.bfloat16: 2e-2}  # 
 
 @dataclass
 class MatmulTask:
-    """One matmul problem, as the tuner sees it (``warmup.tuner.TuneTask``)."""
+    """One matmul problem, as the tuner sees it (``warmup.tuning.tuner.TuneTask``)."""
 
     a: torch.Tensor
     b: torch.Tensor

@@ -24,9 +24,9 @@ def warm(manifest: Manifest | str | Path, settings: Settings | None = None) -> R
     restores and saves the compile cache and writes the status and metrics files. On
     CPU it turns Triton's interpreter on (before the kernels are imported).
     :class:`~warmup.manifest.ManifestError` when the manifest has no entry for this
-    world size or a kernel rejects a shape; :class:`~warmup.session.RunError` when the
+    world size or a kernel rejects a shape; :class:`~warmup.run.session.RunError` when the
     device asked for is not there.
     """
-    from warmup.inprocess import warm_in_process
+    from warmup.run.inprocess import warm_in_process
 
     return warm_in_process(manifest, settings)

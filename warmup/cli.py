@@ -28,12 +28,12 @@ from pydantic import ValidationError
 from registry import cli as registry_cli
 from registry.errors import RegistryError
 from warmup import doctor, logs
-from warmup.launch import RunError
 from warmup.manifest import ManifestError, load_manifest
-from warmup.phases import phase_table
-from warmup.probe_server import SidecarError  # light: serve imports the sidecar itself
 from warmup.results import RunStatus
+from warmup.run.launch import RunError
+from warmup.run.phases import phase_table
 from warmup.settings import Settings
+from warmup.sidecar.probe_server import SidecarError  # light: serve imports the sidecar itself
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 BAD_INPUT = (ManifestError, RunError, SidecarError)  # the user's input or host: exit 2
@@ -139,7 +139,7 @@ def _error(message: str, code: int) -> int:
 
 def _run(settings: Settings) -> int:
     manifest = load_manifest(settings.manifest)  # before any GPU work or write
-    from warmup.launch import run
+    from warmup.run.launch import run
 
     status = run(settings, manifest)
     print(summary(status))
@@ -175,7 +175,7 @@ def _status(path: Path, *, as_json: bool) -> int:
 
 
 def _serve(settings: Settings) -> int:
-    from warmup.server import Sidecar
+    from warmup.sidecar.server import Sidecar
 
     sidecar = Sidecar(settings)
     port = sidecar.start()

@@ -15,8 +15,8 @@ import urllib.request
 
 from warmup import logs
 from warmup.cli import summary
-from warmup.launch import run
 from warmup.manifest import load_manifest
+from warmup.run.launch import run
 from warmup.settings import Settings
 
 KEY_METRICS = (
@@ -52,7 +52,7 @@ def main() -> int:
         if not status.ready:
             return 1
     print("\n== the sidecar")
-    from warmup.server import Sidecar
+    from warmup.sidecar.server import Sidecar
 
     sidecar = Sidecar(settings)
     port = sidecar.start(host="127.0.0.1", port=0)

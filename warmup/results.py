@@ -101,7 +101,7 @@ class RankReport(_Record):
     world: int
     fingerprint: dict[str, Any] | None = None
     seconds: float = 0.0
-    phases: dict[str, float] = {}  # warmup.phases: seconds per phase on this rank
+    phases: dict[str, float] = {}  # warmup.run.phases: seconds per phase on this rank
     remote: RemoteCounts | None = None  # None: this rank asked no remote tier
     shapes: list[ShapeResult] = []
 
@@ -155,7 +155,7 @@ class RunStatus(_Record):
     benchmark_runs: int = 0
     saved_artifacts: int = 0
     imported_entries: int = 0
-    phases: dict[str, float] = {}  # warmup.phases: seconds per phase, the slowest rank's
+    phases: dict[str, float] = {}  # warmup.run.phases: seconds per phase, the slowest rank's
     remote: RemoteCounts | None = None  # the registry's remote tier; None: not used
     shapes: list[ShapeResult] = []
 

@@ -149,9 +149,9 @@ def tuned(world: int, rank: int) -> dict[str, object]:
 
     from registry import Store, cpu_fingerprint
     from registry.locks import backend_from_url
-    from warmup.lockstep import Lockstep
-    from warmup.timing import wall_clock_timer
-    from warmup.tuner import TuneOptions, Tuner
+    from warmup.run.lockstep import Lockstep
+    from warmup.tuning.timing import wall_clock_timer
+    from warmup.tuning.tuner import TuneOptions, Tuner
 
     root = Path(sys.argv[3]).parent / "registry"
     ctx = ag_gemm.create_context(None, max_m=world * 16, k=24, dtype=torch.float32, device="cpu")
@@ -188,8 +188,8 @@ def fake_clock(world: int, rank: int, winner: str) -> dict[str, object]:
 
     from registry import Store, cpu_fingerprint
     from registry.locks import backend_from_url
-    from warmup.lockstep import Lockstep
-    from warmup.tuner import TuneOptions, Tuner
+    from warmup.run.lockstep import Lockstep
+    from warmup.tuning.tuner import TuneOptions, Tuner
 
     root = Path(sys.argv[3]).parent / "registry"
     ctx = ag_gemm.create_context(None, max_m=world * 16, k=24, dtype=torch.float32, device="cpu")

@@ -4,7 +4,7 @@ import socket
 
 import pytest
 
-import warmup.launch
+import warmup.run.launch
 from tests.conftest import DEMO, error_line
 from warmup.cli import main
 
@@ -39,7 +39,7 @@ def test_a_world_size_the_manifest_has_no_entry_for_fails_before_any_rank(isolat
 
 
 def test_device_cuda_without_a_gpu_fails_before_any_rank(isolated, capsys, monkeypatch):
-    monkeypatch.setattr(warmup.launch, "GPU_LIST", isolated / "no-gpus")
+    monkeypatch.setattr(warmup.run.launch, "GPU_LIST", isolated / "no-gpus")
     assert main(["run", "--device", "cuda", "--manifest", str(DEMO)]) == 2
     line = one_line_error(capsys)
     assert "device cuda: 2 rank(s) need 2 GPU(s), this machine has 0" in line

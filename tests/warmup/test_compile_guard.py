@@ -291,7 +291,7 @@ from triton import knobs
 from triton.backends.compiler import GPUTarget
 from triton.runtime.driver import driver
 from warmup.compile_guard import CompileGuard, RequestCompileError
-from warmup.compile_pool import cache_files
+from warmup.tuning.compile_pool import cache_files
 
 class CpuOnlyDriver:  # what JITFunction.run asks the driver; compiles for sm90, never launches
     def get_current_device(self): return 0

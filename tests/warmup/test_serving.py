@@ -13,8 +13,8 @@ from kernels import matmul
 from kernels.adapter import Layer
 from registry import Entry, KernelConfig, Store, cpu_fingerprint
 from tests.conftest import run_rank_processes, settings_for, write_manifest
-from warmup.launch import run
 from warmup.manifest import load_manifest
+from warmup.run.launch import run
 from warmup.serving import (
     NEAREST,
     REHEARSALS,

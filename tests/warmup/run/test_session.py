@@ -9,7 +9,7 @@ from registry import RegistryError, Store
 from registry.store import CURRENT
 from tests.conftest import settings_for, write_manifest
 from warmup.manifest import load_manifest
-from warmup.session import RunError, lock_backend, restore
+from warmup.run.session import RunError, lock_backend, restore
 
 
 def test_restore_cleans_what_a_killed_writer_left_and_repairs_current(tmp_path, make_entry):

@@ -1,6 +1,6 @@
 """One process of the multi-process tuner tests.
 
-Usage: python -m tests.warmup._tuner_ranks SCENARIO WORLD RANK WORKDIR START_AT
+Usage: python -m tests.warmup.tuning._tuner_ranks SCENARIO WORLD RANK WORKDIR START_AT
 Prints one JSON line.
 """
 
@@ -15,9 +15,9 @@ import torch.distributed as dist
 
 from registry import Entry, KernelConfig, Store, cpu_fingerprint
 from registry.locks import backend_from_url
-from tests.warmup.fakes import FakeTask, fake_timer
-from warmup.lockstep import Lockstep, RankFailure
-from warmup.tuner import TuneError, TuneOptions, Tuner
+from tests.warmup.tuning.fakes import FakeTask, fake_timer
+from warmup.run.lockstep import Lockstep, RankFailure
+from warmup.tuning.tuner import TuneError, TuneOptions, Tuner
 
 
 def make_tuner(task: FakeTask, store_root: Path, work: Path, lockstep: Lockstep) -> Tuner:

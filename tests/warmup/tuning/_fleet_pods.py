@@ -1,6 +1,6 @@
 """One rank of one pod in the fleet tests: pods that start together share the tuning.
 
-Usage: python -m tests.warmup._fleet_pods SCENARIO PODS RANKS POD RANK WORKDIR [REDIS_URL]
+Usage: python -m tests.warmup.tuning._fleet_pods SCENARIO PODS RANKS POD RANK WORKDIR [REDIS_URL]
 Every pod has its own gloo group; all pods' processes leave one start gate together.
 Tuning a shape takes a known time (the fake task sleeps at each launch). With a redis
 URL the pods share only redis (locks and the registry's remote tier), each with its own
@@ -21,11 +21,11 @@ from registry import Store, cpu_fingerprint
 from registry.locks import backend_from_url
 from registry.remote import remote_tier
 from registry.tiered import TieredStore
-from tests.warmup._tuner_ranks import start_together
-from tests.warmup.fakes import FakeTask, fake_timer
-from warmup.lockstep import Lockstep
-from warmup.sharing import Job, rotated, start_fraction, warm_shared
-from warmup.tuner import TuneOptions, Tuner
+from tests.warmup.tuning._tuner_ranks import start_together
+from tests.warmup.tuning.fakes import FakeTask, fake_timer
+from warmup.run.lockstep import Lockstep
+from warmup.tuning.sharing import Job, rotated, start_fraction, warm_shared
+from warmup.tuning.tuner import TuneOptions, Tuner
 
 SHAPES = [64 * (i + 1) for i in range(8)]  # M of each fake shape
 TTL_S = 1.0

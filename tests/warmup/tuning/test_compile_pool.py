@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import env_without_interpreter
 
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).parents[3]
 pytestmark = pytest.mark.slow
 
 SCRIPT = """
@@ -20,7 +20,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from kernels import matmul
-from warmup import compile_pool
+from warmup.tuning import compile_pool
 
 cache = Path(os.environ["TRITON_CACHE_DIR"])
 target = GPUTarget("cuda", 90, 32)

@@ -1,4 +1,4 @@
-"""One rank's warmup (``warmup/runner.py``), in this process."""
+"""One rank's warmup (``warmup/run/runner.py``), in this process."""
 
 from pathlib import Path
 from types import SimpleNamespace
@@ -7,7 +7,7 @@ import torch
 
 from tests.conftest import settings_for
 from warmup.manifest import parse_manifest
-from warmup.runner import warm_rank
+from warmup.run.runner import warm_rank
 
 USER_MANIFEST = """
 version: 1

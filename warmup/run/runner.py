@@ -3,7 +3,7 @@
 For a shape of a kernel with an adapter (``kernels.ADAPTERS``): the adapter makes the
 tune task, the tuner answers (registry hit, fallback, or a tuning in lockstep with the
 other ranks; a shape another pod is tuning waits until the others are done,
-``warmup.sharing``); a config that was not just tuned is then compiled (from the
+``warmup.tuning.sharing``); a config that was not just tuned is then compiled (from the
 cache), launched once and checked against the reference. For a ``module:function``
 entry the user's function is called for every shape with Triton's own autotune result
 caching on, so its ``@triton.autotune`` choices land in the compile cache (and, after
@@ -29,14 +29,14 @@ from registry.fingerprint import Fingerprint, detect_for
 from registry.locks import backend_from_url
 from registry.remote import RemoteTier, remote_tier
 from registry.tiered import TieredStore
-from warmup.lockstep import Lockstep
 from warmup.manifest import Manifest, ManifestEntry, resolve_user_function
-from warmup.phases import PhaseClock
 from warmup.results import RankReport, RemoteCounts, ShapeResult
+from warmup.run.lockstep import Lockstep
+from warmup.run.phases import PhaseClock
 from warmup.settings import Settings
-from warmup.sharing import Job, Settled, rotated, start_fraction, warm_shared
-from warmup.timing import Timer, cuda_event_timer, wall_clock_timer
-from warmup.tuner import TuneOptions, Tuner
+from warmup.tuning.sharing import Job, Settled, rotated, start_fraction, warm_shared
+from warmup.tuning.timing import Timer, cuda_event_timer, wall_clock_timer
+from warmup.tuning.tuner import TuneOptions, Tuner
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def warm_rank(
 ) -> RankReport:
     """Warm every shape of the manifest entries made for ``world`` ranks, entry after
     entry; the shapes of consecutive kernel entries are shared with the other pods of
-    the fleet (``warmup.sharing``). The report lists the shapes in manifest order."""
+    the fleet (``warmup.tuning.sharing``). The report lists the shapes in manifest order."""
     started = time.perf_counter()
     clock = clock or PhaseClock()
     fingerprint = detect_for(device)  # the CPU's on CPU, even on a GPU machine

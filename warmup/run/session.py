@@ -2,7 +2,7 @@
 
 The one sequence every rank runs, whoever started it:
 
-- a rank process that ``triton-warmup run`` spawned (``python -m warmup.session`` with
+- a rank process that ``triton-warmup run`` spawned (``python -m warmup.run.session`` with
   the launcher's folder in ``TRITON_WARMUP_RANK_CHILD``): the launcher restores the
   compile cache and sums the reports, the rank waits for the first and leaves the second;
 - a rank that torchrun started (the same command, no launcher): rank 0 restores and sums;
@@ -34,7 +34,6 @@ from registry.locks import LockServerUnreachable, backend_from_url, check_backen
 from registry.remote import remote_tier
 from warmup.manifest import Manifest, ManifestError, load_manifest
 from warmup.metrics import RunMetrics
-from warmup.phases import PhaseClock, process_age, run_phases
 from warmup.results import (
     FAILED,
     READY,
@@ -44,6 +43,7 @@ from warmup.results import (
     RemoteCounts,
     RunStatus,
 )
+from warmup.run.phases import PhaseClock, process_age, run_phases
 from warmup.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ def run_session(
     ``clock`` has what this rank spent before (its start, the process group)."""
     clock = clock or PhaseClock()
     with clock.timing("rank_start"):  # the kernels and triton, imported here
-        from warmup.runner import progress_printer, warm_rank
+        from warmup.run.runner import progress_printer, warm_rank
 
     if not roles.restores:
         with clock.timing("rendezvous"):
@@ -207,7 +207,7 @@ def finish(
     phases: Mapping[str, float] | None = None,
 ) -> RunStatus:
     """Sum every rank's report into metrics and status; save the compile cache.
-    ``phases``: what the launcher spent before the ranks' reports (``warmup.phases``).
+    ``phases``: what the launcher spent before the ranks' reports (``warmup.run.phases``).
 
     Ready only when every rank reported every shape of the manifest's entries for
     ``world`` ranks, none failed, and there was at least one."""
@@ -282,7 +282,7 @@ def _import_autotune(
 def main() -> int:
     """A rank process: spawned by ``triton-warmup run`` (settings and manifest as files
     in its folder, the launcher's decisions in its environment), or started by torchrun
-    (``torchrun --nproc-per-node N -m warmup.session``; settings from the environment).
+    (``torchrun --nproc-per-node N -m warmup.run.session``; settings from the environment).
     Bad input is one line on stderr and exit 2, as from the CLI."""
     from warmup import logs
 

@@ -20,13 +20,13 @@ from registry import Entry, KernelConfig, Store, cpu_fingerprint, lock
 from registry.locks import backend_from_url
 from tests.conftest import DEMO, ROOT, env_without_interpreter
 from tests.registry.test_redis_outage import redis  # noqa: F401  (a module fixture)
-from tests.warmup._fleet_pods import SHAPES
-from tests.warmup.fakes import FakeTask, fake_timer
-from warmup import sharing
+from tests.warmup.tuning._fleet_pods import SHAPES
+from tests.warmup.tuning.fakes import FakeTask, fake_timer
 from warmup.manifest import load_manifest
 from warmup.results import RunStatus
-from warmup.sharing import Job, rotated, warm_shared
-from warmup.tuner import TuneOptions, Tuner
+from warmup.tuning import sharing
+from warmup.tuning.sharing import Job, rotated, warm_shared
+from warmup.tuning.tuner import TuneOptions, Tuner
 
 
 def test_rotated_starts_at_the_fraction_and_keeps_every_item():
@@ -122,7 +122,7 @@ def run_fleet(
     """Every rank of every pod; the results of the ranks that exited normally."""
     env = env_without_interpreter()
     extra = [redis_url] if redis_url else []
-    module = [sys.executable, "-m", "tests.warmup._fleet_pods"]
+    module = [sys.executable, "-m", "tests.warmup.tuning._fleet_pods"]
     procs = [
         subprocess.Popen(
             [*module, scenario, str(pods), str(ranks), str(pod), str(rank), str(work), *extra],

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from warmup.manifest import Manifest, load_manifest
 from warmup.results import RunStatus
-from warmup.session import SELF_STARTED, prepare, run_session
+from warmup.run.session import SELF_STARTED, prepare, run_session
 from warmup.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 import time
 
-from warmup.timing import wall_clock_timer
+from warmup.tuning.timing import wall_clock_timer
 
 
 def test_wall_clock_timer_warms_up_then_times_each_repetition():

@@ -6,7 +6,7 @@
     /metrics  the sidecar's metrics, the last warmup run's and every serving process's
               (Prometheus text; each serving process writes a file in the metrics folder)
 
-It also watches the bundle folder and installs new bundles (``warmup.watcher``). Its
+It also watches the bundle folder and installs new bundles (``warmup.sidecar.watcher``). Its
 threads are bounded whatever its clients do (``ProbeServer``); the manifest is parsed at
 start and again only when its file changes; an error in an answer is a 500.
 """
@@ -30,10 +30,10 @@ from registry.errors import BundleRejected
 from registry.fingerprint import Fingerprint
 from warmup.manifest import ManifestError, load_manifest
 from warmup.metrics import ServeMetrics, TextFileCollector, TextFolderCollector
-from warmup.probe_server import HeadFirstHandler, ProbeServer, SidecarError
 from warmup.results import RunStatus
 from warmup.settings import Settings
-from warmup.watcher import BundleWatcher, Stat, sha256_of, stat_key
+from warmup.sidecar.probe_server import HeadFirstHandler, ProbeServer, SidecarError
+from warmup.sidecar.watcher import BundleWatcher, Stat, sha256_of, stat_key
 
 log = logging.getLogger(__name__)
 JSON = "application/json"

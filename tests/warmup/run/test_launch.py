@@ -13,15 +13,15 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import warmup
-import warmup.launch
+import warmup.run.launch
 from registry import Store
 from tests.conftest import DEMO, ROOT, env_without_interpreter, settings_for, write_manifest
 from warmup.cli import main
-from warmup.launch import _wait, run
 from warmup.manifest import ManifestError, load_manifest
 from warmup.results import RankReport, RunStatus, ShapeResult
-from warmup.runner import progress_printer
-from warmup.session import finish
+from warmup.run.launch import _wait, run
+from warmup.run.runner import progress_printer
+from warmup.run.session import finish
 
 pytestmark = pytest.mark.slow
 
@@ -186,7 +186,7 @@ def test_joining_a_torchrun_environment(tmp_path):
             "--nproc-per-node",
             "2",
             "-m",
-            "warmup.session",
+            "warmup.run.session",
         ],
         cwd=ROOT,
         env=env,
@@ -215,7 +215,7 @@ def test_progress_is_a_bar_on_a_terminal_and_log_lines_otherwise(caplog):
     assert "FAILED" not in screen.getvalue()  # not "failed FAILED"
     show(2, 2, row.model_copy(update={"source": "registry", "error": "bad output"}))
     assert "registry FAILED: bad output" in screen.getvalue()
-    with caplog.at_level(logging.INFO, logger="warmup.runner"):
+    with caplog.at_level(logging.INFO, logger="warmup.run.runner"):
         progress_printer(io.StringIO())(1, 1, row)
     assert "warmed 1/1 ag_gemm M=8 N=8 K=8: tuned" in caplog.text
 
@@ -315,7 +315,7 @@ entries:
      shapes: [{M: 4, N: 2, K: 2}]}
 """,
     )
-    with caplog.at_level(logging.WARNING, logger="warmup.launch"):
+    with caplog.at_level(logging.WARNING, logger="warmup.run.launch"):
         settings = settings_for(tmp_path, manifest=manifest, world_size=2)
         status = run(settings, load_manifest(manifest))
     assert status.ready and status.sources == {"user": 2}
@@ -349,8 +349,8 @@ def test_a_launcher_failure_stops_every_rank_and_says_why(tmp_path, monkeypatch)
     def volume_gone(settings):
         raise OSError("the volume went away")
 
-    monkeypatch.setattr(warmup.launch, "_spawn_ranks", sleepers)
-    monkeypatch.setattr(warmup.launch, "restore", volume_gone)
+    monkeypatch.setattr(warmup.run.launch, "_spawn_ranks", sleepers)
+    monkeypatch.setattr(warmup.run.launch, "restore", volume_gone)
     settings = settings_for(tmp_path)
     with pytest.raises(OSError):
         run(settings, load_manifest(DEMO))

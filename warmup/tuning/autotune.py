@@ -28,9 +28,9 @@ from typing import Any
 from registry import KernelConfig, Store
 from registry.fingerprint import Fingerprint, kernel_source_hash
 from registry.locks import LockBackend
-from warmup.lockstep import Lockstep
-from warmup.timing import Timer, cuda_event_timer, wall_clock_timer
-from warmup.tuner import TuneOptions, Tuner, TunerStats
+from warmup.run.lockstep import Lockstep
+from warmup.tuning.timing import Timer, cuda_event_timer, wall_clock_timer
+from warmup.tuning.tuner import TuneOptions, Tuner, TunerStats
 
 log = logging.getLogger(__name__)
 _LAUNCH = ("num_warps", "num_stages", "num_ctas", "maxnreg")

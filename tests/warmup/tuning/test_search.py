@@ -3,8 +3,8 @@ import random
 import pytest
 
 from registry import Measurement
-from tests.warmup.fakes import configs
-from warmup.search import HalvingPlan, successive_halving, summarize
+from tests.warmup.tuning.fakes import configs
+from warmup.tuning.search import HalvingPlan, successive_halving, summarize
 
 
 def measure_with(timings, *, noise=0.0, seed=0, failing=()):

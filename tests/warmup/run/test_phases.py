@@ -10,8 +10,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from warmup.cli import main
 from warmup.metrics import RunMetrics
-from warmup.phases import PHASES, PhaseClock, phase_table, process_age, run_phases
 from warmup.results import READY, RemoteCounts, RunStatus
+from warmup.run.phases import PHASES, PhaseClock, phase_table, process_age, run_phases
 
 
 def test_a_clock_adds_up_each_phase_and_times_a_lazy_iterable():

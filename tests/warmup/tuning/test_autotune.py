@@ -6,8 +6,8 @@ import triton
 
 from registry import KernelConfig, Store, cpu_fingerprint
 from registry.locks import backend_from_url
-from warmup.autotune import autotune, to_key
-from warmup.tuner import TuneError, TuneOptions
+from warmup.tuning.autotune import autotune, to_key
+from warmup.tuning.tuner import TuneError, TuneOptions
 
 TIMES = {32: 2.0, 64: 0.5, 128: 1.0}
 

@@ -9,8 +9,8 @@ import tracemalloc
 import pytest
 
 from tests.conftest import wait_for
-from warmup import watcher as watcher_module
-from warmup.watcher import BundleWatcher
+from warmup.sidecar import watcher as watcher_module
+from warmup.sidecar.watcher import BundleWatcher
 
 
 class Installs:

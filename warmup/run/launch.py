@@ -1,6 +1,6 @@
 """``triton-warmup run``: the parent launcher. It starts one process per rank
-(``python -m warmup.session``), restores the compile cache while they import torch,
-watches them, and sums their reports (``warmup.session.finish``) into the metrics and
+(``python -m warmup.run.session``), restores the compile cache while they import torch,
+watches them, and sums their reports (``warmup.run.session.finish``) into the metrics and
 status files. Exit 0 when every shape is warm, 1 otherwise (the status names each
 failed shape), 2 for bad input.
 """
@@ -19,9 +19,9 @@ from pathlib import Path
 from registry import atomic
 from registry.fingerprint import NVIDIA_PROC, listed_gpus
 from warmup.manifest import Manifest, ManifestError
-from warmup.phases import process_age
 from warmup.results import FAILED, RankFailure, RunStatus
-from warmup.session import (
+from warmup.run.phases import process_age
+from warmup.run.session import (
     CHILD_FLAG,
     RunError,
     check_remote,
@@ -124,7 +124,7 @@ def _spawn_ranks(
         }
         if settings.device == "cpu":
             env["TRITON_INTERPRET"] = "1"
-        procs.append(subprocess.Popen([sys.executable, "-m", "warmup.session"], env=env))
+        procs.append(subprocess.Popen([sys.executable, "-m", "warmup.run.session"], env=env))
     return procs
 
 

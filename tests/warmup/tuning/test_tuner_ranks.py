@@ -11,7 +11,7 @@ import pytest
 
 from registry import Store
 
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).parents[3]
 pytestmark = pytest.mark.slow
 
 
@@ -22,7 +22,7 @@ def run(scenario: str, world: int, work: Path, *, expect_killed=()) -> dict[int,
             [
                 sys.executable,
                 "-m",
-                "tests.warmup._tuner_ranks",
+                "tests.warmup.tuning._tuner_ranks",
                 scenario,
                 str(world),
                 str(rank),

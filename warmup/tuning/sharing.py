@@ -25,8 +25,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from warmup.lockstep import Lockstep
-from warmup.tuner import Deferred, TuneError, TuneOutcome, Tuner, TuneTask
+from warmup.run.lockstep import Lockstep
+from warmup.tuning.tuner import Deferred, TuneError, TuneOutcome, Tuner, TuneTask
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

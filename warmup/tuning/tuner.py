@@ -13,7 +13,7 @@ Flow for one (kernel, key), every rank in lockstep, rank 0 deciding:
     its time the max over ranks; rank 0 broadcasts the winner
     the winner is checked again, rank 0 stores the entry, releases the lock
 
-The timer is injected (``warmup.timing``), so tests run the search with a fake.
+The timer is injected (``warmup.tuning.timing``), so tests run the search with a fake.
 """
 
 from __future__ import annotations
@@ -42,10 +42,10 @@ from registry import (
 from registry.fingerprint import Fingerprint
 from registry.locks import LockBackend, LockServerUnreachable
 from registry.tiered import TieredStore
-from warmup import compile_pool
-from warmup.lockstep import Lockstep, RankFailure
-from warmup.search import HalvingPlan, SearchResult, successive_halving, summarize
-from warmup.timing import Timer
+from warmup.run.lockstep import Lockstep, RankFailure
+from warmup.tuning import compile_pool
+from warmup.tuning.search import HalvingPlan, SearchResult, successive_halving, summarize
+from warmup.tuning.timing import Timer
 
 log = logging.getLogger(__name__)
 Policy = Literal["tune", "fallback", "fail"]

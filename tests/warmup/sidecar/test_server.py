@@ -20,17 +20,17 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-import warmup.server
+import warmup.sidecar.server
 from registry import Entry, KernelConfig, RegistryError, Store, bundle, cpu_fingerprint
 from tests.conftest import free_port, gpu_fingerprint, wait_for
 from warmup.manifest import load_manifest
 from warmup.metrics import RunMetrics, ServingMetrics
-from warmup.probe_server import HeadFirstHandler, ProbeServer
 from warmup.results import RunStatus, ShapeResult
-from warmup.server import Sidecar
 from warmup.settings import Settings
+from warmup.sidecar.probe_server import HeadFirstHandler, ProbeServer
+from warmup.sidecar.server import Sidecar
 
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).parents[3]
 DEMO = ROOT / "examples" / "demo.yaml"
 
 
@@ -193,7 +193,7 @@ def test_the_run_file_is_exported_once_when_folders_coincide(tmp_path):
 
 def test_the_sidecar_imports_no_torch(tmp_path):
     code = (
-        "import sys; from warmup.server import Sidecar; from warmup.cli import main; "
+        "import sys; from warmup.sidecar.server import Sidecar; from warmup.cli import main; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'triton')))"
     )
     done = subprocess.run(
@@ -328,7 +328,7 @@ def test_concurrent_probes_parse_the_manifest_once(tmp_path, monkeypatch):
         time.sleep(0.5)
         return load_manifest(path, **options)
 
-    monkeypatch.setattr(warmup.server, "load_manifest", slow_load)
+    monkeypatch.setattr(warmup.sidecar.server, "load_manifest", slow_load)
     ready_status(settings)
     with running(settings) as car:
         url = car.url + "/readyz"
