@@ -1,18 +1,19 @@
-"""Time to ready on 2 GPUs for a manifest of 8 AllGather-GEMM shapes.
+"""Time to ready on 2 GPUs (``--world``) for a manifest of 8 AllGather-GEMM shapes.
 
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
     PYTHONPATH=. python bench/cold_start.py --out cold_start.json
 
 cold:  ``triton-warmup run`` on an empty volume (every shape tuned, compiled, stored)
 warm:  ``triton-warmup run`` again, fresh processes and a fresh pod folder (empty
-       TRITON_CACHE_DIR, restored from the volume), same volume
-floor: two bare rank processes that only launch each shape once with the configs the
-       cold run stored, their compile cache filled before the clock starts
+       TRITON_CACHE_DIR, restored from the volume), same volume; ``--repeats`` times
+floor: bare rank processes that only launch each shape once with the configs the
+       cold run stored, their compile cache filled before the clock starts; as often
 
-Each time is the wall time of the whole command, process start to exit. Printed too:
-the warm run's seconds by phase (its status file, ``warmup.run.phases``), and beside them the
-floor's: its imports (as a warm rank's ``rank_start``), rendezvous, setup (contexts and
-inputs of every shape) and launches (against the warm run's compile + check).
+Each time is the wall time of the whole command, process start to exit; warm and floor
+are the medians of their repeats. Printed too: the median warm run's seconds by phase
+(its status file, ``warmup.run.phases``), and beside them the median floor's: its
+imports (as a warm rank's ``rank_start``), rendezvous, setup (contexts and inputs of
+every shape) and launches (against the warm run's compile + check).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from warmup.run.phases import OVERLAPPING, phase_table, process_age  # no torch, no triton
 
@@ -42,6 +43,7 @@ SHAPES = [
     (2048, 6656, 16384),
 ]
 WORLD = 2
+T = TypeVar("T")
 
 
 def manifest_text(
@@ -79,7 +81,7 @@ def timed_run(work: Path, pod: str) -> tuple[float, dict[str, Any]]:
     return seconds, status
 
 
-def floor(work: Path) -> tuple[float, dict[str, float]]:
+def floor(work: Path, world: int, repeat: int = 0) -> tuple[float, dict[str, float]]:
     """The floor's wall time, and rank 0's seconds by phase (:func:`floor_rank`)."""
     from registry import Store, triton_cache
 
@@ -89,7 +91,7 @@ def floor(work: Path) -> tuple[float, dict[str, float]]:
     # in SHAPES order: the ranks launch what this process lists, whatever SHAPES they see
     launches = [[*shape, configs[shape]] for shape in SHAPES]
     (work / "configs.json").write_text(json.dumps(launches))
-    cache = work / "floor-cache"
+    cache = work / f"floor-cache-{repeat}"
     triton_cache.restore(work / "volume" / "triton-cache", cache)  # before the clock
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -101,14 +103,14 @@ def floor(work: Path) -> tuple[float, dict[str, float]]:
             env={
                 **os.environ,
                 "RANK": str(r),
-                "WORLD_SIZE": str(WORLD),
+                "WORLD_SIZE": str(world),
                 "LOCAL_RANK": str(r),
                 "MASTER_ADDR": "127.0.0.1",
                 "MASTER_PORT": str(port),
                 "TRITON_CACHE_DIR": str(cache),
             },
         )
-        for r in range(WORLD)
+        for r in range(world)
     ]
     codes = [p.wait(timeout=600) for p in procs]
     seconds = time.perf_counter() - started
@@ -132,7 +134,7 @@ def floor_rank(work: Path) -> None:
 
     phases = {"imports": process_age()}  # as a warm rank's rank_start: torch, the kernels
 
-    rank = int(os.environ["RANK"])
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     started = time.perf_counter()
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
@@ -144,7 +146,7 @@ def floor_rank(work: Path) -> None:
         ctx = ag_gemm.create_context(
             dist.group.WORLD, max_m=m, k=k, dtype=torch.bfloat16, device="cuda"
         )
-        shard = torch.randn(m // WORLD, k, device="cuda", dtype=torch.bfloat16)  # [M/world, K]
+        shard = torch.randn(m // world, k, device="cuda", dtype=torch.bfloat16)  # [M/world, K]
         b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)  # [K, N]
         launches.append((shard, b, ctx, KernelConfig.from_json(config)))
     torch.cuda.synchronize()
@@ -212,23 +214,32 @@ def vs_floor_lines(rows: dict[str, dict[str, float]]) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--world", type=int, default=WORLD, help="ranks (GPUs)")
+    parser.add_argument("--repeats", type=int, default=3, help="warm runs and floors")
     parser.add_argument("--floor-rank", type=Path)
     args = parser.parse_args()
     if args.floor_rank:
         floor_rank(args.floor_rank)
         return
+    if args.world < 1 or args.repeats < 1:
+        parser.error("--world and --repeats take a positive integer")
     work = Path(tempfile.mkdtemp(prefix="cold-start-"))
-    (work / "manifest.yaml").write_text(manifest_text())
+    (work / "manifest.yaml").write_text(manifest_text(world=args.world))
     cold, cold_status = timed_run(work, "cold")
-    warm, warm_status = timed_run(work, "warm")
-    bottom, floor_phases = floor(work)
+    warms = [timed_run(work, f"warm-{i}") for i in range(args.repeats)]
+    floors = [floor(work, args.world, i) for i in range(args.repeats)]
+    warm, warm_status = median_run(warms)
+    bottom, floor_phases = median_run(floors)
     vs_floor = phase_vs_floor(warm_status.get("phases", {}), warm, floor_phases, bottom)
     result = {
         "shapes": SHAPES,
-        "world": WORLD,
+        "world": args.world,
+        "repeats": args.repeats,
         "cold_s": cold,
         "warm_s": warm,
         "floor_s": bottom,
+        "warm_runs_s": [s for s, _ in warms],
+        "floor_runs_s": [s for s, _ in floors],
         "warm_over_floor": warm / bottom,
         "cold_sources": cold_status["sources"],
         "warm_sources": warm_status["sources"],
@@ -247,10 +258,20 @@ def main() -> None:
         f"benchmark runs, {warm_status['sources']}) | floor {bottom:.2f} s | "
         f"warm / floor {warm / bottom:.2f}"
     )
-    print("\nwarm run, by phase (total: the command's wall time)")
+    print(f"warm runs {_seconds(warms)} | floors {_seconds(floors)}")
+    print("\nmedian warm run, by phase (total: the command's wall time)")
     print("\n".join(phase_table(warm_status.get("phases", {}), warm)))
     print("\nwarm run against the floor")
     print("\n".join(vs_floor_lines(vs_floor)))
+
+
+def median_run(runs: list[tuple[float, T]]) -> tuple[float, T]:
+    """The run of median wall time (the lower middle one of an even count)."""
+    return sorted(runs, key=lambda run: run[0])[(len(runs) - 1) // 2]
+
+
+def _seconds(runs: list[tuple[float, Any]]) -> str:
+    return ", ".join(f"{s:.2f}" for s, _ in runs)
 
 
 if __name__ == "__main__":

@@ -130,13 +130,15 @@ def parse_shapes(text: str) -> list[Shape]:
     return shapes
 
 
-def gpu_ids(needed: int) -> list[str]:
-    """The GPUs the pods split, in order: CUDA_VISIBLE_DEVICES's, else the driver's."""
+def gpu_ids(needed: int, *, share: bool = False) -> list[str]:
+    """The GPUs the pods split, in order: CUDA_VISIBLE_DEVICES's, else the driver's.
+    ``share``: ``needed`` is one pod's ranks; the pods take turns on the GPUs there are."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     ids = [d.strip() for d in visible.split(",")] if visible else []
     ids = ids or [str(i) for i in range(listed_gpus())]
     if len(ids) < needed:
-        raise SystemExit(f"--pods x --ranks need {needed} GPUs, this machine shows {len(ids)}")
+        flags = "--ranks" if share else "--pods x --ranks"
+        raise SystemExit(f"{flags} need {needed} GPUs, this machine shows {len(ids)}")
     return ids
 
 
@@ -212,6 +214,7 @@ class Fleet:
     ranks: int
     device: str
     gpus: list[str]
+    shared: bool = False  # fewer GPUs than pods x ranks: pods contend, no target applies
 
 
 def pod_env(fleet: Fleet, folder: Path, index: int, volume: Path, lock_url: str) -> dict[str, str]:
@@ -225,7 +228,8 @@ def pod_env(fleet: Fleet, folder: Path, index: int, volume: Path, lock_url: str)
     if lock_url:
         env["TRITON_WARMUP_LOCK_URL"] = lock_url  # the remote tier follows a redis lock URL
     if fleet.device == "cuda":
-        mine = fleet.gpus[index * fleet.ranks : (index + 1) * fleet.ranks]
+        first = index * fleet.ranks
+        mine = [fleet.gpus[(first + r) % len(fleet.gpus)] for r in range(fleet.ranks)]
         env["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
     return env
 
@@ -318,11 +322,12 @@ def _num(value: float) -> str:
     return f"{value:g}" if value != int(value) else str(int(value))
 
 
-def report(modes: list[Mode], shapes: int, pods: int, ranks: int) -> dict[str, Any]:
-    """Print the tables; return the checks per mode."""
+def report(
+    modes: list[Mode], shapes: int, pods: int, ranks: int, *, bound: float | None
+) -> dict[str, Any]:
+    """Print the tables; return the checks per mode (``bound``: the target, if any)."""
     solo = next((m for m in modes if m.name == "solo" and m.pods), None)
     solo_s = solo.slowest.seconds if solo and solo.slowest.state == "ready" else None
-    bound = target(pods, ranks)
     checks = {m.name: m.checks(shapes, solo_s, bound) for m in modes}
     print(
         f"\n{shapes} shapes; solo: 1 pod x {ranks} rank(s); fleet: {pods} pods x {ranks}\n\n"
@@ -372,23 +377,31 @@ def main() -> None:
     parser.add_argument("--redis-server", default=shutil.which("redis-server"))
     parser.add_argument("--out", type=Path)
     parser.add_argument("--keep", action="store_true", help="keep the temp folder")
+    parser.add_argument(
+        "--share-gpus",
+        action="store_true",
+        help="a smoke run on fewer GPUs: pods take turns on them, contend, and meet no target",
+    )
     args = parser.parse_args()
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if unknown := set(modes) - set(MODES):
         parser.error(f"--modes: unknown {sorted(unknown)}; choose from {','.join(MODES)}")
     modes = [m for m in MODES if m in modes]  # solo first: the others are measured against it
     shapes: list[Shape] = args.shapes or SHAPES
-    gpus = gpu_ids(args.pods * args.ranks) if args.device == "cuda" else []
+    needed = args.ranks if args.share_gpus else args.pods * args.ranks
+    gpus = gpu_ids(needed, share=args.share_gpus) if args.device == "cuda" else []
+    shared = args.device == "cuda" and len(gpus) < args.pods * args.ranks
+    bound = None if shared else target(args.pods, args.ranks)
     work = Path(tempfile.mkdtemp(prefix="fleet-"))
     dtype = "bf16" if args.device == "cuda" else "fp32"
     (work / "manifest.yaml").write_text(manifest_text(shapes, args.ranks, dtype))
-    fleet = Fleet(work, work / "manifest.yaml", args.ranks, args.device, gpus)
+    fleet = Fleet(work, work / "manifest.yaml", args.ranks, args.device, gpus, shared)
     try:
         done = []
         for name in modes:
             print(f"{name}: running", flush=True)
             done.append(run_mode(name, fleet, args.pods, args.redis_server))
-        checks = report(done, len(shapes), args.pods, args.ranks)
+        checks = report(done, len(shapes), args.pods, args.ranks, bound=bound)
     finally:
         if args.keep:
             print(f"\nkept {work}")
@@ -400,7 +413,9 @@ def main() -> None:
             "ranks": args.ranks,
             "device": args.device,
             "shapes": shapes,
-            "target": target(args.pods, args.ranks),
+            "gpus": gpus,
+            "shared_gpus": shared,
+            "target": bound,
             "modes": {
                 m.name: {"pods": [asdict(p) for p in m.pods], **checks[m.name]} for m in done
             },
