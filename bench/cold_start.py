@@ -7,7 +7,8 @@ cold:  ``triton-warmup run`` on an empty volume (every shape tuned, compiled, st
 warm:  ``triton-warmup run`` again, fresh processes and a fresh pod folder (empty
        TRITON_CACHE_DIR, restored from the volume), same volume; ``--repeats`` times
 floor: bare rank processes that only launch each shape once with the configs the
-       cold run stored, their compile cache filled before the clock starts; as often
+       cold run stored, their compile cache filled before the clock starts, then end
+       as a warm run's ranks do (no teardown); as often
 
 Each time is the wall time of the whole command, process start to exit; warm and floor
 are the medians of their repeats. Printed too: the median warm run's seconds by phase
@@ -30,6 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from warmup import logs
 from warmup.run.phases import OVERLAPPING, phase_table, process_age  # no torch, no triton
 
 SHAPES = [
@@ -117,7 +119,9 @@ def floor(work: Path, world: int, repeat: int = 0) -> tuple[float, dict[str, flo
     if any(codes):
         raise SystemExit(f"floor ranks failed: {codes}")
     print(f"floor  {seconds:7.2f} s", flush=True)
-    return seconds, json.loads((work / FLOOR_PHASES).read_text())
+    phases = json.loads((work / FLOOR_PHASES).read_text())
+    phases["exit"] = max(0.0, time.time() - (work / FLOOR_PHASES).stat().st_mtime)
+    return seconds, phases
 
 
 FLOOR_PHASES = "floor_phases.json"
@@ -158,9 +162,10 @@ def floor_rank(work: Path) -> None:
     torch.cuda.synchronize()
     phases["launch"] = time.perf_counter() - started
     phases["total"] = process_age()
+    dist.barrier()  # no rank leaves while a peer's last launch still needs it
     if rank == 0:
         atomic.write_json(work / FLOOR_PHASES, phases)
-    dist.destroy_process_group()
+    logs.exit_now(0)  # as a launched warm rank ends: no NCCL and CUDA teardown
 
 
 # A row of the side-by-side table: the warm run's phases it adds up, and the floor's phase
@@ -170,11 +175,13 @@ VS_FLOOR: list[tuple[str, tuple[str, ...], str | None]] = [
     ("restore", ("restore",), None),
     ("rank_start", ("rank_start",), "imports"),
     ("rendezvous", ("rendezvous",), "rendezvous"),
+    ("prepare", ("prepare",), None),
     ("setup", ("setup",), "setup"),
     ("lookup", ("lookup",), None),
     ("tune", ("tune",), None),
     ("compile+check", ("compile", "check"), "launch"),
     ("lock_wait", ("lock_wait",), None),
+    ("exit", ("exit",), "exit"),
     ("save", ("save",), None),
 ]
 

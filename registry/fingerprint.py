@@ -6,6 +6,7 @@ Imports neither torch nor triton at module level; ``detect()`` imports them lazi
 from __future__ import annotations
 
 import ast
+import contextlib
 import hashlib
 import inspect
 import json
@@ -14,6 +15,7 @@ import re
 import shutil
 import subprocess
 import textwrap
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from enum import Enum
@@ -206,12 +208,31 @@ def detect(kernel_hash: str = "", *, device: int = 0) -> Fingerprint:
 def detect_for(device: Any, kernel_hash: str = "") -> Fingerprint:
     """The fingerprint of where kernels run on ``device`` (a ``torch.device``): a CUDA
     device's, or the CPU's (Triton's interpreter) even on a machine with GPUs, so a CPU
-    run never stores or reads configs under a GPU's fingerprint. Detected once per GPU."""
-    if getattr(device, "type", device) != "cuda":
-        found = _detected_cpu()
-    else:
-        found = _detected_gpu(getattr(device, "index", None) or 0)
+    run never stores or reads configs under a GPU's fingerprint. Detected once per GPU:
+    a caller while another thread detects waits for its answer."""
+    with _DETECTING:
+        if getattr(device, "type", device) != "cuda":
+            found = _detected_cpu()
+        else:
+            found = _detected_gpu(getattr(device, "index", None) or 0)
     return found.with_kernel(kernel_hash) if kernel_hash else found
+
+
+_DETECTING = threading.Lock()
+
+
+def detect_in_background(device: Any) -> threading.Thread:
+    """Start :func:`detect_for` on a thread, for a process that has other waits to
+    overlap it with (half a second: Triton hashes its own library); a later
+    ``detect_for(device)`` takes its answer. A failure here is left to that call."""
+
+    def detect() -> None:
+        with contextlib.suppress(Exception):
+            detect_for(device)
+
+    thread = threading.Thread(target=detect, name="fingerprint", daemon=True)
+    thread.start()
+    return thread
 
 
 @cache

@@ -86,7 +86,15 @@ OVERRIDES = {  # option -> setting
 }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def entry() -> None:
+    """The ``triton-warmup`` program: :func:`main`, then its exit; ``run`` ends
+    without Python's teardown of torch and triton (its status is written by then)."""
+    sys.exit(main(program=True))
+
+
+def main(argv: Sequence[str] | None = None, *, program: bool = False) -> int:
+    """The command line; returns the exit code (``program``: this process is the
+    command, and ``run`` may end it at once)."""
     try:
         settings = Settings()
     except ValidationError as e:
@@ -104,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     quiet = args.command not in ("run", "serve")  # registry commands print their own output
     logs.configure(settings.log_format, level=10 if args.verbose else 30 if quiet else 20)
     try:
-        return _dispatch(args, settings)
+        return _dispatch(args, settings, program)
     except Exception as e:
         if args.debug:
             traceback.print_exc()
@@ -118,9 +126,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _error(str(e), code)
 
 
-def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
+def _dispatch(args: argparse.Namespace, settings: Settings, program: bool) -> int:
     if args.command == "run":
-        return _run(settings)
+        return _run(settings, program)
     if args.command == "serve":
         return _serve(settings)
     if args.command == "status":
@@ -137,13 +145,16 @@ def _error(message: str, code: int) -> int:
     return code
 
 
-def _run(settings: Settings) -> int:
+def _run(settings: Settings, program: bool) -> int:
     manifest = load_manifest(settings.manifest)  # before any GPU work or write
     from warmup.run.launch import run
 
     status = run(settings, manifest)
     print(summary(status))
-    return EXIT_OK if status.ready else EXIT_FAILED
+    code = EXIT_OK if status.ready else EXIT_FAILED
+    if program:  # the pod is ready when this process ends: not a second later
+        logs.exit_now(code)
+    return code
 
 
 def summary(status: RunStatus) -> str:
@@ -237,4 +248,4 @@ def settings_errors(error: ValidationError, options: dict[str, Any] | None = Non
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

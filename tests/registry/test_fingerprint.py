@@ -139,6 +139,41 @@ def test_from_json_refuses_what_is_not_an_object(data):
         Fingerprint.from_json(data)
 
 
+def test_a_detection_in_the_background_is_the_one_a_later_call_takes(monkeypatch):
+    import threading
+    import time
+
+    from registry import fingerprint
+
+    calls = []
+    started = threading.Event()
+
+    def slow_detect(*, device):
+        calls.append(device)
+        started.set()
+        time.sleep(0.3)
+        return gpu_fingerprint()
+
+    monkeypatch.setattr(fingerprint, "detect", slow_detect)
+    fingerprint._detected_gpu.cache_clear()
+    try:
+        thread = fingerprint.detect_in_background(SimpleNamespace(type="cuda", index=3))
+        assert started.wait(10)
+        assert fingerprint.detect_for(SimpleNamespace(type="cuda", index=3)) == gpu_fingerprint()
+        thread.join(10)
+        assert calls == [3]  # the caller waited for the thread's answer, not a second run
+
+        def broken(*, device):
+            raise RuntimeError("no GPU")
+
+        monkeypatch.setattr(fingerprint, "detect", broken)
+        fingerprint.detect_in_background(SimpleNamespace(type="cuda", index=4)).join(10)
+        with pytest.raises(RuntimeError, match="no GPU"):  # left to the caller, said there
+            fingerprint.detect_for(SimpleNamespace(type="cuda", index=4))
+    finally:
+        fingerprint._detected_gpu.cache_clear()
+
+
 def test_a_cpu_device_gets_the_cpu_fingerprint_even_on_a_gpu_machine(monkeypatch):
     from registry import fingerprint
 

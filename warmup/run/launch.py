@@ -41,9 +41,8 @@ __all__ = ["RunError", "run"]
 def run(settings: Settings, manifest: Manifest) -> RunStatus:
     """Warm the manifest; returns the status written (``state`` ready or failed).
     :class:`RunError` or :class:`ManifestError` before any rank starts on bad input."""
-    imports = process_age()  # this process's start, imports, the CLI
-    started = time.time() - imports  # time to ready counts from the process's start
-    phases = {"imports": imports}
+    started = time.time() - process_age()  # time to ready counts from the process's start
+    phases: dict[str, float] = {}
     world = settings.world_size or max(manifest.world_sizes())
     manifest.require_world(world, str(settings.manifest))
     device = _device_type(settings, world)
@@ -55,6 +54,7 @@ def run(settings: Settings, manifest: Manifest) -> RunStatus:
     clear_run_dir(run_dir)
     status = running(manifest, world, started).write(settings.status_path)
     # The ranks run this launcher's decision on the device, not one of their own.
+    phases["imports"] = process_age()  # this process's start, imports, the checks above
     procs = _spawn_ranks(settings.model_copy(update={"device": device}), manifest, world, run_dir)
     try:
         manifest.check_kernels(str(settings.manifest))  # imports torch: while the ranks do
@@ -63,6 +63,7 @@ def run(settings: Settings, manifest: Manifest) -> RunStatus:
         mark_restored(run_dir)
         phases["restore"] = time.perf_counter() - restoring
         failures, errors = _wait(procs, settings.run_timeout_s, settings.rank_timeout_s)
+        phases["exit"] = _exit_seconds(run_dir)
         return finish(settings, manifest, run_dir, world, started, failures, errors, phases)
     except BaseException as e:  # a status that says why; no rank outlives the run
         errors = e.errors if isinstance(e, ManifestError) else [f"{type(e).__name__}: {e}"]
@@ -72,6 +73,12 @@ def run(settings: Settings, manifest: Manifest) -> RunStatus:
         raise
     finally:
         _stop(procs)
+
+
+def _exit_seconds(run_dir: Path) -> float:
+    """Seconds from the last rank report written to now (every rank has exited)."""
+    written = [p.stat().st_mtime for p in run_dir.glob("rank-*.json")]
+    return max(0.0, time.time() - max(written)) if written else 0.0
 
 
 def _device_type(settings: Settings, world: int) -> str:

@@ -20,16 +20,18 @@ T = TypeVar("T")
 # name -> what it holds, in the order a run goes through them
 OVERLAPPING = ("restore",)  # runs beside the ranks' start: not added to the total
 PHASES: dict[str, str] = {
-    "imports": "process start and imports, until the run begins",
+    "imports": "process start, imports and checks, until the ranks start",
     "restore": "registry recovery and compile-cache restore from the volume",
     "rank_start": "rank processes: start and imports (overlaps restore)",
-    "rendezvous": "process group, waiting for the restore, first barrier",
+    "rendezvous": "GPU context, process group, waiting for the restore, first barrier",
+    "prepare": "fingerprint, registry, tuners, the pod's place in the shape order",
     "setup": "workspaces (symmetric memory) and inputs of every shape",
     "lookup": "registry lookups that found a config (local, then remote)",
     "tune": "tuning the shapes this pod took: compile, time, check, store",
     "compile": "stored configs: compile or load from the compile cache",
     "check": "stored configs: first launch and check against the reference",
     "lock_wait": "waiting on shapes that other pods were tuning",
+    "exit": "the rank processes' exit after their reports, as the launcher waits",
     "save": "compile-cache save, autotune import, status",
 }
 

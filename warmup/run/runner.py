@@ -60,9 +60,10 @@ def warm_rank(
     the fleet (``warmup.tuning.sharing``). The report lists the shapes in manifest order."""
     started = time.perf_counter()
     clock = clock or PhaseClock()
-    fingerprint = detect_for(device)  # the CPU's on CPU, even on a GPU machine
-    local = Store(settings.registry_path, lock_timeout=settings.lock_timeout_s)
-    store = TieredStore(local, _remote(settings) if rank == 0 else None)
+    with clock.timing("prepare"):
+        fingerprint = detect_for(device)  # the CPU's on CPU, even on a GPU machine
+        local = Store(settings.registry_path, lock_timeout=settings.lock_timeout_s)
+        store = TieredStore(local, _remote(settings) if rank == 0 else None)
     report = RankReport(rank=rank, world=world, fingerprint=fingerprint.to_json())
     total = manifest.shape_count(world)
     places: dict[int, int] = {}  # id(result) -> its place in the manifest
@@ -74,8 +75,9 @@ def warm_rank(
             progress(len(report.shapes), total, report.shapes[-1])
 
     lockstep = Lockstep(group, timeout_s=settings.rank_timeout_s)
-    fraction = start_fraction(lockstep)
-    from_bundles = _bundle_paths(local)
+    with clock.timing("prepare"):
+        fraction = start_fraction(lockstep)
+        from_bundles = _bundle_paths(local)
     first = 0
     for user, run in itertools.groupby(manifest.entries_for(world), lambda e: e.is_user_function):
         entries = list(run)
@@ -85,7 +87,8 @@ def warm_rank(
                     done(shape, first)
                     first += 1
             continue
-        tuners = [_tuner(e, settings, store, fingerprint, lockstep, device) for e in entries]
+        with clock.timing("prepare"):
+            tuners = [_tuner(e, settings, store, fingerprint, lockstep, device) for e in entries]
         jobs = _kernel_jobs(entries, tuners, first, fraction, group, device)
         timed = clock.timed_items("setup", jobs)
         for settled in warm_shared(timed, lock_timeout_s=settings.lock_timeout_s):

@@ -28,12 +28,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from registry import RegistryError, Store, atomic, triton_cache, triton_internals
-from registry.fingerprint import Fingerprint, machine_name
+from registry.fingerprint import Fingerprint, detect_in_background, machine_name
 from registry.importers import import_triton_autotune
 from registry.locks import LockServerUnreachable, backend_from_url, check_backend
 from registry.remote import remote_tier
+from warmup import logs
 from warmup.manifest import Manifest, ManifestError, load_manifest
-from warmup.metrics import RunMetrics
 from warmup.results import (
     FAILED,
     READY,
@@ -235,6 +235,8 @@ def finish(
     remote = _remote_counts(reports)
     ready = not errors and not failures and not any(s.failed for s in shapes)
     duration = time.time() - started
+    from warmup.metrics import RunMetrics  # prometheus: the finisher's, not every rank's
+
     metrics = RunMetrics()
     metrics.record(shapes)
     metrics.record_run(len(reports), duration, run, remote)
@@ -284,8 +286,6 @@ def main() -> int:
     in its folder, the launcher's decisions in its environment), or started by torchrun
     (``torchrun --nproc-per-node N -m warmup.run.session``; settings from the environment).
     Bad input is one line on stderr and exit 2, as from the CLI."""
-    from warmup import logs
-
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     child_of = os.environ.get(CHILD_FLAG)
     try:
@@ -387,29 +387,20 @@ def uses_cuda(settings: Settings) -> bool:
 def _run_rank(
     settings: Settings, manifest: Manifest, rank: int, world: int, run_dir: Path, roles: Roles
 ) -> int:
-    import torch
     import torch.distributed as dist
 
     clock = PhaseClock()
     clock.add("rank_start", process_age())  # this process's start and its imports
-    cuda = settings.device != "cpu" and torch.cuda.is_available()
-    if settings.device == "cuda" and not cuda:
-        raise RunError(f"rank {rank}: device cuda, and torch sees no CUDA GPU here")
-    local = int(os.environ.get("LOCAL_RANK", rank))
-    if cuda and local >= torch.cuda.device_count():
-        raise RunError(f"rank {rank} needs GPU {local}; torch sees {torch.cuda.device_count()}")
-    device = torch.device("cuda", local) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
     started = time.time() - process_age()  # time to ready counts from the process's start
-    options: dict[str, Any] = {"device_id": device} if cuda else {}
-    with clock.timing("rendezvous"):
+    with clock.timing("rendezvous"):  # the GPU's context, then the process group
+        device = _rank_device(settings, rank)
+        detect_in_background(device)  # hashing Triton while NCCL connects
         dist.init_process_group(
-            "nccl" if cuda else "gloo",
+            "nccl" if device.type == "cuda" else "gloo",
             rank=rank,
             world_size=world,
             timeout=timedelta(seconds=settings.rank_timeout_s),
-            **options,
+            **({"device_id": device} if device.type == "cuda" else {}),
         )
     try:
         status = run_session(
@@ -424,9 +415,30 @@ def _run_rank(
             started=started,
             clock=clock,
         )
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    if roles == LAUNCHED:  # past the last barrier, its report written: nothing is left
+        logs.exit_now(0)  # no second of NCCL and CUDA teardown before the pod is ready
+    dist.destroy_process_group()
     return 0 if status is None or status.ready else 1
+
+
+def _rank_device(settings: Settings, rank: int) -> Any:
+    """This rank's device, made current: its GPU (``LOCAL_RANK``), or the CPU."""
+    import torch
+
+    cuda = settings.device != "cpu" and torch.cuda.is_available()
+    if settings.device == "cuda" and not cuda:
+        raise RunError(f"rank {rank}: device cuda, and torch sees no CUDA GPU here")
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    if cuda and local >= torch.cuda.device_count():
+        raise RunError(f"rank {rank} needs GPU {local}; torch sees {torch.cuda.device_count()}")
+    if not cuda:
+        return torch.device("cpu")
+    device = torch.device("cuda", local)
+    torch.cuda.set_device(device)
+    return device
 
 
 if __name__ == "__main__":

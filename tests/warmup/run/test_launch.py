@@ -89,6 +89,40 @@ def test_status_file_is_the_summary(two_runs):
     assert on_disk["sources"] == {"registry": 6} and on_disk["failures"] == []
 
 
+def test_the_status_accounts_for_the_launcher_and_the_ranks_exit(two_runs):
+    *_, second = two_runs
+    phases = second.phases
+    assert {"imports", "rank_start", "rendezvous", "prepare", "exit", "save"} <= set(phases)
+    assert all(seconds >= 0 for seconds in phases.values())
+    assert 0 < phases["imports"] < second.duration_s and phases["exit"] < second.duration_s
+
+
+def test_the_program_prints_its_summary_and_ends_with_the_run_s_code(two_runs):
+    # ``triton-warmup run`` ends without Python's teardown: what it printed must be out.
+    settings, *_ = two_runs
+    env = {
+        **env_without_interpreter(),
+        "TRITON_WARMUP_VOLUME": str(settings.volume),
+        "TRITON_WARMUP_WORK_DIR": str(settings.work_dir.parent / "program"),
+        "TRITON_WARMUP_MANIFEST": str(DEMO),
+        "TRITON_WARMUP_DEVICE": "cpu",
+    }
+    started = time.time()
+    done = subprocess.run(
+        [sys.executable, "-m", "warmup.cli", "run"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1].startswith("warmup ready: 6 shape-rank results")
+    status = RunStatus.read(settings.work_dir.parent / "program" / "status.json")
+    assert status is not None and status.ready and status.sources == {"registry": 6}
+    assert status.started <= started + 1 and status.phases["exit"] >= 0
+
+
 def test_a_bad_manifest_exits_2_before_writing_anything(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     bad = tmp_path / "bad.yaml"
