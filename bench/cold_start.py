@@ -69,7 +69,7 @@ def timed_run(work: Path, pod: str) -> tuple[float, dict[str, Any]]:
     }
     started = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, "-m", "warmup.cli", "run"],
+        [sys.executable, "-m", "warmup", "run"],
         env=env,
         capture_output=True,
         text=True,

@@ -245,7 +245,7 @@ def run_pods(fleet: Fleet, mode: str, volumes: Sequence[Path], lock_url: str = "
         with open(folder / "stdout", "wb") as out, open(folder / "stderr", "wb") as err:
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "warmup.cli", "run"],
+                    [sys.executable, "-m", "warmup", "run"],
                     env=pod_env(fleet, folder, i, volume, lock_url),
                     stdout=out,
                     stderr=err,

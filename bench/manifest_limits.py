@@ -182,7 +182,7 @@ def write_cases(folder: Path) -> list[tuple[str, Path]]:
 
 
 def main() -> int:
-    cli = [str(CLI)] if CLI.exists() else [sys.executable, "-m", "warmup.cli"]
+    cli = [str(CLI)] if CLI.exists() else [sys.executable, "-m", "warmup"]
     parse = [sys.executable, "-c", PARSE]
     idle = statistics.median(run([*parse, "--idle"]).peak_mib for _ in range(3))
     print(f"idle interpreter (imports warmup.manifest): {idle:.0f} MiB peak RSS\n")

@@ -30,6 +30,7 @@ from registry.errors import RegistryError
 from warmup import doctor, logs
 from warmup.manifest import ManifestError, load_manifest
 from warmup.results import RunStatus
+from warmup.run.early import EarlyRanks
 from warmup.run.launch import RunError
 from warmup.run.phases import phase_table
 from warmup.settings import Settings
@@ -86,15 +87,12 @@ OVERRIDES = {  # option -> setting
 }
 
 
-def entry() -> None:
-    """The ``triton-warmup`` program: :func:`main`, then its exit; ``run`` ends
-    without Python's teardown of torch and triton (its status is written by then)."""
-    sys.exit(main(program=True))
-
-
-def main(argv: Sequence[str] | None = None, *, program: bool = False) -> int:
-    """The command line; returns the exit code (``program``: this process is the
-    command, and ``run`` may end it at once)."""
+def main(
+    argv: Sequence[str] | None = None, *, program: bool = False, early: EarlyRanks | None = None
+) -> int:
+    """The command line; returns the exit code. ``program``: this process is the
+    command (``warmup.program``), and ``run`` ends it at once when its status is written,
+    without Python's teardown of torch and triton; ``early``: the ranks it started."""
     try:
         settings = Settings()
     except ValidationError as e:
@@ -112,7 +110,7 @@ def main(argv: Sequence[str] | None = None, *, program: bool = False) -> int:
     quiet = args.command not in ("run", "serve")  # registry commands print their own output
     logs.configure(settings.log_format, level=10 if args.verbose else 30 if quiet else 20)
     try:
-        return _dispatch(args, settings, program)
+        return _dispatch(args, settings, program, early)
     except Exception as e:
         if args.debug:
             traceback.print_exc()
@@ -126,9 +124,11 @@ def main(argv: Sequence[str] | None = None, *, program: bool = False) -> int:
         return _error(str(e), code)
 
 
-def _dispatch(args: argparse.Namespace, settings: Settings, program: bool) -> int:
+def _dispatch(
+    args: argparse.Namespace, settings: Settings, program: bool, early: EarlyRanks | None
+) -> int:
     if args.command == "run":
-        return _run(settings, program)
+        return _run(settings, program, early)
     if args.command == "serve":
         return _serve(settings)
     if args.command == "status":
@@ -145,11 +145,11 @@ def _error(message: str, code: int) -> int:
     return code
 
 
-def _run(settings: Settings, program: bool) -> int:
+def _run(settings: Settings, program: bool, early: EarlyRanks | None) -> int:
     manifest = load_manifest(settings.manifest)  # before any GPU work or write
     from warmup.run.launch import run
 
-    status = run(settings, manifest)
+    status = run(settings, manifest, early)
     print(summary(status))
     code = EXIT_OK if status.ready else EXIT_FAILED
     if program:  # the pod is ready when this process ends: not a second later
@@ -248,4 +248,6 @@ def settings_errors(error: ValidationError, options: dict[str, Any] | None = Non
 
 
 if __name__ == "__main__":
+    from warmup.program import entry
+
     entry()

@@ -7,7 +7,6 @@ failed shape), 2 for bad input.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import socket
@@ -17,9 +16,9 @@ import time
 from pathlib import Path
 
 from registry import atomic
-from registry.fingerprint import NVIDIA_PROC, listed_gpus
 from warmup.manifest import Manifest, ManifestError
 from warmup.results import FAILED, RankFailure, RunStatus
+from warmup.run.early import GPU_LIST, EarlyRanks, visible_gpus
 from warmup.run.phases import process_age
 from warmup.run.session import (
     CHILD_FLAG,
@@ -38,9 +37,19 @@ log = logging.getLogger(__name__)
 __all__ = ["RunError", "run"]
 
 
-def run(settings: Settings, manifest: Manifest) -> RunStatus:
+def run(settings: Settings, manifest: Manifest, early: EarlyRanks | None = None) -> RunStatus:
     """Warm the manifest; returns the status written (``state`` ready or failed).
-    :class:`RunError` or :class:`ManifestError` before any rank starts on bad input."""
+    :class:`RunError` or :class:`ManifestError` before any rank starts on bad input.
+    ``early``: rank processes the program started ahead (``warmup.run.early``), taken
+    as the ranks when there are as many as the run needs, else ended."""
+    early = early or EarlyRanks([], 0.0)
+    try:
+        return _launch(settings, manifest, early)
+    finally:
+        early.stop()  # any not handed over: bad input, another number of ranks
+
+
+def _launch(settings: Settings, manifest: Manifest, early: EarlyRanks) -> RunStatus:
     started = time.time() - process_age()  # time to ready counts from the process's start
     phases: dict[str, float] = {}
     world = settings.world_size or max(manifest.world_sizes())
@@ -53,9 +62,13 @@ def run(settings: Settings, manifest: Manifest) -> RunStatus:
     run_dir = settings.work_dir / "run"
     clear_run_dir(run_dir)
     status = running(manifest, world, started).write(settings.status_path)
+    if len(early) != world:
+        early.stop()
+    # this process's start, imports and the checks above: until the ranks start
+    phases["imports"] = early.started_s if len(early) else process_age()
     # The ranks run this launcher's decision on the device, not one of their own.
-    phases["imports"] = process_age()  # this process's start, imports, the checks above
-    procs = _spawn_ranks(settings.model_copy(update={"device": device}), manifest, world, run_dir)
+    ranks = settings.model_copy(update={"device": device})
+    procs = _spawn_ranks(ranks, manifest, world, run_dir, early)
     try:
         manifest.check_kernels(str(settings.manifest))  # imports torch: while the ranks do
         restoring = time.perf_counter()
@@ -84,7 +97,7 @@ def _exit_seconds(run_dir: Path) -> float:
 def _device_type(settings: Settings, world: int) -> str:
     """Where the ranks warm, checked before any rank starts. Decided without importing
     torch (seconds of start-up): the NVIDIA driver lists its GPUs in /proc."""
-    gpus = _gpu_count()
+    gpus = visible_gpus(GPU_LIST)
     device = settings.device if settings.device != "auto" else "cuda" if gpus else "cpu"
     if device == "cuda" and gpus < world:
         raise RunError(
@@ -95,31 +108,16 @@ def _device_type(settings: Settings, world: int) -> str:
     return device
 
 
-GPU_LIST = NVIDIA_PROC / "gpus"
-
-
-def _gpu_count() -> int:
-    """GPUs the driver lists, fewer when CUDA_VISIBLE_DEVICES hides some."""
-    listed = listed_gpus(GPU_LIST)
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return listed
-    ids = (d.strip() for d in visible.split(",") if d.strip())
-    shown = itertools.takewhile(lambda d: not d.startswith("-"), ids)  # "-1" hides the rest
-    return min(listed, sum(1 for _ in shown))
-
-
 def _spawn_ranks(
-    settings: Settings, manifest: Manifest, world: int, run_dir: Path
+    settings: Settings, manifest: Manifest, world: int, run_dir: Path, early: EarlyRanks
 ) -> list[subprocess.Popen[bytes]]:
-    """Start one process per rank."""
+    """One process per rank: those started early if there are ``world``, else new."""
     atomic.write_json(run_dir / "settings.json", settings.model_dump(mode="json"))
     atomic.write_json(run_dir / "manifest.json", manifest.model_dump(mode="json"))
     port = _free_port()
-    procs = []
+    envs = []
     for rank in range(world):
         env = {
-            **os.environ,
             "RANK": str(rank),
             "WORLD_SIZE": str(world),
             "LOCAL_RANK": str(rank),
@@ -131,8 +129,11 @@ def _spawn_ranks(
         }
         if settings.device == "cpu":
             env["TRITON_INTERPRET"] = "1"
-        procs.append(subprocess.Popen([sys.executable, "-m", "warmup.run.session"], env=env))
-    return procs
+        envs.append(env)
+    if len(early) == world:
+        return early.hand_over(envs)
+    command = [sys.executable, "-m", "warmup.run.session"]
+    return [subprocess.Popen(command, env={**os.environ, **env}) for env in envs]
 
 
 def _wait(

@@ -281,11 +281,12 @@ def _import_autotune(
     return len(result.entries)
 
 
-def main() -> int:
+def main(*, waited_s: float = 0.0) -> int:
     """A rank process: spawned by ``triton-warmup run`` (settings and manifest as files
     in its folder, the launcher's decisions in its environment), or started by torchrun
     (``torchrun --nproc-per-node N -m warmup.run.session``; settings from the environment).
-    Bad input is one line on stderr and exit 2, as from the CLI."""
+    ``waited_s``: how long a rank started early waited for the launcher's go
+    (``warmup.run.early``). Bad input is one line on stderr and exit 2, as from the CLI."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     child_of = os.environ.get(CHILD_FLAG)
     try:
@@ -299,9 +300,8 @@ def main() -> int:
             run_dir = settings.work_dir / "run"
             settings = _prepare_self_started(settings, manifest, world)
         logs.configure(settings.log_format, rank=rank)
-        return _run_rank(
-            settings, manifest, rank, world, run_dir, LAUNCHED if child_of else SELF_STARTED
-        )
+        roles = LAUNCHED if child_of else SELF_STARTED
+        return _run_rank(settings, manifest, rank, world, run_dir, roles, waited_s)
     except (ManifestError, RunError, ValidationError) as e:
         lines = e.lines() if isinstance(e, ManifestError) else [f"{e}".replace("\n", "; ")]
         for line in lines:
@@ -385,12 +385,19 @@ def uses_cuda(settings: Settings) -> bool:
 
 
 def _run_rank(
-    settings: Settings, manifest: Manifest, rank: int, world: int, run_dir: Path, roles: Roles
+    settings: Settings,
+    manifest: Manifest,
+    rank: int,
+    world: int,
+    run_dir: Path,
+    roles: Roles,
+    waited_s: float = 0.0,
 ) -> int:
     import torch.distributed as dist
 
     clock = PhaseClock()
-    clock.add("rank_start", process_age())  # this process's start and its imports
+    clock.add("rank_start", process_age() - waited_s)  # this process's start and imports
+    clock.add("rendezvous", waited_s)  # a rank started early: waiting for the launcher
     started = time.time() - process_age()  # time to ready counts from the process's start
     with clock.timing("rendezvous"):  # the GPU's context, then the process group
         device = _rank_device(settings, rank)

@@ -373,7 +373,7 @@ def test_a_dead_rank_is_seen_while_a_lower_rank_still_runs():
 def test_a_launcher_failure_stops_every_rank_and_says_why(tmp_path, monkeypatch):
     started = []
 
-    def sleepers(settings, manifest, world, run_dir):
+    def sleepers(settings, manifest, world, run_dir, early):
         started.extend(
             subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
             for _ in range(world)

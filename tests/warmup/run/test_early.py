@@ -1,0 +1,131 @@
+"""Rank processes started before the launcher has read its settings (``warmup.run.early``):
+taken as the run's ranks when their number fits, ended when it does not or the input is
+bad, and gone when the launcher is."""
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, env_without_interpreter, settings_for, write_manifest
+from warmup.manifest import ManifestError, load_manifest
+from warmup.run.early import EarlyRanks, visible_gpus
+from warmup.run.launch import run
+
+pytestmark = pytest.mark.slow
+
+ONE_SHAPE = """version: 1
+entries:
+  - kernel: ag_gemm
+    dtype: fp32
+    world_size: 2
+    policy: fallback
+    shapes: [{M: 32, N: 32, K: 32}]
+"""
+
+
+def _manifest(tmp_path):
+    return load_manifest(write_manifest(tmp_path / "manifest.yaml", ONE_SHAPE))
+
+
+def _ended(early_procs):
+    return all(p.poll() is not None for p in early_procs)
+
+
+def _settings(tmp_path, **extra):
+    return settings_for(tmp_path, manifest=tmp_path / "manifest.yaml", **extra)
+
+
+def test_early_ranks_become_the_run_s_ranks(tmp_path):
+    early = EarlyRanks.start(2)
+    procs = list(early.procs)
+    status = run(_settings(tmp_path), _manifest(tmp_path), early)
+    assert status.ready, status.failures
+    assert sorted({s.rank for s in status.shapes}) == [0, 1]
+    assert [p.returncode for p in procs] == [0, 0]  # they ran the shapes, and ended
+    # the launcher's own share ends where it started them, not where it handed over
+    assert status.phases["imports"] == pytest.approx(early.started_s, abs=1e-3)
+    assert status.phases["rendezvous"] >= 0 and status.phases["rank_start"] > 0
+
+
+def test_early_ranks_of_another_number_are_ended_and_the_run_starts_its_own(tmp_path):
+    early = EarlyRanks.start(3)
+    procs = list(early.procs)
+    status = run(_settings(tmp_path), _manifest(tmp_path), early)
+    assert status.ready, status.failures
+    assert _ended(procs) and all(p.returncode != 0 for p in procs)  # killed, never used
+    assert len(early) == 0
+
+
+def test_bad_input_ends_the_early_ranks_before_any_rank_runs(tmp_path):
+    early = EarlyRanks.start(2)
+    procs = list(early.procs)
+    with pytest.raises(ManifestError, match="no entry for world size 4"):
+        run(_settings(tmp_path, world_size=4), _manifest(tmp_path), early)
+    assert _ended(procs)
+    assert not (tmp_path / "work" / "run").exists()
+
+
+@pytest.mark.parametrize("sent", [b"", b"\n"], ids=["launcher-gone", "empty-line"])
+def test_an_early_rank_with_no_go_ends_quietly(sent):
+    done = subprocess.run(
+        [sys.executable, "-m", "warmup.run.early"],
+        input=sent,  # then its stdin ends, as when the launcher is gone
+        capture_output=True,
+        timeout=120,
+        env=env_without_interpreter(),
+        cwd=ROOT,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, b"", b"")
+
+
+def test_nothing_an_early_rank_imports_before_its_go_reads_triton_s_environment():
+    # Triton reads its cache folder and the interpreter switch from the environment the
+    # launcher sends; an early rank must not have imported it by then.
+    code = (
+        "import sys, torch.distributed; from warmup.run import early, session; "
+        "print(sorted(m for m in sys.modules if m == 'triton' or m.startswith('triton.')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env_without_interpreter(),
+        cwd=ROOT,
+        check=True,
+    )
+    assert done.stdout.strip() == "[]"
+
+
+def test_visible_gpus_follow_the_driver_and_cuda_visible_devices(tmp_path, monkeypatch):
+    gpus = tmp_path / "gpus"
+    for bus in ("0000:01:00.0", "0000:02:00.0", "0000:03:00.0"):
+        (gpus / bus).mkdir(parents=True)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert visible_gpus(gpus) == 3
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")
+    assert visible_gpus(gpus) == 2
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,-1,2")  # -1 hides the rest
+    assert visible_gpus(gpus) == 1
+    assert visible_gpus(tmp_path / "no-driver") == 0
+
+
+def test_the_program_starts_no_early_rank_on_a_machine_without_gpus(tmp_path):
+    # CI has no GPU: `triton-warmup run` goes the way it always went, and ends with the
+    # run's code once its summary is out.
+    done = subprocess.run(
+        [sys.executable, "-m", "warmup", "run", "--device", "cpu"],
+        env={
+            **env_without_interpreter(),
+            "TRITON_WARMUP_VOLUME": str(tmp_path / "volume"),
+            "TRITON_WARMUP_WORK_DIR": str(tmp_path / "work"),
+            "TRITON_WARMUP_MANIFEST": str(write_manifest(tmp_path / "m.yaml", ONE_SHAPE)),
+        },
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1].startswith("warmup ready: 2 shape-rank results")

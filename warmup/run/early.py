@@ -1,0 +1,115 @@
+"""Rank processes started before the launcher has read its settings.
+
+Most of a warm start is the ranks importing torch; before a rank can start, the launcher
+imports pydantic and the project and reads its settings and manifest (0.6 to 0.9 s on
+an H100 host). ``triton-warmup run`` therefore starts one process per visible GPU first
+(:class:`EarlyRanks`). Each imports torch and the project while the launcher parses,
+then waits on its stdin for one line from the launcher:
+
+    a JSON object   its rank's environment: it runs as a spawned rank from there
+                    (``warmup.run.session``)
+    end of file     the launcher is gone (or sent an empty line): it ends
+
+One the launcher does not need (another number of ranks, bad input) is killed: it has
+done nothing but import.
+
+Nothing here imports more than the standard library, so the program can start them
+first. A rank imports nothing that reads Triton's environment before its line arrives.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from warmup.run.phases import process_age
+
+# The NVIDIA driver's list of GPUs, one folder each (``registry.fingerprint.NVIDIA_PROC``,
+# not imported: the registry package costs 0.1 s before the first rank starts).
+GPU_LIST = Path("/proc/driver/nvidia/gpus")
+
+
+def visible_gpus(gpu_list: Path = GPU_LIST) -> int:
+    """GPUs the driver lists, fewer when CUDA_VISIBLE_DEVICES hides some; no torch."""
+    try:
+        listed = sum(1 for _ in gpu_list.iterdir())
+    except OSError:  # no driver
+        listed = 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return listed
+    ids = (d.strip() for d in visible.split(",") if d.strip())
+    shown = itertools.takewhile(lambda d: not d.startswith("-"), ids)  # "-1" hides the rest
+    return min(listed, sum(1 for _ in shown))
+
+
+class EarlyRanks:
+    """Rank processes started ahead, each waiting for its environment on stdin."""
+
+    def __init__(self, procs: Sequence[subprocess.Popen[bytes]], started_s: float) -> None:
+        self.procs = list(procs)
+        self.started_s = started_s  # the launcher's age when it started them
+
+    @classmethod
+    def start(cls, count: int) -> EarlyRanks:
+        started_s = process_age()
+        procs = [
+            subprocess.Popen([sys.executable, "-m", "warmup.run.early"], stdin=subprocess.PIPE)
+            for _ in range(count)
+        ]
+        return cls(procs, started_s)
+
+    def __len__(self) -> int:
+        return len(self.procs)
+
+    def hand_over(self, envs: Sequence[Mapping[str, str]]) -> list[subprocess.Popen[bytes]]:
+        """Give each process its rank's environment; they are the run's ranks from now."""
+        assert len(envs) == len(self.procs), (len(envs), len(self.procs))
+        procs, self.procs = self.procs, []
+        for proc, env in zip(procs, envs, strict=True):
+            _tell(proc, json.dumps(dict(env)))
+        return procs
+
+    def stop(self) -> None:
+        """End every process not handed over: it has done nothing but import."""
+        procs, self.procs = self.procs, []
+        for proc in procs:
+            proc.kill()
+        for proc in procs:
+            proc.wait()
+            if proc.stdin is not None:
+                proc.stdin.close()
+
+
+def _tell(proc: subprocess.Popen[bytes], line: str) -> None:
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write(line.encode() + b"\n")
+        proc.stdin.close()
+    except BrokenPipeError:  # it died already: the launcher's wait sees its exit code
+        pass
+
+
+def main() -> int:
+    """An early rank: import, wait for the launcher's line, then run as a rank."""
+    import torch.distributed  # noqa: F401  the long pole, while the launcher parses
+
+    from warmup.run import session
+
+    waiting = time.monotonic()
+    line = sys.stdin.readline()
+    waited = time.monotonic() - waiting
+    if not line.strip():
+        return 0
+    os.environ.update(json.loads(line))
+    return session.main(waited_s=waited)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
