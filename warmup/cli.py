@@ -87,12 +87,9 @@ OVERRIDES = {  # option -> setting
 }
 
 
-def main(
-    argv: Sequence[str] | None = None, *, program: bool = False, early: EarlyRanks | None = None
-) -> int:
-    """The command line; returns the exit code. ``program``: this process is the
-    command (``warmup.program``), and ``run`` ends it at once when its status is written,
-    without Python's teardown of torch and triton; ``early``: the ranks it started."""
+def main(argv: Sequence[str] | None = None, *, early: EarlyRanks | None = None) -> int:
+    """The command line; returns the exit code. ``early``: the rank processes the
+    program started for ``run`` (``warmup.program``)."""
     try:
         settings = Settings()
     except ValidationError as e:
@@ -110,7 +107,7 @@ def main(
     quiet = args.command not in ("run", "serve")  # registry commands print their own output
     logs.configure(settings.log_format, level=10 if args.verbose else 30 if quiet else 20)
     try:
-        return _dispatch(args, settings, program, early)
+        return _dispatch(args, settings, early)
     except Exception as e:
         if args.debug:
             traceback.print_exc()
@@ -124,11 +121,9 @@ def main(
         return _error(str(e), code)
 
 
-def _dispatch(
-    args: argparse.Namespace, settings: Settings, program: bool, early: EarlyRanks | None
-) -> int:
+def _dispatch(args: argparse.Namespace, settings: Settings, early: EarlyRanks | None) -> int:
     if args.command == "run":
-        return _run(settings, program, early)
+        return _run(settings, early)
     if args.command == "serve":
         return _serve(settings)
     if args.command == "status":
@@ -145,16 +140,13 @@ def _error(message: str, code: int) -> int:
     return code
 
 
-def _run(settings: Settings, program: bool, early: EarlyRanks | None) -> int:
+def _run(settings: Settings, early: EarlyRanks | None) -> int:
     manifest = load_manifest(settings.manifest)  # before any GPU work or write
     from warmup.run.launch import run
 
     status = run(settings, manifest, early)
     print(summary(status))
-    code = EXIT_OK if status.ready else EXIT_FAILED
-    if program:  # the pod is ready when this process ends: not a second later
-        logs.exit_now(code)
-    return code
+    return EXIT_OK if status.ready else EXIT_FAILED
 
 
 def summary(status: RunStatus) -> str:

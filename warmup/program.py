@@ -2,7 +2,9 @@
 
 For ``run`` it starts the rank processes first (``warmup.run.early``): they import
 torch while this process imports the command line and reads its settings and manifest,
-which takes most of a second. Every other command goes straight to ``warmup.cli``.
+which takes most of a second. And ``run`` ends as soon as its status and summary are
+out, without Python's teardown of torch and triton: the pod is ready when it ends.
+Every other command goes straight to ``warmup.cli``.
 Imports only the standard library and ``warmup.run.early`` before that.
 """
 
@@ -15,13 +17,17 @@ from warmup.run.early import EarlyRanks, visible_gpus
 
 def entry() -> None:
     argv = sys.argv[1:]
-    gpus = visible_gpus() if argv[:1] == ["run"] else 0
+    run = argv[:1] == ["run"]
+    gpus = visible_gpus() if run else 0
     early = EarlyRanks.start(gpus) if gpus else None
+    from warmup import logs
     from warmup.cli import main
 
     try:
-        code = main(argv, program=True, early=early)
+        code = main(argv, early=early)
     finally:
         if early is not None:
             early.stop()  # no-op once the run took them
+    if run:
+        logs.exit_now(code)
     sys.exit(code)

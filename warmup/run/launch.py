@@ -130,7 +130,7 @@ def _spawn_ranks(
         if settings.device == "cpu":
             env["TRITON_INTERPRET"] = "1"
         envs.append(env)
-    if len(early) == world:
+    if len(early):  # as many as the ranks: _launch ended them otherwise
         return early.hand_over(envs)
     command = [sys.executable, "-m", "warmup.run.session"]
     return [subprocess.Popen(command, env={**os.environ, **env}) for env in envs]
