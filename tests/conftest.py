@@ -104,6 +104,19 @@ def env_without_interpreter(**extra: str) -> dict[str, str]:
     return {**env, "TRITON_DEFAULT_FP_FUSION": "1", **extra}
 
 
+def run_program(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``python -m warmup ARGS``, the ``triton-warmup`` program, with ``env`` on top of
+    an environment without the interpreter switch; its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "warmup", *args],
+        env={**env_without_interpreter(), **env},
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
+    )
+
+
 def run_rank_processes(
     module: str, world: int, *args: str, timeout: float = 600
 ) -> list[dict[str, Any]]:

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, env_without_interpreter, settings_for, write_manifest
+from tests.conftest import ROOT, env_without_interpreter, run_program, settings_for, write_manifest
 from warmup.manifest import ManifestError, load_manifest
 from warmup.run.early import EarlyRanks, visible_gpus
 from warmup.run.launch import run
@@ -114,18 +114,11 @@ def test_visible_gpus_follow_the_driver_and_cuda_visible_devices(tmp_path, monke
 def test_the_program_starts_no_early_rank_on_a_machine_without_gpus(tmp_path):
     # CI has no GPU: `triton-warmup run` goes the way it always went, and ends with the
     # run's code once its summary is out.
-    done = subprocess.run(
-        [sys.executable, "-m", "warmup", "run", "--device", "cpu"],
-        env={
-            **env_without_interpreter(),
-            "TRITON_WARMUP_VOLUME": str(tmp_path / "volume"),
-            "TRITON_WARMUP_WORK_DIR": str(tmp_path / "work"),
-            "TRITON_WARMUP_MANIFEST": str(write_manifest(tmp_path / "m.yaml", ONE_SHAPE)),
-        },
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=ROOT,
-    )
+    env = {
+        "TRITON_WARMUP_VOLUME": str(tmp_path / "volume"),
+        "TRITON_WARMUP_WORK_DIR": str(tmp_path / "work"),
+        "TRITON_WARMUP_MANIFEST": str(write_manifest(tmp_path / "m.yaml", ONE_SHAPE)),
+    }
+    done = run_program("run", "--device", "cpu", env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1].startswith("warmup ready: 2 shape-rank results")

@@ -15,7 +15,14 @@ from prometheus_client.parser import text_string_to_metric_families
 import warmup
 import warmup.run.launch
 from registry import Store
-from tests.conftest import DEMO, ROOT, env_without_interpreter, settings_for, write_manifest
+from tests.conftest import (
+    DEMO,
+    ROOT,
+    env_without_interpreter,
+    run_program,
+    settings_for,
+    write_manifest,
+)
 from warmup.cli import main
 from warmup.manifest import ManifestError, load_manifest
 from warmup.results import RankReport, RunStatus, ShapeResult
@@ -101,21 +108,13 @@ def test_the_program_prints_its_summary_and_ends_with_the_run_s_code(two_runs):
     # ``triton-warmup run`` ends without Python's teardown: what it printed must be out.
     settings, *_ = two_runs
     env = {
-        **env_without_interpreter(),
         "TRITON_WARMUP_VOLUME": str(settings.volume),
         "TRITON_WARMUP_WORK_DIR": str(settings.work_dir.parent / "program"),
         "TRITON_WARMUP_MANIFEST": str(DEMO),
         "TRITON_WARMUP_DEVICE": "cpu",
     }
     started = time.time()
-    done = subprocess.run(
-        [sys.executable, "-m", "warmup.cli", "run"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=ROOT,
-    )
+    done = run_program("run", env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1].startswith("warmup ready: 6 shape-rank results")
     status = RunStatus.read(settings.work_dir.parent / "program" / "status.json")
