@@ -66,5 +66,19 @@ def exit_now(code: int) -> NoReturn:
     triton, NCCL, a CUDA context) take a second to unwind, which the pod waits for."""
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
-        stream.flush()
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):  # closed, or its reader is gone: nothing to keep
+            pass
+    _flush_c_stdio()  # what a library printed through C (NCCL, a compiler) is out too
     os._exit(code)
+
+
+def _flush_c_stdio() -> None:
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).fflush(None)  # every C stream of the process
+    except (OSError, AttributeError):  # no C library to ask: nothing buffered there
+        pass
