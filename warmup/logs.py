@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -66,11 +67,8 @@ def exit_now(code: int) -> NoReturn:
     triton, NCCL, a CUDA context) take a second to unwind, which the pod waits for."""
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
-        try:
-            if stream is not None:
-                stream.flush()
-        except (OSError, ValueError):  # closed, or its reader is gone: nothing to keep
-            pass
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # closed, or None
+            stream.flush()  # or its reader is gone: nothing more can be kept
     _flush_c_stdio()  # what a library printed through C (NCCL, a compiler) is out too
     os._exit(code)
 
@@ -78,7 +76,5 @@ def exit_now(code: int) -> NoReturn:
 def _flush_c_stdio() -> None:
     import ctypes
 
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # no C library: nothing buffered
         ctypes.CDLL(None).fflush(None)  # every C stream of the process
-    except (OSError, AttributeError):  # no C library to ask: nothing buffered there
-        pass

@@ -20,14 +20,15 @@ def entry() -> None:
     run = argv[:1] == ["run"]
     gpus = visible_gpus() if run else 0
     early = EarlyRanks.start(gpus) if gpus else None
-    from warmup import logs
-    from warmup.cli import main
-
     try:
+        from warmup.cli import main  # a broken install ends the early ranks too
+
         code = main(argv, early=early)
     finally:
         if early is not None:
             early.stop()  # no-op once the run took them
     if run:
+        from warmup import logs
+
         logs.exit_now(code)
     sys.exit(code)

@@ -8,6 +8,7 @@ read. Imports neither torch nor triton: the sidecar reads the status too.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any, Literal
 
@@ -104,10 +105,13 @@ class RankReport(_Record):
     phases: dict[str, float] = {}  # warmup.run.phases: seconds per phase on this rank
     remote: RemoteCounts | None = None  # None: this rank asked no remote tier
     shapes: list[ShapeResult] = []
+    written: float = 0.0  # the rank's clock (time.time()) when it wrote it; 0: not said
 
     def write(self, run_dir: Path) -> Path:
+        """Written with the time it is written (the pod's clock, not a volume's mtime)."""
         path = run_dir / f"rank-{self.rank}.json"
-        atomic.write_bytes(path, self.model_dump_json().encode())
+        dated = self.model_copy(update={"written": time.time()})
+        atomic.write_bytes(path, dated.model_dump_json().encode())
         return path
 
     @classmethod

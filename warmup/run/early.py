@@ -19,8 +19,10 @@ first. A rank imports nothing that reads Triton's environment before its line ar
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -33,6 +35,8 @@ from warmup.run.phases import process_age
 # The NVIDIA driver's list of GPUs, one folder each (``registry.fingerprint.NVIDIA_PROC``,
 # not imported: the registry package costs 0.1 s before the first rank starts).
 GPU_LIST = Path("/proc/driver/nvidia/gpus")
+
+log = logging.getLogger(__name__)
 
 
 def visible_gpus(gpu_list: Path = GPU_LIST) -> int:
@@ -59,21 +63,32 @@ class EarlyRanks:
     @classmethod
     def start(cls, count: int) -> EarlyRanks:
         started_s = process_age()
-        procs = [
-            subprocess.Popen([sys.executable, "-m", "warmup.run.early"], stdin=subprocess.PIPE)
-            for _ in range(count)
-        ]
-        return cls(procs, started_s)
+        return cls([_start_one() for _ in range(count)], started_s)
 
     def __len__(self) -> int:
         return len(self.procs)
 
     def hand_over(self, envs: Sequence[Mapping[str, str]]) -> list[subprocess.Popen[bytes]]:
-        """Give each process its rank's environment; they are the run's ranks from now."""
+        """Give each process its rank's environment; they are the run's ranks from now.
+
+        One that died while it imported (killed, out of memory) is replaced by a new one,
+        which imports from the start. One that cannot be told its line is killed, so the
+        launcher sees a failed rank, not one that waits on its peers until the time limit."""
         assert len(envs) == len(self.procs), (len(envs), len(self.procs))
+        for i, proc in enumerate(self.procs):  # replaced in place: stop() ends every one
+            if proc.poll() is not None:
+                log.warning(
+                    "an early rank process (pid %d) ended with code %s before its rank "
+                    "was given; starting a new one",
+                    proc.pid,
+                    proc.returncode,
+                )
+                _close(proc)
+                self.procs[i] = _start_one()
         procs, self.procs = self.procs, []
         for proc, env in zip(procs, envs, strict=True):
-            _tell(proc, json.dumps(dict(env)))
+            if not _tell(proc, json.dumps(dict(env))):
+                proc.kill()
         return procs
 
     def stop(self) -> None:
@@ -83,17 +98,31 @@ class EarlyRanks:
             proc.kill()
         for proc in procs:
             proc.wait()
-            if proc.stdin is not None:
-                proc.stdin.close()
+            _close(proc)
 
 
-def _tell(proc: subprocess.Popen[bytes], line: str) -> None:
+def _start_one() -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "warmup.run.early"], stdin=subprocess.PIPE)
+
+
+def _tell(proc: subprocess.Popen[bytes], line: str) -> bool:
+    """Write ``line`` and end the process's input; False if it could not be written."""
     assert proc.stdin is not None
     try:
         proc.stdin.write(line.encode() + b"\n")
-        proc.stdin.close()
-    except BrokenPipeError:  # it died already: the launcher's wait sees its exit code
-        pass
+        proc.stdin.flush()
+    except (OSError, ValueError) as e:  # it died since (a broken pipe), or input closed
+        log.warning("could not give rank process %d its environment: %s", proc.pid, e)
+        return False
+    finally:
+        _close(proc)
+    return True
+
+
+def _close(proc: subprocess.Popen[bytes]) -> None:
+    if proc.stdin is not None:
+        with contextlib.suppress(OSError):  # the unwritten rest of a broken pipe
+            proc.stdin.close()
 
 
 def main() -> int:

@@ -76,8 +76,8 @@ def _launch(settings: Settings, manifest: Manifest, early: EarlyRanks) -> RunSta
         mark_restored(run_dir)
         phases["restore"] = time.perf_counter() - restoring
         failures, errors = _wait(procs, settings.run_timeout_s, settings.rank_timeout_s)
-        phases["exit"] = _exit_seconds(run_dir)
-        return finish(settings, manifest, run_dir, world, started, failures, errors, phases)
+        ended = time.time()
+        return finish(settings, manifest, run_dir, world, started, failures, errors, phases, ended)
     except BaseException as e:  # a status that says why; no rank outlives the run
         errors = e.errors if isinstance(e, ManifestError) else [f"{type(e).__name__}: {e}"]
         status.model_copy(
@@ -86,12 +86,6 @@ def _launch(settings: Settings, manifest: Manifest, early: EarlyRanks) -> RunSta
         raise
     finally:
         _stop(procs)
-
-
-def _exit_seconds(run_dir: Path) -> float:
-    """Seconds from the last rank report written to now (every rank has exited)."""
-    written = [p.stat().st_mtime for p in run_dir.glob("rank-*.json")]
-    return max(0.0, time.time() - max(written)) if written else 0.0
 
 
 def _device_type(settings: Settings, world: int) -> str:

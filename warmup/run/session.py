@@ -205,9 +205,12 @@ def finish(
     rank_failures: list[RankFailure] | None = None,
     errors: list[str] | None = None,
     phases: Mapping[str, float] | None = None,
+    ranks_ended: float | None = None,
 ) -> RunStatus:
     """Sum every rank's report into metrics and status; save the compile cache.
-    ``phases``: what the launcher spent before the ranks' reports (``warmup.run.phases``).
+    ``phases``: what the launcher spent before the ranks' reports (``warmup.run.phases``);
+    ``ranks_ended``: when the launcher saw its last rank exit (``time.time()``): the time
+    from the last report to then is the ranks' ``exit`` phase.
 
     Ready only when every rank reported every shape of the manifest's entries for
     ``world`` ranks, none failed, and there was at least one."""
@@ -231,6 +234,8 @@ def finish(
     fingerprint = reports[0].fingerprint if reports else None
     imported = _import_autotune(settings, manifest, fingerprint)
     launcher = {**(phases or {}), "save": time.perf_counter() - saving}
+    if ranks_ended is not None and reports and all(r.written for r in reports):
+        launcher["exit"] = max(0.0, ranks_ended - max(r.written for r in reports))
     run = run_phases(launcher, [report.phases for report in reports])
     remote = _remote_counts(reports)
     ready = not errors and not failures and not any(s.failed for s in shapes)

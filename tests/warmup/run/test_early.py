@@ -2,17 +2,29 @@
 taken as the run's ranks when their number fits, ended when it does not or the input is
 bad, and gone when the launcher is."""
 
+import signal
 import subprocess
 import sys
 
 import pytest
 
+import warmup.program
 from tests.conftest import ROOT, env_without_interpreter, run_program, settings_for, write_manifest
+from warmup import logs
 from warmup.manifest import ManifestError, load_manifest
+from warmup.results import RunStatus
 from warmup.run.early import EarlyRanks, visible_gpus
 from warmup.run.launch import run
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _no_interpreter(monkeypatch):
+    # Early ranks inherit this process's environment: without the switch, they run the
+    # interpreter only because the launcher's line says so, as on a pod.
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+
 
 ONE_SHAPE = """version: 1
 entries:
@@ -64,6 +76,51 @@ def test_bad_input_ends_the_early_ranks_before_any_rank_runs(tmp_path):
         run(_settings(tmp_path, world_size=4), _manifest(tmp_path), early)
     assert _ended(procs)
     assert not (tmp_path / "work" / "run").exists()
+
+
+def test_an_early_rank_that_died_while_importing_is_replaced(tmp_path):
+    early = EarlyRanks.start(2)
+    dead = early.procs[1]
+    dead.kill()
+    dead.wait()
+    status = run(_settings(tmp_path), _manifest(tmp_path), early)
+    assert status.ready, status.failures
+    assert sorted({s.rank for s in status.shapes}) == [0, 1]
+
+
+def test_a_rank_that_cannot_be_told_its_environment_is_killed_not_left_waiting():
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)"], stdin=subprocess.PIPE
+    )
+    assert proc.stdin is not None
+    proc.stdin.close()  # its input can take no line
+    (handed,) = EarlyRanks([proc], 0.0).hand_over([{"RANK": "0"}])
+    assert handed is proc
+    assert handed.wait(timeout=30) == -signal.SIGKILL  # a failed rank the launcher sees
+
+
+def test_the_program_starts_its_ranks_before_it_reads_the_manifest(tmp_path, monkeypatch):
+    # a machine with 2 GPUs, as the program sees it; the run itself on CPU
+    monkeypatch.setattr(warmup.program, "visible_gpus", lambda: 2)
+    handed = []
+    hand_over = EarlyRanks.hand_over
+
+    def spy(self, envs):
+        handed.extend(hand_over(self, envs))
+        return handed
+
+    monkeypatch.setattr(EarlyRanks, "hand_over", spy)
+    monkeypatch.setattr(logs, "exit_now", sys.exit)  # this process is the test's
+    manifest = write_manifest(tmp_path / "manifest.yaml", ONE_SHAPE)
+    monkeypatch.setenv("TRITON_WARMUP_WORK_DIR", str(tmp_path / "work"))
+    argv = ["run", "--device", "cpu", "--manifest", str(manifest), "--volume", str(tmp_path / "v")]
+    monkeypatch.setattr(sys, "argv", ["triton-warmup", *argv])
+    with pytest.raises(SystemExit) as ended:
+        warmup.program.entry()
+    assert ended.value.code == 0
+    assert len(handed) == 2 and [p.returncode for p in handed] == [0, 0]
+    status = RunStatus.read(tmp_path / "work" / "status.json")
+    assert status.ready and sorted({s.rank for s in status.shapes}) == [0, 1]
 
 
 @pytest.mark.parametrize("sent", [b"", b"\n"], ids=["launcher-gone", "empty-line"])

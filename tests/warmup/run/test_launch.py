@@ -290,6 +290,23 @@ def test_ranks_that_warmed_fewer_shapes_than_the_manifest_are_not_ready(tmp_path
     assert RunStatus.read(settings.status_path) == status
 
 
+def test_the_ranks_exit_is_timed_from_their_reports_on_the_pod_s_clock(tmp_path):
+    settings = settings_for(tmp_path)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    for rank in (0, 1):
+        RankReport(rank=rank, world=2).write(run_dir)
+    written = [r.written for r in RankReport.read_all(run_dir)]
+    assert all(time.time() - 60 < w <= time.time() for w in written)
+    status = finish(settings, load_manifest(DEMO), run_dir, 2, 0.0, ranks_ended=max(written) + 1.5)
+    assert status.phases["exit"] == pytest.approx(1.5, abs=1e-3)
+    # reports of an older writer say no time: no exit phase rather than a wrong one
+    for rank in (0, 1):
+        (run_dir / f"rank-{rank}.json").write_text(json.dumps({"rank": rank, "world": 2}))
+    status = finish(settings, load_manifest(DEMO), run_dir, 2, 0.0, ranks_ended=time.time())
+    assert "exit" not in status.phases
+
+
 def test_warm_in_process_on_another_world_size_warms_nothing_and_says_so(tmp_path):
     with pytest.raises(ManifestError, match="no entry for world size 1"):
         warmup.warm(DEMO, settings_for(tmp_path))
