@@ -180,6 +180,9 @@ def _status(path: Path, *, as_json: bool) -> int:
 def _serve(settings: Settings) -> int:
     from warmup.sidecar.server import Sidecar
 
+    signals: list[int] = []
+    for signum in (signal.SIGTERM, signal.SIGINT):  # before serving: /healthz answers at once
+        signal.signal(signum, lambda signum, _: signals.append(signum))
     sidecar = Sidecar(settings)
     port = sidecar.start()
     print(
@@ -187,9 +190,6 @@ def _serve(settings: Settings) -> int:
         f"watching {settings.bundles}",
         flush=True,
     )
-    signals: list[int] = []
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda signum, _: signals.append(signum))
     while not signals:  # a handler that set an Event could deadlock with Event.wait here
         time.sleep(0.1)
     sidecar.stop(timeout=1.0)  # bounded: answers and an install in progress are not waited for
