@@ -21,6 +21,7 @@ where memory-mapped files stand in for symmetric memory.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -522,6 +523,8 @@ class AgGemmTask:
     b: torch.Tensor
     ctx: AgGemmContext
     configs: list[KernelConfig] | None = None  # default: the pruned, model-ordered space
+    # makes (a_shard, b) again after release(); None: the caller's inputs, never dropped
+    inputs: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None
     kernel: str = NAME
     out: torch.Tensor | None = None
     _expected: torch.Tensor | None = None
@@ -566,6 +569,23 @@ class AgGemmTask:
 
         assert self._expected is not None
         return relative_error_reason(output, self._expected, TOLERANCE[self.ctx.dtype])
+
+    def release(self) -> None:
+        """Drop the inputs, output and reference while the shape waits for another pod
+        (``warmup.tuning.sharing``): only their shapes stay, for the key."""
+        if self.inputs is None:
+            return
+        self.a_shard = torch.empty_like(self.a_shard, device="meta")
+        self.b = torch.empty_like(self.b, device="meta")
+        self.out = self._expected = None
+
+    def reload(self) -> None:
+        """The inputs again after :meth:`release`, and their reference: a collective,
+        so every rank of the group calls it at the same point."""
+        if self.inputs is None or not self.a_shard.is_meta:
+            return
+        self.a_shard, self.b = self.inputs()
+        self.__post_init__()
 
     def warmup(self, config: KernelConfig) -> None:
         if self.ctx.device.type != "cuda" or algorithm_of(config) == BASELINE:
@@ -792,16 +812,19 @@ class AgGemmAdapter:
                 contexts[k] = create_context(
                     group, max_m=max_m, k=k, dtype=torch_dtype(dtype), device=device
                 )
-            ctx = contexts[k]
-            generator = torch.Generator(device=device).manual_seed(m * 31 + n * 7 + k + ctx.rank)
-            shard = torch.randn(
-                m // ctx.world, k, generator=generator, device=device, dtype=ctx.dtype
-            )
-            b = torch.randn(k, n, generator=generator, device=device, dtype=ctx.dtype) / k**0.5
-            yield AgGemmTask(shard, b, ctx)
+            inputs = functools.partial(_random_inputs, m, n, k, contexts[k])
+            yield AgGemmTask(*inputs(), contexts[k], inputs=inputs)
 
     def serve(self, layer: Layer, *, group: Any, device: Any) -> AgGemmServed:
         return AgGemmServed(layer, group=group, device=device)
+
+
+def _random_inputs(m: int, n: int, k: int, ctx: AgGemmContext) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's shard and B for one shape: the same every time they are made."""
+    generator = torch.Generator(device=ctx.device).manual_seed(m * 31 + n * 7 + k + ctx.rank)
+    shard = torch.randn(m // ctx.world, k, generator=generator, device=ctx.device, dtype=ctx.dtype)
+    b = torch.randn(k, n, generator=generator, device=ctx.device, dtype=ctx.dtype) / k**0.5
+    return shard, b
 
 
 ADAPTER = AgGemmAdapter()

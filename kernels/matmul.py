@@ -9,7 +9,8 @@ config, then what a tuner needs (key, space, reference, ahead-of-time compile).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+import functools
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,6 +137,8 @@ class MatmulTask:
     a: torch.Tensor
     b: torch.Tensor
     configs: list[KernelConfig] = field(default_factory=space)
+    # makes (a, b) again after release(); None: the caller's inputs, never dropped
+    inputs: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None
     kernel: str = NAME
     out: torch.Tensor | None = None
     _expected: torch.Tensor | None = None
@@ -165,6 +168,20 @@ class MatmulTask:
                 else (self.a.float() @ self.b.float())
             )
         return relative_error_reason(output, self._expected, TOLERANCE[self.a.dtype])
+
+    def release(self) -> None:
+        """Drop the inputs, output and reference while the shape waits for another pod
+        (``warmup.tuning.sharing``): only their shapes stay, for the key."""
+        if self.inputs is None:
+            return
+        self.a = torch.empty_like(self.a, device="meta")
+        self.b = torch.empty_like(self.b, device="meta")
+        self.out = self._expected = None
+
+    def reload(self) -> None:
+        """The inputs again after :meth:`release`."""
+        if self.inputs is not None and self.a.is_meta:
+            self.a, self.b = self.inputs()
 
     def warmup(self, config: KernelConfig) -> None:
         if self.a.device.type == "cuda":
@@ -313,13 +330,21 @@ class MatmulAdapter:
         element = torch_dtype(dtype)
         for shape in shapes:
             m, n, k = shape["M"], shape["N"], shape["K"]
-            generator = torch.Generator(device=device).manual_seed(m * 31 + n * 7 + k)
-            a = torch.randn(m, k, generator=generator, device=device, dtype=element)
-            b = torch.randn(k, n, generator=generator, device=device, dtype=element) / k**0.5
-            yield MatmulTask(a, b)
+            inputs = functools.partial(_random_inputs, m, n, k, element, device)
+            yield MatmulTask(*inputs(), inputs=inputs)
 
     def serve(self, layer: Layer, *, group: Any, device: Any) -> MatmulServed:
         return MatmulServed(layer, device=device)
+
+
+def _random_inputs(
+    m: int, n: int, k: int, dtype: torch.dtype, device: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A and B for one shape: the same every time they are made."""
+    generator = torch.Generator(device=device).manual_seed(m * 31 + n * 7 + k)
+    a = torch.randn(m, k, generator=generator, device=device, dtype=dtype)
+    b = torch.randn(k, n, generator=generator, device=device, dtype=dtype) / k**0.5
+    return a, b
 
 
 ADAPTER = MatmulAdapter()

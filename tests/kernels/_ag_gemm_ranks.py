@@ -181,6 +181,28 @@ def tuned(world: int, rank: int) -> dict[str, object]:
     }
 
 
+def released(world: int, rank: int) -> dict[str, object]:
+    """A task from the adapter drops its inputs and makes the same ones again, with
+    their reference (a collective, on every rank together)."""
+    shape = {"M": world * 8, "N": 24, "K": 16}
+    (task,) = ag_gemm.ADAPTER.tasks([shape], dtype="fp32", group=None, device="cpu")
+    shard, b, key = task.a_shard.clone(), task.b.clone(), task.key()
+    assert task._expected is not None
+    expected = task._expected.clone()
+    task.release()
+    dropped = [t is None or t.is_meta for t in (task.a_shard, task.b, task.out, task._expected)]
+    key_kept = task.key() == key
+    task.reload()
+    return {
+        "rank": rank,
+        "dropped": all(dropped),
+        "key_kept": key_kept,
+        "same": bool(torch.equal(task.a_shard, shard) and torch.equal(task.b, b)),
+        "same_reference": bool(torch.equal(task._expected, expected)),
+        "check": task.verify(task.run(ag_gemm.BASELINE_CONFIG)),
+    }
+
+
 def fake_clock(world: int, rank: int, winner: str) -> dict[str, object]:
     """The real task and tuner over every algorithm, a fake clock on which ``winner`` is
     fastest: the tuner must store that algorithm's config, whatever it is."""
@@ -309,6 +331,7 @@ SCENARIOS: dict[str, Any] = {
     "tuned": tuned,
     "reference": reference_matches,
     "fake_clock": fake_clock,  # fake_clock:ALGORITHM
+    "released": released,
 }
 
 

@@ -116,6 +116,18 @@ def test_the_task_tunes_in_lockstep_through_the_tuner(tmp_path):
     assert results[0]["stored"] == 1
 
 
+def test_a_released_task_reloads_its_inputs_and_reference_on_every_rank(tmp_path):
+    for result in run_ranks(2, "released", tmp_path):
+        assert result == {
+            "rank": result["rank"],
+            "dropped": True,
+            "key_kept": True,
+            "same": True,
+            "same_reference": True,
+            "check": None,
+        }
+
+
 @pytest.mark.parametrize("winner", ["nccl_cublas", "overlap_cublas", "fused_pull"])
 def test_the_tuner_stores_the_algorithm_the_clock_finds_fastest(winner, tmp_path):
     """The baseline is a candidate like any other: where it wins, it is what is stored."""

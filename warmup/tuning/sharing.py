@@ -10,6 +10,9 @@ Pods that start together on one registry take the missing shapes between them:
                  the lease expired: this pod tunes it), or it is deferred again;
                  a shape deferred longer than the lock timeout fails as a timeout would
 
+A deferred shape's task drops its inputs while it waits (``release``) and makes them
+again for each try (``reload``): a pod that defers many shapes holds the memory of one.
+
 Every decision comes from rank 0 through the tuner (``Tuner.try_get``), so all ranks of
 a pod walk the same shapes in the same order and their collectives match. The pauses
 between rounds are the same on every rank and end at the next collective.
@@ -26,7 +29,15 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from warmup.run.lockstep import Lockstep
-from warmup.tuning.tuner import Deferred, TuneError, TuneOutcome, Tuner, TuneTask
+from warmup.tuning.tuner import (
+    Deferred,
+    TuneError,
+    TuneOutcome,
+    Tuner,
+    TuneTask,
+    release,
+    reload,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -88,6 +99,7 @@ def warm_shared(jobs: Iterable[Job], *, lock_timeout_s: float) -> Iterator[Settl
         started = time.monotonic()
         settled = _try(job, math.inf)
         if settled is None:
+            release(job.task)  # no memory held for a shape another pod tunes
             job.deferred_at = time.monotonic()
             idle.seconds += job.deferred_at - started
             deferred.append(job)
@@ -114,8 +126,10 @@ def _come_back(deferred: list[Job], lock_timeout_s: float, idle: _Idle) -> Itera
         for job in deferred:
             assert job.deferred_at is not None
             started = time.monotonic()
+            reload(job.task)
             settled = _try(job, started + lock_timeout_s - job.waited_s)
             if settled is None:
+                release(job.task)
                 spent = time.monotonic() - started
                 job.waited_s += spent
                 idle.seconds += spent

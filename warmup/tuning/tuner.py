@@ -57,7 +57,10 @@ class TuneError(RuntimeError):
 
 
 class TuneTask(Protocol):
-    """What the tuner needs from a kernel (``kernels`` implement it; it imports nothing)."""
+    """What the tuner needs from a kernel (``kernels`` implement it; it imports nothing).
+
+    A task may also have ``baseline()``, ``accepts(config)`` (:func:`baseline_of`,
+    :func:`accepts`) and ``release()`` with ``reload()`` (:func:`release`)."""
 
     kernel: str
 
@@ -81,6 +84,22 @@ def baseline_of(task: TuneTask, candidates: Sequence[KernelConfig]) -> KernelCon
     name = getattr(task, "baseline", None)
     found = None if name is None else name()
     return found if found in candidates else None
+
+
+def release(task: TuneTask) -> None:
+    """Let a task that waits drop what it holds for its runs (inputs, output, reference:
+    GPU memory), if it can: ``release()``. :func:`reload` makes them again."""
+    dropping = getattr(task, "release", None)
+    if dropping is not None:
+        dropping()
+
+
+def reload(task: TuneTask) -> None:
+    """Undo :func:`release` before the task runs again: ``reload()``, if it has one. A
+    collective for a task of many ranks: every rank of the pod calls it together."""
+    making = getattr(task, "reload", None)
+    if making is not None:
+        making()
 
 
 def accepts(task: TuneTask, config: KernelConfig) -> bool:

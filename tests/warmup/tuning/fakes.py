@@ -29,6 +29,9 @@ class FakeTask:
     baseline_block: int | None = None  # the config that stands for what the op replaces
     launches: int = 0
     last: int | None = None
+    released: int = 0  # release() calls; reload() undoes the last, and counts in reloads
+    reloads: int = 0
+    holding: bool = True  # its "inputs": run() refuses without them
 
     @property
     def kernel_hash(self) -> str:
@@ -43,7 +46,16 @@ class FakeTask:
     def baseline(self) -> KernelConfig | None:
         return None if self.baseline_block is None else configs(self.baseline_block)[0]
 
+    def release(self) -> None:
+        self.released += 1
+        self.holding = False
+
+    def reload(self) -> None:
+        self.reloads += 1
+        self.holding = True
+
     def run(self, config: KernelConfig) -> str:
+        assert self.holding, "run after release() without reload()"
         self.launches += 1
         if self.die_at_launch is not None and self.launches >= self.die_at_launch:
             os.kill(os.getpid(), signal.SIGKILL)

@@ -92,6 +92,10 @@ def test_a_held_shape_is_warmed_after_the_others(tmp_path, holder_stores):
     # Stored by the pod that held it: found. Released without storing (its pod died
     # after the lock ended): tuned here.
     assert order[2] == (64, "registry" if holder_stores else "tuned")
+    # the held shape's task held no inputs while it waited; the others were never asked
+    held = jobs[0].task
+    assert held.released >= 1 and held.reloads == held.released and held.holding
+    assert [(j.task.released, j.task.reloads) for j in jobs[1:]] == [(0, 0), (0, 0)]
 
 
 def test_a_shape_held_past_the_lock_timeout_fails_alone(tmp_path, monkeypatch):
