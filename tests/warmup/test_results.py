@@ -2,6 +2,7 @@
 
 import json
 import random
+import time
 
 import pytest
 
@@ -51,7 +52,9 @@ def test_a_rank_report_round_trips_through_its_file(tmp_path):
     report.write(tmp_path)
     RankReport(rank=0, world=2).write(tmp_path)
     assert [r.rank for r in RankReport.read_all(tmp_path)] == [0, 1]
-    assert RankReport.read_all(tmp_path)[1] == report
+    read = RankReport.read_all(tmp_path)[1]
+    assert 0 < time.time() - read.written < 60  # dated when written, on this clock
+    assert read.model_copy(update={"written": report.written}) == report
 
 
 def test_status_derives_sources_and_one_line_per_failure(tmp_path):
