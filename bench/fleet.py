@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.bytecode import compile_imports
 from bench.cold_start import SHAPES, manifest_text
 from registry.fingerprint import listed_gpus
 from warmup.results import RunStatus
@@ -392,6 +393,8 @@ def main() -> None:
     gpus = gpu_ids(needed, share=args.share_gpus) if args.device == "cuda" else []
     shared = args.device == "cuda" and len(gpus) < args.pods * args.ranks
     bound = None if shared else target(args.pods, args.ranks)
+    compiled = compile_imports()
+    print(f"bytecode written for {len(compiled)} modules (the image has it)", flush=True)
     work = Path(tempfile.mkdtemp(prefix="fleet-"))
     dtype = "bf16" if args.device == "cuda" else "fp32"
     (work / "manifest.yaml").write_text(manifest_text(shapes, args.ranks, dtype))
