@@ -177,14 +177,32 @@ def _status(path: Path, *, as_json: bool) -> int:
     return EXIT_OK if status.ready else EXIT_FAILED
 
 
+class _StoppedWhileStarting(Exception):
+    """SIGTERM or SIGINT while the sidecar starts (its manifest, store recovery, watcher)."""
+
+
 def _serve(settings: Settings) -> int:
     from warmup.sidecar.server import Sidecar
 
     signals: list[int] = []
-    for signum in (signal.SIGTERM, signal.SIGINT):  # before serving: /healthz answers at once
-        signal.signal(signum, lambda signum, _: signals.append(signum))
+    starting = [True]
+
+    def on_signal(signum: int, _frame: object) -> None:
+        signals.append(signum)
+        if starting[0]:  # a start that waits on the store's lock ends now, not at SIGKILL
+            raise _StoppedWhileStarting
+
+    # Caught from before the start: /healthz answers as soon as it serves, so a stop
+    # may come while the rest starts.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, on_signal)
     sidecar = Sidecar(settings)
-    port = sidecar.start()
+    try:
+        port = sidecar.start()
+        starting[0] = False
+    except _StoppedWhileStarting:
+        sidecar.stop(timeout=1.0)
+        return EXIT_OK
     print(
         f"serving /healthz /readyz /metrics on {settings.metrics_host}:{port}; "
         f"watching {settings.bundles}",

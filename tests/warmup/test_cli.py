@@ -1,11 +1,17 @@
 """``triton-warmup``'s ordinary mistakes: one line each, the right exit code, no traceback."""
 
+import signal
 import socket
+import subprocess
+import sys
+import time
+import urllib.request
 
 import pytest
+from filelock import FileLock
 
 import warmup.run.launch
-from tests.conftest import DEMO, error_line
+from tests.conftest import DEMO, ROOT, env_without_interpreter, error_line
 from warmup.cli import main
 
 
@@ -54,6 +60,42 @@ def test_serve_on_a_port_in_use_says_so(isolated, capsys):
         assert main(["serve", "--host", "127.0.0.1", "--port", str(port)]) == 2
     line = one_line_error(capsys)
     assert f"cannot listen on 127.0.0.1:{port}" in line and "TRITON_WARMUP_METRICS_PORT" in line
+
+
+@pytest.mark.slow
+def test_serve_stopped_while_its_start_waits_on_the_store_ends_cleanly(tmp_path):
+    # /healthz answers as soon as the sidecar serves; its start then recovers the store,
+    # under the store's lock. A stop in that wait ends it now, not at the kubelet's SIGKILL.
+    volume = tmp_path / "volume"
+    (volume / "registry").mkdir(parents=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {
+        **env_without_interpreter(),
+        "TRITON_WARMUP_VOLUME": str(volume),
+        "TRITON_WARMUP_WORK_DIR": str(tmp_path / "work"),
+        "TRITON_WARMUP_MANIFEST": str(DEMO),
+    }
+    command = [sys.executable, "-m", "warmup", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    with FileLock(str(volume / "registry" / ".store.lock")):  # another writer holds it
+        server = subprocess.Popen(command, env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2):
+                        break
+                except OSError:
+                    assert time.monotonic() < deadline and server.poll() is None
+                    time.sleep(0.1)
+            time.sleep(0.5)  # into the wait on the lock
+            assert server.poll() is None
+            server.send_signal(signal.SIGTERM)
+            assert server.wait(timeout=20) == 0, server.stderr.read() if server.stderr else ""
+        finally:
+            server.kill()
+            server.communicate()
 
 
 @pytest.mark.parametrize(
