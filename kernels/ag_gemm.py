@@ -523,7 +523,7 @@ class AgGemmTask:
     b: torch.Tensor
     ctx: AgGemmContext
     configs: list[KernelConfig] | None = None  # default: the pruned, model-ordered space
-    # makes (a_shard, b) again after release(); None: the caller's inputs, never dropped
+    # makes (a_shard, b) again after drop_inputs(); None: the caller's inputs, never dropped
     inputs: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None
     kernel: str = NAME
     out: torch.Tensor | None = None
@@ -570,7 +570,7 @@ class AgGemmTask:
         assert self._expected is not None
         return relative_error_reason(output, self._expected, TOLERANCE[self.ctx.dtype])
 
-    def release(self) -> None:
+    def drop_inputs(self) -> None:
         """Drop the inputs, output and reference while the shape waits for another pod
         (``warmup.tuning.sharing``): only their shapes stay, for the key."""
         if self.inputs is None:
@@ -579,8 +579,8 @@ class AgGemmTask:
         self.b = torch.empty_like(self.b, device="meta")
         self.out = self._expected = None
 
-    def reload(self) -> None:
-        """The inputs again after :meth:`release`, and their reference: a collective,
+    def remake_inputs(self) -> None:
+        """The inputs again after :meth:`drop_inputs`, and their reference: a collective,
         so every rank of the group calls it at the same point."""
         if self.inputs is None or not self.a_shard.is_meta:
             return

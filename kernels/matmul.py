@@ -137,7 +137,7 @@ class MatmulTask:
     a: torch.Tensor
     b: torch.Tensor
     configs: list[KernelConfig] = field(default_factory=space)
-    # makes (a, b) again after release(); None: the caller's inputs, never dropped
+    # makes (a, b) again after drop_inputs(); None: the caller's inputs, never dropped
     inputs: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None
     kernel: str = NAME
     out: torch.Tensor | None = None
@@ -169,7 +169,7 @@ class MatmulTask:
             )
         return relative_error_reason(output, self._expected, TOLERANCE[self.a.dtype])
 
-    def release(self) -> None:
+    def drop_inputs(self) -> None:
         """Drop the inputs, output and reference while the shape waits for another pod
         (``warmup.tuning.sharing``): only their shapes stay, for the key."""
         if self.inputs is None:
@@ -178,8 +178,8 @@ class MatmulTask:
         self.b = torch.empty_like(self.b, device="meta")
         self.out = self._expected = None
 
-    def reload(self) -> None:
-        """The inputs again after :meth:`release`."""
+    def remake_inputs(self) -> None:
+        """The inputs again after :meth:`drop_inputs`."""
         if self.inputs is not None and self.a.is_meta:
             self.a, self.b = self.inputs()
 

@@ -181,7 +181,7 @@ def tuned(world: int, rank: int) -> dict[str, object]:
     }
 
 
-def released(world: int, rank: int) -> dict[str, object]:
+def dropped_inputs(world: int, rank: int) -> dict[str, object]:
     """A task from the adapter drops its inputs and makes the same ones again, with
     their reference (a collective, on every rank together)."""
     shape = {"M": world * 8, "N": 24, "K": 16}
@@ -189,10 +189,10 @@ def released(world: int, rank: int) -> dict[str, object]:
     shard, b, key = task.a_shard.clone(), task.b.clone(), task.key()
     assert task._expected is not None
     expected = task._expected.clone()
-    task.release()
+    task.drop_inputs()
     dropped = [t is None or t.is_meta for t in (task.a_shard, task.b, task.out, task._expected)]
     key_kept = task.key() == key
-    task.reload()
+    task.remake_inputs()
     return {
         "rank": rank,
         "dropped": all(dropped),
@@ -331,7 +331,7 @@ SCENARIOS: dict[str, Any] = {
     "tuned": tuned,
     "reference": reference_matches,
     "fake_clock": fake_clock,  # fake_clock:ALGORITHM
-    "released": released,
+    "dropped_inputs": dropped_inputs,
 }
 
 

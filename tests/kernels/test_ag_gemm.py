@@ -116,8 +116,8 @@ def test_the_task_tunes_in_lockstep_through_the_tuner(tmp_path):
     assert results[0]["stored"] == 1
 
 
-def test_a_released_task_reloads_its_inputs_and_reference_on_every_rank(tmp_path):
-    for result in run_ranks(2, "released", tmp_path):
+def test_a_task_remakes_the_inputs_and_reference_it_dropped_on_every_rank(tmp_path):
+    for result in run_ranks(2, "dropped_inputs", tmp_path):
         assert result == {
             "rank": result["rank"],
             "dropped": True,

@@ -41,20 +41,20 @@ def test_key_names_size_and_dtype():
     assert matmul.key(a, b) == {"M": 8, "N": 2, "K": 4, "dtype": "bf16"}
 
 
-def test_a_released_task_holds_no_input_and_reloads_the_same_ones():
+def test_a_task_that_dropped_its_inputs_holds_none_and_remakes_the_same_ones():
     (task,) = matmul.ADAPTER.tasks(
         [{"M": 24, "N": 32, "K": 16}], dtype="fp32", group=None, device="cpu"
     )
     a, b, key = task.a.clone(), task.b.clone(), task.key()
     assert task.verify(task.run(SMALL)) is None
-    task.release()
+    task.drop_inputs()
     assert task.a.is_meta and task.b.is_meta and task.out is None and task._expected is None
     assert task.key() == key  # still answers for its shape while it waits
-    task.reload()
+    task.remake_inputs()
     assert torch.equal(task.a, a) and torch.equal(task.b, b)
     assert task.verify(task.run(SMALL)) is None
     given = matmul.MatmulTask(a, b)  # the caller's inputs: never dropped
-    given.release()
+    given.drop_inputs()
     assert given.a is a
 
 

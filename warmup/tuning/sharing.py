@@ -10,8 +10,9 @@ Pods that start together on one registry take the missing shapes between them:
                  the lease expired: this pod tunes it), or it is deferred again;
                  a shape deferred longer than the lock timeout fails as a timeout would
 
-A deferred shape's task drops its inputs while it waits (``release``) and makes them
-again for each try (``reload``): a pod that defers many shapes holds the memory of one.
+A deferred shape's task drops its inputs while it waits (``drop_inputs``) and makes
+them again once it is settled, to be warmed or tuned (``remake_inputs``; the tuner makes
+them before it tunes): a pod that defers many shapes holds the memory of none of them.
 
 Every decision comes from rank 0 through the tuner (``Tuner.try_get``), so all ranks of
 a pod walk the same shapes in the same order and their collectives match. The pauses
@@ -35,8 +36,8 @@ from warmup.tuning.tuner import (
     TuneOutcome,
     Tuner,
     TuneTask,
-    release,
-    reload,
+    drop_inputs,
+    remake_inputs,
 )
 
 log = logging.getLogger(__name__)
@@ -99,7 +100,7 @@ def warm_shared(jobs: Iterable[Job], *, lock_timeout_s: float) -> Iterator[Settl
         started = time.monotonic()
         settled = _try(job, math.inf)
         if settled is None:
-            release(job.task)  # no memory held for a shape another pod tunes
+            drop_inputs(job.task)  # no memory held for a shape another pod tunes
             job.deferred_at = time.monotonic()
             idle.seconds += job.deferred_at - started
             deferred.append(job)
@@ -126,15 +127,15 @@ def _come_back(deferred: list[Job], lock_timeout_s: float, idle: _Idle) -> Itera
         for job in deferred:
             assert job.deferred_at is not None
             started = time.monotonic()
-            reload(job.task)
             settled = _try(job, started + lock_timeout_s - job.waited_s)
             if settled is None:
-                release(job.task)
                 spent = time.monotonic() - started
                 job.waited_s += spent
                 idle.seconds += spent
                 still.append(job)
             else:
+                if settled.outcome is not None:  # every rank at once: a collective
+                    remake_inputs(job.task)  # to be warmed with them
                 settled.deferred_s = time.monotonic() - job.deferred_at
                 yield idle.attach(settled)
         attempt = 0 if len(still) < len(deferred) else attempt + 1

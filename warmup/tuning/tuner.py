@@ -60,7 +60,7 @@ class TuneTask(Protocol):
     """What the tuner needs from a kernel (``kernels`` implement it; it imports nothing).
 
     A task may also have ``baseline()``, ``accepts(config)`` (:func:`baseline_of`,
-    :func:`accepts`) and ``release()`` with ``reload()`` (:func:`release`)."""
+    :func:`accepts`) and ``drop_inputs()`` with ``remake_inputs()`` (:func:`drop_inputs`)."""
 
     kernel: str
 
@@ -86,18 +86,19 @@ def baseline_of(task: TuneTask, candidates: Sequence[KernelConfig]) -> KernelCon
     return found if found in candidates else None
 
 
-def release(task: TuneTask) -> None:
+def drop_inputs(task: TuneTask) -> None:
     """Let a task that waits drop what it holds for its runs (inputs, output, reference:
-    GPU memory), if it can: ``release()``. :func:`reload` makes them again."""
-    dropping = getattr(task, "release", None)
+    GPU memory), if it can: ``drop_inputs()``. :func:`remake_inputs` makes them again."""
+    dropping = getattr(task, "drop_inputs", None)
     if dropping is not None:
         dropping()
 
 
-def reload(task: TuneTask) -> None:
-    """Undo :func:`release` before the task runs again: ``reload()``, if it has one. A
-    collective for a task of many ranks: every rank of the pod calls it together."""
-    making = getattr(task, "reload", None)
+def remake_inputs(task: TuneTask) -> None:
+    """Undo :func:`drop_inputs` before the task runs again: ``remake_inputs()``, if it has
+    one; nothing if it holds its inputs. A collective for a task of many ranks: every
+    rank of the pod calls it at the same step."""
+    making = getattr(task, "remake_inputs", None)
     if making is not None:
         making()
 
@@ -230,6 +231,7 @@ class Tuner:
                 seconds = time.perf_counter() - started
                 return TuneOutcome(entry.best, source, entry, seconds, lock_wait_s=taken)
             self.stats.misses += 1
+            remake_inputs(task)  # a shape put aside (warmup.tuning.sharing), tuned at last
             outcome = self.tune(task)
             outcome.lock_wait_s = taken
             outcome.entry = self._store(task, fingerprint, key, outcome, started)

@@ -29,8 +29,8 @@ class FakeTask:
     baseline_block: int | None = None  # the config that stands for what the op replaces
     launches: int = 0
     last: int | None = None
-    released: int = 0  # release() calls; reload() undoes the last, and counts in reloads
-    reloads: int = 0
+    drops: int = 0  # drop_inputs() calls
+    remakes: int = 0  # remake_inputs() calls that had inputs to make
     holding: bool = True  # its "inputs": run() refuses without them
 
     @property
@@ -46,16 +46,17 @@ class FakeTask:
     def baseline(self) -> KernelConfig | None:
         return None if self.baseline_block is None else configs(self.baseline_block)[0]
 
-    def release(self) -> None:
-        self.released += 1
+    def drop_inputs(self) -> None:
+        self.drops += 1
         self.holding = False
 
-    def reload(self) -> None:
-        self.reloads += 1
-        self.holding = True
+    def remake_inputs(self) -> None:
+        if not self.holding:
+            self.remakes += 1
+            self.holding = True
 
     def run(self, config: KernelConfig) -> str:
-        assert self.holding, "run after release() without reload()"
+        assert self.holding, "run after drop_inputs() without remake_inputs()"
         self.launches += 1
         if self.die_at_launch is not None and self.launches >= self.die_at_launch:
             os.kill(os.getpid(), signal.SIGKILL)

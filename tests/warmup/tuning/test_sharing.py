@@ -92,10 +92,11 @@ def test_a_held_shape_is_warmed_after_the_others(tmp_path, holder_stores):
     # Stored by the pod that held it: found. Released without storing (its pod died
     # after the lock ended): tuned here.
     assert order[2] == (64, "registry" if holder_stores else "tuned")
-    # the held shape's task held no inputs while it waited; the others were never asked
+    # the held shape's task held no inputs while it waited, and made them once, when it
+    # was found or its lock taken; the others were never asked
     held = jobs[0].task
-    assert held.released >= 1 and held.reloads == held.released and held.holding
-    assert [(j.task.released, j.task.reloads) for j in jobs[1:]] == [(0, 0), (0, 0)]
+    assert (held.drops, held.remakes, held.holding) == (1, 1, True)
+    assert [(j.task.drops, j.task.remakes) for j in jobs[1:]] == [(0, 0), (0, 0)]
 
 
 def test_a_shape_held_past_the_lock_timeout_fails_alone(tmp_path, monkeypatch):
@@ -115,6 +116,8 @@ def test_a_shape_held_past_the_lock_timeout_fails_alone(tmp_path, monkeypatch):
     assert settled[1].outcome is None and "in 0.5 s of waiting" in str(settled[1].error)
     assert 0.5 <= settled[1].deferred_s < 5 and time.monotonic() - started < 10
     assert 0.2 <= settled[1].idle_s <= settled[1].deferred_s  # waiting, not tuning 128
+    # many tries in that time, and none of them made the waiting shape's inputs again
+    assert (jobs[0].task.drops, jobs[0].task.remakes) == (1, 0)
 
 
 # ---- fleets of pods --------------------------------------------------------------------
