@@ -18,6 +18,7 @@ import py_compile
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 # What the launcher, the ranks, the finisher and a floor rank import.
 PROGRAM = (
@@ -40,20 +41,26 @@ _LIST = (
 
 
 def compile_imports(
-    modules: Sequence[str] = PROGRAM, env: Mapping[str, str] | None = None
+    modules: Sequence[str] = PROGRAM,
+    env: Mapping[str, str] | None = None,
+    roots: Sequence[Path] | None = None,
 ) -> list[str]:
     """Write the missing or stale bytecode of every module that importing ``modules``
-    loads (in a fresh process with ``env``); returns the sources compiled. A folder that
-    cannot be written stays as it is."""
+    loads (in a fresh process with ``env``), only under ``roots`` if given; returns the
+    sources compiled. A folder that cannot be written stays as it is. Modules imported
+    later (Triton's compiler on a first compile) are not among them."""
     listing = subprocess.run(
         [sys.executable, "-c", _LIST, *modules],
         env=dict(env) if env is not None else None,
         capture_output=True,
         text=True,
-        check=True,
     )
+    if listing.returncode != 0:
+        raise RuntimeError(f"importing {', '.join(modules)} failed:\n{listing.stderr[-3000:]}")
     compiled = []
     for source in listing.stdout.splitlines():
+        if roots is not None and not any(Path(source).is_relative_to(r) for r in roots):
+            continue
         cached = importlib.util.cache_from_source(source)
         if _fresh(source, cached):
             continue
@@ -66,7 +73,17 @@ def compile_imports(
 
 
 def _fresh(source: str, cached: str) -> bool:
+    """Whether Python would load ``cached`` for ``source``: the header's magic number,
+    and the source's mtime and size it records (a hash-based one is taken as it is)."""
     try:
-        return os.stat(cached).st_mtime >= os.stat(source).st_mtime
+        with open(cached, "rb") as f:
+            header = f.read(16)
+        stat = os.stat(source)
     except OSError:
         return False
+    if len(header) < 16 or header[:4] != importlib.util.MAGIC_NUMBER:
+        return False
+    if int.from_bytes(header[4:8], "little") & 1:  # hash-based (PEP 552)
+        return True
+    recorded = (int.from_bytes(header[8:12], "little"), int.from_bytes(header[12:16], "little"))
+    return recorded == (int(stat.st_mtime) & 0xFFFFFFFF, stat.st_size & 0xFFFFFFFF)
