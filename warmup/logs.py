@@ -74,7 +74,7 @@ def exit_now(code: int) -> NoReturn:
 
 
 def _flush_c_stdio() -> None:
-    import ctypes
+    with contextlib.suppress(ImportError, OSError, AttributeError):  # no C library to ask
+        import ctypes
 
-    with contextlib.suppress(OSError, AttributeError):  # no C library: nothing buffered
         ctypes.CDLL(None).fflush(None)  # every C stream of the process

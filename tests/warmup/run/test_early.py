@@ -99,7 +99,7 @@ def test_a_rank_that_cannot_be_told_its_environment_is_killed_not_left_waiting()
     assert handed.wait(timeout=30) == -signal.SIGKILL  # a failed rank the launcher sees
 
 
-def test_the_program_starts_its_ranks_before_it_reads_the_manifest(tmp_path, monkeypatch):
+def test_the_program_hands_the_ranks_it_started_to_the_run(tmp_path, monkeypatch):
     # a machine with 2 GPUs, as the program sees it; the run itself on CPU
     monkeypatch.setattr(warmup.program, "visible_gpus", lambda: 2)
     handed = []
