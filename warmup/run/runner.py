@@ -13,7 +13,6 @@ the run, in the registry).
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
 import sys
 import time
@@ -34,7 +33,7 @@ from warmup.results import RankReport, RemoteCounts, ShapeResult
 from warmup.run.lockstep import Lockstep
 from warmup.run.phases import PhaseClock
 from warmup.settings import Settings
-from warmup.tuning.sharing import Job, Settled, rotated, start_fraction, warm_shared
+from warmup.tuning.sharing import Job, Settled, Sharing, rotated, start_fraction
 from warmup.tuning.timing import Timer, cuda_event_timer, wall_clock_timer
 from warmup.tuning.tuner import TuneOptions, Tuner
 
@@ -55,9 +54,10 @@ def warm_rank(
     progress: Progress | None = None,
     clock: PhaseClock | None = None,
 ) -> RankReport:
-    """Warm every shape of the manifest entries made for ``world`` ranks, entry after
-    entry; the shapes of consecutive kernel entries are shared with the other pods of
-    the fleet (``warmup.tuning.sharing``). The report lists the shapes in manifest order."""
+    """Warm every shape of the manifest entries made for ``world`` ranks. The kernel
+    entries' shapes are shared with the other pods of the fleet (``warmup.tuning.sharing``):
+    the first pass over them, then the user functions, while other pods may finish the
+    shapes this pod put aside, then those. The report lists the shapes in manifest order."""
     started = time.perf_counter()
     clock = clock or PhaseClock()
     with clock.timing("prepare"):
@@ -74,26 +74,28 @@ def warm_rank(
         if progress is not None:
             progress(len(report.shapes), total, report.shapes[-1])
 
+    def warm(settled: Settled) -> None:
+        done(_warm_settled(settled, from_bundles, clock), settled.job.place)
+
     lockstep = Lockstep(group, timeout_s=settings.rank_timeout_s)
+    entries = _placed(manifest.entries_for(world))
+    kernel_entries = [(entry, first) for entry, first in entries if not entry.is_user_function]
     with clock.timing("prepare"):
         fraction = start_fraction(lockstep)
         from_bundles = _bundle_paths(local)
-    first = 0
-    for user, run in itertools.groupby(manifest.entries_for(world), lambda e: e.is_user_function):
-        entries = list(run)
-        if user:
-            for entry in entries:
-                for shape in _warm_user_function(entry, device=device):
-                    done(shape, first)
-                    first += 1
-            continue
-        with clock.timing("prepare"):
-            tuners = [_tuner(e, settings, store, fingerprint, lockstep, device) for e in entries]
-        jobs = _kernel_jobs(entries, tuners, first, fraction, group, device)
-        timed = clock.timed_items("setup", jobs)
-        for settled in warm_shared(timed, lock_timeout_s=settings.lock_timeout_s):
-            done(_warm_settled(settled, from_bundles, clock), settled.job.place)
-        first += sum(len(entry.expand()) for entry in entries)
+        tuners = [
+            _tuner(e, settings, store, fingerprint, lockstep, device) for e, _ in kernel_entries
+        ]
+    jobs = _kernel_jobs(kernel_entries, tuners, fraction, group, device)
+    sharing = Sharing(lock_timeout_s=settings.lock_timeout_s)
+    for settled in sharing.first_pass(clock.timed_items("setup", jobs)):
+        warm(settled)
+    for entry, first in entries:
+        if entry.is_user_function:
+            for place, shape in enumerate(_warm_user_function(entry, device=device), first):
+                done(shape, place)
+    for settled in sharing.come_back():
+        warm(settled)
     report.shapes.sort(key=lambda shape: places[id(shape)])
     report.seconds = time.perf_counter() - started
     report.phases = dict(clock.seconds)
@@ -112,21 +114,27 @@ def _remote(settings: Settings) -> RemoteTier | None:
         return None
 
 
+def _placed(entries: list[ManifestEntry]) -> list[tuple[ManifestEntry, int]]:
+    """Each entry with the manifest place of its first shape."""
+    placed, first = [], 0
+    for entry in entries:
+        placed.append((entry, first))
+        first += len(entry.expand())
+    return placed
+
+
 def _kernel_jobs(
-    entries: list[ManifestEntry],
+    entries: list[tuple[ManifestEntry, int]],
     tuners: list[Tuner],
-    first: int,
     fraction: float,
     group: Any,
     device: torch.device,
 ) -> Iterator[Job]:
     """The entries' shapes as jobs, made lazily (workspace and inputs when the first
-    pass reaches them), each entry's shapes rotated by this pod's start; ``first`` is
-    the manifest place of the first entry's first shape."""
-    for entry, tuner in zip(entries, tuners, strict=True):
-        shapes = list(enumerate(entry.expand(), start=first))
-        first += len(shapes)
-        order = rotated(shapes, fraction)
+    pass reaches them), each entry's shapes rotated by this pod's start; each entry
+    comes with the manifest place of its first shape."""
+    for (entry, first), tuner in zip(entries, tuners, strict=True):
+        order = rotated(list(enumerate(entry.expand(), start=first)), fraction)
         tasks = kernels.adapter_for(entry.kernel).tasks(
             [shape for _, shape in order], dtype=entry.dtype, group=group, device=device
         )

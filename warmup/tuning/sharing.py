@@ -90,23 +90,43 @@ def rotated(items: list[T], fraction: float) -> list[T]:
 
 
 def warm_shared(jobs: Iterable[Job], *, lock_timeout_s: float) -> Iterator[Settled]:
-    """Settle every job, deferring those whose lock another pod holds (module docstring).
-    ``jobs`` may be lazy: a job is made when the first pass reaches it. A deferred job
-    fails once it has been waited on for ``lock_timeout_s`` in the second pass (the
-    pod's own work in between does not count)."""
-    deferred: list[Job] = []
-    idle = _Idle()
-    for job in jobs:
-        started = time.monotonic()
-        settled = _try(job, math.inf)
-        if settled is None:
-            drop_inputs(job.task)  # no memory held for a shape another pod tunes
-            job.deferred_at = time.monotonic()
-            idle.seconds += job.deferred_at - started
-            deferred.append(job)
-        else:
-            yield idle.attach(settled)
-    yield from _come_back(deferred, lock_timeout_s, idle)
+    """Settle every job, deferring those whose lock another pod holds (module docstring):
+    :class:`Sharing`'s two passes, one after the other."""
+    sharing = Sharing(lock_timeout_s=lock_timeout_s)
+    yield from sharing.first_pass(jobs)
+    yield from sharing.come_back()
+
+
+class Sharing:
+    """The two passes, for a caller with other work to do between them (the pod's user
+    functions: other pods may finish the deferred shapes meanwhile).
+
+    A deferred job fails once it has been waited on for ``lock_timeout_s`` in the second
+    pass (the pod's own work in between does not count)."""
+
+    def __init__(self, *, lock_timeout_s: float) -> None:
+        self.lock_timeout_s = lock_timeout_s
+        self.deferred: list[Job] = []
+        self._idle = _Idle()
+
+    def first_pass(self, jobs: Iterable[Job]) -> Iterator[Settled]:
+        """Settle each job now, or defer it. ``jobs`` may be lazy: a job is made when
+        the pass reaches it."""
+        for job in jobs:
+            started = time.monotonic()
+            settled = _try(job, math.inf)
+            if settled is None:
+                drop_inputs(job.task)  # no memory held for a shape another pod tunes
+                job.deferred_at = time.monotonic()
+                self._idle.seconds += job.deferred_at - started
+                self.deferred.append(job)
+            else:
+                yield self._idle.attach(settled)
+
+    def come_back(self) -> Iterator[Settled]:
+        """Settle every deferred job, round after round."""
+        deferred, self.deferred = self.deferred, []
+        yield from _come_back(deferred, self.lock_timeout_s, self._idle)
 
 
 @dataclass

@@ -1,10 +1,16 @@
 """One rank's warmup (``warmup/run/runner.py``), in this process."""
 
+import json
+import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 
+from registry import lock
+from registry.locks import backend_from_url
 from tests.conftest import settings_for
 from warmup.manifest import parse_manifest
 from warmup.run.runner import warm_rank
@@ -36,3 +42,57 @@ def test_a_cpu_rank_on_a_gpu_machine_uses_the_cpu_fingerprint(tmp_path: Path, mo
     assert report.fingerprint is not None
     assert report.fingerprint["hardware"]["gpu_name"] == "cpu"  # not the H200's
     assert [s.source for s in report.shapes] == ["user"]
+
+
+SHARED_MANIFEST = """
+version: 1
+entries:
+  - {kernel: matmul, dtype: fp32, world_size: 1, policy: tune,
+     shapes: [{M: 16, N: 16, K: 16}, {M: 32, N: 16, K: 16}]}
+  - {kernel: "tests.warmup.user_functions:record_call", dtype: fp32, world_size: 1,
+     shapes: [{M: 2, N: 2, K: 2}]}
+  - {kernel: matmul, dtype: fp32, world_size: 1, policy: tune, shapes: [{M: 48, N: 16, K: 16}]}
+"""
+
+
+@pytest.mark.slow
+def test_user_functions_run_while_another_pod_holds_a_shape_put_aside(tmp_path, monkeypatch):
+    # Every kernel entry's shapes in one first pass, then the user functions, then the
+    # shapes put aside: the pod works while the other pod finishes, and a user entry
+    # between two kernel entries does not make it wait on the first one's held shapes.
+    settings = settings_for(tmp_path)
+    calls = tmp_path / "calls.jsonl"
+    monkeypatch.setenv("TEST_USER_LOG", str(calls))
+    held = {"M": 32, "N": 16, "K": 16, "dtype": "fp32"}
+    holding = threading.Event()
+
+    def other_pod() -> None:  # holds one shape until the user function ran, stores nothing
+        backend = backend_from_url(settings.lock_location)
+        name = f"tune/matmul/{json.dumps(held, sort_keys=True)}"
+        with lock(name, ttl=5, timeout=5, backend=backend):
+            holding.set()
+            deadline = time.monotonic() + 60
+            while not calls.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+    thread = threading.Thread(target=other_pod, daemon=True)
+    thread.start()
+    assert holding.wait(10)
+    order: list[tuple[int, str]] = []
+    report = warm_rank(
+        parse_manifest(SHARED_MANIFEST),
+        settings,
+        rank=0,
+        world=1,
+        group=None,
+        device=torch.device("cpu"),
+        progress=lambda done, total, shape: order.append((shape.key["M"], shape.source)),
+    )
+    thread.join(10)
+    assert order == [(16, "tuned"), (48, "tuned"), (2, "user"), (32, "tuned")]
+    assert [(s.key["M"], s.error) for s in report.shapes] == [
+        (16, None),
+        (32, None),
+        (2, None),
+        (48, None),
+    ]  # the report in manifest order
