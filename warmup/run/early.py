@@ -10,8 +10,9 @@ then waits on its stdin for one line from the launcher:
                     (``warmup.run.session``)
     end of file     the launcher is gone (or sent an empty line): it ends
 
-One the launcher does not need (another number of ranks, bad input) is killed: it has
-done nothing but import.
+Those the launcher does not need (more than the run's ranks, or bad input) are killed:
+they have done nothing but import. Fewer than the run's ranks all become ranks, and the
+launcher starts the others.
 
 Nothing here imports more than the standard library, so the program can start them
 first. A rank imports nothing that reads Triton's environment before its line arrives.
@@ -90,6 +91,11 @@ class EarlyRanks:
             if not _tell(proc, json.dumps(dict(env))):
                 proc.kill()
         return procs
+
+    def keep(self, count: int) -> None:
+        """End all but the first ``count`` (a pod with fewer ranks than GPUs)."""
+        extra, self.procs = self.procs[count:], self.procs[:count]
+        EarlyRanks(extra, self.started_s).stop()
 
     def stop(self) -> None:
         """End every process not handed over: it has done nothing but import."""

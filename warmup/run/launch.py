@@ -62,10 +62,9 @@ def _launch(settings: Settings, manifest: Manifest, early: EarlyRanks) -> RunSta
     run_dir = settings.work_dir / "run"
     clear_run_dir(run_dir)
     status = running(manifest, world, started).write(settings.status_path)
-    if len(early) != world:
-        early.stop()
-    # this process's start, imports and the checks above: until the ranks start
-    phases["imports"] = early.started_s if len(early) else process_age()
+    early.keep(world)
+    # this process's start, imports and the checks above: until the last rank starts
+    phases["imports"] = early.started_s if len(early) == world else process_age()
     # The ranks run this launcher's decision on the device, not one of their own.
     ranks = settings.model_copy(update={"device": device})
     procs = _spawn_ranks(ranks, manifest, world, run_dir, early)
@@ -105,7 +104,7 @@ def _device_type(settings: Settings, world: int) -> str:
 def _spawn_ranks(
     settings: Settings, manifest: Manifest, world: int, run_dir: Path, early: EarlyRanks
 ) -> list[subprocess.Popen[bytes]]:
-    """One process per rank: those started early if there are ``world``, else new."""
+    """One process per rank: those started early first, then new ones for the rest."""
     atomic.write_json(run_dir / "settings.json", settings.model_dump(mode="json"))
     atomic.write_json(run_dir / "manifest.json", manifest.model_dump(mode="json"))
     port = _free_port()
@@ -124,10 +123,10 @@ def _spawn_ranks(
         if settings.device == "cpu":
             env["TRITON_INTERPRET"] = "1"
         envs.append(env)
-    if len(early):  # as many as the ranks: _launch ended them otherwise
-        return early.hand_over(envs)
+    handed = early.hand_over(envs[: len(early)]) if len(early) else []
     command = [sys.executable, "-m", "warmup.run.session"]
-    return [subprocess.Popen(command, env={**os.environ, **env}) for env in envs]
+    fresh = [subprocess.Popen(command, env={**os.environ, **env}) for env in envs[len(handed) :]]
+    return handed + fresh
 
 
 def _wait(

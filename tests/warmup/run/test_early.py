@@ -60,13 +60,24 @@ def test_early_ranks_become_the_run_s_ranks(tmp_path):
     assert status.phases["rendezvous"] >= 0 and status.phases["rank_start"] > 0
 
 
-def test_early_ranks_of_another_number_are_ended_and_the_run_starts_its_own(tmp_path):
-    early = EarlyRanks.start(3)
+def test_early_ranks_beyond_the_run_s_are_ended_and_the_others_used(tmp_path):
+    early = EarlyRanks.start(3)  # 3 GPUs, a pod of 2 ranks
     procs = list(early.procs)
     status = run(_settings(tmp_path), _manifest(tmp_path), early)
     assert status.ready, status.failures
-    assert _ended(procs) and all(p.returncode != 0 for p in procs)  # killed, never used
-    assert len(early) == 0
+    assert [p.returncode for p in procs[:2]] == [0, 0]  # they ran the shapes
+    assert procs[2].returncode not in (None, 0)  # killed, never used
+    assert status.phases["imports"] == pytest.approx(early.started_s, abs=1e-3)
+
+
+def test_fewer_early_ranks_than_the_run_s_are_used_and_the_rest_started(tmp_path):
+    early = EarlyRanks.start(1)  # a CPU run of 2 ranks on a machine with 1 GPU
+    (proc,) = early.procs
+    status = run(_settings(tmp_path), _manifest(tmp_path), early)
+    assert status.ready, status.failures
+    assert sorted({s.rank for s in status.shapes}) == [0, 1]
+    assert proc.returncode == 0 and len(early) == 0
+    assert status.phases["imports"] > early.started_s  # until the second rank started
 
 
 def test_bad_input_ends_the_early_ranks_before_any_rank_runs(tmp_path):
