@@ -40,13 +40,13 @@ __all__ = ["RunError", "run"]
 def run(settings: Settings, manifest: Manifest, early: EarlyRanks | None = None) -> RunStatus:
     """Warm the manifest; returns the status written (``state`` ready or failed).
     :class:`RunError` or :class:`ManifestError` before any rank starts on bad input.
-    ``early``: rank processes the program started ahead (``warmup.run.early``), taken
-    as the ranks when there are as many as the run needs, else ended."""
+    ``early``: rank processes the program started ahead (``warmup.run.early``): the
+    first ranks, as many as the run has; any more are ended."""
     early = early or EarlyRanks([], 0.0)
     try:
         return _launch(settings, manifest, early)
     finally:
-        early.stop()  # any not handed over: bad input, another number of ranks
+        early.stop()  # any not handed over: bad input, more than the ranks
 
 
 def _launch(settings: Settings, manifest: Manifest, early: EarlyRanks) -> RunStatus:
@@ -67,8 +67,9 @@ def _launch(settings: Settings, manifest: Manifest, early: EarlyRanks) -> RunSta
     phases["imports"] = early.started_s if len(early) == world else process_age()
     # The ranks run this launcher's decision on the device, not one of their own.
     ranks = settings.model_copy(update={"device": device})
-    procs = _spawn_ranks(ranks, manifest, world, run_dir, early)
+    procs: list[subprocess.Popen[bytes]] = []
     try:
+        procs = _spawn_ranks(ranks, manifest, world, run_dir, early)
         manifest.check_kernels(str(settings.manifest))  # imports torch: while the ranks do
         restoring = time.perf_counter()
         restore(settings)  # while the ranks import torch; they wait for the marker
@@ -123,10 +124,15 @@ def _spawn_ranks(
         if settings.device == "cpu":
             env["TRITON_INTERPRET"] = "1"
         envs.append(env)
-    handed = early.hand_over(envs[: len(early)]) if len(early) else []
+    procs = early.hand_over(envs[: len(early)]) if len(early) else []
     command = [sys.executable, "-m", "warmup.run.session"]
-    fresh = [subprocess.Popen(command, env={**os.environ, **env}) for env in envs[len(handed) :]]
-    return handed + fresh
+    try:
+        for env in envs[len(procs) :]:
+            procs.append(subprocess.Popen(command, env={**os.environ, **env}))
+    except BaseException:  # the ranks started so far would wait for their peers
+        _stop(procs)
+        raise
+    return procs
 
 
 def _wait(

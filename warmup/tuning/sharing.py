@@ -62,7 +62,8 @@ class Settled:
     """A job's answer: the outcome, or the error that failed the shape.
 
     ``seconds``: the try that settled it. ``deferred_s``: how long since the first pass
-    deferred it, other shapes' work included (0 when never deferred). ``idle_s``: the
+    deferred it, the pod's other work included: other shapes, user functions (0 when
+    never deferred). ``idle_s``: the
     time this pod spent on nothing but shapes other pods held (tries that found them
     held, pauses between rounds) since the previous answer."""
 

@@ -1,6 +1,6 @@
 """Rank processes started before the launcher has read its settings (``warmup.run.early``):
-taken as the run's ranks when their number fits, ended when it does not or the input is
-bad, and gone when the launcher is."""
+the run's first ranks, the rest ended; all ended on bad input, and gone when the launcher
+is."""
 
 import signal
 import subprocess
@@ -9,6 +9,7 @@ import sys
 import pytest
 
 import warmup.program
+import warmup.run.launch
 from tests.conftest import ROOT, env_without_interpreter, run_program, settings_for, write_manifest
 from warmup import logs
 from warmup.manifest import ManifestError, load_manifest
@@ -76,8 +77,26 @@ def test_fewer_early_ranks_than_the_run_s_are_used_and_the_rest_started(tmp_path
     status = run(_settings(tmp_path), _manifest(tmp_path), early)
     assert status.ready, status.failures
     assert sorted({s.rank for s in status.shapes}) == [0, 1]
-    assert proc.returncode == 0 and len(early) == 0
+    assert proc.returncode == 0
     assert status.phases["imports"] > early.started_s  # until the second rank started
+
+
+def test_a_rank_that_cannot_be_started_ends_those_started_and_fails_the_status(
+    tmp_path, monkeypatch
+):
+    early = EarlyRanks.start(1)
+    (proc,) = early.procs
+
+    def no_process(*args, **kwargs):
+        raise BlockingIOError("fork: resource temporarily unavailable")
+
+    monkeypatch.setattr(warmup.run.launch.subprocess, "Popen", no_process)
+    settings = _settings(tmp_path)
+    with pytest.raises(BlockingIOError):
+        run(settings, _manifest(tmp_path), early)
+    assert proc.returncode not in (None, 0)  # rank 0 would wait for rank 1 until its limit
+    status = RunStatus.read(settings.status_path)
+    assert status.state == "failed" and "BlockingIOError" in status.errors[0]
 
 
 def test_bad_input_ends_the_early_ranks_before_any_rank_runs(tmp_path):
