@@ -7,11 +7,12 @@ machine sets it) would compile the project, pydantic and the rest from source in
 process it starts, which no pod pays: ``warmup.run.session`` alone took 0.4 s more to
 import on an H100 host, and a 1-rank warm start 7.65 s instead of 4.34 s (the floor
 6.40 s instead of 3.83 s). The benches call :func:`compile_imports` before their first
-timed run.
+timed run (:func:`add_option`, :func:`compile_unless`).
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import os
 import py_compile
@@ -38,6 +39,22 @@ _LIST = (
     "files = {getattr(m, '__file__', None) or '' for m in list(sys.modules.values())}\n"
     "print('\\n'.join(sorted(f for f in files if f.endswith('.py'))))\n"
 )
+
+
+def add_option(parser: argparse.ArgumentParser) -> None:
+    """``--no-bytecode``: measure as the runs before 2026-11-23 did."""
+    parser.add_argument(
+        "--no-bytecode",
+        action="store_true",
+        help="leave modules without bytecode as they are (runs before 2026-11-23 did)",
+    )
+
+
+def compile_unless(skip: bool) -> None:
+    """:func:`compile_imports`, said on stdout, unless ``--no-bytecode`` was given."""
+    if not skip:
+        compiled = compile_imports()
+        print(f"bytecode written for {len(compiled)} modules (the image has it)", flush=True)
 
 
 def compile_imports(

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from bench.bytecode import compile_imports
+from bench import bytecode
 from warmup import logs
 from warmup.run.phases import OVERLAPPING, phase_table, process_age  # no torch, no triton
 
@@ -225,20 +225,14 @@ def main() -> None:
     parser.add_argument("--world", type=int, default=WORLD, help="ranks (GPUs)")
     parser.add_argument("--repeats", type=int, default=3, help="warm runs and floors")
     parser.add_argument("--floor-rank", type=Path)
-    parser.add_argument(
-        "--no-bytecode",
-        action="store_true",
-        help="leave modules without bytecode as they are (runs before 2026-11-23 did)",
-    )
+    bytecode.add_option(parser)
     args = parser.parse_args()
     if args.floor_rank:
         floor_rank(args.floor_rank)
         return
     if args.world < 1 or args.repeats < 1:
         parser.error("--world and --repeats take a positive integer")
-    if not args.no_bytecode:
-        compiled = compile_imports()
-        print(f"bytecode written for {len(compiled)} modules (the image has it)", flush=True)
+    bytecode.compile_unless(args.no_bytecode)
     work = Path(tempfile.mkdtemp(prefix="cold-start-"))
     (work / "manifest.yaml").write_text(manifest_text(world=args.world))
     cold, cold_status = timed_run(work, "cold")

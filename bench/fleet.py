@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.bytecode import compile_imports
+from bench import bytecode
 from bench.cold_start import SHAPES, manifest_text
 from registry.fingerprint import listed_gpus
 from warmup.results import RunStatus
@@ -379,15 +379,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--keep", action="store_true", help="keep the temp folder")
     parser.add_argument(
-        "--no-bytecode",
-        action="store_true",
-        help="leave modules without bytecode as they are (runs before 2026-11-23 did)",
-    )
-    parser.add_argument(
         "--share-gpus",
         action="store_true",
         help="a smoke run on fewer GPUs: pods take turns on them, contend, and meet no target",
     )
+    bytecode.add_option(parser)
     args = parser.parse_args()
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if unknown := set(modes) - set(MODES):
@@ -398,9 +394,7 @@ def main() -> None:
     gpus = gpu_ids(needed, share=args.share_gpus) if args.device == "cuda" else []
     shared = args.device == "cuda" and len(gpus) < args.pods * args.ranks
     bound = None if shared else target(args.pods, args.ranks)
-    if not args.no_bytecode:
-        compiled = compile_imports()
-        print(f"bytecode written for {len(compiled)} modules (the image has it)", flush=True)
+    bytecode.compile_unless(args.no_bytecode)
     work = Path(tempfile.mkdtemp(prefix="fleet-"))
     dtype = "bf16" if args.device == "cuda" else "fp32"
     (work / "manifest.yaml").write_text(manifest_text(shapes, args.ranks, dtype))

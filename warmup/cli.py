@@ -185,11 +185,11 @@ def _serve(settings: Settings) -> int:
     from warmup.sidecar.server import Sidecar
 
     signals: list[int] = []
-    starting = [True]
+    starting = True
 
     def on_signal(signum: int, _frame: object) -> None:
         signals.append(signum)
-        if starting[0]:  # a start that waits on the store's lock ends now, not at SIGKILL
+        if starting:  # a start that waits on the store's lock ends now, not at SIGKILL
             raise _StoppedWhileStarting
 
     # Caught from before the start: /healthz answers as soon as it serves, so a stop
@@ -199,7 +199,7 @@ def _serve(settings: Settings) -> int:
     sidecar = Sidecar(settings)
     try:
         port = sidecar.start()
-        starting[0] = False
+        starting = False
     except _StoppedWhileStarting:
         sidecar.stop(timeout=1.0)
         return EXIT_OK

@@ -95,16 +95,20 @@ class EarlyRanks:
     def keep(self, count: int) -> None:
         """End all but the first ``count`` (a pod with fewer ranks than GPUs)."""
         extra, self.procs = self.procs[count:], self.procs[:count]
-        EarlyRanks(extra, self.started_s).stop()
+        _end(extra)
 
     def stop(self) -> None:
         """End every process not handed over: it has done nothing but import."""
         procs, self.procs = self.procs, []
-        for proc in procs:
-            proc.kill()
-        for proc in procs:
-            proc.wait()
-            _close(proc)
+        _end(procs)
+
+
+def _end(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        proc.kill()
+    for proc in procs:
+        proc.wait()
+        _close(proc)
 
 
 def _start_one() -> subprocess.Popen[bytes]:

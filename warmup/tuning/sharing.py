@@ -63,9 +63,9 @@ class Settled:
 
     ``seconds``: the try that settled it. ``deferred_s``: how long since the first pass
     deferred it, the pod's other work included: other shapes, user functions (0 when
-    never deferred). ``idle_s``: the
-    time this pod spent on nothing but shapes other pods held (tries that found them
-    held, pauses between rounds) since the previous answer."""
+    never deferred). ``idle_s``: the time this pod spent on nothing but shapes other
+    pods held (tries that found them held, pauses between rounds) since the previous
+    answer."""
 
     job: Job
     outcome: TuneOutcome | None

@@ -273,12 +273,17 @@ def test_a_shape_its_kernel_rejects_stops_the_ranks_and_fails_the_status(tmp_pat
     assert main(["run", "--manifest", str(manifest), "--volume", str(tmp_path / "v")]) == 2
 
 
-def test_ranks_that_warmed_fewer_shapes_than_the_manifest_are_not_ready(tmp_path):
-    settings = settings_for(tmp_path)
+def _two_empty_reports(tmp_path):
+    """Settings, and a run folder where ranks 0 and 1 reported no shape."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     for rank in (0, 1):
         RankReport(rank=rank, world=2).write(run_dir)
+    return settings_for(tmp_path), run_dir
+
+
+def test_ranks_that_warmed_fewer_shapes_than_the_manifest_are_not_ready(tmp_path):
+    settings, run_dir = _two_empty_reports(tmp_path)
     status = finish(settings, load_manifest(DEMO), run_dir, 2, started=0.0)
     assert status.state == "failed" and not status.ready
     assert status.failures == [
@@ -291,11 +296,7 @@ def test_ranks_that_warmed_fewer_shapes_than_the_manifest_are_not_ready(tmp_path
 
 
 def test_the_ranks_exit_is_timed_from_their_reports_on_the_pod_s_clock(tmp_path):
-    settings = settings_for(tmp_path)
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    for rank in (0, 1):
-        RankReport(rank=rank, world=2).write(run_dir)
+    settings, run_dir = _two_empty_reports(tmp_path)
     written = [r.written for r in RankReport.read_all(run_dir)]
     assert all(time.time() - 60 < w <= time.time() for w in written)
     status = finish(settings, load_manifest(DEMO), run_dir, 2, 0.0, ranks_ended=max(written) + 1.5)
