@@ -4,6 +4,8 @@ An adapter (one per kernel module, listed in :data:`kernels.ADAPTERS`) answers:
 
 * ``check_shape``: is a manifest shape valid for this kernel (before any GPU work);
 * ``tasks``: the tune tasks (``warmup.tuning.tuner.TuneTask``) for a manifest entry's shapes;
+* ``tuning_cost``: what tuning one shape costs, relative to the others (the fleet tunes the
+  costliest first, so that no pod ends on a long shape while the others wait);
 * ``kernel_hash``: the public hash of the kernel's source, part of every fingerprint;
 * ``key``: the registry key of one problem (what a stored config depends on);
 * ``serve``: a :class:`Served` layer, which a serving op calls with a config per call.
@@ -22,6 +24,13 @@ from registry import KernelConfig
 BUCKET_FIELD = "M"  # the key field a serving op buckets on: the rows of one call
 TORCH_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 DTYPES = tuple(TORCH_NAMES)  # the dtypes a manifest and a layer name
+
+
+def gemm_flops(shape: Mapping[str, int]) -> float:
+    """The floating-point operations of one ``M x K @ K x N`` product: a GEMM's tuning
+    runs each candidate the same number of times at any shape, so its cost grows with
+    this (on an H100: 0.5 s to tune 17 GFLOP, 2.3 s at 240, 8 s at 962)."""
+    return 2.0 * shape["M"] * shape["N"] * shape["K"]
 
 
 def torch_dtype(name: str) -> Any:
@@ -177,6 +186,11 @@ class Adapter(Protocol):
         self, shapes: Sequence[Mapping[str, int]], *, dtype: str, group: Any, device: Any
     ) -> Iterator[Any]:
         """One tune task per shape, in order; every rank of ``group`` calls it."""
+        ...
+
+    def tuning_cost(self, shape: Mapping[str, int]) -> float:
+        """What tuning ``shape`` costs, in any unit shared by this manifest's kernels (only
+        the order matters); the same on every rank."""
         ...
 
     def serve(self, layer: Layer, *, group: Any, device: Any) -> Served: ...

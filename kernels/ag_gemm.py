@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from kernels import ag_gemm_workspace as workspace
-from kernels.adapter import LaunchPlan, Layer, torch_dtype
+from kernels.adapter import LaunchPlan, Layer, gemm_flops, torch_dtype
 from kernels.ag_gemm_workspace import (
     DTYPES,
     AgGemmContext,
@@ -815,6 +815,9 @@ class AgGemmAdapter:
                 )
             inputs = functools.partial(_random_inputs, m, n, k, contexts[k])
             yield AgGemmTask(*inputs(), contexts[k], inputs=inputs)
+
+    def tuning_cost(self, shape: Mapping[str, int]) -> float:
+        return gemm_flops(shape)
 
     def serve(self, layer: Layer, *, group: Any, device: Any) -> AgGemmServed:
         return AgGemmServed(layer, group=group, device=device)

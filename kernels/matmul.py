@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.adapter import LaunchPlan, Layer, torch_dtype
+from kernels.adapter import LaunchPlan, Layer, gemm_flops, torch_dtype
 from registry import KernelConfig, triton_internals
 
 NAME = "matmul"
@@ -332,6 +332,9 @@ class MatmulAdapter:
             m, n, k = shape["M"], shape["N"], shape["K"]
             inputs = functools.partial(_random_inputs, m, n, k, element, device)
             yield MatmulTask(*inputs(), inputs=inputs)
+
+    def tuning_cost(self, shape: Mapping[str, int]) -> float:
+        return gemm_flops(shape)
 
     def serve(self, layer: Layer, *, group: Any, device: Any) -> MatmulServed:
         return MatmulServed(layer, device=device)

@@ -13,6 +13,7 @@ the run, in the registry).
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import logging
 import sys
 import time
@@ -33,7 +34,7 @@ from warmup.results import RankReport, RemoteCounts, ShapeResult
 from warmup.run.lockstep import Lockstep
 from warmup.run.phases import PhaseClock
 from warmup.settings import Settings
-from warmup.tuning.sharing import Job, Settled, Sharing, rotated, start_fraction
+from warmup.tuning.sharing import Job, Settled, Sharing, start_fraction, take_order
 from warmup.tuning.timing import Timer, cuda_event_timer, wall_clock_timer
 from warmup.tuning.tuner import TuneOptions, Tuner
 
@@ -130,16 +131,29 @@ def _kernel_jobs(
     group: Any,
     device: torch.device,
 ) -> Iterator[Job]:
-    """The entries' shapes as jobs, made lazily (workspace and inputs when the first
-    pass reaches them), each entry's shapes rotated by this pod's start; each entry
-    comes with the manifest place of its first shape."""
-    for (entry, first), tuner in zip(entries, tuners, strict=True):
-        order = rotated(list(enumerate(entry.expand(), start=first)), fraction)
-        tasks = kernels.adapter_for(entry.kernel).tasks(
-            [shape for _, shape in order], dtype=entry.dtype, group=group, device=device
-        )
-        for (place, _), task in zip(order, tasks, strict=True):
-            yield Job(task, tuner, place=place)
+    """The entries' shapes as jobs, the costliest first across all entries, made lazily
+    (workspace and inputs when the first pass reaches them): each entry's own in its
+    pod order (:func:`take_order`), merged by cost; equal costs keep the entries' order.
+    Every rank merges the same costs the same way, so their collectives match."""
+    streams = [
+        _entry_jobs(entry, first, tuner, fraction, group, device)
+        for (entry, first), tuner in zip(entries, tuners, strict=True)
+    ]
+    return heapq.merge(*streams, key=lambda job: -job.cost)
+
+
+def _entry_jobs(
+    entry: ManifestEntry, first: int, tuner: Tuner, fraction: float, group: Any, device: Any
+) -> Iterator[Job]:
+    """One entry's jobs in this pod's order, each with the manifest place of its shape."""
+    adapter = kernels.adapter_for(entry.kernel)
+    placed = list(enumerate(entry.expand(), start=first))
+    order = take_order(placed, fraction, cost=lambda item: adapter.tuning_cost(item[1]))
+    tasks = adapter.tasks(
+        [shape for _, shape in order], dtype=entry.dtype, group=group, device=device
+    )
+    for (place, shape), task in zip(order, tasks, strict=True):
+        yield Job(task, tuner, place=place, cost=adapter.tuning_cost(shape))
 
 
 def _tuner(

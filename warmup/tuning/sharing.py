@@ -2,7 +2,9 @@
 
 Pods that start together on one registry take the missing shapes between them:
 
-    first pass   every shape in this pod's order (a rotation agreed by its ranks):
+    first pass   every shape in this pod's order (the costliest first, so that no pod
+                 ends on a long shape while the others wait; shapes of equal cost
+                 in a rotation agreed by its ranks):
                  found -> warm it; missing and its lock free -> tune it;
                  missing and its lock held by another pod -> defer it
     second pass  the deferred shapes, round after round: each is found (stored by the
@@ -13,6 +15,9 @@ Pods that start together on one registry take the missing shapes between them:
 A deferred shape's task drops its inputs while it waits (``drop_inputs``) and makes
 them again once it is settled, to be warmed or tuned (``remake_inputs``; the tuner makes
 them before it tunes): a pod that defers many shapes holds the memory of none of them.
+
+Pods that take shapes in the same order still spread: each skips the shapes the others
+hold, so N pods that start together tune about 1/N of the work each.
 
 Every decision comes from rank 0 through the tuner (``Tuner.try_get``), so all ranks of
 a pod walk the same shapes in the same order and their collectives match. The pauses
@@ -25,7 +30,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -53,6 +58,7 @@ class Job:
     task: TuneTask
     tuner: Tuner
     place: int = 0  # where its shape is in the manifest, for the report's order
+    cost: float = 0.0  # what tuning it costs, relative to the other jobs (its adapter's)
     deferred_at: float | None = None  # monotonic, when the first pass deferred it
     waited_s: float = 0.0  # second-pass seconds spent on it: its tries, the pauses
 
@@ -88,6 +94,12 @@ def rotated(items: list[T], fraction: float) -> list[T]:
         return []
     start = min(int(fraction * len(items)), len(items) - 1)
     return items[start:] + items[:start]
+
+
+def take_order(items: list[T], fraction: float, cost: Callable[[T], float]) -> list[T]:
+    """The order a pod takes ``items`` in: the costliest first; equal costs from
+    ``fraction`` of the way through their rotation (:func:`rotated`)."""
+    return sorted(rotated(items, fraction), key=cost, reverse=True)  # sorted() is stable
 
 
 def warm_shared(jobs: Iterable[Job], *, lock_timeout_s: float) -> Iterator[Settled]:

@@ -13,7 +13,7 @@ from registry import lock
 from registry.locks import backend_from_url
 from tests.conftest import settings_for
 from warmup.manifest import parse_manifest
-from warmup.run.runner import warm_rank
+from warmup.run.runner import _kernel_jobs, _placed, warm_rank
 
 USER_MANIFEST = """
 version: 1
@@ -57,9 +57,10 @@ entries:
 
 @pytest.mark.slow
 def test_user_functions_run_while_another_pod_holds_a_shape_put_aside(tmp_path, monkeypatch):
-    # Every kernel entry's shapes in one first pass, then the user functions, then the
-    # shapes put aside: the pod works while the other pod finishes, and a user entry
-    # between two kernel entries does not make it wait on the first one's held shapes.
+    # Every kernel entry's shapes in one first pass (the costliest first), then the user
+    # functions, then the shapes put aside: the pod works while the other pod finishes,
+    # and a user entry between two kernel entries does not make it wait on the first
+    # one's held shapes.
     settings = settings_for(tmp_path)
     calls = tmp_path / "calls.jsonl"
     monkeypatch.setenv("TEST_USER_LOG", str(calls))
@@ -89,10 +90,38 @@ def test_user_functions_run_while_another_pod_holds_a_shape_put_aside(tmp_path, 
         progress=lambda done, total, shape: order.append((shape.key["M"], shape.source)),
     )
     thread.join(10)
-    assert order == [(16, "tuned"), (48, "tuned"), (2, "user"), (32, "tuned")]
+    assert order == [(48, "tuned"), (16, "tuned"), (2, "user"), (32, "tuned")]
     assert [(s.key["M"], s.error) for s in report.shapes] == [
         (16, None),
         (32, None),
         (2, None),
         (48, None),
     ]  # the report in manifest order
+
+
+ORDER_MANIFEST = """
+version: 1
+entries:
+  - {kernel: matmul, dtype: fp32, world_size: 1, shapes: [{M: [8, 64, 16], N: 8, K: 8}]}
+  - {kernel: "tests.warmup.user_functions:record_call", dtype: fp32, world_size: 1,
+     shapes: [{M: 2, N: 2, K: 2}]}
+  - {kernel: matmul, dtype: fp32, world_size: 1, shapes: [{M: 32, N: 8, K: 8}, {M: 16, N: 8, K: 8}]}
+"""
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.5, 0.99])
+def test_kernel_shapes_are_taken_costliest_first_across_entries(fraction):
+    # A pod that ended on its costliest shape would keep the fleet waiting on it: the
+    # first pass takes them by tuning cost, whatever the entries and the pod's rotation.
+    entries = _placed(parse_manifest(ORDER_MANIFEST).entries_for(1))
+    kernel_entries = [(e, first) for e, first in entries if not e.is_user_function]
+    jobs = list(
+        _kernel_jobs(kernel_entries, [None, None], fraction, None, torch.device("cpu"))  # type: ignore[list-item]
+    )
+    taken = [(job.task.key()["M"], job.place) for job in jobs]
+    assert [m for m, _ in taken[:3]] == [64, 32, 16]
+    assert sorted(taken) == [(8, 0), (16, 2), (16, 5), (32, 4), (64, 1)]  # places kept
+    assert {m for m, _ in taken[3:]} == {8, 16}  # 16 (twice) then 8
+    assert taken[-1] == (8, 0)
+    assert [job.cost for job in jobs] == sorted((job.cost for job in jobs), reverse=True)
+    assert jobs[0].cost == 2.0 * 64 * 8 * 8

@@ -25,7 +25,7 @@ from tests.warmup.tuning.fakes import FakeTask, fake_timer
 from warmup.manifest import load_manifest
 from warmup.results import RunStatus
 from warmup.tuning import sharing
-from warmup.tuning.sharing import Job, rotated, warm_shared
+from warmup.tuning.sharing import Job, rotated, take_order, warm_shared
 from warmup.tuning.tuner import TuneOptions, Tuner
 
 
@@ -37,6 +37,16 @@ def test_rotated_starts_at_the_fraction_and_keeps_every_item():
     assert rotated([], 0.3) == []
     for fraction in (0.1, 0.37, 0.8):
         assert sorted(rotated(items, fraction)) == items
+
+
+def test_the_costliest_shapes_come_first_and_equal_costs_keep_the_rotation():
+    items = [("a", 1), ("b", 5), ("c", 1), ("d", 3), ("e", 1), ("f", 5)]
+    ordered = take_order(items, 0.5, cost=lambda item: item[1])
+    # rotated by half: d e f a b c; then by cost, ties in that order
+    assert ordered == [("f", 5), ("b", 5), ("d", 3), ("e", 1), ("a", 1), ("c", 1)]
+    same = [(name, 0) for name in "abcd"]
+    assert take_order(same, 0.5, cost=lambda item: item[1]) == rotated(same, 0.5)
+    assert take_order([], 0.3, cost=lambda item: 0) == []
 
 
 def _job(tmp_path: Path, m: int, *, lock_timeout_s: float = 30.0) -> Job:
