@@ -169,34 +169,59 @@ def floor_rank(work: Path) -> None:
     logs.exit_now(0)  # as a launched warm rank ends: no NCCL and CUDA teardown
 
 
-# A row of the side-by-side table: the warm run's phases it adds up, and the floor's phase
-# that does the same work (None: the floor does none of it).
-VS_FLOOR: list[tuple[str, tuple[str, ...], str | None]] = [
-    ("imports", ("imports",), None),  # the launcher's own start: the floor has no launcher
-    ("restore", ("restore",), None),
-    ("rank_start", ("rank_start",), "imports"),
-    ("rendezvous", ("rendezvous",), "rendezvous"),
-    ("prepare", ("prepare",), None),
-    ("setup", ("setup",), "setup"),
-    ("lookup", ("lookup",), None),
-    ("tune", ("tune",), None),
-    ("compile+check", ("compile", "check"), "launch"),
-    ("lock_wait", ("lock_wait",), None),
-    ("exit", ("exit",), "exit"),
-    ("save", ("save",), None),
+# A row of the side-by-side table: the warm run's phases it adds up, the floor's phase
+# that does the same work (None: the floor does none of it), and why the warm run may
+# spend more there: what it does that the floor does not.
+VS_FLOOR: list[tuple[str, tuple[str, ...], str | None, str]] = [
+    ("imports", ("imports",), None, "the launcher's own start; the floor has no launcher"),
+    ("restore", ("restore",), None, "compile cache copied from the volume (beside the ranks)"),
+    (
+        "rank_start",
+        ("rank_start",),
+        "imports",
+        "a rank imports pydantic, pydantic-settings and the project besides torch",
+    ),
+    (
+        "rendezvous",
+        ("rendezvous",),
+        "rendezvous",
+        "a rank also waits for the launcher's hand-over, the restore and a barrier",
+    ),
+    (
+        "prepare",
+        ("prepare",),
+        None,
+        "fingerprint (Triton's library hash, which the floor pays at its first compile), tuners",
+    ),
+    ("setup", ("setup",), "setup", "each shape's reference output, for its check"),
+    ("lookup", ("lookup",), None, "registry lookups: the volume, then the remote tier"),
+    ("tune", ("tune",), None, "registry misses, tuned"),
+    (
+        "compile+check",
+        ("compile", "check"),
+        "launch",
+        "each stored config's first launch is checked against NCCL + cuBLAS",
+    ),
+    ("lock_wait", ("lock_wait",), None, "shapes other pods were tuning"),
+    ("exit", ("exit",), "exit", "rank reports, status and metrics written"),
+    ("save", ("save",), None, "new compile artifacts copied to the volume"),
 ]
+ABOVE_S = 0.02  # a row this much slower than the floor says why
+OTHER_WHY = "in no phase: the launcher between phases, the interpreter's start and end"
 
 
 def phase_vs_floor(
     warm: dict[str, float], warm_s: float, floor: dict[str, float], floor_s: float
-) -> dict[str, dict[str, float]]:
+) -> dict[str, dict[str, Any]]:
     """Warm run and floor side by side, phase by phase, in seconds; ``other`` is what no
-    phase holds, ``total`` each command's wall time."""
+    phase holds, ``total`` each command's wall time. A row above the floor by more than
+    ``ABOVE_S`` says why (``why``)."""
     rows = list(VS_FLOOR)
-    listed = {name for _, names, _ in rows for name in names}
-    rows += [(name, (name,), None) for name in warm if name not in listed]  # a newer phase
+    listed = {name for _, names, _, _ in rows for name in names}
+    rows += [(name, (name,), None, "") for name in warm if name not in listed]  # a newer phase
     table: dict[str, tuple[float, float]] = {}
-    for row, names, floor_name in rows:
+    whys = {row: why for row, _, _, why in rows} | {"other": OTHER_WHY}
+    for row, names, floor_name, _ in rows:
         table[row] = (sum(warm.get(n, 0.0) for n in names), floor.get(floor_name or "", 0.0))
     counted = [v for row, v in table.items() if row not in OVERLAPPING]
     table["other"] = (
@@ -204,17 +229,24 @@ def phase_vs_floor(
         max(0.0, floor_s - sum(f for _, f in counted)),
     )
     table["total"] = (warm_s, floor_s)
-    return {
-        row: {"warm_s": round(w, 4), "floor_s": round(f, 4), "warm_minus_floor_s": round(w - f, 4)}
-        for row, (w, f) in table.items()
-    }
+    result: dict[str, dict[str, Any]] = {}
+    for row, (w, f) in table.items():
+        result[row] = {
+            "warm_s": round(w, 4),
+            "floor_s": round(f, 4),
+            "warm_minus_floor_s": round(w - f, 4),
+        }
+        if w - f > ABOVE_S and whys.get(row):
+            result[row]["why"] = whys[row]
+    return result
 
 
-def vs_floor_lines(rows: dict[str, dict[str, float]]) -> list[str]:
-    lines = [f"{'phase':<14} {'warm s':>8} {'floor s':>8} {'warm - floor':>12}"]
+def vs_floor_lines(rows: dict[str, dict[str, Any]]) -> list[str]:
+    lines = [f"{'phase':<14} {'warm s':>8} {'floor s':>8} {'warm - floor':>12}  why (if above)"]
     for row, v in rows.items():
         lines.append(
             f"{row:<14} {v['warm_s']:8.2f} {v['floor_s']:8.2f} {v['warm_minus_floor_s']:12.2f}"
+            + (f"  {v['why']}" if "why" in v else "")
         )
     return [*lines, f"({', '.join(OVERLAPPING)}: beside rank_start, not in other or total)"]
 

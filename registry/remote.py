@@ -14,7 +14,11 @@ is too big, no entry, or not the entry of its slot is skipped with one warning.
 
 Outages: every call has socket timeouts and no retries of its own. A call that fails
 logs one warning for the outage, then the tier is skipped (no network) for
-``retry_after_s`` and tried again; the local tier works alone meanwhile.
+``retry_after_s`` and tried again; the local tier works alone meanwhile. Two calls do
+not wait for the skip to end: a lookup that decides whether to tune (``now=True``: one
+call against minutes of tuning) and :meth:`RemoteTier.flush`. An entry not published
+while the tier was down is kept and published once it answers again, or by ``flush``
+at the end of a run.
 """
 
 from __future__ import annotations
@@ -75,6 +79,7 @@ class RemoteTier:
         self._retry_at = 0.0  # monotonic: calls are skipped until then
         self._down_since: float | None = None
         self._warned: set[tuple[str, str]] = set()
+        self._unpublished: dict[tuple[str, str], Entry] = {}  # (slot, field) -> newest
         try:
             self.client: Any = redis.Redis.from_url(
                 url,
@@ -103,15 +108,18 @@ class RemoteTier:
         key: Mapping[str, Any],
         fingerprint: Fingerprint,
         policy: MatchPolicy = MatchPolicy.EXACT,
+        *,
+        now: bool = False,
     ) -> Entry | None:
         """The entry for ``kernel`` at ``key`` valid for ``fingerprint``, or None (a miss,
-        a bad value, or the tier down). Never raises."""
+        a bad value, or the tier down). ``now``: asked even while the tier is skipped
+        after a failure. Never raises."""
         try:
             key_json = canonical_key(key)
         except RegistryError as e:
             log.warning("remote tier: no lookup of %s: %s", kernel, e)
             return None
-        if not self._ready():
+        if not now and not self._ready():
             return None
         try:
             found = self._fetch(slot_name(kernel, key_json), fingerprint, policy)
@@ -159,16 +167,54 @@ class RemoteTier:
     # ---- writing -------------------------------------------------------------------
 
     def publish(self, entry: Entry) -> bool:
-        """Merge ``entry`` into its field; True when the server holds it. Never raises."""
+        """Merge ``entry`` into its field; True when the server holds it. One that the
+        tier, down, did not take is kept for later (:meth:`flush`). Never raises."""
         if not self._ready():
+            self._keep_back(entry)
             return False
         try:
             stored = self._publish(entry)
         except Exception as e:
             self._failed(e)
+            self._keep_back(entry)
             return False
         self._answered()
         return stored
+
+    def flush(self) -> int:
+        """Publish the entries kept back during an outage, now (even while the tier is
+        skipped); the number still unpublished, warned about. Never raises."""
+        if self._unpublished:
+            self._retry_at = 0.0
+            self._publish_kept()
+        if self._unpublished:
+            log.warning(
+                "remote tier %s: %d tuned entries not published (it did not answer); they "
+                "are in this pod's local tier, and the next run publishes them as it tunes",
+                self.describe(),
+                len(self._unpublished),
+            )
+        return len(self._unpublished)
+
+    @property
+    def unpublished(self) -> int:
+        return len(self._unpublished)
+
+    def _keep_back(self, entry: Entry) -> None:
+        """The newest entry of its field (the local store's merge of all before it)."""
+        self._unpublished[(slot_name(entry.kernel, entry.key_json), entry.fingerprint.digest())] = (
+            entry
+        )
+
+    def _publish_kept(self) -> None:
+        """Publish the kept-back entries until one fails (the tier is down again)."""
+        for field, entry in list(self._unpublished.items()):
+            try:
+                self._publish(entry)
+            except Exception as e:
+                self._failed(e)
+                return
+            del self._unpublished[field]
 
     def _publish(self, entry: Entry) -> bool:
         name, field = slot_name(entry.kernel, entry.key_json), entry.fingerprint.digest()
@@ -256,6 +302,8 @@ class RemoteTier:
             down = time.monotonic() - self._down_since
             log.info("registry remote tier %s answers again after %.1f s", self.describe(), down)
             self._down_since = None
+        if self._unpublished:
+            self._publish_kept()
 
     @contextlib.contextmanager
     def _unless_wrong_type(self, name: str) -> Iterator[None]:

@@ -40,15 +40,18 @@ class TieredStore:
         key: Mapping[str, Any],
         fingerprint: Fingerprint,
         policy: MatchPolicy = MatchPolicy.EXACT,
+        *,
+        remote_now: bool = False,
     ) -> tuple[Entry, Tier] | None:
         """The entry for ``kernel`` at ``key`` valid for ``fingerprint`` and the tier it
-        came from, or None (a miss in both)."""
+        came from, or None (a miss in both). ``remote_now``: ask the remote tier even
+        while it is skipped after a failure (before a tuning that it may spare)."""
         found = self.local.lookup(kernel, key, fingerprint, policy)
         if found is not None:
             return found, "local"
         if self.remote is None:
             return None
-        fetched = self.remote.fetch(kernel, key, fingerprint, policy)
+        fetched = self.remote.fetch(kernel, key, fingerprint, policy, now=remote_now)
         if fetched is None:
             return None
         return self._keep(fetched), "remote"

@@ -119,6 +119,13 @@ class RunMetrics:
             ["phase"],
             registry=r,
         )
+        self.unlocked = Counter(
+            "triton_warmup_unlocked_tunings",
+            "Shapes tuned without the fleet lock, because its server did not answer for "
+            "TRITON_WARMUP_LOCK_OUTAGE_S (another pod may have tuned them too).",
+            ["kernel"],
+            registry=r,
+        )
         self.remote_calls = Counter(
             "triton_warmup_remote_tier_calls",
             "Calls to the registry's remote tier: hit, miss, published, error, skipped "
@@ -147,6 +154,8 @@ class RunMetrics:
                 self.lock_wait_seconds.observe(shape.lock_wait_s)
             if shape.source == "fallback":
                 self.fallbacks.labels(kernel).inc()
+            if shape.unlocked and shape.rank == 0:
+                self.unlocked.labels(kernel).inc()
 
     def record_run(
         self,

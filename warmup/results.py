@@ -55,6 +55,7 @@ class ShapeResult(_Record):
     compile_seconds: float | None = None  # a stored config's first launch and check
     benchmark_runs: int = 0
     lock_wait_s: float = 0.0
+    unlocked: bool = False  # tuned without the fleet lock: its server did not answer
     error: str | None = None
 
     @property

@@ -43,6 +43,18 @@ class Settings(BaseSettings):
     )
     lock_ttl_s: float = Field(60.0, gt=0)
     lock_timeout_s: float = Field(1800.0, ge=0)
+    lock_outage_s: float = Field(
+        30.0,
+        ge=0,
+        description="a lock server that stops answering during a run: after this many "
+        "seconds, shapes are tuned without the fleet lock (a warning and a metric)",
+    )
+    compile_workers: int | None = Field(
+        None,
+        ge=1,
+        description="forked compilers per rank while tuning; None: the CPUs the container "
+        "may use (its cgroup limit and affinity), shared by its ranks",
+    )
     rank_timeout_s: float = Field(300.0, gt=0, description="a silent rank fails the run after")
     run_timeout_s: float = Field(3600.0, gt=0, description="the whole run, all ranks")
     world_size: int | None = Field(None, ge=1, le=8, description="None: from the manifest")

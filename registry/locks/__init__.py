@@ -204,6 +204,7 @@ def lock(
     ttl: float = DEFAULT_TTL,
     timeout: float = DEFAULT_TIMEOUT,
     backend: LockBackend | None = None,
+    outage_s: float | None = None,
 ) -> Iterator[Holder]:
     """Hold the lock ``name`` for the ``with`` block.
 
@@ -211,23 +212,27 @@ def lock(
     live holder renews it by heartbeat. ``timeout``: how long to wait before raising
     :class:`LockTimeout`, which names the holder. Waiters log the holder every few seconds.
     A lock server that does not answer is retried until ``timeout``; if it never
-    answered, :class:`LockServerUnreachable` says so. Yields this holder: check
-    ``holder.lost`` before work that only one holder should do.
+    answered, :class:`LockServerUnreachable` says so. ``outage_s``: raise it sooner, once
+    the server has not answered for that many seconds in a row. Yields this holder:
+    check ``holder.lost`` before work that only one holder should do.
     """
-    if ttl <= 0 or timeout < 0:
-        raise RegistryError(f"Lock '{name}': ttl {ttl!r} must be > 0 and timeout {timeout!r} >= 0.")
+    if ttl <= 0 or timeout < 0 or (outage_s is not None and outage_s < 0):
+        raise RegistryError(
+            f"Lock '{name}': ttl {ttl!r} must be > 0, timeout {timeout!r} and "
+            f"outage_s {outage_s!r} >= 0."
+        )
     backend = backend or default_backend()
-    handle = _wait_for(backend, name, ttl, timeout)
+    handle = _wait_for(backend, name, ttl, timeout, math.inf if outage_s is None else outage_s)
     try:
         yield handle.holder
     finally:
         backend.release(handle)
 
 
-def _wait_for(backend: LockBackend, name: str, ttl: float, timeout: float) -> Held:
+def _wait_for(backend: LockBackend, name: str, ttl: float, timeout: float, outage_s: float) -> Held:
     start = time.monotonic()
     deadline = start + timeout
-    outage = _Outage(name)
+    outage = _Outage(name, backend.describe())
     while True:
         wait = max(0.0, min(WAIT_LOG_INTERVAL, deadline - time.monotonic()))
         try:
@@ -235,6 +240,8 @@ def _wait_for(backend: LockBackend, name: str, ttl: float, timeout: float) -> He
             holder = backend.holder(name) if handle is None else None
         except LockServerUnreachable as e:
             outage.failed(e, start)
+            if outage.lasted() >= outage_s:
+                raise e from None
             if time.monotonic() >= deadline:
                 raise outage.give_up(timeout) from None
             left = deadline - time.monotonic()
@@ -254,22 +261,27 @@ def _wait_for(backend: LockBackend, name: str, ttl: float, timeout: float) -> He
         )
 
 
-class _Outage:
-    """A waiter's view of its lock server: failed calls in a row, logged every
-    ``WAIT_LOG_INTERVAL`` at most, and whether the server ever answered."""
+_OUTAGE_LOGGED: dict[str, float] = {}  # lock server -> when a waiter last logged it down
 
-    def __init__(self, name: str) -> None:
-        self.name = name
+
+class _Outage:
+    """A waiter's view of its lock server: failed calls in a row, since when, and whether
+    the server ever answered. Logged every ``WAIT_LOG_INTERVAL`` at most per server, by
+    all waiters together (a run that tries many locks while the server is down)."""
+
+    def __init__(self, name: str, where: str) -> None:
+        self.name, self.where = name, where
         self.failures = 0
+        self.since: float | None = None  # monotonic, the first of the failures in a row
         self.answered = False
         self.error: LockServerUnreachable | None = None
-        self._logged = -math.inf
 
     def failed(self, error: LockServerUnreachable, start: float) -> None:
         self.failures, self.error = self.failures + 1, error
         now = time.monotonic()
-        if now - self._logged >= WAIT_LOG_INTERVAL:
-            self._logged = now
+        self.since = now if self.since is None else self.since
+        if now - _OUTAGE_LOGGED.get(self.where, -math.inf) >= WAIT_LOG_INTERVAL:
+            _OUTAGE_LOGGED[self.where] = now
             log.warning(
                 "waiting for lock %s: %s; retrying (%d tries, %.0f s waited)",
                 self.name,
@@ -278,10 +290,15 @@ class _Outage:
                 now - start,
             )
 
+    def lasted(self) -> float:
+        """Seconds since the first of the failures in a row (0 while it answers)."""
+        return 0.0 if self.since is None else time.monotonic() - self.since
+
     def over(self) -> None:
         if self.failures:
             log.info("lock %s: the lock server answers again", self.name)
-        self.failures, self.answered = 0, True
+            _OUTAGE_LOGGED.pop(self.where, None)
+        self.failures, self.since, self.answered = 0, None, True
 
     def give_up(self, timeout: float) -> RegistryError:
         assert self.error is not None

@@ -27,6 +27,20 @@ PREFIX = "triton-warmup:lock:"
 POLL_S = 0.05  # a waiter's pause between tries while the lock is held
 RENEWALS_PER_TTL = 10  # renewed every ttl/10: a 6 s lease outlives a 4 s outage
 IO_TIMEOUT_CAP_S = 2.0
+ETERNAL = -1  # PTTL of a key without an expiry
+# A lock key's remaining ms and its value (nil unless a string); one without an expiry
+# is deleted in the same step, so a holder's key (always set with one) is never touched.
+LOOK = """
+local ttl = redis.call('pttl', KEYS[1])
+if ttl == -1 then
+  redis.call('del', KEYS[1])
+  return {ttl, false}
+end
+if redis.call('type', KEYS[1]).ok ~= 'string' then
+  return {ttl, false}
+end
+return {ttl, redis.call('get', KEYS[1])}
+"""
 
 
 def io_timeout(ttl: float) -> float:
@@ -58,6 +72,7 @@ class RedisLockBackend:
         self._clients: dict[float, Any] = {}
         self._unanswered: dict[str, tuple[Holder, float]] = {}  # name -> (SET value, sent at)
         self.client = self._client(IO_TIMEOUT_CAP_S)
+        self._look = self.client.register_script(LOOK)
 
     def describe(self) -> str:
         return f"redis at {redacted(self.url)}"
@@ -122,8 +137,19 @@ class RedisLockBackend:
             )
 
     def holder(self, name: str) -> Holder | None:
+        """Who holds ``name``; None for a value that names nobody. A key without an
+        expiry is deleted first: every lock this backend sets expires, so such a key was
+        put there by hand or by something else, and would block the lock for ever."""
         with self._reaching():
-            return Holder.parse(self.client.get(PREFIX + name))
+            ttl, value = self._look(keys=[PREFIX + name])
+        if ttl == ETERNAL:
+            log.warning(
+                "lock %s: deleted a key without an expiry at %s (not a lock this tool sets)",
+                name,
+                PREFIX + name,
+            )
+            return None
+        return Holder.parse(value)
 
     def _client(self, timeout: float) -> Any:
         """One client per socket timeout, without redis-py's own retries."""

@@ -213,3 +213,33 @@ def test_a_redis_password_is_never_shown():
         pass
     assert "s3cret" not in str(info.value) and "s3cret" not in backend.describe()
     assert ":***@127.0.0.1" in str(info.value)
+
+
+@pytest.mark.parametrize("squatter", ["hash", "string"])
+def test_a_key_without_an_expiry_does_not_block_the_lock_for_ever(redis_url, squatter, caplog):
+    # Every lock sets an expiry; a key without one (set by hand, or a wrong type) would
+    # never end: it is deleted, with a warning, and the lock taken.
+    backend = backend_from_url(redis_url)
+    key = "triton-warmup:lock:squatted"
+    backend.client.delete(key)
+    if squatter == "hash":
+        backend.client.hset(key, "a", "b")
+    else:
+        backend.client.set(key, "not a holder")
+    with (
+        caplog.at_level(logging.WARNING, logger="registry.locks"),
+        lock("squatted", ttl=2, timeout=2, backend=backend),
+    ):
+        assert backend.client.pttl(key) > 0  # ours now, with its expiry
+    assert any("without an expiry" in r.getMessage() for r in caplog.records)
+
+
+def test_a_foreign_key_with_an_expiry_is_waited_for_like_a_holder(redis_url):
+    backend = backend_from_url(redis_url)
+    key = "triton-warmup:lock:leased"
+    backend.client.hset(key, "a", "b")
+    backend.client.pexpire(key, 60_000)
+    with pytest.raises(LockTimeout), lock("leased", ttl=2, timeout=0.3, backend=backend):
+        pass
+    assert backend.client.type(key) == b"hash"  # left alone: it ends by itself
+    backend.client.delete(key)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from registry import LockTimeout, RegistryError, Store, lock
+from registry import LockTimeout, RegistryError, Store, lock, locks
 from registry.locks import Holder, backend_from_url
 from registry.locks.redis_lock import PREFIX
 from tests.conftest import error_line, free_port, write_manifest
@@ -240,6 +240,30 @@ def test_a_waiter_retries_an_unreachable_redis_until_its_timeout_then_names_it(c
     assert 1.0 <= waited < 3.0  # retried until its own timeout, not raised at once
     retries = [r for r in caplog.records if "unreachable" in r.getMessage()]
     assert 1 <= len(retries) <= 2  # logged, rate-limited
+
+
+def test_outage_s_gives_up_on_a_silent_server_before_the_timeout():
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    started = time.monotonic()
+    with (
+        pytest.raises(RegistryError, match="Connection refused"),
+        lock("nowhere", ttl=2, timeout=30, outage_s=0.5, backend=backend_from_url(url)),
+    ):
+        pass
+    assert 0.5 <= time.monotonic() - started < 3
+
+
+def test_many_tries_during_one_outage_log_it_once_per_interval(caplog, monkeypatch):
+    monkeypatch.setattr(locks, "_OUTAGE_LOGGED", {})  # no earlier test's log of this port
+    backend = backend_from_url(f"redis://127.0.0.1:{free_port()}/0")
+    with caplog.at_level(logging.WARNING, logger="registry.locks"):
+        for i in range(20):  # a run trying one shape after another
+            with (
+                pytest.raises(RegistryError),
+                lock(f"shape-{i}", ttl=2, timeout=0, backend=backend),
+            ):
+                pass
+    assert len([r for r in caplog.records if "unreachable" in r.getMessage()]) == 1
 
 
 def test_a_waiter_keeps_waiting_through_an_outage_and_acquires_after_it(redis, proxy):

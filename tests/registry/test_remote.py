@@ -163,6 +163,54 @@ def test_an_outage_is_one_warning_then_skipped_until_the_retry(proxy, make_entry
     assert "answers again" in recovered
 
 
+def test_entries_not_published_during_an_outage_are_published_when_it_answers(
+    proxy, server, make_entry, h200
+):
+    tier = RemoteTier(proxy.url, timeout_s=0.5, retry_after_s=RETRY_S)
+    proxy.down()
+    first = make_entry()
+    other = make_entry(8)
+    assert not tier.publish(first)  # the call fails
+    assert not tier.publish(other)  # skipped
+    merged = first.merge(make_entry(block_m=256, created="2026-01-02T00:00:00+00:00"))
+    assert not tier.publish(merged)  # the newest of a field replaces the one kept back
+    assert tier.unpublished == 2
+    proxy.up()
+    time.sleep(RETRY_S)
+    assert tier.fetch("ag_gemm", {**KEY, "M": 16}, h200) is None  # it answers: published
+    assert tier.unpublished == 0
+    reader = RemoteTier(server.url)
+    assert reader.fetch("ag_gemm", KEY, h200) == merged
+    assert reader.fetch("ag_gemm", {**KEY, "M": 8}, h200) == other
+
+
+def test_flush_publishes_what_was_kept_back_without_waiting_for_the_retry(
+    proxy, server, make_entry, h200, caplog
+):
+    tier = RemoteTier(proxy.url, timeout_s=0.5, retry_after_s=600)
+    proxy.down()
+    entry = make_entry()
+    assert not tier.publish(entry)
+    with caplog.at_level(logging.WARNING, logger="registry.remote"):
+        assert tier.flush() == 1  # still down: warned, kept
+    assert "1 tuned entries not published" in caplog.text
+    proxy.up()
+    assert not tier.up and tier.flush() == 0  # the end of a run: tried now, published
+    assert RemoteTier(server.url).fetch("ag_gemm", KEY, h200) == entry
+
+
+def test_a_lookup_asked_now_is_made_inside_the_skip(proxy, server, make_entry, h200):
+    # before a tuning: another pod may have published the entry during the blip
+    tier = RemoteTier(proxy.url, timeout_s=0.5, retry_after_s=600)
+    proxy.down()
+    assert tier.fetch("ag_gemm", KEY, h200) is None and not tier.up
+    proxy.up()
+    entry = make_entry()
+    RemoteTier(server.url).publish(entry)
+    assert tier.fetch("ag_gemm", KEY, h200) is None  # skipped
+    assert tier.fetch("ag_gemm", KEY, h200, now=True) == entry
+
+
 @pytest.mark.parametrize("call", ["fetch", "publish"])
 def test_a_hung_server_stalls_a_call_no_longer_than_the_timeout(proxy, make_entry, h200, call):
     entry = make_entry()

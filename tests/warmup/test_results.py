@@ -31,6 +31,8 @@ def test_metrics_count_each_kind_of_result_from_its_fields():
             shape("registry", compile_seconds=0.1),
             shape("bundle", compile_seconds=0.1),
             shape("tuned", seconds=2.0),
+            shape("tuned", seconds=2.0, unlocked=True),  # rank 0's row counts
+            shape("tuned", seconds=2.0, unlocked=True, rank=1),
             shape("fallback"),
             shape("user"),
             shape("user", error="RuntimeError: boom"),
@@ -41,7 +43,8 @@ def test_metrics_count_each_kind_of_result_from_its_fields():
     found = counts(metrics)
     assert found[("triton_warmup_cache_hits_total", "registry")] == 2
     assert found[("triton_warmup_cache_hits_total", "bundle")] == 1
-    assert found[("triton_warmup_cache_misses_total", "")] == 2  # tuned and fallback only
+    assert found[("triton_warmup_cache_misses_total", "")] == 4  # tuned and fallback only
+    assert found[("triton_warmup_unlocked_tunings_total", "")] == 1
     assert found[("triton_warmup_user_shapes_total", "")] == 2
     assert found[("triton_warmup_failed_shapes_total", "")] == 3
     assert found[("triton_warmup_fallbacks_total", "")] == 1

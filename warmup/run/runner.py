@@ -101,6 +101,7 @@ def warm_rank(
     report.seconds = time.perf_counter() - started
     report.phases = dict(clock.seconds)
     if store.remote is not None:
+        store.remote.flush()  # what an outage held back
         report.remote = RemoteCounts.model_validate(dataclasses.asdict(store.remote.stats))
     return report
 
@@ -170,9 +171,11 @@ def _tuner(
         match=settings.match_policy,
         lock_ttl_s=settings.lock_ttl_s,
         lock_timeout_s=settings.lock_timeout_s,
+        lock_outage_s=settings.lock_outage_s,
         rank_timeout_s=settings.rank_timeout_s,
         cache_dir=settings.cache_dir,
         parallel_compile=device.type == "cuda",
+        compile_workers=settings.compile_workers,
     )
     return Tuner(
         store,
@@ -207,6 +210,7 @@ def _warm_settled(settled: Settled, from_bundles: set[str], clock: PhaseClock) -
         seconds=outcome.seconds,
         benchmark_runs=outcome.benchmark_runs,
         lock_wait_s=outcome.lock_wait_s + settled.deferred_s,
+        unlocked=outcome.unlocked,
     )
     if outcome.source == "tuned":  # tuning launched and checked it already
         return result

@@ -17,7 +17,6 @@ Where fork is unavailable the pool is skipped and the warm-up compiles in-proces
 from __future__ import annotations
 
 import multiprocessing
-import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from registry import triton_internals
+from warmup.tuning.cpus import usable_cpus
 
 
 @dataclass
@@ -59,7 +59,8 @@ def compile_all(
     specializations: Iterable[str], *, workers: int | None = None, target: Any = None
 ) -> PoolReport:
     """Compile captured specialisations in forked workers into TRITON_CACHE_DIR, for
-    ``target`` (default: this process's GPU)."""
+    ``target`` (default: this process's GPU); ``workers`` (default: the CPUs this
+    process may use, ``warmup.tuning.cpus``) at most, one per specialisation."""
     specs = list(dict.fromkeys(specializations))
     report = PoolReport(specializations=len(specs))
     if not specs:
@@ -68,7 +69,7 @@ def compile_all(
         return report  # the in-process warm-up will compile them
     if target is None:
         target = triton_internals.current_target()
-    report.workers = max(1, min(len(specs), workers or os.cpu_count() or 1))
+    report.workers = max(1, min(len(specs), workers or usable_cpus()))
     started = time.perf_counter()
     context = multiprocessing.get_context("fork")
     with ProcessPoolExecutor(max_workers=report.workers, mp_context=context) as pool:

@@ -9,12 +9,14 @@ Pods that start together on one registry take the missing shapes between them:
                  missing and its lock held by another pod -> defer it
     second pass  the deferred shapes, round after round: each is found (stored by the
                  pod that held its lock), or its lock is free again (its holder died and
-                 the lease expired: this pod tunes it), or it is deferred again;
+                 the lease expired: this pod tunes it), or its lock server has not
+                 answered for ``lock_outage_s`` (this pod tunes it without the lock),
+                 or it is deferred again;
                  a shape deferred longer than the lock timeout fails as a timeout would
 
 A deferred shape's task drops its inputs while it waits (``drop_inputs``) and makes
 them again once it is settled, to be warmed or tuned (``remake_inputs``; the tuner makes
-them before it tunes): a pod that defers many shapes holds the memory of none of them.
+them before it tunes): a pod that defers many shapes holds none of their inputs.
 
 Pods that take shapes in the same order still spread: each skips the shapes the others
 hold, so N pods that start together tune about 1/N of the work each.

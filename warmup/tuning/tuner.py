@@ -44,6 +44,7 @@ from registry.locks import LockBackend, LockServerUnreachable
 from registry.tiered import TieredStore
 from warmup.run.lockstep import Lockstep, RankFailure
 from warmup.tuning import compile_pool
+from warmup.tuning.cpus import usable_cpus
 from warmup.tuning.search import HalvingPlan, SearchResult, successive_halving, summarize
 from warmup.tuning.timing import Timer
 
@@ -118,6 +119,7 @@ class TuneOptions:
     plan: HalvingPlan = field(default_factory=HalvingPlan)
     lock_ttl_s: float = 60.0
     lock_timeout_s: float = 1800.0
+    lock_outage_s: float = 30.0  # a lock server silent this long: tune without the lock
     rank_timeout_s: float = 300.0
     parallel_compile: bool = True
     compile_workers: int | None = None
@@ -134,6 +136,16 @@ class TunerStats:
     fallbacks: int = 0
     tuning_seconds: float = 0.0
     lock_wait_seconds: float = 0.0
+    unlocked: int = 0  # shapes tuned without the fleet lock: its server did not answer
+
+
+@dataclass(frozen=True)
+class Taken:
+    """The fleet lock, taken after ``waited`` seconds; or not (``locked`` False): its
+    server did not answer, and the shape is tuned all the same."""
+
+    waited: float
+    locked: bool = True
 
 
 @dataclass(frozen=True)
@@ -155,6 +167,7 @@ class TuneOutcome:
     pool: compile_pool.PoolReport | None = None
     cache_files_added_while_timing: int | None = None
     notes: list[str] = field(default_factory=list)
+    unlocked: bool = False  # tuned without the fleet lock (its server did not answer)
 
 
 class Tuner:
@@ -178,6 +191,7 @@ class Tuner:
         self.lock_backend = lock_backend
         self.options = options or TuneOptions()
         self.stats = stats or TunerStats()
+        self._unreachable_since: float | None = None  # rank 0: the lock server's silence
 
     # ---- the registry flow ---------------------------------------------------------
 
@@ -190,7 +204,8 @@ class Tuner:
 
     def try_get(self, task: TuneTask, *, give_up_at: float = math.inf) -> TuneOutcome | Deferred:
         """As :meth:`get`, except that a lock another pod holds (or a lock server that
-        does not answer) is not waited for: :class:`Deferred`, to try again later. Once
+        has not answered for ``lock_outage_s`` yet) is not waited for: :class:`Deferred`,
+        to try again later. Once
         ``time.monotonic()`` passes ``give_up_at`` (rank 0's clock decides), a lock not
         taken fails the shape as :meth:`get`'s timeout would."""
         return self._get(task, give_up_at)
@@ -224,16 +239,17 @@ class Tuner:
                 fingerprint,
                 what="lookup under lock",
                 timeout_s=self.options.lock_timeout_s + self.options.rank_timeout_s,
+                remote_now=True,  # a pod elsewhere may have stored it during a blip
             )
             if again is not None:  # tuned by another pod while we waited
                 self.stats.hits += 1
                 entry, source = again
                 seconds = time.perf_counter() - started
-                return TuneOutcome(entry.best, source, entry, seconds, lock_wait_s=taken)
+                return TuneOutcome(entry.best, source, entry, seconds, lock_wait_s=taken.waited)
             self.stats.misses += 1
             remake_inputs(task)  # a shape put aside (warmup.tuning.sharing), tuned at last
             outcome = self.tune(task)
-            outcome.lock_wait_s = taken
+            outcome.lock_wait_s, outcome.unlocked = taken.waited, not taken.locked
             outcome.entry = self._store(task, fingerprint, key, outcome, started)
         outcome.seconds = time.perf_counter() - started
         self.stats.tuned += 1
@@ -248,12 +264,15 @@ class Tuner:
         *,
         what: str,
         timeout_s: float | None = None,
+        remote_now: bool = False,
     ) -> tuple[Entry, Found] | None:
         """Rank 0 looks (the local tier, then the remote one); every rank follows its
         answer (never mismatched collectives)."""
 
         def look() -> dict[str, Any] | None:
-            located = self.store.locate(task.kernel, key, fingerprint, self.options.match)
+            located = self.store.locate(
+                task.kernel, key, fingerprint, self.options.match, remote_now=remote_now
+            )
             if located is None:
                 return None
             entry, tier = located
@@ -306,42 +325,80 @@ class Tuner:
         kernel: str,
         key: Mapping[str, Any],
         give_up_at: float | None,
-    ) -> float | Deferred:
+    ) -> Taken | Deferred:
         """Rank 0 takes the fleet lock: the seconds waited, or :class:`Deferred` when
         another pod holds it and ``give_up_at`` is still ahead (then nothing is waited
-        for). A lock it cannot get (timeout, a lock server gone) fails this shape on
-        every rank alike, so the next collective still matches."""
+        for). A lock server that has not answered for ``lock_outage_s`` does not stop
+        the warmup: the shape is tuned without the lock (another pod may tune it too;
+        locks are for efficiency, the registry merges both). A lock it cannot get
+        otherwise (held past the timeout) fails this shape on every rank alike, so the
+        next collective still matches."""
         started = time.perf_counter()
         waits = give_up_at is None
 
-        def take() -> str | None:
+        def take() -> dict[str, str]:
             name = f"tune/{kernel}/{json.dumps(key, sort_keys=True)}"
             timeout = self.options.lock_timeout_s if waits else 0.0
             try:
                 taken = lock(
-                    name, ttl=self.options.lock_ttl_s, timeout=timeout, backend=self.lock_backend
+                    name,
+                    ttl=self.options.lock_ttl_s,
+                    timeout=timeout,
+                    backend=self.lock_backend,
+                    outage_s=max(0.0, self.options.lock_outage_s - self._silent_s()),
                 )
                 held.enter_context(taken)
-            except (LockTimeout, LockServerUnreachable) as e:
-                if give_up_at is None:
+            except LockServerUnreachable as e:
+                self._unreachable_since = self._unreachable_since or time.monotonic()
+                if waits or self._silent_s() >= self.options.lock_outage_s:
+                    return {"unlocked": str(e)}
+                return self._not_taken(e, give_up_at)
+            except LockTimeout as e:
+                self._unreachable_since = None  # it answered: someone holds the lock
+                if waits:
                     raise
-                if time.monotonic() >= give_up_at:
-                    waited = self.options.lock_timeout_s
-                    raise RegistryError(f"lock not taken in {waited:g} s of waiting: {e}") from e
-                return str(e)
-            return None
+                return self._not_taken(e, give_up_at)
+            self._unreachable_since = None
+            return {}
 
-        deferred = self._on_leader(
+        decided = self._on_leader(
             take,
             what="lock outcome",
             failed=f"{kernel} at {dict(key)}",
-            timeout_s=self.options.lock_timeout_s + self.options.rank_timeout_s,
+            timeout_s=self.options.lock_timeout_s
+            + self.options.lock_outage_s
+            + self.options.rank_timeout_s,
         )
-        if deferred is not None:
-            return Deferred(deferred)
+        if "deferred" in decided:
+            return Deferred(decided["deferred"])
         waited = time.perf_counter() - started
         self.stats.lock_wait_seconds += waited
-        return waited
+        if "unlocked" in decided:
+            if self.lockstep.leader:
+                log.warning(
+                    "%s at %s: tuning without the fleet lock (%s for %.0f s); another pod "
+                    "may tune it too, and the registry keeps both",
+                    kernel,
+                    dict(key),
+                    decided["unlocked"],
+                    self._silent_s(),
+                )
+            self.stats.unlocked += 1
+            return Taken(waited, locked=False)
+        return Taken(waited)
+
+    def _silent_s(self) -> float:
+        """Seconds since the lock server last failed to answer, in a row (0: it answers)."""
+        since = self._unreachable_since
+        return 0.0 if since is None else time.monotonic() - since
+
+    def _not_taken(self, error: RegistryError, give_up_at: float | None) -> dict[str, str]:
+        """A lock not taken now: come back later, or fail once ``give_up_at`` passed."""
+        assert give_up_at is not None
+        if time.monotonic() >= give_up_at:
+            waited = self.options.lock_timeout_s
+            raise RegistryError(f"lock not taken in {waited:g} s of waiting: {error}") from error
+        return {"deferred": str(error)}
 
     def _store(
         self,
@@ -451,7 +508,7 @@ class Tuner:
             try:
                 report = compile_pool.precompile(
                     [functools.partial(task.warmup, c) for c in candidates],
-                    workers=self.options.compile_workers,
+                    workers=self._compile_workers(),
                 )
             except Exception as e:  # no driver (CPU), no fork: the warm-ups below compile
                 log.debug("parallel compile skipped: %s", e)
@@ -459,6 +516,13 @@ class Tuner:
             with contextlib.suppress(Exception):  # a failure is scored when it is measured
                 task.warmup(config)
         return report
+
+    def _compile_workers(self) -> int:
+        """The pool's size on this rank: as set, else the CPUs the pod may use, shared
+        by its ranks (which all compile at once)."""
+        if self.options.compile_workers:
+            return self.options.compile_workers
+        return max(1, usable_cpus() // self.lockstep.world)
 
     def _measure_fn(
         self, task: TuneTask, failures: dict[KernelConfig, str]

@@ -429,16 +429,19 @@ def test_warm_in_process_says_running_while_it_warms(tmp_path, monkeypatch):
 def test_a_remote_tier_that_never_answers_costs_a_warning_not_the_warmup(tmp_path):
     """Nothing listens at the remote tier's URL: every shape is tuned and stored on the
     volume, the run is ready, and the status and metrics count the failed and skipped
-    calls (one call fails, the rest are skipped while the tier is down)."""
+    calls: while the tier is down, calls are skipped, except the lookup before each
+    tuning (it may spare one) and the publish of what was held back, at the end."""
     from tests.conftest import free_port
 
     settings = settings_for(tmp_path, remote_url=f"redis://127.0.0.1:{free_port()}/0")
     status = run(settings, load_manifest(DEMO))
     assert status.ready and status.sources == {"tuned": 6}
-    assert status.remote is not None and status.remote.errors == 1
-    assert status.remote.skipped >= 2 and status.remote.hits == 0
-    assert len(Store(settings.paths.registry)) == 3
+    shapes = 3
+    assert status.remote is not None and status.remote.errors == 1 + shapes + 1
+    # the other first lookups, and every publish (held back for the end)
+    assert status.remote.skipped == (shapes - 1) + shapes and status.remote.hits == 0
+    assert len(Store(settings.paths.registry)) == shapes
     found = samples(settings.metrics_path)
-    assert found[("triton_warmup_remote_tier_calls_total", (("result", "error"),))] == 1.0
+    assert found[("triton_warmup_remote_tier_calls_total", (("result", "error"),))] == 5.0
     assert set(status.phases) >= {"imports", "restore", "rank_start", "setup", "tune", "save"}
     assert sum(status.phases.values()) - status.phases["restore"] <= status.duration_s + 0.5

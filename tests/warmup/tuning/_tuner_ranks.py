@@ -17,7 +17,7 @@ from registry import Entry, KernelConfig, Store, cpu_fingerprint
 from registry.locks import backend_from_url
 from tests.warmup.tuning.fakes import FakeTask, fake_timer
 from warmup.run.lockstep import Lockstep, RankFailure
-from warmup.tuning.tuner import TuneError, TuneOptions, Tuner
+from warmup.tuning.tuner import TuneOptions, Tuner
 
 
 def make_tuner(task: FakeTask, store_root: Path, work: Path, lockstep: Lockstep) -> Tuner:
@@ -83,20 +83,25 @@ def killed(world: int, rank: int, work: Path) -> dict[str, object]:
 
 
 def lock_server_gone(world: int, rank: int, work: Path) -> dict[str, object]:
-    # Rank 0's lock server does not answer: the shape fails on every rank alike, and the
-    # next shape (tuned under a working lock) still runs in lockstep.
+    # Rank 0's lock server does not answer: after lock_outage_s every rank tunes the shape
+    # without the lock, in lockstep, and the next shape (under a working lock) too.
     lockstep = Lockstep(dist.group.WORLD, timeout_s=15)
-    gone = make_tuner(FakeTask({16: 1.0}), work / "registry", work, lockstep)
+    task = FakeTask({16: 1.0, 32: 0.5}, m=32)
+    gone = make_tuner(task, work / "registry", work, lockstep)
     gone.lock_backend = backend_from_url("redis://127.0.0.1:1/0")
-    gone.options = TuneOptions(rank_timeout_s=15, lock_timeout_s=1)
-    try:
-        gone.get(FakeTask({16: 1.0}))
-        error = None
-    except TuneError as e:
-        error = str(e)
+    gone.options = TuneOptions(rank_timeout_s=15, lock_timeout_s=60, lock_outage_s=0.5)
+    started = time.monotonic()
+    outcome = gone.get(task)
+    seconds = time.monotonic() - started
     task = FakeTask({16: 1.0, 32: 0.5}, m=64)
-    outcome = make_tuner(task, work / "registry", work, lockstep).get(task)
-    return {"rank": rank, "failed": error, "next": outcome.source}
+    after = make_tuner(task, work / "registry", work, lockstep).get(task)
+    return {
+        "rank": rank,
+        "gone": outcome.source,
+        "unlocked": outcome.unlocked,
+        "seconds": seconds,
+        "next": after.source,
+    }
 
 
 def same_key(world: int, rank: int, work: Path) -> dict[str, object]:

@@ -156,3 +156,18 @@ def test_any_failure_of_the_lock_or_store_is_a_failed_shape(tmp_path, monkeypatc
         monkeypatch.setattr(tuner.store.local, where, broken)  # under the remote tier
     with pytest.raises(TuneError, match="No space left on device"):  # once: an OSError
         tuner.get(task)
+
+
+@pytest.mark.parametrize(
+    ("cpus", "world", "set_to", "workers"),
+    [(16, 1, None, 16), (16, 4, None, 4), (6, 4, None, 1), (2, 8, None, 1), (16, 4, 3, 3)],
+)
+def test_the_compile_pool_shares_the_pods_cpus_among_its_ranks(
+    tmp_path, monkeypatch, cpus, world, set_to, workers
+):
+    # every rank of a pod compiles at once: W pools of the node's count would fork W
+    # times the CPUs the container may use
+    monkeypatch.setattr("warmup.tuning.tuner.usable_cpus", lambda: cpus)
+    tuner = tuner_for(FakeTask({16: 1.0}), tmp_path, compile_workers=set_to)
+    monkeypatch.setattr(tuner.lockstep, "world", world)
+    assert tuner._compile_workers() == workers
