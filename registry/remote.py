@@ -207,7 +207,8 @@ class RemoteTier:
         )
 
     def _publish_kept(self) -> None:
-        """Publish the kept-back entries until one fails (the tier is down again)."""
+        """Publish the kept-back entries until one fails (the tier is down again); the
+        tier is up again once they all went."""
         for field, entry in list(self._unpublished.items()):
             try:
                 self._publish(entry)
@@ -215,6 +216,8 @@ class RemoteTier:
                 self._failed(e)
                 return
             del self._unpublished[field]
+            if not self._unpublished:
+                self._answered()
 
     def _publish(self, entry: Entry) -> bool:
         name, field = slot_name(entry.kernel, entry.key_json), entry.fingerprint.digest()
@@ -298,6 +301,7 @@ class RemoteTier:
         )
 
     def _answered(self) -> None:
+        self._retry_at = 0.0  # up: a call made inside the skip (``now``, ``flush``) answered
         if self._down_since is not None:
             down = time.monotonic() - self._down_since
             log.info("registry remote tier %s answers again after %.1f s", self.describe(), down)

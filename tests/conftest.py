@@ -177,6 +177,16 @@ def h200() -> Fingerprint:
     return gpu_fingerprint()
 
 
+@pytest.fixture(autouse=True)
+def _lock_servers_never_seen(monkeypatch):
+    """Every test starts with no lock server known to be silent or logged as down (the
+    locks module keeps both per process, by server: a port reused by a later test)."""
+    from registry import locks
+
+    monkeypatch.setattr(locks, "_OUTAGE_LOGGED", {})
+    monkeypatch.setattr(locks, "_SILENT_SINCE", {})
+
+
 @pytest.fixture(scope="session")
 def make_entry() -> Callable[..., Entry]:
     def make(

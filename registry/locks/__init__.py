@@ -213,7 +213,8 @@ def lock(
     :class:`LockTimeout`, which names the holder. Waiters log the holder every few seconds.
     A lock server that does not answer is retried until ``timeout``; if it never
     answered, :class:`LockServerUnreachable` says so. ``outage_s``: raise it sooner, once
-    the server has not answered for that many seconds in a row. Yields this holder:
+    the server has not answered this process for that many seconds in a row
+    (:func:`silent_for`, earlier calls included). Yields this holder:
     check ``holder.lost`` before work that only one holder should do.
     """
     if ttl <= 0 or timeout < 0 or (outage_s is not None and outage_s < 0):
@@ -261,25 +262,34 @@ def _wait_for(backend: LockBackend, name: str, ttl: float, timeout: float, outag
         )
 
 
-_OUTAGE_LOGGED: dict[str, float] = {}  # lock server -> when a waiter last logged it down
+# Per lock server (``LockBackend.describe()``), shared by every waiter of this process:
+_OUTAGE_LOGGED: dict[str, float] = {}  # when a waiter last logged it down (monotonic)
+_SILENT_SINCE: dict[str, float] = {}  # the first failed call since it last answered
+
+
+def silent_for(backend: LockBackend | None) -> float:
+    """Seconds the lock server has not answered this process, in a row, whichever lock
+    was asked (0 while it answers)."""
+    since = _SILENT_SINCE.get((backend or default_backend()).describe())
+    return 0.0 if since is None else time.monotonic() - since
 
 
 class _Outage:
-    """A waiter's view of its lock server: failed calls in a row, since when, and whether
-    the server ever answered. Logged every ``WAIT_LOG_INTERVAL`` at most per server, by
-    all waiters together (a run that tries many locks while the server is down)."""
+    """A waiter's view of its lock server: failed calls in a row, and whether the server
+    ever answered. The silence is timed per server (:func:`silent_for`), and logged every
+    ``WAIT_LOG_INTERVAL`` at most per server, by all waiters together (a run that tries
+    many locks while the server is down)."""
 
     def __init__(self, name: str, where: str) -> None:
         self.name, self.where = name, where
         self.failures = 0
-        self.since: float | None = None  # monotonic, the first of the failures in a row
         self.answered = False
         self.error: LockServerUnreachable | None = None
 
     def failed(self, error: LockServerUnreachable, start: float) -> None:
         self.failures, self.error = self.failures + 1, error
         now = time.monotonic()
-        self.since = now if self.since is None else self.since
+        _SILENT_SINCE.setdefault(self.where, now)
         if now - _OUTAGE_LOGGED.get(self.where, -math.inf) >= WAIT_LOG_INTERVAL:
             _OUTAGE_LOGGED[self.where] = now
             log.warning(
@@ -291,14 +301,16 @@ class _Outage:
             )
 
     def lasted(self) -> float:
-        """Seconds since the first of the failures in a row (0 while it answers)."""
-        return 0.0 if self.since is None else time.monotonic() - self.since
+        """Seconds since the server last answered anyone in this process (0: it does)."""
+        since = _SILENT_SINCE.get(self.where)
+        return 0.0 if since is None else time.monotonic() - since
 
     def over(self) -> None:
         if self.failures:
             log.info("lock %s: the lock server answers again", self.name)
-            _OUTAGE_LOGGED.pop(self.where, None)
-        self.failures, self.since, self.answered = 0, None, True
+        _OUTAGE_LOGGED.pop(self.where, None)
+        _SILENT_SINCE.pop(self.where, None)
+        self.failures, self.answered = 0, True
 
     def give_up(self, timeout: float) -> RegistryError:
         assert self.error is not None
@@ -316,4 +328,5 @@ __all__ = [
     "check_backend",
     "default_backend",
     "lock",
+    "silent_for",
 ]

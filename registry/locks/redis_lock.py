@@ -31,6 +31,7 @@ ETERNAL = -1  # PTTL of a key without an expiry
 # A lock key's remaining ms and its value (nil unless a string); one without an expiry
 # is deleted in the same step, so a holder's key (always set with one) is never touched.
 LOOK = """
+redis.replicate_commands()
 local ttl = redis.call('pttl', KEYS[1])
 if ttl == -1 then
   redis.call('del', KEYS[1])

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from registry import LockTimeout, RegistryError, Store, lock, locks
+from registry import LockTimeout, RegistryError, Store, lock
 from registry.locks import Holder, backend_from_url
 from registry.locks.redis_lock import PREFIX
 from tests.conftest import error_line, free_port, write_manifest
@@ -254,7 +254,6 @@ def test_outage_s_gives_up_on_a_silent_server_before_the_timeout():
 
 
 def test_many_tries_during_one_outage_log_it_once_per_interval(caplog, monkeypatch):
-    monkeypatch.setattr(locks, "_OUTAGE_LOGGED", {})  # no earlier test's log of this port
     backend = backend_from_url(f"redis://127.0.0.1:{free_port()}/0")
     with caplog.at_level(logging.WARNING, logger="registry.locks"):
         for i in range(20):  # a run trying one shape after another

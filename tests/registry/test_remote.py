@@ -197,6 +197,12 @@ def test_flush_publishes_what_was_kept_back_without_waiting_for_the_retry(
     proxy.up()
     assert not tier.up and tier.flush() == 0  # the end of a run: tried now, published
     assert RemoteTier(server.url).fetch("ag_gemm", KEY, h200) == entry
+    assert tier.up
+    proxy.down()  # a later outage is warned about again
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="registry.remote"):
+        assert tier.fetch("ag_gemm", KEY, h200) is None
+    assert "unreachable" in caplog.text
 
 
 def test_a_lookup_asked_now_is_made_inside_the_skip(proxy, server, make_entry, h200):
@@ -209,6 +215,7 @@ def test_a_lookup_asked_now_is_made_inside_the_skip(proxy, server, make_entry, h
     RemoteTier(server.url).publish(entry)
     assert tier.fetch("ag_gemm", KEY, h200) is None  # skipped
     assert tier.fetch("ag_gemm", KEY, h200, now=True) == entry
+    assert tier.up and tier.publish(make_entry(8))  # it answered: no longer skipped
 
 
 @pytest.mark.parametrize("call", ["fetch", "publish"])

@@ -13,7 +13,6 @@ the run, in the registry).
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import logging
 import sys
 import time
@@ -132,29 +131,28 @@ def _kernel_jobs(
     group: Any,
     device: torch.device,
 ) -> Iterator[Job]:
-    """The entries' shapes as jobs, the costliest first across all entries, made lazily
-    (workspace and inputs when the first pass reaches them): each entry's own in its
-    pod order (:func:`take_order`), merged by cost; equal costs keep the entries' order.
-    Every rank merges the same costs the same way, so their collectives match."""
-    streams = [
-        _entry_jobs(entry, first, tuner, fraction, group, device)
-        for (entry, first), tuner in zip(entries, tuners, strict=True)
+    """The entries' shapes as jobs, the costliest first across all entries: each
+    entry's own in its pod order (:func:`take_order`), equal costs in the entries'
+    order. A job's task (its workspace and inputs) is made when the first pass reaches
+    it, by its entry's ``tasks``, which see the entry's shapes in that entry's order.
+    Every rank plans the same order from the same costs, so their collectives match."""
+    planned: list[tuple[float, int, int]] = []  # (cost, entry, place), costliest first
+    shapes: list[list[dict[str, int]]] = []  # each entry's, in the order its jobs come
+    for i, (entry, first) in enumerate(entries):
+        estimate = kernels.adapter_for(entry.kernel).tuning_cost
+        costed = [(estimate(s), place, s) for place, s in enumerate(entry.expand(), first)]
+        order = take_order(costed, fraction, cost=lambda item: item[0])
+        planned += [(c, i, place) for c, place, _ in order]
+        shapes.append([shape for _, _, shape in order])
+    planned.sort(key=lambda job: -job[0])  # stable: equal costs keep the entries' order
+    streams = [  # generators: nothing is made before the first next()
+        kernels.adapter_for(entry.kernel).tasks(
+            shapes[i], dtype=entry.dtype, group=group, device=device
+        )
+        for i, (entry, _) in enumerate(entries)
     ]
-    return heapq.merge(*streams, key=lambda job: -job.cost)
-
-
-def _entry_jobs(
-    entry: ManifestEntry, first: int, tuner: Tuner, fraction: float, group: Any, device: Any
-) -> Iterator[Job]:
-    """One entry's jobs in this pod's order, each with the manifest place of its shape."""
-    adapter = kernels.adapter_for(entry.kernel)
-    placed = list(enumerate(entry.expand(), start=first))
-    order = take_order(placed, fraction, cost=lambda item: adapter.tuning_cost(item[1]))
-    tasks = adapter.tasks(
-        [shape for _, shape in order], dtype=entry.dtype, group=group, device=device
-    )
-    for (place, shape), task in zip(order, tasks, strict=True):
-        yield Job(task, tuner, place=place, cost=adapter.tuning_cost(shape))
+    for cost, i, place in planned:
+        yield Job(next(streams[i]), tuners[i], place=place, cost=cost)
 
 
 def _tuner(

@@ -40,7 +40,7 @@ from registry import (
     lock,
 )
 from registry.fingerprint import Fingerprint
-from registry.locks import LockBackend, LockServerUnreachable
+from registry.locks import LockBackend, LockServerUnreachable, silent_for
 from registry.tiered import TieredStore
 from warmup.run.lockstep import Lockstep, RankFailure
 from warmup.tuning import compile_pool
@@ -141,11 +141,15 @@ class TunerStats:
 
 @dataclass(frozen=True)
 class Taken:
-    """The fleet lock, taken after ``waited`` seconds; or not (``locked`` False): its
-    server did not answer, and the shape is tuned all the same."""
+    """The fleet lock, taken after ``waited`` seconds; or not, when its server did not
+    answer (``unreachable`` says how): the shape is tuned all the same."""
 
     waited: float
-    locked: bool = True
+    unreachable: str | None = None
+
+    @property
+    def locked(self) -> bool:
+        return self.unreachable is None
 
 
 @dataclass(frozen=True)
@@ -191,7 +195,6 @@ class Tuner:
         self.lock_backend = lock_backend
         self.options = options or TuneOptions()
         self.stats = stats or TunerStats()
-        self._unreachable_since: float | None = None  # rank 0: the lock server's silence
 
     # ---- the registry flow ---------------------------------------------------------
 
@@ -247,6 +250,8 @@ class Tuner:
                 seconds = time.perf_counter() - started
                 return TuneOutcome(entry.best, source, entry, seconds, lock_wait_s=taken.waited)
             self.stats.misses += 1
+            if taken.unreachable is not None:
+                self._tuning_unlocked(task, key, taken.unreachable)
             remake_inputs(task)  # a shape put aside (warmup.tuning.sharing), tuned at last
             outcome = self.tune(task)
             outcome.lock_wait_s, outcome.unlocked = taken.waited, not taken.locked
@@ -326,13 +331,13 @@ class Tuner:
         key: Mapping[str, Any],
         give_up_at: float | None,
     ) -> Taken | Deferred:
-        """Rank 0 takes the fleet lock: the seconds waited, or :class:`Deferred` when
-        another pod holds it and ``give_up_at`` is still ahead (then nothing is waited
-        for). A lock server that has not answered for ``lock_outage_s`` does not stop
-        the warmup: the shape is tuned without the lock (another pod may tune it too;
-        locks are for efficiency, the registry merges both). A lock it cannot get
-        otherwise (held past the timeout) fails this shape on every rank alike, so the
-        next collective still matches."""
+        """Rank 0 takes the fleet lock (:class:`Taken`), or :class:`Deferred` when another
+        pod holds it and ``give_up_at`` is still ahead (then nothing is waited for). A
+        lock server that has not answered for ``lock_outage_s`` does not stop the warmup:
+        the shape is tuned without the lock (``Taken.locked`` False; another pod may
+        tune it too; locks are for efficiency, the registry merges both). A lock held by
+        another past the timeout fails this shape on every rank alike, so the next
+        collective still matches."""
         started = time.perf_counter()
         waits = give_up_at is None
 
@@ -345,60 +350,47 @@ class Tuner:
                     ttl=self.options.lock_ttl_s,
                     timeout=timeout,
                     backend=self.lock_backend,
-                    outage_s=max(0.0, self.options.lock_outage_s - self._silent_s()),
+                    outage_s=self.options.lock_outage_s,
                 )
                 held.enter_context(taken)
             except LockServerUnreachable as e:
-                self._unreachable_since = self._unreachable_since or time.monotonic()
-                if waits or self._silent_s() >= self.options.lock_outage_s:
-                    return {"unlocked": str(e)}
-                return self._not_taken(e, give_up_at)
+                silent = silent_for(self.lock_backend)
+                over = give_up_at is not None and time.monotonic() >= give_up_at
+                if waits or over or silent >= self.options.lock_outage_s:
+                    return {"unlocked": f"{e} for {silent:.0f} s"}
+                return {"deferred": str(e)}
             except LockTimeout as e:
-                self._unreachable_since = None  # it answered: someone holds the lock
                 if waits:
                     raise
-                return self._not_taken(e, give_up_at)
-            self._unreachable_since = None
+                if give_up_at is not None and time.monotonic() >= give_up_at:
+                    waited = self.options.lock_timeout_s
+                    raise RegistryError(f"lock not taken in {waited:g} s of waiting: {e}") from e
+                return {"deferred": str(e)}
             return {}
 
         decided = self._on_leader(
             take,
             what="lock outcome",
             failed=f"{kernel} at {dict(key)}",
-            timeout_s=self.options.lock_timeout_s
-            + self.options.lock_outage_s
-            + self.options.rank_timeout_s,
+            timeout_s=self.options.lock_timeout_s + self.options.rank_timeout_s,
         )
         if "deferred" in decided:
             return Deferred(decided["deferred"])
         waited = time.perf_counter() - started
         self.stats.lock_wait_seconds += waited
-        if "unlocked" in decided:
-            if self.lockstep.leader:
-                log.warning(
-                    "%s at %s: tuning without the fleet lock (%s for %.0f s); another pod "
-                    "may tune it too, and the registry keeps both",
-                    kernel,
-                    dict(key),
-                    decided["unlocked"],
-                    self._silent_s(),
-                )
-            self.stats.unlocked += 1
-            return Taken(waited, locked=False)
-        return Taken(waited)
+        return Taken(waited, unreachable=decided.get("unlocked"))
 
-    def _silent_s(self) -> float:
-        """Seconds since the lock server last failed to answer, in a row (0: it answers)."""
-        since = self._unreachable_since
-        return 0.0 if since is None else time.monotonic() - since
-
-    def _not_taken(self, error: RegistryError, give_up_at: float | None) -> dict[str, str]:
-        """A lock not taken now: come back later, or fail once ``give_up_at`` passed."""
-        assert give_up_at is not None
-        if time.monotonic() >= give_up_at:
-            waited = self.options.lock_timeout_s
-            raise RegistryError(f"lock not taken in {waited:g} s of waiting: {error}") from error
-        return {"deferred": str(error)}
+    def _tuning_unlocked(self, task: TuneTask, key: Mapping[str, Any], why: str) -> None:
+        """Say that a shape is tuned without the fleet lock, and count it."""
+        self.stats.unlocked += 1
+        if self.lockstep.leader:
+            log.warning(
+                "%s at %s: tuning without the fleet lock (%s); another pod may tune it "
+                "too, and the registry keeps both",
+                task.kernel,
+                dict(key),
+                why,
+            )
 
     def _store(
         self,

@@ -125,3 +125,25 @@ def test_kernel_shapes_are_taken_costliest_first_across_entries(fraction):
     assert taken[-1] == (8, 0)
     assert [job.cost for job in jobs] == sorted((job.cost for job in jobs), reverse=True)
     assert jobs[0].cost == 2.0 * 64 * 8 * 8
+
+
+def test_a_jobs_task_is_made_only_when_the_pass_reaches_it(monkeypatch):
+    # inputs and workspaces of every entry made up front would hold them all at once
+    from kernels import matmul
+
+    made: list[int] = []
+    real = matmul.MatmulAdapter.tasks
+
+    def counting(self, shapes, **kwargs):
+        for task in real(self, shapes, **kwargs):
+            made.append(task.key()["M"])
+            yield task
+
+    monkeypatch.setattr(matmul.MatmulAdapter, "tasks", counting)
+    entries = _placed(parse_manifest(ORDER_MANIFEST).entries_for(1))
+    kernel_entries = [(e, first) for e, first in entries if not e.is_user_function]
+    jobs = _kernel_jobs(kernel_entries, [None, None], 0.0, None, torch.device("cpu"))  # type: ignore[list-item]
+    assert made == []
+    first = next(jobs)
+    assert made == [64] and first.task.key()["M"] == 64
+    assert [job.task.key()["M"] for job in jobs] == [32, 16, 16, 8] and len(made) == 5

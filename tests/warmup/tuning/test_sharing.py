@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from registry import Entry, KernelConfig, Store, cpu_fingerprint, lock, locks
+from registry import Entry, KernelConfig, Store, cpu_fingerprint, lock
 from registry.locks import backend_from_url
 from tests.conftest import DEMO, ROOT, env_without_interpreter, free_port
 from tests.registry.test_redis_outage import proxy, redis  # noqa: F401  (fixtures)
@@ -156,7 +156,6 @@ def test_a_lock_server_gone_mid_run_delays_its_shapes_then_they_are_tuned_unlock
     # Put aside while the server may come back, then tuned without the lock: never failed,
     # never a wait of lock_timeout_s; one warning per outage interval, not one per try.
     monkeypatch.setattr(sharing, "POLL_CAP_S", 0.05)
-    monkeypatch.setattr(locks, "_OUTAGE_LOGGED", {})  # no earlier test's log of this port
     jobs = [_redis_job(tmp_path, m, proxy.url, outage_s=1.0) for m in (64, 128, 256)]
     settled, started = [], time.monotonic()
     with caplog.at_level(logging.WARNING):
@@ -176,11 +175,25 @@ def test_a_lock_server_gone_mid_run_delays_its_shapes_then_they_are_tuned_unlock
 
 
 def test_a_waiting_get_tunes_unlocked_once_the_server_was_silent_for_the_outage(tmp_path):
-    job = _redis_job(tmp_path, 64, f"redis://127.0.0.1:{free_port()}/0", outage_s=0.5)
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    first, second = (_redis_job(tmp_path, m, url, outage_s=1.0) for m in (64, 128))
     started = time.monotonic()
-    outcome = job.tuner.get(job.task)  # lock_timeout_s is 60: not waited out
+    outcome = first.tuner.get(first.task)  # lock_timeout_s is 60: not waited out
     assert outcome.source == "tuned" and outcome.unlocked
-    assert 0.5 <= time.monotonic() - started < 5
+    assert 1.0 <= time.monotonic() - started < 5
+    started = time.monotonic()  # the server's silence is timed once, for every tuner
+    outcome = second.tuner.get(second.task)
+    assert outcome.source == "tuned" and outcome.unlocked
+    assert time.monotonic() - started < 0.5
+    assert (first.tuner.stats.unlocked, second.tuner.stats.unlocked) == (1, 1)
+
+
+def test_a_silent_lock_server_never_fails_a_shape_even_past_the_lock_timeout(tmp_path, monkeypatch):
+    monkeypatch.setattr(sharing, "POLL_CAP_S", 0.05)
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    jobs = [_redis_job(tmp_path, m, url, outage_s=3.0) for m in (64, 128)]
+    settled = list(warm_shared(jobs, lock_timeout_s=0.5))  # shorter than the outage
+    assert [(s.error, s.outcome and s.outcome.unlocked) for s in settled] == [(None, True)] * 2
 
 
 # ---- fleets of pods --------------------------------------------------------------------
