@@ -47,13 +47,13 @@ def main() -> None:
         store = TieredStore(Store(work / "volume" / "registry"))
         locks = backend_from_url(str(work / "volume" / "locks"))
     # killed: pod 0 takes the first shape and is killed mid-tuning, holding its lock, a
-    # second after pod 1 started on the same shape list and found that lock held
+    # second after the other pods started on the same shape list and found that lock held
     killed = scenario == "killed"
     dies = killed and pod == 0
     fraction = start_fraction(lockstep)
     if killed:
         fraction = 0.0
-        time.sleep(0.4 if pod == 1 else 0.0)
+        time.sleep(0.0 if dies else 0.4)
     jobs = []
     for m in rotated(SHAPES, fraction):
         task = FakeTask({16: 1.0, 32: 0.5, 64: 0.7}, m=m, sleep_s=1.0 if dies else 0.05)
