@@ -33,6 +33,14 @@ def gemm_flops(shape: Mapping[str, int]) -> float:
     return 2.0 * shape["M"] * shape["N"] * shape["K"]
 
 
+def as_meta(*tensors: Any) -> tuple[Any, ...]:
+    """Placeholders of ``tensors`` that hold no memory, only their shapes and dtypes (a
+    task's inputs while it waits: ``drop_inputs``)."""
+    import torch
+
+    return tuple(torch.empty_like(t, device="meta") for t in tensors)
+
+
 def torch_dtype(name: str) -> Any:
     """The torch dtype a dtype name stands for (imports torch)."""
     import torch

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from kernels import ag_gemm_workspace as workspace
-from kernels.adapter import LaunchPlan, Layer, gemm_flops, torch_dtype
+from kernels.adapter import LaunchPlan, Layer, as_meta, gemm_flops, torch_dtype
 from kernels.ag_gemm_workspace import (
     DTYPES,
     AgGemmContext,
@@ -576,8 +576,7 @@ class AgGemmTask:
         (``warmup.tuning.sharing``): only their shapes stay, for the key."""
         if self.inputs is None:
             return
-        self.a_shard = torch.empty_like(self.a_shard, device="meta")
-        self.b = torch.empty_like(self.b, device="meta")
+        self.a_shard, self.b = as_meta(self.a_shard, self.b)
         self.out = self._expected = None
 
     def remake_inputs(self) -> None:

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.adapter import LaunchPlan, Layer, gemm_flops, torch_dtype
+from kernels.adapter import LaunchPlan, Layer, as_meta, gemm_flops, torch_dtype
 from registry import KernelConfig, triton_internals
 
 NAME = "matmul"
@@ -174,8 +174,7 @@ class MatmulTask:
         (``warmup.tuning.sharing``): only their shapes stay, for the key."""
         if self.inputs is None:
             return
-        self.a = torch.empty_like(self.a, device="meta")
-        self.b = torch.empty_like(self.b, device="meta")
+        self.a, self.b = as_meta(self.a, self.b)
         self.out = self._expected = None
 
     def remake_inputs(self) -> None:

@@ -241,7 +241,7 @@ def _wait_for(backend: LockBackend, name: str, ttl: float, timeout: float, outag
             holder = backend.holder(name) if handle is None else None
         except LockServerUnreachable as e:
             outage.failed(e, start)
-            if outage.lasted() >= outage_s:
+            if _silent_s(outage.where) >= outage_s:
                 raise e from None
             if time.monotonic() >= deadline:
                 raise outage.give_up(timeout) from None
@@ -270,7 +270,11 @@ _SILENT_SINCE: dict[str, float] = {}  # the first failed call since it last answ
 def silent_for(backend: LockBackend | None) -> float:
     """Seconds the lock server has not answered this process, in a row, whichever lock
     was asked (0 while it answers)."""
-    since = _SILENT_SINCE.get((backend or default_backend()).describe())
+    return _silent_s((backend or default_backend()).describe())
+
+
+def _silent_s(where: str) -> float:
+    since = _SILENT_SINCE.get(where)
     return 0.0 if since is None else time.monotonic() - since
 
 
@@ -299,11 +303,6 @@ class _Outage:
                 self.failures,
                 now - start,
             )
-
-    def lasted(self) -> float:
-        """Seconds since the server last answered anyone in this process (0: it does)."""
-        since = _SILENT_SINCE.get(self.where)
-        return 0.0 if since is None else time.monotonic() - since
 
     def over(self) -> None:
         if self.failures:

@@ -136,20 +136,19 @@ def _kernel_jobs(
     order. A job's task (its workspace and inputs) is made when the first pass reaches
     it, by its entry's ``tasks``, which see the entry's shapes in that entry's order.
     Every rank plans the same order from the same costs, so their collectives match."""
+    adapters = [kernels.adapter_for(entry.kernel) for entry, _ in entries]
     planned: list[tuple[float, int, int]] = []  # (cost, entry, place), costliest first
     shapes: list[list[dict[str, int]]] = []  # each entry's, in the order its jobs come
     for i, (entry, first) in enumerate(entries):
-        estimate = kernels.adapter_for(entry.kernel).tuning_cost
+        estimate = adapters[i].tuning_cost
         costed = [(estimate(s), place, s) for place, s in enumerate(entry.expand(), first)]
         order = take_order(costed, fraction, cost=lambda item: item[0])
         planned += [(c, i, place) for c, place, _ in order]
         shapes.append([shape for _, _, shape in order])
     planned.sort(key=lambda job: -job[0])  # stable: equal costs keep the entries' order
     streams = [  # generators: nothing is made before the first next()
-        kernels.adapter_for(entry.kernel).tasks(
-            shapes[i], dtype=entry.dtype, group=group, device=device
-        )
-        for i, (entry, _) in enumerate(entries)
+        adapter.tasks(shapes[i], dtype=entry.dtype, group=group, device=device)
+        for i, (adapter, (entry, _)) in enumerate(zip(adapters, entries, strict=True))
     ]
     for cost, i, place in planned:
         yield Job(next(streams[i]), tuners[i], place=place, cost=cost)

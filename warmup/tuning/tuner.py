@@ -145,11 +145,7 @@ class Taken:
     answer (``unreachable`` says how): the shape is tuned all the same."""
 
     waited: float
-    unreachable: str | None = None
-
-    @property
-    def locked(self) -> bool:
-        return self.unreachable is None
+    unreachable: str | None = None  # None: locked
 
 
 @dataclass(frozen=True)
@@ -254,7 +250,7 @@ class Tuner:
                 self._tuning_unlocked(task, key, taken.unreachable)
             remake_inputs(task)  # a shape put aside (warmup.tuning.sharing), tuned at last
             outcome = self.tune(task)
-            outcome.lock_wait_s, outcome.unlocked = taken.waited, not taken.locked
+            outcome.lock_wait_s, outcome.unlocked = taken.waited, taken.unreachable is not None
             outcome.entry = self._store(task, fingerprint, key, outcome, started)
         outcome.seconds = time.perf_counter() - started
         self.stats.tuned += 1
@@ -334,7 +330,7 @@ class Tuner:
         """Rank 0 takes the fleet lock (:class:`Taken`), or :class:`Deferred` when another
         pod holds it and ``give_up_at`` is still ahead (then nothing is waited for). A
         lock server that has not answered for ``lock_outage_s`` does not stop the warmup:
-        the shape is tuned without the lock (``Taken.locked`` False; another pod may
+        the shape is tuned without the lock (``Taken.unreachable``; another pod may
         tune it too; locks are for efficiency, the registry merges both). A lock held by
         another past the timeout fails this shape on every rank alike, so the next
         collective still matches."""
