@@ -42,12 +42,14 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from bench import targets
 from kernels import ag_gemm
 from registry import KernelConfig, Store, cpu_fingerprint
 
@@ -536,6 +538,11 @@ def main() -> None:
     if rank == 0:
         print(table(result["rows"], world, gpu), flush=True)
         print(fused_table(result["rows"]), flush=True)
+        verdicts = targets.ag_gemm(result)
+        print(targets.table(verdicts), flush=True)
+        if args.out:
+            result["targets"] = [asdict(v) for v in verdicts]
+            args.out.write_text(json.dumps(result, indent=2))
     dist.barrier()
     dist.destroy_process_group()
 

@@ -34,11 +34,14 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import triton
 import triton.language as tl
+
+from bench import targets
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = "qkv=1536x4096,up=7168x4096"  # name=N per rank x K
@@ -448,9 +451,12 @@ def drive(args: argparse.Namespace) -> None:
         "date": time.strftime("%Y-%m-%d"),
         **_versions(),
     }
+    verdicts = targets.serving(results)
+    results["targets"] = [asdict(v) for v in verdicts]
     if args.out:
         args.out.write_text(json.dumps(results, indent=2))
     print(table(results))
+    print(targets.table(verdicts))
 
 
 def _passed(args: argparse.Namespace) -> list[str]:

@@ -1,0 +1,246 @@
+"""The issues' targets, judged from the benches' result files: met, missed, or not measured.
+
+    PYTHONPATH=. python bench/targets.py ag_gemm.json serving.json fleet-4x1.json ...
+
+Reads what ``bench/ag_gemm.py``, ``bench/serving.py`` and ``bench/fleet.py`` write to
+``--out`` (the kind is told by the file's content) and prints one markdown table per file:
+target, the measured figures (per shape where the target is per shape), met or not. A
+target none of whose shapes was measured (no row in its range, a column the run did not
+time) is "not measured", never met. Exits 1 if a file cannot be judged. The AllGather-GEMM
+and serving benches print the same tables at the end of a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+FUSED = "best fused_pull"  # the fused algorithm's best config, as bench/ag_gemm.py names it
+TUNED_OVER_BASELINE = 0.98  # [2.4]: tuned op >= 0.98x NCCL + cuBLAS at every shape
+FLOOR_LARGE = 1.05  # [2.5]: fused <= 1.05x the floor at >= 4096 rows
+FLOOR_MEDIUM = 1.15  # [2.5]: fused <= 1.15x the floor at 1024-4095 rows
+GRAPH_FROM_ROWS = 256  # [2.5]: graph-replayed fused >= 1.0x the graph-replayed baseline
+FIRST_OVER_STEADY = 2.0  # [2.7]: a served first call <= 2x its M's steady latency
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One target against one run: ``met`` is None where nothing was measured."""
+
+    target: str
+    measured: str
+    met: bool | None
+    misses: tuple[str, ...] = ()  # the shapes or modes that missed, named
+
+    def cell(self) -> str:
+        return "not measured" if self.met is None else "met" if self.met else "**missed**"
+
+
+def _shape(row: dict[str, Any]) -> str:
+    return "x".join(map(str, row["shape"]))
+
+
+def _per_shape(
+    target: str,
+    rows: Iterable[dict[str, Any]],
+    value: Callable[[dict[str, Any]], float | None],
+    ok: Callable[[float], bool],
+    label: Callable[[dict[str, Any]], str] = lambda r: "",
+) -> Verdict:
+    """A per-shape target: every measured shape must pass; shapes without the figure are
+    named as not measured, and make the verdict None only if no shape has it."""
+    seen, misses, lacking = [], [], []
+    for row in rows:
+        figure = value(row)
+        if figure is None:
+            lacking.append(_shape(row))
+            continue
+        seen.append(f"{_shape(row)} {figure:.3f}{label(row)}")
+        if not ok(figure):
+            misses.append(_shape(row))
+    measured = "; ".join(seen) if seen else "-"
+    if lacking:
+        measured += f" (not measured: {', '.join(lacking)})"
+    met = None if not seen else not misses
+    return Verdict(target, measured, met, tuple(misses))
+
+
+def _ratio(row: dict[str, Any], over: str, under: str) -> float | None:
+    """``row["us"][over] / row["us"][under]``, or None where either was not timed."""
+    times = row.get("us", {})
+    if over not in times or under not in times or not times[under]:
+        return None
+    return float(times[over]) / float(times[under])
+
+
+def _floor(row: dict[str, Any]) -> float | None:
+    times = row.get("us", {})
+    if "cublas" not in times or "allgather" not in times:
+        return None
+    return max(float(times["cublas"]), float(times["allgather"]))
+
+
+def _fused_over_floor(row: dict[str, Any]) -> float | None:
+    floor, fused = _floor(row), row.get("us", {}).get(FUSED)
+    return None if floor is None or fused is None else float(fused) / floor
+
+
+def ag_gemm(result: dict[str, Any]) -> list[Verdict]:
+    """[2.4] and [2.5] on one ``bench/ag_gemm.py`` run (M counts every rank's rows)."""
+    rows = result["rows"]
+    large = [r for r in rows if r["shape"][0] >= 4096]
+    medium = [r for r in rows if 1024 <= r["shape"][0] < 4096]
+    graphed = [r for r in rows if r["shape"][0] >= GRAPH_FROM_ROWS]
+    return [
+        _per_shape(
+            f"[2.4] tuned op >= {TUNED_OVER_BASELINE}x NCCL + cuBLAS at every shape",
+            rows,
+            lambda r: _ratio(r, "nccl_cublas", "tuned"),
+            lambda x: x >= TUNED_OVER_BASELINE,
+            label=lambda r: f" ({r.get('algorithm', '?')})",
+        ),
+        _per_shape(
+            f"[2.5] fused <= {FLOOR_LARGE}x the floor at >= 4096 rows",
+            large,
+            _fused_over_floor,
+            lambda x: x <= FLOOR_LARGE,
+        ),
+        _per_shape(
+            f"[2.5] fused <= {FLOOR_MEDIUM}x the floor at 1024-4095 rows",
+            medium,
+            _fused_over_floor,
+            lambda x: x <= FLOOR_MEDIUM,
+        ),
+        _per_shape(
+            f"[2.5] graph-replayed fused >= 1.0x the graph-replayed baseline from "
+            f"{GRAPH_FROM_ROWS} rows",
+            graphed,
+            lambda r: _ratio(r, "graph nccl_cublas", "graph fused"),
+            lambda x: x >= 1.0,
+        ),
+        _per_shape(
+            "[2.5] fused faster than torch's fused op at every shape",
+            rows,
+            lambda r: _ratio(r, "torch_fused", FUSED),
+            lambda x: x > 1.0,
+        ),
+    ]
+
+
+def serving(result: dict[str, Any]) -> list[Verdict]:
+    """[2.7] item 2 on one ``bench/serving.py`` run: the served trace's compiles and first
+    calls (the noise floor, repeat calls of an M already seen, is given beside them)."""
+    serve = result["serve"]
+    compiles = serve.get("compiles_during_trace")
+    first, repeat = serve["first_over_steady"], serve.get("repeat_over_steady", {})
+    distinct = serve.get("distinct_m", "?")
+    noise = (
+        f"; repeat calls over 2x (noise floor): {repeat['over_2x']} of {repeat['calls']}"
+        if repeat
+        else ""
+    )
+    return [
+        Verdict(
+            "[2.7] zero compiles over the served trace",
+            f"{compiles} compiles, {serve.get('cache_files_added_during_trace', '?')} "
+            "cache files added",
+            None if compiles is None else compiles == 0,
+        ),
+        Verdict(
+            f"[2.7] first call <= {FIRST_OVER_STEADY}x steady",
+            f"first / steady p50 {first['median']:.2f}, p99 {first['p99']:.2f}, "
+            f"max {first['max']:.2f}; {first['over_2x']} of {distinct} first calls over 2x" + noise,
+            first["max"] <= FIRST_OVER_STEADY,
+        ),
+    ]
+
+
+def fleet(result: dict[str, Any]) -> list[Verdict]:
+    """[2.6]/[2.7] on one ``bench/fleet.py`` run, two verdicts per fleet mode: every shape
+    tuned exactly once with every pod ready (judged on any run), and the slowest pod
+    against the solo pod (only under the bound the bench applied: GPUs, one per rank)."""
+    pods, ranks, shapes = result["pods"], result["ranks"], len(result["shapes"])
+    why_none = ""
+    if result.get("shared_gpus"):
+        why_none = "; pods shared GPUs: no time target applies"
+    elif result.get("device") == "cpu":
+        why_none = "; on CPU (pods share its cores): no time target applies"
+    verdicts = []
+    for name, mode in result["modes"].items():
+        if name == "solo" or "skipped" in mode:
+            continue
+        fleet_of = f"{name}: {pods} pods x {ranks} rank(s)"
+        tuned, ready = mode["tuned_in_fleet"], mode["all_ready"]
+        verdicts.append(
+            Verdict(
+                f"{fleet_of}, every shape tuned exactly once, every pod ready",
+                f"tuned in the fleet {tuned:g} of {shapes}; all ready: {'yes' if ready else 'no'}",
+                tuned == shapes and ready,
+            )
+        )
+        bound, ratio = mode.get("target"), mode.get("slowest_over_solo")
+        measured = "-" if ratio is None else f"{ratio:.3f} ({mode['slowest_s']:.2f} s)"
+        verdicts.append(
+            Verdict(
+                f"{fleet_of}, slowest pod / solo" + (f" <= {bound}x" if bound else ""),
+                measured + why_none,
+                None if bound is None or ratio is None else ratio <= bound,
+            )
+        )
+    return verdicts
+
+
+def judge(result: dict[str, Any]) -> tuple[str, list[Verdict]]:
+    """The bench a result came from, and its verdicts."""
+    if "modes" in result:
+        return "fleet", fleet(result)
+    if "serve" in result:
+        return "serving", serving(result)
+    if "rows" in result:
+        return "ag_gemm", ag_gemm(result)
+    raise ValueError("not a result of bench/ag_gemm.py, bench/serving.py or bench/fleet.py")
+
+
+def device_line(result: dict[str, Any]) -> str:
+    setup = result.get("setup", result)
+    gpu, world = setup.get("gpu"), setup.get("world")
+    if "modes" in result:
+        return f"{result['device']}, GPUs {result.get('gpus')}"
+    return f"{world} x {gpu}" if gpu else "?"
+
+
+def table(verdicts: list[Verdict]) -> str:
+    lines = ["| target | measured | met? |", "|---|---|---|"]
+    lines += [f"| {v.target} | {v.measured} | {v.cell()} |" for v in verdicts]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", nargs="+", type=Path)
+    parser.add_argument("--json", action="store_true", help="the verdicts as JSON")
+    args = parser.parse_args(argv)
+    failed, judged = 0, {}
+    for path in args.results:
+        try:
+            result = json.loads(path.read_text())
+            bench, verdicts = judge(result)
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            print(f"{path}: cannot be judged: {error!r}", file=sys.stderr)
+            failed = 1
+            continue
+        judged[str(path)] = {"bench": bench, "verdicts": [asdict(v) for v in verdicts]}
+        if not args.json:
+            print(f"\n{path} ({bench}; {device_line(result)})\n\n{table(verdicts)}")
+    if args.json:
+        print(json.dumps(judged, indent=2))
+    return failed
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
