@@ -86,6 +86,7 @@ class Pod:
     benchmark_runs: int = 0
     remote: dict[str, int] | None = None
     phases: dict[str, float] = field(default_factory=dict)
+    tuned_s: dict[str, float] = field(default_factory=dict)  # shape -> its tuning, max over ranks
     failures: list[str] = field(default_factory=list)
     stderr_tail: str = ""
 
@@ -295,6 +296,10 @@ def read_pod(index: int, folder: Path, seconds: float, code: int | None, *, rank
     if status is not None:
         pod.state = status.state
         pod.tuned = sum(s.source == "tuned" for s in status.shapes) / ranks  # rows per rank
+        for shape in status.shapes:
+            if shape.source == "tuned":
+                label = shape.describe()
+                pod.tuned_s[label] = max(pod.tuned_s.get(label, 0.0), shape.seconds)
         pod.sources = status.sources
         pod.benchmark_runs = status.benchmark_runs
         pod.remote = status.remote.model_dump() if status.remote else None
@@ -320,6 +325,26 @@ def run_mode(name: str, fleet: Fleet, pods: int, redis_binary: str | None) -> Mo
         return Mode(name, skipped=str(e))
 
 
+def sharing_floor(solo: Pod, pods: int) -> dict[str, float] | None:
+    """The soonest N pods can be ready when they share a fleet's tuning shape by shape, from
+    the solo pod's own run: its time outside tuning, plus the larger of its costliest
+    shape's tuning and all its tuning split evenly. No shape is split between pods, so no
+    fleet goes below it however its pods take turns. None without per-shape times."""
+    if not solo.tuned_s:
+        return None
+    tuning = sum(solo.tuned_s.values())
+    costliest = max(solo.tuned_s.values())
+    fixed = max(solo.seconds - tuning, 0.0)
+    floor = fixed + max(costliest, tuning / pods)
+    return {
+        "fixed_s": round(fixed, 3),
+        "costliest_shape_s": round(costliest, 3),
+        "tuning_s": round(tuning, 3),
+        "floor_s": round(floor, 3),
+        "floor_over_solo": round(floor / solo.seconds, 4),
+    }
+
+
 def _num(value: float) -> str:
     return f"{value:g}" if value != int(value) else str(int(value))
 
@@ -331,6 +356,10 @@ def report(
     solo = next((m for m in modes if m.name == "solo" and m.pods), None)
     solo_s = solo.slowest.seconds if solo and solo.slowest.state == "ready" else None
     checks = {m.name: m.checks(shapes, solo_s, bound) for m in modes}
+    floor = sharing_floor(solo.slowest, pods) if solo_s is not None and solo else None
+    for m in modes:
+        if m.name != "solo" and m.pods and floor is not None:
+            checks[m.name]["sharing_floor"] = floor
     print(
         f"\n{shapes} shapes; solo: 1 pod x {ranks} rank(s); fleet: {pods} pods x {ranks}\n\n"
         "| mode | pods | all ready | shapes tuned per pod | time to ready per pod (s) "
@@ -352,6 +381,14 @@ def report(
             f"| {'-' if ratio is None else f'{ratio:.2f}'} | {goal} "
             f"| {'yes' if c['tuned_once'] else 'NO'} ({_num(c['tuned_in_fleet'])}/{shapes}) "
             f"| {c['benchmark_runs']} |"
+        )
+    if floor is not None:
+        print(
+            f"\nsharing floor for {pods} pods (from the solo run): {floor['fixed_s']:.2f} s "
+            f"outside tuning + max(costliest shape {floor['costliest_shape_s']:.2f} s, "
+            f"all tuning {floor['tuning_s']:.2f} s / {pods}) = {floor['floor_s']:.2f} s, "
+            f"{floor['floor_over_solo']:.2f}x solo"
+            + (f" (target {bound}x)" if bound is not None else "")
         )
     for m in modes:
         for p in m.pods:

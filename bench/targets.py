@@ -185,6 +185,11 @@ def fleet(result: dict[str, Any]) -> list[Verdict]:
         )
         bound, ratio = mode.get("target"), mode.get("slowest_over_solo")
         measured = "-" if ratio is None else f"{ratio:.3f} ({mode['slowest_s']:.2f} s)"
+        if floor := mode.get("sharing_floor"):
+            measured += (
+                f"; sharing floor {floor['floor_over_solo']:.3f} (costliest shape "
+                f"{floor['costliest_shape_s']:.2f} s of {floor['tuning_s']:.2f} s tuning)"
+            )
         verdicts.append(
             Verdict(
                 f"{fleet_of}, slowest pod / solo" + (f" <= {bound}x" if bound else ""),
