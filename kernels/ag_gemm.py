@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -415,18 +415,43 @@ def _compiled(ctx: AgGemmContext, plan: LaunchPlan) -> Any:
 
 @dataclass(frozen=True)
 class _Prepared:
-    """A fused launch at one (config, rows per rank, operand layout), made once: the
-    compiled kernel, its grid, the arguments after the three operands (``g``, ``b``,
-    ``out``: the first three of both consumers), each operand's TMA block (None: the
-    tensor itself), and the workspace's ``g`` with its descriptor. Nothing of a
-    caller's tensors is kept (one rank's ``g`` is the caller's shard): their
-    descriptors are made each call."""
+    """A fused launch at one (config, operand layout), made once and run at every M: the
+    compiled kernel (no M-derived argument is specialised, so one variant serves them
+    all), the arguments after the three operands (``g``, ``b``, ``out``: the first three
+    of both consumers) as made for the first M, with the positions of M and of the rows
+    per rank in them, each operand's TMA block (None: the tensor itself), whether the
+    grid is persistent, and per M what a call at it launches with (:class:`_AtRows`,
+    made at that M's first call from these, with no launch plan)."""
 
     compiled: Any
+    tail: tuple[Any, ...]
+    m_at: tuple[int, int]  # the tail's positions of M and of the rows per rank
+    blocks: tuple[list[int] | None, ...]
+    persistent: bool
+    owns_g: bool  # g is the workspace's rows (a view per M), not the caller's shard
+    rows: dict[tuple[int, int], _AtRows] = field(default_factory=dict)
+
+    def at_rows(
+        self, ctx: AgGemmContext, g: torch.Tensor, n: int, m_per_rank: int, config: KernelConfig
+    ) -> _AtRows:
+        m = g.shape[0]
+        tail = list(self.tail)
+        tail[self.m_at[0]], tail[self.m_at[1]] = m, m_per_rank
+        grid = (*_fused_grid(ctx, m, n, config, persistent=self.persistent), 1, 1)[:3]
+        if not self.owns_g:
+            return _AtRows(grid, tuple(tail), None, None)
+        return _AtRows(grid, tuple(tail), g, _operand(g, self.blocks[0]))
+
+
+@dataclass(frozen=True)
+class _AtRows:
+    """A fused launch's grid and arguments at one M; the workspace's ``g`` view at that M
+    and its operand (None: ``g`` is the caller's, its descriptor made each call)."""
+
     grid: tuple[int, ...]
     tail: tuple[Any, ...]
-    blocks: tuple[list[int] | None, ...]
-    owned: tuple[torch.Tensor, Any] | None  # the workspace's g and its operand
+    g: torch.Tensor | None
+    g_operand: Any
 
 
 def _launch_fused(
@@ -439,26 +464,45 @@ def _launch_fused(
 ) -> None:
     """The consumer over ``g`` (the workspace's rows; one rank: the shard): on CUDA
     through what :class:`_Prepared` keeps, so a steady call makes the descriptors of
-    ``b`` and ``out`` and launches."""
+    ``b`` and ``out`` and launches, and the first call at an M adds only its grid and
+    arguments. Before, each M built its own launch plan at its first call: 146 us of
+    host time at the median against 76 us for a repeat (1 H100, 200 new Ms), so a
+    served op's first call at a new M took twice its steady time."""
     if ctx.device.type != "cuda":
         launch_plan(ctx, g, b, out, m_per_rank, config).launch()
         return
-    key = ("fused", config, m_per_rank, _layout(g), _layout(b), _layout(out))
+    key = ("fused", config, _layout(g), _layout(b), _layout(out))
     prepared = ctx.cache.get(key)
     if prepared is None:
-        plan = launch_plan(ctx, g, b, out, m_per_rank, config)
-        blocks = tuple(getattr(arg, "block_shape", None) for arg in plan.args[:3])
-        owned = (g, plan.args[0]) if g.data_ptr() == ctx.buffer.data_ptr() else None
-        grid = (*plan.grid, 1, 1)[:3]
-        tail = plan.full_args()[3:]
-        prepared = _Prepared(_compiled(ctx, plan), grid, tail, blocks, owned)
-        ctx.cache[key] = prepared
-    if prepared.owned is not None and prepared.owned[0] is g:
-        g_operand = prepared.owned[1]
-    else:
-        g_operand = _operand(g, prepared.blocks[0])
+        prepared = ctx.cache[key] = _prepare_fused(ctx, g, b, out, m_per_rank, config)
+    at = prepared.rows.get((g.shape[0], m_per_rank))
+    if at is None or (at.g is not None and at.g is not g):
+        at = prepared.at_rows(ctx, g, b.shape[1], m_per_rank, config)
+        prepared.rows[(g.shape[0], m_per_rank)] = at
+    g_operand = at.g_operand if at.g is not None else _operand(g, prepared.blocks[0])
     b_operand, out_operand = _operand(b, prepared.blocks[1]), _operand(out, prepared.blocks[2])
-    prepared.compiled[prepared.grid](g_operand, b_operand, out_operand, *prepared.tail)
+    prepared.compiled[at.grid](g_operand, b_operand, out_operand, *at.tail)
+
+
+def _prepare_fused(
+    ctx: AgGemmContext,
+    g: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor,
+    m_per_rank: int,
+    config: KernelConfig,
+) -> _Prepared:
+    plan = launch_plan(ctx, g, b, out, m_per_rank, config)
+    names = plan.kernel.arg_names[3:]  # the tail's, in signature order
+    blocks = tuple(getattr(arg, "block_shape", None) for arg in plan.args[:3])
+    return _Prepared(
+        compiled=_compiled(ctx, plan),
+        tail=plan.full_args()[3:],
+        m_at=(names.index("M"), names.index("m_per_rank")),
+        blocks=blocks,
+        persistent=blocks[0] is not None,
+        owns_g=g.data_ptr() == ctx.buffer.data_ptr(),
+    )
 
 
 def _layout(t: torch.Tensor) -> tuple[bool, int, int]:
@@ -490,21 +534,31 @@ def launch_plan(
     """What :func:`ag_gemm` launches for gathered ``g: [M, K]``, ``b: [K, N]``; nothing
     here may depend on M beyond the grid and the unspecialised integers."""
     (m, k), n = g.shape, b.shape[1]
-    meta, options = config.meta, {**config.all_kwargs(), "WORLD": ctx.world}
+    options = {**config.all_kwargs(), "WORLD": ctx.world}
     hopper_only = {name: options.pop(name, default) for name, default in HOPPER_META.items()}
     if ctx.consumer == "tma" and _tma_aligned(g, b, out):
         bm, bn, bk = (meta_int(config, name) for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
-        tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
         # NUM_SMS is the loop stride, fixed per device; a smaller grid leaves no tile out.
         options |= {"NUM_SMS": ctx.limits.sm_count, **hopper_only}
         store_n = bn // meta_int(config, "EPILOGUE_SUBTILE", 1)
         descriptors = (_operand(g, [bm, bk]), _operand(b, [bk, bn]), _operand(out, [bm, store_n]))
         args: tuple[Any, ...] = (*descriptors, ctx.flags, m, n, k, m_per_rank, ctx.rank)
-        return LaunchPlan(_ag_gemm_tma_kernel, (min(ctx.limits.sm_count, tiles),), args, options)
-    grid = (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
+        grid = _fused_grid(ctx, m, n, config, persistent=True)
+        return LaunchPlan(_ag_gemm_tma_kernel, grid, args, options)
     args = (g, b, out, ctx.flags, m, n, k, m_per_rank, ctx.rank)
     args += (g.stride(0), b.stride(0), out.stride(0))
+    grid = _fused_grid(ctx, m, n, config, persistent=False)
     return LaunchPlan(_ag_gemm_portable_kernel, grid, args, options)
+
+
+def _fused_grid(
+    ctx: AgGemmContext, m: int, n: int, config: KernelConfig, *, persistent: bool
+) -> tuple[int]:
+    """One program per output tile; the TMA consumer is persistent: at most one per SM."""
+    tiles = triton.cdiv(m, meta_int(config, "BLOCK_M")) * triton.cdiv(
+        n, meta_int(config, "BLOCK_N")
+    )
+    return (min(ctx.limits.sm_count, tiles),) if persistent else (tiles,)
 
 
 def _tma_aligned(*tensors: torch.Tensor) -> bool:

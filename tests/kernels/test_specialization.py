@@ -44,3 +44,34 @@ def test_a_launch_passes_every_launch_option_of_its_config(consumer):
     out = torch.empty(32, N, dtype=torch.bfloat16)
     options = ag_gemm.launch_plan(ctx, g, b, out, 16, config).options
     assert options["num_ctas"] == 1 and options["maxnreg"] == 128 and options["WORLD"] == 2
+
+
+@pytest.mark.parametrize("consumer", ["tma", "portable"])
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_fused_launch_prepared_at_one_m_runs_every_m_as_its_own_plan_would(
+    consumer, world, monkeypatch
+):
+    # A served op's first call at a new M makes no launch plan: the grid and arguments of
+    # the launch prepared at another M, with this M put in, must be that M's plan's.
+    monkeypatch.setattr(ag_gemm, "_compiled", lambda ctx, plan: "compiled")
+    ctx = context(world, consumer, 8192)
+    b = torch.empty(K, N, dtype=torch.bfloat16)
+
+    def operands(m):
+        g = ctx.buffer[:m] if world > 1 else torch.empty(m, K, dtype=torch.bfloat16)
+        return g, torch.empty(m, N, dtype=torch.bfloat16)
+
+    g, out = operands(64 * world)
+    prepared = ag_gemm._prepare_fused(ctx, g, b, out, 64, CONFIG)
+    assert prepared.persistent is (consumer == "tma") and prepared.owns_g is (world > 1)
+    for m_per_rank in (1, 7, 64, 65, 1000, 8192 // world):  # the last: more tiles than SMs
+        g, out = operands(m_per_rank * world)
+        plan = ag_gemm.launch_plan(ctx, g, b, out, m_per_rank, CONFIG)
+        at = prepared.at_rows(ctx, g, N, m_per_rank, CONFIG)
+        assert at.grid == (*plan.grid, 1, 1)[:3], m_per_rank
+        assert at.tail == plan.full_args()[3:], m_per_rank
+        if world > 1:  # the workspace's rows: their operand is kept with them
+            assert at.g is g and type(at.g_operand) is type(plan.args[0])
+        else:  # the caller's shard: nothing of it is kept
+            assert at.g is None and at.g_operand is None
+    assert (prepared.tail[prepared.m_at[0]], prepared.tail[prepared.m_at[1]]) == (64 * world, 64)
