@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from kernels import ag_gemm_workspace as workspace
+from kernels import cublas_heuristics
 from kernels.adapter import LaunchPlan, Layer, as_meta, gemm_flops, torch_dtype
 from kernels.ag_gemm_workspace import (
     DTYPES,
@@ -802,6 +803,12 @@ class AgGemmServed:
         if not shapes:
             return
         ctx, n = self.ctx, self.layer.n
+        cublas_heuristics.make_room(
+            len(shapes) * (2 if per_shard else 1),
+            load=lambda: torch.ones(1, 1, dtype=ctx.dtype, device=ctx.device).mm(
+                torch.ones(1, 1, dtype=ctx.dtype, device=ctx.device)
+            ),
+        )
         stream = torch.cuda.Stream(device=ctx.device)  # type: ignore[no-untyped-call]
         rows_needed = shapes[-1] * (2 if per_shard else 1)
         with torch.cuda.stream(stream):
