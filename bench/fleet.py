@@ -326,10 +326,12 @@ def run_mode(name: str, fleet: Fleet, pods: int, redis_binary: str | None) -> Mo
 
 
 def sharing_floor(solo: Pod, pods: int) -> dict[str, float] | None:
-    """The soonest N pods can be ready when they share a fleet's tuning shape by shape, from
-    the solo pod's own run: its time outside tuning, plus the larger of its costliest
-    shape's tuning and all its tuning split evenly. No shape is split between pods, so no
-    fleet goes below it however its pods take turns. None without per-shape times."""
+    """How soon N pods that share a fleet's tuning shape by shape can be ready, estimated
+    from the solo pod's own run: its time outside tuning, plus the larger of its costliest
+    shape's tuning and all its tuning split evenly. No shape is split between pods; if
+    each costs a fleet pod what it cost the solo pod, no fleet goes below this. (A
+    shape's time includes compiles that later shapes reuse.) None without per-shape
+    times."""
     if not solo.tuned_s:
         return None
     tuning = sum(solo.tuned_s.values())

@@ -27,8 +27,13 @@ export PYTHONUNBUFFERED=1
 python=${PYTHON:-python3}
 
 gpus=$(nvidia-smi --list-gpus 2>/dev/null | grep -c '^GPU ') || gpus=0
+seen="nvidia-smi lists $gpus"
+if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then # the benches see these alone
+    gpus=$(tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c .)
+    seen="CUDA_VISIBLE_DEVICES names $gpus"
+fi
 if [ "$gpus" -lt 4 ]; then
-    echo "$0: needs 4 GPUs of one host; nvidia-smi lists $gpus" >&2
+    echo "$0: needs 4 GPUs of one host; $seen" >&2
     exit 2
 fi
 mkdir -p "$out"

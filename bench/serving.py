@@ -451,12 +451,18 @@ def drive(args: argparse.Namespace) -> None:
         "date": time.strftime("%Y-%m-%d"),
         **_versions(),
     }
-    verdicts = targets.serving(results)
-    results["targets"] = [asdict(v) for v in verdicts]
-    if args.out:
+    if args.out:  # before judging: a judge that fails loses no measurement
         args.out.write_text(json.dumps(results, indent=2))
     print(table(results))
+    try:
+        verdicts = targets.serving(results)
+    except (KeyError, TypeError, ValueError) as error:
+        print(f"targets not judged: {error!r}")
+        return
     print(targets.table(verdicts))
+    if args.out:
+        results["targets"] = [asdict(v) for v in verdicts]
+        args.out.write_text(json.dumps(results, indent=2))
 
 
 def _passed(args: argparse.Namespace) -> list[str]:

@@ -414,7 +414,7 @@ def _compiled(ctx: AgGemmContext, plan: LaunchPlan) -> Any:
     return compiled
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)  # its rows fill in as Ms are called: identity, not value
 class _Prepared:
     """A fused launch at one (config, operand layout), made once and run at every M: the
     compiled kernel (no M-derived argument is specialised, so one variant serves them
@@ -466,9 +466,7 @@ def _launch_fused(
     """The consumer over ``g`` (the workspace's rows; one rank: the shard): on CUDA
     through what :class:`_Prepared` keeps, so a steady call makes the descriptors of
     ``b`` and ``out`` and launches, and the first call at an M adds only its grid and
-    arguments. Before, each M built its own launch plan at its first call: 146 us of
-    host time at the median against 76 us for a repeat (1 H100, 200 new Ms), so a
-    served op's first call at a new M took twice its steady time."""
+    arguments, never a launch plan (docs/benchmarks.md: first calls at a new M)."""
     if ctx.device.type != "cuda":
         launch_plan(ctx, g, b, out, m_per_rank, config).launch()
         return
@@ -803,8 +801,10 @@ class AgGemmServed:
         if not shapes:
             return
         ctx, n = self.ctx, self.layer.n
-        cublas_heuristics.make_room(
-            len(shapes) * (2 if per_shard else 1),
+        # a shard's GEMM also runs at an offset: both alignments
+        gemms = [(m, at) for m in shapes for at in ((0, m) if per_shard else (0,))]
+        cublas_heuristics.PROCESS.make_room(
+            ((m, n, ctx.k, ctx.dtype, at > 0) for m, at in gemms),
             load=lambda: torch.ones(1, 1, dtype=ctx.dtype, device=ctx.device).mm(
                 torch.ones(1, 1, dtype=ctx.dtype, device=ctx.device)
             ),
@@ -815,9 +815,8 @@ class AgGemmServed:
             a = torch.zeros(rows_needed, ctx.k, dtype=ctx.dtype, device=ctx.device)
             b = torch.zeros(ctx.k, n, dtype=ctx.dtype, device=ctx.device)
             out = torch.empty(rows_needed, n, dtype=ctx.dtype, device=ctx.device)
-            for m in shapes:  # a shard's GEMM also runs at an offset: both alignments
-                for at in (0, m) if per_shard else (0,):
-                    torch.matmul(a[at : at + m], b, out=out[at : at + m])
+            for m, at in gemms:
+                torch.matmul(a[at : at + m], b, out=out[at : at + m])
         stream.synchronize()
         self._chosen[per_shard].update(shapes)
 

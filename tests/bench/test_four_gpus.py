@@ -35,7 +35,9 @@ print("a table line")
 """
 
 
-def _run(tmp_path: Path, stage: str, gpus: int, fail: str = "") -> subprocess.CompletedProcess:
+def _run(
+    tmp_path: Path, stage: str, gpus: int, fail: str = "", visible: str = ""
+) -> subprocess.CompletedProcess:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     smi = bin_dir / "nvidia-smi"
@@ -54,6 +56,7 @@ def _run(tmp_path: Path, stage: str, gpus: int, fail: str = "") -> subprocess.Co
         "CALLS": str(tmp_path / "calls.jsonl"),
         "FAIL": fail,
         "REDIS_SERVER": "/opt/redis-server",
+        "CUDA_VISIBLE_DEVICES": visible,
     }
     return subprocess.run(
         ["bash", str(SCRIPT), stage, str(tmp_path / "out")],
@@ -73,6 +76,12 @@ def test_a_host_with_fewer_than_four_gpus_is_refused_before_any_bench(tmp_path):
     done = _run(tmp_path, "rest", gpus=2)
     assert done.returncode == 2 and "needs 4 GPUs of one host; nvidia-smi lists 2" in done.stderr
     assert not (tmp_path / "calls.jsonl").exists()
+
+
+def test_the_gpus_the_benches_would_see_are_counted_not_the_hosts(tmp_path):
+    done = _run(tmp_path, "ag_gemm", gpus=8, visible="0,1")
+    assert done.returncode == 2 and "CUDA_VISIBLE_DEVICES names 2" in done.stderr
+    assert _run(tmp_path, "ag_gemm", gpus=8, visible="4,5,6,7").returncode == 0
 
 
 @pytest.mark.parametrize("stage", ["all", ""])

@@ -56,6 +56,12 @@ def test_a_target_with_no_figure_is_not_measured_never_met():
     assert "not measured: 8192x4096x4096" in verdict.measured
 
 
+def test_the_fused_column_is_the_one_the_bench_writes():
+    from kernels import ag_gemm
+
+    assert f"best {ag_gemm.FUSED}" == targets.FUSED
+
+
 def test_torch_fused_op_must_be_strictly_slower():
     rows = [_row(64, torch_fused=50.0, **{targets.FUSED: 50.0})]
     assert _verdict(targets.ag_gemm({"rows": rows}), "[2.5] fused faster").met is False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -75,3 +76,51 @@ def test_a_fused_launch_prepared_at_one_m_runs_every_m_as_its_own_plan_would(
         else:  # the caller's shard: nothing of it is kept
             assert at.g is None and at.g_operand is None
     assert (prepared.tail[prepared.m_at[0]], prepared.tail[prepared.m_at[1]]) == (64 * world, 64)
+
+
+class _Recorder:
+    """A compiled kernel that records each launch's grid and arguments."""
+
+    def __init__(self):
+        self.launches = []
+
+    def __getitem__(self, grid):
+        return lambda *args: self.launches.append((grid, args))
+
+
+@pytest.mark.parametrize("consumer", ["tma", "portable"])
+def test_the_fused_launch_keeps_one_preparation_and_each_m_its_own_grid_and_arguments(
+    consumer, monkeypatch
+):
+    # On "CUDA" (faked): every call launches what its own plan would, the first at an M
+    # included; one preparation serves every M; a new view of the rows is described anew.
+    recorder = _Recorder()
+    plans = []
+    monkeypatch.setattr(ag_gemm, "_compiled", lambda ctx, plan: plans.append(plan) or recorder)
+    ctx = dataclasses.replace(context(2, consumer, 512), device=torch.device("cuda"))
+    b = torch.empty(K, N, dtype=torch.bfloat16)
+    calls = [(64, ctx.buffer[:128]), (100, ctx.buffer[:200]), (64, ctx.buffer[:128])]
+    views = [g for _, g in calls]
+    views[2] = views[0]  # the same view again: its operand is kept
+    for (m_per_rank, _), g in zip(calls, views, strict=True):
+        out = torch.empty(g.shape[0], N, dtype=torch.bfloat16)
+        ag_gemm._launch_fused(ctx, g, b, out, m_per_rank, CONFIG)
+        plan = ag_gemm.launch_plan(ctx, g, b, out, m_per_rank, CONFIG)
+        grid, args = recorder.launches[-1]
+        assert grid == (*plan.grid, 1, 1)[:3] and args[3:] == plan.full_args()[3:]
+        if consumer == "tma":  # the descriptors: the plan's shapes, strides and blocks
+            for made, planned in zip(args[:3], plan.args[:3], strict=True):
+                assert (made.shape, made.strides, made.block_shape) == (
+                    planned.shape,
+                    planned.strides,
+                    planned.block_shape,
+                )
+    assert len(plans) == 1  # prepared once, at the first M
+    prepared = next(v for k, v in ctx.cache.items() if k[0] == "fused")
+    assert set(prepared.rows) == {(128, 64), (200, 100)}
+    kept = prepared.rows[(128, 64)]
+    fresh = ctx.buffer[:128]  # a new view of the same rows: not the kept one
+    ag_gemm._launch_fused(ctx, fresh, b, torch.empty(128, N, dtype=torch.bfloat16), 64, CONFIG)
+    assert prepared.rows[(128, 64)] is not kept and prepared.rows[(128, 64)].g is fresh
+    assert recorder.launches[2][1][0] is kept.g_operand  # the same view: its operand reused
+    assert recorder.launches[-1][1][0] is prepared.rows[(128, 64)].g_operand
