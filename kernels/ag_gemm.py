@@ -432,6 +432,20 @@ class _Prepared:
     owns_g: bool  # g is the workspace's rows (a view per M), not the caller's shard
     rows: dict[tuple[int, int], _AtRows] = field(default_factory=dict)
 
+    @classmethod
+    def of(cls, ctx: AgGemmContext, plan: LaunchPlan, g: torch.Tensor) -> _Prepared:
+        """From the launch plan of the first M called, over ``g``."""
+        names = plan.kernel.arg_names[3:]  # the tail's, in signature order
+        blocks = tuple(getattr(arg, "block_shape", None) for arg in plan.args[:3])
+        return cls(
+            compiled=_compiled(ctx, plan),
+            tail=plan.full_args()[3:],
+            m_at=(names.index("M"), names.index("m_per_rank")),
+            blocks=blocks,
+            persistent=blocks[0] is not None,
+            owns_g=g.data_ptr() == ctx.buffer.data_ptr(),
+        )
+
     def at_rows(
         self, ctx: AgGemmContext, g: torch.Tensor, n: int, m_per_rank: int, config: KernelConfig
     ) -> _AtRows:
@@ -473,7 +487,8 @@ def _launch_fused(
     key = ("fused", config, _layout(g), _layout(b), _layout(out))
     prepared = ctx.cache.get(key)
     if prepared is None:
-        prepared = ctx.cache[key] = _prepare_fused(ctx, g, b, out, m_per_rank, config)
+        plan = launch_plan(ctx, g, b, out, m_per_rank, config)
+        prepared = ctx.cache[key] = _Prepared.of(ctx, plan, g)
     at = prepared.rows.get((g.shape[0], m_per_rank))
     if at is None or (at.g is not None and at.g is not g):
         at = prepared.at_rows(ctx, g, b.shape[1], m_per_rank, config)
@@ -481,27 +496,6 @@ def _launch_fused(
     g_operand = at.g_operand if at.g is not None else _operand(g, prepared.blocks[0])
     b_operand, out_operand = _operand(b, prepared.blocks[1]), _operand(out, prepared.blocks[2])
     prepared.compiled[at.grid](g_operand, b_operand, out_operand, *at.tail)
-
-
-def _prepare_fused(
-    ctx: AgGemmContext,
-    g: torch.Tensor,
-    b: torch.Tensor,
-    out: torch.Tensor,
-    m_per_rank: int,
-    config: KernelConfig,
-) -> _Prepared:
-    plan = launch_plan(ctx, g, b, out, m_per_rank, config)
-    names = plan.kernel.arg_names[3:]  # the tail's, in signature order
-    blocks = tuple(getattr(arg, "block_shape", None) for arg in plan.args[:3])
-    return _Prepared(
-        compiled=_compiled(ctx, plan),
-        tail=plan.full_args()[3:],
-        m_at=(names.index("M"), names.index("m_per_rank")),
-        blocks=blocks,
-        persistent=blocks[0] is not None,
-        owns_g=g.data_ptr() == ctx.buffer.data_ptr(),
-    )
 
 
 def _layout(t: torch.Tensor) -> tuple[bool, int, int]:

@@ -63,7 +63,7 @@ def test_a_fused_launch_prepared_at_one_m_runs_every_m_as_its_own_plan_would(
         return g, torch.empty(m, N, dtype=torch.bfloat16)
 
     g, out = operands(64 * world)
-    prepared = ag_gemm._prepare_fused(ctx, g, b, out, 64, CONFIG)
+    prepared = ag_gemm._Prepared.of(ctx, ag_gemm.launch_plan(ctx, g, b, out, 64, CONFIG), g)
     assert prepared.persistent is (consumer == "tma") and prepared.owns_g is (world > 1)
     for m_per_rank in (1, 7, 64, 65, 1000, 8192 // world):  # the last: more tiles than SMs
         g, out = operands(m_per_rank * world)
