@@ -337,6 +337,9 @@ class Tuner:
         started = time.perf_counter()
         waits = give_up_at is None
 
+        def given_up() -> bool:
+            return give_up_at is not None and time.monotonic() >= give_up_at
+
         def take() -> dict[str, str]:
             name = f"tune/{kernel}/{json.dumps(key, sort_keys=True)}"
             timeout = self.options.lock_timeout_s if waits else 0.0
@@ -351,14 +354,13 @@ class Tuner:
                 held.enter_context(taken)
             except LockServerUnreachable as e:
                 silent = silent_for(self.lock_backend)
-                over = give_up_at is not None and time.monotonic() >= give_up_at
-                if waits or over or silent >= self.options.lock_outage_s:
+                if waits or given_up() or silent >= self.options.lock_outage_s:
                     return {"unlocked": f"{e} for {silent:.0f} s"}
                 return {"deferred": str(e)}
             except LockTimeout as e:
                 if waits:
                     raise
-                if give_up_at is not None and time.monotonic() >= give_up_at:
+                if given_up():
                     waited = self.options.lock_timeout_s
                     raise RegistryError(f"lock not taken in {waited:g} s of waiting: {e}") from e
                 return {"deferred": str(e)}
