@@ -8,7 +8,7 @@ ARG PYTHON_IMAGE=python:3.12-slim-bookworm
 # ---- the package's sources, once for both images ----------------------------------------
 FROM scratch AS source
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY deploy/install.sh deploy/requirements-sidecar.txt deploy/
 COPY registry registry
 COPY kernels kernels

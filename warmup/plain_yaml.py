@@ -69,7 +69,49 @@ def load(text: str, source: str) -> Any:
     try:
         return _Builder().build(text)
     except yaml.YAMLError as e:
+        # a parser may refuse deep flow nesting by a limit of its own before an event
+        # reaches the builder (libyaml scans 1,000 ``[`` ahead): ours is named either way
+        mark = getattr(e, "problem_mark", None)
+        line = _flow_too_deep(text, mark.index + 1 if mark else len(text))
+        if line:
+            raise Refused(_too_deep(line)) from None
         raise Refused(_yaml_error(e, source, text)) from None
+
+
+def _too_deep(line: int) -> str:
+    return f"nesting deeper than {MAX_DEPTH} levels: line {line}"
+
+
+_FLOW_TOKEN = re.compile(
+    r"""[\[{\]}\n]  # a flow collection's start or end, a line break
+    | (?:^|(?<=[\s\[{,:]))  # at a token's start:
+      (?: \#[^\n]*  # a comment
+        | '(?:[^']|'')*'?  # a single-quoted scalar (a quote doubles)
+        | "(?:[^"\\]|\\.)*"?  # a double-quoted scalar (backslash escapes)
+      )""",
+    re.S | re.X,
+)
+
+
+def _flow_too_deep(text: str, end: int) -> int:
+    """The line at which ``text[:end]`` (up to the refused token) opens more than
+    :data:`MAX_DEPTH` flow collections (quoted scalars and comments skipped), or 0: a
+    lexical count, asked only of a text the parser refused, so it chooses the message and
+    never refuses a valid document."""
+    depth, line = 0, 1
+    for token in _FLOW_TOKEN.finditer(text, 0, end):
+        char = token.group()[0]
+        if char == "\n":
+            line += 1
+        elif char in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                return line
+        elif char in "]}":
+            depth = max(0, depth - 1)
+        else:
+            line += token.group().count("\n")  # a quoted scalar may span lines
+    return 0
 
 
 @dataclass(slots=True)
@@ -127,7 +169,7 @@ class _Builder:
         self._add(value, where)
         self.stack.append(_Open(value))
         if len(self.stack) > MAX_DEPTH:
-            raise Refused(f"nesting deeper than {MAX_DEPTH} levels: line {line}")
+            raise Refused(_too_deep(line))
 
     def _add(self, value: Any, where: tuple[int, int]) -> None:
         if not self.stack:

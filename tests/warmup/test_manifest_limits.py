@@ -6,9 +6,11 @@ import os
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import error_line
 from warmup import manifest as manifest_module
+from warmup import plain_yaml
 from warmup.cli import main
 from warmup.manifest import (
     MAX_MANIFEST_BYTES,
@@ -114,6 +116,50 @@ def test_yaml_anchors_and_aliases_are_refused_before_building_anything(text, lin
 def test_deep_nesting_is_refused_at_the_depth_limit(depth):
     errors = refusal("[" * depth + "]" * depth)
     assert errors == [f"nesting deeper than {MAX_DEPTH} levels: line 1"]
+
+
+def library_limit(limit: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A YAML parser that refuses past ``limit`` brackets before it yields an event, as
+    libyaml does at 1,000 deep, in its own words; else at the end, for another reason."""
+
+    def parse(text, Loader):
+        index = len(text)
+        if text.count("[") + text.count("{") > limit:
+            index = [i for i, c in enumerate(text) if c in "[{"][limit]
+        problem = "too deep for me" if index < len(text) else "something else"
+        mark = yaml.Mark("<unicode string>", index, 0, index, text, index)
+        raise yaml.parser.ParserError(None, None, problem, mark)
+
+    monkeypatch.setattr(plain_yaml.yaml, "parse", parse)
+
+
+@pytest.mark.parametrize("limit", [MAX_DEPTH, 64, 1000])
+def test_deep_nesting_is_ours_whatever_limit_the_yaml_library_has(limit, monkeypatch):
+    library_limit(limit, monkeypatch)
+    depth = max(limit, MAX_DEPTH) + 1
+    assert refusal("\n" + "[" * depth + "]" * depth) == [
+        f"nesting deeper than {MAX_DEPTH} levels: line 2"
+    ]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "'" + "[" * 40 + "' : [1, 2",  # brackets in a quoted scalar
+        '"' + "{" * 40 + '" : [1, 2',
+        "# " + "[" * 40 + "\nx: [1, 2",  # in a comment
+    ],
+)
+def test_brackets_in_quotes_and_comments_are_not_nesting(text, monkeypatch):
+    library_limit(100, monkeypatch)
+    [error] = refusal(text)
+    assert "nesting" not in error and "something else" in error
+
+
+def test_the_pure_python_parser_is_held_to_the_depth_limit_too(monkeypatch):
+    monkeypatch.setattr(plain_yaml, "_BaseLoader", yaml.SafeLoader)
+    depth = 5000
+    assert refusal("[" * depth + "]" * depth) == [f"nesting deeper than {MAX_DEPTH} levels: line 1"]
 
 
 def test_nesting_at_the_limit_reaches_validation():
