@@ -9,7 +9,8 @@ from pathlib import Path
 @dataclass(frozen=True)
 class Volume:
     """``<root>/registry`` (the store), ``<root>/triton-cache`` (compile artifacts),
-    ``<root>/locks`` (file leases), ``<root>/bundles`` (archives to install)."""
+    ``<root>/inductor`` (compiled models' artifacts), ``<root>/locks`` (file leases),
+    ``<root>/bundles`` (archives to install)."""
 
     root: Path
 
@@ -20,6 +21,10 @@ class Volume:
     @property
     def triton_cache(self) -> Path:
         return self.root / "triton-cache"
+
+    @property
+    def inductor(self) -> Path:
+        return self.root / "inductor"
 
     @property
     def locks(self) -> Path:

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 _counter = itertools.count()
 ROOT = Path(__file__).parents[1]
-DEMO = ROOT / "examples" / "demo.yaml"
+DEMO = ROOT / "tests" / "kernels_demo.yaml"  # examples/demo.yaml without its compiled model
 
 
 def pytest_configure(config: pytest.Config) -> None:

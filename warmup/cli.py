@@ -156,7 +156,8 @@ def summary(status: RunStatus) -> str:
         f"({sources or 'none'}), {status.benchmark_runs} benchmark runs, "
         f"{status.duration_s or 0:.1f} s"
     )
-    return line + "".join(f"\n  FAILED {f}" for f in status.failures)
+    models = [f"\n  {m.describe()}" for m in status.models if m.rank == 0 and not m.failed]
+    return line + "".join(models) + "".join(f"\n  FAILED {f}" for f in status.failures)
 
 
 def _status(path: Path, *, as_json: bool) -> int:

@@ -26,16 +26,18 @@ log = logging.getLogger(__name__)
 MAX_LABEL = 120  # kernel names become metric labels: keep them bounded
 MAX_DETAIL = 400
 FIX = "add its shape to the shape manifest: this variant was not built at warmup"
+MODEL_FIX = "add the call's shape to the model's dims in the manifest (or match its mode)"
 
 
 class RequestCompileError(RuntimeError):
     """A Triton compile or autotune run was refused because the process is already warm."""
 
-    def __init__(self, what: str, kernel: str, detail: str) -> None:
+    def __init__(self, what: str, kernel: str, detail: str, *, fix: str = FIX) -> None:
         self.kernel, self.detail = kernel, detail
+        thing = f"model '{kernel}'" if fix == MODEL_FIX else f"Triton {what} of kernel '{kernel}'"
         super().__init__(
-            f"Triton {what} of kernel '{kernel}' ({detail}) after the process was declared "
-            f"warm; {FIX} (TRITON_WARMUP_COMPILE_GUARD=count would only count it)."
+            f"{thing} ({detail}) after the process was declared warm; {fix} "
+            "(TRITON_WARMUP_COMPILE_GUARD=count would only count it)."
         )
 
 
@@ -47,17 +49,38 @@ class CompileGuard:
         self.metrics = metrics
         self.compiles: dict[str, int] = {}
         self.autotunes: dict[str, int] = {}
+        self.models: dict[tuple[str, str], int] = {}  # (model, what) -> count
         self._lock = threading.Lock()
 
     @property
     def total(self) -> int:
-        """Compiles plus autotune runs seen while armed."""
+        """Compiles plus autotune runs seen while armed (compiled models' included)."""
         with self._lock:
-            return sum(self.compiles.values()) + sum(self.autotunes.values())
+            counts = [*self.compiles.values(), *self.autotunes.values(), *self.models.values()]
+            return sum(counts)
+
+    @property
+    def armed(self) -> bool:
+        return self in _hooks.armed
 
     def arm(self) -> None:
         """Install the hooks (once per process) and start counting; idempotent."""
         _hooks.add(self)
+
+    def model_costs(self, model: str, costs: Mapping[str, int]) -> None:
+        """A call of a declared compiled model compiled after warm (``costs``: the
+        non-zero ``warmup.compiled.counters`` of that call): counted per model and kind,
+        logged, and in strict mode refused (after the call: Dynamo has no hook before)."""
+        with self._lock:
+            for what, count in costs.items():
+                self.models[(model, what)] = self.models.get((model, what), 0) + count
+        if self.metrics is not None:
+            for what, count in costs.items():
+                self.metrics.model_compiles.labels(model, what, self.metrics.rank).inc(count)
+        detail = ", ".join(f"{what}={count}" for what, count in sorted(costs.items()))
+        log.warning("compiled model %s compiled after warm: %s; %s", model, detail, MODEL_FIX)
+        if self.strict:
+            raise RequestCompileError("torch.compile", model, detail, fix=MODEL_FIX)
 
     def disarm(self) -> None:
         """Stop counting; the last guard to disarm restores Triton's previous hooks."""

@@ -15,6 +15,21 @@ A dimension is an int, a list of ints, ``{pow2: [lo, hi]}`` or ``{start, stop, s
 a shape line stands for every combination. A bad manifest fails before any GPU work,
 listing every error with its field path and value.
 
+Compiled models (``torch.compile``; see :mod:`warmup.compiled`) are declared beside the
+kernels; ``entries`` may then be left out::
+
+    models:
+      - name: blocks                 # names the model in status, metrics and the registry
+        build: my_server.model:build # build(device=...) -> the callable the server serves
+        world_size: 1
+        mode: no_grad                # the server calls it under: no_grad | inference_mode | grad
+        dims: {batch: [1, 4, 16], seq: 128}       # each dimension as for shapes
+        inputs:                      # one tensor per positional argument, dims by name
+          - {shape: [batch, seq, 2048], dtype: fp16}
+          - {shape: [batch, seq], dtype: int64, high: 32000}    # token ids in [0, high)
+
+Every combination of ``dims`` is one shape the model is compiled and run at.
+
 Limits, so that any file is read or refused in bounded time and memory: the file is at
 most :data:`MAX_MANIFEST_BYTES` of UTF-8 (a BOM is accepted) and plain YAML, read by
 :mod:`warmup.plain_yaml` (no anchors, aliases, duplicate keys or tags, bounded depth and
@@ -139,14 +154,7 @@ class ShapeSpec(BaseModel):
     @field_validator("M", "N", "K")
     @classmethod
     def _in_bounds(cls, dim: Dim, info: ValidationInfo) -> Dim:
-        if isinstance(dim, list) and len(dim) > MAX_SHAPES:
-            raise ValueError(f"{len(dim)} values; a list holds at most {MAX_SHAPES}")
-        values = [dim] if isinstance(dim, int) else dim if isinstance(dim, list) else []
-        for value in values:  # ranges and pow2 check their own bounds
-            if not 1 <= value <= MAX_DIM:
-                limit = ">= 1" if value < 1 else f"<= {MAX_DIM}"
-                raise ValueError(f"{info.field_name}={short(value)} must be {limit}")
-        return dim
+        return _check_dim(str(info.field_name), dim)
 
     def count(self) -> int:
         """Shapes this line stands for (duplicates included), without listing them."""
@@ -157,6 +165,18 @@ class ShapeSpec(BaseModel):
         return [
             dict(zip(("M", "N", "K"), combo, strict=True)) for combo in itertools.product(*axes)
         ]
+
+
+def _check_dim(name: str, dim: Dim) -> Dim:
+    """A dimension within the manifest's bounds; ValueError naming it otherwise."""
+    if isinstance(dim, list) and len(dim) > MAX_SHAPES:
+        raise ValueError(f"{len(dim)} values; a list holds at most {MAX_SHAPES}")
+    values = [dim] if isinstance(dim, int) else dim if isinstance(dim, list) else []
+    for value in values:  # ranges and pow2 check their own bounds
+        if not 1 <= value <= MAX_DIM:
+            limit = ">= 1" if value < 1 else f"<= {MAX_DIM}"
+            raise ValueError(f"{name}={short(value)} must be {limit}")
+    return dim
 
 
 def _count(dim: Dim) -> int:
@@ -173,6 +193,99 @@ def _values(dim: Dim) -> list[int]:
     if isinstance(dim, list):
         return list(dim)
     return dim.values()
+
+
+_MODEL_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+_DIM_NAME = re.compile(r"^[A-Za-z_]\w{0,31}$")
+MAX_INPUTS = 32  # tensors a model takes
+MAX_RANK = 8  # dimensions of one input tensor
+InputDtype = Literal["bf16", "fp16", "fp32", "int64", "int32", "bool"]
+
+
+class TensorSpec(BaseModel):
+    """One input tensor of a model: its shape (ints, or the model's dims by name) and
+    dtype; integer inputs are drawn from ``[0, high)``."""
+
+    model_config = ConfigDict(extra="forbid")
+    shape: list[int | str] = Field(max_length=MAX_RANK)
+    dtype: InputDtype
+    high: int = Field(2, ge=1, le=MAX_DIM)
+
+    @field_validator("shape")
+    @classmethod
+    def _sizes(cls, shape: list[int | str]) -> list[int | str]:
+        for size in shape:
+            if isinstance(size, int) and not 1 <= size <= MAX_DIM:
+                raise ValueError(f"size {size} must be in [1, {MAX_DIM}]")
+        return shape
+
+    def dim_names(self) -> set[str]:
+        return {size for size in self.shape if isinstance(size, str)}
+
+    def sized(self, dims: dict[str, int]) -> list[int]:
+        """The shape with each named dimension replaced by its value in ``dims``."""
+        return [dims[size] if isinstance(size, str) else size for size in self.shape]
+
+
+class ModelEntry(BaseModel):
+    """A compiled model to warm: the function that builds it as the server does, the
+    shapes of its inputs."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    build: str
+    world_size: int = Field(1, ge=1, le=8)
+    mode: Literal["no_grad", "inference_mode", "grad"] = "no_grad"  # as the server calls it
+    dims: dict[str, Dim] = {}
+    inputs: list[TensorSpec] = Field(min_length=1, max_length=MAX_INPUTS)
+
+    @field_validator("name")
+    @classmethod
+    def _a_name(cls, name: str) -> str:
+        if not _MODEL_NAME.match(name):
+            raise ValueError(
+                f"name {short(name)} must be 1-63 of a-z 0-9 _ . - (starting with a letter "
+                "or digit)"
+            )
+        return name
+
+    @field_validator("build")
+    @classmethod
+    def _a_function(cls, build: str) -> str:
+        if not _USER_KERNEL.match(build):
+            raise ValueError(f"build {short(build)} is not 'package.module:function'")
+        return build
+
+    @field_validator("dims")
+    @classmethod
+    def _dims(cls, dims: dict[str, Dim]) -> dict[str, Dim]:
+        for name, dim in dims.items():
+            if not _DIM_NAME.match(name):
+                raise ValueError(f"dimension name {short(name)} is not an identifier")
+            _check_dim(name, dim)
+        return dims
+
+    @model_validator(mode="after")
+    def _every_dim_used_and_declared(self) -> ModelEntry:
+        used = set().union(*(spec.dim_names() for spec in self.inputs))
+        if used - self.dims.keys():
+            raise ValueError(
+                f"inputs use dimension(s) {sorted(used - self.dims.keys())} that dims does "
+                f"not declare (dims: {sorted(self.dims)})"
+            )
+        if self.dims.keys() - used:
+            raise ValueError(f"dims {sorted(self.dims.keys() - used)} are used by no input")
+        return self
+
+    def count(self) -> int:
+        """Shapes this model stands for, without listing them."""
+        return math.prod(_count(dim) for dim in self.dims.values())
+
+    def expand(self) -> list[dict[str, int]]:
+        """Every combination of the dims, in order (the first dim varies slowest)."""
+        names = list(self.dims)
+        axes = [_values(self.dims[name]) for name in names]
+        return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*axes)]
 
 
 class ManifestEntry(BaseModel):
@@ -208,7 +321,18 @@ class ManifestEntry(BaseModel):
 class Manifest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     version: Literal[1]
-    entries: list[ManifestEntry] = Field(min_length=1)
+    entries: list[ManifestEntry] = []
+    models: list[ModelEntry] = []
+
+    @model_validator(mode="after")
+    def _something_to_warm(self) -> Manifest:
+        if not self.entries and not self.models:
+            raise ValueError("the manifest declares nothing to warm: add entries or models")
+        names = [model.name for model in self.models]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ValueError(f"models: the name(s) {twice} are declared more than once")
+        return self
 
     @model_validator(mode="after")
     def _shape_limit(self) -> Manifest:
@@ -217,7 +341,7 @@ class Manifest(BaseModel):
             (f"entries.{i}.shapes.{j}", spec.count())
             for i, entry in enumerate(self.entries)
             for j, spec in enumerate(entry.shapes)
-        ]
+        ] + [(f"models.{i}.dims", model.count()) for i, model in enumerate(self.models)]
         total = sum(count for _, count in counts)
         if total <= MAX_SHAPES:
             return self
@@ -234,21 +358,43 @@ class Manifest(BaseModel):
         return hashlib.sha256(blob).hexdigest()[:16]
 
     def world_sizes(self) -> set[int]:
-        return {e.world_size for e in self.entries}
+        return {e.world_size for e in self.entries} | {m.world_size for m in self.models}
 
     def entries_for(self, world: int) -> list[ManifestEntry]:
         """The entries a pod of ``world`` ranks warms; the others are skipped."""
         return [e for e in self.entries if e.world_size == world]
 
+    def models_for(self, world: int) -> list[ModelEntry]:
+        """The models a pod of ``world`` ranks warms; the others are skipped."""
+        return [m for m in self.models if m.world_size == world]
+
+    def model(self, name: str) -> ModelEntry:
+        """The model declared as ``name``; KeyError naming the declared ones."""
+        for model in self.models:
+            if model.name == name:
+                return model
+        raise KeyError(
+            f"the manifest declares no model {name!r}; it declares "
+            f"{sorted(m.name for m in self.models) or 'none'}"
+        )
+
     def shape_count(self, world: int) -> int:
-        """Shapes each rank of a ``world``-rank pod warms."""
+        """Kernel shapes each rank of a ``world``-rank pod warms."""
         return sum(len(e.expand()) for e in self.entries_for(world))
+
+    def model_shape_count(self, world: int) -> int:
+        """Model shapes each rank of a ``world``-rank pod compiles and runs."""
+        return sum(m.count() for m in self.models_for(world))
 
     def skipped_entries(self, world: int) -> list[str]:
         return [
             f"entries.{i} ({e.kernel}, world size {e.world_size})"
             for i, e in enumerate(self.entries)
             if e.world_size != world
+        ] + [
+            f"models.{i} ({m.name}, world size {m.world_size})"
+            for i, m in enumerate(self.models)
+            if m.world_size != world
         ]
 
     def no_entry_message(self, world: int) -> str:
@@ -261,7 +407,7 @@ class Manifest(BaseModel):
 
     def require_world(self, world: int, source: str = "<manifest>") -> None:
         """:class:`ManifestError` when a pod of ``world`` ranks would warm nothing."""
-        if self.shape_count(world) == 0:
+        if self.shape_count(world) + self.model_shape_count(world) == 0:
             raise ManifestError(source, [self.no_entry_message(world)])
 
     def check_kernels(self, source: str = "<manifest>") -> None:
@@ -282,6 +428,11 @@ class Manifest(BaseModel):
                 reason = adapter.check_shape(shape, world_size=entry.world_size)
                 if reason:
                     errors.append(f"entries.{index}: {entry.kernel} shape {shape}: {reason}")
+        for index, model in enumerate(self.models):
+            try:
+                resolve_model_builder(model.build)
+            except ValueError as e:
+                errors.append(f"models.{index}.build: {e}")
         if errors:
             raise ManifestError(source, errors)
 
@@ -289,6 +440,39 @@ class Manifest(BaseModel):
 def resolve_user_function(spec: str) -> Callable[..., Any]:
     """``package.module:function`` -> the function, checked to take the keywords a
     warmup calls it with (``shape``, ``dtype``, ``device``); ValueError saying why not."""
+    function = _import_function(spec)
+    name = spec.partition(":")[2]
+    try:
+        inspect.signature(function).bind(shape={}, dtype=None, device=None)
+    except TypeError as e:
+        raise ValueError(
+            f"{spec!r}: a warmup calls it as {name}(shape=..., dtype=..., device=...), "
+            f"which its signature {name}{inspect.signature(function)} refuses: {e}"
+        ) from None
+    except ValueError:  # no signature to read (a builtin): its call will tell
+        pass
+    return function  # type: ignore[no-any-return]
+
+
+def resolve_model_builder(spec: str) -> Callable[..., Any]:
+    """``package.module:function`` -> the function that builds a model, checked to take
+    the keyword a warmup and a server call it with (``device``); ValueError saying why not."""
+    function = _import_function(spec)
+    name = spec.partition(":")[2]
+    try:
+        inspect.signature(function).bind(device=None)
+    except TypeError as e:
+        raise ValueError(
+            f"{spec!r}: a warmup calls it as {name}(device=...), which its signature "
+            f"{name}{inspect.signature(function)} refuses: {e}"
+        ) from None
+    except ValueError:  # no signature to read (a builtin): its call will tell
+        pass
+    return function
+
+
+def _import_function(spec: str) -> Callable[..., Any]:
+    """``package.module:function`` -> the callable; ValueError saying why not."""
     module_name, _, name = spec.partition(":")
     try:
         with _working_folder_importable():
@@ -300,15 +484,6 @@ def resolve_user_function(spec: str) -> Callable[..., Any]:
     function = getattr(module, name, None)
     if not callable(function):
         raise ValueError(f"{spec!r}: module {module_name} has no function {name!r}")
-    try:
-        inspect.signature(function).bind(shape={}, dtype=None, device=None)
-    except TypeError as e:
-        raise ValueError(
-            f"{spec!r}: a warmup calls it as {name}(shape=..., dtype=..., device=...), "
-            f"which its signature {name}{inspect.signature(function)} refuses: {e}"
-        ) from None
-    except ValueError:  # no signature to read (a builtin): its call will tell
-        pass
     return function  # type: ignore[no-any-return]
 
 

@@ -16,7 +16,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from registry import atomic
-from warmup.results import RemoteCounts, ShapeResult
+from warmup.results import ModelResult, RemoteCounts, ShapeResult
 
 SECONDS_BUCKETS = (
     0.01,
@@ -126,6 +126,34 @@ class RunMetrics:
             ["kernel"],
             registry=r,
         )
+        self.model_seconds = Gauge(
+            "triton_warmup_model_warm_seconds",
+            "Seconds the last run spent warming each compiled model (the slowest rank's): "
+            "artifact restore, torch.compile and first calls at every shape, store.",
+            ["model"],
+            registry=r,
+        )
+        self.model_ready = Gauge(
+            "triton_warmup_model_ready",
+            "1 when every rank warmed the compiled model in the last run, else 0.",
+            ["model"],
+            registry=r,
+        )
+        self.model_compiles = Gauge(
+            "triton_warmup_model_compiles",
+            "What compiling each model cost in the last run, summed over ranks: graphs "
+            "Inductor compiled (inductor_compiles) and FX graph cache hits (fxgraph_hits; "
+            "restored artifacts).",
+            ["model", "what"],
+            registry=r,
+        )
+        self.model_restores = Counter(
+            "triton_warmup_model_artifact_restores",
+            "Compiled models' stored Inductor artifacts at the run's start: hit, or miss "
+            "(the log and the status say why).",
+            ["model", "result"],
+            registry=r,
+        )
         self.remote_calls = Counter(
             "triton_warmup_remote_tier_calls",
             "Calls to the registry's remote tier: hit, miss, published, error, skipped "
@@ -156,6 +184,22 @@ class RunMetrics:
                 self.fallbacks.labels(kernel).inc()
             if shape.unlocked and shape.rank == 0:
                 self.unlocked.labels(kernel).inc()
+
+    def record_models(self, models: Iterable[ModelResult]) -> None:
+        """Add the ranks' per-model results."""
+        by_name: dict[str, list[ModelResult]] = {}
+        for model in models:
+            by_name.setdefault(model.name, []).append(model)
+        for name, ranks in by_name.items():
+            self.model_seconds.labels(name).set(max(m.seconds for m in ranks))
+            self.model_ready.labels(name).set(0 if any(m.failed for m in ranks) else 1)
+            for what in ("inductor_compiles", "fxgraph_hits"):
+                self.model_compiles.labels(name, what).set(
+                    sum(m.counts.get(what, 0) for m in ranks)
+                )
+            for model in ranks:
+                if model.restore:
+                    self.model_restores.labels(name, model.restore.split(":")[0].split()[0]).inc()
 
     def record_run(
         self,
@@ -237,6 +281,14 @@ class ServingMetrics:
             "triton_warmup_request_autotunes",
             "Autotune runs (benchmarks of a new key) in a serving process after it was warm.",
             ["kernel", "rank"],
+            registry=r,
+        )
+        self.model_compiles = Counter(
+            "triton_warmup_model_request_compiles",
+            "Compiled models' work after the process was warm, by model and kind: "
+            "dynamo_frames (compiles and recompiles), fxgraph_misses, inductor_compiles "
+            "(graphs), kernel_compiles (Triton kernels), autotune_runs.",
+            ["model", "what", "rank"],
             registry=r,
         )
         self.generation_swaps = Counter(

@@ -81,6 +81,35 @@ class ShapeResult(_Record):
         return f"{self.kernel} {shape or self.key}".strip()
 
 
+ModelPhase = Literal["warm", "failed"]
+
+
+class ModelResult(_Record):
+    """One declared compiled model warmed on one rank: every shape compiled (or loaded
+    from the restored cache) and run once, or failed with a one-line reason."""
+
+    name: str
+    rank: int = 0
+    phase: ModelPhase | str  # a newer writer's phase reads too
+    seconds: float = 0.0  # restore, build, every shape, store
+    restore: str = ""  # hit, or miss with the reason (rank 0; '' elsewhere)
+    shapes: list[dict[str, Any]] = []  # {"dims": {...}, "seconds": first call's}
+    counts: dict[str, int] = {}  # warmup.compiled.counters.CompileCounts during the warm
+    stored_artifacts: int = 0  # files of the Inductor cache stored in the registry
+    error: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None or self.phase != "warm"
+
+    def describe(self) -> str:
+        compiled = self.counts.get("inductor_compiles", 0)
+        hits = self.counts.get("fxgraph_hits", 0)
+        what = f"{len(self.shapes)} shapes, {compiled} graphs compiled, {hits} cache hits"
+        stored = f"; stored artifacts: {self.restore}" if self.restore else ""
+        return f"model {self.name}: {self.phase} ({what}) in {self.seconds:.2f} s{stored}"
+
+
 class RemoteCounts(_Record):
     """Calls to the registry's remote tier (``registry.remote.RemoteStats``): hits and
     misses of lookups, entries published, calls that failed, calls skipped while down."""
@@ -106,6 +135,7 @@ class RankReport(_Record):
     phases: dict[str, float] = {}  # warmup.run.phases: seconds per phase on this rank
     remote: RemoteCounts | None = None  # None: this rank asked no remote tier
     shapes: list[ShapeResult] = []
+    models: list[ModelResult] = []
     written: float = 0.0  # the rank's clock (time.time()) when it wrote it; 0: not said
 
     def write(self, run_dir: Path) -> Path:
@@ -163,6 +193,7 @@ class RunStatus(_Record):
     phases: dict[str, float] = {}  # warmup.run.phases: seconds per phase, the slowest rank's
     remote: RemoteCounts | None = None  # the registry's remote tier; None: not used
     shapes: list[ShapeResult] = []
+    models: list[ModelResult] = []  # every rank's, by model then rank
 
     @model_validator(mode="before")
     @classmethod
@@ -192,6 +223,11 @@ class RunStatus(_Record):
             *self.errors,
             *map(str, self.rank_failures),
             *(f"{s.describe()} (rank {s.rank}): {s.error}" for s in self.shapes if s.failed),
+            *(
+                f"model {m.name} (rank {m.rank}): {m.error or m.phase}"
+                for m in self.models
+                if m.failed
+            ),
         ]
 
     @property

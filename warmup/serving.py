@@ -2,6 +2,7 @@
 
     serving = Serving(settings)                     # one per process
     qkv = serving.op("ag_gemm", n=1536, k=8192, dtype="bf16", max_m=8192, group=tp_group)
+    model = serving.model("blocks")                 # a compiled model the manifest declares
     serving.declare_warm()                          # from here a compile is counted
     y = qkv(x_shard, w_qkv)                         # [M, N]: an O(1) pick, then the kernel
 
@@ -39,7 +40,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import kernels
 from kernels.adapter import BUCKET_FIELD, Layer, Served
@@ -48,6 +49,9 @@ from registry.fingerprint import Fingerprint, detect_for
 from warmup.compile_guard import guard_from_settings
 from warmup.metrics import ServingMetrics
 from warmup.settings import Settings
+
+if TYPE_CHECKING:
+    from warmup.compiled.serve import ServedModel
 
 log = logging.getLogger(__name__)
 OnMissing = Literal["error", "fallback"]
@@ -403,6 +407,27 @@ class Serving:
             )
             self.ops.append(op)
         return op
+
+    def model(self, name: str, *, device: Any = None, prime: bool = True) -> ServedModel:
+        """The compiled model the manifest declares as ``name``, built by its own
+        function on this process's device (``device``: default, its current GPU or the
+        CPU) with torch.compile reading the pod's Inductor cache, which the warmup
+        filled; with ``prime``, called once at every declared shape, so that Dynamo's
+        tracing (which no cache spares a new process) is paid here, not by a request.
+        Raises :class:`ServingError` when the manifest declares no such model or it
+        cannot be built or run. Once :meth:`declare_warm` is called, its compiles are
+        counted."""
+        from warmup.compiled.serve import build_served
+
+        try:
+            with self._exempt():
+                return build_served(
+                    name, self.settings, device=_device(device), guard=self.guard, prime=prime
+                )
+        except KeyError as e:
+            raise ServingError(str(e.args[0])) from None
+        except ValueError as e:
+            raise ServingError(f"model {name}: {e}") from None
 
     def declare_warm(self) -> None:
         """From now on every Triton compile or autotune run in this process is counted

@@ -23,6 +23,11 @@ class Settings(BaseSettings):
     triton_cache_dir: Path | None = Field(
         None, description="TRITON_CACHE_DIR to restore into; None: <work_dir>/triton-cache"
     )
+    inductor_cache_dir: Path | None = Field(
+        None,
+        description="TORCHINDUCTOR_CACHE_DIR of the warmup and the server (compiled models' "
+        "artifacts are restored there); None: <work_dir>/inductor-cache",
+    )
     registry_dir: Path | None = Field(None, description="the registry; None: <volume>/registry")
     work_dir: Path = Field(Path("demo-work"), description="this pod's scratch folder")
     status_file: Path | None = Field(None, description="None: <work_dir>/status.json")
@@ -109,6 +114,10 @@ class Settings(BaseSettings):
     @property
     def cache_dir(self) -> Path:
         return self.triton_cache_dir or self.work_dir / "triton-cache"
+
+    @property
+    def inductor_cache_path(self) -> Path:
+        return self.inductor_cache_dir or self.work_dir / "inductor-cache"
 
     @property
     def status_path(self) -> Path:

@@ -26,6 +26,7 @@ from warmup.run.session import (
     check_remote,
     clear_run_dir,
     finish,
+    inductor_environment,
     lock_backend,
     mark_restored,
     restore,
@@ -119,6 +120,7 @@ def _spawn_ranks(
             "MASTER_PORT": str(port),
             "TRITON_CACHE_DIR": str(settings.cache_dir.resolve()),
             "TRITON_CACHE_AUTOTUNING": "1",
+            **inductor_environment(settings),
             CHILD_FLAG: str(run_dir.resolve()),
         }
         if settings.device == "cpu":

@@ -31,6 +31,7 @@ PHASES: dict[str, str] = {
     "compile": "stored configs: compile or load from the compile cache",
     "check": "stored configs: first launch and check against the reference",
     "lock_wait": "waiting on shapes that other pods were tuning",
+    "models": "compiled models: artifact restore, torch.compile and first calls, store",
     "exit": "the rank processes' exit after their reports, as the launcher waits",
     "save": "compile-cache save, autotune import, status",
 }

@@ -29,7 +29,7 @@ from registry.locks import backend_from_url
 from registry.remote import RemoteTier, remote_tier
 from registry.tiered import TieredStore
 from warmup.manifest import Manifest, ManifestEntry, resolve_user_function
-from warmup.results import RankReport, RemoteCounts, ShapeResult
+from warmup.results import ModelResult, RankReport, RemoteCounts, ShapeResult
 from warmup.run.lockstep import Lockstep
 from warmup.run.phases import PhaseClock
 from warmup.settings import Settings
@@ -94,6 +94,8 @@ def warm_rank(
         if entry.is_user_function:
             for place, shape in enumerate(_warm_user_function(entry, device=device), first):
                 done(shape, place)
+    with clock.timing("models"):
+        report.models = _warm_models(manifest, settings, rank, world, group, device, fingerprint)
     for settled in sharing.come_back():
         warm(settled)
     report.shapes.sort(key=lambda shape: places[id(shape)])
@@ -103,6 +105,30 @@ def warm_rank(
         store.remote.flush()  # what an outage held back
         report.remote = RemoteCounts.model_validate(dataclasses.asdict(store.remote.stats))
     return report
+
+
+def _warm_models(
+    manifest: Manifest,
+    settings: Settings,
+    rank: int,
+    world: int,
+    group: Any,
+    device: torch.device,
+    fingerprint: Fingerprint,
+) -> list[ModelResult]:
+    """Every declared compiled model for ``world`` ranks (``warmup.compiled.warm``)."""
+    models = manifest.models_for(world)
+    if not models:
+        return []
+    from warmup.compiled.warm import warm_models
+
+    results = []
+    for result in warm_models(
+        models, settings, rank=rank, group=group, device=device, fingerprint=fingerprint
+    ):
+        (log.error if result.failed else log.info)("%s", result.describe())
+        results.append(result)
+    return results
 
 
 def _remote(settings: Settings) -> RemoteTier | None:

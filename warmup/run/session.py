@@ -223,12 +223,20 @@ def finish(
     for rank in sorted(set(range(world)) - {r.rank for r in reports}):
         failures.setdefault(rank, RankFailure(rank=rank, end="silent"))
     expected = manifest.shape_count(world)
-    if expected == 0:
+    models_expected = len(manifest.models_for(world))
+    if expected + models_expected == 0:
         errors.append(manifest.no_entry_message(world))
     for report in reports:
         if len(report.shapes) != expected:
             errors.append(f"rank {report.rank} reported {len(report.shapes)} of {expected} shapes")
+        if len(report.models) != models_expected:
+            errors.append(
+                f"rank {report.rank} reported {len(report.models)} of {models_expected} models"
+            )
     shapes = [shape for report in reports for shape in report.shapes]
+    models = sorted(
+        (model for report in reports for model in report.models), key=lambda m: (m.name, m.rank)
+    )
     saving = time.perf_counter()
     saved = triton_cache.save(settings.cache_dir, settings.paths.triton_cache)
     fingerprint = reports[0].fingerprint if reports else None
@@ -238,12 +246,18 @@ def finish(
         launcher["exit"] = max(0.0, ranks_ended - max(r.written for r in reports))
     run = run_phases(launcher, [report.phases for report in reports])
     remote = _remote_counts(reports)
-    ready = not errors and not failures and not any(s.failed for s in shapes)
+    ready = (
+        not errors
+        and not failures
+        and not any(s.failed for s in shapes)
+        and not any(m.failed for m in models)
+    )
     duration = time.time() - started
     from warmup.metrics import RunMetrics  # prometheus: the finisher's, not every rank's
 
     metrics = RunMetrics()
     metrics.record(shapes)
+    metrics.record_models(models)
     metrics.record_run(len(reports), duration, run, remote)
     metrics.write(settings.metrics_path)
     return RunStatus(
@@ -264,6 +278,7 @@ def finish(
         phases=run,
         remote=remote,
         shapes=shapes,
+        models=models,
     ).write(settings.status_path)
 
 
@@ -319,7 +334,19 @@ def _prepare_self_started(settings: Settings, manifest: Manifest, world: int) ->
     imports triton (Triton reads its cache folder and the interpreter switch then)."""
     os.environ["TRITON_CACHE_DIR"] = str(settings.cache_dir.resolve())
     os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
+    os.environ.update(inductor_environment(settings))
     return prepare(settings, manifest, world, str(settings.manifest))[0]
+
+
+def inductor_environment(settings: Settings) -> dict[str, str]:
+    """What makes torch.compile in a rank (or a server) read and write its artifacts in
+    the pod's Inductor cache, where they are restored and stored from: the folder, and
+    the FX graph and AOTAutograd caches on (whatever the torch build's default)."""
+    return {
+        "TORCHINDUCTOR_CACHE_DIR": str(settings.inductor_cache_path.resolve()),
+        "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
+        "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
+    }
 
 
 def prepare(

@@ -90,7 +90,7 @@ class Sidecar:
             )
         if not status.ready:
             return self._not_ready(f"warmup is {status.state}", failures=status.failures[:20])
-        if not status.shapes:  # a status written by hand or by an older writer
+        if not status.shapes and not status.models:  # written by hand or an older writer
             return self._not_ready("the last warmup warmed no shape")
         try:
             entries = len(self.store)  # reloads when another process changed the store
@@ -103,6 +103,7 @@ class Sidecar:
             "manifest": digest,
             "registry_entries": entries,
             "shapes": len(status.shapes),
+            "models": sorted({model.name for model in status.models}),
         }
 
     def _not_ready(self, reason: str, **details: Any) -> tuple[bool, dict[str, Any]]:

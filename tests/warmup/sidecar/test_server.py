@@ -25,13 +25,13 @@ from registry import Entry, KernelConfig, RegistryError, Store, bundle, cpu_fing
 from tests.conftest import free_port, gpu_fingerprint, wait_for
 from warmup.manifest import load_manifest
 from warmup.metrics import RunMetrics, ServingMetrics
-from warmup.results import RunStatus, ShapeResult
+from warmup.results import ModelResult, RunStatus, ShapeResult
 from warmup.settings import Settings
 from warmup.sidecar.probe_server import HeadFirstHandler, ProbeServer
 from warmup.sidecar.server import Sidecar
 
 ROOT = Path(__file__).parents[3]
-DEMO = ROOT / "examples" / "demo.yaml"
+DEMO = ROOT / "tests" / "kernels_demo.yaml"
 
 
 @pytest.fixture
@@ -96,7 +96,25 @@ def test_readiness_goes_from_503_to_200(sidecar, settings):
         "manifest": load_manifest(DEMO).digest(),
         "registry_entries": 0,
         "shapes": 6,
+        "models": [],
     }
+
+
+def test_a_run_of_compiled_models_alone_is_ready_and_names_them(sidecar, settings):
+    model = ModelResult(name="blocks", phase="warm")
+    ready_status(settings, shapes=[], models=[model, model.model_copy(update={"rank": 1})])
+    code, body = get(sidecar.url + "/readyz")
+    assert code == 200 and json.loads(body)["models"] == ["blocks"]
+
+
+def test_a_failed_model_is_not_ready_and_named(sidecar, settings):
+    failed = ModelResult(name="blocks", phase="failed", error="build raised OSError: no weights")
+    ready_status(settings, state="failed", models=[failed])
+    code, body = get(sidecar.url + "/readyz")
+    assert code == 503
+    assert json.loads(body)["failures"] == [
+        "model blocks (rank 0): build raised OSError: no weights"
+    ]
 
 
 @pytest.mark.parametrize(

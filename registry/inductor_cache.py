@@ -1,0 +1,307 @@
+"""Inductor's artifacts as a cache family of the registry: what ``torch.compile`` wrote
+while a declared model warmed, kept on the volume and restored for the next pod.
+
+Stored as Inductor's own cache files (FX graph, AOTAutograd and autotune entries, the
+generated code, compiled kernels), not as a Mega-Cache blob: restoring files is a copy,
+and Inductor then hits at its own lookup cost, where ``load_cache_artifacts`` rewrites
+every artifact first (4.1 to 5.1 s on one H100 for the 4-block model of [3.1]). The
+files carry no path that a hit needs: a cache restored under another folder or home
+directory hits (``tests/registry/test_inductor_cache.py``).
+
+Layout under the family's root (``<volume>/inductor``)::
+
+    blobs/<sha[:2]>/<sha256>                       each file once, by content
+    models/<model>/<gpu>/<software>/<key>.json     an index: relative path -> sha, size
+    quarantine/<sha256>.<time>                     a blob that failed its hash
+
+An index is keyed by the model's key (its code, its shapes: ``warmup.compiled.key``)
+and by the fingerprint (torch, Triton, GPU, CUDA, driver); one is restored only for
+the same key and an equal fingerprint. Blobs are written before the index that names
+them, each atomically; N pods saving the same kernel store it once. A blob whose bytes
+no longer hash to its name is quarantined and its file not restored: that model
+recompiles it, nothing else is lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import re
+import stat
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from registry import atomic
+from registry.entry import now_iso
+from registry.errors import RegistryError
+from registry.fingerprint import Fingerprint, machine_name
+from registry.triton_cache import relocate
+
+log = logging.getLogger(__name__)
+FORMAT = 1
+MAX_FILE_BYTES = 256 * 2**20  # one cache file; Inductor's largest are kernels' .so/.cubin
+MAX_MODEL_BYTES = 2 * 2**30  # one model's files together
+MAX_FILES = 100_000  # files of one index
+MAX_INDEX_BYTES = 64 * 2**20
+_SKIPPED_DIRS = {"locks"}  # Inductor's file locks: a compile in progress, not an artifact
+_SHA = re.compile(r"^[0-9a-f]{64}$")
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+_KEY_DIGEST = re.compile(r"^[0-9a-f]{8,64}$")
+
+
+@dataclass
+class Saved:
+    files: int = 0  # files the index lists
+    new_blobs: int = 0  # of them, stored now (the others were there already)
+    bytes: int = 0  # of the new blobs
+    skipped: list[str] = field(default_factory=list)  # files not stored, with the reason
+
+
+@dataclass
+class Restored:
+    index: Path | None = None  # the index restored from; None: none for this key
+    copied: int = 0
+    present: int = 0  # already in the cache folder with the same content
+    quarantined: int = 0  # blobs that failed their hash: their files recompile
+    missing: int = 0  # blobs the index names that are not there
+    relocated: int = 0  # Triton group files pointed at the new folder
+    why_not: str = ""  # no index: the nearest one's differing factor
+
+
+def index_path(root: Path, model: str, key_digest: str, fingerprint: Fingerprint) -> Path:
+    """Where the index of ``model`` at ``key_digest`` for ``fingerprint`` lives."""
+    _check_name(model, key_digest)
+    gpu, software = fingerprint.gpu_slug(), fingerprint.software_slug()
+    return root / "models" / model / gpu / software / f"{key_digest}.json"
+
+
+def save(
+    cache_dir: Path,
+    root: Path,
+    *,
+    model: str,
+    key_digest: str,
+    key: Mapping[str, Any],
+    fingerprint: Fingerprint,
+) -> Saved:
+    """Store every finished file of ``cache_dir`` as the artifacts of ``model`` at
+    ``key_digest``: new blobs first, then the index, each atomically. A file over
+    :data:`MAX_FILE_BYTES`, or files past :data:`MAX_MODEL_BYTES` together, are skipped
+    and listed (they recompile on the next pod)."""
+    target = index_path(root, model, key_digest, fingerprint)
+    saved = Saved()
+    files: dict[str, list[Any]] = {}
+    total = 0
+    for rel, path in cache_files(cache_dir):
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES or total + size > MAX_MODEL_BYTES or len(files) >= MAX_FILES:
+            saved.skipped.append(f"{rel}: {size} bytes, past the family's limits")
+            continue
+        sha, new = _store_blob(root, path)
+        files[rel] = [sha, size]
+        total += size
+        saved.new_blobs += new
+        saved.bytes += size if new else 0
+    index = {
+        "format": FORMAT,
+        "model": model,
+        "key_digest": key_digest,
+        "key": dict(key),
+        "fingerprint": fingerprint.to_json(),
+        "files": files,
+        "created": now_iso(),
+        "host": machine_name(),
+    }
+    atomic.write_bytes(target, json.dumps(index, sort_keys=True).encode())
+    saved.files = len(files)
+    for line in saved.skipped:
+        log.warning("inductor artifact of %s not stored: %s", model, line)
+    return saved
+
+
+def restore(
+    root: Path, cache_dir: Path, *, model: str, key_digest: str, fingerprint: Fingerprint
+) -> Restored:
+    """Copy the files of ``model``'s index for this key and fingerprint into
+    ``cache_dir``, each blob checked against its hash on the way; ``why_not`` says why
+    there is nothing to restore (no index at all, or the nearest one's differing factor)."""
+    done = Restored()
+    path = index_path(root, model, key_digest, fingerprint)
+    try:
+        index = read_index(path)
+    except FileNotFoundError:
+        done.why_not = explain_miss(root, model, key_digest, fingerprint)
+        return done
+    except (OSError, RegistryError) as e:
+        _quarantine_index(root, path, str(e))
+        done.why_not = f"its index was unreadable and is quarantined ({e})"
+        return done
+    if Fingerprint.from_json(index["fingerprint"]).digest() != fingerprint.digest():
+        done.why_not = "its index was written for another fingerprint"  # a hash collision
+        return done
+    done.index = path
+    for rel, (sha, size) in index["files"].items():
+        _restore_file(root, cache_dir / rel, sha, size, done)
+    done.relocated = _relocate_triton_groups(cache_dir)
+    return done
+
+
+def _restore_file(root: Path, dst: Path, sha: str, size: int, done: Restored) -> None:
+    if dst.is_file() and dst.stat().st_size == size and file_sha(dst) == sha:
+        done.present += 1
+        return
+    blob = blob_path(root, sha)
+    try:
+        if file_sha(blob) != sha:
+            _quarantine_blob(root, blob, "its bytes no longer hash to its name")
+            done.quarantined += 1
+            return
+    except FileNotFoundError:
+        done.missing += 1
+        return
+    except OSError as e:  # a folder, a file that cannot be read
+        _quarantine_blob(root, blob, f"unreadable: {e}")
+        done.quarantined += 1
+        return
+    try:
+        atomic.copy_file(blob, dst)
+    except OSError as e:  # the cache folder has something in the way: that file recompiles
+        log.warning("inductor artifact %s not restored: %s", dst, e)
+        done.missing += 1
+        return
+    done.copied += 1
+
+
+def _relocate_triton_groups(cache_dir: Path) -> int:
+    """Triton group files list their members by absolute path (``registry.triton_cache``):
+    those under Inductor's own Triton folder are pointed at where they now are."""
+    count = 0
+    for folder in sorted(cache_dir.glob("triton/*")):
+        if folder.is_dir() and not folder.is_symlink():
+            count += relocate(folder)
+    return count
+
+
+def explain_miss(root: Path, model: str, key_digest: str, fingerprint: Fingerprint) -> str:
+    """Why no index of ``model`` serves this key and fingerprint, in one line: none
+    stored, the model's code or shapes changed, or the factor that differs."""
+    folder = root / "models" / model
+    others = sorted(folder.glob("*/*/*.json")) if folder.is_dir() else []
+    if not others:
+        return f"no artifacts of model {model} are stored"
+    same_key = [p for p in others if p.stem == key_digest]
+    if not same_key:
+        return f"the stored artifacts of model {model} are for other code or shapes"
+    for path in same_key:
+        with contextlib.suppress(OSError, RegistryError, KeyError):
+            theirs = Fingerprint.from_json(read_index(path)["fingerprint"])
+            differences = fingerprint.diff(theirs)
+            if differences:
+                name, (mine, stored) = next(iter(sorted(differences.items())))
+                return f"stored for {name}={stored}, this host has {mine}"
+    return f"the stored artifacts of model {model} are unreadable"
+
+
+def read_index(path: Path) -> dict[str, Any]:
+    """An index, checked: every path relative and inside the cache, every blob a sha256;
+    :class:`RegistryError` otherwise, FileNotFoundError when there is none."""
+    try:
+        data = atomic.loads(atomic.read_bounded(path, MAX_INDEX_BYTES))
+    except ValueError as e:  # too big, not a regular file, not JSON
+        raise RegistryError(f"{path}: {e}") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise RegistryError(f"{path}: not an inductor artifact index of format {FORMAT}")
+    files = data.get("files")
+    if not isinstance(files, dict):
+        raise RegistryError(f"{path}: 'files' is not an object")
+    for rel, value in files.items():
+        check_relative(rel)
+        ok = isinstance(value, list) and len(value) == 2 and isinstance(value[0], str)
+        if not ok or not _SHA.match(value[0]) or not isinstance(value[1], int):
+            raise RegistryError(f"{path}: file {rel!r} is not [sha256, size]")
+    Fingerprint.from_json(data.get("fingerprint"))
+    return data
+
+
+def check_relative(rel: str) -> str:
+    """A cache file's relative path, refused when it could leave the cache folder."""
+    parts = PurePosixPath(rel).parts
+    if not rel or rel.startswith("/") or "\\" in rel or any(p in ("", ".", "..") for p in parts):
+        raise RegistryError(f"inductor artifact path {rel!r} is not a plain relative path")
+    if parts[0] in _SKIPPED_DIRS or any(_is_temp(p) for p in parts):
+        raise RegistryError(f"inductor artifact path {rel!r} names a lock or a temporary file")
+    return rel
+
+
+def cache_files(cache_dir: Path) -> Iterator[tuple[str, Path]]:
+    """``(relative path, path)`` of every finished regular file of an Inductor cache
+    folder: no symlink is followed, no lock or temporary file is taken."""
+    if not cache_dir.is_dir():
+        return
+    for folder, dirs, names in os.walk(cache_dir):
+        here = Path(folder)
+        dirs[:] = sorted(
+            d for d in dirs if not _is_temp(d) and not (here == cache_dir and d in _SKIPPED_DIRS)
+        )
+        for name in sorted(names):
+            path = here / name
+            if _is_temp(name) or not stat.S_ISREG(path.lstat().st_mode):
+                continue
+            yield path.relative_to(cache_dir).as_posix(), path
+
+
+def _is_temp(name: str) -> bool:
+    # atomic writers' temps (ours, Inductor's ``tmp*``/``.tmp``), Triton's ``tmp.`` folders
+    return name.startswith((".", "tmp")) or name.endswith((".tmp", ".lock"))
+
+
+def blob_path(root: Path, sha: str) -> Path:
+    return root / "blobs" / sha[:2] / sha
+
+
+def file_sha(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        for piece in iter(lambda: file.read(1 << 20), b""):
+            digest.update(piece)
+    return digest.hexdigest()
+
+
+def _store_blob(root: Path, path: Path) -> tuple[str, bool]:
+    """The file's sha256 and whether it was stored now (content-addressed: a blob that
+    is there with the right size is the same bytes, up to a hash collision)."""
+    sha = file_sha(path)
+    blob = blob_path(root, sha)
+    if blob.is_file() and blob.stat().st_size == path.stat().st_size:
+        return sha, False
+    atomic.copy_file(path, blob)
+    return sha, True
+
+
+def _quarantine_blob(root: Path, blob: Path, reason: str) -> None:
+    target = root / "quarantine" / f"{blob.name}.{time.time_ns()}"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        os.replace(blob, target)
+        log.warning("inductor artifact %s quarantined to %s: %s", blob, target, reason)
+
+
+def _quarantine_index(root: Path, path: Path, reason: str) -> None:
+    target = root / "quarantine" / f"index-{path.parent.name}-{path.name}.{time.time_ns()}"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        os.replace(path, target)
+        log.warning("inductor artifact index %s quarantined to %s: %s", path, target, reason)
+
+
+def _check_name(model: str, key_digest: str) -> None:
+    if not _NAME.match(model):
+        raise RegistryError(f"model name {model!r} is not 1-63 of a-z 0-9 _ . -")
+    if not _KEY_DIGEST.match(key_digest):
+        raise RegistryError(f"model key digest {key_digest!r} is not 8-64 hex digits")

@@ -1,0 +1,48 @@
+"""Model builders named by test manifests (``tests.warmup.compiled.models:...``): small
+enough that Inductor's CPU backend compiles them in seconds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class _Mlp(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(32, 48)
+        self.down = nn.Linear(48, 16)
+
+    def forward(self, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        # x: [batch, seq, 32], scale: [batch] of int64
+        h = torch.nn.functional.silu(self.up(x))
+        return self.down(h) * (scale[:, None, None].float() + 1.0)
+
+
+def mlp(device: Any) -> Any:
+    """A compiled two-layer MLP, as a server would build it."""
+    torch.manual_seed(0)
+    return torch.compile(_Mlp().to(device).eval(), dynamic=False)
+
+
+def raises(device: Any) -> Any:
+    raise RuntimeError("the weights are not there")
+
+
+def not_callable(device: Any) -> Any:
+    return 42
+
+
+def fails_at_batch_3(device: Any) -> Any:
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 3:
+            raise ValueError("batch 3 is not supported")
+        return x * 2
+
+    return forward
+
+
+def no_device() -> Any:  # a builder a warmup cannot call: it takes no device
+    return None

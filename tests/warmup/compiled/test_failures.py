@@ -1,0 +1,103 @@
+"""A model that cannot be built or run fails alone, with a one-line reason: the other
+models still warm, readiness names it, nothing stored is lost."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from registry.fingerprint import cpu_fingerprint
+from tests.conftest import settings_for
+from warmup.cli import main
+from warmup.compiled.warm import warm_models
+from warmup.manifest import ManifestError, parse_manifest
+from warmup.results import ModelResult, RunStatus
+
+MODELS = "tests.warmup.compiled.models"
+
+
+def manifest(*builds: str, dims: str = "{batch: [1, 3, 4]}") -> str:
+    entries = "".join(
+        f"  - name: m{i}\n    build: {build}\n    dims: {dims}\n"
+        "    inputs: [{shape: [batch, 8], dtype: fp32}]\n"
+        for i, build in enumerate(builds)
+    )
+    return f"version: 1\nmodels:\n{entries}"
+
+
+def warm(tmp_path, text: str) -> list[ModelResult]:
+    models = parse_manifest(text).models
+    settings = settings_for(tmp_path)
+    return list(
+        warm_models(
+            models,
+            settings,
+            rank=0,
+            group=None,
+            device=torch.device("cpu"),
+            fingerprint=cpu_fingerprint(),
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    "build,error",
+    [
+        (f"{MODELS}:raises", f"{MODELS}:raises(device=...) raised RuntimeError: the weights"),
+        (f"{MODELS}:not_callable", "returned int, not a callable"),
+        (f"{MODELS}:absent", f"module {MODELS} has no function 'absent'"),
+        ("tests.no_such_module:build", "cannot import tests.no_such_module"),
+        (f"{MODELS}:no_device", "refuses"),
+    ],
+)
+def test_a_broken_model_fails_alone_with_a_one_line_reason(tmp_path, build, error):
+    broken, fine = warm(tmp_path, manifest(build, f"{MODELS}:fails_at_batch_3", dims="{batch: 1}"))
+    assert broken.failed and broken.phase == "failed"
+    assert error in broken.error and "\n" not in broken.error
+    assert not fine.failed and len(fine.shapes) == 1
+
+
+def test_the_shapes_before_a_failing_one_are_kept(tmp_path):
+    [result] = warm(tmp_path, manifest(f"{MODELS}:fails_at_batch_3"))
+    assert result.error == "at {'batch': 3}: ValueError: batch 3 is not supported"
+    assert [s["dims"] for s in result.shapes] == [{"batch": 1}]
+
+
+def test_a_failed_model_keeps_the_pod_unready_and_is_named():
+    status = RunStatus(
+        state="failed",
+        manifest_digest="d",
+        started=0.0,
+        world_size=1,
+        models=[ModelResult(name="m0", phase="failed", error="boom")],
+    )
+    assert status.failures == ["model m0 (rank 0): boom"]
+
+
+@pytest.mark.parametrize(
+    "text,line",
+    [
+        (manifest(f"{MODELS}:mlp").replace("m0", "M 0"), "models.0.name: name 'M 0' must be"),
+        (manifest("not a function"), "models.0.build: build 'not a function' is not"),
+        (manifest(f"{MODELS}:mlp", dims="{batch: 0}"), "models.0.dims: batch=0 must be >= 1"),
+        (manifest(f"{MODELS}:mlp", dims="{batch: 1, seq: 2}"), "dims ['seq'] are used by no input"),
+        (manifest(f"{MODELS}:mlp", f"{MODELS}:mlp").replace("m1", "m0"), "more than once"),
+        (
+            manifest(f"{MODELS}:mlp").replace("[batch, 8]", "[batch, width]"),
+            "inputs use dimension(s) ['width'] that dims does not declare",
+        ),
+    ],
+)
+def test_a_bad_model_entry_is_one_line_naming_the_entry_and_field(text, line):
+    with pytest.raises(ManifestError) as info:
+        parse_manifest(text)
+    assert any(line in error for error in info.value.errors), info.value.errors
+
+
+def test_validate_imports_each_build_and_exits_2(tmp_path, capsys):
+    path = tmp_path / "m.yaml"
+    path.write_text(manifest(f"{MODELS}:no_device", "tests.no_such_module:build"))
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "models.0.build:" in err and "no_device(device=...)" in err
+    assert "models.1.build:" in err and "cannot import tests.no_such_module" in err

@@ -1,0 +1,67 @@
+"""What torch.compile did in this process, read from Dynamo's and Inductor's own
+counters: the figures a warm model must keep at zero on the request path."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+
+@dataclass(frozen=True)
+class CompileCounts:
+    """Counts since the process started (or between two snapshots, by subtraction)."""
+
+    dynamo_frames: int = 0  # frames Dynamo compiled (a recompile is one more)
+    graphs: int = 0  # graphs Dynamo captured
+    fxgraph_hits: int = 0  # Inductor's FX graph cache
+    fxgraph_misses: int = 0
+    inductor_compiles: int = 0  # graphs Inductor compiled: misses and bypasses
+    autograd_hits: int = 0  # AOTAutograd's cache
+    autograd_misses: int = 0
+    kernel_compiles: int = 0  # Triton kernels Inductor compiled (not in memory already)
+    autotune_runs: int = 0  # max-autotune and coordinate-descent benchmarks
+
+    def __sub__(self, other: CompileCounts) -> CompileCounts:
+        return CompileCounts(
+            **{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self)}
+        )
+
+    def to_json(self) -> dict[str, int]:
+        return asdict(self)
+
+    def request_costs(self) -> dict[str, int]:
+        """The :data:`REQUEST_COSTS` that are not zero."""
+        return {name: getattr(self, name) for name in REQUEST_COSTS if getattr(self, name)}
+
+
+def snapshot() -> CompileCounts:
+    """The counters now (torch imported here: the caller compiles anyway)."""
+    from torch._dynamo.utils import counters
+
+    inductor: Any = counters["inductor"]
+    autograd: Any = counters["aot_autograd"]
+    return CompileCounts(
+        dynamo_frames=int(counters["frames"]["ok"]),
+        graphs=int(counters["stats"]["unique_graphs"]),
+        fxgraph_hits=int(inductor["fxgraph_cache_hit"]),
+        fxgraph_misses=int(inductor["fxgraph_cache_miss"]),
+        inductor_compiles=int(inductor["fxgraph_cache_miss"] + inductor["fxgraph_cache_bypass"]),
+        autograd_hits=int(autograd["autograd_cache_hit"]),
+        autograd_misses=int(autograd["autograd_cache_miss"]),
+        kernel_compiles=int(inductor["async_compile_cache_miss"]),
+        autotune_runs=int(
+            inductor["select_algorithm_autotune"]
+            + inductor["coordesc_tuning_bench"]
+            + inductor["combo_autotune_bench"]
+        ),
+    )
+
+
+REQUEST_COSTS = (
+    "dynamo_frames",
+    "fxgraph_misses",
+    "inductor_compiles",
+    "kernel_compiles",
+    "autotune_runs",
+)
+"""What a warm model must not do on a request: each is a counter label of the guard."""

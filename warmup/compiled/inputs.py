@@ -1,0 +1,50 @@
+"""A declared model's inputs at one shape: random tensors of the declared sizes and
+dtypes on the rank's device, the same on every rank and every run (seeded by shape)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from warmup.manifest import ModelEntry
+
+_FLOATS = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+_INTEGERS = {"int64": "int64", "int32": "int32", "bool": "bool"}
+
+
+def make_inputs(model: ModelEntry, dims: dict[str, int], device: Any) -> list[Any]:
+    """One tensor per declared input, sized by ``dims``: floats from a normal
+    distribution, integers in ``[0, high)``, booleans either."""
+    import torch
+
+    seed = int.from_bytes(
+        hashlib.sha256(json.dumps(dims, sort_keys=True).encode()).digest()[:7], "big"
+    )
+    generator = torch.Generator().manual_seed(seed)  # on the CPU: any device gets the same
+    tensors = []
+    for spec in model.inputs:
+        size = spec.sized(dims)
+        if spec.dtype in _FLOATS:
+            tensor = torch.randn(
+                size, generator=generator, dtype=getattr(torch, _FLOATS[spec.dtype])
+            )
+        else:
+            high = 2 if spec.dtype == "bool" else spec.high
+            tensor = torch.randint(0, high, size, generator=generator).to(
+                getattr(torch, _INTEGERS[spec.dtype])
+            )
+        tensors.append(tensor.to(device))
+    return tensors
+
+
+def grad_mode(model: ModelEntry) -> Any:
+    """The autograd mode the model is called under, as the server calls it: Dynamo
+    guards on it, so warming under another one would compile again on a request."""
+    import torch
+
+    return {
+        "no_grad": torch.no_grad,
+        "inference_mode": torch.inference_mode,
+        "grad": torch.enable_grad,
+    }[model.mode]()

@@ -1,0 +1,96 @@
+"""A declared compiled model in the server: built by the manifest's own function, so
+what is served is what was warmed, on the Inductor cache the warmup filled.
+
+    serving = Serving()                       # one per process (warmup.serving)
+    model = serving.model("blocks")           # the manifest's build(device=...), primed
+    serving.declare_warm()                    # from here a compile is counted (or refused)
+    logits = model(tokens)
+
+Once the process is declared warm, every call reads Dynamo's and Inductor's counters
+around itself: a call that compiled (a new shape, a guard that failed, an FX graph cache
+miss, a Triton kernel, an autotune benchmark) is counted per model by the compile guard
+(``triton_warmup_model_request_compiles``), and refused in strict mode.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from warmup.compiled.counters import snapshot
+from warmup.compiled.warm import build_model, run_once
+from warmup.manifest import Manifest, ModelEntry, load_manifest
+from warmup.settings import Settings
+
+if TYPE_CHECKING:
+    from warmup.compile_guard import CompileGuard
+
+log = logging.getLogger(__name__)
+
+
+class ServedModel:
+    """A declared model's callable; calls pass through, counted once the guard is armed."""
+
+    def __init__(
+        self, entry: ModelEntry, function: Callable[..., Any], guard: CompileGuard | None
+    ) -> None:
+        self.entry, self.function, self.guard = entry, function, guard
+
+    @property
+    def name(self) -> str:
+        return self.entry.name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.guard is None or not self.guard.armed:
+            return self.function(*args, **kwargs)
+        before = snapshot()
+        output = self.function(*args, **kwargs)
+        costs = (snapshot() - before).request_costs()
+        if costs:
+            self.guard.model_costs(self.name, costs)
+        return output
+
+
+def build_served(
+    name: str,
+    settings: Settings,
+    *,
+    device: Any,
+    guard: CompileGuard | None,
+    manifest: Manifest | None = None,
+    prime: bool = True,
+) -> ServedModel:
+    """The model declared as ``name`` in ``manifest`` (default: the settings' manifest),
+    built on ``device`` with torch.compile reading the pod's Inductor cache, and with
+    ``prime`` called once at every declared shape. KeyError when the manifest declares
+    no such model, ValueError when it cannot be built or fails at a shape."""
+    manifest = manifest or load_manifest(settings.manifest)
+    entry = manifest.model(name)
+    use_inductor_cache(settings)
+    served = ServedModel(entry, build_model(entry, device), guard)
+    if prime:
+        for dims in entry.expand():
+            try:
+                run_once(served.function, entry, dims, device)
+            except Exception as e:
+                raise ValueError(f"at {dims}: {type(e).__name__}: {e}") from None
+    return served
+
+
+def use_inductor_cache(settings: Settings) -> None:
+    """Point torch.compile in this process at the pod's Inductor cache (where the warmup
+    restored and wrote the artifacts), with its FX graph and AOTAutograd caches on."""
+    from warmup.run.session import inductor_environment
+
+    wanted = inductor_environment(settings)
+    held = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if held and os.path.abspath(held) != wanted["TORCHINDUCTOR_CACHE_DIR"]:
+        log.warning(
+            "TORCHINDUCTOR_CACHE_DIR=%s is replaced by the warmup's %s (set "
+            "TRITON_WARMUP_INDUCTOR_CACHE_DIR to choose it)",
+            held,
+            wanted["TORCHINDUCTOR_CACHE_DIR"],
+        )
+    os.environ.update(wanted)
