@@ -18,7 +18,7 @@ class CompileCounts:
     inductor_compiles: int = 0  # graphs Inductor compiled: misses and bypasses
     autograd_hits: int = 0  # AOTAutograd's cache
     autograd_misses: int = 0
-    kernel_compiles: int = 0  # Triton kernels Inductor compiled (not in memory already)
+    kernel_compiles: int = 0  # Triton compiles in this process (its disk cache missed)
     autotune_runs: int = 0  # max-autotune and coordinate-descent benchmarks
 
     def __sub__(self, other: CompileCounts) -> CompileCounts:
@@ -34,10 +34,43 @@ class CompileCounts:
         return {name: getattr(self, name) for name in REQUEST_COSTS if getattr(self, name)}
 
 
+class _TritonCompiles:
+    """Triton's compiles in this process, from its compilation listener (Triton 3.4+),
+    which hears every ``triton.compile`` with whether its disk cache had the kernel; a
+    listener set before is still called. Kernels Inductor compiles in its worker
+    processes are not heard here: their graphs count as ``inductor_compiles``."""
+
+    def __init__(self) -> None:
+        self.compiled = 0
+        self.installed = False
+
+    def install(self) -> None:
+        if self.installed:
+            return
+        self.installed = True
+        try:
+            from triton import knobs
+        except ImportError:  # a Triton before knobs: compiles are not counted
+            return
+        previous = knobs.compilation.listener
+
+        def listener(**event: Any) -> None:
+            if not event.get("cache_hit", True):
+                self.compiled += 1
+            if previous is not None:
+                previous(**event)
+
+        knobs.compilation.listener = listener
+
+
+_triton = _TritonCompiles()
+
+
 def snapshot() -> CompileCounts:
     """The counters now (torch imported here: the caller compiles anyway)."""
     from torch._dynamo.utils import counters
 
+    _triton.install()
     inductor: Any = counters["inductor"]
     autograd: Any = counters["aot_autograd"]
     return CompileCounts(
@@ -48,7 +81,7 @@ def snapshot() -> CompileCounts:
         inductor_compiles=int(inductor["fxgraph_cache_miss"] + inductor["fxgraph_cache_bypass"]),
         autograd_hits=int(autograd["autograd_cache_hit"]),
         autograd_misses=int(autograd["autograd_cache_miss"]),
-        kernel_compiles=int(inductor["async_compile_cache_miss"]),
+        kernel_compiles=_triton.compiled,
         autotune_runs=int(
             inductor["select_algorithm_autotune"]
             + inductor["coordesc_tuning_bench"]

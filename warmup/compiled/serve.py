@@ -93,4 +93,17 @@ def use_inductor_cache(settings: Settings) -> None:
             held,
             wanted["TORCHINDUCTOR_CACHE_DIR"],
         )
-    os.environ.update(wanted)
+    jit = wanted.pop("CUDA_CACHE_PATH")
+    if os.environ.get("CUDA_CACHE_PATH") != jit and _cuda_started():
+        log.warning(
+            "CUDA started before CUDA_CACHE_PATH=%s was set: torch's first calls JIT-compile "
+            "what the warmup cached there; set it in the server's environment (the chart does)",
+            jit,
+        )
+    os.environ.update({**wanted, "CUDA_CACHE_PATH": jit})
+
+
+def _cuda_started() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_initialized())  # type: ignore[no-untyped-call]

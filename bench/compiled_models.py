@@ -1,0 +1,59 @@
+"""The compiled models of ``bench/compiled_model.py``, built as a server would build
+them: the 4-block transformer of issue [3.1] (d=2048, fp16, RMSNorm, SDPA, SwiGLU) with
+torch.compile's default mode and ``max-autotune``, the same model uncompiled (the eager
+reference), and a small MLP for a CPU run of the bench."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+D_MODEL, HEADS, FFN = 2048, 16, 5504
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn_norm = nn.RMSNorm(D_MODEL)
+        self.qkv = nn.Linear(D_MODEL, 3 * D_MODEL, bias=False)
+        self.out = nn.Linear(D_MODEL, D_MODEL, bias=False)
+        self.ffn_norm = nn.RMSNorm(D_MODEL)
+        self.gate_up = nn.Linear(D_MODEL, 2 * FFN, bias=False)
+        self.down = nn.Linear(FFN, D_MODEL, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [batch, seq, D_MODEL]
+        batch, seq, _ = x.shape
+        q, k, v = self.qkv(self.attn_norm(x)).split(D_MODEL, dim=-1)
+        heads = [t.view(batch, seq, HEADS, -1).transpose(1, 2) for t in (q, k, v)]
+        attn = F.scaled_dot_product_attention(*heads, is_causal=True)
+        x = x + self.out(attn.transpose(1, 2).reshape(batch, seq, D_MODEL))
+        gate, up = self.gate_up(self.ffn_norm(x)).split(FFN, dim=-1)
+        return x + self.down(F.silu(gate) * up)
+
+
+def _blocks(device: Any) -> nn.Module:
+    torch.manual_seed(0)
+    model = nn.Sequential(*[Block() for _ in range(4)])
+    return model.to(device=device, dtype=torch.float16).eval()
+
+
+def blocks4(device: Any) -> Any:
+    return torch.compile(_blocks(device), dynamic=False)
+
+
+def blocks4_max_autotune(device: Any) -> Any:
+    return torch.compile(_blocks(device), dynamic=False, mode="max-autotune")
+
+
+def blocks4_eager(device: Any) -> Any:
+    return _blocks(device)
+
+
+def small_mlp(device: Any) -> Any:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 64))
+    return torch.compile(model.to(device).eval(), dynamic=False)

@@ -1,0 +1,43 @@
+"""What a compiled model cost, counted: Triton's own compiles heard through its
+compilation listener (a disk-cache hit is not one), and the environment that keeps a
+pod's compile caches where the warmup restores them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, env_without_interpreter, settings_for
+from warmup.compiled.counters import CompileCounts
+from warmup.run.session import inductor_environment
+
+
+@pytest.mark.slow
+def test_a_triton_compile_counts_and_a_disk_cache_hit_does_not(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.warmup.compiled._count_triton"],
+        cwd=ROOT,
+        env=env_without_interpreter(TRITON_CACHE_DIR=str(tmp_path / "triton")),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [1, 0]
+
+
+def test_request_costs_name_only_what_happened():
+    counts = CompileCounts(dynamo_frames=2, fxgraph_hits=2, kernel_compiles=1)
+    assert counts.request_costs() == {"dynamo_frames": 2, "kernel_compiles": 1}
+    assert (counts - counts).request_costs() == {}
+
+
+def test_the_cuda_jit_cache_lives_in_the_inductor_cache(tmp_path):
+    env = inductor_environment(settings_for(tmp_path))
+    folder = (tmp_path / "work" / "inductor-cache").resolve()
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == str(folder)
+    assert env["CUDA_CACHE_PATH"] == str(folder / "cuda-jit")  # saved and restored with it
+    assert env["TORCHINDUCTOR_FX_GRAPH_CACHE"] == env["TORCHINDUCTOR_AUTOGRAD_CACHE"] == "1"
