@@ -170,6 +170,17 @@ def test_the_server_gets_everything_to_reuse_the_warm_state(chart):
     assert not mount_under(server, cache).get("readOnly")
     assert serve["TRITON_CACHE_AUTOTUNING"] == "1"
     assert mount_under(server, serve["TRITON_WARMUP_REGISTRY_DIR"])["name"] == "cache-volume"
+    # compiled models: the Inductor cache the warmup restored and filled, on both sides
+    inductor = env(init)["TRITON_WARMUP_INDUCTOR_CACHE_DIR"]
+    assert serve["TRITON_WARMUP_INDUCTOR_CACHE_DIR"] == serve["TORCHINDUCTOR_CACHE_DIR"] == inductor
+    assert mount_under(init, inductor)["name"] == mount_under(server, inductor)["name"]
+    assert mount_under(server, inductor)["name"] == "inductor-cache"
+    assert not mount_under(server, inductor).get("readOnly")  # Inductor takes file locks
+    assert serve["CUDA_CACHE_PATH"] == env(init)["CUDA_CACHE_PATH"] == inductor + "/cuda-jit"
+    assert serve["TORCHINDUCTOR_FX_GRAPH_CACHE"] == serve["TORCHINDUCTOR_AUTOGRAD_CACHE"] == "1"
+    # the manifest, so that Serving.model(name) builds what the warmup warmed
+    assert serve["TRITON_WARMUP_MANIFEST"] == env(init)["TRITON_WARMUP_MANIFEST"]
+    assert mount_under(server, serve["TRITON_WARMUP_MANIFEST"])["name"] == "manifest"
     # one emptyDir for the serving metrics: the server writes, the sidecar reads
     folder = serve["TRITON_WARMUP_METRICS_DIR"]
     assert env(sidecar)["TRITON_WARMUP_METRICS_DIR"] == folder

@@ -1,7 +1,7 @@
 """A declared model's key: what its compiled artifacts depend on besides the host.
 
 The build function's own code and its module's, the declared dims and inputs, the
-world size: a change to any of them is a new key, so stale artifacts are never
+autograd mode, the world size: a change to any of them is a new key, so stale artifacts are never
 restored. Read from the source files without importing them (no torch, no model code),
 and free of paths: the same code at another mount path has the same key.
 """
@@ -41,6 +41,7 @@ def model_key(model: ModelEntry) -> ModelKey:
             "module_sha": _sha(source),
             "function_sha": _sha(function_source(source, name, model.build)),
             "world_size": model.world_size,
+            "mode": model.mode,
             "dims": {k: _plain(v) for k, v in model.dims.items()},
             "inputs": [spec.model_dump(mode="json") for spec in model.inputs],
         }

@@ -1,23 +1,30 @@
 """One rank's warmup of the declared compiled models.
 
 For each model: rank 0 restores its stored Inductor artifacts (for this key and
-fingerprint) into the pod's Inductor cache; every rank builds it with the user's
-function and calls it once at every declared shape, with Dynamo's and Inductor's
-counters read around each call; rank 0 stores what the cache holds afterwards when
-anything was compiled. A model that cannot be built, is not callable, or fails at a
-shape is failed with a one-line reason; the other models still warm.
+fingerprint) into the pod's Inductor cache; on a miss it takes the fleet lock of that
+key and fingerprint and looks again, so a fleet compiles (and, in ``max-autotune``,
+autotunes) each model once: a pod that waited restores what the holder stored. Every
+rank builds the model with the user's function and calls it once at every declared
+shape, with Dynamo's and Inductor's counters read around each call; rank 0 stores what
+the cache holds afterwards when anything was compiled, then lets the lock go. A lock
+that cannot be had within the rank timeout (its server gone, a holder that takes too
+long) is passed by with a warning: the compile is done twice, never lost. A model that
+cannot be built, is not callable, or fails at a shape is failed with a one-line
+reason; the other models still warm.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from registry import inductor_cache
-from registry.errors import RegistryError
+from registry.errors import LockTimeout, RegistryError
 from registry.fingerprint import Fingerprint
+from registry.locks import backend_from_url, lock
 from warmup.compiled.counters import CompileCounts, snapshot
 from warmup.compiled.inputs import grad_mode, make_inputs
 from warmup.compiled.key import ModelKey, model_key
@@ -45,15 +52,50 @@ def warm_models(
             key: ModelKey | None = model_key(model)
         except ValueError as e:
             key, error = None, str(e)
-        restored = _restore(model, key, settings, fingerprint) if rank == 0 and key else None
-        _barrier(group)
-        result = _compile_and_run(model, device) if key else _failed(model, error)
-        _barrier(group)
-        if rank == 0 and key and not result.failed and result.counts.get("inductor_compiles"):
-            result = result.model_copy(update=_save(model, key, settings, fingerprint))
+        with contextlib.ExitStack() as held:
+            restored: dict[str, Any] | None = None
+            if rank == 0 and key:
+                restored = _restore(model, key, settings, fingerprint)
+                if restored["restore"].startswith("miss") and _fleet_lock(
+                    held, model, key, settings, fingerprint
+                ):
+                    restored = _restore(model, key, settings, fingerprint)  # stored meanwhile?
+            _barrier(group)
+            result = _compile_and_run(model, device) if key else _failed(model, error)
+            _barrier(group)
+            compiled = result.counts.get("inductor_compiles")
+            if rank == 0 and key and not result.failed and compiled:
+                result = result.model_copy(update=_save(model, key, settings, fingerprint))
         if restored is not None:
             result = result.model_copy(update=restored)
         yield result.model_copy(update={"rank": rank, "seconds": time.perf_counter() - started})
+
+
+def _fleet_lock(
+    held: contextlib.ExitStack,
+    model: ModelEntry,
+    key: ModelKey,
+    settings: Settings,
+    fingerprint: Fingerprint,
+) -> bool:
+    """Take the fleet's lock on compiling ``model`` at this key and fingerprint (held
+    until ``held`` closes); False when it could not be had in time: compile anyway."""
+    name = f"model:{model.name}:{key.digest[:16]}:{fingerprint.digest()[:16]}"
+    wait_s = min(settings.lock_timeout_s, 0.8 * settings.rank_timeout_s)  # peers wait too
+    try:
+        held.enter_context(
+            lock(
+                name,
+                ttl=settings.lock_ttl_s,
+                timeout=wait_s,
+                backend=backend_from_url(settings.lock_location),
+                outage_s=settings.lock_outage_s,
+            )
+        )
+    except (LockTimeout, RegistryError) as e:  # unreachable server included
+        log.warning("model %s: compiled without the fleet lock: %s", model.name, e)
+        return False
+    return True
 
 
 def _restore(

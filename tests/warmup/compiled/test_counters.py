@@ -41,3 +41,25 @@ def test_the_cuda_jit_cache_lives_in_the_inductor_cache(tmp_path):
     assert env["TORCHINDUCTOR_CACHE_DIR"] == str(folder)
     assert env["CUDA_CACHE_PATH"] == str(folder / "cuda-jit")  # saved and restored with it
     assert env["TORCHINDUCTOR_FX_GRAPH_CACHE"] == env["TORCHINDUCTOR_AUTOGRAD_CACHE"] == "1"
+
+
+def test_a_models_key_changes_with_what_its_artifacts_depend_on_and_not_with_paths(tmp_path):
+    from warmup.compiled.key import model_key
+    from warmup.manifest import parse_manifest
+
+    text = (
+        "version: 1\nmodels:\n  - name: m\n    build: tests.warmup.compiled.models:mlp\n"
+        "    dims: {batch: [1, 2]}\n    inputs: [{shape: [batch, 32], dtype: fp32}]\n"
+    )
+    base = model_key(parse_manifest(text).models[0])
+    changed = [
+        text.replace("[1, 2]", "[1, 3]"),
+        text.replace("fp32", "bf16"),
+        text.replace("models:mlp", "models:raises"),
+        text.replace("    dims", "    mode: inference_mode\n    dims"),
+        text.replace("    dims", "    world_size: 2\n    dims"),
+    ]
+    digests = {model_key(parse_manifest(t).models[0]).digest for t in changed}
+    assert base.digest not in digests and len(digests) == len(changed)
+    assert model_key(parse_manifest(text.replace("name: m", "name: n")).models[0]) == base
+    assert str(tmp_path) not in str(base.parts) and "/" not in base.parts["module_sha"]

@@ -3,6 +3,9 @@ models still warm, readiness names it, nothing stored is lost."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -101,3 +104,44 @@ def test_validate_imports_each_build_and_exits_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "models.0.build:" in err and "no_device(device=...)" in err
     assert "models.1.build:" in err and "cannot import tests.no_such_module" in err
+
+
+def test_a_fleet_compiles_a_model_once_a_waiting_pod_restores_it(tmp_path, monkeypatch):
+    """Pod A compiles under the model's fleet lock; pod B, started while A compiles,
+    waits for the lock, looks again, restores A's artifacts and compiles nothing."""
+    import threading
+    import time
+
+    from warmup.compiled import warm as warm_module
+
+    def fake_compile(model, device):  # the cache folder of the calling pod's settings
+        folder = Path(os.environ[f"FAKE_CACHE_{threading.current_thread().name}"])
+        artifact = folder / "fxgraph" / "entry"
+        compiles = 0 if artifact.exists() else 1
+        if compiles:
+            time.sleep(0.5)  # a compile: B arrives meanwhile
+            artifact.parent.mkdir(parents=True, exist_ok=True)
+            artifact.write_bytes(b"graph")
+        return ModelResult(name=model.name, phase="warm", counts={"inductor_compiles": compiles})
+
+    monkeypatch.setattr(warm_module, "_compile_and_run", fake_compile)
+    [model] = parse_manifest(manifest(f"{MODELS}:mlp", dims="{batch: 1}")).models
+    results: dict[str, ModelResult] = {}
+    pods = {name: settings_for(tmp_path / name, volume=tmp_path / "volume") for name in "ab"}
+    for name, settings in pods.items():
+        monkeypatch.setenv(f"FAKE_CACHE_{name}", str(settings.inductor_cache_path))
+
+    def pod(name: str) -> None:
+        [results[name]] = warm_models(
+            [model], pods[name], rank=0, group=None, device="cpu", fingerprint=cpu_fingerprint()
+        )
+
+    first = threading.Thread(target=pod, args=("a",), name="a")
+    first.start()
+    time.sleep(0.2)
+    second = threading.Thread(target=pod, args=("b",), name="b")
+    second.start()
+    first.join(30)
+    second.join(30)
+    assert results["a"].counts["inductor_compiles"] == 1 and results["a"].stored_artifacts == 1
+    assert results["b"].restore == "hit" and results["b"].counts["inductor_compiles"] == 0

@@ -44,6 +44,9 @@ app.kubernetes.io/part-of: triton-warmup
 {{- define "triton-warmup.volumePath" -}}/var/lib/triton-warmup{{- end -}}
 {{- define "triton-warmup.tritonCachePath" -}}/var/cache/triton{{- end -}}
 {{- define "triton-warmup.workPath" -}}/run/triton-warmup{{- end -}}
+{{/* Compiled models' Inductor cache (and the CUDA driver's JIT cache in it): the warmup
+restores and fills it, the server's torch.compile reads it. */}}
+{{- define "triton-warmup.inductorCachePath" -}}/var/cache/torchinductor{{- end -}}
 {{- define "triton-warmup.statusFile" -}}{{ include "triton-warmup.workPath" . }}/status.json{{- end -}}
 {{/* Serving processes write their metrics files here; the sidecar re-exports them. */}}
 {{- define "triton-warmup.servingMetricsPath" -}}/run/triton-warmup-metrics{{- end -}}
@@ -67,6 +70,8 @@ app.kubernetes.io/part-of: triton-warmup
   value: {{ include "triton-warmup.statusFile" . | quote }}
 - name: TRITON_WARMUP_TRITON_CACHE_DIR
   value: {{ include "triton-warmup.tritonCachePath" . | quote }}
+- name: TRITON_WARMUP_INDUCTOR_CACHE_DIR
+  value: {{ include "triton-warmup.inductorCachePath" . | quote }}
 - name: TRITON_WARMUP_BUNDLE_DIR
   value: {{ include "triton-warmup.bundlePath" . | quote }}
 - name: TRITON_WARMUP_MATCH_POLICY
@@ -83,4 +88,17 @@ app.kubernetes.io/part-of: triton-warmup
   value: "off"
 {{- end }}
 {{- end }}
+{{- end -}}
+
+{{/* What torch.compile in the server needs to hit the artifacts the warmup left: set
+before the process starts (the CUDA driver reads its cache path when CUDA starts). */}}
+{{- define "triton-warmup.inductorEnv" -}}
+- name: TORCHINDUCTOR_CACHE_DIR
+  value: {{ include "triton-warmup.inductorCachePath" . | quote }}
+- name: TORCHINDUCTOR_FX_GRAPH_CACHE
+  value: "1"
+- name: TORCHINDUCTOR_AUTOGRAD_CACHE
+  value: "1"
+- name: CUDA_CACHE_PATH
+  value: {{ printf "%s/cuda-jit" (include "triton-warmup.inductorCachePath" .) | quote }}
 {{- end -}}
