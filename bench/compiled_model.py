@@ -46,17 +46,27 @@ MODELS = {
     "blocks4": "bench.compiled_models:blocks4",
     "blocks4_max_autotune": "bench.compiled_models:blocks4_max_autotune",
     "small_mlp": "bench.compiled_models:small_mlp",
+    "ag_mlp": "bench.compiled_models:ag_mlp",
 }
 EAGER = {"blocks4": "bench.compiled_models:blocks4_eager"}
-WIDTH = {"blocks4": 2048, "blocks4_max_autotune": 2048, "small_mlp": 64}
+WIDTH = {"blocks4": 2048, "blocks4_max_autotune": 2048, "small_mlp": 64, "ag_mlp": 2048}
+KERNELS = {"ag_mlp": [("ag_gemm", 8192, 2048), ("ag_gemm", 2048, 8192)]}  # (kernel, N, K)
 
 
 def manifest_text(name: str, build: str, batches: list[int], seq: int | None, dtype: str) -> str:
     width = WIDTH[name]
     dims = f"{{batch: {batches}" + (f", seq: {seq}}}" if seq else "}")
     shape = f"[batch, seq, {width}]" if seq else f"[batch, {width}]"
+    ms = sorted({b * (seq or 1) for b in batches})
+    entries = "".join(  # the kernels a model's serving ops take their configs from
+        f"  - {{kernel: {kernel}, dtype: {dtype}, world_size: 1, "
+        f"shapes: [{{M: {ms}, N: {n}, K: {k}}}]}}\n"
+        for kernel, n, k in KERNELS.get(name, [])
+    )
     return (
-        f"version: 1\nmodels:\n  - name: {name.replace('_', '-')}\n    build: {build}\n"
+        "version: 1\n"
+        + (f"entries:\n{entries}" if entries else "")
+        + f"models:\n  - name: {name.replace('_', '-')}\n    build: {build}\n"
         f"    dims: {dims}\n    inputs:\n      - {{shape: {shape}, dtype: {dtype}}}\n"
     )
 
@@ -230,6 +240,10 @@ def run_case(
         "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
         "CUDA_CACHE_PATH": str(pod / "inductor-cache" / "cuda-jit"),  # as the chart sets it
         "HOME": str(pod / "home"),
+        "TRITON_WARMUP_VOLUME": str(manifest.parent / "volume"),
+        "TRITON_WARMUP_WORK_DIR": str(pod),
+        "TRITON_WARMUP_MANIFEST": str(manifest),
+        "TRITON_WARMUP_DEVICE": args.device,
     }
     done = subprocess.run(command, env=case_env, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:

@@ -57,3 +57,38 @@ def small_mlp(device: Any) -> Any:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 64))
     return torch.compile(model.to(device).eval(), dynamic=False)
+
+
+AG_K, AG_N = 2048, 8192  # the MLP's model width and hidden width
+AG_MAX_M = 4096  # tokens per call: batch x seq up to 16 x 256
+_serving: Any = None
+
+
+def ag_mlp(device: Any) -> Any:
+    """A compiled MLP block whose two GEMMs are the fused AllGather-GEMM's serving ops
+    (world 1 here), registered custom ops inside the graph: RMSNorm, up, SiLU, down,
+    residual. Its layers' configs come from the registry the warmup filled."""
+    global _serving
+    from warmup.serving import Serving
+
+    if _serving is None:
+        _serving = Serving(follow=False)
+    ops = [
+        _serving.op(
+            "ag_gemm", n=n, k=k, dtype="fp16", max_m=AG_MAX_M, device=device, on_missing="fallback"
+        )
+        for n, k in ((AG_N, AG_K), (AG_K, AG_N))
+    ]
+    up, down = (op.in_graph() for op in ops)
+    torch.manual_seed(0)
+    w_up = torch.randn(AG_K, AG_N, device=device, dtype=torch.float16) / AG_K**0.5
+    w_down = torch.randn(AG_N, AG_K, device=device, dtype=torch.float16) / AG_N**0.5
+    norm = nn.RMSNorm(AG_K).to(device=device, dtype=torch.float16)
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        # x: [batch, seq, AG_K] -> tokens [M, AG_K]
+        tokens = x.reshape(-1, AG_K)
+        hidden = F.silu(up(norm(tokens), w_up))  # [M, AG_N]
+        return (tokens + down(hidden, w_down)).view_as(x)
+
+    return torch.compile(forward, dynamic=False, fullgraph=True)

@@ -127,6 +127,14 @@ class ServingOp:
         self.calls[table.source[index]] += 1
         return self.served(table.configs[table.pick[index]], *inputs, out=out)
 
+    def in_graph(self) -> Any:
+        """This op as a callable ``(a, b) -> out`` for a ``torch.compile``d model's
+        forward: a registered custom op, opaque to Dynamo (no graph break, no trace into
+        the kernel); see :mod:`warmup.compiled.custom_op`."""
+        from warmup.compiled.custom_op import in_graph
+
+        return in_graph(self)
+
     def config_for(self, m: int) -> KernelConfig:
         """The config a call of ``m`` rows runs with."""
         if not 0 < m <= self.layer.max_m or m % self.step:

@@ -53,3 +53,14 @@ def test_a_missing_sidecar_case_is_not_measured_never_met():
 def test_the_table_has_a_row_per_server_case():
     lines = table([{"case": "producer", "model": "m"}, row("sidecar", 3.0, 0.3)])
     assert len(lines) == 3 and "| m | sidecar | 1.00 | 0.30 | 3.00 | 3.30 |" in lines[2]
+
+
+def test_a_model_served_through_kernels_declares_their_shapes_too():
+    from bench.compiled_model import MODELS
+
+    manifest = parse_manifest(manifest_text("ag_mlp", MODELS["ag_mlp"], [1, 4], 128, "fp16"))
+    assert [(e.kernel, e.expand()[0]["N"]) for e in manifest.entries] == [
+        ("ag_gemm", 8192),
+        ("ag_gemm", 2048),
+    ]
+    assert manifest.entries[0].expand()[1]["M"] == 512  # batch 4 x seq 128 tokens
