@@ -285,19 +285,20 @@ def _store_blob(root: Path, path: Path) -> tuple[str, bool]:
 
 
 def _quarantine_blob(root: Path, blob: Path, reason: str) -> None:
-    target = root / "quarantine" / f"{blob.name}.{time.time_ns()}"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(FileNotFoundError):
-        os.replace(blob, target)
-        log.warning("inductor artifact %s quarantined to %s: %s", blob, target, reason)
+    _quarantine(root, blob, f"{blob.name}.{time.time_ns()}", reason)
 
 
 def _quarantine_index(root: Path, path: Path, reason: str) -> None:
-    target = root / "quarantine" / f"index-{path.parent.name}-{path.name}.{time.time_ns()}"
+    _quarantine(root, path, f"index-{path.parent.name}-{path.name}.{time.time_ns()}", reason)
+
+
+def _quarantine(root: Path, path: Path, name: str, reason: str) -> None:
+    """Move ``path`` (a blob, an index; a folder in its place too) out of the way."""
+    target = root / "quarantine" / name
     target.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
         os.replace(path, target)
-        log.warning("inductor artifact index %s quarantined to %s: %s", path, target, reason)
+        log.warning("inductor artifact %s quarantined to %s: %s", path, target, reason)
 
 
 def _check_name(model: str, key_digest: str) -> None:

@@ -440,30 +440,25 @@ class Manifest(BaseModel):
 def resolve_user_function(spec: str) -> Callable[..., Any]:
     """``package.module:function`` -> the function, checked to take the keywords a
     warmup calls it with (``shape``, ``dtype``, ``device``); ValueError saying why not."""
-    function = _import_function(spec)
-    name = spec.partition(":")[2]
-    try:
-        inspect.signature(function).bind(shape={}, dtype=None, device=None)
-    except TypeError as e:
-        raise ValueError(
-            f"{spec!r}: a warmup calls it as {name}(shape=..., dtype=..., device=...), "
-            f"which its signature {name}{inspect.signature(function)} refuses: {e}"
-        ) from None
-    except ValueError:  # no signature to read (a builtin): its call will tell
-        pass
-    return function  # type: ignore[no-any-return]
+    return _callable_as(spec, shape={}, dtype=None, device=None)
 
 
 def resolve_model_builder(spec: str) -> Callable[..., Any]:
     """``package.module:function`` -> the function that builds a model, checked to take
     the keyword a warmup and a server call it with (``device``); ValueError saying why not."""
+    return _callable_as(spec, device=None)
+
+
+def _callable_as(spec: str, **keywords: Any) -> Callable[..., Any]:
+    """The function ``spec`` names, checked to accept ``keywords`` (as a warmup calls it)."""
     function = _import_function(spec)
     name = spec.partition(":")[2]
     try:
-        inspect.signature(function).bind(device=None)
+        inspect.signature(function).bind(**keywords)
     except TypeError as e:
+        call = ", ".join(f"{keyword}=..." for keyword in keywords)
         raise ValueError(
-            f"{spec!r}: a warmup calls it as {name}(device=...), which its signature "
+            f"{spec!r}: a warmup calls it as {name}({call}), which its signature "
             f"{name}{inspect.signature(function)} refuses: {e}"
         ) from None
     except ValueError:  # no signature to read (a builtin): its call will tell

@@ -60,46 +60,48 @@ def serve(work: Path, manifest: Path, name: str, *extra: dict, **env: str) -> di
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_a_model_warmed_by_one_pod_is_served_by_another_at_another_path_without_compiling(
-    tmp_path, monkeypatch
-):
-    _, first = warm(tmp_path / "a", MLP, monkeypatch)
+@pytest.fixture(scope="module")
+def pods(tmp_path_factory):
+    """Pod A warms and stores; pod B (the volume moved to another path, a new work
+    folder and home, A gone) restores; the pod's folder is then moved once more (C), as
+    a server container sees it at a mount path of its own."""
+    root = tmp_path_factory.mktemp("pods")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        _, first = warm(root / "a", MLP, monkeypatch)
+        shutil.copytree(root / "a" / "volume", root / "b" / "volume", symlinks=True)
+        shutil.rmtree(root / "a")
+        _, second = warm(root / "b", MLP, monkeypatch)
+    shutil.copytree(root / "b", root / "c", symlinks=True)
+    shutil.rmtree(root / "b")
+    return first, second, root / "c"
+
+
+def test_a_model_warmed_by_one_pod_is_restored_by_another_at_another_path(pods):
+    first, second, _ = pods
     assert first.ready, first.failures
     [model] = first.models
     assert model.phase == "warm" and len(model.shapes) == 2
     assert model.counts["inductor_compiles"] == 2 and model.stored_artifacts > 0
     assert model.restore.startswith("miss: no artifacts of model mlp")
-
-    # pod B: the volume moved to another path, a new work folder and home; A is gone
-    shutil.copytree(tmp_path / "a" / "volume", tmp_path / "b" / "volume", symlinks=True)
-    shutil.rmtree(tmp_path / "a")
-    _, second = warm(tmp_path / "b", MLP, monkeypatch)
     assert second.ready, second.failures
     [model] = second.models
     assert model.restore == "hit"
     assert model.counts["inductor_compiles"] == 0 and model.counts["fxgraph_hits"] == 2
 
-    # the server: the pod's work folder seen at yet another path, B's gone
-    shutil.copytree(tmp_path / "b", tmp_path / "c", symlinks=True)
-    shutil.rmtree(tmp_path / "b")
-    served = serve(tmp_path / "c" / "work", tmp_path / "c" / "manifest.yaml", "mlp")
+
+def test_the_server_at_yet_another_path_compiles_nothing(pods):
+    served = serve(pods[2] / "work", pods[2] / "manifest.yaml", "mlp")
     assert served["error"] is None and served["guarded"] == {}
     assert not any(served["counts"].values()), served["counts"]  # Dynamo's too: primed
 
 
-def test_a_shape_outside_the_manifest_is_counted_per_model_and_refused_when_strict(
-    tmp_path, monkeypatch
-):
-    settings, status = warm(tmp_path, MLP, monkeypatch)
-    assert status.ready, status.failures
-    manifest, unlisted = settings.manifest, {"batch": 5, "seq": 3}
-    counted = serve(settings.work_dir, manifest, "mlp", unlisted)
+def test_a_shape_outside_the_manifest_is_counted_per_model_and_refused_when_strict(pods):
+    work, manifest, unlisted = pods[2] / "work", pods[2] / "manifest.yaml", {"batch": 5, "seq": 3}
+    counted = serve(work, manifest, "mlp", unlisted)
     assert counted["error"] is None
     assert counted["guarded"]["mlp/inductor_compiles"] == 1
     assert counted["guarded"]["mlp/dynamo_frames"] >= 1
-    strict = serve(
-        settings.work_dir, manifest, "mlp", unlisted, TRITON_WARMUP_COMPILE_GUARD="strict"
-    )
+    strict = serve(work, manifest, "mlp", unlisted, TRITON_WARMUP_COMPILE_GUARD="strict")
     assert strict["error"].startswith("RequestCompileError: model 'mlp'")
     # the first server left batch 5's graph in the pod's cache: a Dynamo compile only
     assert set(strict["guarded"]) == {"mlp/dynamo_frames"}
