@@ -227,14 +227,28 @@ def _validate(args: argparse.Namespace) -> int:
         }
         for e in manifest.entries
     ]
+    models = [
+        {"name": m.name, "build": m.build, "world_size": m.world_size, "shapes": m.expand()}
+        for m in manifest.models
+    ]
     if args.json:
-        print(json.dumps({"digest": manifest.digest(), "entries": rows}, indent=2))
+        print(
+            json.dumps({"digest": manifest.digest(), "entries": rows, "models": models}, indent=2)
+        )
         return EXIT_OK
     for row in rows:
         shapes = row["shapes"]
         print(
             f"{row['kernel']} {row['dtype']}, world size {row['world_size']}, "
             f"policy {row['policy']}: {len(shapes)} shape(s)"
+        )
+        for shape in shapes:
+            print("  " + " ".join(f"{k}={v}" for k, v in shape.items()))
+    for model in models:
+        shapes = model["shapes"]
+        print(
+            f"model {model['name']} ({model['build']}), world size {model['world_size']}: "
+            f"{len(shapes)} shape(s)"
         )
         for shape in shapes:
             print("  " + " ".join(f"{k}={v}" for k, v in shape.items()))

@@ -126,6 +126,13 @@ def test_validate_prints_what_the_manifest_expands_to(capsys):
     assert "  M=32 N=32 K=32" in out and "is valid (digest" in out
 
 
+def test_validate_lists_each_models_shapes(capsys):
+    assert main(["validate", str(ROOT / "examples" / "demo.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "model demo-mlp (warmup.demo:compiled_mlp), world size 2: 2 shape(s)" in out
+    assert "  batch=1\n  batch=8\n" in out
+
+
 def test_an_unexpected_error_is_one_line_and_debug_shows_where(isolated, capsys, monkeypatch):
     def broken(args):
         raise TypeError("something internal")
