@@ -136,6 +136,7 @@ class Served(Protocol):
     rows_step: int  # a call's M is a multiple of this (the world size for a gather)
     device: Any  # the torch.device it runs on
     collective: bool  # calls are collectives: every rank must run the same algorithm at each call
+    group: Any  # the process group its calls span; None: this process alone
 
     def key(self, m: int) -> dict[str, Any]:
         """The registry key of a call with ``m`` rows."""

@@ -740,6 +740,10 @@ class AgGemmServed:
         self.collective = self.ctx.world > 1  # ranks must change algorithms together
         self._chosen: dict[bool, set[int]] = {False: set(), True: set()}  # cuBLAS shapes run
 
+    @property
+    def group(self) -> Any:
+        return self.ctx.group
+
     def key(self, m: int) -> dict[str, Any]:
         return ADAPTER.key(
             m=m, n=self.layer.n, k=self.layer.k, dtype=self.layer.dtype, world=self.ctx.world

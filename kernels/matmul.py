@@ -254,6 +254,7 @@ class MatmulServed:
     kernel = NAME
     rows_step = 1
     collective = False  # one device: each call is this process's alone
+    group = None
 
     def __init__(self, layer: Layer, *, device: Any) -> None:
         self.layer, self.device = layer, torch.device(device)

@@ -41,7 +41,7 @@ from registry import atomic
 from registry.entry import now_iso
 from registry.errors import RegistryError
 from registry.fingerprint import Fingerprint, machine_name
-from registry.triton_cache import relocate
+from registry.triton_cache import relocate, remove_stale_temp_files
 
 log = logging.getLogger(__name__)
 FORMAT = 1
@@ -95,10 +95,16 @@ def save(
     :data:`MAX_FILE_BYTES`, or files past :data:`MAX_MODEL_BYTES` together, are skipped
     and listed (they recompile on the next pod)."""
     target = index_path(root, model, key_digest, fingerprint)
+    remove_stale_temp_files(root / "blobs")  # what a writer killed mid-copy left (an hour old)
     saved = Saved()
     files: dict[str, list[Any]] = {}
     total = 0
     for rel, path in cache_files(cache_dir):
+        try:
+            check_relative(rel)  # what a restore would refuse is not stored
+        except RegistryError as e:
+            saved.skipped.append(str(e))
+            continue
         size = path.stat().st_size
         if size > MAX_FILE_BYTES or total + size > MAX_MODEL_BYTES or len(files) >= MAX_FILES:
             saved.skipped.append(f"{rel}: {size} bytes, past the family's limits")
@@ -232,7 +238,8 @@ def read_index(path: Path) -> dict[str, Any]:
 def check_relative(rel: str) -> str:
     """A cache file's relative path, refused when it could leave the cache folder."""
     parts = PurePosixPath(rel).parts
-    if not rel or rel.startswith("/") or "\\" in rel or any(p in ("", ".", "..") for p in parts):
+    odd = "\\" in rel or any(ord(c) < 32 or c == "\x7f" for c in rel)  # NUL, line breaks
+    if not rel or rel.startswith("/") or odd or any(p in ("", ".", "..") for p in parts):
         raise RegistryError(f"inductor artifact path {rel!r} is not a plain relative path")
     if parts[0] in _SKIPPED_DIRS or any(_is_temp(p) for p in parts):
         raise RegistryError(f"inductor artifact path {rel!r} names a lock or a temporary file")

@@ -227,7 +227,7 @@ def _validate(args: argparse.Namespace) -> int:
         }
         for e in manifest.entries
     ]
-    models = [
+    models: list[dict[str, Any]] = [
         {"name": m.name, "build": m.build, "world_size": m.world_size, "shapes": m.expand()}
         for m in manifest.models
     ]

@@ -117,7 +117,9 @@ def test_a_miss_says_why(tmp_path, model, key, why):
     )
 
 
-@pytest.mark.parametrize("rel", ["../escape", "/etc/passwd", "a/../../b", "locks/x", "a/.tmp"])
+@pytest.mark.parametrize(
+    "rel", ["../escape", "/etc/passwd", "a/../../b", "locks/x", "a/.tmp", "fx/a\x00b", "a\nb"]
+)
 def test_an_index_naming_a_path_outside_the_cache_is_quarantined(tmp_path, rel):
     save(cache(tmp_path / "a", FILES), tmp_path / "family")
     path = inductor_cache.index_path(tmp_path / "family", "mlp", KEY, FP)

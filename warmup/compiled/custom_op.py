@@ -1,8 +1,11 @@
 """Serving ops inside a ``torch.compile``d model: one registered custom op,
-``torch.ops.triton_warmup.serve(op_id, a, b)``, runs whichever serving op ``op_id``
-names. Dynamo sees an opaque call with a known output (no graph break, no trace into
-the kernel's launcher, its table or its collectives); the serving op picks its config
-per call as it does outside a compiled model.
+``torch.ops.triton_warmup.serve(op, a, b)``, runs whichever serving op ``op`` names.
+The name says what the op is (kernel, layer, rows step, device, the group's ranks), not
+when it was made: it is a constant of the traced graph, so the warmup's process and the
+server's, making their ops in any order, compile the same graph and hit the same cache.
+Dynamo sees an opaque call with a known output (no graph break, no trace into the
+kernel's launcher, its table or its collectives); the serving op picks its config per
+call as it does outside a compiled model.
 
     qkv = serving.op("ag_gemm", n=1536, k=4096, dtype="bf16", max_m=8192, group=tp)
     qkv_in_graph = qkv.in_graph()     # a callable for the model's forward
@@ -21,7 +24,7 @@ if TYPE_CHECKING:
     from warmup.serving import ServingOp
 
 LIBRARY = "triton_warmup"
-_ops: list[ServingOp] = []  # op id -> the serving op (process-wide; never removed)
+_ops: dict[str, ServingOp] = {}  # name -> the serving op (process-wide; the latest made)
 _lock = threading.Lock()
 _registered: Any = None
 
@@ -29,15 +32,34 @@ _registered: Any = None
 def in_graph(op: ServingOp) -> Any:
     """A callable ``(a, b) -> out`` that runs ``op`` through the registered custom op."""
     serve = _custom_op()
+    name = op_name(op)
     with _lock:
-        _ops.append(op)
-        op_id = len(_ops) - 1
+        _ops[name] = op  # the same layer made again serves from its newest table
 
     def call(a: Any, b: Any) -> Any:
-        return serve(op_id, a, b)
+        return serve(name, a, b)
 
     call.__name__ = f"{op.kernel}_in_graph"
     return call
+
+
+def op_name(op: ServingOp) -> str:
+    """What ``op`` is, as a name that does not depend on the order ops were made."""
+    layer, served = op.layer, op.served
+    ranks = _group_ranks(served.group, op.step)
+    return (
+        f"{op.kernel}:n{layer.n}:k{layer.k}:{layer.dtype}:m{layer.max_m}:"
+        f"step{op.step}:{served.device}:{ranks}"
+    )
+
+
+def _group_ranks(group: Any, world: int) -> str:
+    """The global ranks of a tensor-parallel group (two groups of a pod differ)."""
+    if world == 1 or group is None:
+        return "solo"
+    import torch.distributed as dist
+
+    return "r" + "-".join(map(str, dist.get_process_group_ranks(group)))
 
 
 def _custom_op() -> Any:
@@ -55,15 +77,15 @@ def _register() -> Any:
     @torch.library.custom_op(  # type: ignore[misc]
         f"{LIBRARY}::serve",
         mutates_args=(),
-        schema="(int op_id, Tensor a, Tensor b) -> Tensor",  # annotations here are strings
+        schema="(str op, Tensor a, Tensor b) -> Tensor",  # annotations here are strings
     )
-    def serve(op_id: int, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = _ops[op_id](a, b)
+    def serve(op: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = _ops[op](a, b)
         return out if out._base is None else out.clone()  # a custom op's output owns its data
 
     @serve.register_fake  # type: ignore[misc]
-    def _(op_id: int, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        op = _ops[op_id]
-        return a.new_empty((a.shape[0] * op.step, op.layer.n))
+    def _(op: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        made = _ops[op]
+        return a.new_empty((a.shape[0] * made.step, made.layer.n))
 
     return torch.ops.triton_warmup.serve

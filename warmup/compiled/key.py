@@ -3,7 +3,9 @@
 The build function's own code and its module's, the declared dims and inputs, the
 autograd mode, the world size: a change to any of them is a new key, so stale artifacts are never
 restored. Read from the source files without importing them (no torch, no model code),
-and free of paths: the same code at another mount path has the same key.
+and free of paths: the same code at another mount path has the same key. Code the
+build function imports from other modules is not hashed: a change there keeps the key,
+and Inductor's own keys (which hash the traced graph) decide whether its artifacts hit.
 """
 
 from __future__ import annotations

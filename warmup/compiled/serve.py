@@ -9,7 +9,9 @@ what is served is what was warmed, on the Inductor cache the warmup filled.
 Once the process is declared warm, every call reads Dynamo's and Inductor's counters
 around itself: a call that compiled (a new shape, a guard that failed, an FX graph cache
 miss, a Triton kernel, an autotune benchmark) is counted per model by the compile guard
-(``triton_warmup_model_request_compiles``), and refused in strict mode.
+(``triton_warmup_model_request_compiles``), and refused in strict mode. The counters are
+the process's: a compile on another thread during the call (another model's, a kernel's
+JIT) is charged to this call too.
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ from warmup.compiled.inputs import grad_mode, make_inputs
 from warmup.compiled.key import ModelKey, model_key
 from warmup.manifest import ModelEntry, resolve_model_builder
 from warmup.results import ModelResult
+from warmup.run.lockstep import Lockstep
 from warmup.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -44,31 +45,61 @@ def warm_models(
     device: Any,
     fingerprint: Fingerprint,
 ) -> Iterator[ModelResult]:
-    """Each model's result on this rank, in manifest order. Every rank passes the same
-    barriers whatever fails, so ranks that compile collectives stay in step."""
+    """Each model's result on this rank, in manifest order. The ranks agree after the
+    build and after every shape whether all of them went on (a model failed on one rank
+    is failed on every rank, and none waits for a peer that stopped); a failure inside
+    the model's own collectives still costs the rank timeout."""
+    steps = Lockstep(group, timeout_s=settings.rank_timeout_s)
     for model in models:
         started = time.perf_counter()
         try:
             key: ModelKey | None = model_key(model)
-        except ValueError as e:
-            key, error = None, str(e)
+        except Exception as e:  # an unreadable source, a parent package that raises
+            key, error = None, _one_line(e)
         with contextlib.ExitStack() as held:
             restored: dict[str, Any] | None = None
             if rank == 0 and key:
-                restored = _restore(model, key, settings, fingerprint)
-                if restored["restore"].startswith("miss") and _fleet_lock(
-                    held, model, key, settings, fingerprint
-                ):
-                    restored = _restore(model, key, settings, fingerprint)  # stored meanwhile?
-            _barrier(group)
-            result = _compile_and_run(model, device) if key else _failed(model, error)
-            _barrier(group)
-            compiled = result.counts.get("inductor_compiles")
-            if rank == 0 and key and not result.failed and compiled:
+                restored = _restore_under_lock(held, model, key, settings, fingerprint)
+            steps.barrier(what=f"model {model.name}: restore")
+            result = _compile_and_run(model, device, steps) if key else _failed(model, error)
+            # any rank's compile (or a restore that was not whole) means: store again
+            [compiled] = steps.max_over_ranks(
+                [
+                    float(
+                        result.counts.get("inductor_compiles", 0)
+                        + result.counts.get("kernel_compiles", 0)
+                    )
+                ],
+                what=f"model {model.name}: compiles",
+            )
+            whole = restored is not None and restored["restore"] == "hit"
+            if rank == 0 and key and not result.failed and (compiled or not whole):
                 result = result.model_copy(update=_save(model, key, settings, fingerprint))
         if restored is not None:
             result = result.model_copy(update=restored)
         yield result.model_copy(update={"rank": rank, "seconds": time.perf_counter() - started})
+
+
+def _restore_under_lock(
+    held: contextlib.ExitStack,
+    model: ModelEntry,
+    key: ModelKey,
+    settings: Settings,
+    fingerprint: Fingerprint,
+) -> dict[str, Any]:
+    """Rank 0: the stored artifacts restored; on a miss, the fleet lock taken (the other
+    ranks wait at the next barrier: within half the rank timeout, what restoring left of
+    it) and a look again, for what the holder stored meanwhile."""
+    started = time.monotonic()
+    restored = _restore(model, key, settings, fingerprint)
+    wait_s = min(settings.lock_timeout_s, 0.5 * settings.rank_timeout_s) - (
+        time.monotonic() - started
+    )
+    if restored["restore"].startswith("miss") and _fleet_lock(
+        held, model, key, settings, fingerprint, wait_s
+    ):
+        restored = _restore(model, key, settings, fingerprint)
+    return restored
 
 
 def _fleet_lock(
@@ -77,11 +108,14 @@ def _fleet_lock(
     key: ModelKey,
     settings: Settings,
     fingerprint: Fingerprint,
+    wait_s: float,
 ) -> bool:
     """Take the fleet's lock on compiling ``model`` at this key and fingerprint (held
-    until ``held`` closes); False when it could not be had in time: compile anyway."""
+    until ``held`` closes); False when it could not be had in ``wait_s``: compile anyway."""
     name = f"model:{model.name}:{key.digest[:16]}:{fingerprint.digest()[:16]}"
-    wait_s = min(settings.lock_timeout_s, 0.8 * settings.rank_timeout_s)  # peers wait too
+    if wait_s <= 0:
+        log.warning("model %s: compiled without the fleet lock: no time left to wait", model.name)
+        return False
     try:
         held.enter_context(
             lock(
@@ -109,9 +143,9 @@ def _restore(
             key_digest=key.digest,
             fingerprint=fingerprint,
         )
-    except (OSError, RegistryError) as e:
-        log.warning("model %s: stored artifacts not restored: %s", model.name, e)
-        return {"restore": f"failed: {e}"}
+    except Exception as e:  # rank 0 must reach the barrier: a bad store costs a compile
+        log.warning("model %s: stored artifacts not restored: %s", model.name, _one_line(e))
+        return {"restore": f"failed: {_one_line(e)}"}
     if done.index is None:
         log.info("model %s: nothing to restore: %s", model.name, done.why_not)
         return {"restore": f"miss: {done.why_not}"}
@@ -139,8 +173,8 @@ def _save(
             key=key.parts,
             fingerprint=fingerprint,
         )
-    except (OSError, RegistryError) as e:  # the pod is warm; the next one compiles again
-        log.warning("model %s: artifacts not stored: %s", model.name, e)
+    except Exception as e:  # the pod is warm; the next one compiles again
+        log.warning("model %s: artifacts not stored: %s", model.name, _one_line(e))
         return {}
     log.info(
         "model %s: stored %d artifacts (%d new, %d bytes)",
@@ -152,23 +186,38 @@ def _save(
     return {"stored_artifacts": saved.files}
 
 
-def _compile_and_run(model: ModelEntry, device: Any) -> ModelResult:
+def _compile_and_run(model: ModelEntry, device: Any, steps: Lockstep) -> ModelResult:
+    """Build, then one call per shape; after each step the ranks agree whether every
+    one of them succeeded, so that all stop together."""
     before = snapshot()
+    error: str | None = None
     try:
         function = build_model(model, device)
     except ValueError as e:
-        return _failed(model, str(e))
+        error = str(e)
     shapes: list[dict[str, Any]] = []
-    for dims in model.expand():
-        started = time.perf_counter()
-        try:
-            run_once(function, model, dims, device)
-        except Exception as e:  # the model failed at this shape; the others still run
-            return _failed(model, f"at {dims}: {_one_line(e)}", shapes, snapshot() - before)
-        shapes.append({"dims": dims, "seconds": round(time.perf_counter() - started, 6)})
-    return ModelResult(
-        name=model.name, phase="warm", shapes=shapes, counts=(snapshot() - before).to_json()
-    )
+    if _all_went_on(steps, error, f"model {model.name}: build"):
+        for dims in model.expand():
+            clock = time.perf_counter()
+            try:
+                run_once(function, model, dims, device)
+            except Exception as e:  # the model failed at this shape; the ranks stop together
+                error = f"at {dims}: {_one_line(e)}"
+            if not _all_went_on(steps, error, f"model {model.name}: {dims}"):
+                break
+            shapes.append({"dims": dims, "seconds": round(time.perf_counter() - clock, 6)})
+    counts = snapshot() - before
+    if error is None and len(shapes) < model.count():
+        error = "another rank failed it"
+    if error is not None:
+        return _failed(model, error, shapes, counts)
+    return ModelResult(name=model.name, phase="warm", shapes=shapes, counts=counts.to_json())
+
+
+def _all_went_on(steps: Lockstep, error: str | None, what: str) -> bool:
+    """Whether no rank has failed (``error`` is this rank's)."""
+    [failed] = steps.max_over_ranks([0.0 if error is None else 1.0], what=what)
+    return failed == 0.0
 
 
 def build_model(model: ModelEntry, device: Any) -> Callable[..., Any]:
@@ -219,10 +268,3 @@ def _one_line(error: BaseException) -> str:
     text = f"{type(error).__name__}: {error}".strip()
     first = text.splitlines()[0] if text else type(error).__name__
     return first[:300]
-
-
-def _barrier(group: Any) -> None:
-    if group is not None:
-        import torch.distributed as dist
-
-        dist.barrier(group=group)

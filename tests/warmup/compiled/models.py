@@ -46,3 +46,20 @@ def fails_at_batch_3(device: Any) -> Any:
 
 def no_device() -> Any:  # a builder a warmup cannot call: it takes no device
     return None
+
+
+def fails_on_rank_1_at_batch_3(device: Any) -> Any:
+    import torch.distributed as dist
+
+    rank = dist.get_rank() if dist.is_initialized() else 0
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        if rank == 1 and x.shape[0] == 3:
+            raise ValueError("rank 1 cannot do batch 3")
+        return x + 1
+
+    return forward
+
+
+def doubles(device: Any) -> Any:
+    return lambda x: x * 2

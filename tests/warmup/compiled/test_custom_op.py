@@ -41,3 +41,17 @@ def test_the_fake_output_has_the_ops_shape_without_running_it(settings, store): 
             out = layer(a, b)
         assert tuple(out.shape) == (32, N) and out.dtype == torch.float32
         assert op.calls == [0, 0, 0]  # nothing ran
+
+
+def test_an_ops_name_in_the_graph_does_not_depend_on_the_order_ops_were_made(settings, store):  # noqa: F811
+    from warmup.compiled.custom_op import op_name
+
+    k = inputs(1)[0].shape[1]
+    with Serving(settings, follow=False) as first:
+        first.op(
+            "matmul", n=N + 8, k=k, dtype="fp32", max_m=100, device="cpu", on_missing="fallback"
+        )
+        late = op_name(first.op("matmul", n=N, k=k, dtype="fp32", max_m=100, device="cpu"))
+    with Serving(settings, follow=False) as second:
+        alone = op_name(second.op("matmul", n=N, k=k, dtype="fp32", max_m=100, device="cpu"))
+    assert late == alone == f"matmul:n{N}:k{k}:fp32:m100:step1:cpu:solo"

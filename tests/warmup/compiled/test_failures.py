@@ -3,6 +3,7 @@ models still warm, readiness names it, nothing stored is lost."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -114,7 +115,7 @@ def test_a_fleet_compiles_a_model_once_a_waiting_pod_restores_it(tmp_path, monke
 
     from warmup.compiled import warm as warm_module
 
-    def fake_compile(model, device):  # the cache folder of the calling pod's settings
+    def fake_compile(model, device, steps):  # the cache folder of the calling pod's settings
         folder = Path(os.environ[f"FAKE_CACHE_{threading.current_thread().name}"])
         artifact = folder / "fxgraph" / "entry"
         compiles = 0 if artifact.exists() else 1
@@ -145,3 +146,70 @@ def test_a_fleet_compiles_a_model_once_a_waiting_pod_restores_it(tmp_path, monke
     second.join(30)
     assert results["a"].counts["inductor_compiles"] == 1 and results["a"].stored_artifacts == 1
     assert results["b"].restore == "hit" and results["b"].counts["inductor_compiles"] == 0
+
+
+@pytest.mark.slow
+def test_a_model_failing_on_one_rank_fails_on_all_and_the_next_model_warms(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, free_port
+
+    port = str(free_port())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.warmup.compiled._ranks", str(tmp_path)],
+            cwd=ROOT,
+            env={
+                **os.environ,
+                "RANK": str(r),
+                "WORLD_SIZE": "2",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": port,
+            },
+        )
+        for r in range(2)
+    ]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(2)]
+    for rank, (uneven, even) in enumerate(ranks):
+        assert uneven["phase"] == "failed" and [s["dims"] for s in uneven["shapes"]] == [
+            {"batch": 1}
+        ]
+        expected = "ValueError: rank 1 cannot do batch 3" if rank else "another rank failed it"
+        assert expected in uneven["error"]
+        assert even["phase"] == "warm" and len(even["shapes"]) == 2
+
+
+def test_a_restore_that_was_not_whole_is_stored_again(tmp_path, monkeypatch):
+    """Blobs gone from the volume: the FX graph may still hit (nothing counted as
+    compiled), yet the pod stores again, so the next pod finds them."""
+    from registry import inductor_cache
+    from warmup.compiled import warm as warm_module
+
+    def fake_compile(model, device, steps):
+        folder = Path(os.environ["FAKE_CACHE"])
+        for name in ("graph", "kernel"):
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_bytes(name.encode())
+        return ModelResult(name=model.name, phase="warm", counts={"inductor_compiles": 0})
+
+    monkeypatch.setattr(warm_module, "_compile_and_run", fake_compile)
+    [model] = parse_manifest(manifest(f"{MODELS}:mlp", dims="{batch: 1}")).models
+
+    def pod(name: str) -> ModelResult:
+        settings = settings_for(tmp_path / name, volume=tmp_path / "volume")
+        monkeypatch.setenv("FAKE_CACHE", str(settings.inductor_cache_path))
+        [result] = warm_models(
+            [model], settings, rank=0, group=None, device="cpu", fingerprint=cpu_fingerprint()
+        )
+        return result
+
+    assert pod("a").stored_artifacts == 2  # a miss: stored
+    blob = next(p for p in (tmp_path / "volume" / "inductor" / "blobs").rglob("*") if p.is_file())
+    blob.unlink()
+    second = pod("b")
+    assert second.restore == "hit (1 artifacts recompiled)" and second.stored_artifacts == 2
+    third = pod("c")
+    assert third.restore == "hit" and third.stored_artifacts == 0  # whole again: nothing to do
+    assert inductor_cache.file_sha(blob.parent.parent / blob.parent.name / blob.name)
