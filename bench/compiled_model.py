@@ -94,7 +94,6 @@ def serve(args: argparse.Namespace) -> dict[str, Any]:
         clock = time.perf_counter()
         torch.compiler.load_cache_artifacts(Path(args.load).read_bytes())
         phases["load"] = time.perf_counter() - clock
-    listened = _listen_to_triton()
     written_before = _files(args.watch)
     before = snapshot()
     clock = time.perf_counter()
@@ -124,25 +123,9 @@ def serve(args: argparse.Namespace) -> dict[str, Any]:
         "first_s": first,
         "steady_ms": steady,
         "counts": counts,
-        "triton": listened,
         "written": written,
         "compile_times": compile_times,
     }
-
-
-def _listen_to_triton() -> dict[str, int]:
-    """Triton's compiles in this process, by whether its disk cache had the kernel."""
-    seen = {"compiled": 0, "loaded": 0}
-    try:
-        from triton import knobs
-    except ImportError:
-        return seen
-
-    def listener(*, cache_hit: bool, **_: Any) -> None:
-        seen["loaded" if cache_hit else "compiled"] += 1
-
-    knobs.compilation.listener = listener
-    return seen
 
 
 def _files(folders: list[str]) -> set[str]:

@@ -164,10 +164,7 @@ def _restore_file(root: Path, dst: Path, sha: str, size: int, done: Restored) ->
         return
     blob = blob_path(root, sha)
     try:
-        if file_sha(blob) != sha:
-            _quarantine_blob(root, blob, "its bytes no longer hash to its name")
-            done.quarantined += 1
-            return
+        data = blob.read_bytes()  # read once: hashed, then written
     except FileNotFoundError:
         done.missing += 1
         return
@@ -175,8 +172,12 @@ def _restore_file(root: Path, dst: Path, sha: str, size: int, done: Restored) ->
         _quarantine_blob(root, blob, f"unreadable: {e}")
         done.quarantined += 1
         return
+    if hashlib.sha256(data).hexdigest() != sha:
+        _quarantine_blob(root, blob, "its bytes no longer hash to its name")
+        done.quarantined += 1
+        return
     try:
-        atomic.copy_file(blob, dst)
+        atomic.write_bytes(dst, data, mode=blob.stat().st_mode & 0o777)  # a .so keeps its bits
     except OSError as e:  # the cache folder has something in the way: that file recompiles
         log.warning("inductor artifact %s not restored: %s", dst, e)
         done.missing += 1
@@ -283,11 +284,12 @@ def file_sha(path: Path) -> str:
 def _store_blob(root: Path, path: Path) -> tuple[str, bool]:
     """The file's sha256 and whether it was stored now (content-addressed: a blob that
     is there with the right size is the same bytes, up to a hash collision)."""
-    sha = file_sha(path)
+    data = path.read_bytes()  # read once: hashed, then written
+    sha = hashlib.sha256(data).hexdigest()
     blob = blob_path(root, sha)
-    if blob.is_file() and blob.stat().st_size == path.stat().st_size:
+    if blob.is_file() and blob.stat().st_size == len(data):
         return sha, False
-    atomic.copy_file(path, blob)
+    atomic.write_bytes(blob, data, mode=path.stat().st_mode & 0o777)
     return sha, True
 
 

@@ -237,23 +237,24 @@ def _validate(args: argparse.Namespace) -> int:
         )
         return EXIT_OK
     for row in rows:
-        shapes = row["shapes"]
-        print(
+        _print_shapes(
             f"{row['kernel']} {row['dtype']}, world size {row['world_size']}, "
-            f"policy {row['policy']}: {len(shapes)} shape(s)"
+            f"policy {row['policy']}",
+            row["shapes"],
         )
-        for shape in shapes:
-            print("  " + " ".join(f"{k}={v}" for k, v in shape.items()))
     for model in models:
-        shapes = model["shapes"]
-        print(
-            f"model {model['name']} ({model['build']}), world size {model['world_size']}: "
-            f"{len(shapes)} shape(s)"
+        _print_shapes(
+            f"model {model['name']} ({model['build']}), world size {model['world_size']}",
+            model["shapes"],
         )
-        for shape in shapes:
-            print("  " + " ".join(f"{k}={v}" for k, v in shape.items()))
     print(f"manifest {args.manifest} is valid (digest {manifest.digest()})")
     return EXIT_OK
+
+
+def _print_shapes(title: str, shapes: list[dict[str, int]]) -> None:
+    print(f"{title}: {len(shapes)} shape(s)")
+    for shape in shapes:
+        print("  " + " ".join(f"{k}={v}" for k, v in shape.items()))
 
 
 def settings_errors(error: ValidationError, options: dict[str, Any] | None = None) -> str:
