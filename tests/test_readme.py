@@ -1,4 +1,4 @@
-"""The README's code runs as written."""
+"""The documentation's code runs as written."""
 
 from __future__ import annotations
 
@@ -11,17 +11,16 @@ from pathlib import Path
 ROOT = Path(__file__).parents[1]
 
 
-def python_block(section: str) -> str:
-    """The first ```python block under the README heading ``section``."""
-    text = (ROOT / "README.md").read_text()
-    body = text[text.index(f"\n## {section}\n") :]
+def python_block(page: str) -> str:
+    """The first ```python block of ``page`` (a file of the repository)."""
+    body = (ROOT / page).read_text()
     match = re.search(r"```python\n(.*?)```", body, re.S)
-    assert match, f"no python block under {section}"
+    assert match, f"no python block in {page}"
     return match.group(1)
 
 
 def test_the_registry_example_runs_as_written_and_hits_the_second_time(tmp_path):
-    code = python_block("The registry") + "\nprint(json.dumps([entry.source, config.meta]))"
+    code = python_block("docs/registry.md") + "\nprint(json.dumps([entry.source, config.meta]))"
     for _ in range(2):  # the first run stores, the second finds it
         done = subprocess.run(
             [sys.executable, "-c", "import json\n" + code],
