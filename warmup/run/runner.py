@@ -94,8 +94,21 @@ def warm_rank(
         if entry.is_user_function:
             for place, shape in enumerate(_warm_user_function(entry, device=device), first):
                 done(shape, place)
-    with clock.timing("models"):
-        report.models = _warm_models(manifest, settings, rank, world, group, device, fingerprint)
+    if manifest.models_for(world):  # compiled models (warmup.compiled.warm): torch.compile
+        from warmup.compiled.warm import warm_models
+
+        with clock.timing("models"):
+            report.models = [
+                _logged(result)
+                for result in warm_models(
+                    manifest.models_for(world),
+                    settings,
+                    rank=rank,
+                    group=group,
+                    device=device,
+                    fingerprint=fingerprint,
+                )
+            ]
     for settled in sharing.come_back():
         warm(settled)
     report.shapes.sort(key=lambda shape: places[id(shape)])
@@ -107,28 +120,9 @@ def warm_rank(
     return report
 
 
-def _warm_models(
-    manifest: Manifest,
-    settings: Settings,
-    rank: int,
-    world: int,
-    group: Any,
-    device: torch.device,
-    fingerprint: Fingerprint,
-) -> list[ModelResult]:
-    """Every declared compiled model for ``world`` ranks (``warmup.compiled.warm``)."""
-    models = manifest.models_for(world)
-    if not models:
-        return []
-    from warmup.compiled.warm import warm_models
-
-    results = []
-    for result in warm_models(
-        models, settings, rank=rank, group=group, device=device, fingerprint=fingerprint
-    ):
-        (log.error if result.failed else log.info)("%s", result.describe())
-        results.append(result)
-    return results
+def _logged(result: ModelResult) -> ModelResult:
+    (log.error if result.failed else log.info)("%s", result.describe())
+    return result
 
 
 def _remote(settings: Settings) -> RemoteTier | None:
