@@ -6,6 +6,8 @@ Archive (tar, gzip) members, MANIFEST.json first::
                                       fingerprints covered, sha256 and size of every member
     entries/<kernel>/<gpu>/<software>/<shape>.json
     triton-cache/<hash>/<artifact>
+    inductor/models/<model>/<gpu>/<software>/<key>.json    compiled models: bundle_inductor
+    inductor/blobs/<sha[:2]>/<sha256>
 
 ``verify`` and ``install`` read the archive once, as a stream, in bounded memory
 (:mod:`registry.tar_stream`): each limit is checked before the bytes it guards are read
@@ -15,31 +17,34 @@ The limits (:class:`Limits`; each is also a keyword of ``verify`` and ``install`
 
 - the file no bigger than a bundle within these limits can be (checked before reading);
 - at most 32,768 members, each name at most 1,024 bytes (each part at most 255), under
-  ``entries/`` or ``triton-cache/<hash>/`` (``<hash>``: 1 to 128 of ``A-Za-z0-9_=-``; an
-  artifact's name never starts with a dot); regular files and folders only;
+  ``entries/``, ``triton-cache/<hash>/`` (``<hash>``: 1 to 128 of ``A-Za-z0-9_=-``; an
+  artifact's name never starts with a dot) or ``inductor/``; regular files and folders
+  only;
 - at most 8 KiB of tar headers per member (its header block, GNU long names, PAX
   records): tarfile would read a 1 GiB header into memory before any other check; no
   negative sizes, no PAX record with a run of over 100 digits (CVE-2024-6232);
 - MANIFEST.json first, at most 8 MiB; every member exactly the size and sha256 it lists,
   at most 256 MiB, all together at most 2 GiB; a Triton group file at most 1 MiB; an
-  entry at most 1 MiB, all entries at most 16 MiB;
+  entry at most 1 MiB, all entries at most 16 MiB; a compiled model's index at most 16 MiB;
 - JSON values (counted before parsing, as the bytes ``{ [ , :``): MANIFEST.json at most
-  262,144, an entry at most 32,768, all entries at most 262,144. A value can become
+  262,144, an entry at most 32,768, all entries at most 262,144, an index at most
+  524,288. A value can become
   ~1 KiB of objects once parsed and written to the store (``[{},{},...]`` is 3 bytes
   a measurement), so bytes alone do not bound memory;
 - MANIFEST.json's ``fingerprints`` (objects with string ``digest``, ``gpu``,
-  ``software``) are exactly those of the entries.
+  ``software``) are exactly those of the entries and indexes.
 
 With these, a process verifying or installing any bundle stays within 128 MiB of its
 idle size (``bench/bundle_memory.py`` measures it).
 
 ``install`` is all or nothing: it parses every entry and computes its path, checks the
-fingerprints (unless ``force``), stages the artifacts in ``<triton_cache>/.bundle-*``,
-swaps in a new store generation in one rename, and only then, still under the store's
-lock, moves the artifacts into place. On any failure before the swap it removes the
-staging folder and leaves the cache and the store as they were. After the swap an
-artifact that cannot move, or a group file that cannot be rewritten, is logged: it
-costs a recompile, not the install. ``Store.rollback`` undoes an install.
+fingerprints (unless ``force``), stages the artifacts in ``<triton_cache>/.bundle-*``
+(compiled models' in ``<inductor>/.bundle-*``), swaps in a new store generation in one
+rename, and only then, still under the store's lock, moves the artifacts into place. On
+any failure before the swap it removes the staging folder and leaves the cache and the
+store as they were. After the swap an artifact that cannot move, or a group file that
+cannot be rewritten, is logged: it costs a recompile, not the install. :func:`rollback`
+undoes an install, compiled models' indexes included.
 """
 
 from __future__ import annotations
@@ -62,10 +67,11 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
-from registry import atomic, tar_stream
+from registry import atomic, bundle_inductor, tar_stream
 from registry.entry import Entry, now_iso
 from registry.errors import BundleRejected, RegistryError, short, shown, why
 from registry.fingerprint import Fingerprint, MatchPolicy
+from registry.generations import Record
 from registry.store import Store
 from registry.tar_stream import CHUNK
 from registry.triton_cache import MAX_GROUP_BYTES, STAGING_PREFIX, cache_files, is_group, relocate
@@ -96,12 +102,14 @@ class Limits:
     max_manifest_bytes: int = 8 * 2**20
     max_entry_bytes: int = 2**20
     max_entries_bytes: int = 16 * 2**20
+    max_index_bytes: int = 16 * 2**20  # a compiled model's index: ~110 bytes a file
     max_group_bytes: int = MAX_GROUP_BYTES  # relocate reads each whole, after the swap
     # JSON values (counted before parsing) bound the objects a text becomes, which its
     # bytes do not: "[{},{},...]" is 3 bytes a value, a parsed and stored one ~1 KiB.
     max_manifest_values: int = 2**18
     max_entry_values: int = 2**15
     max_entries_values: int = 2**18
+    max_index_values: int = 2**19  # ~4 a file: an index of 100,000 files
 
 
 @dataclass
@@ -112,6 +120,8 @@ class Bundle:
     manifest: dict[str, Any]
     entries: list[Entry] = field(default_factory=list)
     artifacts: list[str] = field(default_factory=list)  # "<hash>/<file>"; bytes stay on disk
+    indexes: list[str] = field(default_factory=list)  # compiled models': "models/..."
+    blobs: list[str] = field(default_factory=list)  # the files they name: "blobs/..."
     sha256: str = ""
 
     @property
@@ -133,8 +143,12 @@ def create(
     version: str,
     entries: Iterable[Entry],
     triton_cache: Path | None = None,
+    inductor: Path | None = None,
+    model: str | None = None,
 ) -> dict[str, Any]:
-    """Write a bundle of ``entries`` (and the artifacts in ``triton_cache``) to ``out``.
+    """Write a bundle of ``entries`` (and the artifacts in ``triton_cache``, and the
+    compiled models stored in the family at ``inductor``, of ``model`` only if given)
+    to ``out``.
 
     Artifacts are hashed, then copied, in pieces; they must not change meanwhile."""
     if not name or not version:
@@ -147,9 +161,20 @@ def create(
     if triton_cache is not None:
         for rel, path in cache_files(triton_cache):
             members[f"{TRITON_CACHE}/{rel.as_posix()}"] = path
+    if inductor is not None:
+        packed = bundle_inductor.pack(inductor, model=model)
+        members.update(packed.members)
+        fingerprints.update({fp.digest(): _describe(fp) for fp in packed.fingerprints})
     if not members:
         raise RegistryError(f"Bundle '{name}' would be empty: no entries and no artifacts.")
     listed = {p: _summary(src) for p, src in sorted(members.items())}
+    for member, item in listed.items():
+        blob = bundle_inductor.is_member(member) and not bundle_inductor.is_index(member)
+        if blob and PurePosixPath(member).name != item["sha256"]:
+            raise RegistryError(
+                f"{members[member]!s} no longer hashes to its name: the family is damaged "
+                "(a restore quarantines it; the next warm stores it again)"
+            )
     manifest = {
         "format": FORMAT,
         "schema": SCHEMA,
@@ -214,9 +239,11 @@ def _read(
     *,
     stage: _Stage | None,
     installing: bool,
-    check: Callable[[str, Entry], None] | None = None,
+    check: Callable[[str, Fingerprint], None] | None = None,
+    inductor: _Stage | None = None,
 ) -> Bundle:
-    """Stream the archive once through every check; artifacts go to ``stage`` if given."""
+    """Stream the archive once through every check; artifacts go to ``stage`` and
+    compiled models' to ``inductor``, where given."""
     label = str(path)
     try:
         raw = path.open("rb")
@@ -232,7 +259,9 @@ def _read(
             )
         hashed = tar_stream.Hashed(raw)
         gz = gzip.GzipFile(fileobj=hashed, mode="rb")
-        reader = _Reader(label, limits, stage, installing=installing, check=check)
+        reader = _Reader(
+            label, limits, stage, installing=installing, check=check, inductor=inductor
+        )
         try:
             for info in tar_stream.members(gz, limits.max_header_bytes):
                 reader.add(info, functools.partial(tar_stream.chunks, gz, info.name))
@@ -266,10 +295,11 @@ class _Reader:
         stage: _Stage | None,
         *,
         installing: bool,
-        check: Callable[[str, Entry], None] | None,
+        check: Callable[[str, Fingerprint], None] | None,
+        inductor: _Stage | None,
     ) -> None:
         self.label, self.limits, self.stage = label, limits, stage
-        self.installing, self.check = installing, check
+        self.installing, self.check, self.inductor = installing, check, inductor
         self.manifest: dict[str, Any] | None = None
         self.listed: dict[str, tuple[str, int]] = {}  # name -> (sha256, size)
         self.seen: set[str] = set()
@@ -278,6 +308,9 @@ class _Reader:
         self.entries: list[Entry] = []
         self.digests: dict[str, str] = {}  # fingerprint digest -> an entry member with it
         self.artifacts: list[str] = []
+        self.indexes: list[str] = []
+        self.blobs: list[str] = []
+        self.named: set[str] = set()  # blob members the indexes so far name
 
     def add(self, info: tarfile.TarInfo, data: Callable[[int], Iterator[bytes]]) -> None:
         """Check one member, then read its data through ``data(size)``."""
@@ -297,6 +330,10 @@ class _Reader:
         sha, size = self._expected(info)
         if info.name.startswith(f"{ENTRIES}/"):
             self._read_entry(info.name, b"".join(self._hashed(info.name, sha, data(size))))
+        elif bundle_inductor.is_index(info.name):
+            self._read_index(info.name, b"".join(self._hashed(info.name, sha, data(size))))
+        elif bundle_inductor.is_member(info.name):
+            self._read_blob(info.name, sha, data(size))
         else:
             self._read_artifact(info.name, sha, data(size))
 
@@ -350,6 +387,14 @@ class _Reader:
         self.manifest = manifest
         if self.installing and self.stage is None and any(_is_artifact(n) for n in self.listed):
             raise self._reject("it carries Triton artifacts but no cache folder was given")
+        if (
+            self.installing
+            and self.inductor is None
+            and any(map(bundle_inductor.is_member, self.listed))
+        ):
+            raise self._reject(
+                "it carries compiled models' artifacts but no inductor folder was given"
+            )
 
     # -- entries and artifacts
 
@@ -373,19 +418,46 @@ class _Reader:
             reason = str(e) if isinstance(e, RegistryError) else why(e)
             raise self._reject(f"entry '{name}': {reason}") from None
         if self.check is not None:
-            self.check(name, entry)
+            self.check(f"entry {entry.relpath()}", entry.fingerprint)
         self.entries.append(entry)
         self.digests.setdefault(digest, name)
 
+    def _read_index(self, name: str, text: bytes) -> None:
+        values = _json_values(text)
+        if values > self.limits.max_index_values:
+            raise self._reject(
+                f"index '{name}' has {values} JSON values; limit {self.limits.max_index_values}"
+            )
+        try:
+            index = bundle_inductor.check_index(name, text, self.listed)
+        except RegistryError as e:
+            raise self._reject(str(e)) from None
+        fingerprint = Fingerprint.from_json(index["fingerprint"])
+        if self.check is not None:
+            self.check(f"compiled model index {name}", fingerprint)
+        rel = name.removeprefix(bundle_inductor.PREFIX)
+        if self.inductor is not None:
+            self.inductor.write(self.label, rel, [text])
+        self.indexes.append(rel)
+        self.named |= bundle_inductor.named_blobs(index)
+        self.digests.setdefault(fingerprint.digest(), name)
+
+    def _read_blob(self, name: str, sha: str, chunks: Iterator[bytes]) -> None:
+        rel = name.removeprefix(bundle_inductor.PREFIX)
+        self._keep(self.inductor, rel, self._hashed(name, sha, chunks))
+        self.blobs.append(rel)
+
     def _read_artifact(self, name: str, sha: str, chunks: Iterator[bytes]) -> None:
         rel = name.removeprefix(f"{TRITON_CACHE}/")
-        hashed = self._hashed(name, sha, chunks)
-        if self.stage is None:
+        self._keep(self.stage, rel, self._hashed(name, sha, chunks))
+        self.artifacts.append(rel)
+
+    def _keep(self, stage: _Stage | None, rel: str, hashed: Iterator[bytes]) -> None:
+        if stage is None:
             for _ in hashed:  # verify only: hash and drop
                 pass
         else:
-            self.stage.write(self.label, rel, hashed)
-        self.artifacts.append(rel)
+            stage.write(self.label, rel, hashed)
 
     def finish(self, path: Path, sha256: str) -> Bundle:
         """After the last member: every listed member came, and the fingerprints agree."""
@@ -394,6 +466,9 @@ class _Reader:
         missing = sorted(set(self.listed) - self.seen)
         if missing:
             raise self._reject(f"member '{missing[0]}' is listed but missing")
+        orphan = bundle_inductor.check_blobs(self.listed, self.named)
+        if orphan is not None:
+            raise self._reject(f"blob '{orphan}' is named by no index")
         listed = {fp["digest"]: fp for fp in self.manifest["fingerprints"]}
         for digest, name in sorted(self.digests.items()):
             if digest not in listed:
@@ -405,9 +480,11 @@ class _Reader:
             fp = listed[digest]
             raise self._reject(
                 f"{MANIFEST} 'fingerprints' lists {short(digest)} ({short(fp['gpu'])} / "
-                f"{short(fp['software'])}), which no entry has"
+                f"{short(fp['software'])}), which no entry or index has"
             )
-        return Bundle(path, self.manifest, self.entries, self.artifacts, sha256)
+        return Bundle(
+            path, self.manifest, self.entries, self.artifacts, self.indexes, self.blobs, sha256
+        )
 
 
 def _check_name(label: str, name: str, max_bytes: int) -> None:
@@ -501,7 +578,7 @@ def _check_listed(
     for name, item in members.items():
         listed[name] = _listed_member(label, name, item, limits)
         total += listed[name][1]
-        entries += 0 if _is_artifact(name) else listed[name][1]
+        entries += 0 if _is_artifact(name) or bundle_inductor.is_member(name) else listed[name][1]
     if total > limits.max_total_bytes:
         raise BundleRejected(
             label, f"members add up to more than the total limit {limits.max_total_bytes} bytes"
@@ -533,14 +610,24 @@ def _listed_member(label: str, name: str, item: Any, limits: Limits) -> tuple[st
             what, limit = "Triton group file", min(limit, limits.max_group_bytes)
     elif name.startswith(f"{ENTRIES}/"):
         limit = min(limits.max_entry_bytes, limits.max_member_bytes)
+    elif bundle_inductor.is_member(name):
+        limit = limits.max_member_bytes
+        if bundle_inductor.is_index(name):
+            what, limit = "index", min(limit, limits.max_index_bytes)
     else:
         raise BundleRejected(
-            label, f"member '{name}' is neither under {ENTRIES}/ nor {TRITON_CACHE}/"
+            label,
+            f"member '{name}' is not under {ENTRIES}/, {TRITON_CACHE}/ or {bundle_inductor.PREFIX}",
         )
     sha = item.get("sha256") if isinstance(item, dict) else None
     size = item.get("size") if isinstance(item, dict) else None
     if not isinstance(sha, str) or not _SHA256.fullmatch(sha):
         raise BundleRejected(label, f"{MANIFEST} lists '{name}' without a sha256 (64 hex digits)")
+    if bundle_inductor.is_member(name):
+        try:
+            bundle_inductor.check_listed(name, sha)
+        except ValueError as e:
+            raise BundleRejected(label, f"member '{name}' {e}") from None
     if not isinstance(size, int) or isinstance(size, bool) or size < 0:
         raise BundleRejected(label, f"{MANIFEST} lists '{name}' without a size (an int >= 0)")
     if size > limit:
@@ -570,7 +657,7 @@ class _Stage:
             if final.is_dir() or (final.parent.exists() and not final.parent.is_dir()):
                 raise BundleRejected(label, f"artifact '{rel}' cannot replace what is at {final}")
             target = self._folder() / rel
-            target.parent.mkdir(exist_ok=True)
+            target.parent.mkdir(parents=True, exist_ok=True)
             with target.open("xb") as f:
                 for chunk in chunks:
                     f.write(chunk)
@@ -600,7 +687,7 @@ class _Stage:
         for rel in artifacts:
             target = self.cache / rel
             try:
-                target.parent.mkdir(exist_ok=True)
+                target.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(self.root / rel, target)
             except OSError as e:
                 failed.append(f"{rel}: {e}")
@@ -643,34 +730,78 @@ def install(
     policy: MatchPolicy = MatchPolicy.EXACT,
     force: bool = False,
     triton_cache: Path | None = None,
+    inductor: Path | None = None,
     **limits: int,
 ) -> dict[str, Any]:
     """Verify ``path``, then merge it into ``store`` as one new generation: all or nothing.
 
-    ``expect``: the fingerprint of the machines this store serves; entries that do not
-    match it under ``policy`` reject the bundle unless ``force``. ``None`` skips the check.
-    Artifacts go to ``triton_cache`` (the volume's copy of TRITON_CACHE_DIR) only after
-    the store install succeeded. ``limits``: fields of :class:`Limits` to change.
+    ``expect``: the fingerprint of the machines this store serves; entries and indexes
+    that do not match it under ``policy`` reject the bundle unless ``force``. ``None``
+    skips the check. Artifacts go to ``triton_cache`` (the volume's copy of
+    TRITON_CACHE_DIR), compiled models' to ``inductor`` (the volume's family), only
+    after the store install succeeded. ``limits``: fields of :class:`Limits` to change.
     """
     checked = Limits(**limits)
-    stage = _Stage(triton_cache) if triton_cache is not None else None
+    stages = {
+        "triton": _Stage(triton_cache) if triton_cache is not None else None,
+        "inductor": _Stage(inductor) if inductor is not None else None,
+    }
     check = None
     if expect is not None and not force:
         check = _fingerprint_check(str(path), expect, policy)
     try:
-        bundle = _read(path, checked, stage=stage, installing=True, check=check)
-        commit = None
-        if stage is not None and bundle.artifacts:
-            commit = functools.partial(stage.commit, bundle.artifacts)
-        info = store.install(bundle.entries, record=_record(bundle), after_swap=commit)
+        bundle = _read(
+            path,
+            checked,
+            stage=stages["triton"],
+            installing=True,
+            check=check,
+            inductor=stages["inductor"],
+        )
+        record = _record(bundle)
+        if inductor is not None and bundle.indexes:
+            record[bundle_inductor.RECORD_KEY] = bundle_inductor.keep_previous(
+                inductor, bundle.indexes
+            )
+        info = store.install(
+            bundle.entries, record=record, after_swap=functools.partial(_commit, bundle, stages)
+        )
     except BaseException:
-        if stage is not None:
-            stage.discard(failed=True)
+        for stage in stages.values():
+            if stage is not None:
+                stage.discard(failed=True)
         raise
-    if stage is not None:
-        stage.discard(failed=False)
-        stage.relocate_groups()
+    for stage in stages.values():
+        if stage is not None:
+            stage.discard(failed=False)
+    if stages["triton"] is not None:
+        stages["triton"].relocate_groups()
     return info
+
+
+def _commit(bundle: Bundle, stages: dict[str, _Stage | None]) -> None:
+    """After the swap: artifacts into the Triton cache; blobs, then the indexes that name
+    them, into the compiled models' family."""
+    if stages["triton"] is not None and bundle.artifacts:
+        stages["triton"].commit(bundle.artifacts)
+    if stages["inductor"] is not None and (bundle.blobs or bundle.indexes):
+        stages["inductor"].commit([*bundle.blobs, *bundle.indexes])
+
+
+def rollback(store: Store, *, inductor: Path | None = None) -> dict[str, Any]:
+    """Undo the latest bundle install not yet undone (``Store.rollback``), and put back
+    the compiled models' indexes it replaced in the family at ``inductor``."""
+
+    def undo(record: Record) -> None:
+        if record.extra.get(bundle_inductor.RECORD_KEY) and inductor is None:
+            log.warning(
+                "rollback of %s: its compiled models' indexes stay (no inductor folder given)",
+                record.id,
+            )
+        elif inductor is not None:
+            bundle_inductor.undo(inductor, record)
+
+    return store.rollback(after_swap=undo)
 
 
 def _record(bundle: Bundle) -> dict[str, Any]:
@@ -683,24 +814,22 @@ def _record(bundle: Bundle) -> dict[str, Any]:
         },
         "entries": len(bundle.entries),
         "artifacts": len(bundle.artifacts),
+        "models": len(bundle.indexes),
     }
 
 
 def _fingerprint_check(
     label: str, expect: Fingerprint, policy: MatchPolicy
-) -> Callable[[str, Entry], None]:
-    """Reject an entry tuned for another platform as soon as it is read."""
+) -> Callable[[str, Fingerprint], None]:
+    """Reject an entry or index made for another platform as soon as it is read."""
 
-    def check(name: str, entry: Entry) -> None:
-        mismatch = expect.with_kernel(entry.fingerprint.kernel_hash).mismatches(
-            entry.fingerprint, policy
-        )
+    def check(what: str, fingerprint: Fingerprint) -> None:
+        mismatch = expect.with_kernel(fingerprint.kernel_hash).mismatches(fingerprint, policy)
         if mismatch:
             fields = ", ".join(f"{k} ({b!r}, here {a!r})" for k, (a, b) in sorted(mismatch.items()))
             raise BundleRejected(
                 label,
-                f"entry {entry.relpath()} was tuned for another "
-                f"platform under policy '{policy.value}': "
+                f"{what} was made for another platform under policy '{policy.value}': "
                 f"{fields}; pass --force (force=True) to install anyway",
             )
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from registry import bundle, importers
+from registry import bundle, bundle_inductor, importers
 from registry.entry import Entry
 from registry.errors import RegistryError
 from registry.fingerprint import Fingerprint, MatchPolicy, cpu_fingerprint
@@ -33,7 +33,9 @@ class BadInput(Exception):
     """A path or argument of the user's that the command cannot use: exit 2, write nothing."""
 
 
-def add_parser(subparsers: Any, *, default_store: Path, default_cache: Path) -> None:
+def add_parser(
+    subparsers: Any, *, default_store: Path, default_cache: Path, default_inductor: Path
+) -> None:
     """Register ``registry`` and its commands on the top-level CLI."""
     top = subparsers.add_parser("registry", help="inspect and move tuned configs")
     top.add_argument(
@@ -72,6 +74,7 @@ def add_parser(subparsers: Any, *, default_store: Path, default_cache: Path) -> 
     fp.set_defaults(handler=_fingerprint)
 
     rb = cmds.add_parser("rollback", help="undo the latest bundle install", parents=common)
+    _inductor_option(rb, default_inductor, "whose compiled models' indexes are put back")
     rb.set_defaults(handler=_rollback)
 
     bun = cmds.add_parser("bundle", help="create, verify, install and list bundles", parents=common)
@@ -84,6 +87,12 @@ def add_parser(subparsers: Any, *, default_store: Path, default_cache: Path) -> 
     create.add_argument("--version", required=True)
     create.add_argument("--kernel", help="only this kernel")
     create.add_argument("--triton-cache", type=Path, help="also carry these compile artifacts")
+    create.add_argument(
+        "--inductor",
+        type=Path,
+        help="also carry the compiled models stored in this family (<volume>/inductor)",
+    )
+    create.add_argument("--model", help="with --inductor: only this model")
     create.set_defaults(handler=_bundle_create)
     ver = bcmds.add_parser("verify", help="check an archive without installing it", parents=common)
     ver.add_argument("file", type=Path)
@@ -102,10 +111,17 @@ def add_parser(subparsers: Any, *, default_store: Path, default_cache: Path) -> 
         default=default_cache,
         help=f"where artifacts go (default {default_cache})",
     )
+    _inductor_option(ins, default_inductor, "where compiled models' artifacts go")
     _fingerprint_option(ins, allow_none=True)
     ins.set_defaults(handler=_bundle_install)
     lst = bcmds.add_parser("list", help="bundles installed in the store", parents=common)
     lst.set_defaults(handler=_bundle_list)
+
+
+def _inductor_option(parser: argparse.ArgumentParser, default: Path, what: str) -> None:
+    parser.add_argument(
+        "--inductor", type=Path, default=default, help=f"the family {what} (default {default})"
+    )
 
 
 def _fingerprint_option(parser: argparse.ArgumentParser, *, allow_none: bool = False) -> None:
@@ -284,7 +300,7 @@ def _fingerprint(args: argparse.Namespace, store: Store) -> dict[str, Any]:
 
 
 def _rollback(args: argparse.Namespace, store: Store) -> dict[str, Any]:
-    info = store.rollback()
+    info = bundle.rollback(store, inductor=args.inductor)
     if not args.json:
         print(
             f"rolled back {info['undoes']} ({(info.get('bundle') or {}).get('name')}); "
@@ -305,6 +321,15 @@ def _bundle_create(args: argparse.Namespace, store: Store) -> dict[str, Any]:
             what="--triton-cache",
             expected="a Triton cache folder (TRITON_CACHE_DIR)",
         )
+    if args.inductor is not None:
+        _existing(
+            args.inductor,
+            folder=True,
+            what="--inductor",
+            expected="the compiled models' family of a volume (<volume>/inductor)",
+        )
+    elif args.model is not None:
+        raise BadInput("--model picks among the compiled models of --inductor; give --inductor.")
     entries = _select(store, args.kernel)
     manifest = bundle.create(
         args.out,
@@ -312,11 +337,17 @@ def _bundle_create(args: argparse.Namespace, store: Store) -> dict[str, Any]:
         version=args.version,
         entries=entries,
         triton_cache=args.triton_cache,
+        inductor=args.inductor,
+        model=args.model,
     )
     if not args.json:
+        members = list(manifest["members"])
+        models = sum(map(bundle_inductor.is_index, members))
+        blobs = sum(map(bundle_inductor.is_member, members)) - models
+        artifacts = len(members) - len(entries) - models - blobs
         print(
-            f"wrote {args.out}: {len(entries)} entries, "
-            f"{len(manifest['members']) - len(entries)} artifacts"
+            f"wrote {args.out}: {len(entries)} entries, {artifacts} artifacts, "
+            f"{models} compiled model indexes ({blobs} files)"
         )
     return manifest
 
@@ -326,7 +357,8 @@ def _bundle_verify(args: argparse.Namespace, store: Store) -> dict[str, Any]:
     if not args.json:
         print(
             f"{args.file}: OK  {verified.name} {verified.version}  {len(verified.entries)} "
-            f"entries  {len(verified.artifacts)} artifacts  sha256 {verified.sha256[:16]}"
+            f"entries  {len(verified.artifacts)} artifacts  {len(verified.indexes)} compiled "
+            f"model indexes ({len(verified.blobs)} files)  sha256 {verified.sha256[:16]}"
         )
         for fp in verified.manifest.get("fingerprints", []):
             print(f"  covers {fp.get('gpu')} / {fp.get('software')}")
@@ -342,6 +374,7 @@ def _bundle_install(args: argparse.Namespace, store: Store) -> dict[str, Any]:
     path = _bundle_file(args.file)
     _creatable(store.root, folder=True, what="--store")
     _creatable(args.triton_cache, folder=True, what="--triton-cache")
+    _creatable(args.inductor, folder=True, what="--inductor")
     info = bundle.install(
         path,
         store,
@@ -349,11 +382,13 @@ def _bundle_install(args: argparse.Namespace, store: Store) -> dict[str, Any]:
         policy=args.policy,
         force=args.force,
         triton_cache=args.triton_cache,
+        inductor=args.inductor,
     )
     if not args.json:
         print(
             f"installed {info['bundle']['name']} {info['bundle']['version']} as generation "
-            f"{info['id']}: {info['entries']} entries, {info['artifacts']} artifacts"
+            f"{info['id']}: {info['entries']} entries, {info['artifacts']} artifacts, "
+            f"{info['models']} compiled model indexes"
         )
     return info
 

@@ -48,11 +48,11 @@ FORMAT = 1
 MAX_FILE_BYTES = 256 * 2**20  # one cache file; Inductor's largest are kernels' .so/.cubin
 MAX_MODEL_BYTES = 2 * 2**30  # one model's files together
 MAX_FILES = 100_000  # files of one index
-MAX_INDEX_BYTES = 64 * 2**20
+MAX_INDEX_BYTES = 16 * 2**20  # ~110 bytes a file: MAX_FILES fit
 _SKIPPED_DIRS = {"locks"}  # Inductor's file locks: a compile in progress, not an artifact
-_SHA = re.compile(r"^[0-9a-f]{64}$")
-_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
-_KEY_DIGEST = re.compile(r"^[0-9a-f]{8,64}$")
+SHA256 = re.compile(r"[0-9a-f]{64}")
+_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}")
+_KEY_DIGEST = re.compile(r"[0-9a-f]{8,64}")
 
 
 @dataclass
@@ -216,24 +216,52 @@ def explain_miss(root: Path, model: str, key_digest: str, fingerprint: Fingerpri
 
 
 def read_index(path: Path) -> dict[str, Any]:
-    """An index, checked: every path relative and inside the cache, every blob a sha256;
-    :class:`RegistryError` otherwise, FileNotFoundError when there is none."""
+    """An index, checked (:func:`parse_index`); FileNotFoundError when there is none."""
     try:
-        data = atomic.loads(atomic.read_bounded(path, MAX_INDEX_BYTES))
-    except ValueError as e:  # too big, not a regular file, not JSON
+        data = atomic.read_bounded(path, MAX_INDEX_BYTES)
+    except ValueError as e:  # too big, not a regular file
         raise RegistryError(f"{path}: {e}") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise RegistryError(f"{path}: not an inductor artifact index of format {FORMAT}")
-    files = data.get("files")
+    return parse_index(data, str(path))
+
+
+def parse_index(data: bytes, label: str) -> dict[str, Any]:
+    """An index's bytes, checked: every path relative and inside the cache, every blob a
+    sha256, the fingerprint whole; :class:`RegistryError` naming ``label`` otherwise."""
+    try:
+        index = atomic.loads(data)
+    except ValueError as e:
+        raise RegistryError(f"{label}: {e}") from None
+    if not isinstance(index, dict) or index.get("format") != FORMAT:
+        raise RegistryError(f"{label}: not an inductor artifact index of format {FORMAT}")
+    files = index.get("files")
     if not isinstance(files, dict):
-        raise RegistryError(f"{path}: 'files' is not an object")
+        raise RegistryError(f"{label}: 'files' is not an object")
+    if len(files) > MAX_FILES:
+        raise RegistryError(f"{label}: lists {len(files)} files; limit {MAX_FILES}")
     for rel, value in files.items():
         check_relative(rel)
         ok = isinstance(value, list) and len(value) == 2 and isinstance(value[0], str)
-        if not ok or not _SHA.match(value[0]) or not isinstance(value[1], int):
-            raise RegistryError(f"{path}: file {rel!r} is not [sha256, size]")
-    Fingerprint.from_json(data.get("fingerprint"))
-    return data
+        if not ok or not SHA256.fullmatch(value[0]) or not isinstance(value[1], int):
+            raise RegistryError(f"{label}: file {rel!r} is not [sha256, size]")
+        if isinstance(value[1], bool) or not 0 <= value[1] <= MAX_FILE_BYTES:
+            raise RegistryError(f"{label}: file {rel!r} has size {value[1]!r}")
+    model, key_digest = index.get("model"), index.get("key_digest")
+    if not isinstance(model, str) or not isinstance(key_digest, str):
+        raise RegistryError(f"{label}: 'model' and 'key_digest' are not strings")
+    _check_name(model, key_digest)
+    Fingerprint.from_json(index.get("fingerprint"))
+    return index
+
+
+def index_relpath(index: Mapping[str, Any]) -> str:
+    """Where a parsed index belongs under the family's root (``models/...``)."""
+    fingerprint = Fingerprint.from_json(index["fingerprint"])
+    path = index_path(Path("/"), index["model"], index["key_digest"], fingerprint)
+    return path.relative_to("/").as_posix()
+
+
+def blob_relpath(sha: str) -> str:
+    return f"blobs/{sha[:2]}/{sha}"
 
 
 def check_relative(rel: str) -> str:
@@ -270,7 +298,7 @@ def _is_temp(name: str) -> bool:
 
 
 def blob_path(root: Path, sha: str) -> Path:
-    return root / "blobs" / sha[:2] / sha
+    return root / blob_relpath(sha)
 
 
 def file_sha(path: Path) -> str:
@@ -311,7 +339,7 @@ def _quarantine(root: Path, path: Path, name: str, reason: str) -> None:
 
 
 def _check_name(model: str, key_digest: str) -> None:
-    if not _NAME.match(model):
+    if not _NAME.fullmatch(model):
         raise RegistryError(f"model name {model!r} is not 1-63 of a-z 0-9 _ . -")
-    if not _KEY_DIGEST.match(key_digest):
+    if not _KEY_DIGEST.fullmatch(key_digest):
         raise RegistryError(f"model key digest {key_digest!r} is not 8-64 hex digits")

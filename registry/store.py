@@ -312,19 +312,17 @@ class Store:
                 self._merge_into(new, e)
             info = self._seal(new, parent, {"kind": "install", **record, "changed": changed})
             self._swap_sealed(new)
-            if after_swap is not None:
-                try:
-                    after_swap()
-                except Exception:
-                    log.exception(
-                        "store %s: %s is in, but its after-swap step failed", self.root, new.name
-                    )
+            self._after_swap(after_swap, None, new)
             self._collect_garbage()
         self.refresh(force=True)
         return info
 
-    def rollback(self) -> dict[str, Any]:
-        """Undo the latest bundle install not yet undone, keeping every other change."""
+    def rollback(self, *, after_swap: Callable[[Record], None] | None = None) -> dict[str, Any]:
+        """Undo the latest bundle install not yet undone, keeping every other change.
+
+        ``after_swap`` gets the undone install's record right after the swap, under the
+        lock (a bundle puts back what it replaced outside the store there); if it fails,
+        the failure is logged and the rollback stands."""
         if self.current_generation() is None:  # never create a store just to say so
             raise RegistryError(
                 f"Store {self.root}: no bundle install left to roll back "
@@ -351,9 +349,20 @@ class Store:
                 {"kind": "rollback", "undoes": target.id, "bundle": target.extra.get("bundle")},
             )
             self._swap_sealed(new)
+            self._after_swap(after_swap, target, new)
             self._collect_garbage()
         self.refresh(force=True)
         return info
+
+    def _after_swap(
+        self, step: Callable[..., None] | None, record: Record | None, new: Path
+    ) -> None:
+        if step is None:
+            return
+        try:
+            step() if record is None else step(record)
+        except Exception:
+            log.exception("store %s: %s is in, but its after-swap step failed", self.root, new.name)
 
     def _latest_undoable_install(self, current: Path) -> Record:
         undone: set[str] = set()

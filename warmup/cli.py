@@ -68,7 +68,12 @@ def build_parser(settings: Settings) -> argparse.ArgumentParser:
 
     doctor.add_parser(sub, settings)
     cache = settings.triton_cache_dir or settings.paths.triton_cache
-    registry_cli.add_parser(sub, default_store=settings.registry_path, default_cache=cache)
+    registry_cli.add_parser(
+        sub,
+        default_store=settings.registry_path,
+        default_cache=cache,
+        default_inductor=settings.paths.inductor,
+    )
     return parser
 
 

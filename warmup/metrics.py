@@ -237,6 +237,12 @@ class ServeMetrics:
             ["result"],
             registry=r,
         )
+        self.model_reloads = Counter(
+            "triton_warmup_model_reloads",
+            "Compiled models whose artifacts a bundle brought into the pod's Inductor cache.",
+            ["model"],
+            registry=r,
+        )
         self.bundle_scans = Counter(
             "triton_warmup_bundle_scans",
             "Scans of the watched bundle folder (each after a change; none while idle).",

@@ -25,9 +25,10 @@ from typing import Any, Generic, TypeVar
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from registry import RegistryError, Store, bundle, triton_cache
+from registry import RegistryError, Store, bundle, bundle_inductor, triton_cache
 from registry.errors import BundleRejected
 from registry.fingerprint import Fingerprint
+from warmup.compiled.reload import restore_installed
 from warmup.manifest import ManifestError, load_manifest
 from warmup.metrics import ServeMetrics, TextFileCollector, TextFolderCollector
 from warmup.results import RunStatus
@@ -163,6 +164,7 @@ class Sidecar:
                 expect=expect,
                 policy=self.settings.match_policy,
                 triton_cache=self.settings.paths.triton_cache,
+                inductor=self.settings.paths.inductor,
             )
         except BundleRejected as e:
             log.error("rejected %s: %s", path, e)
@@ -171,7 +173,23 @@ class Sidecar:
             log.warning("bundle %s deferred: the store could not take it now: %s", path, e)
             return "deferred"
         log.info("installed %s as %s", path, info["id"])
+        self._reload_models(expect, info.get(bundle_inductor.RECORD_KEY) or {})
         return "installed"
+
+    def _reload_models(self, fingerprint: Fingerprint, indexes: dict[str, Any]) -> None:
+        """Bring what a bundle installed for this pod's declared models into its
+        Inductor cache (``warmup.compiled.reload``); a failure costs compiles, not the
+        install."""
+        if not indexes:
+            return
+        try:
+            models = load_manifest(self.settings.manifest).models
+            done = restore_installed(self.settings, models, fingerprint, indexes)
+        except (OSError, ManifestError, RegistryError) as e:
+            log.warning("compiled models not reloaded from the bundle: %s", e)
+            return
+        for name in done:
+            self.metrics.model_reloads.labels(name).inc()
 
     def _installed_before(self, path: Path, digest: str | None) -> str | None:
         """The kept generation that installed these bytes already, if one did: a restarted

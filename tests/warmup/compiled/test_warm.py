@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import settings_for, write_manifest
+from warmup.cli import main
 from warmup.manifest import load_manifest
 from warmup.run.launch import run
 
@@ -60,15 +61,24 @@ def serve(work: Path, manifest: Path, name: str, *extra: dict, **env: str) -> di
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def carry(source: Path, target: Path, out: Path) -> None:
+    """``registry bundle create`` on one volume, ``bundle install`` on the other."""
+    create = ["bundle", "create", str(out), "--name", "models", "--version", "1"]
+    install = ["bundle", "install", str(out), "--fingerprint", "detect"]
+    for volume, command in ((source, create), (target, install)):
+        store = ["registry", "--store", str(volume / "registry")]
+        assert main([*store, *command, "--inductor", str(volume / "inductor")]) == 0
+
+
 @pytest.fixture(scope="module")
 def pods(tmp_path_factory):
-    """Pod A warms and stores; pod B (the volume moved to another path, a new work
-    folder and home, A gone) restores; the pod's folder is then moved once more (C), as
-    a server container sees it at a mount path of its own."""
+    """Pod A warms and stores; its models travel by bundle to pod B's volume (another
+    path, a new work folder and home, A gone), which restores them; the pod's folder is
+    then moved once more (C), as a server container sees it at a mount path of its own."""
     root = tmp_path_factory.mktemp("pods")
     with pytest.MonkeyPatch.context() as monkeypatch:
         _, first = warm(root / "a", MLP, monkeypatch)
-        shutil.copytree(root / "a" / "volume", root / "b" / "volume", symlinks=True)
+        carry(root / "a" / "volume", root / "b" / "volume", root / "models.tgz")
         shutil.rmtree(root / "a")
         _, second = warm(root / "b", MLP, monkeypatch)
     shutil.copytree(root / "b", root / "c", symlinks=True)

@@ -664,3 +664,50 @@ def test_a_fifo_in_the_metrics_folder_never_blocks_a_scrape(sidecar, settings):
     os.mkfifo(folder / "serving-rank0.prom")
     code, _ = get(sidecar.url + "/metrics")
     assert code == 200
+
+
+MODEL = """\
+version: 1
+models:
+  - name: mlp
+    build: tests.warmup.compiled.models:mlp
+    dims: {batch: [1, 2], seq: 3}
+    inputs:
+      - {shape: [batch, seq, 32], dtype: fp32}
+      - {shape: [batch], dtype: int64, high: 3}
+"""
+
+
+def test_a_bundle_with_a_declared_model_reaches_the_pods_inductor_cache(tmp_path):
+    """Hot reload of compiled models: the bundle's index for this manifest's model, at
+    its key and this node's fingerprint, is restored into the pod's Inductor cache; one
+    for another key stays on the volume only."""
+    from registry import inductor_cache
+    from warmup.compiled.key import model_key
+
+    manifest = tmp_path / "manifest.yaml"
+    manifest.write_text(MODEL)
+    settings = Settings(
+        volume=tmp_path / "volume", work_dir=tmp_path / "work", manifest=manifest,
+        reload_debounce_s=0.1,
+    )  # fmt: skip
+    ready_status(settings, manifest_digest=load_manifest(manifest).digest())
+    files = {"fxgraph/ab/fabc/entry": b"graph", "ab/cabc.so": b"\x7fELF"}
+    cache = tmp_path / "compiled"
+    for rel, data in files.items():
+        (cache / rel).parent.mkdir(parents=True, exist_ok=True)
+        (cache / rel).write_bytes(data)
+    family, fp = tmp_path / "family", cpu_fingerprint()
+    for digest in (model_key(load_manifest(manifest).model("mlp")).digest, "feed" * 8):
+        inductor_cache.save(cache, family, model="mlp", key_digest=digest, key={}, fingerprint=fp)
+    bundle.create(tmp_path / "models.tgz", name="models", version="1", entries=[], inductor=family)
+    with running(settings) as car:
+        shutil.copy(tmp_path / "models.tgz", settings.bundles / "models.tgz")
+        assert wait_for(lambda: reloads(car).get("installed") == 1)
+        reloaded = samples(car.metrics_text().decode(), "triton_warmup_model_reloads_total")
+    assert reloaded == {(("model", "mlp"),): 1.0}
+    pod = settings.inductor_cache_path
+    assert {
+        p.relative_to(pod).as_posix(): p.read_bytes() for p in pod.rglob("*") if p.is_file()
+    } == files
+    assert len(list(settings.paths.inductor.glob("models/*/*/*/*.json"))) == 2

@@ -1,0 +1,205 @@
+"""Compiled models' artifacts in a bundle: the family of :mod:`registry.inductor_cache`.
+
+Members, beside ``entries/`` and ``triton-cache/``::
+
+    inductor/models/<model>/<gpu>/<software>/<key>.json    an index, as the volume holds it
+    inductor/blobs/<sha[:2]>/<sha256>                      a file an index names, by content
+
+A bundle is whole: every blob an index names is in it (with the size the index gives),
+and every blob in it is named by an index. A blob's name is its sha256, and MANIFEST.json
+must list that sha256 for it. An index must sit where its own model, key and fingerprint
+put it; its fingerprint is checked as an entry's is (a mismatch rejects the bundle unless
+forced) and is one of MANIFEST.json's ``fingerprints``.
+
+Install stages blobs and indexes in ``<root>/.bundle-*``. Before the store's swap, each
+index the bundle replaces is kept as a blob and named in the new generation's record
+(:data:`RECORD_KEY`: index path -> the previous index's sha256, or null where there was
+none); after the swap the blobs move in, then the indexes. :func:`undo`, run by
+``Store.rollback`` after its swap, puts each previous index back, or removes the index
+where there was none. Blobs are never removed: they are content, and harmless unnamed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from registry import atomic, inductor_cache
+from registry.errors import RegistryError
+from registry.fingerprint import Fingerprint
+from registry.generations import Record
+from registry.inductor_cache import (
+    MAX_INDEX_BYTES,
+    SHA256,
+    blob_path,
+    blob_relpath,
+    index_relpath,
+)
+
+log = logging.getLogger(__name__)
+
+PREFIX = "inductor/"
+RECORD_KEY = "inductor_indexes"
+
+
+@dataclass
+class Packed:
+    """What ``bundle create`` takes from a family: member name -> file, and fingerprints."""
+
+    members: dict[str, Path] = field(default_factory=dict)
+    fingerprints: list[Fingerprint] = field(default_factory=list)
+    indexes: int = 0
+
+
+def pack(root: Path, *, model: str | None = None) -> Packed:
+    """Every index under ``root`` (of ``model`` only, if given) with the blobs it names;
+    :class:`RegistryError` for an index that is unreadable, misplaced or names a blob
+    the family lacks (a bundle is never written short of a file)."""
+    packed = Packed()
+    folder = root / "models"
+    for path in sorted(folder.glob("*/*/*/*.json")) if folder.is_dir() else ():
+        if model is not None and path.relative_to(folder).parts[0] != model:
+            continue
+        rel = path.relative_to(root).as_posix()
+        index = inductor_cache.read_index(path)
+        if index_relpath(index) != rel:
+            raise RegistryError(f"{path}: its model, key and fingerprint belong elsewhere")
+        packed.members[PREFIX + rel] = path
+        packed.fingerprints.append(Fingerprint.from_json(index["fingerprint"]))
+        packed.indexes += 1
+        for file, (sha, _) in sorted(index["files"].items()):
+            blob = blob_path(root, sha)
+            if not blob.is_file():
+                raise RegistryError(
+                    f"{path} names blob {sha[:16]} ({file}), which {root} lacks: warm "
+                    f"model {index['model']} again, or leave it out"
+                )
+            packed.members[PREFIX + blob_relpath(sha)] = blob
+    if model is not None and not packed.indexes:
+        raise RegistryError(f"no artifacts of model {model} are stored in {root}")
+    return packed
+
+
+def is_member(name: str) -> bool:
+    return name.startswith(PREFIX)
+
+
+def is_index(name: str) -> bool:
+    return name.startswith(f"{PREFIX}models/")
+
+
+def check_listed(name: str, sha: str) -> None:
+    """A listed ``inductor/`` member's name (and a blob's listed sha256, its name);
+    ValueError with the reason otherwise."""
+    parts = PurePosixPath(name.removeprefix(PREFIX)).parts
+    if parts[:1] == ("blobs",):
+        if len(parts) != 3 or not SHA256.fullmatch(parts[2]) or parts[1] != parts[2][:2]:
+            raise ValueError("is not inductor/blobs/<sha256[:2]>/<sha256>")
+        if sha != parts[2]:
+            raise ValueError(f"is listed with sha256 {sha[:16]}, not its name")
+        return
+    if parts[:1] != ("models",) or len(parts) != 5 or not parts[4].endswith(".json"):
+        raise ValueError(
+            "is neither inductor/models/<model>/<gpu>/<software>/<key>.json "
+            "nor inductor/blobs/<sha256[:2]>/<sha256>"
+        )
+
+
+def check_index(name: str, text: bytes, listed: Mapping[str, tuple[str, int]]) -> dict[str, Any]:
+    """An index member, parsed and checked against its place and the bundle's members."""
+    index = inductor_cache.parse_index(text, name)
+    if PREFIX + index_relpath(index) != name:
+        raise RegistryError(f"{name}: its model, key and fingerprint belong elsewhere")
+    for file, (sha, size) in index["files"].items():
+        blob = PREFIX + blob_relpath(sha)
+        if blob not in listed:
+            raise RegistryError(f"{name}: names blob {sha[:16]} ({file}), which it lacks")
+        if listed[blob][1] != size:
+            raise RegistryError(
+                f"{name}: gives {file} {size} bytes; its blob has {listed[blob][1]}"
+            )
+    return index
+
+
+def check_blobs(listed: Mapping[str, tuple[str, int]], named: set[str]) -> str | None:
+    """The first blob member no index names, if any."""
+    for name in sorted(listed):
+        if is_member(name) and not is_index(name) and name not in named:
+            return name
+    return None
+
+
+def named_blobs(index: Mapping[str, Any]) -> set[str]:
+    return {PREFIX + blob_relpath(sha) for sha, _ in index["files"].values()}
+
+
+def keep_previous(root: Path, indexes: list[str]) -> dict[str, str | None]:
+    """For each index path (``models/...``) an install will replace: the sha256 of what
+    is there now, kept as a blob, or None where there is nothing (or nothing readable)."""
+    previous: dict[str, str | None] = {}
+    for rel in indexes:
+        try:
+            data = atomic.read_bounded(root / rel, MAX_INDEX_BYTES)
+        except FileNotFoundError:
+            previous[rel] = None
+            continue
+        except (OSError, ValueError) as e:  # broken: nothing worth putting back
+            log.warning("inductor index %s replaced without a copy to roll back to: %s", rel, e)
+            previous[rel] = None
+            continue
+        sha = hashlib.sha256(data).hexdigest()
+        blob = blob_path(root, sha)
+        if not blob.is_file():
+            atomic.write_bytes(blob, data)
+        previous[rel] = sha
+    return previous
+
+
+def undo(root: Path, record: Record) -> int:
+    """Put back the indexes an install replaced (``Store.rollback``'s after-swap step);
+    returns how many it changed. A previous index whose blob is gone or damaged is not
+    restored: that index is removed, so the model recompiles rather than load what the
+    rolled-back bundle brought."""
+    previous = record.extra.get(RECORD_KEY)
+    if not isinstance(previous, dict):
+        return 0
+    changed = 0
+    for rel, sha in sorted(previous.items()):
+        if not _is_index_path(rel) or not (sha is None or SHA256.fullmatch(str(sha))):
+            log.error("rollback: %s of %s is not an index path and sha256; skipped", rel, record.id)
+            continue
+        target = root / rel
+        data = None if sha is None else _blob_bytes(root, str(sha))
+        if data is None:
+            with contextlib.suppress(FileNotFoundError):
+                target.unlink()
+            if sha is not None:
+                log.error("rollback: the previous %s is lost; removed (its model recompiles)", rel)
+        else:
+            atomic.write_bytes(target, data)
+        changed += 1
+    return changed
+
+
+def _blob_bytes(root: Path, sha: str) -> bytes | None:
+    try:
+        data = atomic.read_bounded(blob_path(root, sha), MAX_INDEX_BYTES)
+    except (OSError, ValueError):
+        return None
+    return data if hashlib.sha256(data).hexdigest() == sha else None
+
+
+def _is_index_path(rel: object) -> bool:
+    if not isinstance(rel, str):
+        return False
+    try:
+        inductor_cache.check_relative(rel)
+    except RegistryError:
+        return False
+    parts = PurePosixPath(rel).parts
+    return len(parts) == 5 and parts[0] == "models" and rel.endswith(".json")

@@ -1,0 +1,239 @@
+"""Compiled models' artifacts in bundles: packed whole from a family, verified, installed
+into another family at another path (all or nothing), rolled back, size-bounded."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from registry import BundleRejected, Store, bundle, inductor_cache
+from registry.bundle_inductor import RECORD_KEY
+from registry.errors import RegistryError
+from registry.fingerprint import cpu_fingerprint
+from registry.store import CURRENT
+from tests.conftest import gpu_fingerprint
+from tests.registry.test_bundle import _listed, _members, _rebuild
+
+FP = cpu_fingerprint()
+KEY = "0123456789abcdef"
+FILES = {
+    "fxgraph/ab/fabc/entry": b"graph",
+    "aotautograd/aq/entry": b"autograd",
+    "ab/cabc.so": b"\x7fELF kernel",
+}
+
+
+def family(root: Path, files: dict[str, bytes] = FILES, *, model="mlp", key=KEY, fp=FP) -> Path:
+    cache = root.parent / f"{root.name}-cache-{model}"
+    for rel, data in files.items():
+        (cache / rel).parent.mkdir(parents=True, exist_ok=True)
+        (cache / rel).write_bytes(data)
+    inductor_cache.save(cache, root, model=model, key_digest=key, key={}, fingerprint=fp)
+    return root
+
+
+def restored(root: Path, cache: Path, *, model="mlp", key=KEY) -> dict[str, bytes]:
+    done = inductor_cache.restore(root, cache, model=model, key_digest=key, fingerprint=FP)
+    assert done.quarantined == 0
+    return {
+        p.relative_to(cache).as_posix(): p.read_bytes() for p in cache.rglob("*") if p.is_file()
+    }
+
+
+@pytest.fixture
+def packed(tmp_path):
+    family(tmp_path / "a" / "inductor")
+    out = tmp_path / "models.tgz"
+    bundle.create(out, name="models", version="1", entries=[], inductor=tmp_path / "a" / "inductor")
+    return out
+
+
+def test_a_model_travels_by_bundle_to_a_family_at_another_path(tmp_path, packed):
+    verified = bundle.verify(packed)
+    assert len(verified.indexes) == 1 and len(verified.blobs) == len(FILES)
+    assert verified.manifest["fingerprints"][0]["digest"] == FP.digest()
+    target = tmp_path / "elsewhere" / "volume" / "inductor"
+    info = bundle.install(packed, Store(tmp_path / "store"), expect=FP, inductor=target)
+    assert info["models"] == 1 and list(info[RECORD_KEY]) == verified.indexes
+    assert restored(target, tmp_path / "cache") == FILES
+    assert not list(target.glob(".bundle-*"))  # the staging folder is gone
+
+
+def test_rollback_puts_back_the_index_the_install_replaced(tmp_path, packed):
+    target = family(tmp_path / "t" / "inductor", {"old/file": b"before the bundle"})
+    store = Store(tmp_path / "store")
+    bundle.install(packed, store, expect=FP, inductor=target)
+    assert restored(target, tmp_path / "new") == FILES
+    bundle.rollback(store, inductor=target)
+    assert restored(target, tmp_path / "old") == {"old/file": b"before the bundle"}
+
+
+def test_rollback_removes_an_index_that_was_not_there_before(tmp_path, packed):
+    target, store = tmp_path / "t" / "inductor", Store(tmp_path / "store")
+    bundle.install(packed, store, expect=FP, inductor=target)
+    bundle.rollback(store, inductor=target)
+    done = inductor_cache.restore(
+        target, tmp_path / "c", model="mlp", key_digest=KEY, fingerprint=FP
+    )
+    assert done.index is None and done.why_not == "no artifacts of model mlp are stored"
+
+
+def test_rollback_without_the_family_leaves_its_indexes_and_says_so(tmp_path, packed, caplog):
+    target, store = tmp_path / "t" / "inductor", Store(tmp_path / "store")
+    bundle.install(packed, store, expect=FP, inductor=target)
+    bundle.rollback(store)
+    assert "indexes stay" in caplog.text
+    assert restored(target, tmp_path / "c") == FILES
+
+
+def test_an_index_for_another_machine_rejects_unless_forced(tmp_path):
+    h100 = gpu_fingerprint("NVIDIA H100", sms=132)
+    source = family(tmp_path / "a", fp=h100)
+    out = tmp_path / "h100.tgz"
+    bundle.create(out, name="m", version="1", entries=[], inductor=source)
+    target = tmp_path / "t"
+    with pytest.raises(BundleRejected, match=r"compiled model index .* another platform"):
+        bundle.install(out, Store(tmp_path / "s"), expect=FP, inductor=target)
+    assert not target.exists()
+    bundle.install(out, Store(tmp_path / "s"), expect=FP, inductor=target, force=True)
+    assert len(list(target.glob("models/*/*/*/*.json"))) == 1
+
+
+def test_create_takes_one_model_when_asked(tmp_path):
+    root = family(tmp_path / "f")
+    family(root, {"other": b"x"}, model="other")
+    out = tmp_path / "one.tgz"
+    bundle.create(out, name="m", version="1", entries=[], inductor=root, model="other")
+    [index] = bundle.verify(out).indexes
+    assert index.startswith("models/other/")
+    with pytest.raises(RegistryError, match="no artifacts of model nope"):
+        bundle.create(
+            tmp_path / "x.tgz", name="m", version="1", entries=[], inductor=root, model="nope"
+        )
+
+
+def test_create_refuses_a_family_short_of_a_file_or_with_a_damaged_one(tmp_path):
+    root = family(tmp_path / "f")
+    blob = next(p for p in (root / "blobs").rglob("*") if p.is_file())
+    blob.write_bytes(b"rot")
+    with pytest.raises(RegistryError, match="no longer hashes to its name"):
+        bundle.create(tmp_path / "x.tgz", name="m", version="1", entries=[], inductor=root)
+    blob.unlink()
+    with pytest.raises(RegistryError, match="lacks"):
+        bundle.create(tmp_path / "x.tgz", name="m", version="1", entries=[], inductor=root)
+    assert not (tmp_path / "x.tgz").exists()
+
+
+def _index_name(built: Path) -> str:
+    return next(n for n in _members(built) if n.startswith("inductor/models/"))
+
+
+def _blob_name(built: Path) -> str:
+    return next(n for n in _members(built) if n.startswith("inductor/blobs/"))
+
+
+def _moved_index(built: Path):
+    """The index at the path of another model: it names itself 'mlp'."""
+    name = _index_name(built)
+    data = _members(built)[name]
+    moved = name.replace("/mlp/", "/other/")
+
+    def edit(manifest):
+        manifest["members"].pop(name)
+        _listed(manifest, moved, data)
+
+    return dict(drop=[name], extra=[], manifest_edit=edit, replace={moved: data})
+
+
+def _orphan_blob(built: Path):
+    data = b"nobody names me"
+    sha = hashlib.sha256(data).hexdigest()
+    name = f"inductor/blobs/{sha[:2]}/{sha}"
+    return dict(replace={name: data}, manifest_edit=lambda m: _listed(m, name, data))
+
+
+def _short_of_a_blob(built: Path):
+    name = _blob_name(built)
+    return dict(drop=[name], manifest_edit=lambda m: m["members"].pop(name))
+
+
+def _misnamed_blob(built: Path):
+    name = _blob_name(built)
+    data = b"other bytes"
+    return dict(replace={name: data}, manifest_edit=lambda m: _listed(m, name, data))
+
+
+def _stray(built: Path):
+    data = b"x"
+    return dict(
+        replace={"inductor/elsewhere/x": data},
+        manifest_edit=lambda m: _listed(m, "inductor/elsewhere/x", data),
+    )
+
+
+def _index_escapes(built: Path):
+    name = _index_name(built)
+    index = json.loads(_members(built)[name])
+    index["files"]["../../etc/cron.d/x"] = next(iter(index["files"].values()))
+    data = json.dumps(index).encode()
+    return dict(replace={name: data}, manifest_edit=lambda m: _listed(m, name, data))
+
+
+@pytest.mark.parametrize(
+    "fault,expected",
+    [
+        (_moved_index, "belong elsewhere"),
+        (_orphan_blob, "named by no index"),
+        (_short_of_a_blob, "which it lacks"),
+        (_misnamed_blob, "not its name"),
+        (_stray, "is neither inductor/models"),
+        (_index_escapes, "not a plain relative path"),
+    ],
+)
+def test_install_refuses_a_faulty_model_bundle_and_changes_nothing(
+    tmp_path, packed, fault, expected
+):
+    bad = _rebuild(packed, tmp_path / "bad.tgz", **fault(packed))
+    target = family(tmp_path / "t" / "inductor", {"old/file": b"kept"})
+    before = sorted(p.relative_to(target) for p in target.rglob("*"))
+    store = Store(tmp_path / "store")
+    with pytest.raises(BundleRejected, match=expected):
+        bundle.install(bad, store, expect=FP, inductor=target)
+    assert sorted(p.relative_to(target) for p in target.rglob("*")) == before
+    assert not (tmp_path / "store" / CURRENT).exists()
+
+
+def test_install_without_a_family_refuses_a_bundle_that_carries_models(tmp_path, packed):
+    with pytest.raises(BundleRejected, match="no inductor folder"):
+        bundle.install(packed, Store(tmp_path / "s"), expect=FP)
+
+
+def test_size_bounds_hold_for_indexes_and_blobs(tmp_path, packed):
+    with pytest.raises(BundleRejected, match=r"index .* limit 10"):
+        bundle.verify(packed, max_index_bytes=10)
+    with pytest.raises(BundleRejected, match="JSON values"):
+        bundle.verify(packed, max_index_values=3)
+    with pytest.raises(BundleRejected, match="limit 5"):
+        bundle.verify(packed, max_member_bytes=5)
+
+
+def test_the_cli_packs_installs_and_rolls_back_a_model(tmp_path, packed, capsys):
+    from warmup.cli import main
+
+    source = tmp_path / "a" / "inductor"
+    out, target = tmp_path / "cli.tgz", tmp_path / "vol" / "inductor"
+    store = ["registry", "--store", str(tmp_path / "store")]
+    assert main([*store, "bundle", "create", str(out), "--name", "m", "--version", "1",
+                 "--inductor", str(source)]) == 0  # fmt: skip
+    assert "1 compiled model indexes (3 files)" in capsys.readouterr().out
+    assert main([*store, "bundle", "install", str(out), "--fingerprint", "cpu",
+                 "--inductor", str(target)]) == 0  # fmt: skip
+    assert restored(target, tmp_path / "c1") == FILES
+    assert main([*store, "rollback", "--inductor", str(target)]) == 0
+    assert not list(target.glob("models/*/*/*/*.json"))
+    assert main([*store, "bundle", "create", str(out), "--name", "m", "--version", "1",
+                 "--model", "mlp"]) == 2  # fmt: skip
+    assert "give --inductor" in capsys.readouterr().err

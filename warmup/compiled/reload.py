@@ -1,0 +1,61 @@
+"""Hot reload of compiled models: after the sidecar installs a bundle, the indexes it
+brought for a declared model (at the model's current key and this node's fingerprint)
+are restored into the pod's Inductor cache.
+
+A model the server has compiled already keeps running the code it loaded; what the
+restore serves is every compile still to come in the pod: a server container that
+restarts, a shape the warm never ran, a model whose warm failed. Indexes for other
+models, keys or machines stay on the volume for the pods they fit.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+
+from registry import inductor_cache
+from registry.fingerprint import Fingerprint
+from registry.inductor_cache import Restored
+from warmup.compiled.key import model_key
+from warmup.manifest import ModelEntry
+from warmup.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def restore_installed(
+    settings: Settings,
+    models: Iterable[ModelEntry],
+    fingerprint: Fingerprint,
+    indexes: Iterable[str],
+) -> dict[str, Restored]:
+    """Restore each of ``indexes`` (``models/...`` paths a bundle installed into the
+    volume's family) that belongs to one of ``models`` on this node; by model name."""
+    installed = set(indexes)
+    done: dict[str, Restored] = {}
+    for model in models:
+        try:
+            digest = model_key(model).digest
+        except ValueError as e:  # its source moved: the warm says so too
+            log.warning("model %s: not reloaded: %s", model.name, e)
+            continue
+        where = inductor_cache.index_path(Path("/"), model.name, digest, fingerprint)
+        if where.relative_to("/").as_posix() not in installed:
+            continue
+        restored = inductor_cache.restore(
+            settings.paths.inductor,
+            settings.inductor_cache_path,
+            model=model.name,
+            key_digest=digest,
+            fingerprint=fingerprint,
+        )
+        log.info(
+            "model %s: reloaded from a bundle: %d files copied, %d present, %d quarantined",
+            model.name,
+            restored.copied,
+            restored.present,
+            restored.quarantined,
+        )
+        done[model.name] = restored
+    return done
