@@ -27,9 +27,9 @@ import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from registry import atomic
 from registry.entry import Entry, NewerSchema, canonical_key
@@ -39,6 +39,7 @@ from registry.locks.redis_lock import _cause, redacted
 from registry.store import MAX_ENTRY_BYTES
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 PREFIX = "triton-warmup:entry:"
 SCHEMES = ("redis://", "rediss://", "unix://")
@@ -99,6 +100,22 @@ class RemoteTier:
     def up(self) -> bool:
         """False while the tier is skipped after a failed call."""
         return time.monotonic() >= self._retry_at
+
+    def call(self, fn: Callable[[Any], T], *, now: bool = False) -> T | None:
+        """``fn(client)``'s answer, for a family of its own on this tier (compiled models:
+        ``registry.remote_models``); None when the tier is skipped, the call fails (an
+        outage, handled as every call's) or a key holds another type. ``fn`` answers a
+        value that is never None. Never raises."""
+        if not now and not self._ready():
+            return None
+        try:
+            with self._unless_wrong_type("a key of another type"):
+                answer = fn(self.client)
+                self._answered()
+                return answer
+        except Exception as e:
+            self._failed(e)
+        return None
 
     # ---- reading -------------------------------------------------------------------
 

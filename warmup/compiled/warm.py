@@ -21,10 +21,11 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from registry import inductor_cache
+from registry import inductor_cache, remote_models
 from registry.errors import LockTimeout, RegistryError
 from registry.fingerprint import Fingerprint
 from registry.locks import backend_from_url, lock
+from registry.remote import RemoteTier
 from warmup.compiled.counters import CompileCounts, snapshot
 from warmup.compiled.inputs import grad_mode, make_inputs
 from warmup.compiled.key import ModelKey, model_key
@@ -44,11 +45,13 @@ def warm_models(
     group: Any,
     device: Any,
     fingerprint: Fingerprint,
+    remote: RemoteTier | None = None,
 ) -> Iterator[ModelResult]:
     """Each model's result on this rank, in manifest order. The ranks agree after the
     build and after every shape whether all of them went on (a model failed on one rank
     is failed on every rank, and none waits for a peer that stopped); a failure inside
-    the model's own collectives still costs the rank timeout."""
+    the model's own collectives still costs the rank timeout. ``remote``: the registry's
+    remote tier (rank 0), asked on a miss of the volume and told what rank 0 stores."""
     steps = Lockstep(group, timeout_s=settings.rank_timeout_s)
     for model in models:
         started = time.perf_counter()
@@ -59,7 +62,7 @@ def warm_models(
         with contextlib.ExitStack() as held:
             restored: dict[str, Any] | None = None
             if rank == 0 and key:
-                restored = _restore_under_lock(held, model, key, settings, fingerprint)
+                restored = _restore_under_lock(held, model, key, settings, fingerprint, remote)
             steps.barrier(what=f"model {model.name}: restore")
             result = _compile_and_run(model, device, steps) if key else _failed(model, error)
             # any rank's compile (or a restore that was not whole) means: store again
@@ -74,7 +77,8 @@ def warm_models(
             )
             whole = restored is not None and restored["restore"] == "hit"
             if rank == 0 and key and not result.failed and (compiled or not whole):
-                result = result.model_copy(update=_save(model, key, settings, fingerprint))
+                saved = _save(model, key, settings, fingerprint, remote)
+                result = result.model_copy(update=saved)
         if restored is not None:
             result = result.model_copy(update=restored)
         yield result.model_copy(update={"rank": rank, "seconds": time.perf_counter() - started})
@@ -86,19 +90,20 @@ def _restore_under_lock(
     key: ModelKey,
     settings: Settings,
     fingerprint: Fingerprint,
+    remote: RemoteTier | None,
 ) -> dict[str, Any]:
     """Rank 0: the stored artifacts restored; on a miss, the fleet lock taken (the other
     ranks wait at the next barrier: within half the rank timeout, what restoring left of
     it) and a look again, for what the holder stored meanwhile."""
     started = time.monotonic()
-    restored = _restore(model, key, settings, fingerprint)
+    restored = _restore(model, key, settings, fingerprint, remote)
     wait_s = min(settings.lock_timeout_s, 0.5 * settings.rank_timeout_s) - (
         time.monotonic() - started
     )
     if restored["restore"].startswith("miss") and _fleet_lock(
         held, model, key, settings, fingerprint, wait_s
     ):
-        restored = _restore(model, key, settings, fingerprint)
+        restored = _restore(model, key, settings, fingerprint, remote)
     return restored
 
 
@@ -133,16 +138,30 @@ def _fleet_lock(
 
 
 def _restore(
-    model: ModelEntry, key: ModelKey, settings: Settings, fingerprint: Fingerprint
+    model: ModelEntry,
+    key: ModelKey,
+    settings: Settings,
+    fingerprint: Fingerprint,
+    remote: RemoteTier | None,
 ) -> dict[str, Any]:
+    """The volume's artifacts restored into the pod's cache; on a miss there, the remote
+    tier's, fetched into the volume first."""
+    root, cache = settings.paths.inductor, settings.inductor_cache_path
+    name, digest = model.name, key.digest
     try:
         done = inductor_cache.restore(
-            settings.paths.inductor,
-            settings.inductor_cache_path,
-            model=model.name,
-            key_digest=key.digest,
-            fingerprint=fingerprint,
+            root, cache, model=name, key_digest=digest, fingerprint=fingerprint
         )
+        if (
+            done.index is None
+            and remote is not None
+            and remote_models.fetch(
+                remote, root, model=name, key_digest=digest, fingerprint=fingerprint
+            )
+        ):
+            done = inductor_cache.restore(
+                root, cache, model=name, key_digest=digest, fingerprint=fingerprint
+            )
     except Exception as e:  # rank 0 must reach the barrier: a bad store costs a compile
         log.warning("model %s: stored artifacts not restored: %s", model.name, _one_line(e))
         return {"restore": f"failed: {_one_line(e)}"}
@@ -162,7 +181,11 @@ def _restore(
 
 
 def _save(
-    model: ModelEntry, key: ModelKey, settings: Settings, fingerprint: Fingerprint
+    model: ModelEntry,
+    key: ModelKey,
+    settings: Settings,
+    fingerprint: Fingerprint,
+    remote: RemoteTier | None,
 ) -> dict[str, Any]:
     try:
         saved = inductor_cache.save(
@@ -183,6 +206,14 @@ def _save(
         saved.new_blobs,
         saved.bytes,
     )
+    if remote is not None:
+        remote_models.publish(
+            remote,
+            settings.paths.inductor,
+            model=model.name,
+            key_digest=key.digest,
+            fingerprint=fingerprint,
+        )
     return {"stored_artifacts": saved.files}
 
 

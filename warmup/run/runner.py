@@ -107,6 +107,7 @@ def warm_rank(
                     group=group,
                     device=device,
                     fingerprint=fingerprint,
+                    remote=store.remote,
                 )
             ]
     for settled in sharing.come_back():
