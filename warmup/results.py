@@ -97,6 +97,8 @@ class ModelResult(_Record):
     counts: dict[str, int] = {}  # warmup.compiled.counters.CompileCounts during the warm
     stored_artifacts: int = 0  # files of the Inductor cache stored in the registry
     error: str | None = None
+    settle: list[dict[str, Any]] = []  # warmup.run.settle: each pass's counts (or error)
+    settled: bool = False  # the last settle pass compiled nothing on any rank
 
     @property
     def failed(self) -> bool:
@@ -107,7 +109,11 @@ class ModelResult(_Record):
         hits = self.counts.get("fxgraph_hits", 0)
         what = f"{len(self.shapes)} shapes, {compiled} graphs compiled, {hits} cache hits"
         stored = f"; stored artifacts: {self.restore}" if self.restore else ""
-        return f"model {self.name}: {self.phase} ({what}) in {self.seconds:.2f} s{stored}"
+        settle = ""
+        if self.settle:
+            end = "nothing left to compile" if self.settled else "still compiling"
+            settle = f"; {len(self.settle)} settle passes, {end}"
+        return f"model {self.name}: {self.phase} ({what}) in {self.seconds:.2f} s{stored}{settle}"
 
 
 class RemoteCounts(_Record):
@@ -138,10 +144,11 @@ class RankReport(_Record):
     models: list[ModelResult] = []
     written: float = 0.0  # the rank's clock (time.time()) when it wrote it; 0: not said
 
-    def write(self, run_dir: Path) -> Path:
-        """Written with the time it is written (the pod's clock, not a volume's mtime)."""
+    def write(self, run_dir: Path, *, restamp: bool = True) -> Path:
+        """Written with the time it is written (the pod's clock, not a volume's mtime);
+        ``restamp=False``: with the time it says (a report the launcher amends)."""
         path = run_dir / f"rank-{self.rank}.json"
-        dated = self.model_copy(update={"written": time.time()})
+        dated = self.model_copy(update={"written": time.time()}) if restamp else self
         atomic.write_bytes(path, dated.model_dump_json().encode())
         return path
 

@@ -61,6 +61,12 @@ class Settings(BaseSettings):
         "may use (its cgroup limit and affinity), shared by its ranks",
     )
     rank_timeout_s: float = Field(300.0, gt=0, description="a silent rank fails the run after")
+    model_settle_passes: int = Field(
+        3,
+        ge=0,
+        description="compiled models that tuned at run time (max-autotune) run again in up "
+        "to this many fresh rank processes, until one compiles nothing (warmup.run.settle)",
+    )
     run_timeout_s: float = Field(3600.0, gt=0, description="the whole run, all ranks")
     world_size: int | None = Field(None, ge=1, le=8, description="None: from the manifest")
     device: Literal["auto", "cpu", "cuda"] = "auto"

@@ -7,6 +7,7 @@ failed shape), 2 for bad input.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from registry import atomic
 from warmup.manifest import Manifest, ManifestError
-from warmup.results import FAILED, RankFailure, RunStatus
+from warmup.results import FAILED, RankFailure, RankReport, RunStatus
 from warmup.run.early import GPU_LIST, EarlyRanks, visible_gpus
 from warmup.run.phases import process_age
 from warmup.run.session import (
@@ -32,6 +33,7 @@ from warmup.run.session import (
     restore,
     running,
 )
+from warmup.run.settle import settle
 from warmup.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -78,6 +80,10 @@ def _launch(settings: Settings, manifest: Manifest, early: EarlyRanks) -> RunSta
         phases["restore"] = time.perf_counter() - restoring
         failures, errors = _wait(procs, settings.run_timeout_s, settings.rank_timeout_s)
         ended = time.time()
+        if not failures and not errors:
+            phases["settle"] = settle(
+                settings, manifest, run_dir, functools.partial(_settle_pass, ranks, world)
+            )
         return finish(settings, manifest, run_dir, world, started, failures, errors, phases, ended)
     except BaseException as e:  # a status that says why; no rank outlives the run
         errors = e.errors if isinstance(e, ManifestError) else [f"{type(e).__name__}: {e}"]
@@ -87,6 +93,23 @@ def _launch(settings: Settings, manifest: Manifest, early: EarlyRanks) -> RunSta
         raise
     finally:
         _stop(procs)
+
+
+def _settle_pass(
+    settings: Settings, world: int, manifest: Manifest, run_dir: Path
+) -> list[RankReport]:
+    """One settle pass (``warmup.run.settle``): fresh rank processes for ``manifest`` on
+    the pod's caches, as restored already; each rank's report."""
+    clear_run_dir(run_dir)
+    procs = _spawn_ranks(settings, manifest, world, run_dir, EarlyRanks([], 0.0))
+    try:
+        mark_restored(run_dir)
+        failures, errors = _wait(procs, settings.run_timeout_s, settings.rank_timeout_s)
+    finally:
+        _stop(procs)
+    if failures or errors:
+        raise RunError("; ".join([*map(str, failures), *errors]))
+    return RankReport.read_all(run_dir)
 
 
 def _device_type(settings: Settings, world: int) -> str:

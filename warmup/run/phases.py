@@ -33,6 +33,7 @@ PHASES: dict[str, str] = {
     "lock_wait": "waiting on shapes that other pods were tuning",
     "models": "compiled models: artifact restore, torch.compile and first calls, store",
     "exit": "the rank processes' exit after their reports, as the launcher waits",
+    "settle": "compiled models that tuned at run time, again in fresh rank processes",
     "save": "compile-cache save, autotune import, status",
 }
 

@@ -63,3 +63,20 @@ def fails_on_rank_1_at_batch_3(device: Any) -> Any:
 
 def doubles(device: Any) -> Any:
     return lambda x: x * 2
+
+
+def tunes_at_first_call(device: Any) -> Any:
+    """The MLP, with what Inductor's run-time tuning (max-autotune's coordinate descent)
+    leaves in its counters: a benchmark counted at each process's first call."""
+    from torch._dynamo.utils import counters
+
+    compiled = mlp(device)
+    first = [True]
+
+    def forward(*inputs: torch.Tensor) -> torch.Tensor:
+        if first[0]:
+            counters["inductor"]["coordesc_tuning_bench"] += 1
+            first[0] = False
+        return compiled(*inputs)
+
+    return forward

@@ -1,0 +1,109 @@
+"""Settle passes: what a fresh server process would still compile, compiled by the warm.
+
+A compiled model's first warm can leave work for the next process on its cache. With
+``max-autotune`` (coordinate-descent tuning on), Inductor tunes kernels as they first
+run, and a fresh process on the stored cache tunes and compiles a part of them again:
+on one H200, the 4-block model of issue [3.1] compiled 399 Triton kernels cold, then 24,
+6 and 0 in three fresh processes on the same cache. A server must pay none of that.
+
+So, after the ranks finish, the launcher runs each model that tuned at run time again
+in fresh rank processes (that model alone, the same world), each pass on the pod's
+caches, which stores what it added, until a pass compiles nothing on any rank or
+``model_settle_passes`` passes ran. Every rank's result lists each pass's counts in
+``settle``, and says whether the last one compiled nothing (``settled``). A pass that
+fails costs its time, never the model: the first pass warmed it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from warmup.manifest import Manifest
+from warmup.results import ModelResult, RankReport
+from warmup.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# (the manifest of this pass, its run folder) -> each rank's report of the pass
+RunPass = Callable[[Manifest, Path], list[RankReport]]
+
+
+def tuned_at_run_time(result: ModelResult) -> bool:
+    return not result.failed and result.counts.get("autotune_runs", 0) > 0
+
+
+def compiled(result: ModelResult) -> int:
+    return result.counts.get("kernel_compiles", 0) + result.counts.get("inductor_compiles", 0)
+
+
+def settle(settings: Settings, manifest: Manifest, run_dir: Path, run_pass: RunPass) -> float:
+    """Run the settle passes for the models the reports in ``run_dir`` say tuned at run
+    time, write what each pass counted into those reports, and return the seconds spent."""
+    started = time.perf_counter()
+    try:
+        reports = RankReport.read_all(run_dir)
+    except (OSError, ValueError):  # finish says so
+        return 0.0
+    pending = sorted({m.name for r in reports for m in r.models if tuned_at_run_time(m)})
+    number = 0
+    while pending and number < settings.model_settle_passes:
+        number += 1
+        log.info("settle pass %d: %s, in fresh rank processes", number, ", ".join(pending))
+        subset = manifest.model_copy(
+            update={"entries": [], "models": [m for m in manifest.models if m.name in pending]}
+        )
+        try:
+            found = {
+                (model.name, report.rank): model
+                for report in run_pass(subset, run_dir / f"settle-{number}")
+                for model in report.models
+            }
+        except Exception as e:  # the models are warm already: this pass is lost
+            log.warning("settle pass %d failed: %s", number, e)
+            found = {}
+        pending = _record(reports, pending, found, number)
+    for report in reports:
+        report.write(run_dir, restamp=False)
+    if number:
+        log.info("settle passes: %d in %.1f s", number, time.perf_counter() - started)
+    return time.perf_counter() - started if number else 0.0
+
+
+def _record(
+    reports: list[RankReport],
+    pending: list[str],
+    found: dict[tuple[str, int], ModelResult],
+    number: int,
+) -> list[str]:
+    """Each rank's pass result into its model's ``settle``; the models still to settle."""
+    still = []
+    for name in pending:
+        mine = [
+            (model, found.get((name, report.rank)))
+            for report in reports
+            for model in report.models
+            if model.name == name
+        ]
+        whole = all(got is not None and not got.failed for _, got in mine)
+        for model, got in mine:
+            model.settle.append(_pass(got))
+        if not whole:
+            log.warning("model %s: settle pass %d did not run on every rank; stopped", name, number)
+        elif any(compiled(got) for _, got in mine if got is not None):
+            still.append(name)
+        else:
+            for model, _ in mine:
+                model.settled = True
+    return still
+
+
+def _pass(result: ModelResult | None) -> dict[str, Any]:
+    if result is None:
+        return {"error": "no result"}
+    if result.failed:
+        return {"error": result.error or result.phase}
+    return {**result.counts, "seconds": round(result.seconds, 3)}
