@@ -303,7 +303,8 @@ def bench_model(name: str, args: argparse.Namespace, root: Path) -> list[dict[st
         _say(row)
         Path(args.out).write_text(json.dumps([*args.done, *rows], indent=1))
 
-    add(producer(manifest, volume, root / name / "producer-pod", args))
+    if "sidecar" in cases or ("same_host" in cases and "cold" not in cases):
+        add(producer(manifest, volume, root / name / "producer-pod", args))
     cold, mega = root / name / "cold-pod", root / name / "mega.bin"
     if "cold" in cases:
         add(run_case("cold", manifest, cold, {}, args, save_mega=str(mega)))
@@ -439,8 +440,8 @@ def main() -> int:
     parser.add_argument(
         "--cases",
         default=",".join(CASES),
-        help="which server cases to run besides the producer (same_host takes the "
-        "producer's folders when cold is left out)",
+        help="which server cases to run; the producer runs for sidecar, and for same_host "
+        "without cold (same_host then takes the producer's folders)",
     )
     args = parser.parse_args()
     if args.command == "serve":

@@ -8,14 +8,18 @@ on one H200, the 4-block model of issue [3.1] compiled 399 Triton kernels cold, 
 
 So, after the ranks finish, the launcher runs each model that tuned at run time again
 in fresh rank processes (that model alone, the same world), each pass on the pod's
-caches, which stores what it added, until a pass compiles nothing on any rank or
-``model_settle_passes`` passes ran. Every rank's result lists each pass's counts in
-``settle``, and says whether the last one compiled nothing (``settled``). A pass that
-fails costs its time, never the model: the first pass warmed it.
+caches, which stores what it added, until a pass compiles nothing on any rank, a pass
+leaves the pod's caches as they were (the next process would do the same again: on that
+H200, 3 kernels compiled in every process, none of them ever cached), or
+``model_settle_passes`` passes ran. Every rank's result lists each pass's counts and
+the files it added to the caches in ``settle``, and says whether the last one compiled
+nothing (``settled``). A pass that fails costs its time, never the model: the first
+pass warmed it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -49,9 +53,11 @@ def settle(settings: Settings, manifest: Manifest, run_dir: Path, run_pass: RunP
     except (OSError, ValueError):  # finish says so
         return 0.0
     pending = sorted({m.name for r in reports for m in r.models if tuned_at_run_time(m)})
+    caches = [settings.inductor_cache_path, settings.cache_dir]
     number = 0
     while pending and number < settings.model_settle_passes:
         number += 1
+        before = _files(caches)
         log.info("settle pass %d: %s, in fresh rank processes", number, ", ".join(pending))
         subset = manifest.model_copy(
             update={"entries": [], "models": [m for m in manifest.models if m.name in pending]}
@@ -65,7 +71,8 @@ def settle(settings: Settings, manifest: Manifest, run_dir: Path, run_pass: RunP
         except Exception as e:  # the models are warm already: this pass is lost
             log.warning("settle pass %d failed: %s", number, e)
             found = {}
-        pending = _record(reports, pending, found, number)
+        added = len(_files(caches) - before)
+        pending = _record(reports, pending, found, number, added)
     for report in reports:
         report.write(run_dir, restamp=False)
     if number:
@@ -78,8 +85,10 @@ def _record(
     pending: list[str],
     found: dict[tuple[str, int], ModelResult],
     number: int,
+    added: int,
 ) -> list[str]:
-    """Each rank's pass result into its model's ``settle``; the models still to settle."""
+    """Each rank's pass result (and the files the pass ``added`` to the caches) into its
+    model's ``settle``; the models still to settle."""
     still = []
     for name in pending:
         mine = [
@@ -90,11 +99,19 @@ def _record(
         ]
         whole = all(got is not None and not got.failed for _, got in mine)
         for model, got in mine:
-            model.settle.append(_pass(got))
+            model.settle.append({**_pass(got), "new_files": added})
         if not whole:
             log.warning("model %s: settle pass %d did not run on every rank; stopped", name, number)
         elif any(compiled(got) for _, got in mine if got is not None):
-            still.append(name)
+            if added:
+                still.append(name)
+            else:
+                log.warning(
+                    "model %s: settle pass %d compiled and cached nothing new: a server "
+                    "compiles the same again (not cached by this torch)",
+                    name,
+                    number,
+                )
         else:
             for model, _ in mine:
                 model.settled = True
@@ -107,3 +124,14 @@ def _pass(result: ModelResult | None) -> dict[str, Any]:
     if result.failed:
         return {"error": result.error or result.phase}
     return {**result.counts, "seconds": round(result.seconds, 3)}
+
+
+def _files(folders: list[Path]) -> set[tuple[str, int]]:
+    """Every file under ``folders``, with its size: what a pass added shows as new."""
+    found = set()
+    for folder in folders:
+        for path in folder.rglob("*") if folder.is_dir() else ():
+            with contextlib.suppress(OSError):
+                if path.is_file():
+                    found.add((str(path), path.stat().st_size))
+    return found
