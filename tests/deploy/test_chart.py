@@ -176,6 +176,10 @@ def test_the_server_gets_everything_to_reuse_the_warm_state(chart):
     assert mount_under(init, inductor)["name"] == mount_under(server, inductor)["name"]
     assert mount_under(server, inductor)["name"] == "inductor-cache"
     assert not mount_under(server, inductor).get("readOnly")  # Inductor takes file locks
+    # the sidecar brings a bundle's compiled models into that cache (hot reload)
+    assert env(sidecar)["TRITON_WARMUP_INDUCTOR_CACHE_DIR"] == inductor
+    assert mount_under(sidecar, inductor)["name"] == "inductor-cache"
+    assert not mount_under(sidecar, inductor).get("readOnly")
     assert serve["CUDA_CACHE_PATH"] == env(init)["CUDA_CACHE_PATH"] == inductor + "/cuda-jit"
     assert serve["TORCHINDUCTOR_FX_GRAPH_CACHE"] == serve["TORCHINDUCTOR_AUTOGRAD_CACHE"] == "1"
     # the manifest, so that Serving.model(name) builds what the warmup warmed
