@@ -102,14 +102,14 @@ class Limits:
     max_manifest_bytes: int = 8 * 2**20
     max_entry_bytes: int = 2**20
     max_entries_bytes: int = 16 * 2**20
-    max_index_bytes: int = 16 * 2**20  # a compiled model's index: ~110 bytes a file
+    max_index_bytes: int = 16 * 2**20  # a compiled model's index: ~180 bytes a file
     max_group_bytes: int = MAX_GROUP_BYTES  # relocate reads each whole, after the swap
     # JSON values (counted before parsing) bound the objects a text becomes, which its
     # bytes do not: "[{},{},...]" is 3 bytes a value, a parsed and stored one ~1 KiB.
     max_manifest_values: int = 2**18
     max_entry_values: int = 2**15
     max_entries_values: int = 2**18
-    max_index_values: int = 2**19  # ~4 a file: an index of 100,000 files
+    max_index_values: int = 2**19  # ~4 a file: an index of 90,000 files
 
 
 @dataclass
@@ -758,13 +758,14 @@ def install(
             check=check,
             inductor=stages["inductor"],
         )
-        record = _record(bundle)
-        if inductor is not None and bundle.indexes:
-            record[bundle_inductor.RECORD_KEY] = bundle_inductor.keep_previous(
-                inductor, bundle.indexes
-            )
+        previous = None
+        if inductor is not None and bundle.indexes:  # under the store's lock
+            previous = functools.partial(bundle_inductor.keep_previous, inductor, bundle.indexes)
         info = store.install(
-            bundle.entries, record=record, after_swap=functools.partial(_commit, bundle, stages)
+            bundle.entries,
+            record=_record(bundle),
+            after_swap=functools.partial(_commit, bundle, stages),
+            before_seal=previous,
         )
     except BaseException:
         for stage in stages.values():
@@ -784,8 +785,10 @@ def _commit(bundle: Bundle, stages: dict[str, _Stage | None]) -> None:
     them, into the compiled models' family."""
     if stages["triton"] is not None and bundle.artifacts:
         stages["triton"].commit(bundle.artifacts)
-    if stages["inductor"] is not None and (bundle.blobs or bundle.indexes):
-        stages["inductor"].commit([*bundle.blobs, *bundle.indexes])
+    stage = stages["inductor"]
+    if stage is not None and (bundle.blobs or bundle.indexes):
+        stage.commit(bundle.blobs)
+        stage.commit(bundle_inductor.whole_indexes(stage.cache, stage.root, bundle.indexes))
 
 
 def rollback(store: Store, *, inductor: Path | None = None) -> dict[str, Any]:

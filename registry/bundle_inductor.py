@@ -62,7 +62,7 @@ def pack(root: Path, *, model: str | None = None) -> Packed:
     the family lacks (a bundle is never written short of a file)."""
     packed = Packed()
     folder = root / "models"
-    for path in sorted(folder.glob("*/*/*/*.json")) if folder.is_dir() else ():
+    for path in inductor_cache.index_files(folder):
         if model is not None and path.relative_to(folder).parts[0] != model:
             continue
         rel = path.relative_to(root).as_posix()
@@ -138,9 +138,35 @@ def named_blobs(index: Mapping[str, Any]) -> set[str]:
     return {PREFIX + blob_relpath(sha) for sha, _ in index["files"].values()}
 
 
-def keep_previous(root: Path, indexes: list[str]) -> dict[str, str | None]:
+def whole_indexes(root: Path, staged: Path | None, indexes: list[str]) -> list[str]:
+    """Of the staged ``indexes``, those whose every blob is in the family at ``root`` now
+    (after the blobs moved in): one short of a blob stays out, and its model recompiles."""
+    whole: list[str] = []
+    if staged is None:  # nothing was staged
+        return whole
+    for rel in indexes:
+        try:
+            index = inductor_cache.read_index(staged / rel)
+            missing = [
+                sha for sha, _ in index["files"].values() if not blob_path(root, sha).is_file()
+            ]
+        except (OSError, RegistryError) as e:
+            missing = [str(e)]
+        if missing:
+            log.error(
+                "inductor index %s not installed: %d of its files did not move in",
+                rel,
+                len(missing),
+            )
+        else:
+            whole.append(rel)
+    return whole
+
+
+def keep_previous(root: Path, indexes: list[str]) -> dict[str, Any]:
     """For each index path (``models/...``) an install will replace: the sha256 of what
-    is there now, kept as a blob, or None where there is nothing (or nothing readable)."""
+    is there now, kept as a blob, or None where there is nothing (or nothing readable);
+    as the record's :data:`RECORD_KEY`."""
     previous: dict[str, str | None] = {}
     for rel in indexes:
         try:
@@ -157,7 +183,7 @@ def keep_previous(root: Path, indexes: list[str]) -> dict[str, str | None]:
         if not blob.is_file():
             atomic.write_bytes(blob, data)
         previous[rel] = sha
-    return previous
+    return {RECORD_KEY: previous}
 
 
 def undo(root: Path, record: Record) -> int:
@@ -173,17 +199,25 @@ def undo(root: Path, record: Record) -> int:
         if not _is_index_path(rel) or not (sha is None or SHA256.fullmatch(str(sha))):
             log.error("rollback: %s of %s is not an index path and sha256; skipped", rel, record.id)
             continue
-        target = root / rel
-        data = None if sha is None else _blob_bytes(root, str(sha))
-        if data is None:
-            with contextlib.suppress(FileNotFoundError):
-                target.unlink()
-            if sha is not None:
-                log.error("rollback: the previous %s is lost; removed (its model recompiles)", rel)
-        else:
-            atomic.write_bytes(target, data)
+        try:
+            _put_back(root, rel, sha)
+        except OSError as e:  # this one; the others still go back
+            log.error("rollback: %s of %s not put back: %s", rel, record.id, e)
+            continue
         changed += 1
     return changed
+
+
+def _put_back(root: Path, rel: str, sha: str | None) -> None:
+    target = root / rel
+    data = None if sha is None else _blob_bytes(root, sha)
+    if data is None:
+        with contextlib.suppress(FileNotFoundError):
+            target.unlink()
+        if sha is not None:
+            log.error("rollback: the previous %s is lost; removed (its model recompiles)", rel)
+    else:
+        atomic.write_bytes(target, data)
 
 
 def _blob_bytes(root: Path, sha: str) -> bytes | None:

@@ -47,8 +47,8 @@ log = logging.getLogger(__name__)
 FORMAT = 1
 MAX_FILE_BYTES = 256 * 2**20  # one cache file; Inductor's largest are kernels' .so/.cubin
 MAX_MODEL_BYTES = 2 * 2**30  # one model's files together
-MAX_FILES = 100_000  # files of one index
-MAX_INDEX_BYTES = 16 * 2**20  # ~110 bytes a file: MAX_FILES fit
+MAX_FILES = 80_000  # files of one index (its bytes stay under MAX_INDEX_BYTES)
+MAX_INDEX_BYTES = 16 * 2**20  # ~180 bytes a file: 90,000 files
 _SKIPPED_DIRS = {"locks"}  # Inductor's file locks: a compile in progress, not an artifact
 SHA256 = re.compile(r"[0-9a-f]{64}")
 _NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}")
@@ -124,7 +124,12 @@ def save(
         "created": now_iso(),
         "host": machine_name(),
     }
-    atomic.write_bytes(target, json.dumps(index, sort_keys=True).encode())
+    data = json.dumps(index, sort_keys=True).encode()
+    if len(data) > MAX_INDEX_BYTES:  # ~180 bytes a file: over 90,000 files
+        raise RegistryError(
+            f"the index of {model} would be {len(data)} bytes; limit {MAX_INDEX_BYTES}"
+        )
+    atomic.write_bytes(target, data)
     saved.files = len(files)
     for line in saved.skipped:
         log.warning("inductor artifact of %s not stored: %s", model, line)
@@ -198,8 +203,7 @@ def _relocate_triton_groups(cache_dir: Path) -> int:
 def explain_miss(root: Path, model: str, key_digest: str, fingerprint: Fingerprint) -> str:
     """Why no index of ``model`` serves this key and fingerprint, in one line: none
     stored, the model's code or shapes changed, or the factor that differs."""
-    folder = root / "models" / model
-    others = sorted(folder.glob("*/*/*.json")) if folder.is_dir() else []
+    others = list(index_files(root / "models" / model, depth=3))
     if not others:
         return f"no artifacts of model {model} are stored"
     same_key = [p for p in others if p.stem == key_digest]
@@ -213,6 +217,14 @@ def explain_miss(root: Path, model: str, key_digest: str, fingerprint: Fingerpri
                 name, (mine, stored) = next(iter(sorted(differences.items())))
                 return f"stored for {name}={stored}, this host has {mine}"
     return f"the stored artifacts of model {model} are unreadable"
+
+
+def index_files(folder: Path, depth: int = 4) -> Iterator[Path]:
+    """The index files ``depth`` folders down (``models/<model>/<gpu>/<software>/``), in
+    order; an interrupted writer's temporary file (``.tmp-*``) is none."""
+    pattern = "/".join(["*"] * (depth - 1) + ["*.json"])
+    if folder.is_dir():
+        yield from sorted(p for p in folder.glob(pattern) if not p.name.startswith("."))
 
 
 def read_index(path: Path) -> dict[str, Any]:

@@ -20,6 +20,7 @@ one round of calls against minutes of compiling. Neither raises.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -44,7 +45,9 @@ log = logging.getLogger(__name__)
 
 INDEX_PREFIX = "triton-warmup:model:"
 BLOB_PREFIX = "triton-warmup:blob:"
-BATCH_BYTES = 64 * 2**20  # blobs asked for in one MGET, by their listed sizes
+BATCH_BYTES = 64 * 2**20  # blobs asked for in one MGET, by their sizes (STRLEN first)
+BATCH_KEYS = 256
+MAX_INDEX_VALUES = 2**19  # JSON values of an index, counted before parsing (as bundles do)
 
 
 def index_key(model: str, key_digest: str, fingerprint: Fingerprint) -> str:
@@ -60,7 +63,18 @@ def fetch(
 ) -> bool:
     """Copy the model's index for this key and fingerprint, and the blobs it names that
     ``root`` lacks, from the server into the family at ``root``; True when the index is
-    there now. A miss, an outage, or anything untrustworthy is False (and counted)."""
+    there now. A miss, an outage, anything untrustworthy, or a volume that cannot be
+    written is False (and counted)."""
+    try:
+        return _fetch(tier, root, model, key_digest, fingerprint)
+    except OSError as e:
+        log.warning("model %s: not fetched from the remote tier: %s", model, e)
+        return False
+
+
+def _fetch(
+    tier: RemoteTier, root: Path, model: str, key_digest: str, fingerprint: Fingerprint
+) -> bool:
     name = index_key(model, key_digest, fingerprint)
     answer = tier.call(lambda client: [client.get(name)], now=True)
     if answer is None or answer[0] is None:
@@ -85,6 +99,9 @@ def _trusted_index(
     try:
         if len(raw) > MAX_INDEX_BYTES:
             raise RegistryError(f"{len(raw)} bytes; limit {MAX_INDEX_BYTES}")
+        values = 1 + sum(raw.count(c) for c in (b"{", b"[", b",", b":"))  # before parsing
+        if values > MAX_INDEX_VALUES:
+            raise RegistryError(f"{values} JSON values; limit {MAX_INDEX_VALUES}")
         index = inductor_cache.parse_index(raw, name)
         theirs = Fingerprint.from_json(index["fingerprint"]).digest()
         if (index["model"], index["key_digest"], theirs) != (
@@ -108,7 +125,13 @@ def _fetch_blobs(tier: RemoteTier, root: Path, name: str, index: Mapping[str, An
     modes: dict[str, Any] = given if isinstance(given, dict) else {}
     wanted = [sha for sha in sorted(sizes) if not _present(root, sha, sizes[sha])]
     for batch in _batches(wanted, sizes):
-        values = tier.call(_getter([blob_key(sha) for sha in batch]), now=True)
+        keys = [blob_key(sha) for sha in batch]
+        held = tier.call(functools.partial(_lengths, keys=keys), now=True)
+        if held is None or held != [sizes[sha] for sha in batch]:  # never read a surprise
+            if held is not None:
+                log.warning("remote tier: %s names blobs the server lacks or holds otherwise", name)
+            return False
+        values = tier.call(_getter(keys), now=True)
         if values is None:
             return False
         for sha, data in zip(batch, values, strict=True):
@@ -117,8 +140,8 @@ def _fetch_blobs(tier: RemoteTier, root: Path, name: str, index: Mapping[str, An
                 log.warning("remote tier: %s names blob %s, which is %s", name, sha[:16], why)
                 return False
             mode = modes.get(sha)
-            mode = mode if isinstance(mode, int) and 0 <= mode <= 0o777 else 0o644
-            atomic.write_bytes(blob_path(root, sha), data, mode=mode)
+            executable = mode & 0o111 if isinstance(mode, int) and 0 <= mode <= 0o777 else 0
+            atomic.write_bytes(blob_path(root, sha), data, mode=0o644 | executable)
     return True
 
 
@@ -128,10 +151,12 @@ def _present(root: Path, sha: str, size: int) -> bool:
 
 
 def _batches(shas: list[str], sizes: Mapping[str, int]) -> list[list[str]]:
+    """Blobs in batches of at most :data:`BATCH_BYTES` and :data:`BATCH_KEYS`."""
     batches: list[list[str]] = [[]]
     held = 0
     for sha in shas:
-        if batches[-1] and held + sizes[sha] > BATCH_BYTES:
+        full = held + sizes[sha] > BATCH_BYTES or len(batches[-1]) >= BATCH_KEYS
+        if batches[-1] and full:
             batches.append([])
             held = 0
         batches[-1].append(sha)
@@ -144,7 +169,18 @@ def publish(
 ) -> bool:
     """Publish the model's index for this key and fingerprint from the family at
     ``root``: first each blob the server lacks (one that no longer hashes to its name
-    is not published, nor is the index), then the index. True when all went."""
+    is not published, nor is the index), then the index. True when all went; a volume
+    that cannot be read is False."""
+    try:
+        return _publish(tier, root, model, key_digest, fingerprint)
+    except OSError as e:  # a blob quarantined meanwhile, a folder in its place
+        log.warning("model %s: not published to the remote tier: %s", model, e)
+        return False
+
+
+def _publish(
+    tier: RemoteTier, root: Path, model: str, key_digest: str, fingerprint: Fingerprint
+) -> bool:
     path = index_path(root, model, key_digest, fingerprint)
     try:
         index = inductor_cache.read_index(path)
@@ -174,6 +210,13 @@ def publish(
     tier.stats.published += 1
     log.info("model %s: published to the remote tier (%d files)", model, len(shas))
     return True
+
+
+def _lengths(client: Any, keys: list[str]) -> list[int]:
+    with client.pipeline(transaction=False) as pipe:
+        for key in keys:
+            pipe.strlen(key)
+        return [int(n) for n in pipe.execute()]
 
 
 def _exists(client: Any, keys: list[str]) -> list[bool]:

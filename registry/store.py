@@ -294,6 +294,7 @@ class Store:
         *,
         record: Mapping[str, Any],
         after_swap: Callable[[], None] | None = None,
+        before_seal: Callable[[], Mapping[str, Any]] | None = None,
     ) -> dict[str, Any]:
         """Make a new generation = current + ``entries`` and swap it in with one rename.
 
@@ -301,7 +302,8 @@ class Store:
         generation's GENERATION.json together with the paths it changed, for rollback.
         ``after_swap`` runs right after the swap, still under the lock (a bundle moves its
         artifacts into the cache there); if it fails, the failure is logged and the swap
-        stands.
+        stands. ``before_seal`` runs under the lock before the record is sealed; what it
+        returns joins the record (a bundle notes what it will replace outside the store).
         """
         entries = list(entries)
         with self._locked():
@@ -310,7 +312,10 @@ class Store:
             changed = sorted({e.relpath().as_posix() for e in entries})
             for e in entries:
                 self._merge_into(new, e)
-            info = self._seal(new, parent, {"kind": "install", **record, "changed": changed})
+            extra = before_seal() if before_seal is not None else {}
+            info = self._seal(
+                new, parent, {"kind": "install", **record, **extra, "changed": changed}
+            )
             self._swap_sealed(new)
             self._after_swap(after_swap, None, new)
             self._collect_garbage()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -174,6 +175,19 @@ def _stray(built: Path):
     )
 
 
+def _size_differs(built: Path):
+    name = _index_name(built)
+    index = json.loads(_members(built)[name])
+    rel = next(iter(index["files"]))
+    index["files"][rel][1] += 1
+    data = json.dumps(index).encode()
+    return dict(replace={name: data}, manifest_edit=lambda m: _listed(m, name, data))
+
+
+def _fingerprint_unlisted(built: Path):
+    return dict(manifest_edit=lambda m: m.update(fingerprints=[]))
+
+
 def _index_escapes(built: Path):
     name = _index_name(built)
     index = json.loads(_members(built)[name])
@@ -191,6 +205,8 @@ def _index_escapes(built: Path):
         (_misnamed_blob, "not its name"),
         (_stray, "is neither inductor/models"),
         (_index_escapes, "not a plain relative path"),
+        (_size_differs, "its blob has"),
+        (_fingerprint_unlisted, "not listed in MANIFEST.json 'fingerprints'"),
     ],
 )
 def test_install_refuses_a_faulty_model_bundle_and_changes_nothing(
@@ -237,3 +253,43 @@ def test_the_cli_packs_installs_and_rolls_back_a_model(tmp_path, packed, capsys)
     assert main([*store, "bundle", "create", str(out), "--name", "m", "--version", "1",
                  "--model", "mlp"]) == 2  # fmt: skip
     assert "give --inductor" in capsys.readouterr().err
+
+
+def test_an_interrupted_writers_temporary_index_is_no_index(tmp_path):
+    root = family(tmp_path / "f")
+    [index] = inductor_cache.index_files(root / "models")
+    (index.parent / f".tmp-1234-{index.name}").write_text("{half an ind")
+    out = tmp_path / "b.tgz"
+    bundle.create(out, name="m", version="1", entries=[], inductor=root)
+    assert len(bundle.verify(out).indexes) == 1
+
+
+def test_two_installs_of_one_index_roll_back_one_at_a_time(tmp_path):
+    store, target = Store(tmp_path / "store"), family(tmp_path / "t", {"v0": b"before"})
+    for version in (1, 2):
+        source = family(tmp_path / f"s{version}", {f"v{version}": b"x" * version})
+        out = tmp_path / f"v{version}.tgz"
+        bundle.create(out, name="m", version=str(version), entries=[], inductor=source)
+        bundle.install(out, store, expect=FP, inductor=target)
+    assert restored(target, tmp_path / "c2") == {"v2": b"xx"}
+    bundle.rollback(store, inductor=target)
+    assert restored(target, tmp_path / "c1") == {"v1": b"x"}
+    bundle.rollback(store, inductor=target)
+    assert restored(target, tmp_path / "c0") == {"v0": b"before"}
+
+
+def test_an_index_whose_file_did_not_move_in_is_left_out(tmp_path, packed, monkeypatch):
+    """After the swap a blob that cannot move is logged; the index naming it stays out
+    (its model recompiles) rather than name a file the family lacks."""
+    real = os.replace
+
+    def replace(src, dst):
+        if "/blobs/" in str(dst) and str(dst).endswith(hashlib.sha256(b"graph").hexdigest()):
+            raise OSError("disk full")
+        return real(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    target = tmp_path / "t"
+    bundle.install(packed, Store(tmp_path / "s"), expect=FP, inductor=target)
+    monkeypatch.setattr(os, "replace", real)
+    assert not list(inductor_cache.index_files(target / "models"))

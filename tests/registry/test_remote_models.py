@@ -103,3 +103,44 @@ def test_an_outage_costs_a_compile_not_the_run(tmp_path, proxy, caplog):
     proxy.up()
     assert remote_models.publish(mine, source, **WHERE)  # asked at once: no skip to wait out
     assert remote_models.fetch(tier(proxy.url), tmp_path / "b", **WHERE)
+
+
+def test_modes_from_the_server_keep_only_the_executable_bits(tmp_path, server, published):
+    name = remote_models.index_key("mlp", KEY, FP)
+    index = json.loads(server.client.get(name))
+    index["modes"] = {sha: 0o777 if i else "rwx" for i, sha in enumerate(index["modes"])}
+    server.client.set(name, json.dumps(index))
+    target = tmp_path / "b"
+    assert remote_models.fetch(tier(server.url), target, **WHERE)
+    modes = {stat.S_IMODE(p.stat().st_mode) for p in (target / "blobs").rglob("*") if p.is_file()}
+    assert modes <= {0o644, 0o755}
+
+
+def test_an_index_heavy_in_json_values_is_skipped_before_it_is_parsed(tmp_path, server, caplog):
+    name = remote_models.index_key("mlp", KEY, FP)
+    server.client.set(name, b"[" + b"{}," * 600_000 + b"{}]")
+    assert not remote_models.fetch(tier(server.url), tmp_path / "b", **WHERE)
+    assert "JSON values" in caplog.text
+
+
+def test_a_blob_held_at_another_size_is_never_read(tmp_path, server, published, caplog):
+    sha = hashlib.sha256(FILES["ab/cabc.so"]).hexdigest()
+    server.client.set(remote_models.blob_key(sha), b"x" * 10_000)
+    assert not remote_models.fetch(tier(server.url), tmp_path / "b", **WHERE)
+    assert "holds otherwise" in caplog.text
+
+
+def test_another_type_at_the_index_name_is_a_miss_not_an_outage(tmp_path, server):
+    server.client.hset(remote_models.index_key("mlp", KEY, FP), "x", "y")
+    mine = tier(server.url)
+    assert not remote_models.fetch(mine, tmp_path / "b", **WHERE)
+    assert mine.stats.errors == 0 and mine.up
+
+
+def test_a_volume_that_fails_under_publish_costs_the_publish_only(tmp_path, server, caplog):
+    source = family(tmp_path / "a")
+    blob = next(p for p in (source / "blobs").rglob("*") if p.is_file())
+    blob.unlink()
+    blob.mkdir()  # a folder in its place: reading it fails
+    assert not remote_models.publish(tier(server.url), source, **WHERE)
+    assert "not published" in caplog.text

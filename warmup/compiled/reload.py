@@ -35,21 +35,21 @@ def restore_installed(
     installed = set(indexes)
     done: dict[str, Restored] = {}
     for model in models:
-        try:
+        try:  # the key reads the build's package: its __init__ may raise anything
             digest = model_key(model).digest
-        except ValueError as e:  # its source moved: the warm says so too
+            where = inductor_cache.index_path(Path("/"), model.name, digest, fingerprint)
+            if where.relative_to("/").as_posix() not in installed:
+                continue
+            restored = inductor_cache.restore(
+                settings.paths.inductor,
+                settings.inductor_cache_path,
+                model=model.name,
+                key_digest=digest,
+                fingerprint=fingerprint,
+            )
+        except Exception as e:  # one model's: the others still reload
             log.warning("model %s: not reloaded: %s", model.name, e)
             continue
-        where = inductor_cache.index_path(Path("/"), model.name, digest, fingerprint)
-        if where.relative_to("/").as_posix() not in installed:
-            continue
-        restored = inductor_cache.restore(
-            settings.paths.inductor,
-            settings.inductor_cache_path,
-            model=model.name,
-            key_digest=digest,
-            fingerprint=fingerprint,
-        )
         log.info(
             "model %s: reloaded from a bundle: %d files copied, %d present, %d quarantined",
             model.name,

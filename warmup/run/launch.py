@@ -81,8 +81,9 @@ def _launch(settings: Settings, manifest: Manifest, early: EarlyRanks) -> RunSta
         failures, errors = _wait(procs, settings.run_timeout_s, settings.rank_timeout_s)
         ended = time.time()
         if not failures and not errors:
+            deadline = started + settings.run_timeout_s  # the run's limit bounds the passes
             phases["settle"] = settle(
-                settings, manifest, run_dir, functools.partial(_settle_pass, ranks, world)
+                settings, manifest, run_dir, functools.partial(_settle_pass, ranks, world, deadline)
             )
         return finish(settings, manifest, run_dir, world, started, failures, errors, phases, ended)
     except BaseException as e:  # a status that says why; no rank outlives the run
@@ -96,15 +97,19 @@ def _launch(settings: Settings, manifest: Manifest, early: EarlyRanks) -> RunSta
 
 
 def _settle_pass(
-    settings: Settings, world: int, manifest: Manifest, run_dir: Path
+    settings: Settings, world: int, deadline: float, manifest: Manifest, run_dir: Path
 ) -> list[RankReport]:
     """One settle pass (``warmup.run.settle``): fresh rank processes for ``manifest`` on
-    the pod's caches, as restored already; each rank's report."""
+    the pod's caches, as restored already, within what is left of the run's time limit
+    (``deadline``, a ``time.time()``); each rank's report."""
+    left = deadline - time.time()
+    if left < 1.0:
+        raise RunError("no time is left of the run's limit (TRITON_WARMUP_RUN_TIMEOUT_S)")
     clear_run_dir(run_dir)
     procs = _spawn_ranks(settings, manifest, world, run_dir, EarlyRanks([], 0.0))
     try:
         mark_restored(run_dir)
-        failures, errors = _wait(procs, settings.run_timeout_s, settings.rank_timeout_s)
+        failures, errors = _wait(procs, left, settings.rank_timeout_s)
     finally:
         _stop(procs)
     if failures or errors:

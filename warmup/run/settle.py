@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from registry import inductor_cache, triton_cache
 from warmup.manifest import Manifest
 from warmup.results import ModelResult, RankReport
 from warmup.settings import Settings
@@ -53,11 +54,11 @@ def settle(settings: Settings, manifest: Manifest, run_dir: Path, run_pass: RunP
     except (OSError, ValueError):  # finish says so
         return 0.0
     pending = sorted({m.name for r in reports for m in r.models if tuned_at_run_time(m)})
-    caches = [settings.inductor_cache_path, settings.cache_dir]
+    caches = settings.inductor_cache_path, settings.cache_dir
     number = 0
     while pending and number < settings.model_settle_passes:
         number += 1
-        before = _files(caches)
+        before = _files(*caches)
         log.info("settle pass %d: %s, in fresh rank processes", number, ", ".join(pending))
         subset = manifest.model_copy(
             update={"entries": [], "models": [m for m in manifest.models if m.name in pending]}
@@ -71,7 +72,7 @@ def settle(settings: Settings, manifest: Manifest, run_dir: Path, run_pass: RunP
         except Exception as e:  # the models are warm already: this pass is lost
             log.warning("settle pass %d failed: %s", number, e)
             found = {}
-        added = len(_files(caches) - before)
+        added = len(_files(*caches) - before)
         pending = _record(reports, pending, found, number, added)
     for report in reports:
         report.write(run_dir, restamp=False)
@@ -126,12 +127,12 @@ def _pass(result: ModelResult | None) -> dict[str, Any]:
     return {**result.counts, "seconds": round(result.seconds, 3)}
 
 
-def _files(folders: list[Path]) -> set[tuple[str, int]]:
-    """Every file under ``folders``, with its size: what a pass added shows as new."""
+def _files(inductor: Path, triton: Path) -> set[tuple[str, int]]:
+    """Every finished artifact of the pod's Inductor and Triton caches, with its size
+    (locks and temporary files left out): what a pass added shows as new."""
+    listed = [*inductor_cache.cache_files(inductor), *triton_cache.cache_files(triton)]
     found = set()
-    for folder in folders:
-        for path in folder.rglob("*") if folder.is_dir() else ():
-            with contextlib.suppress(OSError):
-                if path.is_file():
-                    found.add((str(path), path.stat().st_size))
+    for _, path in listed:
+        with contextlib.suppress(OSError):
+            found.add((str(path), path.stat().st_size))
     return found

@@ -185,7 +185,7 @@ class Sidecar:
         try:
             models = load_manifest(self.settings.manifest).models
             done = restore_installed(self.settings, models, fingerprint, indexes)
-        except (OSError, ManifestError, RegistryError) as e:
+        except Exception as e:  # the bundle is installed: this costs compiles, not it
             log.warning("compiled models not reloaded from the bundle: %s", e)
             return
         for name in done:
@@ -257,6 +257,7 @@ class Sidecar:
         try:
             self.store.recover()
             triton_cache.remove_stale_temp_files(self.settings.paths.triton_cache)
+            triton_cache.remove_stale_temp_files(self.settings.paths.inductor)  # .bundle-*
         except (OSError, RegistryError) as e:
             log.warning("registry %s not recovered: %s", self.store.root, e)
 

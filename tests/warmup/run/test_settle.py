@@ -3,6 +3,7 @@ a pass compiles nothing; each pass's counts land in every rank's result."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -55,7 +56,8 @@ class Passes:
             raise step
         for kernel in range(step if self.cache else 0):
             self.cache.mkdir(parents=True, exist_ok=True)
-            (self.cache / f"{run_dir.name}-{kernel}.cubin").write_bytes(b"x")
+            (self.cache / run_dir.name).mkdir(exist_ok=True)
+            (self.cache / run_dir.name / f"{kernel}.cubin").write_bytes(b"x")
         return [
             RankReport(rank=r, world=self.world, models=[result("tuned", r, kernel_compiles=step)])
             for r in range(self.world)
@@ -108,6 +110,14 @@ def test_no_passes_when_turned_off(tmp_path):
     passes = Passes()
     assert settle(settings_for(tmp_path, model_settle_passes=0), MANIFEST, tmp_path, passes) == 0
     assert passes.asked == []
+
+
+def test_a_pass_past_the_runs_time_limit_is_not_started(tmp_path):
+    from warmup.run.launch import RunError, _settle_pass
+
+    with pytest.raises(RunError, match="no time is left"):
+        _settle_pass(settings_for(tmp_path), 1, time.time() - 1, MANIFEST, tmp_path / "settle-1")
+    assert not (tmp_path / "settle-1").exists()
 
 
 @pytest.mark.slow

@@ -698,8 +698,12 @@ def test_a_bundle_with_a_declared_model_reaches_the_pods_inductor_cache(tmp_path
         (cache / rel).parent.mkdir(parents=True, exist_ok=True)
         (cache / rel).write_bytes(data)
     family, fp = tmp_path / "family", cpu_fingerprint()
-    for digest in (model_key(load_manifest(manifest).model("mlp")).digest, "feed" * 8):
-        inductor_cache.save(cache, family, model="mlp", key_digest=digest, key={}, fingerprint=fp)
+    digest = model_key(load_manifest(manifest).model("mlp")).digest
+    inductor_cache.save(cache, family, model="mlp", key_digest=digest, key={}, fingerprint=fp)
+    other = tmp_path / "other-code"  # the model's artifacts for code this pod does not run
+    (other / "fxgraph").mkdir(parents=True)
+    (other / "fxgraph" / "stale").write_bytes(b"another key's graph")
+    inductor_cache.save(other, family, model="mlp", key_digest="feed" * 8, key={}, fingerprint=fp)
     bundle.create(tmp_path / "models.tgz", name="models", version="1", entries=[], inductor=family)
     with running(settings) as car:
         shutil.copy(tmp_path / "models.tgz", settings.bundles / "models.tgz")

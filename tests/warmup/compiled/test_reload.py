@@ -1,0 +1,64 @@
+"""Hot reload of compiled models (``warmup.compiled.reload``): what a bundle installed
+for a declared model, at its key and this node's fingerprint, reaches the pod's cache;
+a model whose key cannot be made costs only itself."""
+
+from __future__ import annotations
+
+from registry import inductor_cache
+from registry.fingerprint import cpu_fingerprint
+from tests.conftest import gpu_fingerprint, settings_for
+from warmup.compiled import reload
+from warmup.compiled.key import model_key
+from warmup.manifest import parse_manifest
+
+FP = cpu_fingerprint()
+MANIFEST = parse_manifest(
+    """\
+version: 1
+models:
+  - {name: first, build: "tests.warmup.compiled.models:mlp", dims: {batch: 1},
+     inputs: [{shape: [batch, 3, 32], dtype: fp32}, {shape: [batch], dtype: int64, high: 3}]}
+  - {name: second, build: "tests.warmup.compiled.models:mlp", dims: {batch: 2},
+     inputs: [{shape: [batch, 3, 32], dtype: fp32}, {shape: [batch], dtype: int64, high: 3}]}
+"""
+)
+
+
+def installed(settings, name: str) -> str:
+    model = MANIFEST.model(name)
+    cache = settings.work_dir / f"made-{name}"
+    (cache / "fxgraph").mkdir(parents=True)
+    (cache / "fxgraph" / name).write_bytes(name.encode())
+    digest = model_key(model).digest
+    root = settings.paths.inductor
+    inductor_cache.save(cache, root, model=name, key_digest=digest, key={}, fingerprint=FP)
+    return inductor_cache.index_path(root, name, digest, FP).relative_to(root).as_posix()
+
+
+def test_each_declared_model_a_bundle_brought_is_restored(tmp_path):
+    settings = settings_for(tmp_path)
+    indexes = [installed(settings, "first"), installed(settings, "second")]
+    done = reload.restore_installed(settings, MANIFEST.models, FP, indexes[:1])
+    assert list(done) == ["first"] and done["first"].copied == 1
+    assert (settings.inductor_cache_path / "fxgraph" / "first").read_bytes() == b"first"
+    assert not (settings.inductor_cache_path / "fxgraph" / "second").exists()
+
+
+def test_a_model_whose_key_raises_costs_only_itself(tmp_path, monkeypatch, caplog):
+    settings = settings_for(tmp_path)
+    indexes = [installed(settings, "first"), installed(settings, "second")]
+
+    def key(model):
+        if model.name == "first":
+            raise RuntimeError("its package's __init__ raised")
+        return model_key(model)
+
+    monkeypatch.setattr(reload, "model_key", key)
+    done = reload.restore_installed(settings, MANIFEST.models, FP, indexes)
+    assert list(done) == ["second"] and "its package's __init__ raised" in caplog.text
+
+
+def test_an_index_for_another_node_is_left_on_the_volume(tmp_path):
+    settings = settings_for(tmp_path)
+    indexes = [installed(settings, "first")]
+    assert reload.restore_installed(settings, MANIFEST.models, gpu_fingerprint(), indexes) == {}
