@@ -47,10 +47,18 @@ MODELS = {
     "blocks4_max_autotune": "bench.compiled_models:blocks4_max_autotune",
     "small_mlp": "bench.compiled_models:small_mlp",
     "ag_mlp": "bench.compiled_models:ag_mlp",
+    "ag_mlp_max_autotune": "bench.compiled_models:ag_mlp_max_autotune",
 }
 EAGER = {"blocks4": "bench.compiled_models:blocks4_eager"}
-WIDTH = {"blocks4": 2048, "blocks4_max_autotune": 2048, "small_mlp": 64, "ag_mlp": 2048}
-KERNELS = {"ag_mlp": [("ag_gemm", 8192, 2048), ("ag_gemm", 2048, 8192)]}  # (kernel, N, K)
+WIDTH = {
+    "blocks4": 2048,
+    "blocks4_max_autotune": 2048,
+    "small_mlp": 64,
+    "ag_mlp": 2048,
+    "ag_mlp_max_autotune": 2048,
+}
+AG_LAYERS = [("ag_gemm", 8192, 2048), ("ag_gemm", 2048, 8192)]  # (kernel, N, K)
+KERNELS = {"ag_mlp": AG_LAYERS, "ag_mlp_max_autotune": AG_LAYERS}
 
 
 def manifest_text(name: str, build: str, batches: list[int], seq: int | None, dtype: str) -> str:

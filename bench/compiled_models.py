@@ -68,6 +68,15 @@ def ag_mlp(device: Any) -> Any:
     """A compiled MLP block whose two GEMMs are the fused AllGather-GEMM's serving ops
     (world 1 here), registered custom ops inside the graph: RMSNorm, up, SiLU, down,
     residual. Its layers' configs come from the registry the warmup filled."""
+    return _ag_mlp(device)
+
+
+def ag_mlp_max_autotune(device: Any) -> Any:
+    """:func:`ag_mlp` compiled with ``mode="max-autotune"`` (its GEMMs stay the ops')."""
+    return _ag_mlp(device, mode="max-autotune")
+
+
+def _ag_mlp(device: Any, **options: Any) -> Any:
     global _serving
     from warmup.serving import Serving
 
@@ -91,4 +100,4 @@ def ag_mlp(device: Any) -> Any:
         hidden = F.silu(up(norm(tokens), w_up))  # [M, AG_N]
         return (tokens + down(hidden, w_down)).view_as(x)
 
-    return torch.compile(forward, dynamic=False, fullgraph=True)
+    return torch.compile(forward, dynamic=False, fullgraph=True, **options)
