@@ -72,6 +72,7 @@ from registry.entry import Entry, now_iso
 from registry.errors import BundleRejected, RegistryError, short, shown, why
 from registry.fingerprint import Fingerprint, MatchPolicy
 from registry.generations import Record
+from registry.inductor_cache import MAX_INDEX_VALUES
 from registry.store import Store
 from registry.tar_stream import CHUNK
 from registry.triton_cache import MAX_GROUP_BYTES, STAGING_PREFIX, cache_files, is_group, relocate
@@ -109,7 +110,7 @@ class Limits:
     max_manifest_values: int = 2**18
     max_entry_values: int = 2**15
     max_entries_values: int = 2**18
-    max_index_values: int = 2**19  # ~4 a file: an index of 90,000 files
+    max_index_values: int = MAX_INDEX_VALUES
 
 
 @dataclass
@@ -169,8 +170,7 @@ def create(
         raise RegistryError(f"Bundle '{name}' would be empty: no entries and no artifacts.")
     listed = {p: _summary(src) for p, src in sorted(members.items())}
     for member, item in listed.items():
-        blob = bundle_inductor.is_member(member) and not bundle_inductor.is_index(member)
-        if blob and PurePosixPath(member).name != item["sha256"]:
+        if bundle_inductor.is_blob(member) and PurePosixPath(member).name != item["sha256"]:
             raise RegistryError(
                 f"{members[member]!s} no longer hashes to its name: the family is damaged "
                 "(a restore quarantines it; the next warm stores it again)"
@@ -280,11 +280,6 @@ def _max_file_bytes(limits: Limits) -> int:
     return tar + tar // 100
 
 
-def _json_values(text: bytes) -> int:
-    """An upper bound on the values and keys in JSON ``text``, counted without parsing it."""
-    return 1 + sum(text.count(c) for c in (b"{", b"[", b",", b":"))
-
-
 class _Reader:
     """Checks members in stream order against MANIFEST.json, which comes first."""
 
@@ -374,7 +369,7 @@ class _Reader:
                 f"members add up to more than the total limit {self.limits.max_total_bytes} bytes"
             )
         text = b"".join(data(info.size))
-        values = _json_values(text)
+        values = atomic.json_values(text)
         if values > self.limits.max_manifest_values:
             raise self._reject(
                 f"{MANIFEST} has {values} JSON values; limit {self.limits.max_manifest_values}"
@@ -399,7 +394,7 @@ class _Reader:
     # -- entries and artifacts
 
     def _read_entry(self, name: str, text: bytes) -> None:
-        values = _json_values(text)
+        values = atomic.json_values(text)
         self.values += values
         if values > self.limits.max_entry_values:
             raise self._reject(
@@ -423,7 +418,7 @@ class _Reader:
         self.digests.setdefault(digest, name)
 
     def _read_index(self, name: str, text: bytes) -> None:
-        values = _json_values(text)
+        values = atomic.json_values(text)
         if values > self.limits.max_index_values:
             raise self._reject(
                 f"index '{name}' has {values} JSON values; limit {self.limits.max_index_values}"

@@ -33,13 +33,7 @@ from registry import atomic, inductor_cache
 from registry.errors import RegistryError
 from registry.fingerprint import Fingerprint
 from registry.generations import Record
-from registry.inductor_cache import (
-    MAX_INDEX_BYTES,
-    SHA256,
-    blob_path,
-    blob_relpath,
-    index_relpath,
-)
+from registry.inductor_cache import MAX_INDEX_BYTES, SHA256, blob_path, blob_relpath, placed
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +61,7 @@ def pack(root: Path, *, model: str | None = None) -> Packed:
             continue
         rel = path.relative_to(root).as_posix()
         index = inductor_cache.read_index(path)
-        if index_relpath(index) != rel:
+        if placed(index) != rel:
             raise RegistryError(f"{path}: its model, key and fingerprint belong elsewhere")
         packed.members[PREFIX + rel] = path
         packed.fingerprints.append(Fingerprint.from_json(index["fingerprint"]))
@@ -93,17 +87,22 @@ def is_index(name: str) -> bool:
     return name.startswith(f"{PREFIX}models/")
 
 
+def is_blob(name: str) -> bool:
+    return is_member(name) and not is_index(name)
+
+
 def check_listed(name: str, sha: str) -> None:
     """A listed ``inductor/`` member's name (and a blob's listed sha256, its name);
     ValueError with the reason otherwise."""
-    parts = PurePosixPath(name.removeprefix(PREFIX)).parts
+    rel = name.removeprefix(PREFIX)
+    parts = PurePosixPath(rel).parts
     if parts[:1] == ("blobs",):
         if len(parts) != 3 or not SHA256.fullmatch(parts[2]) or parts[1] != parts[2][:2]:
             raise ValueError("is not inductor/blobs/<sha256[:2]>/<sha256>")
         if sha != parts[2]:
             raise ValueError(f"is listed with sha256 {sha[:16]}, not its name")
         return
-    if parts[:1] != ("models",) or len(parts) != 5 or not parts[4].endswith(".json"):
+    if not _is_index_path(rel):
         raise ValueError(
             "is neither inductor/models/<model>/<gpu>/<software>/<key>.json "
             "nor inductor/blobs/<sha256[:2]>/<sha256>"
@@ -113,7 +112,7 @@ def check_listed(name: str, sha: str) -> None:
 def check_index(name: str, text: bytes, listed: Mapping[str, tuple[str, int]]) -> dict[str, Any]:
     """An index member, parsed and checked against its place and the bundle's members."""
     index = inductor_cache.parse_index(text, name)
-    if PREFIX + index_relpath(index) != name:
+    if PREFIX + placed(index) != name:
         raise RegistryError(f"{name}: its model, key and fingerprint belong elsewhere")
     for file, (sha, size) in index["files"].items():
         blob = PREFIX + blob_relpath(sha)
@@ -129,7 +128,7 @@ def check_index(name: str, text: bytes, listed: Mapping[str, tuple[str, int]]) -
 def check_blobs(listed: Mapping[str, tuple[str, int]], named: set[str]) -> str | None:
     """The first blob member no index names, if any."""
     for name in sorted(listed):
-        if is_member(name) and not is_index(name) and name not in named:
+        if is_blob(name) and name not in named:
             return name
     return None
 
@@ -178,11 +177,7 @@ def keep_previous(root: Path, indexes: list[str]) -> dict[str, Any]:
             log.warning("inductor index %s replaced without a copy to roll back to: %s", rel, e)
             previous[rel] = None
             continue
-        sha = hashlib.sha256(data).hexdigest()
-        blob = blob_path(root, sha)
-        if not blob.is_file():
-            atomic.write_bytes(blob, data)
-        previous[rel] = sha
+        previous[rel] = inductor_cache.put_blob(root, data)[0]
     return {RECORD_KEY: previous}
 
 

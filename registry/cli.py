@@ -314,21 +314,14 @@ def _bundle_create(args: argparse.Namespace, store: Store) -> dict[str, Any]:
         if not value:
             raise BadInput(f"{flag} is empty; expected a non-empty {flag[2:]} for the bundle.")
     _creatable(args.out, folder=False, what="bundle file")
-    if args.triton_cache is not None:
-        _existing(
-            args.triton_cache,
-            folder=True,
-            what="--triton-cache",
-            expected="a Triton cache folder (TRITON_CACHE_DIR)",
-        )
-    if args.inductor is not None:
-        _existing(
-            args.inductor,
-            folder=True,
-            what="--inductor",
-            expected="the compiled models' family of a volume (<volume>/inductor)",
-        )
-    elif args.model is not None:
+    inductor = "the compiled models' family of a volume (<volume>/inductor)"
+    for flag, path, expected in (
+        ("--triton-cache", args.triton_cache, "a Triton cache folder (TRITON_CACHE_DIR)"),
+        ("--inductor", args.inductor, inductor),
+    ):
+        if path is not None:
+            _existing(path, folder=True, what=flag, expected=expected)
+    if args.model is not None and args.inductor is None:
         raise BadInput("--model picks among the compiled models of --inductor; give --inductor.")
     entries = _select(store, args.kernel)
     manifest = bundle.create(

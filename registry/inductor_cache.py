@@ -49,6 +49,7 @@ MAX_FILE_BYTES = 256 * 2**20  # one cache file; Inductor's largest are kernels' 
 MAX_MODEL_BYTES = 2 * 2**30  # one model's files together
 MAX_FILES = 80_000  # files of one index (its bytes stay under MAX_INDEX_BYTES)
 MAX_INDEX_BYTES = 16 * 2**20  # ~180 bytes a file: 90,000 files
+MAX_INDEX_VALUES = 2**19  # JSON values of an index, counted before parsing: ~4 a file
 _SKIPPED_DIRS = {"locks"}  # Inductor's file locks: a compile in progress, not an artifact
 SHA256 = re.compile(r"[0-9a-f]{64}")
 _NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}")
@@ -76,9 +77,14 @@ class Restored:
 
 def index_path(root: Path, model: str, key_digest: str, fingerprint: Fingerprint) -> Path:
     """Where the index of ``model`` at ``key_digest`` for ``fingerprint`` lives."""
+    return root / index_relpath(model, key_digest, fingerprint)
+
+
+def index_relpath(model: str, key_digest: str, fingerprint: Fingerprint) -> str:
+    """:func:`index_path` under the family's root (``models/...``)."""
     _check_name(model, key_digest)
     gpu, software = fingerprint.gpu_slug(), fingerprint.software_slug()
-    return root / "models" / model / gpu / software / f"{key_digest}.json"
+    return f"models/{model}/{gpu}/{software}/{key_digest}.json"
 
 
 def save(
@@ -265,11 +271,10 @@ def parse_index(data: bytes, label: str) -> dict[str, Any]:
     return index
 
 
-def index_relpath(index: Mapping[str, Any]) -> str:
+def placed(index: Mapping[str, Any]) -> str:
     """Where a parsed index belongs under the family's root (``models/...``)."""
     fingerprint = Fingerprint.from_json(index["fingerprint"])
-    path = index_path(Path("/"), index["model"], index["key_digest"], fingerprint)
-    return path.relative_to("/").as_posix()
+    return index_relpath(index["model"], index["key_digest"], fingerprint)
 
 
 def blob_relpath(sha: str) -> str:
@@ -322,14 +327,19 @@ def file_sha(path: Path) -> str:
 
 
 def _store_blob(root: Path, path: Path) -> tuple[str, bool]:
-    """The file's sha256 and whether it was stored now (content-addressed: a blob that
-    is there with the right size is the same bytes, up to a hash collision)."""
+    """The file's sha256 and whether it was stored now."""
     data = path.read_bytes()  # read once: hashed, then written
+    return put_blob(root, data, mode=path.stat().st_mode & 0o777)
+
+
+def put_blob(root: Path, data: bytes, *, mode: int = 0o644) -> tuple[str, bool]:
+    """``data``'s sha256 and whether it was stored now (content-addressed: a blob that
+    is there with the right size is the same bytes, up to a hash collision)."""
     sha = hashlib.sha256(data).hexdigest()
     blob = blob_path(root, sha)
     if blob.is_file() and blob.stat().st_size == len(data):
         return sha, False
-    atomic.write_bytes(blob, data, mode=path.stat().st_mode & 0o777)
+    atomic.write_bytes(blob, data, mode=mode)
     return sha, True
 
 

@@ -34,9 +34,9 @@ from registry.fingerprint import Fingerprint
 from registry.inductor_cache import (
     MAX_FILE_BYTES,
     MAX_INDEX_BYTES,
+    MAX_INDEX_VALUES,
     MAX_MODEL_BYTES,
     blob_path,
-    file_sha,
     index_path,
 )
 from registry.remote import RemoteTier
@@ -47,7 +47,6 @@ INDEX_PREFIX = "triton-warmup:model:"
 BLOB_PREFIX = "triton-warmup:blob:"
 BATCH_BYTES = 64 * 2**20  # blobs asked for in one MGET, by their sizes (STRLEN first)
 BATCH_KEYS = 256
-MAX_INDEX_VALUES = 2**19  # JSON values of an index, counted before parsing (as bundles do)
 
 
 def index_key(model: str, key_digest: str, fingerprint: Fingerprint) -> str:
@@ -99,7 +98,7 @@ def _trusted_index(
     try:
         if len(raw) > MAX_INDEX_BYTES:
             raise RegistryError(f"{len(raw)} bytes; limit {MAX_INDEX_BYTES}")
-        values = 1 + sum(raw.count(c) for c in (b"{", b"[", b",", b":"))  # before parsing
+        values = atomic.json_values(raw)  # before parsing
         if values > MAX_INDEX_VALUES:
             raise RegistryError(f"{values} JSON values; limit {MAX_INDEX_VALUES}")
         index = inductor_cache.parse_index(raw, name)
@@ -141,7 +140,7 @@ def _fetch_blobs(tier: RemoteTier, root: Path, name: str, index: Mapping[str, An
                 return False
             mode = modes.get(sha)
             executable = mode & 0o111 if isinstance(mode, int) and 0 <= mode <= 0o777 else 0
-            atomic.write_bytes(blob_path(root, sha), data, mode=0o644 | executable)
+            inductor_cache.put_blob(root, data, mode=0o644 | executable)
     return True
 
 
@@ -198,10 +197,14 @@ def _publish(
         modes[sha] = blob.stat().st_mode & 0o777 if blob.exists() else 0o644
         if held:
             continue
-        if not blob.is_file() or blob.stat().st_size > MAX_FILE_BYTES or file_sha(blob) != sha:
+        try:
+            data = atomic.read_bounded(blob, MAX_FILE_BYTES)  # read once: hashed, then sent
+        except (OSError, ValueError):  # gone, too big, not a file
+            data = b""
+        if hashlib.sha256(data).hexdigest() != sha:
             log.warning("model %s: not published: blob %s is missing or damaged", model, sha[:16])
             return False
-        if tier.call(_setter(blob_key(sha), blob.read_bytes()), now=True) is None:
+        if tier.call(_setter(blob_key(sha), data), now=True) is None:
             return False
     value = json.dumps({**index, "modes": modes}, sort_keys=True).encode()
     name = index_key(model, key_digest, fingerprint)

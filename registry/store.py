@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import logging
 import os
 import secrets
@@ -317,7 +318,7 @@ class Store:
                 new, parent, {"kind": "install", **record, **extra, "changed": changed}
             )
             self._swap_sealed(new)
-            self._after_swap(after_swap, None, new)
+            self._after_swap(after_swap, new)
             self._collect_garbage()
         self.refresh(force=True)
         return info
@@ -354,18 +355,16 @@ class Store:
                 {"kind": "rollback", "undoes": target.id, "bundle": target.extra.get("bundle")},
             )
             self._swap_sealed(new)
-            self._after_swap(after_swap, target, new)
+            self._after_swap(after_swap and functools.partial(after_swap, target), new)
             self._collect_garbage()
         self.refresh(force=True)
         return info
 
-    def _after_swap(
-        self, step: Callable[..., None] | None, record: Record | None, new: Path
-    ) -> None:
+    def _after_swap(self, step: Callable[[], None] | None, new: Path) -> None:
         if step is None:
             return
         try:
-            step() if record is None else step(record)
+            step()
         except Exception:
             log.exception("store %s: %s is in, but its after-swap step failed", self.root, new.name)
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from pathlib import Path
 
 from registry import inductor_cache
 from registry.fingerprint import Fingerprint
@@ -37,8 +36,7 @@ def restore_installed(
     for model in models:
         try:  # the key reads the build's package: its __init__ may raise anything
             digest = model_key(model).digest
-            where = inductor_cache.index_path(Path("/"), model.name, digest, fingerprint)
-            if where.relative_to("/").as_posix() not in installed:
+            if inductor_cache.index_relpath(model.name, digest, fingerprint) not in installed:
                 continue
             restored = inductor_cache.restore(
                 settings.paths.inductor,

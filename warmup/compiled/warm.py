@@ -16,6 +16,7 @@ reason; the other models still warm.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -146,22 +147,17 @@ def _restore(
 ) -> dict[str, Any]:
     """The volume's artifacts restored into the pod's cache; on a miss there, the remote
     tier's, fetched into the volume first."""
-    root, cache = settings.paths.inductor, settings.inductor_cache_path
-    name, digest = model.name, key.digest
+    root = settings.paths.inductor
+    where: dict[str, Any] = {
+        "model": model.name,
+        "key_digest": key.digest,
+        "fingerprint": fingerprint,
+    }
+    look = functools.partial(inductor_cache.restore, root, settings.inductor_cache_path, **where)
     try:
-        done = inductor_cache.restore(
-            root, cache, model=name, key_digest=digest, fingerprint=fingerprint
-        )
-        if (
-            done.index is None
-            and remote is not None
-            and remote_models.fetch(
-                remote, root, model=name, key_digest=digest, fingerprint=fingerprint
-            )
-        ):
-            done = inductor_cache.restore(
-                root, cache, model=name, key_digest=digest, fingerprint=fingerprint
-            )
+        done = look()
+        if done.index is None and remote is not None and remote_models.fetch(remote, root, **where):
+            done = look()
     except Exception as e:  # rank 0 must reach the barrier: a bad store costs a compile
         log.warning("model %s: stored artifacts not restored: %s", model.name, _one_line(e))
         return {"restore": f"failed: {_one_line(e)}"}

@@ -1,5 +1,6 @@
 """Model builders named by test manifests (``tests.warmup.compiled.models:...``): small
-enough that Inductor's CPU backend compiles them in seconds."""
+enough that Inductor's CPU backend compiles them in seconds; :func:`manifest` declares
+them with the MLP's inputs."""
 
 from __future__ import annotations
 
@@ -7,6 +8,18 @@ from typing import Any
 
 import torch
 from torch import nn
+
+
+def manifest(*models: tuple[str, str, str]) -> str:
+    """A manifest declaring each ``(name, builder in this module, dims)``, every one
+    taking the MLP's inputs: ``[batch, seq, 32]`` fp32 and ``[batch]`` int64."""
+    entries = "".join(
+        f"  - name: {name}\n    build: tests.warmup.compiled.models:{build}\n"
+        f"    dims: {dims}\n    inputs:\n      - {{shape: [batch, seq, 32], dtype: fp32}}\n"
+        "      - {shape: [batch], dtype: int64, high: 3}\n"
+        for name, build, dims in models
+    )
+    return f"version: 1\nmodels:\n{entries}"
 
 
 class _Mlp(nn.Module):

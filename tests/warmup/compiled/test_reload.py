@@ -7,20 +7,14 @@ from __future__ import annotations
 from registry import inductor_cache
 from registry.fingerprint import cpu_fingerprint
 from tests.conftest import gpu_fingerprint, settings_for
+from tests.warmup.compiled.models import manifest
 from warmup.compiled import reload
 from warmup.compiled.key import model_key
 from warmup.manifest import parse_manifest
 
 FP = cpu_fingerprint()
 MANIFEST = parse_manifest(
-    """\
-version: 1
-models:
-  - {name: first, build: "tests.warmup.compiled.models:mlp", dims: {batch: 1},
-     inputs: [{shape: [batch, 3, 32], dtype: fp32}, {shape: [batch], dtype: int64, high: 3}]}
-  - {name: second, build: "tests.warmup.compiled.models:mlp", dims: {batch: 2},
-     inputs: [{shape: [batch, 3, 32], dtype: fp32}, {shape: [batch], dtype: int64, high: 3}]}
-"""
+    manifest(("first", "mlp", "{batch: 1, seq: 3}"), ("second", "mlp", "{batch: 2, seq: 3}"))
 )
 
 

@@ -14,21 +14,13 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import settings_for, write_manifest
+from tests.warmup.compiled.models import manifest
 from warmup.cli import main
 from warmup.manifest import load_manifest
 from warmup.run.launch import run
 
 ROOT = Path(__file__).resolve().parents[3]
-MLP = """\
-version: 1
-models:
-  - name: mlp
-    build: tests.warmup.compiled.models:mlp
-    dims: {batch: [1, 2], seq: 3}
-    inputs:
-      - {shape: [batch, seq, 32], dtype: fp32}
-      - {shape: [batch], dtype: int64, high: 3}
-"""
+MLP = manifest(("mlp", "mlp", "{batch: [1, 2], seq: 3}"))
 
 pytestmark = pytest.mark.slow
 

@@ -9,20 +9,14 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import settings_for, write_manifest
+from tests.warmup.compiled.models import manifest
 from warmup.manifest import load_manifest, parse_manifest
 from warmup.results import ModelResult, RankReport
 from warmup.run.launch import run
 from warmup.run.settle import settle
 
 MANIFEST = parse_manifest(
-    """\
-version: 1
-models:
-  - {name: tuned, build: "tests.warmup.compiled.models:mlp", dims: {batch: 1},
-     inputs: [{shape: [batch, 3, 32], dtype: fp32}, {shape: [batch], dtype: int64, high: 3}]}
-  - {name: plain, build: "tests.warmup.compiled.models:mlp", dims: {batch: 2},
-     inputs: [{shape: [batch, 3, 32], dtype: fp32}, {shape: [batch], dtype: int64, high: 3}]}
-"""
+    manifest(("tuned", "mlp", "{batch: 1, seq: 3}"), ("plain", "mlp", "{batch: 2, seq: 3}"))
 )
 
 
@@ -122,19 +116,8 @@ def test_a_pass_past_the_runs_time_limit_is_not_started(tmp_path):
 
 @pytest.mark.slow
 def test_the_launcher_settles_a_model_in_fresh_rank_processes(tmp_path):
-    path = write_manifest(
-        tmp_path / "manifest.yaml",
-        """\
-version: 1
-models:
-  - name: tuned
-    build: tests.warmup.compiled.models:tunes_at_first_call
-    dims: {batch: [1, 2], seq: 3}
-    inputs:
-      - {shape: [batch, seq, 32], dtype: fp32}
-      - {shape: [batch], dtype: int64, high: 3}
-""",
-    )
+    text = manifest(("tuned", "tunes_at_first_call", "{batch: [1, 2], seq: 3}"))
+    path = write_manifest(tmp_path / "manifest.yaml", text)
     status = run(settings_for(tmp_path, manifest=path), load_manifest(path))
     assert status.ready, status.failures
     [model] = status.models

@@ -666,27 +666,16 @@ def test_a_fifo_in_the_metrics_folder_never_blocks_a_scrape(sidecar, settings):
     assert code == 200
 
 
-MODEL = """\
-version: 1
-models:
-  - name: mlp
-    build: tests.warmup.compiled.models:mlp
-    dims: {batch: [1, 2], seq: 3}
-    inputs:
-      - {shape: [batch, seq, 32], dtype: fp32}
-      - {shape: [batch], dtype: int64, high: 3}
-"""
-
-
 def test_a_bundle_with_a_declared_model_reaches_the_pods_inductor_cache(tmp_path):
     """Hot reload of compiled models: the bundle's index for this manifest's model, at
     its key and this node's fingerprint, is restored into the pod's Inductor cache; one
     for another key stays on the volume only."""
     from registry import inductor_cache
+    from tests.warmup.compiled.test_warm import MLP
     from warmup.compiled.key import model_key
 
     manifest = tmp_path / "manifest.yaml"
-    manifest.write_text(MODEL)
+    manifest.write_text(MLP)
     settings = Settings(
         volume=tmp_path / "volume", work_dir=tmp_path / "work", manifest=manifest,
         reload_debounce_s=0.1,
