@@ -370,8 +370,9 @@ def _best(
     return min(matching, key=lambda e: (len(fingerprint.diff(e.fingerprint)), e.identity()))
 
 
-def remote_tier(url: str) -> RemoteTier | None:
-    """The remote tier at ``url``; None for "" or "off"."""
+def remote_tier(url: str, *, timeout_s: float = 1.0) -> RemoteTier | None:
+    """The remote tier at ``url`` (each call's socket timeouts: ``timeout_s``); None for
+    "" or "off"."""
     if url.strip() in ("", "off"):
         return None
     if not url.startswith(SCHEMES):
@@ -379,4 +380,4 @@ def remote_tier(url: str) -> RemoteTier | None:
             f"Remote tier URL {shown(redacted(url))} is not valid: "
             f"use {', '.join(SCHEMES)} or 'off'."
         )
-    return RemoteTier(url)
+    return RemoteTier(url, timeout_s=timeout_s)

@@ -8,11 +8,12 @@ serves its own metrics plus that file's.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, write_to_textfile
-from prometheus_client.metrics_core import Metric
+from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from registry import atomic
@@ -310,6 +311,7 @@ class ServingMetrics:
             ["kernel", "rank"],
             registry=r,
         )
+        r.register(_TritonRemoteCollector(self.rank))
 
     def write(self, folder: Path) -> Path:
         """Atomically replace this process's file in ``folder``; returns its path."""
@@ -317,6 +319,28 @@ class ServingMetrics:
         path = folder / f"serving-rank{self.rank}.prom"
         write_to_textfile(str(path), self.registry)
         return path
+
+
+class _TritonRemoteCollector:
+    """This process's Triton cache files on the remote tier (``warmup.triton_remote_cache``,
+    loaded by Triton when ``TRITON_CACHE_MANAGER`` names it; zeros otherwise)."""
+
+    OUTCOMES = ("hits", "misses", "published", "refused")
+
+    def __init__(self, rank: str) -> None:
+        self.rank = rank
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "triton_warmup_triton_remote_files",
+            "Triton cache files on the remote tier, by outcome: hits and misses of a local "
+            "miss's lookup, files published, files refused (too big, the tier down).",
+            labels=["outcome", "rank"],
+        )
+        stats = getattr(sys.modules.get("warmup.triton_remote_cache"), "stats", None)
+        for outcome in self.OUTCOMES:
+            family.add_metric([outcome, self.rank], getattr(stats, outcome, 0))
+        yield family
 
 
 MAX_METRICS_FILE_BYTES = 16 * 2**20  # a serving process's file is a few KiB

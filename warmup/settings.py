@@ -85,6 +85,13 @@ class Settings(BaseSettings):
         description="after a serving process is warm: count (and log) every Triton compile "
         "and autotune run, raise on them (strict), or do nothing (off)",
     )
+    triton_remote_timeout_s: float = Field(
+        0.2,
+        gt=0,
+        description="a Triton cache lookup or publish on the remote tier "
+        "(warmup.triton_remote_cache) waits this long, then compiles locally; the tier is "
+        "then skipped for 30 s",
+    )
     serving_refresh_s: float = Field(
         1.0, gt=0, description="how often a serving op checks the registry for a new generation"
     )

@@ -30,6 +30,9 @@ VARIANTS = {
     "existing-manifest": {"manifest": {"existingConfigMap": "my-shapes"}},
     "cpu-only": {"gpus": 0},
     "strict-compile-guard": {"server": {"compileGuard": "strict"}},
+    "triton-remote-cache": {
+        "lock": {"backend": "redis", "redisUrl": "redis://redis.ml:6379/0", "tritonCache": True}
+    },
 }
 # The ServiceMonitor is a CRD, not in Kubernetes' schemas: checked against its core shape.
 SERVICE_MONITOR = {
@@ -256,6 +259,21 @@ def test_redis_lock_and_bundle_sources_are_wired(chart):
     )
 
 
+def test_the_triton_remote_cache_is_turned_on_in_the_warmup_and_the_server(chart):
+    by_name, _ = containers(render(chart, VARIANTS["triton-remote-cache"])[0])
+    for name in ("warmup", "server"):
+        assert env(by_name[name])["TRITON_CACHE_MANAGER"] == (
+            "warmup.triton_remote_cache:TieredCacheManager"
+        )
+        assert env(by_name[name])["TRITON_WARMUP_REMOTE_URL"] == "redis://redis.ml:6379/0"
+        assert env(by_name[name])["TRITON_WARMUP_TRITON_REMOTE_TIMEOUT_S"] == "0.2"
+    plain, _ = containers(render(chart, VARIANTS["redis-lock"])[0])
+    assert "TRITON_CACHE_MANAGER" not in env(plain["server"])
+    no_tier = {"lock": {**VARIANTS["triton-remote-cache"]["lock"], "remoteTier": False}}
+    with pytest.raises(helm.HelmError, match="remoteTier"):
+        render(chart, no_tier)
+
+
 def test_existing_claim_and_manifest_are_used_not_created(chart):
     objects, _ = render(chart, {**VARIANTS["existing-pvc"], **VARIANTS["existing-manifest"]})
     assert by_kind(objects, "PersistentVolumeClaim") == []
@@ -299,6 +317,8 @@ def test_service_monitor_and_statefulset(chart):
         ({"metrics": {"serviceMonitor": {"enabled": "yes"}}}, "enabled"),
         ({"warmup": {"matchPolicy": "close-enough"}}, "matchPolicy"),
         ({"server": {"compileGuard": "loud"}}, "compileGuard"),
+        ({"lock": {"backend": "file", "tritonCache": True}}, "lock/backend"),
+        ({"lock": {"backend": "redis", "redisUrl": "r", "tritonCacheTimeoutSeconds": 0}}, "Time"),
     ],
 )
 def test_the_schema_rejects_bad_values(chart, values, needle):

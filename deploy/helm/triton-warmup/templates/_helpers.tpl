@@ -90,6 +90,22 @@ restores and fills it, the server's torch.compile reads it. */}}
 {{- end }}
 {{- end -}}
 
+{{/* Triton's compile cache on the remote tier (warmup.triton_remote_cache): a kernel
+another pod compiled is loaded instead of compiled, in the warmup and in the server. */}}
+{{- define "triton-warmup.tritonRemoteEnv" -}}
+{{- if .Values.lock.tritonCache }}
+{{- if or (ne .Values.lock.backend "redis") (eq (toString .Values.lock.remoteTier) "false") }}
+{{- fail "lock.tritonCache needs lock.backend=redis and lock.remoteTier=true: Triton's kernels are shared on the remote tier" }}
+{{- end }}
+- name: TRITON_CACHE_MANAGER
+  value: warmup.triton_remote_cache:TieredCacheManager
+- name: TRITON_WARMUP_REMOTE_URL
+  value: {{ .Values.lock.redisUrl | quote }}
+- name: TRITON_WARMUP_TRITON_REMOTE_TIMEOUT_S
+  value: {{ .Values.lock.tritonCacheTimeoutSeconds | default 0.2 | quote }}
+{{- end }}
+{{- end -}}
+
 {{/* What torch.compile in the server needs to hit the artifacts the warmup left: set
 before the process starts (the CUDA driver reads its cache path when CUDA starts). */}}
 {{- define "triton-warmup.inductorEnv" -}}
