@@ -40,6 +40,7 @@ from typing import Any
 from registry import atomic
 from registry.entry import now_iso
 from registry.errors import RegistryError
+from registry.explain import Differences, fingerprint_differences
 from registry.fingerprint import Fingerprint, machine_name
 from registry.triton_cache import relocate, remove_stale_temp_files
 
@@ -223,6 +224,27 @@ def explain_miss(root: Path, model: str, key_digest: str, fingerprint: Fingerpri
                 name, (mine, stored) = next(iter(sorted(differences.items())))
                 return f"stored for {name}={stored}, this host has {mine}"
     return f"the stored artifacts of model {model} are unreadable"
+
+
+def model_differences(
+    root: Path, model: str, key_digest: str, fingerprint: Fingerprint
+) -> Differences | None:
+    """For ``explain``: how the closest stored index of ``model`` differs from this key
+    and fingerprint. {} for a hit; the fingerprint's factors for an index of the same
+    key; "model code or shapes" when only other keys are stored; None for none at all."""
+    if index_path(root, model, key_digest, fingerprint).is_file():
+        return {}
+    others = list(index_files(root / "models" / model, depth=3))
+    if not others:
+        return None
+    found = []
+    for path in (p for p in others if p.stem == key_digest):
+        with contextlib.suppress(OSError, RegistryError, KeyError):
+            theirs = Fingerprint.from_json(read_index(path)["fingerprint"])
+            found.append(fingerprint_differences(fingerprint.diff(theirs)))
+    if found:
+        return min(found, key=len)
+    return {"model code or shapes": (key_digest[:12], others[0].stem[:12])}
 
 
 def index_files(folder: Path, depth: int = 4) -> Iterator[Path]:

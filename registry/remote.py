@@ -181,6 +181,30 @@ class RemoteTier:
             return None
         return entry
 
+    def sample(self, limit: int = 500) -> list[Entry]:
+        """Up to ``limit`` slots' entries (SCAN, then HGETALL in one pipeline), for
+        ``explain``; asked even while the tier is skipped; [] when it fails."""
+
+        def read(client: Any) -> list[Entry]:
+            names = []
+            for name in client.scan_iter(match=f"{PREFIX}*", count=1000, _type="hash"):
+                names.append(name.decode(errors="replace"))
+                if len(names) >= limit:
+                    break
+            with client.pipeline(transaction=False) as pipe:
+                for name in names:
+                    pipe.hgetall(name)
+                answers = pipe.execute()
+            found = []
+            for name, values in zip(names, answers, strict=True):
+                for field, raw in values.items():
+                    entry = self._decode(name, field.decode(errors="replace"), raw)
+                    if entry is not None:
+                        found.append(entry)
+            return found
+
+        return self.call(read, now=True) or []
+
     # ---- writing -------------------------------------------------------------------
 
     def publish(self, entry: Entry) -> bool:

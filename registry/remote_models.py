@@ -235,3 +235,34 @@ def _setter(key: str, value: bytes) -> Callable[[Any], list[Any]]:
 
 def _getter(keys: list[str]) -> Callable[[Any], list[bytes | None]]:
     return lambda client: list(client.mget(keys))
+
+
+def stored_fingerprints(
+    tier: RemoteTier, model: str, key_digest: str, limit: int = 50
+) -> list[Fingerprint] | None:
+    """For ``explain``: the fingerprints of up to ``limit`` indexes of ``model`` at
+    ``key_digest`` on the tier ([] when it holds only other keys of the model: its code
+    or shapes changed), or None when it holds none of the model or does not answer."""
+
+    def read(client: Any) -> tuple[list[str], list[bytes | None]]:
+        names = []
+        for name in client.scan_iter(match=f"{INDEX_PREFIX}{model}:*", count=1000):
+            names.append(name.decode(errors="replace"))
+            if len(names) >= limit:
+                break
+        same_key = [n for n in names if n.endswith(f":{key_digest}")]
+        return names, (list(client.mget(same_key)) if same_key else [])
+
+    answer = tier.call(read, now=True)
+    if answer is None or not answer[0]:
+        return None
+    found = []
+    for raw in answer[1]:
+        if raw is None or len(raw) > MAX_INDEX_BYTES:
+            continue
+        try:
+            index = inductor_cache.parse_index(raw, model)
+            found.append(Fingerprint.from_json(index["fingerprint"]))
+        except (RegistryError, KeyError):
+            continue
+    return found

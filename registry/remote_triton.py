@@ -139,3 +139,36 @@ def _writer(blob: str, data: bytes, name: str, pointer: bytes) -> Callable[[Any]
 
 def _getter(keys: list[str]) -> Callable[[Any], list[bytes | None]]:
     return lambda client: list(client.mget(keys))
+
+
+def sample_metadata(tier: RemoteTier, limit: int = 200) -> dict[str, bytes]:
+    """Up to ``limit`` compiled kernels' metadata files on the tier, by cache key (for
+    ``explain``: what the kernels there were compiled for); {} when the tier is down."""
+    names = tier.call(_scan(f"{NAME_PREFIX}*.json", limit * 4), now=True) or []
+    wanted: dict[str, str] = {}
+    for name in names:
+        cache_key, _, filename = name.removeprefix(NAME_PREFIX).partition(":")
+        if filename.startswith("__grp__") or filename.endswith(".autotune.json"):
+            continue
+        if valid(cache_key, filename) and len(wanted) < limit:
+            wanted.setdefault(cache_key, filename)
+    found = {}
+    for cache_key, filename in wanted.items():
+        data = fetch(tier, cache_key, [filename]).get(filename)
+        if data is not None:
+            found[cache_key] = data
+    return found
+
+
+def _scan(pattern: str, limit: int) -> Callable[[Any], list[str]]:
+    """Up to ``limit`` key names matching ``pattern`` (SCAN: never blocks the server)."""
+
+    def scan(client: Any) -> list[str]:
+        names: list[str] = []
+        for name in client.scan_iter(match=pattern, count=1000):
+            names.append(name.decode(errors="replace") if isinstance(name, bytes) else name)
+            if len(names) >= limit:
+                break
+        return names
+
+    return scan

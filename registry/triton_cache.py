@@ -9,22 +9,30 @@ the folder it now lives in, so the relocated cache hits.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import shutil
 import stat
 import time
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any, Literal
 
-from registry import atomic
+from registry import atomic, triton_internals
+from registry.explain import Differences
+from registry.fingerprint import Fingerprint
 
 log = logging.getLogger(__name__)
 GROUP_PREFIX = "__grp__"
 MAX_GROUP_BYTES = 2**20  # a group file lists a kernel's few files: a few hundred bytes
 STALE_TEMP_S = 3600.0
 STAGING_PREFIX = ".bundle-"  # bundle.install stages artifacts in such a folder
+ORIGINS = ".origins"  # beside the kernels' folders: what each was compiled with
+MAX_ORIGIN_BYTES = 16 * 2**20
+MAX_ORIGIN_FOLDERS = 200_000
+MAX_METADATA_BYTES = 2**20
 
 
 @dataclass
@@ -32,14 +40,66 @@ class CacheSync:
     copied: int = 0  # files written
     present: int = 0  # files already there with the same size
     relocated: int = 0  # group files rewritten to the new folder
+    folders: set[str] = field(default_factory=set)  # cache folders a file was written to
 
 
-def save(cache_dir: Path, target: Path) -> CacheSync:
-    """Copy new compile artifacts from ``cache_dir`` into ``target`` (on the volume)."""
+@dataclass(frozen=True)
+class Origin:
+    """What a pod's Triton cache was compiled with: the factors of Triton's cache keys,
+    which Triton hashes without listing them (``explain`` names the one that differs)."""
+
+    triton: str
+    triton_build: str
+    compute_capability: str
+    ptxas: str
+    env: Mapping[str, str] = field(default_factory=dict)  # knobs that enter the key
+
+    def factors(self) -> dict[str, object]:
+        out: dict[str, object] = {
+            "Triton version": self.triton,
+            "Triton build": self.triton_build,
+            "compute capability": self.compute_capability,
+            "ptxas": self.ptxas,
+        }
+        return out
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()
+
+    @classmethod
+    def of(cls, fingerprint: Fingerprint, env: Mapping[str, str] | None = None) -> Origin:
+        """The origin of kernels compiled on the host of ``fingerprint``; ``env``: the
+        knobs that enter Triton's key (default: this process's)."""
+        sw, cc = fingerprint.software, fingerprint.hardware.compute_capability
+        knobs = triton_internals.cache_env() if env is None else dict(env)
+        return cls(sw.triton, sw.triton_hash, cc, sw.ptxas, knobs)
+
+    @classmethod
+    def from_json(cls, data: Any) -> Origin:
+        """The origin ``asdict`` wrote; ValueError for anything else."""
+        if not isinstance(data, dict):
+            raise ValueError("an origin is an object")
+        env = data.get("env", {})
+        text = [data.get(k) for k in ("triton", "triton_build", "compute_capability", "ptxas")]
+        if not all(isinstance(v, str) for v in text):
+            raise ValueError("an origin's fields are strings")
+        if not isinstance(env, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+        ):
+            raise ValueError("an origin's env is an object of strings")
+        triton, build, capability, ptxas = (str(v) for v in text)
+        return cls(triton, build, capability, ptxas, env)
+
+
+def save(cache_dir: Path, target: Path, origin: Origin | None = None) -> CacheSync:
+    """Copy new compile artifacts from ``cache_dir`` into ``target`` (on the volume);
+    ``origin``: what this host compiled them with, recorded for the folders written."""
     sync = CacheSync()
     remove_stale_temp_files(target)
     for rel, src in cache_files(cache_dir):
         _copy_if_new(src, target / rel, sync)
+    if origin is not None and sync.folders:
+        record_origin(target, origin, sync.folders)
     log.info(
         "saved triton cache %s -> %s: %d new, %d present",
         cache_dir,
@@ -150,3 +210,147 @@ def _copy_if_new(src: Path, dst: Path, sync: CacheSync) -> None:
         return
     atomic.copy_file(src, dst)
     sync.copied += 1
+    sync.folders.add(dst.parent.name)
+
+
+# ---- origins and predictions ---------------------------------------------------------
+
+
+def record_origin(target: Path, origin: Origin, folders: Iterable[str]) -> None:
+    """Add ``folders`` to ``origin``'s record in ``target`` (merged with what is there;
+    two writers racing lose a folder's record at worst, never a kernel)."""
+    path = target / ORIGINS / f"{origin.digest()[:32]}.json"
+    held = set(_origin_record(path)[1]) if path.exists() else set()
+    merged = sorted(held | set(folders))[:MAX_ORIGIN_FOLDERS]
+    try:
+        atomic.write_json(path, {"origin": asdict(origin), "folders": merged})
+    except OSError as e:
+        log.warning("triton cache: origin not recorded in %s: %s", target, e)
+
+
+def origins(target: Path) -> dict[str, Origin]:
+    """Each recorded cache folder's origin; unreadable records are skipped, logged."""
+    found: dict[str, Origin] = {}
+    for path in sorted((target / ORIGINS).glob("*.json")):
+        try:
+            origin, folders = _origin_record(path)
+        except (OSError, ValueError) as e:
+            log.warning("skipping triton cache origin %s: %s", path, e)
+            continue
+        found.update(dict.fromkeys(folders, origin))
+    return found
+
+
+def _origin_record(path: Path) -> tuple[Origin, list[str]]:
+    data = atomic.loads(atomic.read_bounded(path, MAX_ORIGIN_BYTES))
+    folders = data.get("folders") if isinstance(data, dict) else None
+    if not isinstance(folders, list) or not all(isinstance(f, str) for f in folders):
+        raise ValueError("no list of folders")
+    return Origin.from_json(data.get("origin")), folders
+
+
+Kind = Literal["kernels", "autotune"]
+
+
+def held_differences(
+    target: Path,
+    host: Origin,
+    kind: Kind,
+    *,
+    restored: bool = True,
+    known: Mapping[str, Origin] | None = None,
+) -> tuple[dict[str, Differences], set[str]]:
+    """For each compiled kernel (``kernels``) or autotune result (``autotune``) in
+    ``target``, by cache folder: how its origin differs from ``host`` (empty: a hit
+    here); and the folders with no known origin (no record, no readable metadata),
+    which are not predicted. ``restored``: ``target`` is copied by :func:`restore`,
+    which points groups at their new folder; otherwise (a live TRITON_CACHE_DIR) a
+    group naming another folder is a miss, as Triton finds none of its files.
+    ``known``: origins recorded elsewhere (the volume's, for a cache restored from it)."""
+    recorded = {**(known or {}), **origins(target)}
+    held: dict[str, Differences] = {}
+    unknown: set[str] = set()
+    for folder in sorted(p for p in target.iterdir() if p.is_dir()) if target.is_dir() else []:
+        if folder.name.startswith(".") or folder.is_symlink():
+            continue
+        names = [p.name for p in folder.iterdir()]
+        origin = recorded.get(folder.name)
+        found: tuple[dict[str, object], Mapping[str, str] | None] | None
+        if kind == "kernels":
+            groups = sorted(n for n in names if is_group(n))
+            if not groups:
+                continue
+            found = _stored(origin) if origin else _from_metadata(folder, groups[0])
+            if found is not None and not restored:
+                found[0].update(_group_folder(folder, groups[0]))
+        elif any(n.endswith(".autotune.json") for n in names):
+            found = _stored(origin) if origin else None
+        else:
+            continue
+        if found is None:
+            unknown.add(folder.name)
+        else:
+            held[folder.name] = _differences(host, *found)
+    return held, unknown
+
+
+def _stored(origin: Origin) -> tuple[dict[str, object], Mapping[str, str] | None]:
+    return origin.factors(), origin.env
+
+
+def _from_metadata(
+    folder: Path, group: str
+) -> tuple[dict[str, object], Mapping[str, str] | None] | None:
+    """What a kernel's own metadata says of its origin; None when it cannot be read."""
+    name = group.removeprefix(GROUP_PREFIX)
+    try:
+        factors = metadata_factors(atomic.read_bounded(folder / name, MAX_METADATA_BYTES))
+    except (OSError, ValueError):
+        return None
+    return factors, None
+
+
+def metadata_factors(data: bytes) -> dict[str, object]:
+    """The factors a kernel's metadata file states (its target, its Triton version; not
+    every env knob, which Triton does not keep); ValueError for anything else."""
+    try:
+        meta = atomic.loads(data)
+        factors: dict[str, object] = {"compute capability": _capability(meta["target"]["arch"])}
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"no kernel metadata: {e}") from None
+    if isinstance(meta.get("triton_version"), str):
+        factors["Triton version"] = meta["triton_version"]
+    return factors
+
+
+def compare(host: Origin, factors: Mapping[str, object]) -> Differences:
+    """How stated ``factors`` (a kernel's metadata) differ from ``host``."""
+    return _differences(host, factors, None)
+
+
+def _group_folder(folder: Path, group: str) -> dict[str, object]:
+    """``{"path group": <the folder its members are in>}`` when a group names another
+    folder than its own (a cache copied without :func:`restore`)."""
+    try:
+        children = _group_children(folder / group)
+    except (OSError, ValueError):
+        return {}
+    elsewhere = sorted({str(Path(p).parent) for p in children.values()} - {str(folder)})
+    return {"path group": elsewhere[0]} if elsewhere else {}
+
+
+def _capability(arch: object) -> str:
+    """Triton's ``target.arch`` (90, "gfx942") as a compute capability ("9.0")."""
+    return f"{int(arch) // 10}.{int(arch) % 10}" if isinstance(arch, int) else str(arch)
+
+
+def _differences(
+    host: Origin, stored: Mapping[str, object], env: Mapping[str, str] | None
+) -> dict[str, tuple[object, object]]:
+    mine: dict[str, object] = {**host.factors(), "path group": "its own folder"}
+    out = {k: (mine[k], v) for k, v in stored.items() if k in mine and mine[k] != v}
+    if env is not None:
+        for knob in sorted(set(env) | set(host.env)):
+            if env.get(knob) != host.env.get(knob):
+                out[f"env {knob}"] = (host.env.get(knob), env.get(knob))
+    return out

@@ -212,6 +212,30 @@ def compiler_key() -> str | None:
         return None
 
 
+def cache_env() -> dict[str, str]:
+    """The environment knobs set in this process that enter Triton's cache keys (its
+    ``get_cache_invalidating_env_vars``); {} where Triton does not say."""
+    try:
+        from triton._C.libtriton import get_cache_invalidating_env_vars
+
+        return {str(k): str(v) for k, v in get_cache_invalidating_env_vars().items()}
+    except Exception:
+        return {}
+
+
+def libdevice_path() -> str:
+    """The libdevice file Triton names in every CUDA kernel's options, and so in its
+    cache key: a Triton installed at another path compiles every kernel again."""
+    try:
+        from triton import knobs
+        from triton.backends.nvidia import compiler
+
+        configured = knobs.nvidia.libdevice_path
+        return str(configured or Path(compiler.__file__).parent / "lib" / "libdevice.10.bc")
+    except Exception:
+        return ""
+
+
 def ptxas_version(arch: int) -> str | None:
     """The ptxas version Triton compiles ``sm_<arch>`` with (Triton memoises it per arch
     and asks with the device's: ask the same and share it)."""

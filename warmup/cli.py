@@ -5,6 +5,7 @@ triton-warmup serve     the sidecar: /healthz /readyz /metrics, bundle hot reloa
 triton-warmup status    the last run: state, sources, time by phase
 triton-warmup validate  check a manifest, write nothing
 triton-warmup doctor    check this host for what a run needs
+triton-warmup explain   predict each cache family's hit or miss here, and why
 triton-warmup registry  inspect and move tuned configs
 
 Exit codes: 0 done, 1 the work failed (the status names why), 2 bad input or settings.
@@ -27,7 +28,7 @@ from pydantic import ValidationError
 
 from registry import cli as registry_cli
 from registry.errors import RegistryError
-from warmup import doctor, logs
+from warmup import doctor, explain, logs
 from warmup.manifest import ManifestError, load_manifest
 from warmup.results import RunStatus
 from warmup.run.early import EarlyRanks
@@ -67,6 +68,7 @@ def build_parser(settings: Settings) -> argparse.ArgumentParser:
     validate.add_argument("--json", action="store_true")
 
     doctor.add_parser(sub, settings)
+    explain.add_parser(sub, settings)
     cache = settings.triton_cache_dir or settings.paths.triton_cache
     registry_cli.add_parser(
         sub,
@@ -137,6 +139,8 @@ def _dispatch(args: argparse.Namespace, settings: Settings, early: EarlyRanks | 
         return _validate(args)
     if args.command == "doctor":
         return doctor.run(settings, args)
+    if args.command == "explain":
+        return explain.run(settings, args)
     return registry_cli.run(args)
 
 

@@ -17,6 +17,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from registry import atomic
+from registry.explain import OUTCOMES, Prediction
 from warmup.results import ModelResult, RemoteCounts, ShapeResult
 
 SECONDS_BUCKETS = (
@@ -162,6 +163,22 @@ class RunMetrics:
             ["result"],
             registry=r,
         )
+
+        self.cache_prediction = Gauge(
+            "triton_warmup_cache_prediction",
+            "What explain predicted at the run's start for each cache family on this host: "
+            "1 for its outcome (hit, partial, miss, empty), 0 for the others; the log "
+            "names the factor of a miss.",
+            ["family", "outcome"],
+            registry=r,
+        )
+
+    def record_predictions(self, predictions: Iterable[Prediction]) -> None:
+        """Each family's predicted outcome (``warmup.explain``)."""
+        for prediction in predictions:
+            for outcome in OUTCOMES:
+                value = 1 if prediction.outcome == outcome else 0
+                self.cache_prediction.labels(prediction.family, outcome).set(value)
 
     def record(self, shapes: Iterable[ShapeResult]) -> None:
         """Add the ranks' per-shape results."""

@@ -8,9 +8,10 @@ read. Imports neither torch nor triton: the sidecar reads the status too.
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -157,6 +158,38 @@ class RankReport(_Record):
         """Every rank's report in the folder, by rank; an unreadable one is an error."""
         reports = [cls.model_validate_json(p.read_text()) for p in run_dir.glob("rank-*.json")]
         return sorted(reports, key=lambda r: r.rank)
+
+
+class RankHost(_Record):
+    """What rank 0 detected of its host, written as soon as it knows: the launcher's
+    ``explain`` compares the caches with it before anything compiles, with no CUDA of
+    its own (a context there could take an exclusive-mode GPU from the ranks)."""
+
+    fingerprint: dict[str, Any]
+    triton_env: dict[str, str] = {}  # the knobs that enter Triton's cache keys
+
+    FILE: ClassVar[str] = "host.json"
+
+    def write(self, run_dir: Path) -> Path:
+        path = run_dir / self.FILE
+        atomic.write_bytes(path, self.model_dump_json().encode())
+        return path
+
+    @classmethod
+    def wait(cls, run_dir: Path, timeout_s: float, stop: threading.Event) -> RankHost | None:
+        """The file once rank 0 wrote it; None when unreadable, or not written within
+        ``timeout_s`` or before ``stop`` is set."""
+        deadline = time.monotonic() + timeout_s
+        path = run_dir / cls.FILE
+        while not path.exists():
+            if time.monotonic() > deadline or stop.wait(0.2):
+                if path.exists():
+                    break
+                return None
+        try:
+            return cls.model_validate_json(atomic.read_bounded(path, MAX_STATUS_BYTES))
+        except (OSError, ValidationError, ValueError):
+            return None
 
 
 RankEnd = Literal["exited", "stopped", "silent", "timeout"]

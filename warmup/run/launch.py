@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from registry import atomic
+from warmup import explain
 from warmup.manifest import Manifest, ManifestError
 from warmup.results import FAILED, RankFailure, RankReport, RunStatus
 from warmup.run.early import GPU_LIST, EarlyRanks, visible_gpus
@@ -74,6 +75,7 @@ def _launch(settings: Settings, manifest: Manifest, early: EarlyRanks) -> RunSta
     try:
         procs = _spawn_ranks(ranks, manifest, world, run_dir, early)
         manifest.check_kernels(str(settings.manifest))  # imports torch: while the ranks do
+        explaining = explain.Background(settings, manifest, run_dir)  # rank 0's host
         restoring = time.perf_counter()
         restore(settings)  # while the ranks import torch; they wait for the marker
         mark_restored(run_dir)
@@ -85,7 +87,11 @@ def _launch(settings: Settings, manifest: Manifest, early: EarlyRanks) -> RunSta
             phases["settle"] = settle(
                 settings, manifest, run_dir, functools.partial(_settle_pass, ranks, world, deadline)
             )
-        return finish(settings, manifest, run_dir, world, started, failures, errors, phases, ended)
+        predictions = explaining.result()
+        return finish(
+            settings, manifest, run_dir, world, started, failures, errors, phases, ended,
+            predictions=predictions,
+        )  # fmt: skip
     except BaseException as e:  # a status that says why; no rank outlives the run
         errors = e.errors if isinstance(e, ManifestError) else [f"{type(e).__name__}: {e}"]
         status.model_copy(

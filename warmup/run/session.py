@@ -18,8 +18,9 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -28,10 +29,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from registry import RegistryError, Store, atomic, triton_cache, triton_internals
-from registry.fingerprint import Fingerprint, detect_in_background, machine_name
+from registry.explain import Prediction
+from registry.fingerprint import Fingerprint, detect_for, detect_in_background, machine_name
 from registry.importers import import_triton_autotune
 from registry.locks import LockServerUnreachable, backend_from_url, check_backend
 from registry.remote import remote_tier
+from registry.triton_internals import cache_env
 from warmup import logs
 from warmup.manifest import Manifest, ManifestError, load_manifest
 from warmup.results import (
@@ -39,6 +42,7 @@ from warmup.results import (
     READY,
     RUNNING,
     RankFailure,
+    RankHost,
     RankReport,
     RemoteCounts,
     RunStatus,
@@ -207,6 +211,7 @@ def finish(
     errors: list[str] | None = None,
     phases: Mapping[str, float] | None = None,
     ranks_ended: float | None = None,
+    predictions: Sequence[Prediction] = (),
 ) -> RunStatus:
     """Sum every rank's report into metrics and status; save the compile cache.
     ``phases``: what the launcher spent before the ranks' reports (``warmup.run.phases``);
@@ -239,8 +244,9 @@ def finish(
         (model for report in reports for model in report.models), key=lambda m: (m.name, m.rank)
     )
     saving = time.perf_counter()
-    saved = triton_cache.save(settings.cache_dir, settings.paths.triton_cache)
     fingerprint = reports[0].fingerprint if reports else None
+    origin = triton_cache.Origin.of(Fingerprint.from_json(fingerprint)) if fingerprint else None
+    saved = triton_cache.save(settings.cache_dir, settings.paths.triton_cache, origin)
     imported = _import_autotune(settings, manifest, fingerprint)
     launcher = {**(phases or {}), "save": time.perf_counter() - saving}
     if ranks_ended is not None and reports and all(r.written for r in reports):
@@ -260,6 +266,7 @@ def finish(
     metrics.record(shapes)
     metrics.record_models(models)
     metrics.record_run(len(reports), duration, run, remote)
+    metrics.record_predictions(predictions)
     metrics.write(settings.metrics_path)
     return RunStatus(
         state=READY if ready else FAILED,
@@ -440,6 +447,8 @@ def _run_rank(
     with clock.timing("rendezvous"):  # the GPU's context, then the process group
         device = _rank_device(settings, rank)
         detect_in_background(device)  # hashing Triton while NCCL connects
+        if rank == 0 and roles == LAUNCHED:
+            _tell_host(device, run_dir)
         dist.init_process_group(
             "nccl" if device.type == "cuda" else "gloo",
             rank=rank,
@@ -467,6 +476,20 @@ def _run_rank(
         logs.exit_now(0)  # no second of NCCL and CUDA teardown before the pod is ready
     dist.destroy_process_group()
     return 0 if status is None or status.ready else 1
+
+
+def _tell_host(device: Any, run_dir: Path) -> None:
+    """Write what this rank detects of its host for the launcher's ``explain``, on a
+    thread once detection ends; a failure only leaves the launcher without it."""
+
+    def tell() -> None:
+        try:
+            host = RankHost(fingerprint=detect_for(device).to_json(), triton_env=cache_env())
+            host.write(run_dir)
+        except Exception as e:
+            log.warning("host facts not written for explain: %s: %s", type(e).__name__, e)
+
+    threading.Thread(target=tell, name="tell-host", daemon=True).start()
 
 
 def _rank_device(settings: Settings, rank: int) -> Any:

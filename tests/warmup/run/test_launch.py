@@ -87,6 +87,20 @@ def test_metrics_sum_every_rank(two_runs):
     assert metrics[("triton_warmup_warmup_duration_seconds", ())] > 0
 
 
+def test_the_run_predicts_each_family_before_it_warms(two_runs):
+    settings, _, first_metrics, _ = two_runs
+    metrics = samples(settings.metrics_path)
+
+    def outcome(found, family):
+        labels = [lb for (name, lb), v in found.items() if name == "triton_warmup_cache_prediction"]
+        return {dict(lb)["outcome"] for lb in labels if dict(lb)["family"] == family and found[
+            ("triton_warmup_cache_prediction", lb)] == 1}  # fmt: skip
+
+    assert outcome(first_metrics, "tuned-configs") == {"empty"}  # the volume was empty
+    assert outcome(metrics, "tuned-configs") == {"hit"}  # what the first run stored
+    assert outcome(metrics, "triton-kernels") == {"empty"}  # the CPU compiles nothing
+
+
 def test_status_file_is_the_summary(two_runs):
     settings, *_, second = two_runs
     assert RunStatus.read(settings.status_path) == second
