@@ -36,6 +36,11 @@ def import_triton_autotune(root: Path, fingerprint: Fingerprint) -> ImportResult
     return _import_files(sorted(root.rglob("*.autotune.json")), fingerprint, _from_triton)
 
 
+def import_triton_autotune_files(paths: Iterable[Path], fingerprint: Fingerprint) -> ImportResult:
+    """The ``*.autotune.json`` files ``paths`` as entries."""
+    return _import_files(paths, fingerprint, _from_triton)
+
+
 def import_triton_dist(root: Path, fingerprint: Fingerprint) -> ImportResult:
     """Every ``<fn>/<hash>.json`` under ``root`` (``~/.triton_dist/autotune``) as entries."""
     return _import_files(sorted(root.glob("*/*.json")), fingerprint, _from_triton_dist)

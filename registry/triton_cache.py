@@ -143,7 +143,7 @@ def relocate(cache_dir: Path, groups: Iterable[Path] | None = None) -> int:
     found = cache_dir.glob(f"*/{GROUP_PREFIX}*.json") if groups is None else groups
     for group in sorted(found):
         try:
-            children = _group_children(group)
+            children = group_children(group)
         except (OSError, ValueError) as e:
             log.warning("skipping triton group file %s: %s", group, e)
             continue
@@ -158,9 +158,9 @@ def relocate(cache_dir: Path, groups: Iterable[Path] | None = None) -> int:
     return count
 
 
-def _group_children(group: Path) -> dict[str, str]:
-    """A group file's ``{name: path}``; ValueError for anything else (too big, corrupt,
-    wrong types), OSError when it cannot be read."""
+def group_children(group: Path) -> dict[str, str]:
+    """A group file's ``{name: path}`` (Triton's own form: absolute paths); ValueError
+    for anything else (too big, corrupt, wrong types), OSError when it cannot be read."""
     data = atomic.loads(atomic.read_bounded(group, MAX_GROUP_BYTES))
     children = data.get("child_paths") if isinstance(data, dict) else None
     if not isinstance(children, dict) or not all(
@@ -332,7 +332,7 @@ def _group_folder(folder: Path, group: str) -> dict[str, object]:
     """``{"path group": <the folder its members are in>}`` when a group names another
     folder than its own (a cache copied without :func:`restore`)."""
     try:
-        children = _group_children(folder / group)
+        children = group_children(folder / group)
     except (OSError, ValueError):
         return {}
     elsewhere = sorted({str(Path(p).parent) for p in children.values()} - {str(folder)})

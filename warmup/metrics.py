@@ -261,6 +261,21 @@ class ServeMetrics:
             ["model"],
             registry=r,
         )
+        self.harvest_entries = Counter(
+            "triton_warmup_harvest_entries",
+            "Entries the server compiled after ready, by family (triton-kernels, "
+            "triton-autotunes, inductor) and result: harvested (new on the volume), "
+            "deduplicated (there already), refused (a check failed: the log says which), "
+            "dropped (past the queue's bound).",
+            ["family", "result"],
+            registry=r,
+        )
+        self.harvest_bytes = Counter(
+            "triton_warmup_harvest_bytes",
+            "Bytes of the entries harvested (new on the volume), by family.",
+            ["family"],
+            registry=r,
+        )
         self.bundle_scans = Counter(
             "triton_warmup_bundle_scans",
             "Scans of the watched bundle folder (each after a change; none while idle).",

@@ -100,6 +100,7 @@ class ModelResult(_Record):
     error: str | None = None
     settle: list[dict[str, Any]] = []  # warmup.run.settle: each pass's counts (or error)
     settled: bool = False  # the last settle pass compiled nothing on any rank
+    key_digest: str = ""  # warmup.compiled.key: where its artifacts are stored
 
     @property
     def failed(self) -> bool:
@@ -224,6 +225,7 @@ class RunStatus(_Record):
     host: str = ""
     world_size: int
     fingerprint: dict[str, Any] | None = None
+    triton_env: dict[str, str] = {}  # the knobs in Triton's cache keys the ranks had
     errors: list[str] = []  # run-level: bad input, the time limit, a rank that lied
     rank_failures: list[RankFailure] = []
     skipped_entries: list[str] = []  # entries made for another world size

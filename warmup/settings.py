@@ -85,6 +85,14 @@ class Settings(BaseSettings):
         description="after a serving process is warm: count (and log) every Triton compile "
         "and autotune run, raise on them (strict), or do nothing (off)",
     )
+    harvest: bool = Field(
+        True,
+        description="the sidecar publishes what the server compiles after ready "
+        "(warmup.sidecar.harvest) to the volume and the remote tier",
+    )
+    harvest_max_per_minute: int = Field(
+        600, ge=1, description="entries the sidecar harvests a minute; a burst waits"
+    )
     triton_remote_timeout_s: float = Field(
         0.2,
         gt=0,

@@ -274,6 +274,18 @@ def test_the_triton_remote_cache_is_turned_on_in_the_warmup_and_the_server(chart
         render(chart, no_tier)
 
 
+def test_the_sidecar_harvests_from_the_servers_caches(chart):
+    by_name, _ = containers(render(chart, {})[0])
+    sidecar, server = by_name["warmup-sidecar"], by_name["server"]
+    for cache in ("triton-cache", "inductor-cache"):
+        assert mounts(sidecar)[cache] == mounts(server)[cache]
+    assert env(sidecar)["TRITON_WARMUP_HARVEST"] == "true"
+    assert env(sidecar)["TRITON_WARMUP_HARVEST_MAX_PER_MINUTE"] == "600"
+    assert env(sidecar)["TRITON_WARMUP_TRITON_CACHE_DIR"] == mounts(server)["triton-cache"]
+    off, _ = containers(render(chart, {"sidecar": {"harvest": {"enabled": False}}})[0])
+    assert env(off["warmup-sidecar"])["TRITON_WARMUP_HARVEST"] == "false"
+
+
 def test_existing_claim_and_manifest_are_used_not_created(chart):
     objects, _ = render(chart, {**VARIANTS["existing-pvc"], **VARIANTS["existing-manifest"]})
     assert by_kind(objects, "PersistentVolumeClaim") == []

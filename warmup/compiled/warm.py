@@ -82,6 +82,8 @@ def warm_models(
                 result = result.model_copy(update=saved)
         if restored is not None:
             result = result.model_copy(update=restored)
+        if key is not None:
+            result = result.model_copy(update={"key_digest": key.digest})
         yield result.model_copy(update={"rank": rank, "seconds": time.perf_counter() - started})
 
 

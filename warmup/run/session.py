@@ -277,6 +277,7 @@ def finish(
         host=machine_name(),
         world_size=world,
         fingerprint=fingerprint,
+        triton_env=dict(origin.env) if origin else {},
         errors=errors,
         rank_failures=[failures[r] for r in sorted(failures)],
         skipped_entries=manifest.skipped_entries(world),

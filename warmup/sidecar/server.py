@@ -6,7 +6,8 @@
     /metrics  the sidecar's metrics, the last warmup run's and every serving process's
               (Prometheus text; each serving process writes a file in the metrics folder)
 
-It also watches the bundle folder and installs new bundles (``warmup.sidecar.watcher``). Its
+It also watches the bundle folder and installs new bundles (``warmup.sidecar.watcher``),
+and harvests what the server compiles after ready (``warmup.sidecar.harvest``). Its
 threads are bounded whatever its clients do (``ProbeServer``); the manifest is parsed at
 start and again only when its file changes; an error in an answer is a 500.
 """
@@ -28,11 +29,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from registry import RegistryError, Store, bundle, bundle_inductor, triton_cache
 from registry.errors import BundleRejected
 from registry.fingerprint import Fingerprint
+from registry.remote import RemoteTier, remote_tier
 from warmup.compiled.reload import restore_installed
 from warmup.manifest import ManifestError, load_manifest
 from warmup.metrics import ServeMetrics, TextFileCollector, TextFolderCollector
 from warmup.results import RunStatus
 from warmup.settings import Settings
+from warmup.sidecar.harvest import Harvester
 from warmup.sidecar.probe_server import HeadFirstHandler, ProbeServer, SidecarError
 from warmup.sidecar.watcher import BundleWatcher, Stat, sha256_of, stat_key
 
@@ -59,6 +62,11 @@ class Sidecar:
             retry_on=[settings.status_path],  # a warmup records the fingerprint installs need
             on_result=lambda r: self.metrics.bundle_reloads.labels(r).inc(),
             on_scan=self.metrics.bundle_scans.inc,
+        )
+        self.harvester = (
+            Harvester(settings, self.metrics, remote=_remote(settings), status=self._status)
+            if settings.harvest
+            else None
         )
         self._manifest = ByStat(_manifest_digest)  # its digest or its errors
         self._status_file = ByStat(_read_status)  # a status of 32,768 results is 7 MB
@@ -241,6 +249,8 @@ class Sidecar:
         self._check_manifest()
         self._recover_store()
         self.watcher.start()
+        if self.harvester is not None:
+            self.harvester.start()
         return int(self._http.server_address[1])
 
     def stop(self, timeout: float = 1.0) -> None:
@@ -250,6 +260,8 @@ class Sidecar:
             self._http.shutdown(timeout / 2)
             self._http.server_close()
         self.watcher.stop(timeout / 2)
+        if self.harvester is not None:
+            self.harvester.stop(timeout / 2)
 
     def _recover_store(self) -> None:
         """Clean what a killed writer left (temp files, unsealed generations, a broken
@@ -320,6 +332,16 @@ class ByStat(Generic[T]):
             if self._held is None or self._held[0] != key or key is None:
                 self._held = key, self._parse(path)
             return self._held
+
+
+def _remote(settings: Settings) -> RemoteTier | None:
+    """The remote tier harvests publish to; None when there is none or it cannot be used
+    (logged: harvests go to the volume only)."""
+    try:
+        return remote_tier(settings.remote_location)
+    except RegistryError as e:
+        log.warning("harvest: no remote tier: %s", e)
+        return None
 
 
 def _read_status(path: Path) -> RunStatus | None:  # looked up per parse: patchable

@@ -1,0 +1,312 @@
+"""The harvest: what the server compiles after ready reaches the volume and the remote
+tier, whole and checked; bad entries are refused with the volume byte-identical; pods
+started later restore what was harvested."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import triton
+from prometheus_client import CollectorRegistry
+
+from registry import inductor_cache, remote_models, remote_triton, triton_cache
+from registry.remote import RemoteTier
+from registry.store import Store
+from tests.conftest import env_without_interpreter, gpu_fingerprint, settings_for
+from tests.registry.test_redis_outage import Proxy, redis  # noqa: F401
+from tests.warmup.test_triton_remote_cache import compile_in_pod
+from warmup.metrics import ServeMetrics
+from warmup.results import ModelResult, RunStatus
+from warmup.sidecar.harvest import Harvester, Limits
+
+ROOT = Path(__file__).resolve().parents[3]
+FP = gpu_fingerprint(triton=triton.__version__)  # what the sm90 compile below matches
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def server(redis):  # noqa: F811
+    redis.client.flushall()
+    return redis
+
+
+def compile_into(cache: Path) -> dict:
+    """``tests.registry._compile_sm90`` with ``cache`` as TRITON_CACHE_DIR (a server's
+    compile, on CPU: no GPU needed); its report."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.registry._compile_sm90"],
+        cwd=ROOT,
+        env=env_without_interpreter(TRITON_CACHE_DIR=str(cache)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory) -> Path:
+    cache = tmp_path_factory.mktemp("compiled")
+    compile_into(cache)
+    return cache
+
+
+@pytest.fixture
+def pod(tmp_path, compiled):
+    """Settings whose server cache holds the compiled kernel, and a ready status."""
+    settings = settings_for(tmp_path)
+    triton_cache.restore(compiled, settings.cache_dir)
+    ready(settings)
+    return settings
+
+
+def ready(settings, fingerprint=FP, **fields) -> None:
+    RunStatus(
+        state="ready",
+        manifest_digest="x",
+        started=0.0,
+        world_size=1,
+        fingerprint=fingerprint.to_json(),
+        **fields,
+    ).write(settings.status_path)
+
+
+def harvester(settings, **kwargs) -> Harvester:
+    return Harvester(settings, ServeMetrics(CollectorRegistry()), **kwargs)
+
+
+def group_of(cache: Path) -> Path:
+    (group,) = cache.glob("*/__grp__*.json")
+    return group
+
+
+def counted(harvest: Harvester, family: str, result: str) -> float:
+    value = harvest.metrics.registry.get_sample_value(
+        "triton_warmup_harvest_entries_total", {"family": family, "result": result}
+    )
+    return value or 0.0
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    if not root.exists():
+        return {}
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+# ---- Triton kernels -----------------------------------------------------------------------
+
+
+def test_a_kernel_compiled_after_ready_is_harvested_and_a_later_pod_hits_it(tmp_path, pod):
+    harvest = harvester(pod)
+    assert harvest.harvest("kernel", group_of(pod.cache_dir)) == "harvested"
+    volume = pod.paths.triton_cache
+    assert {p.name for p in group_of(volume).parent.iterdir()} == {
+        p.name for p in group_of(pod.cache_dir).parent.iterdir()
+    }
+    assert triton_cache.origins(volume)  # what explain reads
+    assert harvest.harvest("kernel", group_of(pod.cache_dir)) == "seen"  # a second event
+    assert counted(harvest, "triton-kernels", "harvested") == 1
+    later = tmp_path / "later"
+    triton_cache.restore(volume, later)
+    assert compile_into(later)["hit"]
+
+
+def test_nothing_is_harvested_before_the_pod_is_ready(tmp_path, pod):
+    RunStatus(state="running", manifest_digest="x", started=0.0, world_size=1).write(
+        pod.status_path
+    )
+    assert harvester(pod).harvest("kernel", group_of(pod.cache_dir)) == "waiting"
+    assert not pod.paths.triton_cache.exists()
+
+
+def _foreign(settings: object, group: Path) -> None:
+    ready(settings, gpu_fingerprint(cc="8.0", triton=triton.__version__))
+
+
+def _linked(settings: object, group: Path) -> None:
+    (cubin,) = group.parent.glob("*.cubin")
+    cubin.rename(group.parent.parent / "elsewhere.cubin")
+    cubin.symlink_to(group.parent.parent / "elsewhere.cubin")
+
+
+def _escaping(settings: object, group: Path) -> None:
+    children = json.loads(group.read_text())["child_paths"]
+    name = next(iter(children))
+    children[name] = "/etc/passwd"
+    group.write_text(json.dumps({"child_paths": children}))
+
+
+def _half_written(settings: object, group: Path) -> None:
+    next(group.parent.glob("*.cubin")).unlink()
+
+
+def _corrupt(settings: object, group: Path) -> None:
+    (group.parent / group.name.removeprefix("__grp__")).write_text("{not json")
+
+
+@pytest.mark.parametrize(
+    ("spoil", "why"),
+    [
+        (_foreign, "compiled for compute capability 9.0; this pod has 8.0"),
+        (_linked, "Too many levels of symbolic links"),
+        (_escaping, "outside its folder"),
+        (_half_written, "No such file"),
+        (_corrupt, "unreadable metadata"),
+    ],
+    ids=["foreign", "symlink", "escaping", "half-written", "corrupt"],
+)
+def test_a_bad_kernel_is_refused_in_one_line_and_nothing_is_published(
+    pod, server, caplog, spoil, why
+):
+    group = group_of(pod.cache_dir)
+    spoil(pod, group)
+    before = snapshot(pod.volume)
+    harvest = harvester(pod, remote=RemoteTier(server.url, timeout_s=0.5))
+    assert harvest.harvest("kernel", group) == "refused"
+    assert snapshot(pod.volume) == before
+    assert server.client.keys("*") == []
+    (line,) = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert why in line and "\n" not in line
+    assert counted(harvest, "triton-kernels", "refused") == 1
+
+
+def test_a_kernel_over_the_size_cap_is_refused(pod):
+    harvest = harvester(pod, limits=Limits(max_file_bytes=1000))
+    assert harvest.harvest("kernel", group_of(pod.cache_dir)) == "refused"
+    assert not pod.paths.triton_cache.exists()
+
+
+def test_n_pods_harvesting_one_kernel_store_it_once(tmp_path, compiled, server):
+    pods = []
+    for name in ("a", "b", "c"):
+        settings = settings_for(tmp_path / name, volume=tmp_path / "shared")
+        triton_cache.restore(compiled, settings.cache_dir)
+        ready(settings)
+        pods.append(settings)
+    results = [
+        harvester(s, remote=RemoteTier(server.url, timeout_s=0.5)).harvest(
+            "kernel", group_of(s.cache_dir)
+        )
+        for s in pods
+    ]
+    assert results == ["harvested", "deduplicated", "deduplicated"]
+    files = len(list(group_of(compiled).parent.iterdir()))
+    assert len(server.client.keys("triton-warmup:blob:*")) == files
+    assert len(server.client.keys(f"{remote_triton.NAME_PREFIX}*")) == files
+
+
+def test_a_remote_outage_mid_harvest_is_published_later_once(tmp_path, pod, server):
+    proxy = Proxy(server.port)
+    try:
+        harvest = harvester(pod, remote=RemoteTier(proxy.url, timeout_s=0.3, retry_after_s=0.0))
+        proxy.down()
+        assert harvest.harvest("kernel", group_of(pod.cache_dir)) == "harvested"  # the volume
+        assert server.client.keys("*") == []
+        proxy.up()
+        folder = pod.cache_dir / "AUTOTUNEFOLDER"
+        folder.mkdir()
+        (folder / "fn.autotune.json").write_text('{"key": [1], "configs_timings": []}')
+        assert harvest.harvest("autotune", folder / "fn.autotune.json") == "harvested"
+    finally:
+        proxy.close()
+    kernel = group_of(pod.cache_dir).parent.name
+    fetched = remote_triton.fetch(
+        RemoteTier(server.url), kernel, [p.name for p in group_of(pod.cache_dir).parent.iterdir()]
+    )
+    assert len(fetched) == len(list(group_of(pod.cache_dir).parent.iterdir()))
+    # a later pod with only the tier: Triton's cache plug-in loads the harvested kernel
+    assert compile_in_pod(tmp_path / "later", server.url)["hit"]
+
+
+# ---- Triton autotune results --------------------------------------------------------------
+
+
+def test_an_autotune_result_goes_to_the_volume_and_into_the_registry(pod):
+    folder = pod.cache_dir / "SOMEKEY"
+    folder.mkdir()
+    config = {"kwargs": {"BLOCK": 64}, "num_warps": 4, "num_stages": 2, "num_ctas": 1}
+    result = {"key": [4096, "torch.float16"], "configs_timings": [[config, [1.0, 0.9, 1.1]]]}
+    (folder / "matmul.autotune.json").write_text(json.dumps(result))
+    harvest = harvester(pod)
+    assert harvest.harvest("autotune", folder / "matmul.autotune.json") == "harvested"
+    assert (pod.paths.triton_cache / "SOMEKEY" / "matmul.autotune.json").is_file()
+    assert [e.kernel for e in Store(pod.registry_path).entries()] == ["matmul"]
+    (folder / "bad.autotune.json").write_text("[1, 2]")
+    assert harvest.harvest("autotune", folder / "bad.autotune.json") == "refused"
+
+
+# ---- Inductor -----------------------------------------------------------------------------
+
+
+def test_inductor_files_compiled_after_ready_join_the_models_index(tmp_path, pod):
+    inductor = pod.inductor_cache_path
+    (inductor / "fxgraph").mkdir(parents=True)
+    (inductor / "fxgraph" / "warm").write_bytes(b"compiled at warmup")
+    root = pod.paths.inductor
+    inductor_cache.save(
+        inductor, root, model="mlp", key_digest="a" * 16, key={"k": 1}, fingerprint=FP
+    )
+    model = ModelResult(name="mlp", phase="warm", key_digest="a" * 16)
+    ready(pod, models=[model])
+    (inductor / "fxgraph" / "traffic").write_bytes(b"compiled under traffic")
+    harvest = harvester(pod)
+    assert harvest.harvest("inductor", inductor) == "harvested"
+    index = inductor_cache.read_index(inductor_cache.index_path(root, "mlp", "a" * 16, FP))
+    assert set(index["files"]) == {"fxgraph/warm", "fxgraph/traffic"}
+    assert index["key"] == {"k": 1}
+    assert harvest.harvest("inductor", inductor) == "deduplicated"
+
+
+# ---- the watcher --------------------------------------------------------------------------
+
+
+def test_the_watcher_harvests_a_real_compile_once_it_is_whole(tmp_path):
+    settings = settings_for(tmp_path)
+    ready(settings)
+    harvest = harvester(settings)
+    harvest.start()
+    try:
+        compile_into(settings.cache_dir)
+        deadline = time.monotonic() + 20
+        while counted(harvest, "triton-kernels", "harvested") < 1:
+            assert time.monotonic() < deadline, "not harvested"
+            time.sleep(0.1)
+    finally:
+        harvest.stop()
+    assert counted(harvest, "triton-kernels", "refused") == 0
+    later = tmp_path / "later"
+    triton_cache.restore(settings.paths.triton_cache, later)
+    assert compile_into(later)["hit"]
+
+
+def test_a_flood_waits_for_the_rate_cap_and_past_the_queue_is_dropped(pod):
+    harvest = harvester(pod, limits=Limits(max_per_minute=2, max_pending=3))
+    harvest._status = lambda: None  # keep each harvest trivial: "waiting"
+    for i in range(5):
+        harvest.offer("kernel", pod.cache_dir / f"K{i}" / "__grp__k.json")
+    assert counted(harvest, "triton-kernels", "dropped") == 2
+    harvest.start()
+    try:
+        time.sleep(1.0)
+        assert len(harvest._pending) == 1  # 2 a minute: the third waits
+    finally:
+        harvest.stop()
+
+
+def test_remote_models_index_is_published_too(tmp_path, pod, server):
+    inductor = pod.inductor_cache_path
+    (inductor / "fxgraph").mkdir(parents=True)
+    (inductor / "fxgraph" / "traffic").write_bytes(b"compiled under traffic")
+    root = pod.paths.inductor
+    inductor_cache.save(inductor, root, model="mlp", key_digest="a" * 16, key={}, fingerprint=FP)
+    ready(pod, models=[ModelResult(name="mlp", phase="warm", key_digest="a" * 16)])
+    remote = RemoteTier(server.url, timeout_s=0.5)
+    harvester(pod, remote=remote).harvest("inductor", inductor)
+    other = tmp_path / "other-volume"
+    assert remote_models.fetch(remote, other, model="mlp", key_digest="a" * 16, fingerprint=FP)

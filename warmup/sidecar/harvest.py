@@ -1,0 +1,388 @@
+"""Harvest after ready: what the server compiles under traffic is kept for the fleet.
+
+The sidecar watches the server's ``TRITON_CACHE_DIR`` and Inductor cache with watchdog
+(files created or renamed into place; nothing polls). It takes only finished entries:
+
+- a Triton kernel when its group file appears (Triton writes the group last, by rename),
+  with every file the group names;
+- a Triton autotune result (``<hash>/<fn>.autotune.json``), written by rename;
+- the Inductor cache as a whole, after it has been quiet for ``INDUCTOR_QUIET_S``: each
+  declared model's index is saved again from it, so it lists what traffic compiled too.
+
+Each entry is checked before anything is written. It must be inside its folder, be
+regular files (no links), be under the size caps, and have been compiled for this pod's
+GPU and Triton (the run's fingerprint, from the status file). It is then copied into
+the volume's families, where every pod started later restores it. Triton kernels get
+their origin recorded for ``explain``. Autotune results are also imported into the
+registry (a new generation, under the store's lock). Everything is published to the
+remote tier, content-addressed, so N pods harvesting one kernel store it once.
+
+An entry that fails a check is refused, with one log line and the metric
+``triton_warmup_harvest_entries_total{result="refused"}``, and nothing is written. A
+burst past ``TRITON_WARMUP_HARVEST_MAX_PER_MINUTE`` waits in a bounded queue; past the
+queue, entries are dropped and counted. Nothing is harvested before the pod is ready:
+the init container's own work is saved by its run. The harvest runs in the sidecar's
+threads and never touches the server's process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from watchdog.events import (
+    FileClosedEvent,
+    FileCreatedEvent,
+    FileMovedEvent,
+    FileSystemEvent,
+    FileSystemEventHandler,
+)
+from watchdog.observers import Observer
+from watchdog.observers.api import BaseObserver
+
+from registry import atomic, importers, inductor_cache, remote_models, remote_triton, triton_cache
+from registry.errors import RegistryError
+from registry.fingerprint import Fingerprint
+from registry.remote import RemoteTier
+from registry.store import Store
+from registry.triton_cache import GROUP_PREFIX, MAX_GROUP_BYTES, Origin
+from warmup.metrics import ServeMetrics
+from warmup.results import RunStatus
+from warmup.settings import Settings
+from warmup.sidecar.watcher import Stat, stat_key
+
+log = logging.getLogger(__name__)
+EVENTS: list[type[FileSystemEvent]] = [FileCreatedEvent, FileMovedEvent, FileClosedEvent]
+INDUCTOR_QUIET_S = 5.0  # the Inductor cache is saved once it has been quiet this long
+MAX_AUTOTUNE_BYTES = 2**20
+MAX_REMEMBERED = 100_000  # entries harvested, so a second event of one is not a second harvest
+_FOLDER = re.compile(r"[A-Za-z0-9_=-]{1,128}")  # a Triton cache key
+
+
+class Refused(Exception):
+    """An entry that is not harvested; the message says why, in a few words."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_file_bytes: int = remote_triton.MAX_FILE_BYTES
+    max_entry_bytes: int = 64 * 2**20  # a kernel's files together, held in memory once
+    max_per_minute: int = 600
+    max_pending: int = 10_000
+
+
+class Harvester(FileSystemEventHandler):
+    """Watch the server's caches and publish what it compiles; see the module's docstring."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        metrics: ServeMetrics,
+        *,
+        remote: RemoteTier | None = None,
+        limits: Limits | None = None,
+        status: Callable[[], RunStatus | None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.remote = remote
+        self.limits = limits or Limits(max_per_minute=settings.harvest_max_per_minute)
+        self.triton_dir = settings.cache_dir
+        self.inductor_dir = settings.inductor_cache_path
+        self._status = status or (lambda: RunStatus.read(settings.status_path))
+        self._pending: OrderedDict[tuple[str, str], None] = OrderedDict()  # (kind, path)
+        self._inductor_due: float | None = None
+        self._wake = threading.Condition()
+        self._stopped = False
+        self._sent: list[float] = []  # when the last minute's entries were harvested
+        self._unpublished: OrderedDict[tuple[str, str], bytes] = OrderedDict()  # remote retries
+        self._done: OrderedDict[str, Stat] = OrderedDict()  # harvested: path -> its stat key
+        self._observer: BaseObserver | None = None
+        self._worker: threading.Thread | None = None
+
+    # ---- watching ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._observer = Observer()
+        for folder in (self.triton_dir, self.inductor_dir):
+            folder.mkdir(parents=True, exist_ok=True)
+            self._observer.schedule(self, str(folder), recursive=True, event_filter=EVENTS)
+        self._observer.start()
+        self._worker = threading.Thread(target=self._run, daemon=True, name="harvest")
+        self._worker.start()
+
+    def stop(self, timeout: float = 1.0) -> None:
+        with self._wake:
+            self._stopped = True
+            self._wake.notify()
+        if self._observer is not None:
+            self._observer.stop()
+            self._observer.join(timeout)
+        if self._worker is not None:
+            self._worker.join(timeout)
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        raw = getattr(event, "dest_path", "") or event.src_path
+        path = Path(raw.decode() if isinstance(raw, bytes) else raw)
+        kind = self._kind(path)
+        if kind is not None:
+            self.offer(kind, path)
+
+    def _kind(self, path: Path) -> str | None:
+        """What a new file is: a kernel's group, an autotune result, Inductor's, or none."""
+        if path.parent.parent == self.triton_dir:
+            if triton_cache.is_group(path.name):
+                return "kernel"
+            if path.name.endswith(".autotune.json"):
+                return "autotune"
+            return None
+        if self.inductor_dir in path.parents and not _temporary(path.name):
+            return "inductor"
+        return None
+
+    def offer(self, kind: str, path: Path) -> None:
+        """Queue an entry (the watcher's events; a test's too); dropped past the bound."""
+        with self._wake:
+            if kind == "inductor":
+                self._inductor_due = time.monotonic() + INDUCTOR_QUIET_S
+            elif len(self._pending) >= self.limits.max_pending:
+                self._count(kind, "dropped")
+                return
+            else:
+                self._pending[(kind, str(path))] = None
+            self._wake.notify()
+
+    # ---- the worker -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while (job := self._next()) is not None:
+            try:
+                self.harvest(*job)
+            except Exception as e:  # never kill the harvest: the next entry goes on
+                log.exception("harvest of %s failed: %s", job[1], e)
+
+    def _next(self) -> tuple[str, Path] | None:
+        with self._wake:
+            while not self._stopped:
+                now = time.monotonic()
+                if self._pending:
+                    wait = self._rate_wait(now)
+                    if wait <= 0:
+                        (kind, path), _ = self._pending.popitem(last=False)
+                        self._sent.append(now)
+                        return kind, Path(path)
+                elif self._inductor_due is not None and now >= self._inductor_due:
+                    self._inductor_due = None
+                    return "inductor", self.inductor_dir
+                else:
+                    wait = (self._inductor_due - now) if self._inductor_due else 3600.0
+                self._wake.wait(max(wait, 0.01))
+            return None
+
+    def _rate_wait(self, now: float) -> float:
+        self._sent = [t for t in self._sent if now - t < 60.0]
+        if len(self._sent) < self.limits.max_per_minute:
+            return 0.0
+        return 60.0 - (now - self._sent[0])
+
+    def harvest(self, kind: str, path: Path) -> str:
+        """Check and publish one entry now; its result (harvested, deduplicated,
+        refused, waiting: the pod is not ready yet)."""
+        status = self._status()
+        if status is None or not status.ready or not status.fingerprint:
+            return "waiting"
+        stamp = stat_key(path) if kind != "inductor" else None
+        if stamp is not None and self._done.get(str(path)) == stamp:
+            return "seen"  # another event of an entry harvested already
+        fingerprint = Fingerprint.from_json(status.fingerprint)
+        origin = Origin.of(fingerprint, status.triton_env)
+        try:
+            if kind == "kernel":
+                result, size = self._kernel(path.parent, path.name, origin)
+            elif kind == "autotune":
+                result, size = self._autotune(path, origin, fingerprint)
+            else:
+                result, size = self._inductor(status, fingerprint)
+        except Refused as e:
+            log.warning("harvest: refused %s %s: %s", kind, _shown(path, self.triton_dir), e)
+            self._count(kind, "refused")
+            return "refused"
+        self._count(kind, result, size)
+        if stamp is not None:
+            self._done[str(path)] = stamp
+            while len(self._done) > MAX_REMEMBERED:
+                self._done.popitem(last=False)
+        return result
+
+    # ---- Triton kernels and autotune results --------------------------------------------
+
+    def _kernel(self, folder: Path, group: str, origin: Origin) -> tuple[str, int]:
+        self._check_folder(folder)
+        names = self._group_names(folder, group)
+        files = {name: self._read(folder / name, self.limits.max_file_bytes) for name in names}
+        size = sum(map(len, files.values()))
+        if size > self.limits.max_entry_bytes:
+            raise Refused(f"{size} bytes; limit {self.limits.max_entry_bytes}")
+        meta_name = group.removeprefix(GROUP_PREFIX)
+        if meta_name not in files:
+            raise Refused("its group does not name its metadata file")
+        try:
+            factors = triton_cache.metadata_factors(files[meta_name])
+        except ValueError as e:
+            raise Refused(f"unreadable metadata: {e}") from None
+        foreign = triton_cache.compare(origin, factors)
+        if foreign:
+            factor, (mine, theirs) = next(iter(foreign.items()))
+            raise Refused(f"compiled for {factor} {theirs}; this pod has {mine}")
+        group_bytes = self._read(folder / group, MAX_GROUP_BYTES)
+        target = self.settings.paths.triton_cache / folder.name
+        new = self._write_new(target, {**files, group: group_bytes})
+        triton_cache.record_origin(self.settings.paths.triton_cache, origin, [folder.name])
+        remote_group = json.dumps({"child_paths": sorted(files)}).encode()
+        self._publish(folder.name, {**files, group: remote_group})
+        return ("harvested" if new else "deduplicated"), size
+
+    def _autotune(self, path: Path, origin: Origin, fingerprint: Fingerprint) -> tuple[str, int]:
+        folder = path.parent
+        self._check_folder(folder)
+        data = self._read(path, MAX_AUTOTUNE_BYTES)
+        try:
+            parsed = atomic.loads(data)
+            if not isinstance(parsed.get("configs_timings"), list):
+                raise ValueError("no configs_timings list")
+        except (ValueError, AttributeError) as e:
+            raise Refused(f"not an autotune result: {e}") from None
+        target = self.settings.paths.triton_cache / folder.name
+        new = self._write_new(target, {path.name: data})
+        triton_cache.record_origin(self.settings.paths.triton_cache, origin, [folder.name])
+        if new:
+            self._import(target / path.name, fingerprint)
+        self._publish(folder.name, {path.name: data})
+        return ("harvested" if new else "deduplicated"), len(data)
+
+    def _import(self, path: Path, fingerprint: Fingerprint) -> None:
+        """An autotune result into the registry: a new generation, under its lock."""
+        found = importers.import_triton_autotune_files([path], fingerprint)
+        if found.entries:
+            try:
+                Store(self.settings.registry_path).put_many(found.entries)
+            except (OSError, RegistryError) as e:
+                log.warning("harvest: %s not put in the registry: %s", path.name, e)
+
+    def _check_folder(self, folder: Path) -> None:
+        if folder.parent != self.triton_dir or not _FOLDER.fullmatch(folder.name):
+            raise Refused("not a folder of the Triton cache")
+        if folder.is_symlink() or not folder.is_dir():
+            raise Refused("its folder is a link or gone")
+
+    def _group_names(self, folder: Path, group: str) -> list[str]:
+        try:
+            children = triton_cache.group_children(folder / group)
+        except (OSError, ValueError) as e:
+            raise Refused(f"unreadable group: {e}") from None
+        names = []
+        for name, child in children.items():
+            if Path(child).parent != folder or Path(child).name != name:
+                raise Refused(f"its group names {child!r}, outside its folder")
+            if not remote_triton.valid(folder.name, name) or triton_cache.is_group(name):
+                raise Refused(f"its group names {name!r}")
+            names.append(name)
+        if not names:
+            raise Refused("its group names no file")
+        return sorted(names)
+
+    def _read(self, path: Path, limit: int) -> bytes:
+        """A regular file's bytes, read once (what is checked is what is written)."""
+        try:
+            return atomic.read_bounded(path, limit)
+        except ValueError as e:
+            raise Refused(f"{path.name}: {e}; limit {limit} bytes") from None
+        except OSError as e:
+            raise Refused(f"{path.name}: {e.strerror or e}") from None
+
+    def _write_new(self, target: Path, files: dict[str, bytes]) -> bool:
+        """Write the files the volume lacks (groups last); whether any was written."""
+        new = False
+        for name in sorted(files, key=triton_cache.is_group):
+            dst = target / name
+            if dst.is_file() and dst.stat().st_size == len(files[name]):
+                continue
+            atomic.write_bytes(dst, files[name])
+            new = True
+        return new
+
+    def _publish(self, cache_key: str, files: dict[str, bytes]) -> None:
+        """Every file to the remote tier, the group last; what the tier did not take is
+        kept (bounded) and sent again with the next harvest."""
+        if self.remote is None:
+            return
+        retry = list(self._unpublished.items())
+        self._unpublished.clear()
+        ordered = sorted(files.items(), key=lambda item: triton_cache.is_group(item[0]))
+        todo = [*retry, *(((cache_key, name), data) for name, data in ordered)]
+        for i, ((key, name), data) in enumerate(todo):
+            if not remote_triton.publish(self.remote, key, name, data):
+                for (k, n), d in todo[i:]:
+                    self._unpublished[(k, n)] = d
+                while len(self._unpublished) > 1000:
+                    self._unpublished.popitem(last=False)
+                return
+
+    # ---- Inductor -----------------------------------------------------------------------
+
+    def _inductor(self, status: RunStatus, fingerprint: Fingerprint) -> tuple[str, int]:
+        """Each declared model's index saved again from the server's Inductor cache."""
+        new_files = new_bytes = 0
+        for model in status.models:
+            if model.rank != 0 or not model.key_digest or model.failed:
+                continue
+            root = self.settings.paths.inductor
+            path = inductor_cache.index_path(root, model.name, model.key_digest, fingerprint)
+            try:
+                key = inductor_cache.read_index(path).get("key", {})
+            except (OSError, RegistryError):
+                key = {}
+            saved = inductor_cache.save(
+                self.inductor_dir,
+                root,
+                model=model.name,
+                key_digest=model.key_digest,
+                key=key,
+                fingerprint=fingerprint,
+            )
+            new_files, new_bytes = new_files + saved.new_blobs, new_bytes + saved.bytes
+            if self.remote is not None:
+                remote_models.publish(
+                    self.remote,
+                    root,
+                    model=model.name,
+                    key_digest=model.key_digest,
+                    fingerprint=fingerprint,
+                )
+        return ("harvested" if new_files else "deduplicated"), new_bytes
+
+    # ---- metrics ------------------------------------------------------------------------
+
+    def _count(self, kind: str, result: str, size: int = 0) -> None:
+        family = "inductor" if kind == "inductor" else f"triton-{kind}s"
+        self.metrics.harvest_entries.labels(family, result).inc()
+        if size and result == "harvested":
+            self.metrics.harvest_bytes.labels(family).inc(size)
+
+
+def _temporary(name: str) -> bool:
+    return name.startswith((".", "tmp", atomic.TEMP_PREFIX)) or name.endswith((".tmp", ".lock"))
+
+
+def _shown(path: Path, root: Path) -> str:
+    try:
+        return path.relative_to(root).as_posix()
+    except ValueError:
+        return str(path)
