@@ -77,6 +77,21 @@ def set_jit_cache_hook(hook: JITHook | None) -> None:
     knobs.runtime.jit_cache_hook = hook
 
 
+def compilation_listener() -> Any:
+    """The listener ``triton.compile`` calls with whether its disk cache had the kernel
+    (``knobs.compilation.listener``); None where this Triton has none."""
+    from triton import knobs
+
+    return getattr(knobs.compilation, "listener", None)
+
+
+def set_compilation_listener(listener: Any) -> None:
+    from triton import knobs
+
+    if hasattr(knobs.compilation, "listener"):
+        knobs.compilation.listener = listener
+
+
 def describe_jit_compile(hook: Mapping[str, Any], limit: int = 400) -> str:
     """What the JIT hands its hook, compactly: argument types with their alignment
     attributes, constexpr values, launch options (the key when the layout is unknown)."""

@@ -3,6 +3,9 @@
 
 Compiles: ``triton.knobs.runtime.jit_cache_hook`` (Triton 3.4+), called before the JIT
 compiles or loads from disk a specialisation not in memory; the hook already set is chained.
+Triton's compilation listener (``knobs.compilation.listener``, chained too) then says
+whether its disk cache had the kernel: such a compile is also counted as a load, which
+costs milliseconds where a build costs a second (``built``: the compiles that were not).
 Autotune runs: no hook exists, so ``Autotuner.run``/``_bench`` are patched at class level; a
 run that benchmarks (key in neither memory nor disk cache) counts once. One process-wide
 installation serves every armed guard; the last to disarm undoes it.
@@ -47,7 +50,8 @@ class CompileGuard:
     def __init__(self, *, strict: bool = False, metrics: ServingMetrics | None = None) -> None:
         self.strict = strict
         self.metrics = metrics
-        self.compiles: dict[str, int] = {}
+        self.compiles: dict[str, int] = {}  # not in memory: built, or loaded from disk
+        self.loads: dict[str, int] = {}  # of those, loaded from Triton's disk cache
         self.autotunes: dict[str, int] = {}
         self.models: dict[tuple[str, str], int] = {}  # (model, what) -> count
         self._lock = threading.Lock()
@@ -58,6 +62,13 @@ class CompileGuard:
         with self._lock:
             counts = [*self.compiles.values(), *self.autotunes.values(), *self.models.values()]
             return sum(counts)
+
+    @property
+    def built(self) -> dict[str, int]:
+        """The compiles that built a kernel (Triton's disk cache did not have it)."""
+        with self._lock:
+            built = {k: n - self.loads.get(k, 0) for k, n in self.compiles.items()}
+        return {k: n for k, n in built.items() if n}
 
     @property
     def armed(self) -> bool:
@@ -104,6 +115,12 @@ class CompileGuard:
     def __exit__(self, *exc: object) -> None:
         self.disarm()
 
+    def _count_load(self, kernel: str) -> None:
+        with self._lock:
+            self.loads[kernel] = self.loads.get(kernel, 0) + 1
+        if self.metrics is not None:
+            self.metrics.request_loads.labels(kernel, self.metrics.rank).inc()
+
     def _count(self, autotune: bool, kernel: str) -> None:
         counts = self.autotunes if autotune else self.compiles
         with self._lock:  # hooks run on whichever thread launches the kernel
@@ -127,6 +144,8 @@ def _report(guards: Sequence[CompileGuard], what: str, kernel: str, detail: str)
     kernel = kernel[:MAX_LABEL]
     for guard in guards:
         guard._count(what == "autotune run", kernel)
+    if what == "compile":  # the listener tells, on this thread, whether it was a load
+        _hooks.local.pending = (kernel, guards)
     log.warning("Triton %s of %s after warm: %s; %s", what, kernel, detail, FIX)
     if any(guard.strict for guard in guards):
         raise RequestCompileError(what, kernel, detail)
@@ -149,6 +168,8 @@ class _Hooks:
         self.lock = threading.Lock()
         self.hook: Any = None
         self.previous: Any = None
+        self.listener: Any = None
+        self.previous_listener: Any = None
         self.originals: dict[str, Any] = {}
         self.local = threading.local()  # per thread: in a hook; stack of runs' counted flags
 
@@ -173,6 +194,9 @@ class _Hooks:
         self.previous = triton_internals.jit_cache_hook()
         self.hook = self._compile_hook(self.previous)
         triton_internals.set_jit_cache_hook(self.hook)
+        self.previous_listener = triton_internals.compilation_listener()
+        self.listener = self._compile_listener(self.previous_listener)
+        triton_internals.set_compilation_listener(self.listener)
         missing = [n for n in ("run", "_bench") if not callable(Autotuner.__dict__.get(n))]
         if missing:  # a Triton whose autotuner we do not know: compiles are still guarded
             log.warning("Autotuner lacks %s: autotune runs will not be guarded", missing)
@@ -187,6 +211,8 @@ class _Hooks:
         # and ours passes straight through while nothing is armed.
         if triton_internals.jit_cache_hook() is self.hook:
             triton_internals.set_jit_cache_hook(self.previous)
+        if triton_internals.compilation_listener() is self.listener:
+            triton_internals.set_compilation_listener(self.previous_listener)
         for name, original in self.originals.items():
             if getattr(Autotuner.__dict__.get(name), "_compile_guard", False):
                 setattr(Autotuner, name, original)
@@ -198,6 +224,7 @@ class _Hooks:
         def on_compile(**hook: Any) -> bool | None:
             """``jit_cache_hook``: the JIT is about to compile (or load from disk) a new
             specialisation; True from the previous hook means it will not."""
+            local.pending = None  # a refused or failed compile's never reached the listener
             outer = not getattr(local, "in_hook", False)  # an older hook of ours, re-armed
             local.in_hook = True
             try:
@@ -214,6 +241,22 @@ class _Hooks:
             return None
 
         return on_compile
+
+    def _compile_listener(self, previous: Any) -> Any:
+        local = self.local
+
+        def on_compiled(**event: Any) -> None:
+            """Triton's compilation listener: a compile our hook counted was a load when
+            the disk cache had the kernel."""
+            pending, local.pending = getattr(local, "pending", None), None
+            if pending is not None and event.get("cache_hit"):
+                kernel, guards = pending
+                for guard in guards:
+                    guard._count_load(kernel)
+            if previous is not None:
+                previous(**event)
+
+        return on_compiled
 
     def _wrap_run(self) -> Any:
         run, local = self.originals["run"], self.local

@@ -316,6 +316,13 @@ class ServingMetrics:
             ["kernel", "rank"],
             registry=r,
         )
+        self.request_loads = Counter(
+            "triton_warmup_request_cache_loads",
+            "Of the request compiles, those Triton loaded from its disk cache (a harvested "
+            "or restored kernel: milliseconds, no build).",
+            ["kernel", "rank"],
+            registry=r,
+        )
         self.request_autotunes = Counter(
             "triton_warmup_request_autotunes",
             "Autotune runs (benchmarks of a new key) in a serving process after it was warm.",

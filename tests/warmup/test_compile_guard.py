@@ -31,8 +31,10 @@ AUTOTUNES = "triton_warmup_request_autotunes_total"
 def triton_untouched():
     """Every test leaves Triton's hook and autotuner class as it found them."""
     hook, run, bench = knobs.runtime.jit_cache_hook, Autotuner.run, Autotuner._bench
+    listener = knobs.compilation.listener
     yield
     assert knobs.runtime.jit_cache_hook is hook
+    assert knobs.compilation.listener is listener
     assert Autotuner.__dict__["run"] is run and Autotuner.__dict__["_bench"] is bench
 
 
@@ -159,6 +161,36 @@ def test_counts_reach_the_metrics_registry():
     read = metrics.registry.get_sample_value
     assert read(COMPILES, {"kernel": "a_kernel", "rank": "3"}) == 2
     assert read(COMPILES, {"kernel": "b_kernel", "rank": "3"}) == 1
+
+
+def test_a_compile_that_triton_loaded_from_its_disk_cache_is_also_a_load():
+    metrics = ServingMetrics(CollectorRegistry(), rank=1)
+    seen = []
+    knobs.compilation.listener = lambda **event: seen.append(event["cache_hit"])
+    try:
+        with CompileGuard(metrics=metrics) as guard:
+            knobs.runtime.jit_cache_hook(**hook_call("loaded"))
+            knobs.compilation.listener(cache_hit=True)  # Triton's compile(): a disk hit
+            knobs.runtime.jit_cache_hook(**hook_call("built"))
+            knobs.compilation.listener(cache_hit=False)
+            knobs.compilation.listener(cache_hit=True)  # a compile the guard did not count
+        assert guard.compiles == {"loaded": 1, "built": 1} and guard.loads == {"loaded": 1}
+        assert guard.built == {"built": 1}
+        assert seen == [True, False, True]  # the listener set before is still called
+        loads = "triton_warmup_request_cache_loads_total"
+        assert metrics.registry.get_sample_value(loads, {"kernel": "loaded", "rank": "1"}) == 1
+    finally:
+        knobs.compilation.listener = None
+
+
+def test_a_refused_compile_is_never_taken_for_a_later_load():
+    with CompileGuard(strict=True) as guard:
+        with pytest.raises(RequestCompileError):
+            knobs.runtime.jit_cache_hook(**hook_call("refused"))
+        with guard.exempt():
+            knobs.runtime.jit_cache_hook(**hook_call("exempt"))
+            knobs.compilation.listener(cache_hit=True)
+    assert guard.loads == {} and guard.built == {"refused": 1}
 
 
 def test_only_armed_guards_count_and_a_hook_stacked_on_ours_survives_disarm():
@@ -317,6 +349,8 @@ with guard:
     warm(64)  # in the JIT's memory: no compile
     made = warm(128)
     warm(128)
+    scale.device_caches.clear()  # a new process's JIT: 128 is on disk only
+    warm(128)
 before = compiled()
 try:
     with CompileGuard(strict=True):
@@ -325,7 +359,7 @@ try:
 except RequestCompileError as e:
     error = str(e)
 restored = knobs.runtime.jit_cache_hook is None
-print(json.dumps({"counts": guard.compiles, "made": made, "error": error,
+print(json.dumps({"counts": guard.compiles, "loads": guard.loads, "made": made, "error": error,
                   "added": compiled() - before, "hook_restored": restored}))
 """
 
@@ -346,6 +380,7 @@ def test_the_jit_calls_the_guard_before_it_compiles(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["counts"] == {"scale": 1} and result["made"]
+    assert result["counts"] == {"scale": 2} and result["made"]
+    assert result["loads"] == {"scale": 1}  # the second came from Triton's disk cache
     assert "'scale'" in result["error"] and "BLOCK=256" in result["error"]
     assert result["added"] == 0 and result["hook_restored"]  # strict: nothing compiled
