@@ -238,24 +238,31 @@ def _getter(keys: list[str]) -> Callable[[Any], list[bytes | None]]:
 
 
 def stored_fingerprints(
-    tier: RemoteTier, model: str, key_digest: str, limit: int = 50
+    tier: RemoteTier, model: str, key_digest: str, fingerprint: Fingerprint, limit: int = 50
 ) -> list[Fingerprint] | None:
-    """For ``explain``: the fingerprints of up to ``limit`` indexes of ``model`` at
-    ``key_digest`` on the tier ([] when it holds only other keys of the model: its code
-    or shapes changed), or None when it holds none of the model or does not answer."""
+    """For ``explain``: ``[fingerprint]`` when the tier holds this exact index; else the
+    fingerprints of up to ``limit`` indexes of ``model`` at ``key_digest`` ([] when it
+    holds only other keys of the model: its code or shapes changed); None when it holds
+    none of the model or does not answer."""
 
-    def read(client: Any) -> tuple[list[str], list[bytes | None]]:
+    def read(client: Any) -> tuple[bool, list[bytes | None], bool]:
+        if client.exists(index_key(model, key_digest, fingerprint)):
+            return True, [], True
         names = []
-        for name in client.scan_iter(match=f"{INDEX_PREFIX}{model}:*", count=1000):
-            names.append(name.decode(errors="replace"))
+        for name in client.scan_iter(match=f"{INDEX_PREFIX}{model}:*:{key_digest}", count=1000):
+            names.append(name)
             if len(names) >= limit:
                 break
-        same_key = [n for n in names if n.endswith(f":{key_digest}")]
-        return names, (list(client.mget(same_key)) if same_key else [])
+        if names:
+            return False, list(client.mget(names)), True
+        others = next(iter(client.scan_iter(match=f"{INDEX_PREFIX}{model}:*", count=1000)), None)
+        return False, [], others is not None
 
     answer = tier.call(read, now=True)
-    if answer is None or not answer[0]:
+    if answer is None or not answer[2]:
         return None
+    if answer[0]:
+        return [fingerprint]
     found = []
     for raw in answer[1]:
         if raw is None or len(raw) > MAX_INDEX_BYTES:

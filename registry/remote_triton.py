@@ -43,19 +43,28 @@ def name_key(cache_key: str, filename: str) -> str:
     return f"{NAME_PREFIX}{cache_key}:{filename}"
 
 
-def valid(cache_key: str, filename: str) -> bool:
-    """Whether a cache folder and file name can be a key: no path, no separator."""
+HOST_CODE = (".so", ".dll", ".dylib", ".pyd")  # what the host loads and runs: never shared
+
+
+def valid(cache_key: object, filename: object) -> bool:
+    """Whether a cache folder and file name can be a key: strings, no path, no separator,
+    and not host code (Triton's launcher stubs are ``.so`` files it imports: one taken
+    from the tier would run whatever a writer to redis put there)."""
     return (
-        _KEY.fullmatch(cache_key) is not None
+        isinstance(cache_key, str)
+        and isinstance(filename, str)
+        and _KEY.fullmatch(cache_key) is not None
         and _FILE.fullmatch(filename) is not None
         and filename not in (".", "..")
+        and not filename.endswith(HOST_CODE)
     )
 
 
 def fetch(tier: RemoteTier, cache_key: str, filenames: Sequence[str]) -> dict[str, bytes]:
     """The files of ``filenames`` that the tier holds whole, by name; the others (absent,
     evicted, damaged, over :data:`MAX_FILE_BYTES`, the tier down) are left out."""
-    names = [f for f in dict.fromkeys(filenames) if valid(cache_key, f)]
+    names = [f for f in filenames if valid(cache_key, f)]
+    names = list(dict.fromkeys(names))
     if not names:
         return {}
     pointers = tier.call(_getter([name_key(cache_key, f) for f in names]))

@@ -161,7 +161,12 @@ def relocate(cache_dir: Path, groups: Iterable[Path] | None = None) -> int:
 def group_children(group: Path) -> dict[str, str]:
     """A group file's ``{name: path}`` (Triton's own form: absolute paths); ValueError
     for anything else (too big, corrupt, wrong types), OSError when it cannot be read."""
-    data = atomic.loads(atomic.read_bounded(group, MAX_GROUP_BYTES))
+    return parse_group(atomic.read_bounded(group, MAX_GROUP_BYTES))
+
+
+def parse_group(raw: bytes) -> dict[str, str]:
+    """A group file's bytes as ``{name: path}``; ValueError for anything else."""
+    data = atomic.loads(raw)
     children = data.get("child_paths") if isinstance(data, dict) else None
     if not isinstance(children, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in children.items()
@@ -216,14 +221,34 @@ def _copy_if_new(src: Path, dst: Path, sync: CacheSync) -> None:
 # ---- origins and predictions ---------------------------------------------------------
 
 
-def record_origin(target: Path, origin: Origin, folders: Iterable[str]) -> None:
+def record_origin(
+    target: Path, origin: Origin, folders: Iterable[str], *, writer: str = ""
+) -> None:
     """Add ``folders`` to ``origin``'s record in ``target`` (merged with what is there;
-    two writers racing lose a folder's record at worst, never a kernel)."""
-    path = target / ORIGINS / f"{origin.digest()[:32]}.json"
-    held = set(_origin_record(path)[1]) if path.exists() else set()
-    merged = sorted(held | set(folders))[:MAX_ORIGIN_FOLDERS]
+    two writers racing lose a folder's record at worst, never a kernel: ``writer`` names
+    a record of one writer's own, a harvesting sidecar's). Never raises: a record that
+    cannot be read is replaced, one that cannot be written is logged; a folder past
+    :data:`MAX_ORIGIN_FOLDERS` is left out (``explain`` reads its metadata instead)."""
+    name = origin.digest()[:32] + (f"-{writer}" if writer else "")
+    path = target / ORIGINS / f"{name}.json"
     try:
-        atomic.write_json(path, {"origin": asdict(origin), "folders": merged})
+        held = set(_origin_record(path)[1]) if path.exists() else set()
+    except (OSError, ValueError) as e:
+        log.warning("triton cache: replacing the unreadable origin record %s: %s", path, e)
+        held = set()
+    new = sorted(set(folders) - held)
+    if not new:
+        return
+    room = MAX_ORIGIN_FOLDERS - len(held)
+    if len(new) > room:
+        log.warning(
+            "triton cache: origin record %s is full; %d folders left out",
+            path,
+            len(new) - max(room, 0),
+        )
+        new = new[: max(room, 0)]
+    try:
+        atomic.write_json(path, {"origin": asdict(origin), "folders": sorted(held | set(new))})
     except OSError as e:
         log.warning("triton cache: origin not recorded in %s: %s", target, e)
 

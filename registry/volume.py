@@ -10,7 +10,8 @@ from pathlib import Path
 class Volume:
     """``<root>/registry`` (the store), ``<root>/triton-cache`` (compile artifacts),
     ``<root>/inductor`` (compiled models' artifacts), ``<root>/locks`` (file leases),
-    ``<root>/bundles`` (archives to install)."""
+    ``<root>/bundles`` (archives to install), ``<root>/learned`` (compiled models' shapes
+    met under traffic)."""
 
     root: Path
 
@@ -33,3 +34,7 @@ class Volume:
     @property
     def bundles(self) -> Path:
         return self.root / "bundles"
+
+    @property
+    def learned(self) -> Path:
+        return self.root / "learned"

@@ -87,14 +87,20 @@ def kernel_hashes(manifest: Manifest | None) -> dict[str, str]:
 
 
 def explain(
-    settings: Settings, manifest: Manifest | None, host: Host, *, remote: RemoteTier | None
+    settings: Settings,
+    manifest: Manifest | None,
+    host: Host,
+    *,
+    remote: RemoteTier | None,
+    local: bool = True,
 ) -> list[Prediction]:
-    """One prediction per family, in :data:`FAMILIES` order."""
+    """One prediction per family, in :data:`FAMILIES` order. ``local``: also what this
+    pod's TRITON_CACHE_DIR holds (not while a run restores and compiles into it)."""
     bundles = _pending_bundles(settings.bundles)
     return [
         tuned_configs(settings, host, bundles, remote),
-        triton_family(settings, host, "kernels", remote),
-        triton_family(settings, host, "autotune", None),
+        triton_family(settings, host, "kernels", remote, local=local),
+        triton_family(settings, host, "autotune", None, local=local),
         inductor(settings, manifest, host, bundles, remote),
     ]
 
@@ -124,17 +130,27 @@ def _entry_differences(entry: Entry, host: Host, policy: MatchPolicy) -> Differe
 
 
 def triton_family(
-    settings: Settings, host: Host, kind: triton_cache.Kind, remote: RemoteTier | None
+    settings: Settings,
+    host: Host,
+    kind: triton_cache.Kind,
+    remote: RemoteTier | None,
+    *,
+    local: bool = True,
 ) -> Prediction:
     """Triton's kernels or autotune results: on the volume (``restore`` relocates them),
     in this pod's TRITON_CACHE_DIR (as Triton reads it), on the remote tier (sampled)."""
     volume = settings.paths.triton_cache
     held, unknown = triton_cache.held_differences(volume, host.triton, kind)
-    local, local_unknown = triton_cache.held_differences(
-        settings.cache_dir, host.triton, kind, restored=False, known=triton_cache.origins(volume)
-    )
-    held.update(local)
-    unknown = (unknown - set(held)) | local_unknown
+    if local:
+        mine, mine_unknown = triton_cache.held_differences(
+            settings.cache_dir,
+            host.triton,
+            kind,
+            restored=False,
+            known=triton_cache.origins(volume),
+        )
+        held.update(mine)
+        unknown = (unknown - set(held)) | mine_unknown
     if remote is not None:
         for cache_key, data in remote_triton.sample_metadata(remote).items():
             try:
@@ -190,7 +206,7 @@ def inductor(
 def _remote_model(
     remote: RemoteTier, model: str, key: str, fingerprint: Fingerprint
 ) -> Differences | None:
-    stored = remote_models.stored_fingerprints(remote, model, key)
+    stored = remote_models.stored_fingerprints(remote, model, key, fingerprint)
     if stored is None:
         return None
     if not stored:
@@ -250,7 +266,8 @@ def log_predictions(predictions: Iterable[Prediction]) -> None:
 
 class Background:
     """``explain`` on a thread of the init container's launcher while the ranks warm,
-    with the host rank 0 reports (``RankHost`` in ``run_dir``): its lines logged, its
+    once the volume is restored, with the host rank 0 reports (``RankHost`` in
+    ``run_dir``), from what the volume, bundles and remote tier hold: its lines logged, its
     predictions kept for the run's metrics. A failure is logged and predicts nothing;
     it never fails the run."""
 
@@ -270,7 +287,7 @@ class Background:
                 return
             host = reported_host(reported, manifest)
             remote = remote_tier(settings.remote_location)
-            self.predictions = explain(settings, manifest, host, remote=remote)
+            self.predictions = explain(settings, manifest, host, remote=remote, local=False)
             log_predictions(self.predictions)
         except Exception as e:
             log.warning("explain failed, nothing predicted: %s: %s", type(e).__name__, e)

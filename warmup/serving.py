@@ -47,6 +47,7 @@ from kernels.adapter import BUCKET_FIELD, Layer, Served
 from registry import Entry, KernelConfig, Store, triton_internals
 from registry.fingerprint import Fingerprint, detect_for
 from warmup.compile_guard import guard_from_settings
+from warmup.compiled.learned import Recorder
 from warmup.metrics import ServingMetrics
 from warmup.settings import Settings
 
@@ -369,6 +370,7 @@ class Serving:
         self.store = Store(self.settings.registry_path)
         self.metrics = ServingMetrics(rank=self.rank)
         self.guard = guard_from_settings(self.settings, self.metrics)  # None when "off"
+        self.learned = Recorder(self.settings.serving_metrics_path, self.rank)
         self.ops: list[ServingOp] = []
         self._exported: dict[tuple[int, int], int] = {}  # (op, source) -> calls exported
         self._lock = threading.RLock()  # ops list and table swaps: the follower vs op()
@@ -430,7 +432,12 @@ class Serving:
         try:
             with self._exempt():
                 return build_served(
-                    name, self.settings, device=_device(device), guard=self.guard, prime=prime
+                    name,
+                    self.settings,
+                    device=_device(device),
+                    guard=self.guard,
+                    prime=prime,
+                    recorder=self.learned,
                 )
         except KeyError as e:
             raise ServingError(str(e.args[0])) from None

@@ -15,6 +15,11 @@ tier as Triton's remote cache plug-in (``TRITON_REMOTE_CACHE_BACKEND``), for Tri
 writes groups that Triton's file cache cannot read back, so the tiered manager is the
 one to use.
 
+Trust: what the tier holds is checked against its sha256 and its group, but anyone
+who can write to the redis server can give every pod a kernel (GPU code) of their
+choice, as anyone who can write to the volume can; host code (Triton's ``.so`` launcher
+stubs) is never shared, and each process builds its own.
+
 Redis down or slow: each call waits at most ``TRITON_WARMUP_TRITON_REMOTE_TIMEOUT_S``
 (0.2 s), then the tier is skipped for 30 s and Triton compiles locally. Nothing here
 raises into Triton.
@@ -26,25 +31,28 @@ import functools
 import json
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from triton.runtime.cache import FileCacheManager, RemoteCacheBackend
 
-from registry import remote_triton
+from registry import atomic, remote_triton
 from registry.remote import RemoteTier, remote_tier
 from registry.triton_cache import GROUP_PREFIX, MAX_GROUP_BYTES
 
 log = logging.getLogger(__name__)
-RETRY_AFTER_S = 30.0
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 @dataclass
 class RemoteCacheStats:
-    """This process's remote lookups and publishes (every manager's), for the metrics."""
+    """This process's remote lookups and publishes (every manager's), for the metrics.
+    Inductor compiles kernels in worker processes, which keep counts of their own."""
 
-    hits: int = 0  # lookups the tier answered with the whole file or group
-    misses: int = 0  # lookups it could not answer (absent, damaged, the tier down)
+    hits: int = 0  # lookups (a file, or a kernel's group and its files) answered whole
+    misses: int = 0  # lookups not answered (absent, damaged, incomplete, the tier down)
     published: int = 0  # files handed to the tier (new or already there)
     refused: int = 0  # files not published: too big, a bad name, the tier down
 
@@ -73,6 +81,29 @@ def process_tier() -> RemoteTier | None:
         return None
 
 
+def _never_raises(default: Any) -> Callable[[Callable[P, T]], Callable[P, T]]:
+    """Run the decorated remote step so that nothing it meets reaches Triton: a bug or
+    a value no check foresaw is logged once and read as ``default`` (a miss)."""
+
+    def wrap(fn: Callable[P, T]) -> Callable[P, T]:
+        @functools.wraps(fn)
+        def safe(*args: P.args, **kwargs: P.kwargs) -> T:
+            try:
+                return fn(*args, **kwargs)
+            except Exception as e:
+                if fn.__name__ not in _warned:
+                    _warned.add(fn.__name__)
+                    log.warning("remote triton cache: %s failed, a miss: %r", fn.__name__, e)
+                return default  # type: ignore[no-any-return]
+
+        return safe
+
+    return wrap
+
+
+_warned: set[str] = set()
+
+
 class RemoteBackend(RemoteCacheBackend):  # type: ignore[misc]
     """Triton's remote cache plug-in: the files of one cache folder (``key``) on the
     registry's remote tier. Never raises: a failure is a miss."""
@@ -83,12 +114,19 @@ class RemoteBackend(RemoteCacheBackend):  # type: ignore[misc]
         self.published: set[str] = set()  # names this instance handed to the tier
 
     def get(self, filenames: list[str]) -> dict[str, bytes]:
-        if self.tier is None:
-            return {}
-        found = remote_triton.fetch(self.tier, self.key, filenames)
-        _count(hits=len(found), misses=len(set(filenames) - set(found)))
+        """The files the tier holds whole (one lookup, counted)."""
+        found = self.fetch(filenames)
+        _count(**({"hits": 1} if found and len(found) == len(set(filenames)) else {"misses": 1}))
         return found
 
+    @_never_raises({})
+    def fetch(self, filenames: list[str]) -> dict[str, bytes]:
+        """The files the tier holds whole, uncounted."""
+        if self.tier is None or not isinstance(filenames, (list, tuple, dict)):
+            return {}
+        return remote_triton.fetch(self.tier, self.key, list(filenames))
+
+    @_never_raises(None)
     def put(self, filename: str, data: bytes) -> None:
         if self.tier is None:
             return
@@ -112,7 +150,13 @@ class TieredCacheManager(FileCacheManager):  # type: ignore[misc]
         path: str | None = super().get_file(filename)
         if path is not None or self.remote is None:
             return path
-        found = self.remote.get([filename])
+        return self._remote_file(filename)
+
+    @_never_raises(None)
+    def _remote_file(self, filename: str) -> str | None:
+        assert self.remote is not None
+        found = self.remote.fetch([filename])
+        _count(**({"hits": 1} if filename in found else {"misses": 1}))
         return self._materialize(filename, found[filename]) if filename in found else None
 
     def put(self, data: Any, filename: str, binary: bool = True) -> str:
@@ -126,15 +170,9 @@ class TieredCacheManager(FileCacheManager):  # type: ignore[misc]
         group: dict[str, str] | None = super().get_group(filename)
         if group is not None or self.remote is None:
             return group
-        names = self._remote_group(filename)
-        if names is None:
-            return None
-        found = self.remote.get(names)
-        if len(found) != len(names):
-            return None  # a file evicted or damaged: compile, as for any miss
-        paths = {name: self._materialize(name, data) for name, data in found.items()}
-        super().put_group(filename, paths)
-        return paths
+        found = self._remote_group(filename)
+        _count(**({"hits": 1} if found is not None else {"misses": 1}))
+        return found
 
     def put_group(self, filename: str, group: dict[str, str]) -> str:
         path: str = super().put_group(filename, group)
@@ -143,24 +181,29 @@ class TieredCacheManager(FileCacheManager):  # type: ignore[misc]
             self.remote.put(f"{GROUP_PREFIX}{filename}", names)
         return path
 
-    def _remote_group(self, filename: str) -> list[str] | None:
-        """The file names of the group ``filename`` as the tier holds it (names only:
-        a path from another pod means nothing here), or None."""
+    @_never_raises(None)
+    def _remote_group(self, filename: str) -> dict[str, str] | None:
+        """The group ``filename`` from the tier, written into the local cache whole, or
+        None. The tier holds names only (a path from another pod means nothing here); the
+        group must name ``filename`` itself (the kernel's metadata)."""
         assert self.remote is not None
         name = f"{GROUP_PREFIX}{filename}"
-        raw = self.remote.get([name]).get(name)
+        raw = self.remote.fetch([name]).get(name)
         if raw is None or len(raw) > MAX_GROUP_BYTES:
             return None
         try:
-            children = json.loads(raw)["child_paths"]
+            children = atomic.loads(raw)["child_paths"]
         except (ValueError, KeyError, TypeError):
             return None
         names = list(children) if isinstance(children, (list, dict)) else []
-        if not names or not all(
-            isinstance(n, str) and remote_triton.valid(self.key, n) for n in names
-        ):
+        if filename not in names or not all(remote_triton.valid(self.key, n) for n in names):
             return None
-        return names
+        found = self.remote.fetch(names)
+        if len(found) != len(set(names)):
+            return None  # a file evicted or damaged: compile, as for any miss
+        paths = {n: self._materialize(n, data) for n, data in found.items()}
+        super().put_group(filename, paths)
+        return paths
 
     def _materialize(self, filename: str, data: bytes) -> str:
         """Write a fetched file into the local cache (atomically, as Triton writes)."""

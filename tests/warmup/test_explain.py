@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import triton
 
-from registry import bundle, inductor_cache, remote_triton, triton_cache
+from registry import bundle, inductor_cache, remote_models, remote_triton, triton_cache
 from registry.fingerprint import MatchPolicy, cpu_fingerprint
 from registry.remote import RemoteTier
 from registry.store import Store
@@ -203,6 +203,25 @@ def test_a_models_artifacts_name_the_factor_or_the_changed_code(tmp_path):
         "model code or shapes"
     ]
     assert inductor_cache.model_differences(root, "other", "a" * 16, FP) is None
+
+
+def test_a_models_index_on_the_remote_tier_is_found_exactly_or_its_factor_named(tmp_path, server):
+    remote = RemoteTier(server.url, timeout_s=0.5)
+    root, cache = tmp_path / "inductor", tmp_path / "cache"
+    (cache / "fxgraph").mkdir(parents=True)
+    (cache / "fxgraph" / "entry").write_bytes(b"graph")
+    for n in range(60):  # more indexes of the model than explain samples
+        fp = replace(FP, software=replace(FP.software, driver=f"5{n:02d}.1"))
+        inductor_cache.save(cache, root, model="mlp", key_digest="a" * 16, key={}, fingerprint=fp)
+        remote_models.publish(remote, root, model="mlp", key_digest="a" * 16, fingerprint=fp)
+    assert explain._remote_model(remote, "mlp", "a" * 16, FP)["driver"][0] == "570.86"
+    inductor_cache.save(cache, root, model="mlp", key_digest="a" * 16, key={}, fingerprint=FP)
+    remote_models.publish(remote, root, model="mlp", key_digest="a" * 16, fingerprint=FP)
+    assert explain._remote_model(remote, "mlp", "a" * 16, FP) == {}
+    assert explain._remote_model(remote, "mlp", "b" * 16, FP) == {
+        "model code or shapes": ("b" * 12, "other keys")
+    }
+    assert explain._remote_model(remote, "other", "a" * 16, FP) is None
 
 
 def test_a_declared_model_is_looked_up_at_its_own_key(tmp_path):

@@ -4,6 +4,7 @@ compiling; the local cache stays in Triton's own format; redis down is a local c
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -13,12 +14,13 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from registry import remote_triton, triton_cache
+from registry import remote_models, remote_triton, triton_cache
+from registry.remote import RemoteTier
 from tests.conftest import env_without_interpreter
 from tests.registry.test_redis_outage import Proxy, redis  # noqa: F401
 from warmup import triton_remote_cache
 from warmup.metrics import ServingMetrics
-from warmup.triton_remote_cache import TieredCacheManager
+from warmup.triton_remote_cache import RemoteBackend, TieredCacheManager
 
 MANAGER = "warmup.triton_remote_cache:TieredCacheManager"
 ROOT = Path(__file__).resolve().parents[2]
@@ -105,9 +107,17 @@ def test_redis_down_or_stalled_is_a_local_compile_within_its_timeout(tmp_path, s
     assert pod["stderr"].count("unreachable") == 1
 
 
-def test_a_file_outside_a_group_goes_through_the_tier_too(tmp_path, server, monkeypatch):
+@pytest.fixture
+def tiered(tmp_path, server, monkeypatch):
+    """TieredCacheManager in this process, on ``server``, with a zeroed count."""
     monkeypatch.setenv("TRITON_WARMUP_REMOTE_URL", server.url)
+    monkeypatch.setattr(triton_remote_cache, "stats", triton_remote_cache.RemoteCacheStats())
     triton_remote_cache.process_tier.cache_clear()
+    yield
+    triton_remote_cache.process_tier.cache_clear()
+
+
+def test_a_file_outside_a_group_goes_through_the_tier_too(tmp_path, monkeypatch, tiered):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "a"))
     TieredCacheManager("KEY1").put(b'{"configs_timings": []}', "fn.autotune.json", binary=True)
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "b"))
@@ -115,12 +125,54 @@ def test_a_file_outside_a_group_goes_through_the_tier_too(tmp_path, server, monk
     assert found is not None and Path(found).read_bytes() == b'{"configs_timings": []}'
     assert Path(found).parent == tmp_path / "b" / "KEY1"
     assert TieredCacheManager("KEY1").get_file("other.json") is None
-    triton_remote_cache.process_tier.cache_clear()
+    expected = {"hits": 1, "misses": 1, "published": 1, "refused": 0}
+    assert asdict(triton_remote_cache.stats) == expected
     registry = ServingMetrics(CollectorRegistry()).registry
-    sample = "triton_warmup_triton_remote_files_total"
-    for outcome, seen in asdict(triton_remote_cache.stats).items():
+    for outcome, seen in expected.items():
+        sample = "triton_warmup_triton_remote_files_total"
         assert registry.get_sample_value(sample, {"outcome": outcome, "rank": "0"}) == seen
-    assert triton_remote_cache.stats.hits >= 1 and triton_remote_cache.stats.misses >= 1
+
+
+def test_host_code_is_never_shared(tmp_path, monkeypatch, server, tiered):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "a"))
+    TieredCacheManager("KEY1").put(b"\x7fELF stub", "__triton_launcher.so")
+    assert server.client.keys("*") == []
+    remote_triton.publish(RemoteTier(server.url), "KEY1", "cuda_utils.so", b"x")
+    assert server.client.keys("*") == []  # refused by the tier's own check too
+
+
+@pytest.mark.parametrize(
+    "group",
+    [
+        b'{"child_paths": ' + b"[" * 200_000 + b"]" * 200_000 + b"}",  # nested too deep
+        b'{"child_paths": [1, 2]}',
+        b'{"child_paths": [["k.json"]]}',
+        b'{"child_paths": ["k.cubin"]}',  # not its own metadata file
+        b'{"child_paths": ["k.json", "../../etc/passwd"]}',
+        b'{"child_paths": ["k.json", "__triton_launcher.so"]}',
+        b"[]",
+        b"not json",
+    ],
+    ids=["deep", "ints", "lists", "no-metadata", "path", "host-code", "list", "garbage"],
+)
+def test_a_group_on_the_tier_that_is_no_group_is_a_miss_never_an_error(
+    tmp_path, monkeypatch, server, tiered, group
+):
+    tier = RemoteTier(server.url)
+    remote_triton.publish(tier, "KEY1", "k.json", b"{}")
+    remote_triton.publish(tier, "KEY1", "k.cubin", b"cubin")
+    sha = hashlib.sha256(group).hexdigest()
+    server.client.set(remote_models.blob_key(sha), group)
+    server.client.set(remote_triton.name_key("KEY1", "__grp__k.json"), f"{sha} {len(group)}")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "a"))
+    assert TieredCacheManager("KEY1").get_group("k.json") is None
+    assert triton_remote_cache.stats.misses == 1
+
+
+@pytest.mark.parametrize("names", [[1, 2], [["k.json"]], None, "k.json", [{"a": 1}]])
+def test_the_plug_in_never_raises_on_what_tritons_manager_hands_it(server, tiered, names):
+    # Triton's RemoteCacheManager passes a remote group's child_paths on unchecked
+    assert RemoteBackend("KEY1").get(names) == {}
 
 
 def test_without_a_remote_tier_it_is_tritons_file_cache(tmp_path, monkeypatch):

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from warmup.compiled.counters import snapshot
+from warmup.compiled.learned import Recorder, call_dims, learned_dims
 from warmup.compiled.warm import build_model, run_once
 from warmup.manifest import Manifest, ModelEntry, load_manifest
 from warmup.settings import Settings
@@ -33,12 +34,18 @@ log = logging.getLogger(__name__)
 
 
 class ServedModel:
-    """A declared model's callable; calls pass through, counted once the guard is armed."""
+    """A declared model's callable; calls pass through, counted once the guard is armed.
+    A call that compiled has its dims recorded (``recorder``) for the next pods to warm."""
 
     def __init__(
-        self, entry: ModelEntry, function: Callable[..., Any], guard: CompileGuard | None
+        self,
+        entry: ModelEntry,
+        function: Callable[..., Any],
+        guard: CompileGuard | None,
+        recorder: Recorder | None = None,
     ) -> None:
         self.entry, self.function, self.guard = entry, function, guard
+        self.recorder = recorder
 
     @property
     def name(self) -> str:
@@ -51,6 +58,9 @@ class ServedModel:
         output = self.function(*args, **kwargs)
         costs = (snapshot() - before).request_costs()
         if costs:
+            dims = call_dims(self.entry, args)
+            if dims is not None and self.recorder is not None:
+                self.recorder.add(self.entry, dims)
             self.guard.model_costs(self.name, costs)
         return output
 
@@ -63,17 +73,19 @@ def build_served(
     guard: CompileGuard | None,
     manifest: Manifest | None = None,
     prime: bool = True,
+    recorder: Recorder | None = None,
 ) -> ServedModel:
     """The model declared as ``name`` in ``manifest`` (default: the settings' manifest),
     built on ``device`` with torch.compile reading the pod's Inductor cache, and with
-    ``prime`` called once at every declared shape. KeyError when the manifest declares
-    no such model, ValueError when it cannot be built or fails at a shape."""
+    ``prime`` called once at every declared shape and every shape the fleet learned
+    (``warmup.compiled.learned``). KeyError when the manifest declares no such model,
+    ValueError when it cannot be built or fails at a shape."""
     manifest = manifest or load_manifest(settings.manifest)
     entry = manifest.model(name)
     use_inductor_cache(settings)
-    served = ServedModel(entry, build_model(entry, device), guard)
+    served = ServedModel(entry, build_model(entry, device), guard, recorder)
     if prime:
-        for dims in entry.expand():
+        for dims in [*entry.expand(), *learned_dims(settings.paths.learned, entry)]:
             try:
                 run_once(served.function, entry, dims, device)
             except Exception as e:

@@ -30,6 +30,7 @@ from registry.remote import RemoteTier
 from warmup.compiled.counters import CompileCounts, snapshot
 from warmup.compiled.inputs import grad_mode, make_inputs
 from warmup.compiled.key import ModelKey, model_key
+from warmup.compiled.learned import learned_dims
 from warmup.manifest import ModelEntry, resolve_model_builder
 from warmup.results import ModelResult
 from warmup.run.lockstep import Lockstep
@@ -65,7 +66,10 @@ def warm_models(
             if rank == 0 and key:
                 restored = _restore_under_lock(held, model, key, settings, fingerprint, remote)
             steps.barrier(what=f"model {model.name}: restore")
-            result = _compile_and_run(model, device, steps) if key else _failed(model, error)
+            learned = _agreed(steps, model, learned_dims(settings.paths.learned, model))
+            result = (
+                _compile_and_run(model, device, steps, learned) if key else _failed(model, error)
+            )
             # any rank's compile (or a restore that was not whole) means: store again
             [compiled] = steps.max_over_ranks(
                 [
@@ -215,9 +219,20 @@ def _save(
     return {"stored_artifacts": saved.files}
 
 
-def _compile_and_run(model: ModelEntry, device: Any, steps: Lockstep) -> ModelResult:
-    """Build, then one call per shape; after each step the ranks agree whether every
-    one of them succeeded, so that all stop together."""
+def _agreed(
+    steps: Lockstep, model: ModelEntry, learned: list[dict[str, int]]
+) -> list[dict[str, int]]:
+    """The learned dims every rank read: the shortest list's (the file only grows, so
+    the ranks' lists share that prefix even when the harvest wrote between reads)."""
+    [fewest] = steps.max_over_ranks([-float(len(learned))], what=f"model {model.name}: learned")
+    return learned[: int(-fewest)]
+
+
+def _compile_and_run(
+    model: ModelEntry, device: Any, steps: Lockstep, learned: list[dict[str, int]]
+) -> ModelResult:
+    """Build, then one call per shape (declared, then learned by the fleet); after each
+    step the ranks agree whether every one of them succeeded, so that all stop together."""
     before = snapshot()
     error: str | None = None
     try:
@@ -226,7 +241,7 @@ def _compile_and_run(model: ModelEntry, device: Any, steps: Lockstep) -> ModelRe
         error = str(e)
     shapes: list[dict[str, Any]] = []
     if _all_went_on(steps, error, f"model {model.name}: build"):
-        for dims in model.expand():
+        for dims in [*model.expand(), *learned]:
             clock = time.perf_counter()
             try:
                 run_once(function, model, dims, device)
@@ -236,7 +251,7 @@ def _compile_and_run(model: ModelEntry, device: Any, steps: Lockstep) -> ModelRe
                 break
             shapes.append({"dims": dims, "seconds": round(time.perf_counter() - clock, 6)})
     counts = snapshot() - before
-    if error is None and len(shapes) < model.count():
+    if error is None and len(shapes) < model.count() + len(learned):
         error = "another rank failed it"
     if error is not None:
         return _failed(model, error, shapes, counts)

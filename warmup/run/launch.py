@@ -75,10 +75,10 @@ def _launch(settings: Settings, manifest: Manifest, early: EarlyRanks) -> RunSta
     try:
         procs = _spawn_ranks(ranks, manifest, world, run_dir, early)
         manifest.check_kernels(str(settings.manifest))  # imports torch: while the ranks do
-        explaining = explain.Background(settings, manifest, run_dir)  # rank 0's host
         restoring = time.perf_counter()
         restore(settings)  # while the ranks import torch; they wait for the marker
         mark_restored(run_dir)
+        explaining = explain.Background(settings, manifest, run_dir)  # rank 0's host
         phases["restore"] = time.perf_counter() - restoring
         failures, errors = _wait(procs, settings.run_timeout_s, settings.rank_timeout_s)
         ended = time.time()

@@ -185,7 +185,7 @@ def recover_store(settings: Settings) -> None:
 
 def clear_run_dir(run_dir: Path) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
-    for old in [*run_dir.glob("rank-*.json"), run_dir / RESTORED]:
+    for old in [*run_dir.glob("rank-*.json"), run_dir / RESTORED, run_dir / RankHost.FILE]:
         old.unlink(missing_ok=True)
 
 

@@ -27,13 +27,16 @@ threads and never touches the server's process.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import re
+import stat
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,10 +52,12 @@ from watchdog.observers.api import BaseObserver
 
 from registry import atomic, importers, inductor_cache, remote_models, remote_triton, triton_cache
 from registry.errors import RegistryError
-from registry.fingerprint import Fingerprint
+from registry.fingerprint import Fingerprint, machine_name
 from registry.remote import RemoteTier
 from registry.store import Store
 from registry.triton_cache import GROUP_PREFIX, MAX_GROUP_BYTES, Origin
+from warmup.compiled import learned
+from warmup.manifest import ManifestError, load_manifest
 from warmup.metrics import ServeMetrics
 from warmup.results import RunStatus
 from warmup.settings import Settings
@@ -62,6 +67,7 @@ log = logging.getLogger(__name__)
 EVENTS: list[type[FileSystemEvent]] = [FileCreatedEvent, FileMovedEvent, FileClosedEvent]
 INDUCTOR_QUIET_S = 5.0  # the Inductor cache is saved once it has been quiet this long
 MAX_AUTOTUNE_BYTES = 2**20
+MAX_UNPUBLISHED_BYTES = 64 * 2**20  # kept through a remote outage, then the oldest go
 MAX_REMEMBERED = 100_000  # entries harvested, so a second event of one is not a second harvest
 _FOLDER = re.compile(r"[A-Za-z0-9_=-]{1,128}")  # a Triton cache key
 
@@ -96,6 +102,7 @@ class Harvester(FileSystemEventHandler):
         self.limits = limits or Limits(max_per_minute=settings.harvest_max_per_minute)
         self.triton_dir = settings.cache_dir
         self.inductor_dir = settings.inductor_cache_path
+        self.learned_dir = settings.serving_metrics_path
         self._status = status or (lambda: RunStatus.read(settings.status_path))
         self._pending: OrderedDict[tuple[str, str], None] = OrderedDict()  # (kind, path)
         self._inductor_due: float | None = None
@@ -114,6 +121,8 @@ class Harvester(FileSystemEventHandler):
         for folder in (self.triton_dir, self.inductor_dir):
             folder.mkdir(parents=True, exist_ok=True)
             self._observer.schedule(self, str(folder), recursive=True, event_filter=EVENTS)
+        self.learned_dir.mkdir(parents=True, exist_ok=True)
+        self._observer.schedule(self, str(self.learned_dir), event_filter=EVENTS)
         self._observer.start()
         self._worker = threading.Thread(target=self._run, daemon=True, name="harvest")
         self._worker.start()
@@ -145,10 +154,15 @@ class Harvester(FileSystemEventHandler):
             return None
         if self.inductor_dir in path.parents and not _temporary(path.name):
             return "inductor"
+        if path.parent == self.learned_dir and path.name.startswith(learned.PREFIX):
+            return "inductor"  # a model's new shape: merged with the models' artifacts
         return None
 
     def offer(self, kind: str, path: Path) -> None:
-        """Queue an entry (the watcher's events; a test's too); dropped past the bound."""
+        """Queue an entry (the watcher's events; a test's too); dropped past the bound.
+        Before the pod is ready nothing is queued: the run saves its own work."""
+        if not self._ready():
+            return
         with self._wake:
             if kind == "inductor":
                 self._inductor_due = time.monotonic() + INDUCTOR_QUIET_S
@@ -161,12 +175,20 @@ class Harvester(FileSystemEventHandler):
 
     # ---- the worker -------------------------------------------------------------------
 
+    def _ready(self) -> bool:
+        status = self._status()
+        return status is not None and status.ready and bool(status.fingerprint)
+
     def _run(self) -> None:
         while (job := self._next()) is not None:
             try:
-                self.harvest(*job)
+                result = self.harvest(*job)
             except Exception as e:  # never kill the harvest: the next entry goes on
                 log.exception("harvest of %s failed: %s", job[1], e)
+                result = "failed"
+            if result not in ("waiting", "seen"):  # only work spends the rate
+                with self._wake:
+                    self._sent.append(time.monotonic())
 
     def _next(self) -> tuple[str, Path] | None:
         with self._wake:
@@ -176,7 +198,6 @@ class Harvester(FileSystemEventHandler):
                     wait = self._rate_wait(now)
                     if wait <= 0:
                         (kind, path), _ = self._pending.popitem(last=False)
-                        self._sent.append(now)
                         return kind, Path(path)
                 elif self._inductor_due is not None and now >= self._inductor_due:
                     self._inductor_due = None
@@ -225,11 +246,16 @@ class Harvester(FileSystemEventHandler):
 
     def _kernel(self, folder: Path, group: str, origin: Origin) -> tuple[str, int]:
         self._check_folder(folder)
-        names = self._group_names(folder, group)
-        files = {name: self._read(folder / name, self.limits.max_file_bytes) for name in names}
+        with _opened(folder) as at:  # every read below is in this folder, never a link
+            group_bytes = _read_at(at, group, MAX_GROUP_BYTES)
+            names = self._group_names(folder, group_bytes)
+            files: dict[str, bytes] = {}
+            left = self.limits.max_entry_bytes
+            for name in names:
+                limit = min(self.limits.max_file_bytes, left)
+                files[name] = _read_at(at, name, limit)
+                left -= len(files[name])
         size = sum(map(len, files.values()))
-        if size > self.limits.max_entry_bytes:
-            raise Refused(f"{size} bytes; limit {self.limits.max_entry_bytes}")
         meta_name = group.removeprefix(GROUP_PREFIX)
         if meta_name not in files:
             raise Refused("its group does not name its metadata file")
@@ -241,10 +267,9 @@ class Harvester(FileSystemEventHandler):
         if foreign:
             factor, (mine, theirs) = next(iter(foreign.items()))
             raise Refused(f"compiled for {factor} {theirs}; this pod has {mine}")
-        group_bytes = self._read(folder / group, MAX_GROUP_BYTES)
         target = self.settings.paths.triton_cache / folder.name
         new = self._write_new(target, {**files, group: group_bytes})
-        triton_cache.record_origin(self.settings.paths.triton_cache, origin, [folder.name])
+        self._record(origin, folder.name)
         remote_group = json.dumps({"child_paths": sorted(files)}).encode()
         self._publish(folder.name, {**files, group: remote_group})
         return ("harvested" if new else "deduplicated"), size
@@ -252,7 +277,8 @@ class Harvester(FileSystemEventHandler):
     def _autotune(self, path: Path, origin: Origin, fingerprint: Fingerprint) -> tuple[str, int]:
         folder = path.parent
         self._check_folder(folder)
-        data = self._read(path, MAX_AUTOTUNE_BYTES)
+        with _opened(folder) as at:
+            data = _read_at(at, path.name, MAX_AUTOTUNE_BYTES)
         try:
             parsed = atomic.loads(data)
             if not isinstance(parsed.get("configs_timings"), list):
@@ -261,11 +287,18 @@ class Harvester(FileSystemEventHandler):
             raise Refused(f"not an autotune result: {e}") from None
         target = self.settings.paths.triton_cache / folder.name
         new = self._write_new(target, {path.name: data})
-        triton_cache.record_origin(self.settings.paths.triton_cache, origin, [folder.name])
+        self._record(origin, folder.name)
         if new:
             self._import(target / path.name, fingerprint)
         self._publish(folder.name, {path.name: data})
         return ("harvested" if new else "deduplicated"), len(data)
+
+    def _record(self, origin: Origin, folder: str) -> None:
+        """The kernel's origin, in this sidecar's own record (``explain`` reads it)."""
+        writer = f"harvest-{machine_name()}"
+        triton_cache.record_origin(
+            self.settings.paths.triton_cache, origin, [folder], writer=writer
+        )
 
     def _import(self, path: Path, fingerprint: Fingerprint) -> None:
         """An autotune result into the registry: a new generation, under its lock."""
@@ -279,13 +312,11 @@ class Harvester(FileSystemEventHandler):
     def _check_folder(self, folder: Path) -> None:
         if folder.parent != self.triton_dir or not _FOLDER.fullmatch(folder.name):
             raise Refused("not a folder of the Triton cache")
-        if folder.is_symlink() or not folder.is_dir():
-            raise Refused("its folder is a link or gone")
 
-    def _group_names(self, folder: Path, group: str) -> list[str]:
+    def _group_names(self, folder: Path, raw: bytes) -> list[str]:
         try:
-            children = triton_cache.group_children(folder / group)
-        except (OSError, ValueError) as e:
+            children = triton_cache.parse_group(raw)
+        except ValueError as e:
             raise Refused(f"unreadable group: {e}") from None
         names = []
         for name, child in children.items():
@@ -297,15 +328,6 @@ class Harvester(FileSystemEventHandler):
         if not names:
             raise Refused("its group names no file")
         return sorted(names)
-
-    def _read(self, path: Path, limit: int) -> bytes:
-        """A regular file's bytes, read once (what is checked is what is written)."""
-        try:
-            return atomic.read_bounded(path, limit)
-        except ValueError as e:
-            raise Refused(f"{path.name}: {e}; limit {limit} bytes") from None
-        except OSError as e:
-            raise Refused(f"{path.name}: {e.strerror or e}") from None
 
     def _write_new(self, target: Path, files: dict[str, bytes]) -> bool:
         """Write the files the volume lacks (groups last); whether any was written."""
@@ -331,15 +353,23 @@ class Harvester(FileSystemEventHandler):
             if not remote_triton.publish(self.remote, key, name, data):
                 for (k, n), d in todo[i:]:
                     self._unpublished[(k, n)] = d
-                while len(self._unpublished) > 1000:
-                    self._unpublished.popitem(last=False)
+                held = sum(map(len, self._unpublished.values()))
+                while held > MAX_UNPUBLISHED_BYTES:  # the oldest go: the volume has them
+                    _, dropped = self._unpublished.popitem(last=False)
+                    held -= len(dropped)
                 return
 
     # ---- Inductor -----------------------------------------------------------------------
 
     def _inductor(self, status: RunStatus, fingerprint: Fingerprint) -> tuple[str, int]:
-        """Each declared model's index saved again from the server's Inductor cache."""
+        """The shapes the server's models learned merged into the volume's, then each
+        declared model's index saved again from the server's Inductor cache."""
         new_files = new_bytes = 0
+        try:
+            manifest = load_manifest(self.settings.manifest)
+            new_files += learned.merge(self.learned_dir, self.settings.paths.learned, manifest)
+        except (ManifestError, OSError) as e:
+            log.warning("harvest: learned shapes not merged: %s", e)
         for model in status.models:
             if model.rank != 0 or not model.key_digest or model.failed:
                 continue
@@ -375,6 +405,39 @@ class Harvester(FileSystemEventHandler):
         self.metrics.harvest_entries.labels(family, result).inc()
         if size and result == "harvested":
             self.metrics.harvest_bytes.labels(family).inc(size)
+
+
+@contextlib.contextmanager
+def _opened(folder: Path) -> Iterator[int]:
+    """``folder`` opened as a directory, never through a link: its files are read at it,
+    so a folder swapped for a link meanwhile cannot lead a read elsewhere."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as e:
+        raise Refused(f"its folder is a link or gone: {e.strerror or e}") from None
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _read_at(folder: int, name: str, limit: int) -> bytes:
+    """A regular file's bytes in the open ``folder``, read once (what is checked is
+    what is written), refused past ``limit`` before it is read."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
+    except OSError as e:
+        raise Refused(f"{name}: {e.strerror or e}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise Refused(f"{name} is not a regular file")
+        if st.st_size > limit:
+            raise Refused(f"{name} is {st.st_size} bytes; the limit left is {limit}")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise Refused(f"{name} grew past {limit} bytes while read")
+    return data
 
 
 def _temporary(name: str) -> bool:

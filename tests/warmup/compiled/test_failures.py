@@ -115,7 +115,9 @@ def test_a_fleet_compiles_a_model_once_a_waiting_pod_restores_it(tmp_path, monke
 
     from warmup.compiled import warm as warm_module
 
-    def fake_compile(model, device, steps):  # the cache folder of the calling pod's settings
+    def fake_compile(
+        model, device, steps, learned
+    ):  # the cache folder of the calling pod's settings
         folder = Path(os.environ[f"FAKE_CACHE_{threading.current_thread().name}"])
         artifact = folder / "fxgraph" / "entry"
         compiles = 0 if artifact.exists() else 1
@@ -187,7 +189,7 @@ def test_a_restore_that_was_not_whole_is_stored_again(tmp_path, monkeypatch):
     from registry import inductor_cache
     from warmup.compiled import warm as warm_module
 
-    def fake_compile(model, device, steps):
+    def fake_compile(model, device, steps, learned):
         folder = Path(os.environ["FAKE_CACHE"])
         for name in ("graph", "kernel"):
             (folder / name).parent.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,7 @@ import triton
 from prometheus_client import CollectorRegistry
 
 from registry import inductor_cache, remote_models, remote_triton, triton_cache
+from registry.fingerprint import machine_name
 from registry.remote import RemoteTier
 from registry.store import Store
 from tests.conftest import env_without_interpreter, gpu_fingerprint, settings_for
@@ -287,16 +288,57 @@ def test_the_watcher_harvests_a_real_compile_once_it_is_whole(tmp_path):
 
 def test_a_flood_waits_for_the_rate_cap_and_past_the_queue_is_dropped(pod):
     harvest = harvester(pod, limits=Limits(max_per_minute=2, max_pending=3))
-    harvest._status = lambda: None  # keep each harvest trivial: "waiting"
-    for i in range(5):
+    for i in range(5):  # folders that are not there: each harvest is a quick refusal
         harvest.offer("kernel", pod.cache_dir / f"K{i}" / "__grp__k.json")
     assert counted(harvest, "triton-kernels", "dropped") == 2
     harvest.start()
     try:
         time.sleep(1.0)
         assert len(harvest._pending) == 1  # 2 a minute: the third waits
+        assert counted(harvest, "triton-kernels", "refused") == 2
     finally:
         harvest.stop()
+
+
+def test_events_before_ready_are_not_queued_nor_spend_the_rate(pod):
+    RunStatus(state="running", manifest_digest="x", started=0.0, world_size=1).write(
+        pod.status_path
+    )
+    harvest = harvester(pod, limits=Limits(max_per_minute=1))
+    for i in range(3):  # the init container's own compiles
+        harvest.offer("kernel", pod.cache_dir / f"K{i}" / "__grp__k.json")
+    assert not harvest._pending
+    ready(pod)
+    harvest.offer("kernel", group_of(pod.cache_dir))
+    harvest.start()
+    try:
+        deadline = time.monotonic() + 10
+        while counted(harvest, "triton-kernels", "harvested") < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        harvest.stop()
+
+
+def test_a_folder_swapped_for_a_link_is_never_read_through(pod, tmp_path):
+    folder = group_of(pod.cache_dir).parent
+    elsewhere = tmp_path / "secrets"
+    folder.rename(elsewhere)
+    folder.symlink_to(elsewhere)
+    harvest = harvester(pod)
+    assert harvest.harvest("kernel", folder / next(elsewhere.glob("__grp__*")).name) == "refused"
+    assert not pod.paths.triton_cache.exists()
+
+
+def test_an_unreadable_origin_record_is_replaced_not_fatal(pod):
+    records = pod.paths.triton_cache / triton_cache.ORIGINS
+    records.mkdir(parents=True)
+    harvest = harvester(pod)
+    name = f"{triton_cache.Origin.of(FP, {}).digest()[:32]}-harvest-{machine_name()}.json"
+    (records / name).write_text('{"origin": {"triton": 1}, "folders": []}')
+    assert harvest.harvest("kernel", group_of(pod.cache_dir)) == "harvested"
+    assert triton_cache.origins(pod.paths.triton_cache)
+    triton_cache.save(pod.cache_dir, pod.paths.triton_cache, triton_cache.Origin.of(FP, {}))
 
 
 def test_remote_models_index_is_published_too(tmp_path, pod, server):

@@ -1,0 +1,143 @@
+"""Shapes a compiled model met under traffic that its manifest does not declare: learned
+by one pod, warmed by every pod after it.
+
+A new shape costs a Dynamo trace in every new process, whatever the caches hold, so the
+caches alone cannot keep it off the request path: the shape itself must be warmed.
+
+1. The serving process records the dims of a call that compiled after it was warm
+   (:class:`Recorder`), in a file of its own in the serving-metrics folder
+   (``learned-<rank>-<pid>.json``).
+2. The sidecar's harvest merges those files into the volume (:func:`merge`:
+   ``<volume>/learned/<model>.json``) and saves the model's artifacts again.
+3. The next pod's warmup warms the learned dims after the declared ones, and
+   ``Serving.model`` primes them (:func:`learned_dims`).
+
+The model's key stays the declared one's: the index saved after the harvest holds the
+learned shapes' artifacts too. Nothing read is trusted: dims must name exactly the
+model's dims, each an int in ``[1, MAX_DIM]``; at most :data:`MAX_LEARNED` a model.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from registry import atomic
+from warmup.manifest import MAX_DIM, Manifest, ModelEntry
+
+log = logging.getLogger(__name__)
+MAX_LEARNED = 64  # learned dims a model (each one more shape to warm at start)
+MAX_FILE_BYTES = 2**20
+PREFIX = "learned-"
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+
+
+def call_dims(entry: ModelEntry, args: Sequence[Any]) -> dict[str, int] | None:
+    """The dims of a call, read from its inputs' shapes as the manifest names them; None
+    when the call does not fit the declared inputs (another signature, a non-tensor)."""
+    found: dict[str, int] = {}
+    if len(args) < len(entry.inputs):
+        return None
+    for spec, arg in zip(entry.inputs, args, strict=False):
+        shape = getattr(arg, "shape", None)
+        if shape is None or len(shape) != len(spec.shape):
+            return None
+        for want, size in zip(spec.shape, shape, strict=True):
+            if isinstance(want, str):
+                if found.setdefault(want, int(size)) != int(size):
+                    return None
+            elif want != int(size):
+                return None
+    return found if set(found) == set(entry.dims) else None
+
+
+def valid(entry: ModelEntry, dims: Any) -> bool:
+    """Whether ``dims`` names exactly ``entry``'s dims, each with a size in range."""
+    return (
+        isinstance(dims, dict)
+        and set(dims) == set(entry.dims)
+        and all(type(v) is int and 1 <= v <= MAX_DIM for v in dims.values())
+    )
+
+
+class Recorder:
+    """This serving process's learned dims, kept in its file in ``folder``."""
+
+    def __init__(self, folder: Path, rank: int) -> None:
+        self.path = folder / f"{PREFIX}{rank}-{os.getpid()}.json"
+        self.models: dict[str, list[dict[str, int]]] = {}
+
+    def add(self, entry: ModelEntry, dims: dict[str, int]) -> bool:
+        """Record ``dims`` of ``entry`` unless declared, known or past the bound; whether
+        the file changed (written atomically)."""
+        held = self.models.setdefault(entry.name, [])
+        if dims in held or dims in entry.expand() or len(held) >= MAX_LEARNED:
+            return False
+        held.append(dict(dims))
+        try:
+            atomic.write_json(self.path, {"models": self.models})
+        except OSError as e:
+            log.warning("learned shapes not written to %s: %s", self.path, e)
+            return False
+        log.info("model %s: learned dims %s (the next pods warm them)", entry.name, dims)
+        return True
+
+
+def merge(folder: Path, root: Path, manifest: Manifest) -> int:
+    """Merge every serving process's learned dims in ``folder`` into ``root`` (the
+    volume's ``learned``), for the models ``manifest`` declares; how many are new."""
+    found: dict[str, list[dict[str, int]]] = {}
+    for path in sorted(folder.glob(f"{PREFIX}*.json")) if folder.is_dir() else []:
+        for name, dims in _read(path).items():
+            found.setdefault(name, []).extend(dims)
+    new = 0
+    for entry in manifest.models:
+        if entry.name not in found or not _NAME.fullmatch(entry.name):
+            continue
+        held = learned_dims(root, entry)
+        fresh = [d for d in _unique(found[entry.name]) if valid(entry, d) and d not in held]
+        fresh = [d for d in fresh if d not in entry.expand()][: MAX_LEARNED - len(held)]
+        if fresh:
+            atomic.write_json(root / f"{entry.name}.json", {"dims": held + fresh})
+            new += len(fresh)
+    return new
+
+
+def learned_dims(root: Path, entry: ModelEntry) -> list[dict[str, int]]:
+    """The learned dims of ``entry`` in ``root`` that are valid and not declared."""
+    path = root / f"{entry.name}.json"
+    if not path.is_file():
+        return []
+    try:
+        data = atomic.loads(atomic.read_bounded(path, MAX_FILE_BYTES))
+        dims = data["dims"] if isinstance(data, dict) else None
+    except (OSError, ValueError, KeyError) as e:
+        log.warning("learned shapes of %s unreadable, ignored: %s", entry.name, e)
+        return []
+    declared = entry.expand()
+    kept = [d for d in _unique(dims if isinstance(dims, list) else []) if valid(entry, d)]
+    return [d for d in kept if d not in declared][:MAX_LEARNED]
+
+
+def _read(path: Path) -> dict[str, list[Any]]:
+    try:
+        data = atomic.loads(atomic.read_bounded(path, MAX_FILE_BYTES))
+        models = data.get("models") if isinstance(data, dict) else None
+    except (OSError, ValueError) as e:
+        log.warning("learned shapes in %s unreadable, skipped: %s", path.name, e)
+        return {}
+    if not isinstance(models, dict):
+        return {}
+    return {k: v for k, v in models.items() if isinstance(k, str) and isinstance(v, list)}
+
+
+def _unique(dims: Iterable[Any]) -> list[Any]:
+    out: list[Any] = []
+    for d in dims:
+        if d not in out:
+            out.append(d)
+    return out
