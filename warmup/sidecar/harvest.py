@@ -6,6 +6,7 @@ The sidecar watches the server's ``TRITON_CACHE_DIR`` and Inductor cache with wa
 - a Triton kernel when its group file appears (Triton writes the group last, by rename),
   with every file the group names;
 - a Triton autotune result (``<hash>/<fn>.autotune.json``), written by rename;
+- a Triton launcher stub (``<hash>/<name>.so``, host code: to the volume only);
 - the Inductor cache as a whole, after it has been quiet for ``INDUCTOR_QUIET_S``: each
   declared model's index is saved again from it, so it lists what traffic compiled too.
 
@@ -35,7 +36,7 @@ import re
 import stat
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +69,7 @@ EVENTS: list[type[FileSystemEvent]] = [FileCreatedEvent, FileMovedEvent, FileClo
 INDUCTOR_QUIET_S = 5.0  # the Inductor cache is saved once it has been quiet this long
 MAX_AUTOTUNE_BYTES = 2**20
 MAX_UNPUBLISHED_BYTES = 64 * 2**20  # kept through a remote outage, then the oldest go
+NICENESS = 19  # the harvest thread's: the lowest CPU priority
 MAX_REMEMBERED = 100_000  # entries harvested, so a second event of one is not a second harvest
 _FOLDER = re.compile(r"[A-Za-z0-9_=-]{1,128}")  # a Triton cache key
 
@@ -113,6 +115,7 @@ class Harvester(FileSystemEventHandler):
         self._done: OrderedDict[str, Stat] = OrderedDict()  # harvested: path -> its stat key
         self._observer: BaseObserver | None = None
         self._worker: threading.Thread | None = None
+        self.busy: deque[tuple[float, float]] = deque(maxlen=10_000)  # (start, end) of work
 
     # ---- watching ---------------------------------------------------------------------
 
@@ -151,6 +154,8 @@ class Harvester(FileSystemEventHandler):
                 return "kernel"
             if path.name.endswith(".autotune.json"):
                 return "autotune"
+            if path.name.endswith(".so") and not _temporary(path.name):
+                return "stub"
             return None
         if self.inductor_dir in path.parents and not _temporary(path.name):
             return "inductor"
@@ -180,7 +185,9 @@ class Harvester(FileSystemEventHandler):
         return status is not None and status.ready and bool(status.fingerprint)
 
     def _run(self) -> None:
+        _yield_the_cpu()
         while (job := self._next()) is not None:
+            started = time.time()
             try:
                 result = self.harvest(*job)
             except Exception as e:  # never kill the harvest: the next entry goes on
@@ -189,6 +196,7 @@ class Harvester(FileSystemEventHandler):
             if result not in ("waiting", "seen"):  # only work spends the rate
                 with self._wake:
                     self._sent.append(time.monotonic())
+                self.busy.append((started, time.time()))
 
     def _next(self) -> tuple[str, Path] | None:
         with self._wake:
@@ -229,6 +237,8 @@ class Harvester(FileSystemEventHandler):
                 result, size = self._kernel(path.parent, path.name, origin)
             elif kind == "autotune":
                 result, size = self._autotune(path, origin, fingerprint)
+            elif kind == "stub":
+                result, size = self._stub(path)
             else:
                 result, size = self._inductor(status, fingerprint)
         except Refused as e:
@@ -291,6 +301,19 @@ class Harvester(FileSystemEventHandler):
         if new:
             self._import(target / path.name, fingerprint)
         self._publish(folder.name, {path.name: data})
+        return ("harvested" if new else "deduplicated"), len(data)
+
+    def _stub(self, path: Path) -> tuple[str, int]:
+        """A launcher stub Triton built for a kernel's signature (``<hash>/<name>.so``,
+        host code: to the volume only, which the pod trusts as it trusts its own saves;
+        never to the remote tier). A new signature costs a build of ~0.4 s otherwise."""
+        folder = path.parent
+        self._check_folder(folder)
+        with _opened(folder) as at:
+            data = _read_at(at, path.name, self.limits.max_file_bytes)
+        if not data.startswith(b"\x7fELF"):
+            raise Refused("not a shared object")
+        new = self._write_new(self.settings.paths.triton_cache / folder.name, {path.name: data})
         return ("harvested" if new else "deduplicated"), len(data)
 
     def _record(self, origin: Origin, folder: str) -> None:
@@ -405,6 +428,13 @@ class Harvester(FileSystemEventHandler):
         self.metrics.harvest_entries.labels(family, result).inc()
         if size and result == "harvested":
             self.metrics.harvest_bytes.labels(family).inc(size)
+
+
+def _yield_the_cpu() -> None:
+    """Lower this thread's CPU priority (Linux: a niceness of its own), so that where
+    the sidecar shares cores with the server, the server's threads go first."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICENESS)
 
 
 @contextlib.contextmanager

@@ -5,6 +5,7 @@ started later restore what was harvested."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -18,7 +19,13 @@ from registry import inductor_cache, remote_models, remote_triton, triton_cache
 from registry.fingerprint import machine_name
 from registry.remote import RemoteTier
 from registry.store import Store
-from tests.conftest import env_without_interpreter, gpu_fingerprint, settings_for
+from tests.conftest import (
+    env_without_interpreter,
+    free_port,
+    gpu_fingerprint,
+    settings_for,
+    wait_for,
+)
 from tests.registry.test_redis_outage import Proxy, redis  # noqa: F401
 from tests.warmup.test_triton_remote_cache import compile_in_pod
 from warmup.metrics import ServeMetrics
@@ -352,3 +359,77 @@ def test_remote_models_index_is_published_too(tmp_path, pod, server):
     harvester(pod, remote=remote).harvest("inductor", inductor)
     other = tmp_path / "other-volume"
     assert remote_models.fetch(remote, other, model="mlp", key_digest="a" * 16, fingerprint=FP)
+
+
+class DurableRedis:
+    """A redis-server that persists every acknowledged write (AOF, fsync always), on one
+    port and folder across restarts."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder, self.port = folder, free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        options = ["--appendonly", "yes", "--appendfsync", "always", "--save", ""]
+        self.proc = subprocess.Popen(
+            [shutil.which("redis-server"), "--port", str(self.port), "--bind", "127.0.0.1",
+             *options, "--dir", str(self.folder)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        client = RemoteTier(self.url).client
+        assert wait_for(lambda: _pings(client), 15), "redis-server did not start"
+
+    def stop(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()  # no shutdown save: only what the AOF holds survives
+        self.proc.wait()
+
+
+def _pings(client) -> bool:
+    try:
+        return bool(client.ping())
+    except Exception:
+        return False
+
+
+def test_redis_restarting_mid_publish_loses_nothing_acknowledged_and_duplicates_nothing(
+    tmp_path, pod, monkeypatch
+):
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    server = DurableRedis(tmp_path / "redis")
+    server.folder.mkdir()
+    server.start()
+    try:
+        tier = RemoteTier(server.url, timeout_s=0.5, retry_after_s=0.0)
+        harvest = harvester(pod, remote=tier)
+        publish, calls = remote_triton.publish, []
+
+        def crashing(*args, **kwargs):  # redis dies after the kernel's second file
+            calls.append(args[2])
+            if len(calls) == 3:
+                server.stop()
+            return publish(*args, **kwargs)
+
+        monkeypatch.setattr(remote_triton, "publish", crashing)
+        assert harvest.harvest("kernel", group_of(pod.cache_dir)) == "harvested"
+        acknowledged = calls[:2]
+        server.start()
+        client = RemoteTier(server.url).client
+        held = {k.decode().rsplit(":", 1)[1] for k in client.keys(f"{remote_triton.NAME_PREFIX}*")}
+        assert held == set(acknowledged)  # what redis acknowledged survived its restart
+        monkeypatch.setattr(remote_triton, "publish", publish)
+        folder = pod.cache_dir / "NEXTKEY"
+        folder.mkdir()
+        (folder / "fn.autotune.json").write_text('{"key": [1], "configs_timings": []}')
+        assert harvest.harvest("autotune", folder / "fn.autotune.json") == "harvested"
+        kernel = group_of(pod.cache_dir).parent
+        names = client.keys(f"{remote_triton.NAME_PREFIX}{kernel.name}:*")
+        assert len(names) == len(list(kernel.iterdir()))  # the rest, published on retry
+        blobs = client.keys("triton-warmup:blob:*")
+        assert len(blobs) == len(list(kernel.iterdir())) + 1  # each content once
+    finally:
+        if server.proc is not None and server.proc.poll() is None:
+            server.stop()
