@@ -160,13 +160,16 @@ def serve(device_kind: str, seed: int, steady_s: float) -> dict[str, Any]:
         else:
             assert op is not None
             result = op(x, w)
-            reference = x.float() @ w.float()
-            assert (result.float() - reference).abs().max().item() < 0.5 * (
-                reference.abs().max().item() + 1
-            )
         if cuda:
             torch.cuda.synchronize()
-        return time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        if kind == "op":  # checked outside the timed call: a reference GEMM is no request
+            reference = x.float() @ w.float()
+            error = (result.float() - reference).abs().max().item()
+            assert error < 0.05 * (reference.abs().max().item() + 1), error
+        elif kind == "user" and cuda:
+            assert torch.allclose(out, x * 2.0 + y), "the user kernel's answer is wrong"
+        return seconds
 
     trace = [{"kind": k, "size": s, "s": call(k, s)} for k, s in requests]
     steady: list[float] = []

@@ -139,16 +139,19 @@ def guard_from_settings(
     return CompileGuard(strict=settings.compile_guard == "strict", metrics=metrics)
 
 
-def _report(guards: Sequence[CompileGuard], what: str, kernel: str, detail: str) -> None:
-    """Count in every armed guard, log once, raise if any guard is strict."""
+def _report(
+    guards: Sequence[CompileGuard], what: str, kernel: str, detail: str, fn: Any = None
+) -> None:
+    """Count in every armed guard, log once, raise if any guard is strict. ``fn``: the
+    JIT function about to compile, whose compile the listener then tells a load or not."""
     kernel = kernel[:MAX_LABEL]
     for guard in guards:
         guard._count(what == "autotune run", kernel)
-    if what == "compile":  # the listener tells, on this thread, whether it was a load
-        _hooks.local.pending = (kernel, guards)
     log.warning("Triton %s of %s after warm: %s; %s", what, kernel, detail, FIX)
     if any(guard.strict for guard in guards):
         raise RequestCompileError(what, kernel, detail)
+    if what == "compile":  # it goes ahead: the listener tells whether it was a load
+        _hooks.local.pending = (kernel, fn, guards)
 
 
 def _describe_key(tuner: Any, meta: Mapping[str, Any]) -> str:
@@ -234,10 +237,10 @@ class _Hooks:
                 local.in_hook = not outer
             guards = self.armed
             if outer and guards and not getattr(local, "exempt", 0):
-                name = getattr(hook.get("fn"), "name", None) or str(hook.get("repr"))
-                _report(
-                    guards, "compile", name, triton_internals.describe_jit_compile(hook, MAX_DETAIL)
-                )
+                info = hook.get("fn")
+                name = getattr(info, "name", None) or str(hook.get("repr"))
+                detail = triton_internals.describe_jit_compile(hook, MAX_DETAIL)
+                _report(guards, "compile", name, detail, getattr(info, "jit_function", None))
             return None
 
         return on_compile
@@ -247,10 +250,18 @@ class _Hooks:
 
         def on_compiled(**event: Any) -> None:
             """Triton's compilation listener: a compile our hook counted was a load when
-            the disk cache had the kernel."""
-            pending, local.pending = getattr(local, "pending", None), None
+            the disk cache had the kernel. Only the compile of the function the hook saw
+            answers it (another ``triton.compile`` on this thread between, Inductor's,
+            does not); one that never comes (a compile on another thread, one that
+            failed) leaves the compile counted as built."""
+            pending = getattr(local, "pending", None)
+            src_fn = getattr(event.get("src"), "fn", None)
+            if pending is not None and pending[1] is not None and src_fn is not pending[1]:
+                pending = None  # not the compile the hook saw
+            elif pending is not None:
+                local.pending = None
             if pending is not None and event.get("cache_hit"):
-                kernel, guards = pending
+                kernel, _, guards = pending
                 for guard in guards:
                     guard._count_load(kernel)
             if previous is not None:

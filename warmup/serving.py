@@ -438,11 +438,31 @@ class Serving:
                     guard=self.guard,
                     prime=prime,
                     recorder=self.learned,
+                    learned=self._learned_shapes(name),
                 )
         except KeyError as e:
             raise ServingError(str(e.args[0])) from None
         except ValueError as e:
             raise ServingError(f"model {name}: {e}") from None
+
+    def _learned_shapes(self, name: str) -> list[dict[str, int]]:
+        """The shapes the fleet learned for model ``name``, rank 0's list on every rank
+        (a harvest may write the file between two ranks' reads)."""
+        import torch.distributed as dist
+
+        from warmup.compiled.learned import learned_dims
+        from warmup.manifest import load_manifest
+        from warmup.run.lockstep import Lockstep
+
+        group = dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
+        steps = Lockstep(group, timeout_s=self.settings.rank_timeout_s)
+        mine: list[dict[str, int]] = []
+        if steps.leader:
+            with contextlib.suppress(KeyError):
+                entry = load_manifest(self.settings.manifest).model(name)
+                mine = learned_dims(self.settings.paths.learned, entry)
+        found: list[dict[str, int]] = steps.broadcast(mine, what=f"model {name}: learned shapes")
+        return found
 
     def declare_warm(self) -> None:
         """From now on every Triton compile or autotune run in this process is counted

@@ -116,7 +116,8 @@ class RemoteBackend(RemoteCacheBackend):  # type: ignore[misc]
     def get(self, filenames: list[str]) -> dict[str, bytes]:
         """The files the tier holds whole (one lookup, counted)."""
         found = self.fetch(filenames)
-        _count(**({"hits": 1} if found and len(found) == len(set(filenames)) else {"misses": 1}))
+        whole = bool(found) and all(isinstance(n, str) and n in found for n in filenames)
+        _count(**({"hits": 1} if whole else {"misses": 1}))
         return found
 
     @_never_raises({})

@@ -187,10 +187,23 @@ def test_a_refused_compile_is_never_taken_for_a_later_load():
     with CompileGuard(strict=True) as guard:
         with pytest.raises(RequestCompileError):
             knobs.runtime.jit_cache_hook(**hook_call("refused"))
-        with guard.exempt():
-            knobs.runtime.jit_cache_hook(**hook_call("exempt"))
-            knobs.compilation.listener(cache_hit=True)
+        knobs.compilation.listener(cache_hit=True)  # another compile on this thread
     assert guard.loads == {} and guard.built == {"refused": 1}
+
+
+def test_only_the_compile_the_hook_saw_answers_it():
+    seen, other = object(), object()
+    call = hook_call("watched")
+    call["fn"] = JitFunctionInfo("tests.kernels", "watched", seen)
+    with CompileGuard() as guard:
+        knobs.runtime.jit_cache_hook(**call)
+        src = type("Src", (), {})
+        src.fn = other
+        knobs.compilation.listener(src=src, cache_hit=True)  # Inductor's, say: not ours
+        src.fn = seen
+        knobs.compilation.listener(src=src, cache_hit=False)  # ours: built
+        knobs.compilation.listener(src=src, cache_hit=True)  # nothing pending any more
+    assert guard.built == {"watched": 1} and guard.loads == {}
 
 
 def test_only_armed_guards_count_and_a_hook_stacked_on_ours_survives_disarm():

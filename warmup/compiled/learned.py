@@ -10,11 +10,14 @@ caches alone cannot keep it off the request path: the shape itself must be warme
 2. The sidecar's harvest merges those files into the volume (:func:`merge`:
    ``<volume>/learned/<model>.json``) and saves the model's artifacts again.
 3. The next pod's warmup warms the learned dims after the declared ones, and
-   ``Serving.model`` primes them (:func:`learned_dims`).
+   ``Serving.model`` primes them (:func:`learned_dims`): rank 0's list on every rank,
+   a shape that fails skipped (a bonus, never fatal).
 
 The model's key stays the declared one's: the index saved after the harvest holds the
 learned shapes' artifacts too. Nothing read is trusted: dims must name exactly the
-model's dims, each an int in ``[1, MAX_DIM]``; at most :data:`MAX_LEARNED` a model.
+model's dims, each an int from 1 to the largest the manifest declares for it; at most
+:data:`MAX_LEARNED` a model. Two harvests merging at once may lose one's new dims (no
+lock across pods): they are learned again at their next compile.
 """
 
 from __future__ import annotations
@@ -22,12 +25,13 @@ from __future__ import annotations
 import logging
 import os
 import re
+import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from registry import atomic
-from warmup.manifest import MAX_DIM, Manifest, ModelEntry
+from warmup.manifest import Manifest, ModelEntry
 
 log = logging.getLogger(__name__)
 MAX_LEARNED = 64  # learned dims a model (each one more shape to warm at start)
@@ -56,12 +60,18 @@ def call_dims(entry: ModelEntry, args: Sequence[Any]) -> dict[str, int] | None:
 
 
 def valid(entry: ModelEntry, dims: Any) -> bool:
-    """Whether ``dims`` names exactly ``entry``'s dims, each with a size in range."""
-    return (
-        isinstance(dims, dict)
-        and set(dims) == set(entry.dims)
-        and all(type(v) is int and 1 <= v <= MAX_DIM for v in dims.values())
-    )
+    """Whether ``dims`` names exactly ``entry``'s dims, each a size from 1 to the largest
+    the manifest declares for it (a request far past them is no shape to warm on every
+    pod: declare it)."""
+    if not isinstance(dims, dict) or set(dims) != set(entry.dims):
+        return False
+    largest = _largest(entry)
+    return all(type(v) is int and 1 <= v <= largest[k] for k, v in dims.items())
+
+
+def _largest(entry: ModelEntry) -> dict[str, int]:
+    declared = entry.expand()
+    return {name: max(d[name] for d in declared) for name in entry.dims}
 
 
 class Recorder:
@@ -70,19 +80,32 @@ class Recorder:
     def __init__(self, folder: Path, rank: int) -> None:
         self.path = folder / f"{PREFIX}{rank}-{os.getpid()}.json"
         self.models: dict[str, list[dict[str, int]]] = {}
+        self._lock = threading.Lock()
+
+    def record(self, entry: ModelEntry, args: Sequence[Any]) -> None:
+        """Record the dims of a call that compiled (``args``: its inputs); never raises:
+        the request it follows has its answer already."""
+        try:
+            dims = call_dims(entry, args)
+            if dims is not None:
+                self.add(entry, dims)
+        except Exception as e:
+            log.warning("model %s: a call's shape not recorded: %s", entry.name, e)
 
     def add(self, entry: ModelEntry, dims: dict[str, int]) -> bool:
-        """Record ``dims`` of ``entry`` unless declared, known or past the bound; whether
-        the file changed (written atomically)."""
-        held = self.models.setdefault(entry.name, [])
-        if dims in held or dims in entry.expand() or len(held) >= MAX_LEARNED:
-            return False
-        held.append(dict(dims))
-        try:
-            atomic.write_json(self.path, {"models": self.models})
-        except OSError as e:
-            log.warning("learned shapes not written to %s: %s", self.path, e)
-            return False
+        """Record ``dims`` of ``entry`` unless declared, known, out of range or past the
+        bound; whether the file changed (written atomically)."""
+        with self._lock:
+            held = self.models.setdefault(entry.name, [])
+            fresh = dims not in held and dims not in entry.expand() and valid(entry, dims)
+            if not fresh or len(held) >= MAX_LEARNED:
+                return False
+            held.append(dict(dims))
+            try:
+                atomic.write_json(self.path, {"models": self.models})
+            except OSError as e:
+                log.warning("learned shapes not written to %s: %s", self.path, e)
+                return False
         log.info("model %s: learned dims %s (the next pods warm them)", entry.name, dims)
         return True
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from warmup.compiled.counters import snapshot
-from warmup.compiled.learned import Recorder, call_dims, learned_dims
+from warmup.compiled.learned import Recorder
 from warmup.compiled.warm import build_model, run_once
 from warmup.manifest import Manifest, ModelEntry, load_manifest
 from warmup.settings import Settings
@@ -58,9 +58,8 @@ class ServedModel:
         output = self.function(*args, **kwargs)
         costs = (snapshot() - before).request_costs()
         if costs:
-            dims = call_dims(self.entry, args)
-            if dims is not None and self.recorder is not None:
-                self.recorder.add(self.entry, dims)
+            if self.recorder is not None:
+                self.recorder.record(self.entry, args)
             self.guard.model_costs(self.name, costs)
         return output
 
@@ -74,22 +73,29 @@ def build_served(
     manifest: Manifest | None = None,
     prime: bool = True,
     recorder: Recorder | None = None,
+    learned: list[dict[str, int]] | None = None,
 ) -> ServedModel:
     """The model declared as ``name`` in ``manifest`` (default: the settings' manifest),
     built on ``device`` with torch.compile reading the pod's Inductor cache, and with
-    ``prime`` called once at every declared shape and every shape the fleet learned
-    (``warmup.compiled.learned``). KeyError when the manifest declares no such model,
+    ``prime`` called once at every declared shape, then at each of ``learned`` (the
+    shapes the fleet learned, ``warmup.compiled.learned``: the same list on every rank,
+    a failure logged, not fatal). KeyError when the manifest declares no such model,
     ValueError when it cannot be built or fails at a shape."""
     manifest = manifest or load_manifest(settings.manifest)
     entry = manifest.model(name)
     use_inductor_cache(settings)
     served = ServedModel(entry, build_model(entry, device), guard, recorder)
     if prime:
-        for dims in [*entry.expand(), *learned_dims(settings.paths.learned, entry)]:
+        for dims in entry.expand():
             try:
                 run_once(served.function, entry, dims, device)
             except Exception as e:
                 raise ValueError(f"at {dims}: {type(e).__name__}: {e}") from None
+        for dims in learned if learned is not None else []:
+            try:
+                run_once(served.function, entry, dims, device)
+            except Exception as e:  # a learned shape is a bonus: its first request pays
+                log.warning("model %s: learned shape %s not primed: %s", name, dims, e)
     return served
 
 

@@ -66,7 +66,10 @@ def warm_models(
             if rank == 0 and key:
                 restored = _restore_under_lock(held, model, key, settings, fingerprint, remote)
             steps.barrier(what=f"model {model.name}: restore")
-            learned = _agreed(steps, model, learned_dims(settings.paths.learned, model))
+            learned = steps.broadcast(  # rank 0's list: every rank warms the same shapes
+                learned_dims(settings.paths.learned, model) if steps.leader else [],
+                what=f"model {model.name}: learned shapes",
+            )
             result = (
                 _compile_and_run(model, device, steps, learned) if key else _failed(model, error)
             )
@@ -219,15 +222,6 @@ def _save(
     return {"stored_artifacts": saved.files}
 
 
-def _agreed(
-    steps: Lockstep, model: ModelEntry, learned: list[dict[str, int]]
-) -> list[dict[str, int]]:
-    """The learned dims every rank read: the shortest list's (the file only grows, so
-    the ranks' lists share that prefix even when the harvest wrote between reads)."""
-    [fewest] = steps.max_over_ranks([-float(len(learned))], what=f"model {model.name}: learned")
-    return learned[: int(-fewest)]
-
-
 def _compile_and_run(
     model: ModelEntry, device: Any, steps: Lockstep, learned: list[dict[str, int]]
 ) -> ModelResult:
@@ -240,18 +234,25 @@ def _compile_and_run(
     except ValueError as e:
         error = str(e)
     shapes: list[dict[str, Any]] = []
+    skipped = 0
     if _all_went_on(steps, error, f"model {model.name}: build"):
-        for dims in [*model.expand(), *learned]:
+        declared = model.expand()
+        for i, dims in enumerate([*declared, *learned]):
             clock = time.perf_counter()
             try:
                 run_once(function, model, dims, device)
             except Exception as e:  # the model failed at this shape; the ranks stop together
                 error = f"at {dims}: {_one_line(e)}"
             if not _all_went_on(steps, error, f"model {model.name}: {dims}"):
-                break
+                if i < len(declared):
+                    break
+                # a shape the fleet learned is a bonus: skipped on every rank, not fatal
+                log.warning("model %s: learned shape %s skipped: %s", model.name, dims, error)
+                error, skipped = None, skipped + 1
+                continue
             shapes.append({"dims": dims, "seconds": round(time.perf_counter() - clock, 6)})
     counts = snapshot() - before
-    if error is None and len(shapes) < model.count() + len(learned):
+    if error is None and len(shapes) + skipped < model.count() + len(learned):
         error = "another rank failed it"
     if error is not None:
         return _failed(model, error, shapes, counts)

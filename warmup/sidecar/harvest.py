@@ -53,7 +53,7 @@ from watchdog.observers.api import BaseObserver
 
 from registry import atomic, importers, inductor_cache, remote_models, remote_triton, triton_cache
 from registry.errors import RegistryError
-from registry.fingerprint import Fingerprint, machine_name
+from registry.fingerprint import Fingerprint
 from registry.remote import RemoteTier
 from registry.store import Store
 from registry.triton_cache import GROUP_PREFIX, MAX_GROUP_BYTES, Origin
@@ -116,6 +116,8 @@ class Harvester(FileSystemEventHandler):
         self._observer: BaseObserver | None = None
         self._worker: threading.Thread | None = None
         self.busy: deque[tuple[float, float]] = deque(maxlen=10_000)  # (start, end) of work
+        self._was_ready = False
+        self._ready_checked = -1.0
 
     # ---- watching ---------------------------------------------------------------------
 
@@ -181,8 +183,17 @@ class Harvester(FileSystemEventHandler):
     # ---- the worker -------------------------------------------------------------------
 
     def _ready(self) -> bool:
+        """Whether the pod is ready; once it is, it stays so for this harvest (a status
+        read on every event of a busy cache would cost the watcher's thread)."""
+        if self._was_ready:
+            return True
+        now = time.monotonic()
+        if now - self._ready_checked < 1.0:
+            return False
+        self._ready_checked = now
         status = self._status()
-        return status is not None and status.ready and bool(status.fingerprint)
+        self._was_ready = status is not None and status.ready and bool(status.fingerprint)
+        return self._was_ready
 
     def _run(self) -> None:
         _yield_the_cpu()
@@ -317,10 +328,10 @@ class Harvester(FileSystemEventHandler):
         return ("harvested" if new else "deduplicated"), len(data)
 
     def _record(self, origin: Origin, folder: str) -> None:
-        """The kernel's origin, in this sidecar's own record (``explain`` reads it)."""
-        writer = f"harvest-{machine_name()}"
+        """The kernel's origin, in the harvests' record (``explain`` reads it): one for
+        every harvesting sidecar, so a race loses a folder's record at worst."""
         triton_cache.record_origin(
-            self.settings.paths.triton_cache, origin, [folder], writer=writer
+            self.settings.paths.triton_cache, origin, [folder], writer="harvest"
         )
 
     def _import(self, path: Path, fingerprint: Fingerprint) -> None:

@@ -16,7 +16,7 @@ from warmup.manifest import load_manifest
 
 @pytest.fixture
 def manifest(tmp_path):
-    text = models_manifest(("mlp", "mlp", "{batch: [2, 4], seq: [8]}"))
+    text = models_manifest(("mlp", "mlp", "{batch: [2, 16], seq: [8]}"))
     return load_manifest(write_manifest(tmp_path / "m.yaml", text))
 
 
@@ -70,6 +70,8 @@ def test_the_harvest_merges_what_servers_learned_into_the_volume(tmp_path, manif
         {"batch": True, "seq": 8},
         {"batch": "3", "seq": 8},
         {"batch": 2**40, "seq": 8},
+        {"batch": 17, "seq": 8},  # past the largest declared batch
+        {"batch": 3, "seq": 9},
         [3, 8],
     ],
 )
@@ -81,6 +83,17 @@ def test_dims_that_do_not_fit_the_model_are_never_kept(tmp_path, manifest, bad):
     root.mkdir()
     (root / "mlp.json").write_text(json.dumps({"dims": [bad, {"batch": 9, "seq": 8}]}))
     assert learned.learned_dims(root, manifest.model("mlp")) == [{"batch": 9, "seq": 8}]
+
+
+def test_recording_a_call_never_fails_the_request(tmp_path, manifest):
+    recorder = learned.Recorder(tmp_path / "metrics", rank=0)
+
+    class Unsized:
+        shape = object()  # len() raises
+
+    recorder.record(manifest.model("mlp"), (Unsized(), Unsized()))
+    recorder.record(manifest.model("mlp"), inputs(3, 8))
+    assert recorder.models == {"mlp": [{"batch": 3, "seq": 8}]}
 
 
 def test_an_unreadable_file_is_skipped(tmp_path, manifest):

@@ -16,7 +16,6 @@ import triton
 from prometheus_client import CollectorRegistry
 
 from registry import inductor_cache, remote_models, remote_triton, triton_cache
-from registry.fingerprint import machine_name
 from registry.remote import RemoteTier
 from registry.store import Store
 from tests.conftest import (
@@ -316,6 +315,7 @@ def test_events_before_ready_are_not_queued_nor_spend_the_rate(pod):
         harvest.offer("kernel", pod.cache_dir / f"K{i}" / "__grp__k.json")
     assert not harvest._pending
     ready(pod)
+    harvest._ready_checked = -1.0  # the next event reads the status again
     harvest.offer("kernel", group_of(pod.cache_dir))
     harvest.start()
     try:
@@ -341,7 +341,7 @@ def test_an_unreadable_origin_record_is_replaced_not_fatal(pod):
     records = pod.paths.triton_cache / triton_cache.ORIGINS
     records.mkdir(parents=True)
     harvest = harvester(pod)
-    name = f"{triton_cache.Origin.of(FP, {}).digest()[:32]}-harvest-{machine_name()}.json"
+    name = f"{triton_cache.Origin.of(FP, {}).digest()[:32]}-harvest.json"
     (records / name).write_text('{"origin": {"triton": 1}, "folders": []}')
     assert harvest.harvest("kernel", group_of(pod.cache_dir)) == "harvested"
     assert triton_cache.origins(pod.paths.triton_cache)
