@@ -166,6 +166,7 @@ def test_counts_reach_the_metrics_registry():
 def test_a_compile_that_triton_loaded_from_its_disk_cache_is_also_a_load():
     metrics = ServingMetrics(CollectorRegistry(), rank=1)
     seen = []
+    before = knobs.compilation.listener  # another test's, installed for the process
     knobs.compilation.listener = lambda **event: seen.append(event["cache_hit"])
     try:
         with CompileGuard(metrics=metrics) as guard:
@@ -180,7 +181,7 @@ def test_a_compile_that_triton_loaded_from_its_disk_cache_is_also_a_load():
         loads = "triton_warmup_request_cache_loads_total"
         assert metrics.registry.get_sample_value(loads, {"kernel": "loaded", "rank": "1"}) == 1
     finally:
-        knobs.compilation.listener = None
+        knobs.compilation.listener = before
 
 
 def test_a_refused_compile_is_never_taken_for_a_later_load():

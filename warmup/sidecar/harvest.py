@@ -124,13 +124,22 @@ class Harvester(FileSystemEventHandler):
     def start(self) -> None:
         self._observer = Observer()
         for folder in (self.triton_dir, self.inductor_dir):
-            folder.mkdir(parents=True, exist_ok=True)
-            self._observer.schedule(self, str(folder), recursive=True, event_filter=EVENTS)
-        self.learned_dir.mkdir(parents=True, exist_ok=True)
-        self._observer.schedule(self, str(self.learned_dir), event_filter=EVENTS)
+            with contextlib.suppress(OSError):  # a read-only mount: it is there or not
+                folder.mkdir(parents=True, exist_ok=True)
+            self._watch(folder, recursive=True)
+        # the server's folder, made by the server: learned shapes also merge at every
+        # Inductor harvest, so a folder not there yet loses nothing
+        self._watch(self.learned_dir, recursive=False)
         self._observer.start()
         self._worker = threading.Thread(target=self._run, daemon=True, name="harvest")
         self._worker.start()
+
+    def _watch(self, folder: Path, *, recursive: bool) -> None:
+        assert self._observer is not None
+        if not folder.is_dir():
+            log.info("harvest: %s is not there; not watched", folder)
+            return
+        self._observer.schedule(self, str(folder), recursive=recursive, event_filter=EVENTS)
 
     def stop(self, timeout: float = 1.0) -> None:
         with self._wake:
