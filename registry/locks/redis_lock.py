@@ -86,6 +86,7 @@ class RedisLockBackend:
     def try_acquire(self, name: str, ttl: float, wait: float) -> _Held | None:
         lock = self._client(io_timeout(ttl)).lock(PREFIX + name, timeout=ttl, thread_local=False)
         deadline = time.monotonic() + wait
+        self.holder(name)  # a key without an expiry would fail every try: deleted first
         while True:
             sent = time.monotonic()  # a lease runs from the SET that won, not from its reply
             holder = self._value(name)
