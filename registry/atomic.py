@@ -50,11 +50,15 @@ def dumps(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True, allow_nan=False) + "\n"
 
 
-def read_bounded(path: Path, limit: int, *, follow_links: bool = False) -> bytes:
+def read_bounded(
+    path: Path, limit: int, *, follow_links: bool = False, dir_fd: int | None = None
+) -> bytes:
     """A regular file's bytes, refused (ValueError) past ``limit``: never a fifo (the open
-    does not block), never a GiB, and a link only with ``follow_links`` (OSError ELOOP)."""
+    does not block), never a GiB, and a link only with ``follow_links`` (OSError ELOOP).
+    ``dir_fd``: ``path`` is a name in that open folder (no folder swapped for a link
+    meanwhile can lead the read elsewhere)."""
     flags = os.O_RDONLY | os.O_NONBLOCK | (0 if follow_links else os.O_NOFOLLOW)
-    with os.fdopen(os.open(path, flags), "rb") as f:
+    with os.fdopen(os.open(path, flags, dir_fd=dir_fd), "rb") as f:
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode):
             raise ValueError(f"{path.name} is not a regular file")

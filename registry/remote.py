@@ -186,11 +186,7 @@ class RemoteTier:
         ``explain``; asked even while the tier is skipped; [] when it fails."""
 
         def read(client: Any) -> list[Entry]:
-            names = []
-            for name in client.scan_iter(match=f"{PREFIX}*", count=1000, _type="hash"):
-                names.append(name.decode(errors="replace"))
-                if len(names) >= limit:
-                    break
+            names = scan_names(client, f"{PREFIX}*", limit, type="hash")
             with client.pipeline(transaction=False) as pipe:
                 for name in names:
                     pipe.hgetall(name)
@@ -368,6 +364,22 @@ class RemoteTier:
             self._warned.add((name, field))
             where = f"{name} field {field[:12]}" if field else name
             log.warning("remote tier: %s: " + message, where, *args)
+
+
+def scan_names(client: Any, pattern: str, limit: int, *, type: str | None = None) -> list[str]:
+    """Up to ``limit`` key names matching ``pattern`` (of ``type``), by SCAN: never
+    blocks the server as KEYS would."""
+    names: list[str] = []
+    for name in client.scan_iter(match=pattern, count=1000, _type=type):
+        names.append(name.decode(errors="replace") if isinstance(name, bytes) else name)
+        if len(names) >= limit:
+            break
+    return names
+
+
+def getter(keys: list[str]) -> Callable[[Any], list[bytes | None]]:
+    """A :meth:`RemoteTier.call` function: the values of ``keys`` (MGET)."""
+    return lambda client: list(client.mget(keys))
 
 
 def _parse(raw: bytes) -> Entry:

@@ -39,7 +39,7 @@ from registry.inductor_cache import (
     blob_path,
     index_path,
 )
-from registry.remote import RemoteTier
+from registry.remote import RemoteTier, getter, scan_names
 
 log = logging.getLogger(__name__)
 
@@ -123,14 +123,14 @@ def _fetch_blobs(tier: RemoteTier, root: Path, name: str, index: Mapping[str, An
     given = index.get("modes")
     modes: dict[str, Any] = given if isinstance(given, dict) else {}
     wanted = [sha for sha in sorted(sizes) if not _present(root, sha, sizes[sha])]
-    for batch in _batches(wanted, sizes):
+    for batch in batches(wanted, sizes):
         keys = [blob_key(sha) for sha in batch]
         held = tier.call(functools.partial(_lengths, keys=keys), now=True)
         if held is None or held != [sizes[sha] for sha in batch]:  # never read a surprise
             if held is not None:
                 log.warning("remote tier: %s names blobs the server lacks or holds otherwise", name)
             return False
-        values = tier.call(_getter(keys), now=True)
+        values = tier.call(getter(keys), now=True)
         if values is None:
             return False
         for sha, data in zip(batch, values, strict=True):
@@ -149,8 +149,9 @@ def _present(root: Path, sha: str, size: int) -> bool:
     return blob.is_file() and blob.stat().st_size == size
 
 
-def _batches(shas: list[str], sizes: Mapping[str, int]) -> list[list[str]]:
-    """Blobs in batches of at most :data:`BATCH_BYTES` and :data:`BATCH_KEYS`."""
+def batches(shas: list[str], sizes: Mapping[str, int]) -> list[list[str]]:
+    """Blobs (any names, by ``sizes``) in batches of at most :data:`BATCH_BYTES` and
+    :data:`BATCH_KEYS`."""
     batches: list[list[str]] = [[]]
     held = 0
     for sha in shas:
@@ -233,10 +234,6 @@ def _setter(key: str, value: bytes) -> Callable[[Any], list[Any]]:
     return lambda client: [client.set(key, value)]
 
 
-def _getter(keys: list[str]) -> Callable[[Any], list[bytes | None]]:
-    return lambda client: list(client.mget(keys))
-
-
 def stored_fingerprints(
     tier: RemoteTier, model: str, key_digest: str, fingerprint: Fingerprint, limit: int = 50
 ) -> list[Fingerprint] | None:
@@ -248,15 +245,10 @@ def stored_fingerprints(
     def read(client: Any) -> tuple[bool, list[bytes | None], bool]:
         if client.exists(index_key(model, key_digest, fingerprint)):
             return True, [], True
-        names = []
-        for name in client.scan_iter(match=f"{INDEX_PREFIX}{model}:*:{key_digest}", count=1000):
-            names.append(name)
-            if len(names) >= limit:
-                break
+        names = scan_names(client, f"{INDEX_PREFIX}{model}:*:{key_digest}", limit)
         if names:
             return False, list(client.mget(names)), True
-        others = next(iter(client.scan_iter(match=f"{INDEX_PREFIX}{model}:*", count=1000)), None)
-        return False, [], others is not None
+        return False, [], bool(scan_names(client, f"{INDEX_PREFIX}{model}:*", 1))
 
     answer = tier.call(read, now=True)
     if answer is None or not answer[2]:

@@ -21,13 +21,16 @@ Nothing here raises: a failure is an outage of the tier
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from registry.remote import RemoteTier
-from registry.remote_models import BATCH_BYTES, BATCH_KEYS, blob_key
+from registry import atomic
+from registry.remote import RemoteTier, getter, scan_names
+from registry.remote_models import batches, blob_key
+from registry.triton_cache import MAX_GROUP_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +70,7 @@ def fetch(tier: RemoteTier, cache_key: str, filenames: Sequence[str]) -> dict[st
     names = list(dict.fromkeys(names))
     if not names:
         return {}
-    pointers = tier.call(_getter([name_key(cache_key, f) for f in names]))
+    pointers = tier.call(getter([name_key(cache_key, f) for f in names]))
     if pointers is None:
         return {}
     wanted: dict[str, tuple[str, int]] = {}
@@ -82,30 +85,18 @@ def _blobs(
     tier: RemoteTier, cache_key: str, wanted: dict[str, tuple[str, int]]
 ) -> dict[str, bytes]:
     got: dict[str, bytes] = {}
-    for batch in _batches(list(wanted.items())):
-        values = tier.call(_getter([blob_key(sha) for _, (sha, _) in batch]))
+    sizes = {filename: size for filename, (_, size) in wanted.items()}
+    for batch in batches(list(wanted), sizes):
+        values = tier.call(getter([blob_key(wanted[filename][0]) for filename in batch]))
         if values is None:
             return {}  # the tier failed mid-way: nothing half-fetched is used
-        for (filename, (sha, size)), data in zip(batch, values, strict=True):
+        for filename, data in zip(batch, values, strict=True):
+            sha, size = wanted[filename]
             if data is not None and len(data) == size and hashlib.sha256(data).hexdigest() == sha:
                 got[filename] = data
             elif data is not None:
                 log.warning("remote triton cache: %s/%s is damaged; compiling", cache_key, filename)
     return got
-
-
-def _batches(items: list[tuple[str, tuple[str, int]]]) -> list[list[tuple[str, tuple[str, int]]]]:
-    """Blobs in batches of at most :data:`BATCH_BYTES` and :data:`BATCH_KEYS`, by size."""
-    batches: list[list[tuple[str, tuple[str, int]]]] = [[]]
-    held = 0
-    for item in items:
-        size = item[1][1]
-        if batches[-1] and (held + size > BATCH_BYTES or len(batches[-1]) >= BATCH_KEYS):
-            batches.append([])
-            held = 0
-        batches[-1].append(item)
-        held += size
-    return [batch for batch in batches if batch]
 
 
 def publish(tier: RemoteTier, cache_key: str, filename: str, data: bytes) -> bool:
@@ -146,14 +137,11 @@ def _writer(blob: str, data: bytes, name: str, pointer: bytes) -> Callable[[Any]
     return write
 
 
-def _getter(keys: list[str]) -> Callable[[Any], list[bytes | None]]:
-    return lambda client: list(client.mget(keys))
-
-
 def sample_metadata(tier: RemoteTier, limit: int = 200) -> dict[str, bytes]:
     """Up to ``limit`` compiled kernels' metadata files on the tier, by cache key (for
     ``explain``: what the kernels there were compiled for); {} when the tier is down."""
-    names = tier.call(_scan(f"{NAME_PREFIX}*.json", limit * 4), now=True) or []
+    pattern = f"{NAME_PREFIX}*.json"
+    names = tier.call(lambda client: scan_names(client, pattern, limit * 4), now=True) or []
     wanted: dict[str, str] = {}
     for name in names:
         cache_key, _, filename = name.removeprefix(NAME_PREFIX).partition(":")
@@ -169,15 +157,23 @@ def sample_metadata(tier: RemoteTier, limit: int = 200) -> dict[str, bytes]:
     return found
 
 
-def _scan(pattern: str, limit: int) -> Callable[[Any], list[str]]:
-    """Up to ``limit`` key names matching ``pattern`` (SCAN: never blocks the server)."""
+def group_value(names: Iterable[str]) -> bytes:
+    """A kernel's group as the tier holds it: its files' names only (a path from one
+    pod's cache means nothing in another's)."""
+    return json.dumps({"child_paths": sorted(names)}).encode()
 
-    def scan(client: Any) -> list[str]:
-        names: list[str] = []
-        for name in client.scan_iter(match=pattern, count=1000):
-            names.append(name.decode(errors="replace") if isinstance(name, bytes) else name)
-            if len(names) >= limit:
-                break
-        return names
 
-    return scan
+def group_names(raw: bytes, cache_key: str, metadata: str) -> list[str] | None:
+    """The names a group from the tier lists; None for anything that is not a group of
+    the kernel whose metadata file is ``metadata`` (too big, not JSON, a name that is a
+    path or host code, no metadata file)."""
+    if len(raw) > MAX_GROUP_BYTES:
+        return None
+    try:
+        children = atomic.loads(raw)["child_paths"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    names = list(children) if isinstance(children, (list, dict)) else []
+    if metadata not in names or not all(valid(cache_key, n) for n in names):
+        return None
+    return names

@@ -291,8 +291,9 @@ def held_differences(
     which are not predicted. ``restored``: ``target`` is copied by :func:`restore`,
     which points groups at their new folder; otherwise (a live TRITON_CACHE_DIR) a
     group naming another folder is a miss, as Triton finds none of its files.
-    ``known``: origins recorded elsewhere (the volume's, for a cache restored from it)."""
-    recorded = {**(known or {}), **origins(target)}
+    ``known``: the kernels' origins, read already (the volume's, for a cache restored
+    from it); default: those recorded in ``target``."""
+    recorded = origins(target) if known is None else known
     held: dict[str, Differences] = {}
     unknown: set[str] = set()
     for folder in sorted(p for p in target.iterdir() if p.is_dir()) if target.is_dir() else []:

@@ -140,30 +140,24 @@ def triton_family(
     """Triton's kernels or autotune results: on the volume (``restore`` relocates them),
     in this pod's TRITON_CACHE_DIR (as Triton reads it), on the remote tier (sampled)."""
     volume = settings.paths.triton_cache
-    held, unknown = triton_cache.held_differences(volume, host.triton, kind)
+    recorded = triton_cache.origins(volume)  # read once: they also name a restored cache's
+    held, unknown = triton_cache.held_differences(volume, host.triton, kind, known=recorded)
     if local:
         mine, mine_unknown = triton_cache.held_differences(
-            settings.cache_dir,
-            host.triton,
-            kind,
-            restored=False,
-            known=triton_cache.origins(volume),
+            settings.cache_dir, host.triton, kind, restored=False, known=recorded
         )
         held.update(mine)
         unknown = (unknown - set(held)) | mine_unknown
     if remote is not None:
         for cache_key, data in remote_triton.sample_metadata(remote).items():
             try:
-                held.setdefault(cache_key, triton_cache.compare(host.triton, _factors(data)))
+                factors = triton_cache.metadata_factors(data)
+                held.setdefault(cache_key, triton_cache.compare(host.triton, factors))
             except ValueError:
                 unknown.add(cache_key)
     note = f"{len(unknown)} of unknown origin not predicted" if unknown else ""
     family = "triton-kernels" if kind == "kernels" else "triton-autotune"
     return predict(family, held.values(), note=note)
-
-
-def _factors(data: bytes) -> dict[str, object]:
-    return triton_cache.metadata_factors(data)
 
 
 def inductor(

@@ -53,6 +53,7 @@ from warmup.settings import Settings
 
 if TYPE_CHECKING:
     from warmup.compiled.serve import ServedModel
+    from warmup.manifest import ModelEntry
 
 log = logging.getLogger(__name__)
 OnMissing = Literal["error", "fallback"]
@@ -428,8 +429,11 @@ class Serving:
         cannot be built or run. Once :meth:`declare_warm` is called, its compiles are
         counted."""
         from warmup.compiled.serve import build_served
+        from warmup.manifest import load_manifest
 
+        manifest = load_manifest(self.settings.manifest)
         try:
+            learned = self._learned_shapes(manifest.model(name))
             with self._exempt():
                 return build_served(
                     name,
@@ -437,31 +441,29 @@ class Serving:
                     device=_device(device),
                     guard=self.guard,
                     prime=prime,
+                    manifest=manifest,
                     recorder=self.learned,
-                    learned=self._learned_shapes(name),
+                    learned=learned,
                 )
         except KeyError as e:
             raise ServingError(str(e.args[0])) from None
         except ValueError as e:
             raise ServingError(f"model {name}: {e}") from None
 
-    def _learned_shapes(self, name: str) -> list[dict[str, int]]:
-        """The shapes the fleet learned for model ``name``, rank 0's list on every rank
-        (a harvest may write the file between two ranks' reads)."""
+    def _learned_shapes(self, entry: ModelEntry) -> list[dict[str, int]]:
+        """The shapes the fleet learned for the model ``entry``, rank 0's list on every
+        rank (a harvest may write the file between two ranks' reads)."""
         import torch.distributed as dist
 
         from warmup.compiled.learned import learned_dims
-        from warmup.manifest import load_manifest
         from warmup.run.lockstep import Lockstep
 
         group = dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
         steps = Lockstep(group, timeout_s=self.settings.rank_timeout_s)
-        mine: list[dict[str, int]] = []
-        if steps.leader:
-            with contextlib.suppress(KeyError):
-                entry = load_manifest(self.settings.manifest).model(name)
-                mine = learned_dims(self.settings.paths.learned, entry)
-        found: list[dict[str, int]] = steps.broadcast(mine, what=f"model {name}: learned shapes")
+        mine = learned_dims(self.settings.paths.learned, entry) if steps.leader else []
+        found: list[dict[str, int]] = steps.broadcast(
+            mine, what=f"model {entry.name}: learned shapes"
+        )
         return found
 
     def declare_warm(self) -> None:

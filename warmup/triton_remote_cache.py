@@ -28,7 +28,6 @@ raises into Triton.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import threading
 from collections.abc import Callable
@@ -37,9 +36,9 @@ from typing import Any, ParamSpec, TypeVar
 
 from triton.runtime.cache import FileCacheManager, RemoteCacheBackend
 
-from registry import atomic, remote_triton
+from registry import remote_triton
 from registry.remote import RemoteTier, remote_tier
-from registry.triton_cache import GROUP_PREFIX, MAX_GROUP_BYTES
+from registry.triton_cache import GROUP_PREFIX
 
 log = logging.getLogger(__name__)
 P = ParamSpec("P")
@@ -178,8 +177,7 @@ class TieredCacheManager(FileCacheManager):  # type: ignore[misc]
     def put_group(self, filename: str, group: dict[str, str]) -> str:
         path: str = super().put_group(filename, group)
         if self.remote is not None and set(group) <= self.remote.published:
-            names = json.dumps({"child_paths": sorted(group)}).encode()
-            self.remote.put(f"{GROUP_PREFIX}{filename}", names)
+            self.remote.put(f"{GROUP_PREFIX}{filename}", remote_triton.group_value(group))
         return path
 
     @_never_raises(None)
@@ -190,14 +188,8 @@ class TieredCacheManager(FileCacheManager):  # type: ignore[misc]
         assert self.remote is not None
         name = f"{GROUP_PREFIX}{filename}"
         raw = self.remote.fetch([name]).get(name)
-        if raw is None or len(raw) > MAX_GROUP_BYTES:
-            return None
-        try:
-            children = atomic.loads(raw)["child_paths"]
-        except (ValueError, KeyError, TypeError):
-            return None
-        names = list(children) if isinstance(children, (list, dict)) else []
-        if filename not in names or not all(remote_triton.valid(self.key, n) for n in names):
+        names = None if raw is None else remote_triton.group_names(raw, self.key, filename)
+        if names is None:
             return None
         found = self.remote.fetch(names)
         if len(found) != len(set(names)):

@@ -19,7 +19,9 @@ from registry.remote import RemoteTier
 from registry.store import Store
 from registry.triton_cache import Origin
 from tests.conftest import env_without_interpreter, gpu_fingerprint, settings_for, write_manifest
+from tests.registry.test_explain import FINGERPRINT_FACTORS
 from tests.registry.test_redis_outage import redis  # noqa: F401
+from tests.registry.test_triton_cache import compile_in
 from tests.warmup.compiled.models import manifest as models_manifest
 from warmup import explain
 from warmup.compiled.key import model_key
@@ -42,16 +44,6 @@ def server(redis):  # noqa: F811
 
 
 # ---- tuned configs ------------------------------------------------------------------------
-
-
-FINGERPRINT_FACTORS = [
-    ({"torch": "2.12.0"}, "torch"),
-    ({"triton": "3.7.0"}, "Triton version"),
-    ({"triton_hash": "u" * 16}, "Triton build"),
-    ({"cuda_runtime": "13.0"}, "CUDA"),
-    ({"driver": "580.65"}, "driver"),
-    ({"ptxas": "13.0"}, "ptxas"),
-]
 
 
 @pytest.mark.parametrize(("change", "factor"), FINGERPRINT_FACTORS)
@@ -106,14 +98,7 @@ def test_tuned_configs_on_the_remote_tier_are_sampled(tmp_path, server, make_ent
 def compiled(tmp_path_factory) -> Path:
     """A real sm90 Triton cache (compiled on CPU, no GPU needed), made once."""
     cache = tmp_path_factory.mktemp("compiled")
-    subprocess.run(
-        [sys.executable, "-m", "tests.registry._compile_sm90"],
-        cwd=ROOT,
-        env=env_without_interpreter(TRITON_CACHE_DIR=str(cache)),
-        capture_output=True,
-        check=True,
-        timeout=300,
-    )
+    compile_in(cache)
     return cache
 
 

@@ -59,19 +59,22 @@ def call_dims(entry: ModelEntry, args: Sequence[Any]) -> dict[str, int] | None:
     return found if set(found) == set(entry.dims) else None
 
 
-def valid(entry: ModelEntry, dims: Any) -> bool:
-    """Whether ``dims`` names exactly ``entry``'s dims, each a size from 1 to the largest
-    the manifest declares for it (a request far past them is no shape to warm on every
-    pod: declare it)."""
-    if not isinstance(dims, dict) or set(dims) != set(entry.dims):
-        return False
-    largest = _largest(entry)
-    return all(type(v) is int and 1 <= v <= largest[k] for k, v in dims.items())
-
-
-def _largest(entry: ModelEntry) -> dict[str, int]:
+def kept(
+    entry: ModelEntry, candidates: Iterable[Any], held: Sequence[Any] = ()
+) -> list[dict[str, int]]:
+    """The ``candidates`` that are learned dims of ``entry``, each once and in order:
+    naming exactly its dims, each a size from 1 to the largest the manifest declares for
+    it (a request far past them is no shape to warm on every pod: declare it), neither
+    declared nor in ``held``."""
     declared = entry.expand()
-    return {name: max(d[name] for d in declared) for name in entry.dims}
+    largest = {name: max(d[name] for d in declared) for name in entry.dims}
+    found: list[dict[str, int]] = []
+    for dims in candidates:
+        fits = isinstance(dims, dict) and set(dims) == set(entry.dims)
+        sizes = fits and all(type(v) is int and 1 <= v <= largest[k] for k, v in dims.items())
+        if sizes and dims not in declared and dims not in held and dims not in found:
+            found.append(dims)
+    return found
 
 
 class Recorder:
@@ -97,8 +100,7 @@ class Recorder:
         bound; whether the file changed (written atomically)."""
         with self._lock:
             held = self.models.setdefault(entry.name, [])
-            fresh = dims not in held and dims not in entry.expand() and valid(entry, dims)
-            if not fresh or len(held) >= MAX_LEARNED:
+            if not kept(entry, [dims], held) or len(held) >= MAX_LEARNED:
                 return False
             held.append(dict(dims))
             try:
@@ -122,8 +124,7 @@ def merge(folder: Path, root: Path, manifest: Manifest) -> int:
         if entry.name not in found or not _NAME.fullmatch(entry.name):
             continue
         held = learned_dims(root, entry)
-        fresh = [d for d in _unique(found[entry.name]) if valid(entry, d) and d not in held]
-        fresh = [d for d in fresh if d not in entry.expand()][: MAX_LEARNED - len(held)]
+        fresh = kept(entry, found[entry.name], held)[: MAX_LEARNED - len(held)]
         if fresh:
             atomic.write_json(root / f"{entry.name}.json", {"dims": held + fresh})
             new += len(fresh)
@@ -141,9 +142,7 @@ def learned_dims(root: Path, entry: ModelEntry) -> list[dict[str, int]]:
     except (OSError, ValueError, KeyError) as e:
         log.warning("learned shapes of %s unreadable, ignored: %s", entry.name, e)
         return []
-    declared = entry.expand()
-    kept = [d for d in _unique(dims if isinstance(dims, list) else []) if valid(entry, d)]
-    return [d for d in kept if d not in declared][:MAX_LEARNED]
+    return kept(entry, dims if isinstance(dims, list) else [])[:MAX_LEARNED]
 
 
 def _read(path: Path) -> dict[str, list[Any]]:
@@ -156,11 +155,3 @@ def _read(path: Path) -> dict[str, list[Any]]:
     if not isinstance(models, dict):
         return {}
     return {k: v for k, v in models.items() if isinstance(k, str) and isinstance(v, list)}
-
-
-def _unique(dims: Iterable[Any]) -> list[Any]:
-    out: list[Any] = []
-    for d in dims:
-        if d not in out:
-            out.append(d)
-    return out

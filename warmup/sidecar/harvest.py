@@ -29,11 +29,9 @@ threads and never touches the server's process.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import re
-import stat
 import threading
 import time
 from collections import OrderedDict, deque
@@ -300,8 +298,7 @@ class Harvester(FileSystemEventHandler):
         target = self.settings.paths.triton_cache / folder.name
         new = self._write_new(target, {**files, group: group_bytes})
         self._record(origin, folder.name)
-        remote_group = json.dumps({"child_paths": sorted(files)}).encode()
-        self._publish(folder.name, {**files, group: remote_group})
+        self._publish(folder.name, {**files, group: remote_triton.group_value(files)})
         return ("harvested" if new else "deduplicated"), size
 
     def _autotune(self, path: Path, origin: Origin, fingerprint: Fingerprint) -> tuple[str, int]:
@@ -475,19 +472,11 @@ def _read_at(folder: int, name: str, limit: int) -> bytes:
     """A regular file's bytes in the open ``folder``, read once (what is checked is
     what is written), refused past ``limit`` before it is read."""
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
+        return atomic.read_bounded(Path(name), limit, dir_fd=folder)
+    except ValueError as e:
+        raise Refused(f"{e}; the limit left is {limit}") from None
     except OSError as e:
         raise Refused(f"{name}: {e.strerror or e}") from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise Refused(f"{name} is not a regular file")
-        if st.st_size > limit:
-            raise Refused(f"{name} is {st.st_size} bytes; the limit left is {limit}")
-        data = f.read(limit + 1)
-    if len(data) > limit:
-        raise Refused(f"{name} grew past {limit} bytes while read")
-    return data
 
 
 def _temporary(name: str) -> bool:

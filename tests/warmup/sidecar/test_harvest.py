@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,13 +18,13 @@ from registry import inductor_cache, remote_models, remote_triton, triton_cache
 from registry.remote import RemoteTier
 from registry.store import Store
 from tests.conftest import (
-    env_without_interpreter,
     free_port,
     gpu_fingerprint,
     settings_for,
     wait_for,
 )
 from tests.registry.test_redis_outage import Proxy, redis  # noqa: F401
+from tests.registry.test_triton_cache import compile_in
 from tests.warmup.test_triton_remote_cache import compile_in_pod
 from warmup.metrics import ServeMetrics
 from warmup.results import ModelResult, RunStatus
@@ -42,25 +41,10 @@ def server(redis):  # noqa: F811
     return redis
 
 
-def compile_into(cache: Path) -> dict:
-    """``tests.registry._compile_sm90`` with ``cache`` as TRITON_CACHE_DIR (a server's
-    compile, on CPU: no GPU needed); its report."""
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.registry._compile_sm90"],
-        cwd=ROOT,
-        env=env_without_interpreter(TRITON_CACHE_DIR=str(cache)),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory) -> Path:
     cache = tmp_path_factory.mktemp("compiled")
-    compile_into(cache)
+    compile_in(cache)
     return cache
 
 
@@ -121,7 +105,7 @@ def test_a_kernel_compiled_after_ready_is_harvested_and_a_later_pod_hits_it(tmp_
     assert counted(harvest, "triton-kernels", "harvested") == 1
     later = tmp_path / "later"
     triton_cache.restore(volume, later)
-    assert compile_into(later)["hit"]
+    assert compile_in(later)["hit"]
 
 
 def test_nothing_is_harvested_before_the_pod_is_ready(tmp_path, pod):
@@ -279,7 +263,7 @@ def test_the_watcher_harvests_a_real_compile_once_it_is_whole(tmp_path):
     harvest = harvester(settings)
     harvest.start()
     try:
-        compile_into(settings.cache_dir)
+        compile_in(settings.cache_dir)
         deadline = time.monotonic() + 20
         while counted(harvest, "triton-kernels", "harvested") < 1:
             assert time.monotonic() < deadline, "not harvested"
@@ -289,7 +273,7 @@ def test_the_watcher_harvests_a_real_compile_once_it_is_whole(tmp_path):
     assert counted(harvest, "triton-kernels", "refused") == 0
     later = tmp_path / "later"
     triton_cache.restore(settings.paths.triton_cache, later)
-    assert compile_into(later)["hit"]
+    assert compile_in(later)["hit"]
 
 
 def test_a_flood_waits_for_the_rate_cap_and_past_the_queue_is_dropped(pod):
