@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import random
 import sys
+import threading
 import time
 from dataclasses import replace
 from typing import Any
@@ -262,11 +263,22 @@ def _delayed(function: Any, rng: random.Random) -> Any:
 
 
 def _signal_before_data(ctx: Any, a_shard: torch.Tensor, at: Any) -> None:
-    """A broken push: the flag first, the rows a moment later."""
+    """A broken push: the flag first, the rows only once the reader has moved on (it
+    armed its flags for its next call, or 2 s passed: the last call). The reader reads
+    before the rows land however loaded the machine is; a fixed pause would let a slow
+    reader find them landed."""
     for peer_rows, peer_flag in at.pushes:
         workspace.signal(ctx, peer_flag)
-        time.sleep(0.05)
-        peer_rows.copy_(a_shard)
+        threading.Thread(
+            target=_land_late, args=(peer_rows, peer_flag, a_shard), daemon=True
+        ).start()
+
+
+def _land_late(rows: torch.Tensor, flag: torch.Tensor, shard: torch.Tensor) -> None:
+    deadline = time.monotonic() + 2.0
+    while int(flag.item()) != 0 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    rows.copy_(shard)
 
 
 def protocol(world: int, rank: int, variant: str = "") -> dict[str, object]:

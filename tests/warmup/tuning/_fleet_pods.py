@@ -6,18 +6,25 @@ Tuning a shape takes a known time (the fake task sleeps at each launch). With a 
 URL the pods share only redis (locks and the registry's remote tier), each with its own
 volume; without, they share one volume (its lease folder and registry).
 Prints one JSON line.
+
+The killed scenario is ordered by events, not pauses, so that load cannot reorder it:
+pod 0 says it holds its first shape's lock (a file), the other pods start then, each
+says when it put that shape aside, and pod 0 dies only once all of them have.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch.distributed as dist
 
-from registry import Store, cpu_fingerprint
+from registry import KernelConfig, Store, cpu_fingerprint
 from registry.locks import backend_from_url
 from registry.remote import remote_tier
 from registry.tiered import TieredStore
@@ -29,6 +36,45 @@ from warmup.tuning.tuner import TuneOptions, Tuner
 
 SHAPES = [64 * (i + 1) for i in range(8)]  # M of each fake shape
 TTL_S = 1.0
+
+
+@dataclass
+class HeldThenKilled(FakeTask):
+    """Pod 0's shape: marks ``marks`` at its first launch (its lock is held then), and
+    kills its process at the second, once every file of ``waits`` is there."""
+
+    marks: list[Path] = field(default_factory=list)
+    waits: list[Path] = field(default_factory=list)
+
+    def run(self, config: KernelConfig) -> str:
+        if self.launches == 0:
+            for mark in self.marks:
+                mark.touch()
+        elif self.launches == 1:
+            wait_for(self.waits)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().run(config)
+
+
+@dataclass
+class PutAside(FakeTask):
+    """The other pods' copy of that shape: marks ``marks`` when it is put aside."""
+
+    marks: list[Path] = field(default_factory=list)
+    waits: list[Path] = field(default_factory=list)
+
+    def drop_inputs(self) -> None:
+        super().drop_inputs()
+        for mark in self.marks:
+            mark.touch()
+
+
+def wait_for(paths: list[Path], timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not all(path.exists() for path in paths):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"never appeared: {[str(p) for p in paths if not p.exists()]}")
+        time.sleep(0.01)
 
 
 def main() -> None:
@@ -53,11 +99,16 @@ def main() -> None:
     fraction = start_fraction(lockstep)
     if killed:
         fraction = 0.0
-        time.sleep(0.0 if dies else 0.4)
+        if not dies:
+            wait_for([work / "held"])
     jobs = []
     for m in rotated(SHAPES, fraction):
-        task = FakeTask({16: 1.0, 32: 0.5, 64: 0.7}, m=m, sleep_s=1.0 if dies else 0.05)
-        task.die_at_launch = 2 if dies else None
+        task: FakeTask = FakeTask({16: 1.0, 32: 0.5, 64: 0.7}, m=m, sleep_s=0.05)
+        if killed and m == SHAPES[0]:
+            others = [work / f"put-aside-{other}" for other in range(1, pods)]
+            task = HeldThenKilled(task.timings, m=m) if dies else PutAside(task.timings, m=m)
+            task.marks = [work / "held"] if dies else [work / f"put-aside-{pod}"]
+            task.waits = others
         tuner = Tuner(
             store,
             cpu_fingerprint(),
