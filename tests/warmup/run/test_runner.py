@@ -70,7 +70,9 @@ def test_user_functions_run_while_another_pod_holds_a_shape_put_aside(tmp_path, 
     def other_pod() -> None:  # holds one shape until the user function ran, stores nothing
         backend = backend_from_url(settings.lock_location)
         name = f"tune/matmul/{json.dumps(held, sort_keys=True)}"
-        with lock(name, ttl=5, timeout=5, backend=backend):
+        # a ttl the test never reaches: under load, a heartbeat starved for a short ttl
+        # would let the pod take the shape over in its first pass
+        with lock(name, ttl=600, timeout=5, backend=backend):
             holding.set()
             deadline = time.monotonic() + 60
             while not calls.exists() and time.monotonic() < deadline:
