@@ -121,6 +121,13 @@ class RunMetrics:
             ["phase"],
             registry=r,
         )
+        self.skipped_entries = Gauge(
+            "triton_warmup_skipped_entries",
+            "Manifest entries the last run skipped because they are for another world size "
+            "than the pod's (TRITON_WARMUP_OTHER_WORLD_SIZES: degraded keeps the pod ready, "
+            "fail does not).",
+            registry=r,
+        )
         self.unlocked = Counter(
             "triton_warmup_unlocked_tunings",
             "Shapes tuned without the fleet lock, because its server did not answer for "
@@ -234,6 +241,10 @@ class RunMetrics:
         if remote is not None:
             for result, count in REMOTE_RESULTS.items():
                 self.remote_calls.labels(result).inc(getattr(remote, count))
+
+    def record_skipped(self, entries: int) -> None:
+        """The manifest's entries for other world sizes, which the run did not warm."""
+        self.skipped_entries.set(entries)
 
     def write(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)

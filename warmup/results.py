@@ -276,6 +276,13 @@ class RunStatus(_Record):
     def ready(self) -> bool:
         return self.state == READY
 
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def degraded(self) -> bool:
+        """Ready for this pod's world size, with manifest entries for other world sizes
+        left unwarmed (the ``degraded`` policy of ``other_world_sizes``): the probe says so."""
+        return self.ready and bool(self.skipped_entries)
+
     def write(self, path: Path) -> RunStatus:
         """Atomically replace the status file (a reader sees the old one or the new one)."""
         atomic.write_bytes(path, self.model_dump_json(indent=1).encode())

@@ -70,6 +70,11 @@ class Settings(BaseSettings):
     run_timeout_s: float = Field(3600.0, gt=0, description="the whole run, all ranks")
     world_size: int | None = Field(None, ge=1, le=8, description="None: from the manifest")
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    other_world_sizes: Literal["degraded", "fail"] = Field(
+        "degraded",
+        description="manifest entries for another world size than the pod's: degraded "
+        "(ready, named in /readyz and triton_warmup_skipped_entries) or fail (not ready)",
+    )
     match_policy: MatchPolicy = MatchPolicy.EXACT
     metrics_host: str = "0.0.0.0"
     metrics_port: int = Field(9400, ge=0, le=65535)

@@ -232,6 +232,12 @@ def finish(
     models_expected = len(manifest.models_for(world))
     if expected + models_expected == 0:
         errors.append(manifest.no_entry_message(world))
+    skipped = manifest.skipped_entries(world)
+    if skipped and settings.other_world_sizes == "fail":
+        errors.append(
+            f"{len(skipped)} manifest entries are for other world sizes than this pod's "
+            f"{world} ranks, and other_world_sizes is 'fail': {'; '.join(skipped[:5])}"
+        )
     for report in reports:
         if len(report.shapes) != expected:
             errors.append(f"rank {report.rank} reported {len(report.shapes)} of {expected} shapes")
@@ -267,6 +273,7 @@ def finish(
     metrics.record_models(models)
     metrics.record_run(len(reports), duration, run, remote)
     metrics.record_predictions(predictions)
+    metrics.record_skipped(len(skipped))
     metrics.write(settings.metrics_path)
     return RunStatus(
         state=READY if ready else FAILED,
@@ -280,7 +287,7 @@ def finish(
         triton_env=dict(origin.env) if origin else {},
         errors=errors,
         rank_failures=[failures[r] for r in sorted(failures)],
-        skipped_entries=manifest.skipped_entries(world),
+        skipped_entries=skipped,
         benchmark_runs=sum(s.benchmark_runs for s in shapes),
         saved_artifacts=saved.copied,
         imported_entries=imported,

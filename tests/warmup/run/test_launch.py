@@ -367,7 +367,8 @@ def test_warm_in_process_on_cpu_turns_the_interpreter_on_or_says_why_it_cannot(t
     )
 
 
-def test_entries_for_another_world_size_are_skipped_out_loud(tmp_path, monkeypatch, caplog):
+@pytest.mark.parametrize("policy", ["degraded", "fail"])
+def test_entries_for_another_world_size_are_skipped_out_loud(tmp_path, monkeypatch, caplog, policy):
     monkeypatch.setenv("TEST_USER_LOG", str(tmp_path / "calls.jsonl"))
     manifest = write_manifest(
         tmp_path / "m.yaml",
@@ -381,12 +382,21 @@ entries:
 """,
     )
     with caplog.at_level(logging.WARNING, logger="warmup.run.launch"):
-        settings = settings_for(tmp_path, manifest=manifest, world_size=2)
+        settings = settings_for(tmp_path, manifest=manifest, world_size=2, other_world_sizes=policy)
         status = run(settings, load_manifest(manifest))
-    assert status.ready and status.sources == {"user": 2}
     skipped = "entries.1 (tests.warmup.user_functions:record_call, world size 4)"
-    assert status.skipped_entries == [skipped]
+    assert status.skipped_entries == [skipped] and status.sources == {"user": 2}
     assert f"skipping {skipped}: this pod has 2 ranks" in caplog.text
+    assert samples(settings.metrics_path)["triton_warmup_skipped_entries", ()] == 1
+    if policy == "degraded":  # ready, and the status says what it left out
+        assert status.ready and status.degraded
+        assert RunStatus.read(settings.status_path).degraded  # type: ignore[union-attr]
+    else:
+        assert not status.ready and not status.degraded
+        assert status.failures == [
+            "1 manifest entries are for other world sizes than this pod's 2 ranks, and "
+            f"other_world_sizes is 'fail': {skipped}"
+        ]
 
 
 def test_a_dead_rank_is_seen_while_a_lower_rank_still_runs():
