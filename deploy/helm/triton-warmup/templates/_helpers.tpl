@@ -76,6 +76,8 @@ restores and fills it, the server's torch.compile reads it. */}}
   value: {{ include "triton-warmup.bundlePath" . | quote }}
 - name: TRITON_WARMUP_MATCH_POLICY
   value: {{ .Values.warmup.matchPolicy | quote }}
+- name: TRITON_WARMUP_OTHER_WORLD_SIZES
+  value: {{ .Values.warmup.otherWorldSizes | quote }}
 - name: TRITON_WARMUP_LOG_FORMAT
   value: {{ .Values.warmup.logFormat | quote }}
 {{- if eq .Values.lock.backend "redis" }}
