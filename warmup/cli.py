@@ -20,33 +20,29 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-
-from registry import cli as registry_cli
-from registry.errors import RegistryError
-from warmup import doctor, explain, logs
 from warmup.manifest import ManifestError, load_manifest
-from warmup.results import RunStatus
-from warmup.run.early import EarlyRanks
-from warmup.run.launch import RunError
-from warmup.run.phases import phase_table
-from warmup.settings import Settings
-from warmup.sidecar.probe_server import SidecarError  # light: serve imports the sidecar itself
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
+    from warmup.results import RunStatus
+    from warmup.run.early import EarlyRanks
+    from warmup.settings import Settings
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
-BAD_INPUT = (ManifestError, RunError, SidecarError)  # the user's input or host: exit 2
+# Imported here: the manifest (and pydantic). ``validate`` needs nothing else, not even
+# the settings; every other command imports what it uses when it runs.
 
 
 def build_parser(settings: Settings) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="triton-warmup", description=__doc__.splitlines()[0])
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    parser.add_argument("--debug", action="store_true", help="tracebacks with errors")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    from registry import cli as registry_cli
+    from warmup import doctor, explain
 
+    parser, sub = _top_parser()
     run = sub.add_parser("run", help="warm every manifest shape, then exit")
     _common(run, settings)
     run.add_argument("--world-size", type=int, help="ranks, 1-8 (default: the manifest's largest)")
@@ -63,10 +59,7 @@ def build_parser(settings: Settings) -> argparse.ArgumentParser:
     )
     status.add_argument("--json", action="store_true", help="the status file's JSON as it is")
 
-    validate = sub.add_parser("validate", help="check a manifest and print what it expands to")
-    validate.add_argument("manifest", type=Path)
-    validate.add_argument("--json", action="store_true")
-
+    _add_validate(sub)
     doctor.add_parser(sub, settings)
     explain.add_parser(sub, settings)
     cache = settings.triton_cache_dir or settings.paths.triton_cache
@@ -77,6 +70,19 @@ def build_parser(settings: Settings) -> argparse.ArgumentParser:
         default_inductor=settings.paths.inductor,
     )
     return parser
+
+
+def _top_parser() -> tuple[argparse.ArgumentParser, Any]:
+    parser = argparse.ArgumentParser(prog="triton-warmup", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--debug", action="store_true", help="tracebacks with errors")
+    return parser, parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+
+def _add_validate(sub: Any) -> None:
+    validate = sub.add_parser("validate", help="check a manifest and print what it expands to")
+    validate.add_argument("manifest", type=Path)
+    validate.add_argument("--json", action="store_true")
 
 
 def _common(parser: argparse.ArgumentParser, settings: Settings) -> None:
@@ -97,6 +103,27 @@ OVERRIDES = {  # option -> setting
 def main(argv: Sequence[str] | None = None, *, early: EarlyRanks | None = None) -> int:
     """The command line; returns the exit code. ``early``: the rank processes the
     program started for ``run`` (``warmup.program``)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if _command(argv) == "validate":  # a file alone: no settings, nothing else imported
+        parser, sub = _top_parser()
+        _add_validate(sub)
+        args = parser.parse_args(argv)
+        return _guarded(args, lambda: _validate(args))
+    return _with_settings(argv, early)
+
+
+def _command(argv: Sequence[str]) -> str | None:
+    """The command named: the first word that is not an option (the top-level options
+    take no value)."""
+    return next((word for word in argv if not word.startswith("-")), None)
+
+
+def _with_settings(argv: Sequence[str], early: EarlyRanks | None) -> int:
+    from pydantic import ValidationError
+
+    from warmup import logs
+    from warmup.settings import Settings
+
     try:
         settings = Settings()
     except ValidationError as e:
@@ -113,19 +140,36 @@ def main(argv: Sequence[str] | None = None, *, early: EarlyRanks | None = None) 
         return _error(settings_errors(e, options=given), EXIT_BAD_INPUT)
     quiet = args.command not in ("run", "serve")  # registry commands print their own output
     logs.configure(settings.log_format, level=10 if args.verbose else 30 if quiet else 20)
+    return _guarded(args, lambda: _dispatch(args, settings, early))
+
+
+def _guarded(args: argparse.Namespace, command: Callable[[], int]) -> int:
+    """``command``'s exit code; an exception is one line on stderr (all of a manifest's
+    lines), with its traceback under ``--debug``."""
     try:
-        return _dispatch(args, settings, early)
+        return command()
     except Exception as e:
         if args.debug:
             traceback.print_exc()
-        code = EXIT_BAD_INPUT if isinstance(e, BAD_INPUT) else EXIT_FAILED
         if isinstance(e, ManifestError):
             for line in e.lines():
-                _error(line, code)
-            return code
-        if not isinstance(e, (*BAD_INPUT, RegistryError)):
+                _error(line, EXIT_BAD_INPUT)
+            return EXIT_BAD_INPUT
+        bad_input, registry_error = _bad_input()
+        code = EXIT_BAD_INPUT if isinstance(e, bad_input) else EXIT_FAILED
+        if not isinstance(e, (*bad_input, registry_error)):
             return _error(f"{type(e).__name__}: {e} (--debug shows where)", code)
         return _error(str(e), code)
+
+
+def _bad_input() -> tuple[tuple[type[Exception], ...], type[Exception]]:
+    """What is the user's input or host (exit 2), and the registry's own failure (exit 1
+    with its message); imported once an error is out, not before every command."""
+    from registry.errors import RegistryError
+    from warmup.run.session import RunError
+    from warmup.sidecar.probe_server import SidecarError
+
+    return (ManifestError, RunError, SidecarError), RegistryError
 
 
 def _dispatch(args: argparse.Namespace, settings: Settings, early: EarlyRanks | None) -> int:
@@ -138,9 +182,15 @@ def _dispatch(args: argparse.Namespace, settings: Settings, early: EarlyRanks | 
     if args.command == "validate":
         return _validate(args)
     if args.command == "doctor":
+        from warmup import doctor
+
         return doctor.run(settings, args)
     if args.command == "explain":
+        from warmup import explain
+
         return explain.run(settings, args)
+    from registry import cli as registry_cli
+
     return registry_cli.run(args)
 
 
@@ -150,7 +200,9 @@ def _error(message: str, code: int) -> int:
 
 
 def _run(settings: Settings, early: EarlyRanks | None) -> int:
-    manifest = load_manifest(settings.manifest)  # before any GPU work or write
+    # Before any GPU work or write: the whole manifest (the kernels' rules on its shapes,
+    # its functions found).
+    manifest = load_manifest(settings.manifest, find_functions=True)
     from warmup.run.launch import run
 
     status = run(settings, manifest, early)
@@ -172,6 +224,9 @@ def summary(status: RunStatus) -> str:
 def _status(path: Path, *, as_json: bool) -> int:
     """Exit 0 when the last run is ready, 1 when it failed or runs, 2 when there is no
     readable status."""
+    from warmup.results import RunStatus
+    from warmup.run.phases import phase_table
+
     status = RunStatus.read(path)
     if status is None:
         return _error(f"no readable status at {path}: has a run started here?", EXIT_BAD_INPUT)
@@ -225,7 +280,10 @@ def _serve(settings: Settings) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    manifest = load_manifest(args.manifest, check_kernels=True)
+    """Everything a manifest can be checked for without importing torch, triton or the
+    user's code: its fields, each kernel's rule on its shapes, its functions found and
+    their signatures read; every error listed at once."""
+    manifest = load_manifest(args.manifest, find_functions=True)
     rows: list[dict[str, Any]] = [
         {
             "kernel": e.kernel,

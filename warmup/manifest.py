@@ -42,6 +42,7 @@ many more.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import hashlib
 import importlib
@@ -53,21 +54,25 @@ import os
 import re
 import stat
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from importlib.machinery import ModuleSpec
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    ModelWrapValidatorHandler,
     ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
 )
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from kernels import ADAPTERS
+from kernels.shapes import RULES, check_shape
 from warmup import plain_yaml
 from warmup.plain_yaml import clip, short
 
@@ -75,7 +80,13 @@ MAX_SHAPES = 4096  # shapes of the whole manifest, duplicates counted
 MAX_DIM = 2**31 - 1  # a dimension is a positive int32
 MAX_MANIFEST_BYTES = 1 << 20
 MAX_ERRORS = 50  # error lines listed; the rest are counted
+MAX_REASONS = 5  # a kernel's reasons listed for one entry's rejected shapes; the rest counted
 _USER_KERNEL = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+WARM_KEYWORDS = ("shape", "dtype", "device")  # a user's warm function is called with these
+BUILD_KEYWORDS = ("device",)  # a model's builder is called with this (warmup and server)
+# Validation context keys: find the user's functions (without running them); the shapes
+# the kernels' rules may still expand in this pass.
+_FIND_FUNCTIONS, _SHAPES_LEFT = "find_functions", "shapes_left"
 
 
 class ManifestError(ValueError):
@@ -251,9 +262,11 @@ class ModelEntry(BaseModel):
 
     @field_validator("build")
     @classmethod
-    def _a_function(cls, build: str) -> str:
+    def _a_function(cls, build: str, info: ValidationInfo) -> str:
         if not _USER_KERNEL.match(build):
             raise ValueError(f"build {short(build)} is not 'package.module:function'")
+        if _asked(info, _FIND_FUNCTIONS):
+            find_function(build, BUILD_KEYWORDS)
         return build
 
     @field_validator("dims")
@@ -296,14 +309,59 @@ class ManifestEntry(BaseModel):
     policy: Literal["tune", "fallback", "fail"] = "tune"
     shapes: list[ShapeSpec] = Field(min_length=1)
 
-    @model_validator(mode="after")
-    def _check(self) -> ManifestEntry:
-        if self.kernel not in ADAPTERS and not _USER_KERNEL.match(self.kernel):
-            known = ", ".join(repr(name) for name in sorted(ADAPTERS))
-            raise ValueError(
-                f"kernel {short(self.kernel)} is neither one of {known} nor 'module:function'"
-            )
-        return self
+    @model_validator(mode="wrap")
+    @classmethod
+    def _a_known_kernel(
+        cls, data: Any, handler: ModelWrapValidatorHandler[ManifestEntry]
+    ) -> ManifestEntry:
+        """A kernel with an adapter, or a ``module:function``: said beside the entry's
+        other errors, not instead of them (an "after" validator runs only once every
+        field is valid)."""
+        kernel = data.get("kernel") if isinstance(data, dict) else None
+        problem = _unknown_kernel(kernel) if isinstance(kernel, str) else None
+        try:
+            entry = handler(data)
+        except ValidationError as e:
+            if problem is None:
+                raise
+            others = cast(list[InitErrorDetails], e.errors())
+            raise ValidationError.from_exception_data(
+                e.title, [_value_error(problem, kernel), *others]
+            ) from None
+        if problem is not None:
+            raise ValidationError.from_exception_data(cls.__name__, [_value_error(problem, kernel)])
+        return entry
+
+    @field_validator("kernel")
+    @classmethod
+    def _a_function_found(cls, kernel: str, info: ValidationInfo) -> str:
+        if _USER_KERNEL.match(kernel) and _asked(info, _FIND_FUNCTIONS):
+            find_function(kernel, WARM_KEYWORDS)
+        return kernel
+
+    @field_validator("shapes")
+    @classmethod
+    def _taken_by_the_kernel(cls, shapes: list[ShapeSpec], info: ValidationInfo) -> list[ShapeSpec]:
+        """The kernel's rule on each shape (:mod:`kernels.shapes`, no torch): checked even
+        when another field of the entry is wrong, so that one pass lists every error."""
+        kernel, world = info.data.get("kernel"), info.data.get("world_size")
+        if kernel not in RULES or not RULES[kernel].restricts or world is None:
+            return shapes  # nothing to check, or a bad kernel or world size: its own error
+        if not _may_expand(shapes, info):
+            return shapes  # too many shapes: the manifest's limit says so
+        reasons = [
+            reason
+            for spec in shapes
+            for shape in spec.expand()
+            if (reason := check_shape(kernel, shape, world_size=world))
+        ]
+        if not reasons:
+            return shapes
+        listed = list(dict.fromkeys(reasons))
+        more = f"; and {len(listed) - MAX_REASONS} more" if len(listed) > MAX_REASONS else ""
+        raise ValueError(
+            f"{kernel} rejects {len(reasons)} shape(s): {'; '.join(listed[:MAX_REASONS])}{more}"
+        )
 
     @property
     def is_user_function(self) -> bool:
@@ -411,8 +469,11 @@ class Manifest(BaseModel):
             raise ManifestError(source, [self.no_entry_message(world)])
 
     def check_kernels(self, source: str = "<manifest>") -> None:
-        """Each adapter's own shape check (imports the kernels, so torch and triton):
-        :class:`ManifestError` lists every shape a kernel rejects."""
+        """What only the imported code can tell, where a run imports it anyway: each
+        user function and builder, imported and its signature read, and each adapter's
+        own shape check (imports the kernels, so torch and triton). :class:`ManifestError`
+        lists every problem. Validation checks the same without importing anything
+        (``parse_manifest(..., find_functions=True)``, :mod:`kernels.shapes`)."""
         import kernels
 
         errors = []
@@ -440,46 +501,213 @@ class Manifest(BaseModel):
 def resolve_user_function(spec: str) -> Callable[..., Any]:
     """``package.module:function`` -> the function, checked to take the keywords a
     warmup calls it with (``shape``, ``dtype``, ``device``); ValueError saying why not."""
-    return _callable_as(spec, shape={}, dtype=None, device=None)
+    return _callable_as(spec, WARM_KEYWORDS)
 
 
 def resolve_model_builder(spec: str) -> Callable[..., Any]:
     """``package.module:function`` -> the function that builds a model, checked to take
     the keyword a warmup and a server call it with (``device``); ValueError saying why not."""
-    return _callable_as(spec, device=None)
+    return _callable_as(spec, BUILD_KEYWORDS)
 
 
-def _callable_as(spec: str, **keywords: Any) -> Callable[..., Any]:
-    """The function ``spec`` names, checked to accept ``keywords`` (as a warmup calls it)."""
-    function = _import_function(spec)
-    name = spec.partition(":")[2]
+def _callable_as(spec: str, keywords: Sequence[str]) -> Callable[..., Any]:
+    """The function ``spec`` names, imported and checked to accept ``keywords``."""
+    module_name, _, name = spec.partition(":")
     try:
-        inspect.signature(function).bind(**keywords)
-    except TypeError as e:
-        call = ", ".join(f"{keyword}=..." for keyword in keywords)
-        raise ValueError(
-            f"{spec!r}: a warmup calls it as {name}({call}), which its signature "
-            f"{name}{inspect.signature(function)} refuses: {e}"
-        ) from None
-    except ValueError:  # no signature to read (a builtin): its call will tell
-        pass
+        function = _imported(module_name, name)
+        _check_callable(function, name, keywords)
+    except ValueError as e:
+        raise ValueError(f"{spec!r}: {e}") from None
     return function
 
 
-def _import_function(spec: str) -> Callable[..., Any]:
-    """``package.module:function`` -> the callable; ValueError saying why not."""
-    module_name, _, name = spec.partition(":")
+def _imported(module_name: str, name: str) -> Callable[..., Any]:
+    """The callable ``name`` of ``module_name``, imported; ValueError saying why not."""
     try:
         with _working_folder_importable():
             module = importlib.import_module(module_name)
     except Exception as e:  # ImportError, or whatever the module raises at import
-        raise ValueError(
-            f"{spec!r}: cannot import {module_name}: {type(e).__name__}: {e}"
-        ) from None
+        raise ValueError(f"cannot import {module_name}: {type(e).__name__}: {e}") from None
     function = getattr(module, name, None)
     if not callable(function):
-        raise ValueError(f"{spec!r}: module {module_name} has no function {name!r}")
+        raise ValueError(f"module {module_name} has no function {name!r}")
     return function  # type: ignore[no-any-return]
+
+
+def _check_callable(function: Callable[..., Any], name: str, keywords: Sequence[str]) -> None:
+    try:
+        signature = inspect.signature(function)
+    except ValueError:  # no signature to read (a builtin): its call will tell
+        return
+    _check_call(name, signature, keywords)
+
+
+def _check_call(name: str, signature: inspect.Signature, keywords: Sequence[str]) -> None:
+    """ValueError when ``name{signature}`` refuses a call with ``keywords`` alone."""
+    try:
+        signature.bind(**dict.fromkeys(keywords))
+    except TypeError as e:
+        call = ", ".join(f"{keyword}=..." for keyword in keywords)
+        raise ValueError(
+            f"a warmup calls it as {name}({call}), which its signature {name}{signature} "
+            f"refuses: {e}"
+        ) from None
+
+
+def find_function(spec: str, keywords: Sequence[str]) -> None:
+    """Check ``package.module:function`` as :func:`resolve_user_function` does, without
+    running any of the user's code: the module is found as an import would find it (no
+    package's ``__init__`` runs) and its source is read. ValueError saying why not. A
+    function that only running the module could judge (imported from elsewhere, assigned,
+    decorated, a module without Python source) passes: the run imports it and checks it
+    then. A module imported already is asked directly."""
+    module_name, _, name = spec.partition(":")
+    if module_name in sys.modules:
+        _check_callable(_imported(module_name, name), name, keywords)
+        return
+    with _working_folder_importable():
+        found = _find_spec(module_name)
+    tree = _source_tree(module_name, found)
+    definition = None if tree is None else _definition(tree, module_name, name)
+    if definition is not None:
+        _check_call(name, _signature(definition.args), keywords)
+
+
+def _find_spec(module_name: str) -> ModuleSpec:
+    """The spec an import of ``module_name`` would load, from ``sys.meta_path``'s
+    finders, each parent package's ``__path__`` read from its spec, not run."""
+    parts = module_name.split(".")
+    path: list[str] | None = None
+    for depth in range(1, len(parts) + 1):
+        name = ".".join(parts[:depth])
+        module = sys.modules.get(name)
+        spec = getattr(module, "__spec__", None) if module is not None else _find(name, path)
+        if spec is None:
+            raise ValueError(
+                f"cannot import {module_name}: ModuleNotFoundError: No module named {name!r}"
+            )
+        if depth == len(parts):
+            return spec
+        path = (
+            getattr(module, "__path__", None)
+            if module is not None
+            else spec.submodule_search_locations
+        )
+        if path is None:
+            missing = ".".join(parts[: depth + 1])
+            raise ValueError(
+                f"cannot import {module_name}: ModuleNotFoundError: No module named "
+                f"{missing!r}; {name!r} is not a package"
+            )
+    raise AssertionError("unreachable: a module name has at least one part")
+
+
+def _find(name: str, path: list[str] | None) -> ModuleSpec | None:
+    for finder in sys.meta_path:
+        find_spec = getattr(finder, "find_spec", None)
+        found = find_spec(name, path) if find_spec is not None else None
+        if found is not None:
+            return found  # type: ignore[no-any-return]
+    return None
+
+
+def _source_tree(module_name: str, spec: ModuleSpec) -> ast.Module | None:
+    """The module's parsed source; None when it has none to read (an extension module,
+    a namespace package, a frozen or compiled-only one)."""
+    origin = spec.origin
+    if not spec.has_location or origin is None or not origin.endswith(".py"):
+        return None
+    try:
+        return ast.parse(Path(origin).read_bytes(), origin)
+    except (OSError, SyntaxError, ValueError) as e:  # ValueError: a null byte
+        raise ValueError(f"cannot import {module_name}: {type(e).__name__}: {e}") from None
+
+
+_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
+_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+_OWN_SCOPES = (*_FUNCTIONS, ast.ClassDef, ast.Lambda, *_COMPREHENSIONS)
+
+
+def _definition(
+    tree: ast.Module, module_name: str, name: str
+) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    """The plain ``def`` that alone binds ``name`` at the top of the module: its
+    signature is the one a call meets. None when something else binds it or may (an
+    import, an assignment, a decorator, a star import, a module ``__getattr__``): only
+    running the module could tell. ValueError when nothing binds it."""
+    binders = [node for node in _module_scope(tree) if name in _bound_names(node)]
+    if not binders:
+        dynamic = any({"*", "__getattr__"} & _bound_names(node) for node in _module_scope(tree))
+        if dynamic:
+            return None
+        raise ValueError(f"module {module_name} has no function {name!r}")
+    (only, *others) = binders
+    if others or not isinstance(only, _FUNCTIONS) or only.decorator_list or only not in tree.body:
+        return None
+    return only
+
+
+def _module_scope(tree: ast.Module) -> Iterator[ast.AST]:
+    """Every node of the module's own scope: not inside a function, class, lambda or
+    comprehension (those bind their own names)."""
+    todo: list[ast.AST] = list(tree.body)
+    while todo:
+        node = todo.pop()
+        yield node
+        if not isinstance(node, _OWN_SCOPES):
+            todo.extend(ast.iter_child_nodes(node))
+
+
+def _bound_names(node: ast.AST) -> set[str]:
+    """The names ``node`` binds in the scope it is in ("*" for a star import)."""
+    if isinstance(node, (*_FUNCTIONS, ast.ClassDef)):
+        return {node.name}
+    if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+        return {node.id}
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return {alias.asname or alias.name.split(".")[0] for alias in node.names}
+    if isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and node.name:
+        return {node.name}
+    if isinstance(node, ast.MatchMapping) and node.rest:
+        return {node.rest}
+    return set()
+
+
+class _Source(str):
+    """A default value as its source text, shown bare in a signature."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _signature(args: ast.arguments) -> inspect.Signature:
+    """The signature a ``def``'s arguments make, defaults shown as written."""
+    kind = inspect.Parameter
+    positional = [*args.posonlyargs, *args.args]
+    defaults: list[ast.expr | None] = [None] * (len(positional) - len(args.defaults))
+    params = [
+        kind(
+            arg.arg,
+            kind.POSITIONAL_ONLY if i < len(args.posonlyargs) else kind.POSITIONAL_OR_KEYWORD,
+            default=kind.empty if default is None else _Source(ast.unparse(default)),
+        )
+        for i, (arg, default) in enumerate(
+            zip(positional, [*defaults, *args.defaults], strict=True)
+        )
+    ]
+    if args.vararg:
+        params.append(kind(args.vararg.arg, kind.VAR_POSITIONAL))
+    params += [
+        kind(
+            arg.arg,
+            kind.KEYWORD_ONLY,
+            default=kind.empty if default is None else _Source(ast.unparse(default)),
+        )
+        for arg, default in zip(args.kwonlyargs, args.kw_defaults, strict=True)
+    ]
+    if args.kwarg:
+        params.append(kind(args.kwarg.arg, kind.VAR_KEYWORD))
+    return inspect.Signature(params)
 
 
 @contextlib.contextmanager
@@ -497,26 +725,61 @@ def _working_folder_importable() -> Iterator[None]:
             sys.path.remove(here)
 
 
-def load_manifest(path: Path, *, check_kernels: bool = False) -> Manifest:
+def load_manifest(path: Path, *, find_functions: bool = False) -> Manifest:
     """Read and validate; :class:`ManifestError` lists every problem at once. With
-    ``check_kernels``, also each kernel's own shape check (imports torch)."""
-    manifest = parse_manifest(_read(path), source=str(path))
-    if check_kernels:
-        manifest.check_kernels(str(path))
-    return manifest
+    ``find_functions``, also each ``module:function`` the manifest names is found and its
+    signature read, without importing it (:func:`find_function`)."""
+    return parse_manifest(_read(path), source=str(path), find_functions=find_functions)
 
 
-def parse_manifest(text: str | bytes, *, source: str = "<text>") -> Manifest:
+def parse_manifest(
+    text: str | bytes, *, source: str = "<text>", find_functions: bool = False
+) -> Manifest:
     """Validate a manifest's text (or its bytes: UTF-8); :class:`ManifestError` lists every
-    problem, or the one limit of the text it passes (see the module's limits)."""
+    problem, or the one limit of the text it passes (see the module's limits). Each
+    kernel's rule on its shapes is checked (:mod:`kernels.shapes`); with
+    ``find_functions``, each ``module:function`` too (:func:`find_function`)."""
     try:
         data = plain_yaml.load(plain_yaml.decode(text, MAX_MANIFEST_BYTES, "a manifest"), source)
     except plain_yaml.Refused as e:
         raise ManifestError(source, _at_most(list(e.args))) from None
+    context = {_FIND_FUNCTIONS: find_functions, _SHAPES_LEFT: MAX_SHAPES}
     try:
-        return Manifest.model_validate(data)
+        return Manifest.model_validate(data, context=context)
     except ValidationError as e:
         raise ManifestError(source, _at_most(_describe_all(e.errors()))) from None
+
+
+def _unknown_kernel(kernel: str) -> str | None:
+    """Why ``kernel`` names no kernel, or None."""
+    if kernel in ADAPTERS or _USER_KERNEL.match(kernel):
+        return None
+    known = ", ".join(repr(name) for name in sorted(ADAPTERS))
+    return f"kernel {short(kernel)} is neither one of {known} nor 'module:function'"
+
+
+def _value_error(message: str, value: Any) -> InitErrorDetails:
+    """One error line, at the place of the validator that raises it."""
+    error = PydanticCustomError("value_error", "{message}", {"message": message})
+    return InitErrorDetails(type=error, loc=(), input=value)
+
+
+def _asked(info: ValidationInfo, key: str) -> bool:
+    """Whether this validation asked for ``key`` (:func:`parse_manifest`'s context)."""
+    return bool(isinstance(info.context, dict) and info.context.get(key))
+
+
+def _may_expand(shapes: list[ShapeSpec], info: ValidationInfo) -> bool:
+    """Whether an entry's shapes may be expanded for its kernel's rule: all entries'
+    together stay within :data:`MAX_SHAPES` (a manifest over it is refused for that), so
+    a hostile manifest costs no more than a valid one. Spends from the pass's context."""
+    count = sum(spec.count() for spec in shapes)
+    context = info.context if isinstance(info.context, dict) else {}
+    left = int(context.get(_SHAPES_LEFT, MAX_SHAPES))
+    if count > left:
+        return False
+    context[_SHAPES_LEFT] = left - count
+    return True
 
 
 def _read(path: Path) -> bytes:

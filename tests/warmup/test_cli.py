@@ -1,5 +1,6 @@
 """``triton-warmup``'s ordinary mistakes: one line each, the right exit code, no traceback."""
 
+import json
 import signal
 import socket
 import subprocess
@@ -21,6 +22,13 @@ def one_line_error(capsys) -> str:
     return error_line(err)
 
 
+@pytest.fixture
+def pod(isolated):
+    """``isolated`` with its volume there, as a pod's mount is."""
+    (isolated / "volume").mkdir()
+    return isolated
+
+
 @pytest.mark.parametrize(
     "value,allowed", [("0", "greater than or equal to 1"), ("-1", "greater"), ("9", "less")]
 )
@@ -33,26 +41,28 @@ def test_option_values_are_checked_like_settings(isolated, capsys, value, allowe
 
 def test_the_same_value_from_the_environment_names_the_variable(isolated, capsys, monkeypatch):
     monkeypatch.setenv("TRITON_WARMUP_WORLD_SIZE", "0")
-    assert main(["validate", str(DEMO)]) == 2
+    assert main(["status"]) == 2
     assert "TRITON_WARMUP_WORLD_SIZE='0'" in one_line_error(capsys)
+    assert main(["validate", str(DEMO)]) == 0  # a file alone: it reads no settings
 
 
-def test_a_world_size_the_manifest_has_no_entry_for_fails_before_any_rank(isolated, capsys):
+def test_a_world_size_the_manifest_has_no_entry_for_fails_before_any_rank(pod, capsys):
     assert main(["run", "--world-size", "3", "--manifest", str(DEMO)]) == 2
     err = capsys.readouterr().err
     assert "no entry for world size 3" in err and "entries.0 (ag_gemm, world size 2)" in err
-    assert not (isolated / "work_dir" / "status.json").exists()  # never ready, never written
+    assert "run with --world-size 2" in err  # the command line's words
+    assert not (pod / "work_dir" / "status.json").exists()  # never ready, never written
 
 
-def test_device_cuda_without_a_gpu_fails_before_any_rank(isolated, capsys, monkeypatch):
-    monkeypatch.setattr(warmup.run.launch, "GPU_LIST", isolated / "no-gpus")
+def test_device_cuda_without_a_gpu_fails_before_any_rank(pod, capsys, monkeypatch):
+    monkeypatch.setattr(warmup.run.launch, "GPU_LIST", pod / "no-gpus")
     assert main(["run", "--device", "cuda", "--manifest", str(DEMO)]) == 2
     line = one_line_error(capsys)
     assert "device cuda: 2 rank(s) need 2 GPU(s), this machine has 0" in line
-    assert not (isolated / "work_dir").exists()
+    assert not (pod / "work_dir").exists()
 
 
-def test_serve_on_a_port_in_use_says_so(isolated, capsys):
+def test_serve_on_a_port_in_use_says_so(pod, capsys):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -106,7 +116,7 @@ def test_serve_stopped_while_its_start_waits_on_the_store_ends_cleanly(tmp_path)
         ("tests.warmup.user_functions:takes_positional_only", "which its signature"),
     ],
 )
-def test_validate_imports_each_user_function_and_checks_its_signature(
+def test_validate_finds_each_user_function_and_checks_its_signature(
     isolated, capsys, kernel, reason
 ):
     manifest = isolated / "m.yaml"
@@ -117,6 +127,80 @@ def test_validate_imports_each_user_function_and_checks_its_signature(
     assert main(["validate", str(manifest)]) == 2
     err = capsys.readouterr().err
     assert "entries.0.kernel" in err and reason in err and "Traceback" not in err
+
+
+EVERY_ERROR = """\
+version: 1
+entries:
+  - {kernel: ag_gem, dtype: fp32, world_size: 2, policy: tunee, shapes: [{M: 64, N: 32, K: 32}]}
+  - {kernel: ag_gemm, dtype: fp33, world_size: 2, shapes: [{M: [63, 64], N: 32, K: 32}]}
+models:
+  - {name: mlp, build: 'tests.no_such_module:build', dims: {batch: [1, 8]},
+     inputs: [{shape: [batch, 64], dtype: fp32}]}
+"""
+
+
+def test_validate_lists_every_error_of_a_manifest_at_once(isolated, capsys):
+    path = isolated / "m.yaml"
+    path.write_text(EVERY_ERROR)
+    assert main(["validate", str(path)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert [line.split(": ")[3] for line in lines] == [
+        "entries.0",  # the kernel, not hidden behind the policy of its entry
+        "entries.0.policy",
+        "entries.1.dtype",
+        "entries.1.shapes",  # the kernel's rule, checked beside the entry's other errors
+        "models.0.build",
+    ]
+    text = "\n".join(lines)
+    assert "kernel 'ag_gem' is neither" in text and "(got 'tunee')" in text
+    assert "ag_gemm rejects 1 shape(s): M=63 is not a multiple of world_size 2" in text
+    assert "cannot import tests.no_such_module: ModuleNotFoundError" in text
+
+
+FRESH_VALIDATE = """
+import json, sys
+import warmup.program  # the console script's module
+from warmup.cli import main
+codes = [main(["validate", path]) for path in sys.argv[1:]]
+heavy = ("torch", "triton", "warmup.demo", "tests.warmup.user_functions")
+print(json.dumps({
+    "codes": codes,
+    "imported": sorted(m for m in sys.modules if m.split(".")[0] in heavy or m in heavy),
+}))
+"""
+
+
+def test_validate_imports_neither_torch_nor_triton_nor_the_users_functions(tmp_path):
+    user, bad_shape = tmp_path / "user.yaml", tmp_path / "bad_shape.yaml"
+    user.write_text(
+        "version: 1\nentries:\n  - {kernel: 'tests.warmup.user_functions:record_call',\n"
+        "     dtype: fp32, world_size: 1, shapes: [{M: 1, N: 1, K: 1}]}\n"
+    )
+    bad_shape.write_text(DEMO.read_text().replace("M: 32,", "M: 33,"))
+    demo = ROOT / "examples" / "demo.yaml"  # its model's builder: warmup.demo:compiled_mlp
+    done = subprocess.run(
+        [sys.executable, "-c", FRESH_VALIDATE, str(demo), str(user), str(bad_shape)],
+        cwd=ROOT,
+        env=env_without_interpreter(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == {"codes": [0, 0, 2], "imported": []}
+
+
+def test_run_refuses_a_shape_its_kernel_rejects_before_the_work_folder_exists(pod, capsys):
+    manifest = pod / "m.yaml"
+    manifest.write_text(
+        "version: 1\nentries:\n  - {kernel: ag_gemm, dtype: fp32, world_size: 2,\n"
+        "     shapes: [{M: [32, 63], N: 32, K: 32}]}\n"
+    )
+    assert main(["run", "--manifest", str(manifest)]) == 2
+    line = one_line_error(capsys)
+    assert "entries.0.shapes: ag_gemm rejects 1 shape(s): M=63 is not a multiple" in line
+    assert not (pod / "work_dir").exists()  # no status, no rank, no run folder
 
 
 def test_validate_prints_what_the_manifest_expands_to(capsys):
@@ -161,9 +245,9 @@ def test_a_user_function_in_the_working_folder_validates_as_the_ranks_import_it(
     sys.modules.pop("mywarm", None)
 
 
-def test_a_remote_tier_url_that_cannot_be_used_fails_before_any_rank(isolated, capsys, monkeypatch):
+def test_a_remote_tier_url_that_cannot_be_used_fails_before_any_rank(pod, capsys, monkeypatch):
     monkeypatch.setenv("TRITON_WARMUP_REMOTE_URL", "redis://cache:abc/0")
     assert main(["run", "--manifest", str(DEMO)]) == 2
     line = one_line_error(capsys)
     assert "TRITON_WARMUP_REMOTE_URL" in line and "Port could not be cast" in line
-    assert not (isolated / "work_dir" / "status.json").exists()
+    assert not (pod / "work_dir" / "status.json").exists()

@@ -1,8 +1,19 @@
+import itertools
 import json
+import re
+import sys
 
 import pytest
 
-from warmup.manifest import ManifestError, load_manifest, parse_manifest
+from kernels.shapes import RULES, check_shape
+from warmup.manifest import (
+    MAX_SHAPES,
+    WARM_KEYWORDS,
+    ManifestError,
+    find_function,
+    load_manifest,
+    parse_manifest,
+)
 
 GOOD = """
 version: 1
@@ -129,21 +140,112 @@ def test_a_missing_file_is_a_manifest_error(tmp_path):
         load_manifest(tmp_path / "nope.yaml")
 
 
-def test_kernel_shape_checks_come_from_the_adapters(tmp_path):
-    text = entry(shapes=[{"M": [63, 64, 65], "N": 64, "K": 64}])
-    parse_manifest(text)  # structurally valid: the sidecar reads it without torch
-    path = tmp_path / "m.json"
-    path.write_text(text)
+def test_each_kernels_rule_on_its_shapes_is_checked_as_the_manifest_is_read():
     with pytest.raises(ManifestError) as info:
-        load_manifest(path, check_kernels=True)
-    shape = "entries.0: ag_gemm shape {{'M': {m}, 'N': 64, 'K': 64}}: "
-    assert info.value.errors == [
-        shape.format(m=63) + "M=63 is not a multiple of world_size 2",
-        shape.format(m=65) + "M=65 is not a multiple of world_size 2",
-    ]
+        parse_manifest(entry(policy="often", shapes=[{"M": [63, 64, 65], "N": 64, "K": 64}]))
+    assert info.value.errors[0].startswith("entries.0.policy: ")
+    assert info.value.errors[1].startswith(
+        "entries.0.shapes: ag_gemm rejects 2 shape(s): M=63 is not a multiple of world_size 2; "
+        "M=65 is not a multiple of world_size 2 (got "
+    )
     matmul = entry(kernel="matmul", shapes=[{"M": 63, "N": 64, "K": 64}])
-    path.write_text(matmul)
-    assert load_manifest(path, check_kernels=True).entries[0].kernel == "matmul"
+    assert parse_manifest(matmul).entries[0].kernel == "matmul"
+
+
+def test_the_rules_read_without_torch_say_what_the_adapters_say():
+    import kernels  # the adapters import torch and triton; kernels.shapes does not
+
+    assert set(RULES) == set(kernels.ADAPTERS)
+    for name in RULES:
+        adapter = kernels.adapter_for(name)
+        for world, m in itertools.product((1, 2, 3, 8), (1, 2, 3, 8, 63, 64, 4096, 4097)):
+            shape = {"M": m, "N": 64, "K": 32}
+            assert check_shape(name, shape, world_size=world) == adapter.check_shape(
+                shape, world_size=world
+            ), (name, world, m)
+
+
+def test_the_kernels_rules_look_at_no_more_shapes_than_the_manifest_may_hold(monkeypatch):
+    import warmup.manifest
+
+    checked = []
+    monkeypatch.setattr(
+        warmup.manifest, "check_shape", lambda kernel, shape, world_size: checked.append(1)
+    )
+    lines = [{"M": {"start": 2, "stop": 8194, "step": 2}, "N": 8, "K": 8}]  # 4096 shapes
+    text = json.dumps(
+        {"version": 1, "entries": [json.loads(entry(shapes=lines))["entries"][0]] * 1000}
+    )
+    with pytest.raises(ManifestError, match="the limit is 4096"):
+        parse_manifest(text)
+    assert len(checked) == MAX_SHAPES  # the first entry's; the others are over the limit
+
+
+MODULE = """
+import functools
+from elsewhere import imported
+from typing import *
+
+def warm(*, shape, dtype, device=None):
+    pass
+
+def two(a, /, b, *rest, c=1 + 2, **more):
+    pass
+
+@functools.cache
+def decorated(x):
+    pass
+
+assigned = warm
+if True:
+    def conditional(x):
+        pass
+"""
+
+
+@pytest.mark.parametrize(
+    "name,problem",
+    [
+        ("warm", None),
+        ("two", "which its signature two(a, /, b, *rest, c=1 + 2, **more) refuses: missing a"),
+        ("decorated", None),  # a decorator may change the signature: the run checks it
+        ("imported", None),
+        ("assigned", None),
+        ("conditional", None),
+        ("nowhere", None),  # the star import may bind it
+    ],
+)
+def test_a_function_is_found_and_its_signature_read_without_running_its_module(
+    tmp_path, monkeypatch, name, problem
+):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("raise RuntimeError('never run')\n")
+    (tmp_path / "pkg" / "mod.py").write_text(MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    if problem is None:
+        find_function(f"pkg.mod:{name}", WARM_KEYWORDS)
+    else:
+        with pytest.raises(ValueError, match=re.escape(problem)):
+            find_function(f"pkg.mod:{name}", WARM_KEYWORDS)
+    assert "pkg" not in sys.modules and "pkg.mod" not in sys.modules
+
+
+@pytest.mark.parametrize(
+    "source,problem",
+    [
+        ("def other(*, shape, dtype, device): pass\n", "module plain has no function 'warm'"),
+        ("def warm(: pass\n", "cannot import plain: SyntaxError: "),
+        ("def warm(shape, dtype): pass\n", "got an unexpected keyword argument 'device'"),
+    ],
+)
+def test_a_function_that_is_not_there_or_not_callable_so_is_refused(
+    tmp_path, monkeypatch, source, problem
+):
+    (tmp_path / "plain.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValueError, match=re.escape(problem)):
+        find_function("plain:warm", WARM_KEYWORDS)
+    assert "plain" not in sys.modules
 
 
 def test_a_yaml_error_names_the_file_line_and_column_with_a_caret(tmp_path):

@@ -267,24 +267,19 @@ def test_progress_is_a_bar_on_a_terminal_and_log_lines_otherwise(caplog):
     assert "warmed 1/1 ag_gemm M=8 N=8 K=8: tuned" in caplog.text
 
 
-def test_a_shape_its_kernel_rejects_stops_the_ranks_and_fails_the_status(tmp_path, monkeypatch):
-    manifest = write_manifest(
-        tmp_path / "m.yaml",
+def test_a_shape_its_kernel_rejects_is_refused_before_any_write(tmp_path, monkeypatch, capsys):
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(
         "version: 1\nentries:\n  - {kernel: ag_gemm, dtype: fp32, world_size: 2,\n"
-        "     shapes: [{M: [32, 63], N: 32, K: 32}]}\n",
+        "     shapes: [{M: [32, 63], N: 32, K: 32}]}\n"
     )
-    settings = settings_for(tmp_path, manifest=manifest)
     with pytest.raises(ManifestError, match="M=63 is not a multiple of world_size 2"):
-        run(settings, load_manifest(manifest))
-    status = RunStatus.read(settings.status_path)
-    assert status.state == "failed" and status.finished is not None
-    assert status.failures == [
-        "entries.0: ag_gemm shape {'M': 63, 'N': 32, 'K': 32}: M=63 is not a multiple of "
-        "world_size 2"
-    ]
-    assert not list((settings.work_dir / "run").glob("rank-*.json"))  # no rank warmed
+        load_manifest(manifest)  # what run, warm() and a torchrun rank read it with
     monkeypatch.chdir(tmp_path)  # the CLI's default work folder
+    (tmp_path / "v").mkdir()
     assert main(["run", "--manifest", str(manifest), "--volume", str(tmp_path / "v")]) == 2
+    assert "ag_gemm rejects 1 shape(s): M=63" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.yaml", "v"]  # no work folder
 
 
 def _two_empty_reports(tmp_path):
