@@ -42,8 +42,12 @@ redis:
 demo: $(STAMP)
 	$(PY) -m warmup.demo
 
+# Two workers: most tests wait on processes they start, so two share the 2-core CI
+# machine well; a module's tests that share a module-scoped fixture stay on one worker.
+TEST_WORKERS ?= 2
+
 test: $(STAMP) redis
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

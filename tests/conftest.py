@@ -35,6 +35,18 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["TRITON_INTERPRET"] = "1"
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under xdist (``make test`` runs two workers), the tests of a module that share a
+    module-scoped fixture (a run, a compiled model, a redis-server) go to one worker
+    (``--dist loadgroup``), so that the fixture is made once, not once per worker."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        defs = info.name2fixturedefs.values() if info is not None else ()
+        if any(d.scope == "module" for fixturedefs in defs for d in fixturedefs):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """A green run leaves nothing in the temp folder: pytest removes the run's folder
