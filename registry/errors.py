@@ -38,6 +38,18 @@ class LockTimeout(RegistryError):
         self.holder = holder
 
 
+class Superseded(RegistryError):
+    """A fenced put refused: the entry's file changed after the writer looked (another
+    holder of its lock, old or new, stored it first); nothing was written."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(
+            f"Entry {path} changed since this writer looked (another holder stored it "
+            "first); nothing written."
+        )
+        self.path = path
+
+
 class BundleRejected(RegistryError):
     """A bundle failed verification; nothing from it was installed."""
 

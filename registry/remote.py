@@ -19,6 +19,13 @@ not wait for the skip to end: a lookup that decides whether to tune (``now=True`
 call against minutes of tuning) and :meth:`RemoteTier.flush`. An entry not published
 while the tier was down is kept and published once it answers again, or by ``flush``
 at the end of a run.
+
+Fences: a tuner notes what its entry's field holds before it decides to tune
+(:meth:`RemoteTier.seen`), and publishes with that note: the publish is refused when
+the field changed since (another pod stored it first), checked under the same WATCH as
+the merge. This is what keeps pods that share only redis (each its own volume) to one
+landed tuning per shape. A field that a restart emptied reads as never written; a
+field the tier could not be asked about is published unfenced, as a plain merge.
 """
 
 from __future__ import annotations
@@ -55,6 +62,7 @@ class RemoteStats:
     published: int = 0  # values written (an identical publish writes none)
     errors: int = 0  # calls that failed
     skipped: int = 0  # calls not made while the tier is down
+    superseded: int = 0  # fenced publishes refused: another pod stored the entry first
 
 
 def slot_name(kernel: str, key_json: str) -> str:
@@ -80,7 +88,7 @@ class RemoteTier:
         self._retry_at = 0.0  # monotonic: calls are skipped until then
         self._down_since: float | None = None
         self._warned: set[tuple[str, str]] = set()
-        self._unpublished: dict[tuple[str, str], Entry] = {}  # (slot, field) -> newest
+        self._unpublished: dict[tuple[str, str], tuple[Entry, str | None]] = {}
         try:
             self.client: Any = redis.Redis.from_url(
                 url,
@@ -201,19 +209,34 @@ class RemoteTier:
 
         return self.call(read, now=True) or []
 
+    def seen(self, kernel: str, key: Mapping[str, Any], fingerprint: Fingerprint) -> str | None:
+        """What the field of ``kernel`` at ``key`` for ``fingerprint`` holds now (a digest;
+        "" for nothing), for a fenced :meth:`publish`; None when the tier did not answer,
+        or is skipped after a failure (not asked then, nor counted: the lookup that
+        follows asks). Never raises."""
+        try:
+            name = slot_name(kernel, canonical_key(key))
+        except RegistryError:
+            return None
+        if not self.up:
+            return None
+        field = fingerprint.digest()
+        return self.call(lambda client: digest(client.hget(name, field)), now=True)
+
     # ---- writing -------------------------------------------------------------------
 
-    def publish(self, entry: Entry) -> bool:
-        """Merge ``entry`` into its field; True when the server holds it. One that the
-        tier, down, did not take is kept for later (:meth:`flush`). Never raises."""
+    def publish(self, entry: Entry, *, seen: str | None = None) -> bool:
+        """Merge ``entry`` into its field; True when the server holds it. ``seen``
+        (:meth:`seen`): refused, False, if the field changed since. One that the tier,
+        down, did not take is kept for later (:meth:`flush`). Never raises."""
         if not self._ready():
-            self._keep_back(entry)
+            self._keep_back(entry, seen)
             return False
         try:
-            stored = self._publish(entry)
+            stored = self._publish(entry, seen)
         except Exception as e:
             self._failed(e)
-            self._keep_back(entry)
+            self._keep_back(entry, seen)
             return False
         self._answered()
         return stored
@@ -237,18 +260,17 @@ class RemoteTier:
     def unpublished(self) -> int:
         return len(self._unpublished)
 
-    def _keep_back(self, entry: Entry) -> None:
+    def _keep_back(self, entry: Entry, seen: str | None) -> None:
         """The newest entry of its field (the local store's merge of all before it)."""
-        self._unpublished[(slot_name(entry.kernel, entry.key_json), entry.fingerprint.digest())] = (
-            entry
-        )
+        field = (slot_name(entry.kernel, entry.key_json), entry.fingerprint.digest())
+        self._unpublished[field] = (entry, seen)
 
     def _publish_kept(self) -> None:
         """Publish the kept-back entries until one fails (the tier is down again); the
         tier is up again once they all went."""
-        for field, entry in list(self._unpublished.items()):
+        for field, (entry, seen) in list(self._unpublished.items()):
             try:
-                self._publish(entry)
+                self._publish(entry, seen)
             except Exception as e:
                 self._failed(e)
                 return
@@ -256,14 +278,15 @@ class RemoteTier:
             if not self._unpublished:
                 self._answered()
 
-    def _publish(self, entry: Entry) -> bool:
+    def _publish(self, entry: Entry, seen: str | None = None) -> bool:
         name, field = slot_name(entry.kernel, entry.key_json), entry.fingerprint.digest()
         with self._unless_wrong_type(name):
-            return self._merge_into(name, field, entry)
+            return self._merge_into(name, field, entry, seen)
         return False  # a string at the slot's name: left alone
 
-    def _merge_into(self, name: str, field: str, entry: Entry) -> bool:
-        """Read the field, merge, write it back unless another writer changed it since."""
+    def _merge_into(self, name: str, field: str, entry: Entry, seen: str | None) -> bool:
+        """Read the field, merge, write it back unless another writer changed it since;
+        with ``seen``, nothing unless the field still holds what it held then."""
         import redis
 
         with self.client.pipeline() as pipe:
@@ -271,6 +294,10 @@ class RemoteTier:
                 try:
                     pipe.watch(name)
                     held = pipe.hget(name, field)
+                    if seen is not None and digest(held) != seen:
+                        pipe.unwatch()
+                        self._superseded(name, field)
+                        return False
                     data = self._merged(name, field, held, entry)
                     if data is None or data == held:  # refused, or already there
                         pipe.unwatch()
@@ -284,6 +311,14 @@ class RemoteTier:
                     continue  # another writer changed the slot: merge with theirs
         log.warning("remote tier: %s not published, %d writers raced", name, WATCH_TRIES)
         return False
+
+    def _superseded(self, name: str, field: str) -> None:
+        self.stats.superseded += 1
+        log.info(
+            "remote tier: %s field %s not published: another pod stored it first",
+            name,
+            field[:12],
+        )
 
     def _merged(self, name: str, field: str, held: bytes | None, entry: Entry) -> bytes | None:
         """The value to store: ``entry`` merged with what ``held`` holds; None to write
@@ -375,6 +410,11 @@ def scan_names(client: Any, pattern: str, limit: int, *, type: str | None = None
         if len(names) >= limit:
             break
     return names
+
+
+def digest(raw: bytes | None) -> str:
+    """What a fence notes of a field's value: a digest of its bytes, "" for none."""
+    return "" if raw is None else hashlib.sha256(raw).hexdigest()[:32]
 
 
 def getter(keys: list[str]) -> Callable[[Any], list[bytes | None]]:

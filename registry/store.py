@@ -13,6 +13,19 @@ A put writes one entry file atomically into the current generation. A bundle ins
 builds the next generation from hard links plus the bundle's entries, then swaps
 ``current``: readers see all of it or none of it, and the previous generation stays
 for ``rollback``.
+
+Fences: a tuner that may not be the only one tuning a shape (its lock lost to a redis
+restart, a pause past the ttl, or no lock server at all) takes a :class:`Fence` before
+it looks the shape up, and puts with it. The put lands only if the entry's file still
+holds what the fence saw, checked under the write lock; otherwise it raises
+:class:`Superseded` and writes nothing. Of all the holders that looked before any of
+them stored, the first put lands; one that looks after it finds the entry. The check
+needs nothing of the lock server, so it holds for redis, file leases and no lock alike.
+
+Every writer's first write (put, install, rollback) first clears what killed writers
+left (``.tmp-*`` files, unsealed generations, a broken ``current``): under the write
+lock nobody else is writing, so all of it is debris. It spends at most
+``recovery_budget_s`` per write and goes on at the next one; ``recovered`` counts it.
 """
 
 from __future__ import annotations
@@ -20,7 +33,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import hashlib
 import logging
+import math
 import os
 import secrets
 import shutil
@@ -35,8 +50,9 @@ from filelock import FileLock
 from filelock import Timeout as FileLockTimeout
 
 from registry import atomic
+from registry.config import KernelConfig
 from registry.entry import Entry, NewerSchema, canonical_key, now_iso
-from registry.errors import RegistryError
+from registry.errors import RegistryError, Superseded
 from registry.fingerprint import Fingerprint, MatchPolicy
 from registry.generations import (
     CURRENT,
@@ -51,7 +67,6 @@ from registry.generations import (
     linked,
     number,
     read_record,
-    temp_files,
 )
 
 log = logging.getLogger(__name__)
@@ -60,6 +75,7 @@ QUARANTINE = "quarantine"
 KEEP_GENERATIONS = 8
 MAX_ENTRY_BYTES = 2**20  # an entry is a few KiB; anything bigger is not one
 QUARANTINE_LOCK_S = 1.0  # a reader moving a corrupt file aside waits this long at most
+RECOVERY_BUDGET_S = 2.0  # a write spends at most this clearing killed writers' debris
 StatKey = tuple[int, int, int]
 
 
@@ -71,6 +87,23 @@ class _Loaded:
     by_slot: dict[tuple[str, str], dict[str, Entry]] = field(default_factory=dict)
     by_path: dict[str, tuple[StatKey, Entry]] = field(default_factory=dict)
     refused: dict[str, StatKey] = field(default_factory=dict)  # not re-read while unchanged
+
+
+@dataclass(frozen=True)
+class Fence:
+    """What a writer saw in an entry's file before it decided to write it (``seen``: a
+    digest of its bytes, "" for no file); a put with the fence lands only if the file
+    still holds that. JSON-able, so ranks can pass it on."""
+
+    relpath: str
+    seen: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"relpath": self.relpath, "seen": self.seen}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, str]) -> Fence:
+        return cls(str(data["relpath"]), str(data["seen"]))
 
 
 class Store:
@@ -87,13 +120,18 @@ class Store:
         lock_timeout: float = 120.0,
         check_interval: float = 0.0,
         keep_generations: int = KEEP_GENERATIONS,
+        recovery_budget_s: float = RECOVERY_BUDGET_S,
     ) -> None:
         self.root = Path(root)
         self.lock_timeout = lock_timeout
         self.check_interval = check_interval
         self.keep_generations = max(2, keep_generations)
+        self.recovery_budget_s = recovery_budget_s
         self.quarantined = 0
         self.skipped = 0
+        self.recovered: dict[str, int] = {}  # what killed writers left, by kind: a metric
+        self._debris: Iterator[Path] | None = None  # the walk for .tmp-* files, resumed
+        self._debris_cleared = False
         self._loaded = _Loaded()
         self._checked_at = -1.0
         self._lock = FileLock(str(self.root / ".store.lock"), timeout=lock_timeout)
@@ -276,18 +314,58 @@ class Store:
 
     # ---- writing -------------------------------------------------------------------
 
-    def put(self, entry: Entry) -> Entry:
-        """Merge ``entry`` into the store atomically; returns what is stored for its slot."""
-        return self.put_many([entry])[0]
+    def fence(self, kernel: str, key: Mapping[str, Any], fingerprint: Fingerprint) -> Fence:
+        """What the entry file of ``kernel`` at ``key`` for ``fingerprint`` holds now, for
+        a later :meth:`put` that must not land once another writer changed it. Take it
+        before the lookup that decides to tune (module docstring). No lock: the file is
+        replaced whole, so this reads the old bytes or the new."""
+        stand_in = Entry.make(kernel, key, fingerprint, KernelConfig.make({}))
+        relpath = stand_in.relpath().as_posix()
+        gen = self.current_generation()
+        if gen is None:
+            return Fence(relpath, "")
+        fence = Fence(relpath, _seen(gen / relpath))
+        self._catch_up(gen, relpath)
+        return fence
+
+    def _catch_up(self, gen: Path, relpath: str) -> None:
+        """Reload unless the loaded entries hold ``relpath`` of ``gen`` as it is now, so
+        that a lookup sees at least what a fence saw (a writer replaces the ``.stamp``,
+        which tells readers to reload, only after the entry)."""
+        loaded = self._loaded
+        held = loaded.by_path.get(relpath)
+        stat_key = held[0] if held is not None else loaded.refused.get(relpath)
+        if loaded.version[:1] != (gen.name,) or _stat_key(gen / relpath) != stat_key:
+            self.refresh(force=True)
+
+    def put(self, entry: Entry, *, fence: Fence | None = None) -> Entry:
+        """Merge ``entry`` into the store atomically; returns what is stored for its slot.
+        ``fence`` (:meth:`fence`): :class:`Superseded`, and nothing written, if the
+        entry's file changed since the fence was taken."""
+        return self._put([entry], fence)[0]
 
     def put_many(self, entries: Iterable[Entry]) -> list[Entry]:
         """Merge many entries under one lock; each file is replaced atomically."""
-        with self._locked():
+        return self._put(list(entries), None)
+
+    def _put(self, entries: list[Entry], fence: Fence | None) -> list[Entry]:
+        with self._writing():
             gen = self._ensure_generation()
+            if fence is not None:
+                self._check_fence(gen, entries, fence)
             stored = [self._merge_into(gen, e) for e in entries]
             self._touch_stamp(gen)
         self.refresh(force=True)
         return stored
+
+    def _check_fence(self, gen: Path, entries: list[Entry], fence: Fence) -> None:
+        if [e.relpath().as_posix() for e in entries] != [fence.relpath]:
+            raise RegistryError(
+                f"Store {self.root}: a fence for {fence.relpath} guards a put of that entry "
+                f"alone, not of {[e.relpath().as_posix() for e in entries]}."
+            )
+        if _seen(gen / fence.relpath) != fence.seen:
+            raise Superseded(fence.relpath)
 
     def install(
         self,
@@ -307,7 +385,7 @@ class Store:
         returns joins the record (a bundle notes what it will replace outside the store).
         """
         entries = list(entries)
-        with self._locked():
+        with self._writing():
             parent = self._ensure_generation()
             new = self._fork(parent)
             changed = sorted({e.relpath().as_posix() for e in entries})
@@ -334,7 +412,7 @@ class Store:
                 f"Store {self.root}: no bundle install left to roll back "
                 "(it has no generation yet)."
             )
-        with self._locked():
+        with self._writing():
             current = self._ensure_generation()
             target = self._latest_undoable_install(current)
             parent = self.root / str(target.parent)
@@ -391,38 +469,125 @@ class Store:
         raise RegistryError(f"Store {self.root}: no bundle install left to roll back.")
 
     def recover(self) -> dict[str, Any]:
-        """Clean up after crashes, at start: repair ``current`` and its record, remove
+        """Clean up after crashes, all at once: repair ``current`` and its record, remove
         ``.tmp-*`` files left by killed writers and unsealed generations (a crashed
         install; one holding entries the current one lacks goes to quarantine instead).
+        Every writer's first write does the same within a time budget (module docstring).
         Returns what it did; safe to call any time (it takes the write lock)."""
         with self._locked():
             report: dict[str, Any] = {"repaired": self._repair()}
-            removed = []
-            for path in sorted(temp_files(self.root), reverse=True):
-                with contextlib.suppress(OSError):
-                    shutil.rmtree(path) if is_real_dir(path) else path.unlink()
-                    removed.append(str(path.relative_to(self.root)))
-            report["temp_files"] = removed
+            report["temp_files"] = self._remove_temp_files(_temp_files(self.root), math.inf)[0]
             report["generations"] = self._collect_garbage()
-        if removed or any(report["generations"].values()) or report["repaired"]:
+        self._count_recovered(report)
+        if report["temp_files"] or any(report["generations"].values()) or report["repaired"]:
             log.warning("store %s recovered: %s", self.root, report)
+        self._debris_cleared, self._debris = True, None
         self.refresh(force=True)
         return report
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """The write lock, and what killed writers left cleared first (within a budget)."""
+        with self._locked():
+            if not self._debris_cleared:
+                self._clear_debris()
+            yield
+
+    def _clear_debris(self) -> None:
+        """:meth:`recover`'s work, bounded by ``recovery_budget_s``: the walk for temp
+        files goes on where it stopped at the next write (under the lock any such file is
+        a dead writer's, whenever it was listed); generations are looked at afresh."""
+        started = time.monotonic()
+        deadline = started + self.recovery_budget_s
+        report: dict[str, Any] = {"repaired": ""}
+        if self._debris is None:
+            report["repaired"] = self._repair()
+            self._debris = _temp_files(self.root)
+        report["temp_files"], walked = self._remove_temp_files(self._debris, deadline)
+        report["generations"], collected = {}, False
+        if walked:
+            report["generations"], collected = self._collect_garbage_until(deadline)
+        self._debris_cleared = walked and collected
+        if self._debris_cleared:
+            self._debris = None
+        self._count_recovered(report)
+        self._log_recovery(report, time.monotonic() - started)
+
+    def _remove_temp_files(self, paths: Iterator[Path], deadline: float) -> tuple[list[str], bool]:
+        """Remove the ``.tmp-*`` files ``paths`` names until ``deadline``; the names
+        removed, and whether ``paths`` ran out."""
+        removed = []
+        for path in paths:
+            with contextlib.suppress(OSError):
+                shutil.rmtree(path) if is_real_dir(path) else path.unlink()
+                removed.append(path.relative_to(self.root).as_posix())
+            if time.monotonic() >= deadline:
+                return removed, False
+        return removed, True
+
+    def _count_recovered(self, report: Mapping[str, Any]) -> None:
+        generations = report.get("generations") or {}
+        counts = {
+            "temp_files": len(report.get("temp_files", [])),
+            "generations_removed": len(generations.get("removed", [])),
+            "generations_quarantined": len(generations.get("quarantined", [])),
+            "repairs": 1 if report.get("repaired") else 0,
+        }
+        for what, n in counts.items():
+            if n:
+                self.recovered[what] = self.recovered.get(what, 0) + n
+
+    def _log_recovery(self, report: Mapping[str, Any], seconds: float) -> None:
+        generations = report.get("generations") or {}
+        removed, quarantined = generations.get("removed", []), generations.get("quarantined", [])
+        if not (report["temp_files"] or removed or quarantined or report["repaired"]):
+            return
+        log.warning(
+            "store %s: cleared what killed writers left in %.2f s: %d temp files, "
+            "generations removed %s, quarantined %s%s%s",
+            self.root,
+            seconds,
+            len(report["temp_files"]),
+            removed,
+            quarantined,
+            f", repaired: {report['repaired']}" if report["repaired"] else "",
+            "" if self._debris_cleared else "; the rest at the next write",
+        )
 
     @contextlib.contextmanager
     def _locked(self, timeout: float | None = None) -> Iterator[None]:
         self.root.mkdir(parents=True, exist_ok=True)
         wait = self.lock_timeout if timeout is None else timeout
         lock_file = Path(self._lock.lock_file)
-        if is_real_dir(lock_file):  # nobody can hold a folder: move it out of the way
-            _rename_aside(lock_file)
+        aside = self._lock_folder_aside(lock_file)
         try:
             with self._lock.acquire(timeout=wait):
+                if aside is not None:  # its reason is written under the lock, as all writes
+                    reason = "a folder where the write lock file belongs"
+                    atomic.write_bytes(aside.with_name(aside.name + ".reason"), reason.encode())
+                    log.error("store %s: %s -> %s", self.root, reason, aside)
                 yield
         except FileLockTimeout:
             raise RegistryError(
                 f"Store {self.root}: write lock not acquired within {wait:g} s."
             ) from None
+
+    def _lock_folder_aside(self, lock_file: Path) -> Path | None:
+        """A folder where the lock file belongs, moved to quarantine (nobody can hold a
+        folder, so moving it takes no lock from anyone); where it went, or None. Any other
+        odd object (a fifo) stays: flock works on it, and someone may hold it."""
+        if not is_real_dir(lock_file):
+            return None
+        target = self._quarantine_path(lock_file.name)
+        folder = target.parent
+        if os.path.lexists(folder) and not is_real_dir(folder):
+            _rename_aside(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            os.replace(lock_file, target)
+        except FileNotFoundError:  # another writer moved it first
+            return None
+        return target
 
     def _merge_into(self, gen: Path, entry: Entry) -> Entry:
         """Merge ``entry`` with what its file holds. Only a missing file counts as empty:
@@ -530,6 +695,7 @@ class Store:
             **record,
         }
         self._touch_stamp(gen)
+        self._clear_marker(gen, GENERATION_FILE)
         atomic.write_json(gen / GENERATION_FILE, info)
         return info
 
@@ -547,19 +713,49 @@ class Store:
                 (gen / GENERATION_FILE).unlink()
             raise
 
-    @staticmethod
-    def _touch_stamp(gen: Path) -> None:
+    def _touch_stamp(self, gen: Path) -> None:
+        self._clear_marker(gen, STAMP_FILE)
         atomic.write_bytes(gen / STAMP_FILE, secrets.token_hex(8).encode())
 
+    def _clear_marker(self, gen: Path, name: str) -> None:
+        """A folder, fifo or other non-file where the marker ``name`` of ``gen`` belongs
+        goes to quarantine, so that writing the marker does not fail (a link is replaced
+        by the write itself)."""
+        path = gen / name
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            return
+        if stat.S_ISREG(mode) or stat.S_ISLNK(mode):
+            return
+        kind = "a folder" if stat.S_ISDIR(mode) else "no regular file"
+        target = self._quarantine_path(f"{gen.name}-{name}")
+        self._set_aside(path, target, f"{kind} where the marker {name} belongs")
+        log.error("store %s: %s where %s belongs -> %s", self.root, kind, path, target)
+
     def _collect_garbage(self) -> dict[str, list[str]]:
-        """Drop generations nobody needs: never the current one or the newest kept, never
-        one holding an entry the current one lacks (unless a rollback undid exactly that
-        install). An unsealed one (a crashed install) that holds such entries is moved to
-        quarantine, not deleted."""
+        """Drop generations nobody needs (:meth:`_garbage`): what it did."""
+        return self._collect_garbage_until(math.inf)[0]
+
+    def _collect_garbage_until(self, deadline: float) -> tuple[dict[str, list[str]], bool]:
+        """Drop generations nobody needs until ``deadline``: what it did, and whether it
+        looked at them all."""
         done: dict[str, list[str]] = {"removed": [], "quarantined": []}
+        for what, name in self._garbage():
+            done[what].append(name)
+            if time.monotonic() >= deadline:
+                return done, False
+        return done, True
+
+    def _garbage(self) -> Iterator[tuple[str, str]]:
+        """Drop generations nobody needs, one at a time: never the current one or the
+        newest kept, never one holding an entry the current one lacks (unless a rollback
+        undid exactly that install). An unsealed one (a crashed install) that holds such
+        entries is moved to quarantine, not deleted. Yields ("removed" or "quarantined",
+        its name); stopped early, it is started afresh (what it read may be stale)."""
         current = linked(self.root)
         if current is None:
-            return done  # a repair decides first which generation is current
+            return  # a repair decides first which generation is current
         gens = generation_dirs(self.root)
         records = {g.name: read_record(g) for g in gens}
         sealed = [g for g in gens if records[g.name] is not None]
@@ -580,11 +776,44 @@ class Store:
                 self._move_aside(
                     gen, target, f"a generation never swapped in, {len(lacking)} entries"
                 )
-                done["quarantined"].append(gen.name)
+                yield "quarantined", gen.name
             elif not lacking:
                 shutil.rmtree(gen, ignore_errors=True)
-                done["removed"].append(gen.name)
-        return done
+                yield "removed", gen.name
+
+
+def _stat_key(path: Path) -> StatKey | None:
+    try:
+        st = path.lstat()
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def _seen(path: Path) -> str:
+    """What a fence records of the entry file ``path``: a digest of its bytes; "" when
+    there is none; a mark for an object that is no regular file (a put clears it)."""
+    try:
+        return hashlib.sha256(atomic.read_bounded(path, MAX_ENTRY_BYTES)).hexdigest()[:32]
+    except (FileNotFoundError, NotADirectoryError):
+        return ""
+    except ValueError as e:  # a fifo, a folder, too big: no entry
+        return f"no entry: {e}"
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.EISDIR):
+            return f"no entry: {e.strerror}"
+        raise
+
+
+def _temp_files(root: Path) -> Iterator[Path]:
+    """Leftovers of an atomic write whose process died (``.tmp-*``), anywhere under
+    ``root`` but inside what quarantine/ keeps (whole generations, never written to)."""
+    for dirpath, dirs, files in os.walk(root):
+        folder = Path(dirpath)
+        temps = [name for name in (*files, *dirs) if name.startswith(atomic.TEMP_PREFIX)]
+        walk_on = folder != root / QUARANTINE
+        dirs[:] = [d for d in dirs if walk_on and not d.startswith(atomic.TEMP_PREFIX)]
+        yield from (folder / name for name in temps)
 
 
 def read_entry(path: Path) -> tuple[bytes, Entry]:

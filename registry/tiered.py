@@ -4,23 +4,47 @@ A lookup asks the local store first; on a miss it asks the remote tier and files
 in the local store, so the next lookup stays local. A put writes the local store (its
 errors raise as always), then publishes what the store now holds. The remote tier never
 raises: while it is down, the local store works alone, as it does without one.
+
+A fenced put (:meth:`TieredStore.fence`, then ``put(entry, fence=...)``) is fenced in
+both tiers, each on its own: the local put raises ``Superseded`` (nothing written, not
+published) when another holder stored the entry first on this volume; once it landed,
+the publish is refused, quietly, when another pod published it first (pods that share
+only redis). Then this pod's volume keeps its own tuning, the fleet the other pod's.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from registry.entry import Entry
 from registry.errors import RegistryError
 from registry.fingerprint import Fingerprint, MatchPolicy
 from registry.remote import RemoteTier
-from registry.store import Store
+from registry.store import Fence, Store
 
 log = logging.getLogger(__name__)
 
 Tier = Literal["local", "remote"]
+
+
+@dataclass(frozen=True)
+class TieredFence:
+    """A fence in each tier: the local store's, and what the remote field held (None
+    when there is no remote tier or it did not answer: its publish is unfenced)."""
+
+    local: Fence
+    remote: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"local": self.local.to_json(), "remote": self.remote}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TieredFence:
+        remote = data.get("remote")
+        return cls(Fence.from_json(data["local"]), None if remote is None else str(remote))
 
 
 class TieredStore:
@@ -67,11 +91,19 @@ class TieredStore:
         found = self.locate(kernel, key, fingerprint, policy)
         return found[0] if found is not None else None
 
-    def put(self, entry: Entry) -> Entry:
-        """Merge ``entry`` into the local store, then publish what it holds now."""
-        stored = self.local.put(entry)
+    def fence(self, kernel: str, key: Mapping[str, Any], fingerprint: Fingerprint) -> TieredFence:
+        """Both tiers' fences for the entry of ``kernel`` at ``key`` for ``fingerprint``,
+        taken before the lookup that decides to tune (module docstring)."""
+        local = self.local.fence(kernel, key, fingerprint)
+        remote = self.remote.seen(kernel, key, fingerprint) if self.remote else None
+        return TieredFence(local, remote)
+
+    def put(self, entry: Entry, *, fence: TieredFence | None = None) -> Entry:
+        """Merge ``entry`` into the local store, then publish what it holds now; with a
+        ``fence``, ``Superseded`` from the local store (module docstring)."""
+        stored = self.local.put(entry, fence=fence.local if fence else None)
         if self.remote is not None:
-            self.remote.publish(stored)
+            self.remote.publish(stored, seen=fence.remote if fence else None)
         return stored
 
     def entries(self) -> list[Entry]:

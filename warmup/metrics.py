@@ -302,6 +302,22 @@ class ServeMetrics:
             "Corrupt registry files moved aside since start.",
             registry=r,
         )
+        self.recovered = Counter(
+            "triton_warmup_registry_recovered",
+            "What killed writers left in the registry that this process cleared, by kind: "
+            "temp_files, generations_removed, generations_quarantined, repairs.",
+            ["what"],
+            registry=r,
+        )
+        self._recovered: dict[str, int] = {}  # the store's counts already added
+
+    def record_recovered(self, counts: Mapping[str, int]) -> None:
+        """Bring ``recovered`` up to a store's running counts (``Store.recovered``)."""
+        for what, total in counts.items():
+            new = total - self._recovered.get(what, 0)
+            if new > 0:
+                self.recovered.labels(what).inc(new)
+                self._recovered[what] = total
 
 
 class ServingMetrics:

@@ -1,8 +1,13 @@
 """``registry.lock(name, ttl=..., timeout=...)``: one tuner per key across processes, pods, nodes.
 
-Locks are efficiency locks: a holder that lost its lease (killed, paused, partitioned)
-may overlap its successor, so whatever a lock protects must tolerate a duplicate.
-Every registry write is an idempotent merge for that reason.
+A lock alone cannot stop a holder that lost it (paused, partitioned, its redis server
+restarted empty) from working on while its successor works: such a holder learns of the
+loss late or never. So the store fences the writes a lock is for (``Store.fence``, then
+``Store.put(entry, fence=...)``): of the holders of one shape, old and new, only the
+first put lands; the others' are refused (``Superseded``) and they use the stored entry.
+That needs nothing of the lock server's memory, so it holds for redis and file leases
+alike, and for a tuner that went on without the lock. A lost lock still costs the
+duplicated work, never a second write.
 
 A lock server that stops answering is waited out: waiters retry until their timeout, a
 holder's heartbeat retries until its lease ends by its own clock, and then the holder
@@ -96,7 +101,8 @@ class Lease:
             first, self._lost = self._lost is None, self._lost or reason
         if first:
             log.warning(
-                "lock %s lost while held (%s): another worker may duplicate this work",
+                "lock %s lost while held (%s): another worker may duplicate this work; "
+                "the store keeps whichever result is stored first",
                 self.name,
                 reason,
             )

@@ -94,7 +94,8 @@ class FileLeaseBackend:
 def _warn_lost(name: str):  # type: ignore[no-untyped-def]
     def warn(compromise: LeaseCompromise) -> None:
         log.warning(
-            "lock %s lost while held (%s): another worker may duplicate this work",
+            "lock %s lost while held (%s): another worker may duplicate this work; "
+            "the store keeps whichever result is stored first",
             name,
             compromise.reason,
         )

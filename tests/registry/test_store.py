@@ -558,3 +558,116 @@ def test_a_failing_after_swap_keeps_the_swap_and_is_logged(tmp_path, make_entry,
     info = store.install([make_entry(m=1)], record={"bundle": {"name": "b"}}, after_swap=after_swap)
     assert os.readlink(tmp_path / CURRENT) == info["id"] and len(Store(tmp_path)) == 1
     assert "disk full" in caplog.text
+
+
+def _hang_in(root, what, tmp_path):
+    """A writer process stopped mid-``what`` (its temp file written, not yet renamed),
+    then killed -9, as a pod is."""
+    ready = tmp_path / f"ready-{what}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.registry._workers", "hang_in", str(root), what, str(ready)],
+        cwd=Path(__file__).parents[2],
+    )
+    deadline = time.time() + 60
+    while not ready.exists():
+        assert proc.poll() is None and time.time() < deadline, f"no {what} started"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+def _recovery_lines(caplog):
+    return [r.getMessage() for r in caplog.records if "killed writers left" in r.getMessage()]
+
+
+@pytest.mark.parametrize("what", ["put", "install"])
+def test_the_next_put_clears_what_a_writer_killed_mid_write_left(
+    tmp_path, make_entry, h200, caplog, what
+):
+    root = tmp_path / "registry"
+    _ten_entries(root, make_entry)
+    _hang_in(root, what, tmp_path)
+    assert len(list(root.rglob(".tmp-*"))) == 1
+    unsealed = [g for g in root.glob("gen-*") if not (g / "GENERATION.json").exists()]
+    assert len(unsealed) == (what == "install")
+    store = Store(root)
+    with caplog.at_level("WARNING", logger="registry.store"):
+        store.put(make_entry(m=11))
+    assert not list(root.rglob(".tmp-*")) and not any(g.exists() for g in unsealed)
+    removed = {"generations_removed": 1} if unsealed else {}
+    assert store.recovered == {"temp_files": 1, **removed}
+    (line,) = _recovery_lines(caplog)
+    assert "1 temp files" in line and f"removed {[g.name for g in unsealed]}" in line
+    assert len(Store(root)) == 11
+    store.put(make_entry(m=12))  # once per writer: nothing more to say
+    assert len(_recovery_lines(caplog)) == 1
+
+
+def test_twenty_five_unsealed_generations_are_cleared_by_one_put(
+    tmp_path, make_entry, h200, caplog
+):
+    store = _ten_entries(tmp_path, make_entry)
+    current = tmp_path / os.readlink(tmp_path / CURRENT)
+    for i in range(25):  # installs killed before their seal: links, and a few new entries
+        crashed = store._fork(current)
+        if i % 5 == 0:
+            (crashed / "ag_gemm" / f"lone-{i}.json").write_text(
+                atomic.dumps(make_entry(m=1000 + i).to_json())
+            )
+    writer = Store(tmp_path)
+    with caplog.at_level("WARNING", logger="registry.store"):
+        writer.put(make_entry(m=11))
+    assert [g.name for g in tmp_path.glob("gen-*")] == [current.name]
+    assert writer.recovered == {"generations_removed": 20, "generations_quarantined": 5}
+    assert len(list((tmp_path / QUARANTINE).glob("*-never-current.reason"))) == 5
+    assert len(_recovery_lines(caplog)) == 1 and len(Store(tmp_path)) == 11
+
+
+def test_clearing_debris_stops_at_its_budget_and_goes_on_at_the_next_write(
+    tmp_path, make_entry, caplog
+):
+    store = _ten_entries(tmp_path, make_entry)
+    folder = tmp_path / CURRENT / "ag_gemm"
+    for i in range(3):
+        (folder / f".tmp-{i}-x.json").write_text("{")
+    writer = Store(tmp_path, recovery_budget_s=0.0)  # one file per write
+    with caplog.at_level("WARNING", logger="registry.store"):
+        for m in range(11, 15):
+            writer.put(make_entry(m=m))
+    assert not list(folder.glob(".tmp-*")) and writer.recovered == {"temp_files": 3}
+    lines = _recovery_lines(caplog)
+    assert len(lines) == 3 and all("the rest at the next write" in line for line in lines[:2])
+    assert len(store) == 14
+
+
+@pytest.mark.parametrize(
+    "obstacle",
+    [
+        ".stamp folder",
+        ".stamp fifo",
+        "GENERATION.json folder",
+        "GENERATION.json fifo",
+        "current fifo",
+        "lock folder",
+        "entry fifo",
+    ],
+)
+def test_a_folder_or_fifo_where_a_marker_belongs_is_quarantined_and_puts_go_on(
+    tmp_path, make_entry, h200, obstacle
+):
+    store = _ten_entries(tmp_path, make_entry)
+    gen = tmp_path / os.readlink(tmp_path / CURRENT)
+    new = make_entry(m=1, kernel="other")
+    name, kind = obstacle.split()
+    spot = {"current": tmp_path / CURRENT, "lock": tmp_path / ".store.lock"}.get(name, gen / name)
+    if name == "entry":
+        spot = gen / new.relpath()
+        spot.parent.mkdir(parents=True)
+    spot.unlink(missing_ok=True)
+    spot.mkdir() if kind == "folder" else os.mkfifo(spot)
+    store.put(new)
+    assert Store(tmp_path).lookup("other", {**KEY, "M": 1}, h200) == new
+    assert len(Store(tmp_path)) == 11
+    reasons = list((tmp_path / QUARANTINE).glob(f"*{spot.name}*.reason"))
+    assert len(reasons) == 1, [p.name for p in (tmp_path / QUARANTINE).iterdir()]
+    store.put(make_entry(m=2, kernel="other"))  # and every put after it
