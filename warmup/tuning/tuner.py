@@ -5,13 +5,19 @@ Flow for one (kernel, key), every rank in lockstep, rank 0 deciding:
     look up (rank 0's view wins) -- hit -------------------------------> use it
         | miss, policy "fallback": nearest tuned shape, else the space's default
         | miss, policy "fail": TuneError
-        | miss, policy "tune": rank 0 takes the fleet lock, looks again
+        | miss, policy "tune": rank 0 takes the fleet lock, fences the entry, looks again
         |   (``try_get``: a lock another pod holds is not waited for -> Deferred)
         v
     compile every candidate in parallel (exact launch specialisation)
     successive halving: each candidate launched and checked, timed on every rank,
     its time the max over ranks; rank 0 broadcasts the winner
-    the winner is checked again, rank 0 stores the entry, releases the lock
+    the winner is checked again, rank 0 stores the entry with its fence, releases the lock
+
+The fence (``Store.fence``) makes the lock's promise hold when the lock does not: a
+holder that lost its lock while it tuned (a redis restart, a pause past the ttl), or
+tuned without one (the lock server silent), stores only if nobody stored the shape
+since it looked. Otherwise its put is refused (``Superseded``) and it takes the stored
+entry: one tuning per shape lands, and every pod ends with it.
 
 The timer is injected (``warmup.tuning.timing``), so tests run the search with a fake.
 """
@@ -39,9 +45,10 @@ from registry import (
     Store,
     lock,
 )
+from registry.errors import Superseded
 from registry.fingerprint import Fingerprint
 from registry.locks import LockBackend, LockServerUnreachable, silent_for
-from registry.tiered import TieredStore
+from registry.tiered import TieredFence, TieredStore
 from warmup.run.lockstep import Lockstep, RankFailure
 from warmup.tuning import compile_pool
 from warmup.tuning.cpus import usable_cpus
@@ -51,6 +58,7 @@ from warmup.tuning.timing import Timer
 log = logging.getLogger(__name__)
 Policy = Literal["tune", "fallback", "fail"]
 Found = Literal["registry", "remote"]  # the local store (the volume), or the remote tier
+FENCED_TRIES = 3  # puts refused in a row before a shape fails: each means another landed
 
 
 class TuneError(RuntimeError):
@@ -137,6 +145,7 @@ class TunerStats:
     tuning_seconds: float = 0.0
     lock_wait_seconds: float = 0.0
     unlocked: int = 0  # shapes tuned without the fleet lock: its server did not answer
+    superseded: int = 0  # tunings not stored: another holder stored the shape first
 
 
 @dataclass(frozen=True)
@@ -168,6 +177,7 @@ class TuneOutcome:
     cache_files_added_while_timing: int | None = None
     notes: list[str] = field(default_factory=list)
     unlocked: bool = False  # tuned without the fleet lock (its server did not answer)
+    superseded: bool = False  # tuned, but another holder's entry landed first: it is used
 
 
 class Tuner:
@@ -232,14 +242,7 @@ class Tuner:
             taken = self._lock(held, task.kernel, key, give_up_at)
             if isinstance(taken, Deferred):
                 return taken
-            again = self._agreed_lookup(
-                task,
-                key,
-                fingerprint,
-                what="lookup under lock",
-                timeout_s=self.options.lock_timeout_s + self.options.rank_timeout_s,
-                remote_now=True,  # a pod elsewhere may have stored it during a blip
-            )
+            again, fence = self._fenced_lookup(task, key, fingerprint)
             if again is not None:  # tuned by another pod while we waited
                 self.stats.hits += 1
                 entry, source = again
@@ -251,7 +254,7 @@ class Tuner:
             remake_inputs(task)  # a shape put aside (warmup.tuning.sharing), tuned at last
             outcome = self.tune(task)
             outcome.lock_wait_s, outcome.unlocked = taken.waited, taken.unreachable is not None
-            outcome.entry = self._store(task, fingerprint, key, outcome, started)
+            self._store(task, fingerprint, key, outcome, started, fence)
         outcome.seconds = time.perf_counter() - started
         self.stats.tuned += 1
         self.stats.tuning_seconds += outcome.seconds
@@ -269,34 +272,53 @@ class Tuner:
     ) -> tuple[Entry, Found] | None:
         """Rank 0 looks (the local tier, then the remote one); every rank follows its
         answer (never mismatched collectives)."""
-
-        def look() -> dict[str, Any] | None:
-            located = self.store.locate(
-                task.kernel, key, fingerprint, self.options.match, remote_now=remote_now
-            )
-            if located is None:
-                return None
-            entry, tier = located
-            if not accepts(task, entry.best):
-                log.warning(
-                    "%s %s: the stored config %s is not among the candidates any more; "
-                    "tuning again",
-                    task.kernel,
-                    dict(key),
-                    entry.best.label(),
-                )
-                return None
-            return {"entry": entry.to_json(), "remote": tier == "remote"}
-
         found = self._on_leader(
-            look,
+            functools.partial(self._look, task, key, fingerprint, remote_now=remote_now),
             what=what,
             failed=f"{task.kernel} at {dict(key)}: registry lookup failed",
             timeout_s=max(timeout_s or 0.0, self._store_wait()),
         )
-        if found is None:
+        return _found(found)
+
+    def _fenced_lookup(
+        self, task: TuneTask, key: Mapping[str, Any], fingerprint: Fingerprint
+    ) -> tuple[tuple[Entry, Found] | None, TieredFence]:
+        """The lookup under the lock, after rank 0 fenced the entry (module docstring):
+        whatever is stored after the fence, this holder's put will not overwrite."""
+
+        def look() -> dict[str, Any]:
+            fence = self.store.fence(task.kernel, key, fingerprint)
+            # remote_now: a pod elsewhere may have stored it during a blip
+            found = self._look(task, key, fingerprint, remote_now=True)
+            return {"fence": fence.to_json(), "found": found}
+
+        answer = self._on_leader(
+            look,
+            what="lookup under lock",
+            failed=f"{task.kernel} at {dict(key)}: registry lookup failed",
+            timeout_s=self.options.lock_timeout_s + self.options.rank_timeout_s,
+        )
+        return _found(answer["found"]), TieredFence.from_json(answer["fence"])
+
+    def _look(
+        self, task: TuneTask, key: Mapping[str, Any], fingerprint: Fingerprint, *, remote_now: bool
+    ) -> dict[str, Any] | None:
+        """Rank 0's lookup, as JSON: the entry, and whether it came from the remote tier."""
+        located = self.store.locate(
+            task.kernel, key, fingerprint, self.options.match, remote_now=remote_now
+        )
+        if located is None:
             return None
-        return Entry.from_json(found["entry"]), "remote" if found["remote"] else "registry"
+        entry, tier = located
+        if not accepts(task, entry.best):
+            log.warning(
+                "%s %s: the stored config %s is not among the candidates any more; tuning again",
+                task.kernel,
+                dict(key),
+                entry.best.label(),
+            )
+            return None
+        return {"entry": entry.to_json(), "remote": tier == "remote"}
 
     def _on_leader(
         self, work: Callable[[], Any], *, what: str, failed: str, timeout_s: float
@@ -331,7 +353,7 @@ class Tuner:
         pod holds it and ``give_up_at`` is still ahead (then nothing is waited for). A
         lock server that has not answered for ``lock_outage_s`` does not stop the warmup:
         the shape is tuned without the lock (``Taken.unreachable``; another pod may
-        tune it too; locks are for efficiency, the registry merges both). A lock held by
+        tune it too; the fence lets the first to store it land). A lock held by
         another past the timeout fails this shape on every rank alike, so the next
         collective still matches."""
         started = time.perf_counter()
@@ -384,7 +406,7 @@ class Tuner:
         if self.lockstep.leader:
             log.warning(
                 "%s at %s: tuning without the fleet lock (%s); another pod may tune it "
-                "too, and the registry keeps both",
+                "too: the first to store it wins, the other uses its entry",
                 task.kernel,
                 dict(key),
                 why,
@@ -397,7 +419,11 @@ class Tuner:
         key: Mapping[str, Any],
         outcome: TuneOutcome,
         started: float,
-    ) -> Entry:
+        fence: TieredFence,
+    ) -> None:
+        """Rank 0 stores the tuning with its fence; every rank's ``outcome`` gets the
+        stored entry: this tuning's, or, when another holder stored the shape first,
+        that one (its config included)."""
         assert outcome.search is not None
         search = outcome.search
 
@@ -411,7 +437,7 @@ class Tuner:
                 tuning_seconds=time.perf_counter() - started,
                 source="tuned",
             )
-            return self.store.put(entry).to_json()
+            return self._put_fenced(task, key, fingerprint, entry, fence)
 
         stored = self._on_leader(
             put,
@@ -419,7 +445,41 @@ class Tuner:
             failed=f"{task.kernel} at {dict(key)}: tuned, not stored",
             timeout_s=self._store_wait(),
         )
-        return Entry.from_json(stored)
+        outcome.entry = Entry.from_json(stored["entry"])
+        if stored["superseded"]:
+            self.stats.superseded += 1
+            outcome.superseded, outcome.config = True, outcome.entry.best
+            outcome.notes.append("another holder stored this shape first: its entry is used")
+
+    def _put_fenced(
+        self,
+        task: TuneTask,
+        key: Mapping[str, Any],
+        fingerprint: Fingerprint,
+        entry: Entry,
+        fence: TieredFence,
+    ) -> dict[str, Any]:
+        """Rank 0's put with its fence; refused, the entry another holder stored is taken,
+        or, if the lookup does not take it (not among the candidates), the put is tried
+        again with a new fence."""
+        for _ in range(FENCED_TRIES):
+            try:
+                return {"entry": self.store.put(entry, fence=fence).to_json(), "superseded": False}
+            except Superseded:
+                log.warning(
+                    "%s at %s: another holder stored this shape while this one tuned "
+                    "(its lock lost or never taken); this tuning is not stored",
+                    task.kernel,
+                    dict(key),
+                )
+            fence = self.store.fence(task.kernel, key, fingerprint)
+            found = self._look(task, key, fingerprint, remote_now=True)
+            if found is not None:
+                return {"entry": found["entry"], "superseded": True}
+        raise RegistryError(
+            f"{task.kernel} at {dict(key)}: {FENCED_TRIES} puts refused in a row, each "
+            "because another holder stored the shape, and its entry is not usable here."
+        )
 
     def _fallback(self, task: TuneTask, fingerprint: Fingerprint, started: float) -> TuneOutcome:
         self.stats.fallbacks += 1
@@ -597,6 +657,13 @@ def key_distance(a: Mapping[str, Any], b: Mapping[str, Any]) -> float:
         elif x != y:
             return math.inf
     return total
+
+
+def _found(answer: dict[str, Any] | None) -> tuple[Entry, Found] | None:
+    """A lookup's broadcast answer (``Tuner._look``) as the entry and its tier."""
+    if answer is None:
+        return None
+    return Entry.from_json(answer["entry"]), "remote" if answer["remote"] else "registry"
 
 
 def _named(error: BaseException) -> str:
