@@ -15,6 +15,7 @@ from registry.entry import Entry
 from registry.errors import RegistryError
 from registry.fingerprint import Fingerprint, MatchPolicy, cpu_fingerprint
 from registry.store import Store
+from registry.volume import MissingFolder, existing_folder
 
 EXIT_BAD_INPUT = 2  # as argparse's usage errors; a registry failure exits 1
 IMPORTS = {  # format -> (importer, what its source folder holds)
@@ -38,12 +39,14 @@ def add_parser(
 ) -> None:
     """Register ``registry`` and its commands on the top-level CLI."""
     top = subparsers.add_parser("registry", help="inspect and move tuned configs")
+    top.add_argument("--store", type=Path, help=f"registry folder (default {default_store})")
     top.add_argument(
-        "--store",
-        type=Path,
-        default=default_store,
-        help=f"registry folder (default {default_store})",
+        "--create-store",
+        action="store_true",
+        help="make the store's folder if it is not there (default: exit 2 for a command "
+        "that reads it)",
     )
+    top.set_defaults(default_store=default_store)
     top.add_argument("--json", action="store_true", help="machine-readable output")
     # Every command takes --json too; SUPPRESS keeps it from undoing a --json given before.
     flags = argparse.ArgumentParser(add_help=False)
@@ -138,13 +141,38 @@ def run(args: argparse.Namespace) -> int:
     :class:`RegistryError` propagates to the caller, which exits 1."""
     handler: Callable[[argparse.Namespace, Store], Any] = args.handler
     try:
-        result = handler(args, Store(args.store))
+        result = handler(args, Store(_store_root(args)))
     except BadInput as e:
         print(f"triton-warmup: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     if args.json:
         print(json.dumps(result, indent=2, sort_keys=True, default=str))
     return 0
+
+
+def _store_root(args: argparse.Namespace) -> Path:
+    """The store's folder. A command that reads the store needs it there (made with
+    ``--create-store``): a mistyped path must not read as an empty store. Commands that
+    write it (import, install) make it; those that never open it do not care. The
+    default store may be missing from a volume that is there: nothing stored yet."""
+    root: Path = args.store or args.default_store
+    if args.handler not in _READERS or (args.handler is _bundle_create and _carries_more(args)):
+        return root
+    if args.store is None and not args.create_store and root.parent.is_dir():
+        return root
+    given = args.store is not None
+    what = "--store" if given else "the default store"
+    check = "the path" if given else "TRITON_WARMUP_VOLUME (or TRITON_WARMUP_REGISTRY_DIR)"
+    fix = f"check {check}, or create an empty store with --create-store"
+    try:
+        return existing_folder(root, what=what, create=args.create_store, fix=fix)
+    except MissingFolder as e:
+        raise BadInput(str(e)) from None
+
+
+def _carries_more(args: argparse.Namespace) -> bool:
+    """A bundle that carries a compile cache or compiled models needs no store entries."""
+    return args.triton_cache is not None or args.inductor is not None
 
 
 def _resolve_fingerprint(spec: str) -> Fingerprint:
@@ -403,6 +431,9 @@ def _bundle_list(args: argparse.Namespace, store: Store) -> list[dict[str, Any]]
     if not args.json:
         _table(rows, ["generation", "kind", "bundle", "version", "created", "current"])
     return rows
+
+
+_READERS = (_ls, _show, _bundle_create, _bundle_list, _rollback)  # read the store's entries
 
 
 def _table(rows: Sequence[dict[str, Any]], columns: list[str]) -> None:

@@ -38,3 +38,24 @@ class Volume:
     @property
     def learned(self) -> Path:
         return self.root / "learned"
+
+
+class MissingFolder(ValueError):
+    """A volume or store folder that is not there and was not asked to be created: a
+    mistyped path must not start an empty one (and tune everything again)."""
+
+
+def existing_folder(path: Path, *, what: str, create: bool, fix: str) -> Path:
+    """``path`` when it is a folder; made first when ``create``. :class:`MissingFolder`
+    otherwise, one line naming ``what``, the path and ``fix`` (how to create it)."""
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise MissingFolder(f"{what} '{path}' is a file; expected a folder")
+    if not create:
+        raise MissingFolder(f"{what} '{path}' does not exist; {fix}")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise MissingFolder(f"{what} '{path}' cannot be created: {e.strerror or e}") from None
+    return path

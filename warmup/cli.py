@@ -88,11 +88,18 @@ def _add_validate(sub: Any) -> None:
 def _common(parser: argparse.ArgumentParser, settings: Settings) -> None:
     parser.add_argument("--manifest", type=Path, help=f"default {settings.manifest}")
     parser.add_argument("--volume", type=Path, help=f"default {settings.volume}")
+    parser.add_argument(
+        "--create-volume",
+        action="store_true",
+        default=None,  # None: not given, so TRITON_WARMUP_CREATE_VOLUME stands
+        help="make the volume's folder if it is not there (default: exit 2)",
+    )
 
 
 OVERRIDES = {  # option -> setting
     "manifest": "manifest",
     "volume": "volume",
+    "create_volume": "create_volume",
     "world_size": "world_size",
     "device": "device",
     "host": "metrics_host",
@@ -166,10 +173,11 @@ def _bad_input() -> tuple[tuple[type[Exception], ...], type[Exception]]:
     """What is the user's input or host (exit 2), and the registry's own failure (exit 1
     with its message); imported once an error is out, not before every command."""
     from registry.errors import RegistryError
+    from registry.volume import MissingFolder
     from warmup.run.session import RunError
     from warmup.sidecar.probe_server import SidecarError
 
-    return (ManifestError, RunError, SidecarError), RegistryError
+    return (ManifestError, RunError, SidecarError, MissingFolder), RegistryError
 
 
 def _dispatch(args: argparse.Namespace, settings: Settings, early: EarlyRanks | None) -> int:
@@ -201,8 +209,9 @@ def _error(message: str, code: int) -> int:
 
 def _run(settings: Settings, early: EarlyRanks | None) -> int:
     # Before any GPU work or write: the whole manifest (the kernels' rules on its shapes,
-    # its functions found).
+    # its functions found), then the volume.
     manifest = load_manifest(settings.manifest, find_functions=True)
+    settings.existing_volume()
     from warmup.run.launch import run
 
     status = run(settings, manifest, early)
@@ -249,6 +258,7 @@ class _StoppedWhileStarting(Exception):
 def _serve(settings: Settings) -> int:
     from warmup.sidecar.server import Sidecar
 
+    settings.existing_volume()
     signals: list[int] = []
     starting = True
 

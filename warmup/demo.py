@@ -39,7 +39,10 @@ KEY_METRICS = (
 
 
 def main() -> int:
-    settings = Settings(device="cpu")
+    # A fresh checkout has no ./demo-volume: the demo asks for it, as a user would with
+    # --create-volume (a volume that is not there is otherwise an error).
+    settings = Settings(device="cpu", create_volume=True)
+    settings.existing_volume()
     logs.configure(settings.log_format, level=30)  # the demo prints its own story
     manifest = load_manifest(settings.manifest)
     shapes = sum(len(e.expand()) for e in manifest.entries)

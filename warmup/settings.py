@@ -10,7 +10,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from registry.fingerprint import MatchPolicy
 from registry.remote import SCHEMES as REDIS_SCHEMES
-from registry.volume import Volume
+from registry.volume import Volume, existing_folder
 
 
 class Settings(BaseSettings):
@@ -19,6 +19,11 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TRITON_WARMUP_", extra="forbid")
 
     volume: Path = Field(Path("demo-volume"), description="the mounted volume's root")
+    create_volume: bool = Field(
+        False,
+        description="make the volume's folder when it is not there; else run and serve "
+        "refuse it (exit 2), so that a mistyped path never starts an empty volume",
+    )
     manifest: Path = Field(Path("examples/demo.yaml"), description="the shape manifest")
     triton_cache_dir: Path | None = Field(
         None, description="TRITON_CACHE_DIR to restore into; None: <work_dir>/triton-cache"
@@ -108,6 +113,15 @@ class Settings(BaseSettings):
     serving_refresh_s: float = Field(
         1.0, gt=0, description="how often a serving op checks the registry for a new generation"
     )
+
+    def existing_volume(self) -> Path:
+        """The volume's folder, made first with ``create_volume``;
+        :class:`registry.volume.MissingFolder` when it is not there."""
+        fix = (
+            "check --volume (TRITON_WARMUP_VOLUME), or create it with --create-volume "
+            "(TRITON_WARMUP_CREATE_VOLUME=true)"
+        )
+        return existing_folder(self.volume, what="volume", create=self.create_volume, fix=fix)
 
     @property
     def paths(self) -> Volume:

@@ -150,8 +150,11 @@ def test_errors_exit_nonzero_with_a_reason(capsys, tmp_path):
         main(["registry", "bogus"])
     assert exit_info.value.code == 2
     code, _, err = cli(capsys, tmp_path / "e", "rollback")
-    assert code == 1 and "no bundle install" in err
+    assert code == 2 and "does not exist" in err
     assert not (tmp_path / "e").exists()  # a rollback of nothing creates no store
+    (tmp_path / "e").mkdir()
+    code, _, err = cli(capsys, tmp_path / "e", "rollback")
+    assert code == 1 and "no bundle install" in err
 
 
 @pytest.mark.parametrize("fmt", ["triton-autotune", "triton-dist"])
@@ -293,6 +296,14 @@ BAD_INPUT = {  # test id -> (argv after "registry", what the error must name)
         ],
         "{missing}",
     ),
+    "ls-store-missing": (["--store", "{missing}", "ls"], "{missing}"),
+    "show-store-missing": (["--store", "{missing}", "show", "M1"], "{missing}"),
+    "list-store-missing": (["--store", "{missing}", "bundle", "list"], "{missing}"),
+    "create-store-missing": (
+        ["--store", "{missing}", "bundle", "create", "{out}", "--name", "n", "--version", "1"],
+        "{missing}",
+    ),
+    "ls-store-is-file": (["--store", "{file}", "ls"], "{file}"),
     "ls-unknown-kernel": (["ls", "--kernel", "nope"], "nope"),
     "show-no-match": (["show", "M999"], "M999"),
     "fingerprint-none": (["fingerprint", "--fingerprint", "none"], "none"),
@@ -325,3 +336,21 @@ def test_bad_input_exits_2_with_one_line_naming_it(capsys, store, tmp_path, argv
     line = error_line(err)
     assert code == 2 and named.format(**paths) in line
     assert sorted(tmp_path.rglob("*")) == before  # bad input writes nothing
+
+
+def test_a_store_that_is_not_there_is_an_error_unless_asked_to_create_it(capsys, tmp_path):
+    missing = tmp_path / "no" / "registry"
+    code, out, err = cli(capsys, missing, "ls")
+    line = error_line(err)
+    assert code == 2 and out == "" and f"--store '{missing}' does not exist" in line
+    assert "--create-store" in line and not (tmp_path / "no").exists()
+    code, out, _ = run(capsys, "registry", "--create-store", "--store", str(missing), "ls")
+    assert code == 0 and f"0 entries in {missing}" in out and missing.is_dir()
+
+
+def test_the_default_store_of_a_volume_with_nothing_stored_yet_is_empty(capsys, isolated):
+    code, _, err = run(capsys, "registry", "ls")  # TRITON_WARMUP_VOLUME: not there
+    assert code == 2 and "the default store" in error_line(err) and "TRITON_WARMUP_VOLUME" in err
+    (isolated / "volume").mkdir()  # a volume mounted, nothing stored on it yet
+    code, out, _ = run(capsys, "registry", "ls")
+    assert code == 0 and f"0 entries in {isolated / 'volume' / 'registry'}" in out

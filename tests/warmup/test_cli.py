@@ -62,6 +62,37 @@ def test_device_cuda_without_a_gpu_fails_before_any_rank(pod, capsys, monkeypatc
     assert not (pod / "work_dir").exists()
 
 
+@pytest.mark.parametrize("command", ["run", "serve"])
+def test_a_volume_that_is_not_there_is_an_error_unless_asked_to_create_it(
+    isolated, capsys, monkeypatch, command
+):
+    missing = isolated / "no" / "vol"
+    assert main([command, "--volume", str(missing), "--manifest", str(DEMO)]) == 2
+    line = one_line_error(capsys)
+    assert f"volume '{missing}' does not exist" in line and "--create-volume" in line
+    assert not (isolated / "no").exists() and not (isolated / "work_dir").exists()
+
+    class Asked(Exception):
+        """Past the volume check: the command's own work would start here."""
+
+    def started(*args, **kwargs):
+        raise Asked
+
+    monkeypatch.setattr("warmup.run.launch.run", started)
+    monkeypatch.setattr("warmup.sidecar.server.Sidecar", started)
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        for asked in (["--create-volume"], []):
+            monkeypatch.setenv("TRITON_WARMUP_CREATE_VOLUME", "false" if asked else "true")
+            argv = [command, "--volume", str(missing), *asked, "--manifest", str(DEMO)]
+            assert main(argv) == 1 and "Asked" in one_line_error(capsys)
+            assert missing.is_dir()
+            missing.rmdir()
+    finally:  # serve catches these signals from before its start
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+
+
 def test_serve_on_a_port_in_use_says_so(pod, capsys):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
