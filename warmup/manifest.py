@@ -455,18 +455,29 @@ class Manifest(BaseModel):
             if m.world_size != world
         ]
 
-    def no_entry_message(self, world: int) -> str:
+    def no_entry_message(self, world: int, *, command_line: bool = False) -> str:
+        """Why a pod of ``world`` ranks has nothing to warm, and the fix in its caller's
+        words: the command line's ``--world-size``, or else a process group's size
+        (``warmup.warm`` and torchrun ranks take theirs from torch.distributed)."""
         sizes = ", ".join(map(str, sorted(self.world_sizes())))
+        largest = max(self.world_sizes())
+        fix = (
+            f"run with --world-size {largest}"
+            if command_line
+            else f"warm in a process group of world_size={largest} (torch.distributed)"
+        )
         return (
             f"the manifest has no entry for world size {world}: its entries are for world "
-            f"size {sizes} ({'; '.join(self.skipped_entries(world))}); run with "
-            f"--world-size {max(self.world_sizes())} or add entries with world_size: {world}"
+            f"size {sizes} ({'; '.join(self.skipped_entries(world))}); {fix} or add "
+            f"entries with world_size: {world}"
         )
 
-    def require_world(self, world: int, source: str = "<manifest>") -> None:
+    def require_world(
+        self, world: int, source: str = "<manifest>", *, command_line: bool = False
+    ) -> None:
         """:class:`ManifestError` when a pod of ``world`` ranks would warm nothing."""
         if self.shape_count(world) + self.model_shape_count(world) == 0:
-            raise ManifestError(source, [self.no_entry_message(world)])
+            raise ManifestError(source, [self.no_entry_message(world, command_line=command_line)])
 
     def check_kernels(self, source: str = "<manifest>") -> None:
         """What only the imported code can tell, where a run imports it anyway: each

@@ -57,7 +57,7 @@ def _launch(settings: Settings, manifest: Manifest, early: EarlyRanks) -> RunSta
     started = time.time() - process_age()  # time to ready counts from the process's start
     phases: dict[str, float] = {}
     world = settings.world_size or max(manifest.world_sizes())
-    manifest.require_world(world, str(settings.manifest))
+    manifest.require_world(world, str(settings.manifest), command_line=True)
     device = _device_type(settings, world)
     for skipped in manifest.skipped_entries(world):
         log.warning("skipping %s: this pod has %d ranks", skipped, world)

@@ -318,9 +318,12 @@ def test_the_ranks_exit_is_timed_from_their_reports_on_the_pod_s_clock(tmp_path)
 
 
 def test_warm_in_process_on_another_world_size_warms_nothing_and_says_so(tmp_path):
-    with pytest.raises(ManifestError, match="no entry for world size 1"):
+    with pytest.raises(ManifestError, match="no entry for world size 1") as info:
         warmup.warm(DEMO, settings_for(tmp_path))
     assert not settings_for(tmp_path).status_path.exists()
+    # the fix in a Python caller's words: its process group's size, not a flag
+    assert "process group of world_size=2" in str(info.value)
+    assert "--world-size" not in str(info.value)
 
 
 IN_PROCESS = """
