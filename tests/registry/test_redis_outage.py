@@ -419,7 +419,7 @@ def _run(folder: Path, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "warmup.cli", "run", "--manifest", str(manifest), "--device", "cpu"],
         cwd=folder,
-        env={**os.environ, **env},
+        env={**os.environ, "TRITON_WARMUP_CREATE_VOLUME": "true", **env},
         capture_output=True,
         text=True,
         timeout=120,
