@@ -1,192 +1,433 @@
-"""An HTTP server whose threads stay bounded whatever its clients do: the sidecar's.
+"""The sidecar's HTTP server: probes answered whatever its other clients do.
 
-Idle connections wait in one selector and hold no thread; requests are answered by a
-fixed pool of daemon threads with a bounded queue; ``shutdown`` returns within its
-timeout whatever the handlers are doing.
+One asyncio loop in a daemon thread holds every connection as a protocol object of a few
+KiB, so slow, silent or hostile clients cost memory, never a thread the probes need. HTTP is
+parsed by h11 (python-hyper's sans-IO HTTP/1.1: strict RFC 9112 parsing, a size limit,
+an error status for each violation; uvicorn's and httpx's parser), never by hand here.
+A request head must arrive within one deadline; past the connection cap the connection
+that has waited longest without a complete head is closed, so a kubelet's probe always
+gets in. Answers that may block (files) run in small pools of daemon threads of their
+own; the rest run on the loop. One request per connection (``Connection: close``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import io
+import json
 import logging
 import queue
-import selectors
+import resource
 import socket
 import threading
-import time
-from http.server import BaseHTTPRequestHandler, HTTPServer
-from typing import Any
+from collections.abc import Callable, Mapping
+from concurrent.futures import Executor, Future
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import ParamSpec, TypeVar, cast
+
+import h11
 
 log = logging.getLogger(__name__)
+
+Answer = tuple[int, str, bytes]  # (status, Content-Type, body)
+JSON = "application/json"
+MAX_LINE = 8 * 1024  # a longer request line is answered 414
+MAX_HEAD = 16 * 1024  # a longer request head is answered 431
+LINGER_BYTES = 256 * 1024  # read at most this much of what a client sends after its answer
+FD_RESERVE = 256  # descriptors kept for what the sidecar reads and watches
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 class SidecarError(RuntimeError):
     """The sidecar cannot start: its port is taken, its address is not this host's."""
 
 
-class ProbeServer(HTTPServer):
-    """An HTTP server whose threads stay bounded however many clients connect.
+class Refused(Exception):
+    """A request answered with an error status (``status``), saying why (``reason``)."""
 
-    A connection waits in one selector, holding no thread, until its request arrives; one
-    silent for ``idle_s`` is closed, and past ``max_waiting`` the longest waiting is. A
-    request is answered by one of ``workers`` daemon threads (a slow answer never holds
-    the process at exit); when ``backlog`` requests already wait for one, the connection
-    is closed at once. One request per connection (HTTP/1.0)."""
+    def __init__(self, status: int, reason: str, *headers: tuple[str, str]) -> None:
+        super().__init__(reason)
+        self.status, self.reason, self.headers = status, reason, headers
 
-    request_queue_size = 128  # the listen backlog: probes and scrapes come in bursts
+
+class DaemonPool(Executor):
+    """A fixed set of daemon threads. ThreadPoolExecutor's threads are joined at
+    interpreter exit: an answer stuck on a hung volume would hold the process after
+    SIGTERM; these never do."""
+
+    def __init__(self, threads: int, name: str) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Future[object], Callable[[], object]] | None]
+        self._jobs = queue.SimpleQueue()
+        self._threads = threads
+        for i in range(threads):
+            threading.Thread(target=self._work, daemon=True, name=f"{name}-{i}").start()
+
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
+        future: Future[T] = Future()
+        self._jobs.put((future, lambda: fn(*args, **kwargs)))  # type: ignore[arg-type]
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Ends the threads once their current call returns; never waits for one
+        (``wait`` is ignored); calls not started yet are cancelled."""
+        with contextlib.suppress(queue.Empty):
+            while (job := self._jobs.get_nowait()) is not None:
+                job[0].cancel()
+        for _ in range(self._threads):
+            self._jobs.put(None)
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            future, call = job
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(call())
+            except BaseException as e:  # the caller's to see, on its future
+                future.set_exception(e)
+
+
+@dataclass(frozen=True)
+class Pool:
+    """Daemon threads of their own for the answers to some paths."""
+
+    name: str
+    threads: int = 2
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How long and how much each connection may take."""
+
+    head_s: float = 5.0  # for the whole request head: a client dripping bytes is cut
+    write_s: float = 5.0  # for the whole answer: a client that never reads is cut
+    linger_s: float = 1.0  # reading what a client still sends once answered
+    max_connections: int = 1024  # and below the process's descriptor limit
+    queued: int = 64  # answers waiting for a pool's threads; more are answered 503
+
+
+class ProbeServer:
+    """Serves ``answer(path)`` for GET and HEAD on ``address``. Paths in ``pools`` are
+    answered in their pool's threads (one pool per name: a slow one never delays another),
+    every other path on the loop, as its request arrives (its answer must never block).
+    An answer that raises is a 500. The port is bound on construction (``OSError`` if it
+    cannot be)."""
 
     def __init__(
         self,
         address: tuple[str, int],
-        handler: type[BaseHTTPRequestHandler],
+        answer: Callable[[str], Answer],
         *,
-        workers: int = 16,
-        backlog: int = 64,
-        max_waiting: int = 256,
-        idle_s: float = 5.0,
+        pools: Mapping[str, Pool] | None = None,
+        limits: Limits = Limits(),
     ) -> None:
-        self.workers, self.max_waiting, self.idle_s = workers, max_waiting, idle_s
-        self._requests: queue.Queue[tuple[socket.socket, Any] | None] = queue.Queue(
-            max(backlog, workers)
-        )
-        self._waiting: dict[socket.socket, float] = {}  # connection -> deadline, oldest first
-        self._closing = threading.Event()
-        self._closed = threading.Event()
-        self._wake_loop, self._wake_sender = socket.socketpair()  # shutdown wakes the loop
-        super().__init__(address, handler)  # binds; closes everything (server_close) if it fails
+        self.answer, self.limits = answer, limits
+        family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        self._socket = socket.create_server(address, family=family, backlog=128)
+        self.port = int(self._socket.getsockname()[1])
+        self.max_connections = limits.max_connections
+        self._pools = dict(pools or {})
+        self._executors: dict[str, DaemonPool] = {}
+        self._queued: dict[str, int] = {}  # per pool: answers submitted, not yet returned
+        self._open: set[Exchange] = set()
+        self._waiting: dict[Exchange, None] = {}  # no answer due: evictable, oldest first
+        self._loop = asyncio.new_event_loop()
+        self._stopping = asyncio.Event()
+        self._closed = threading.Event()  # the port is closed
+        self._thread = threading.Thread(target=self._run, daemon=True, name="sidecar-http")
 
-    def serve_forever(self, poll_interval: float = 0.5) -> None:
-        for i in range(self.workers):
-            threading.Thread(target=self._work, daemon=True, name=f"sidecar-http-{i}").start()
-        self.socket.setblocking(False)
-        with selectors.DefaultSelector() as selector:
-            selector.register(self.socket, selectors.EVENT_READ)
-            selector.register(self._wake_loop, selectors.EVENT_READ)
-            try:
-                while not self._closing.is_set():
-                    try:
-                        self._turn(selector, poll_interval)
-                    except Exception:  # the loop is the server: it never dies of one event
-                        log.exception("the sidecar's HTTP loop failed one turn; going on")
-            finally:
-                for connection in list(self._waiting):
-                    self._drop(selector, connection)
-                self._closed.set()
-
-    def _turn(self, selector: selectors.BaseSelector, poll_interval: float) -> None:
-        for key, _ in selector.select(poll_interval):
-            if key.fileobj is self.socket:
-                self._accept(selector)
-            elif key.fileobj in self._waiting:  # not dropped by an accept of this same batch
-                self._hand_over(selector, key.fileobj, key.data)  # type: ignore[arg-type]
-        self._expire(selector)
+    def start(self) -> None:
+        """Serve in a daemon thread; the port already takes connections."""
+        files = _open_files() - FD_RESERVE
+        self.max_connections = min(self.limits.max_connections, max(16, files))
+        for pool in set(self._pools.values()):
+            self._executors[pool.name] = DaemonPool(pool.threads, f"sidecar-{pool.name}")
+            self._queued[pool.name] = 0
+        self._thread.start()
 
     def shutdown(self, timeout: float = 1.0) -> None:
-        """Stop accepting and answering; waits at most ``timeout`` for the loop, never for
-        an answer in progress. Requests no worker took yet are closed unanswered."""
-        self._closing.set()
-        with contextlib.suppress(OSError):
-            self._wake_sender.send(b"x")
-        self._closed.wait(timeout)
-        with contextlib.suppress(queue.Empty):
-            while True:
-                item = self._requests.get_nowait()
-                if item is not None:
-                    self.shutdown_request(item[0])
-        for _ in range(self.workers):
-            with contextlib.suppress(queue.Full):
-                self._requests.put_nowait(None)
+        """Stop accepting and answering: waits at most ``timeout`` for the port to close,
+        never for an answer in progress (its thread is a daemon)."""
+        if self._thread.is_alive():
+            with contextlib.suppress(RuntimeError):  # the loop ended on its own already
+                self._loop.call_soon_threadsafe(self._stopping.set)
+            self._closed.wait(timeout)
+        else:
+            self._socket.close()
+        for executor in self._executors.values():
+            executor.shutdown(wait=False)
 
-    def server_close(self) -> None:
-        super().server_close()
-        self._wake_loop.close()
-        self._wake_sender.close()
+    # ---- on the loop ---------------------------------------------------------------
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # mostly a client that went away or was too slow: not worth a traceback on stderr
-        log.debug("connection from %s failed", client_address, exc_info=True)
-
-    def _accept(self, selector: selectors.BaseSelector) -> None:
-        while True:
-            try:
-                connection, address = self.socket.accept()
-            except BlockingIOError:
-                return
-            except OSError as e:  # out of file descriptors, say: try again shortly
-                log.warning("cannot accept a connection: %s", e)
-                self._closing.wait(0.1)
-                return
-            if len(self._waiting) >= self.max_waiting:
-                self._drop(selector, next(iter(self._waiting)))
-            connection.setblocking(True)
-            self._waiting[connection] = time.monotonic() + self.idle_s
-            selector.register(connection, selectors.EVENT_READ, address)
-
-    def _hand_over(
-        self, selector: selectors.BaseSelector, connection: socket.socket, address: Any
-    ) -> None:
-        del self._waiting[connection]
-        selector.unregister(connection)
+    def _run(self) -> None:
         try:
-            self._requests.put_nowait((connection, address))
-        except queue.Full:  # every worker busy, the backlog full: refuse, hold nothing
-            log.debug("refused %s: %d requests wait already", address, self._requests.qsize())
-            self.shutdown_request(connection)
+            self._loop.run_until_complete(self._serve())
+        except Exception:  # the server is down, not the sidecar: say so once
+            log.exception("the sidecar's HTTP server failed")
+        finally:
+            self._socket.close()
+            self._closed.set()
+            self._loop.close()
 
-    def _expire(self, selector: selectors.BaseSelector) -> None:
-        now = time.monotonic()
-        while self._waiting:
-            connection, deadline = next(iter(self._waiting.items()))
-            if deadline > now:
-                return
-            self._drop(selector, connection)
+    async def _serve(self) -> None:
+        server = await self._loop.create_server(lambda: Exchange(self), sock=self._socket)
+        await self._stopping.wait()
+        server.close()
+        self._closed.set()
+        for exchange in list(self._open):
+            exchange.transport.abort()
+        await asyncio.sleep(0)  # their connection_lost callbacks
 
-    def _drop(self, selector: selectors.BaseSelector, connection: socket.socket) -> None:
-        del self._waiting[connection]
-        selector.unregister(connection)
-        self.shutdown_request(connection)
+    def admit(self, exchange: Exchange) -> bool:
+        """Whether a new connection may stay: past the cap the one waiting longest for
+        its request (or lingering) makes room; when every connection is being answered,
+        none does."""
+        if len(self._open) >= self.max_connections:
+            if not self._waiting:
+                log.debug("refused a connection: %d are being answered", len(self._open))
+                return False
+            oldest = next(iter(self._waiting))
+            self.forget(oldest)
+            oldest.transport.abort()
+        self._open.add(exchange)
+        self._waiting[exchange] = None
+        return True
 
-    def _work(self) -> None:
-        while (item := self._requests.get()) is not None:
-            connection, address = item
-            try:
-                self.finish_request(connection, address)
-            except Exception:
-                self.handle_error(connection, address)
-            finally:
-                self.shutdown_request(connection)
+    def forget(self, exchange: Exchange) -> None:
+        self._open.discard(exchange)
+        self._waiting.pop(exchange, None)
 
+    def answer_to(self, exchange: Exchange, request: h11.Request) -> None:
+        """Answer ``request`` now, or once its pool has."""
+        self._waiting.pop(exchange, None)  # being answered: never evicted
+        path = request.target.split(b"?", 1)[0].decode("latin-1")
+        pool = self._pools.get(path)
+        if pool is None:
+            exchange.respond(*self._call(path))
+            return
+        name = pool.name
+        if self._queued[name] >= self.limits.queued:  # a storm: refuse, hold nothing more
+            reason = f"{self._queued[name]} answers to {path} are queued already"
+            exchange.respond(HTTPStatus.SERVICE_UNAVAILABLE, JSON, _error(reason))
+            return
+        self._queued[name] += 1
+        future = self._loop.run_in_executor(self._executors[name], self._call, path)
+        exchange.pending = future
+        future.add_done_callback(lambda done: self._answered(name, exchange, done))
 
-class HeadFirstHandler(BaseHTTPRequestHandler):
-    """A request handler that reads the whole request head first, within ``timeout``
-    seconds in all (not per read: a client dripping a byte at a time is cut at the
-    deadline) and ``MAX_HEAD`` bytes, then parses it. For GET-only servers (no body)."""
+    def _answered(self, pool: str, exchange: Exchange, done: asyncio.Future[Answer]) -> None:
+        self._queued[pool] -= 1
+        if not done.cancelled():  # cancelled: the connection is gone
+            exchange.respond(*done.result())
 
-    timeout = 5.0
-    MAX_HEAD = 16 * 1024
+    def lingering(self, exchange: Exchange) -> None:
+        if exchange in self._open:
+            self._waiting[exchange] = None  # answered: evictable again
 
-    def setup(self) -> None:
-        super().setup()
-        self.rfile = io.BytesIO(_read_head(self.connection, self.timeout, self.MAX_HEAD))
-
-
-def _read_head(connection: socket.socket, timeout: float, limit: int) -> bytes:
-    """Bytes up to the blank line that ends a request head (or ``limit`` bytes, or what
-    arrived by the deadline: the parser then answers 400 or drops it)."""
-    deadline = time.monotonic() + timeout
-    head = b""
-    while b"\r\n\r\n" not in head and b"\n\n" not in head and len(head) < limit:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        connection.settimeout(left)
+    def _call(self, path: str) -> Answer:
         try:
-            chunk = connection.recv(min(4096, limit - len(head)))
-        except TimeoutError:
-            break
-        if not chunk:
-            break
-        head += chunk
-    connection.settimeout(timeout)  # the answer's writes: a client that never reads is cut
-    return head
+            return self.answer(path)
+        except Exception as e:  # answer, never drop the connection
+            log.exception("answering %s failed", path)
+            return HTTPStatus.INTERNAL_SERVER_ERROR, JSON, _error(f"{type(e).__name__}: {e}")
+
+
+class Exchange(asyncio.Protocol):
+    """One connection, one request: its head read under a deadline, its answer written
+    under another, then what the client still sends read briefly (a socket closed with
+    unread bytes resets the connection, and the reset can destroy the answer before the
+    client reads it: the client of a 414 is still sending its line). Callbacks, no task:
+    a connection costs this object, its transport, its parser and a timer."""
+
+    def __init__(self, server: ProbeServer) -> None:
+        self.server, self.limits = server, server.limits
+        self.head = Head()
+        self.request: h11.Request | None = None
+        self.pending: asyncio.Future[Answer] | None = None  # an answer from a pool
+        self.state = "head"  # then "answering", "sending", "lingering"
+        self._loop = asyncio.get_running_loop()  # made by the server, on its loop
+        self._timer: asyncio.TimerHandle | None = None
+        self._writable = True
+        self._ended = False  # the client sent all it will
+        self._discarded = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        self.transport.set_write_buffer_limits(high=0)  # told when all is sent
+        if not self.server.admit(self):
+            self.transport.abort()
+            return
+        self._after(self.limits.head_s, self._late)
+
+    def data_received(self, data: bytes) -> None:
+        if self.state == "head":
+            self._feed(data)
+        elif self.state == "lingering":
+            self._discarded += len(data)
+            if self._discarded > LINGER_BYTES:
+                self.transport.abort()
+
+    def eof_received(self) -> bool:
+        self._ended = True
+        if self.state == "head" and self.head.size:
+            self._feed(b"")  # refused: the client may still read the answer
+        elif self.state in ("head", "lingering"):
+            self.transport.abort()
+        return True  # half-closed: the answer still goes out
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server.forget(self)
+        self._cancel_timer()
+        if self.pending is not None:
+            self.pending.cancel()
+
+    def pause_writing(self) -> None:
+        self._writable = False
+
+    def resume_writing(self) -> None:
+        self._writable = True
+        if self.state == "sending":
+            self._sent()
+
+    def respond(self, status: int, kind: str, body: bytes, *headers: tuple[str, str]) -> None:
+        """Send the one answer of this connection; a client that does not take it within
+        ``write_s`` is cut."""
+        if self.transport.is_closing():
+            return
+        head_only = self.request is not None and self.request.method == b"HEAD"
+        data = self.head.respond(status, kind, body, headers, head_only=head_only)
+        self.state = "sending"
+        self._after(self.limits.write_s, self.transport.abort)
+        self.transport.write(data)
+        if self._writable:
+            self._sent()
+
+    def _feed(self, data: bytes) -> None:
+        try:
+            self.request = self.head.feed(data)
+        except Refused as e:
+            self.respond(e.status, JSON, _error(e.reason), *e.headers)
+            return
+        if self.request is not None:
+            self.state = "answering"  # as long as its pool takes: no deadline here
+            self._cancel_timer()
+            self.server.answer_to(self, self.request)
+
+    def _late(self) -> None:
+        if not self.head.size:  # silent all along: nobody to tell
+            self.transport.abort()
+            return
+        reason = f"no complete request within {self.limits.head_s:g} s"
+        self.respond(HTTPStatus.REQUEST_TIMEOUT, JSON, _error(reason))
+
+    def _sent(self) -> None:
+        if self._ended:  # nothing left to read: done
+            self.transport.abort()
+            return
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.state = "lingering"
+        self.server.lingering(self)
+        self._after(self.limits.linger_s, self.transport.abort)
+
+    def _after(self, seconds: float, call: Callable[[], object]) -> None:
+        self._cancel_timer()
+        self._timer = self._loop.call_later(seconds, call)
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+class Head:
+    """One request head as it arrives. h11 parses it; this adds what h11 leaves to the
+    server: a bound on the request line (414, told from a long header's 431) and on the
+    whole head (h11 bounds only a head still incomplete), and a request line without an
+    HTTP version (HTTP/0.9, garbage) refused at its line end, not after a blank line that
+    such a client never sends."""
+
+    def __init__(self) -> None:
+        self.http = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
+        self.size = 0  # bytes received
+        self._line: bytearray | None = bytearray()  # the request line until its end came
+
+    def feed(self, chunk: bytes) -> h11.Request | None:
+        """The request once its head is complete, None until then (``b""``: the client
+        closed); raises ``Refused`` for a head that gets none."""
+        self.size += len(chunk)
+        if self._line is not None:
+            self._check_line(chunk)
+        if self.size > MAX_HEAD:
+            raise Refused(
+                HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, f"request head over {MAX_HEAD} bytes"
+            )
+        self.http.receive_data(chunk)
+        try:
+            event = self.http.next_event()
+        except h11.RemoteProtocolError as e:
+            raise Refused(e.error_status_hint, str(e)) from None
+        if not isinstance(event, h11.Request):
+            return None
+        if event.http_version not in (b"1.0", b"1.1"):
+            raise Refused(HTTPStatus.HTTP_VERSION_NOT_SUPPORTED, "HTTP/1.0 and HTTP/1.1 only")
+        if event.method not in (b"GET", b"HEAD"):
+            raise Refused(HTTPStatus.METHOD_NOT_ALLOWED, "GET or HEAD only", ("Allow", "GET, HEAD"))
+        return event
+
+    def respond(
+        self,
+        status: int,
+        kind: str,
+        body: bytes,
+        headers: tuple[tuple[str, str], ...] = (),
+        *,
+        head_only: bool = False,
+    ) -> bytes:
+        """The bytes of one answer, the last on this connection."""
+        fields = [
+            ("Content-Type", kind),
+            ("Content-Length", str(len(body))),
+            ("Connection", "close"),
+            *headers,
+        ]
+        reason = HTTPStatus(status).phrase.encode()
+        events: list[h11.Event] = [h11.Response(status_code=status, headers=fields, reason=reason)]
+        events += [] if head_only else [h11.Data(data=body)]
+        return b"".join(self.http.send(event) or b"" for event in [*events, h11.EndOfMessage()])
+
+    def _check_line(self, chunk: bytes) -> None:
+        assert self._line is not None  # feed checks lines until the first has ended
+        self._line += chunk[: MAX_LINE + 1 - len(self._line)]
+        end = self._line.find(b"\n")
+        if end < 0:
+            if len(self._line) > MAX_LINE:
+                raise Refused(
+                    HTTPStatus.REQUEST_URI_TOO_LONG, f"request line over {MAX_LINE} bytes"
+                )
+            if not chunk:
+                raise Refused(HTTPStatus.BAD_REQUEST, "the request line has no end")
+            return
+        method_target_version = bytes(self._line[:end]).rstrip(b"\r").split(b" ")
+        self._line = None
+        if len(method_target_version) != 3 or not method_target_version[2].startswith(b"HTTP/"):
+            raise Refused(
+                HTTPStatus.BAD_REQUEST, "not an HTTP/1 request line (method target HTTP/1.x)"
+            )
+
+
+def _error(reason: str) -> bytes:
+    return json.dumps({"error": reason}).encode()
+
+
+def _open_files() -> int:
+    """The process's descriptor limit, its soft limit raised to the hard one first (a
+    connection holds one)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20

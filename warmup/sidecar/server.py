@@ -20,9 +20,8 @@ import threading
 import time
 from collections.abc import Callable
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -36,7 +35,7 @@ from warmup.metrics import ServeMetrics, TextFileCollector, TextFolderCollector
 from warmup.results import RunStatus
 from warmup.settings import Settings
 from warmup.sidecar.harvest import Harvester
-from warmup.sidecar.probe_server import HeadFirstHandler, ProbeServer, SidecarError
+from warmup.sidecar.probe_server import Answer, Limits, Pool, ProbeServer, SidecarError
 from warmup.sidecar.watcher import BundleWatcher, Stat, sha256_of, stat_key
 
 log = logging.getLogger(__name__)
@@ -45,7 +44,14 @@ SCRAPE_WAIT_S = 10.0  # a scrape waits this long for another one's rendering, th
 
 
 class Sidecar:
-    IDLE_S = 5.0  # how long a connection may stay silent, and each read or write take
+    IDLE_S = 5.0  # how long a request head may take to arrive, and an answer to be sent
+    # Paths answered in threads of their own: they read files. Readiness has its own, so a
+    # scrape storm never delays a probe; /healthz and 404s are answered on the loop. Scrapes
+    # mostly wait for one rendering (metrics_text): threads enough to share it.
+    POOLS: ClassVar[dict[str, Pool]] = {
+        "/readyz": Pool("readiness", threads=4),
+        "/metrics": Pool("scrapes", threads=8),
+    }
 
     def __init__(self, settings: Settings, metrics: ServeMetrics | None = None) -> None:
         self.settings = settings
@@ -73,7 +79,6 @@ class Sidecar:
         self._scrape_lock = threading.Lock()
         self._scraped: tuple[float, bytes] | None = None  # (when its rendering began, text)
         self._http: ProbeServer | None = None
-        self._thread: threading.Thread | None = None
 
     # ---- answers -------------------------------------------------------------------
 
@@ -220,45 +225,35 @@ class Sidecar:
     def start(self, *, host: str | None = None, port: int | None = None) -> int:
         """Serve in a background thread, read the manifest, and start the watcher;
         returns the bound port."""
-        sidecar = self
-
-        class Handler(HeadFirstHandler):
-            timeout = self.IDLE_S
-
-            def do_GET(self) -> None:
-                sidecar._answer(self)
-
-            def log_message(self, fmt: str, *args: Any) -> None:
-                log.debug("%s " + fmt, self.address_string(), *args)
-
         bind = (
             host if host is not None else self.settings.metrics_host,
             port if port is not None else self.settings.metrics_port,
         )
         try:
-            self._http = ProbeServer(bind, Handler, idle_s=self.IDLE_S)
+            self._http = ProbeServer(
+                bind,
+                self._route,
+                pools=self.POOLS,
+                limits=Limits(head_s=self.IDLE_S, write_s=self.IDLE_S),
+            )
         except OSError as e:
             raise SidecarError(
                 f"cannot listen on {bind[0]}:{bind[1]} ({e.strerror or e}): set --port or "
                 "TRITON_WARMUP_METRICS_PORT to a free port (0-65535; 0 picks one)"
             ) from None
-        self._thread = threading.Thread(
-            target=self._http.serve_forever, daemon=True, name="sidecar-http"
-        )
-        self._thread.start()
+        self._http.start()
         self._check_manifest()
         self._recover_store()
         self.watcher.start()
         if self.harvester is not None:
             self.harvester.start()
-        return int(self._http.server_address[1])
+        return self._http.port
 
     def stop(self, timeout: float = 1.0) -> None:
         """Stop accepting, stop the watcher and the server; returns within about
         ``timeout`` even while an answer or a bundle install is in progress."""
         if self._http is not None:
             self._http.shutdown(timeout / 2)
-            self._http.server_close()
         self.watcher.stop(timeout / 2)
         if self.harvester is not None:
             self.harvester.stop(timeout / 2)
@@ -282,17 +277,8 @@ class Sidecar:
                 log.error("%s", line)
             log.error("/readyz answers 503 until the manifest is fixed")
 
-    def _answer(self, request: BaseHTTPRequestHandler) -> None:
-        path = request.path.split("?", 1)[0]
-        try:
-            code, kind, body = self._route(path)
-        except Exception as e:  # answer, never drop the connection
-            log.exception("answering %s failed", path)
-            code, kind = HTTPStatus.INTERNAL_SERVER_ERROR, JSON
-            body = json.dumps({"error": f"{type(e).__name__}: {e}"}).encode()
-        self._send(request, code, kind, body)
-
-    def _route(self, path: str) -> tuple[int, str, bytes]:
+    def _route(self, path: str) -> Answer:
+        """The answer to a GET of ``path``; the server answers 500 if this raises."""
         if path == "/healthz":
             return HTTPStatus.OK, JSON, b'{"alive": true}'
         if path == "/readyz":
@@ -302,14 +288,6 @@ class Sidecar:
         if path == "/metrics":
             return HTTPStatus.OK, CONTENT_TYPE_LATEST, self.metrics_text()
         return HTTPStatus.NOT_FOUND, JSON, b'{"error": "not found: /healthz, /readyz, /metrics"}'
-
-    @staticmethod
-    def _send(request: BaseHTTPRequestHandler, code: int, kind: str, body: bytes) -> None:
-        request.send_response(code)
-        request.send_header("Content-Type", kind)
-        request.send_header("Content-Length", str(len(body)))
-        request.end_headers()
-        request.wfile.write(body)
 
 
 T = TypeVar("T")
