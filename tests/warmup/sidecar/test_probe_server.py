@@ -1,4 +1,4 @@
-"""The sidecar's HTTP server: deadlines, the connection cap, pools, shutdown."""
+"""The sidecar's HTTP server: deadlines, the connection cap, pools, shutdown, load."""
 
 import contextlib
 import json
@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from bench.slow_clients import measure
 from tests.warmup.sidecar.test_server import ROOT, exchange, status_line
 from warmup.sidecar.probe_server import MAX_LINE, Limits, Pool, ProbeServer
 
@@ -221,3 +222,18 @@ def test_the_connection_cap_stays_below_the_descriptor_limit_raised_to_the_hard_
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
     assert done.stdout.split() == ["300", "44"], done.stderr  # 300 less the reserve of 256
+
+
+@pytest.mark.slow
+def test_probes_answer_within_100_ms_at_p99_under_500_slow_clients_and_junk():
+    """Issue 3.3's bar: a kubelet's probes keep answering while 500 clients trickle
+    bytes and 200 junk requests a second arrive, in 64 MiB over idle (bench/slow_clients
+    runs the server in a process of its own and the load at the lowest CPU priority)."""
+    report = measure(clients=500, junk_per_s=200, seconds=6)
+    for path in ("healthz", "readyz"):
+        probe = report[path]
+        assert probe["checks"] >= 60 and probe["failures"] == 0, report
+        assert probe["p99_ms"] <= 100, report
+    assert report["junk"] and "none" not in report["junk"], report  # a status line each
+    assert report["slow"].get("cut_HTTP/1.1 408", 0) >= 400, report  # cut at the deadline
+    assert report["server"]["alive"] and report["server"]["rss_growth_mib"] <= 64, report
