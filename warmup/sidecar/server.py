@@ -114,10 +114,12 @@ class Sidecar:
         self.metrics.registry_entries.set(entries)
         return True, {
             "ready": True,
+            "degraded": status.degraded,  # entries for other world sizes left unwarmed
             "manifest": digest,
             "registry_entries": entries,
             "shapes": len(status.shapes),
             "models": sorted({model.name for model in status.models}),
+            "skipped_entries": status.skipped_entries[:20],
         }
 
     def _not_ready(self, reason: str, **details: Any) -> tuple[bool, dict[str, Any]]:
@@ -147,6 +149,7 @@ class Sidecar:
             try:
                 self.metrics.registry_entries.set(len(self.store))
                 self.metrics.quarantined.set(self.store.quarantined_files())
+                self.metrics.record_recovered(self.store.recovered)
             except (OSError, RegistryError):
                 pass
             self._scraped = began, generate_latest(self.metrics.registry)

@@ -91,11 +91,21 @@ def test_readiness_goes_from_503_to_200(sidecar, settings):
     code, body = get(sidecar.url + "/readyz")
     assert code == 200 and json.loads(body) == {
         "ready": True,
+        "degraded": False,
         "manifest": load_manifest(DEMO).digest(),
         "registry_entries": 0,
         "shapes": 6,
         "models": [],
+        "skipped_entries": [],
     }
+
+
+def test_entries_for_other_world_sizes_are_ready_but_degraded_and_named(sidecar, settings):
+    skipped = ["entries.1 (ag_gemm, world size 8)"]
+    ready_status(settings, skipped_entries=skipped)
+    code, body = get(sidecar.url + "/readyz")
+    answer = json.loads(body)
+    assert code == 200 and answer["degraded"] is True and answer["skipped_entries"] == skipped
 
 
 def test_a_run_of_compiled_models_alone_is_ready_and_names_them(sidecar, settings):
@@ -516,6 +526,8 @@ def test_the_sidecar_recovers_the_store_at_start_and_counts_quarantined_files(se
         assert not stale.exists()
         text = car.metrics_text().decode()
         assert samples(text, "triton_warmup_registry_quarantined")[()] == 1
+        recovered = samples(text, "triton_warmup_registry_recovered_total")
+        assert sum(recovered.values()) >= 1, text  # the stale temp file, counted
 
 
 def test_concurrent_probes_read_the_status_file_once(sidecar, settings, monkeypatch):
