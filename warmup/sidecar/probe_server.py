@@ -36,6 +36,7 @@ MAX_LINE = 8 * 1024  # a longer request line is answered 414
 MAX_HEAD = 16 * 1024  # a longer request head is answered 431
 LINGER_BYTES = 256 * 1024  # read at most this much of what a client sends after its answer
 FD_RESERVE = 256  # descriptors kept for what the sidecar reads and watches
+BACKLOG = 1024  # connections the kernel queues for accept: a full queue drops a probe's SYN
 P = ParamSpec("P")
 T = TypeVar("T")
 
@@ -125,7 +126,7 @@ class ProbeServer:
     ) -> None:
         self.answer, self.limits = answer, limits
         family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
-        self._socket = socket.create_server(address, family=family, backlog=128)
+        self._socket = socket.create_server(address, family=family, backlog=BACKLOG)
         self.port = int(self._socket.getsockname()[1])
         self.max_connections = limits.max_connections
         self._pools = dict(pools or {})
@@ -172,7 +173,9 @@ class ProbeServer:
             self._loop.close()
 
     async def _serve(self) -> None:
-        server = await self._loop.create_server(lambda: Exchange(self), sock=self._socket)
+        server = await self._loop.create_server(
+            lambda: Exchange(self), sock=self._socket, backlog=BACKLOG
+        )
         await self._stopping.wait()
         server.close()
         self._closed.set()
