@@ -162,22 +162,32 @@ def _guarded(args: argparse.Namespace, command: Callable[[], int]) -> int:
             for line in e.lines():
                 _error(line, EXIT_BAD_INPUT)
             return EXIT_BAD_INPUT
-        bad_input, registry_error = _bad_input()
-        code = EXIT_BAD_INPUT if isinstance(e, bad_input) else EXIT_FAILED
-        if not isinstance(e, (*bad_input, registry_error)):
-            return _error(f"{type(e).__name__}: {e} (--debug shows where)", code)
-        return _error(str(e), code)
+        bad_input = _raised_as(e, *BAD_INPUT)
+        code = EXIT_BAD_INPUT if bad_input else EXIT_FAILED
+        if bad_input or _raised_as(e, REGISTRY_ERROR):
+            return _error(str(e), code)
+        return _error(f"{type(e).__name__}: {e} (--debug shows where)", code)
 
 
-def _bad_input() -> tuple[tuple[type[Exception], ...], type[Exception]]:
-    """What is the user's input or host (exit 2), and the registry's own failure (exit 1
-    with its message); imported once an error is out, not before every command."""
-    from registry.errors import RegistryError
-    from registry.volume import MissingFolder
-    from warmup.run.session import RunError
-    from warmup.sidecar.probe_server import SidecarError
+# Errors of the user's input or host (exit 2), and the registry's own (exit 1, its message
+# alone), by module and class: an error of one was raised by its module, so it is imported
+# already, and classifying an error imports nothing (nor fails: a broken install's
+# ImportError is one line too).
+BAD_INPUT = (
+    ("warmup.run.session", "RunError"),
+    ("warmup.sidecar.probe_server", "SidecarError"),
+    ("registry.volume", "MissingFolder"),
+)
+REGISTRY_ERROR = ("registry.errors", "RegistryError")
 
-    return (ManifestError, RunError, SidecarError, MissingFolder), RegistryError
+
+def _raised_as(error: Exception, *kinds: tuple[str, str]) -> bool:
+    """Whether ``error`` is one of ``kinds`` (module, class name)."""
+    for module, name in kinds:
+        kind = getattr(sys.modules.get(module), name, None)
+        if isinstance(kind, type) and isinstance(error, kind):
+            return True
+    return False
 
 
 def _dispatch(args: argparse.Namespace, settings: Settings, early: EarlyRanks | None) -> int:

@@ -1,5 +1,6 @@
 """``triton-warmup``'s ordinary mistakes: one line each, the right exit code, no traceback."""
 
+import importlib
 import json
 import signal
 import socket
@@ -13,7 +14,7 @@ from filelock import FileLock
 
 import warmup.run.launch
 from tests.conftest import DEMO, ROOT, env_without_interpreter, error_line
-from warmup.cli import main
+from warmup.cli import BAD_INPUT, REGISTRY_ERROR, main
 
 
 def one_line_error(capsys) -> str:
@@ -192,7 +193,7 @@ def test_validate_lists_every_error_of_a_manifest_at_once(isolated, capsys):
 FRESH_VALIDATE = """
 import json, sys
 import warmup.program  # the console script's module
-from warmup.cli import main
+from warmup.cli import BAD_INPUT, REGISTRY_ERROR, main
 codes = [main(["validate", path]) for path in sys.argv[1:]]
 heavy = ("torch", "triton", "warmup.demo", "tests.warmup.user_functions")
 print(json.dumps({
@@ -257,6 +258,21 @@ def test_an_unexpected_error_is_one_line_and_debug_shows_where(isolated, capsys,
     assert "TypeError: something internal (--debug shows where)" in one_line_error(capsys)
     assert main(["--debug", "validate", str(DEMO)]) == 1
     assert "Traceback" in capsys.readouterr().err
+
+
+def test_an_error_is_classified_without_importing_anything(isolated, capsys, monkeypatch):
+    for module, name in (*BAD_INPUT, REGISTRY_ERROR):  # each kind names a real class
+        assert issubclass(getattr(importlib.import_module(module), name), Exception)
+    # a broken install: the module of an error kind cannot be imported, yet the error the
+    # command met is still one line
+    monkeypatch.setitem(sys.modules, "warmup.sidecar.probe_server", None)
+
+    def broken(args):
+        raise ModuleNotFoundError("No module named 'h11'")
+
+    monkeypatch.setattr("warmup.cli._validate", broken)
+    assert main(["validate", str(DEMO)]) == 1
+    assert "ModuleNotFoundError: No module named 'h11'" in one_line_error(capsys)
 
 
 def test_a_user_function_in_the_working_folder_validates_as_the_ranks_import_it(
