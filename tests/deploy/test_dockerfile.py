@@ -102,6 +102,7 @@ def test_sidecar_install_has_no_torch_and_serves(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    (tmp_path / "v").mkdir()  # the mounted volume: serve refuses one that is not there
     env = {
         "PATH": "/usr/bin:/bin",
         "TRITON_WARMUP_VOLUME": str(tmp_path / "v"),

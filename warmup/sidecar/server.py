@@ -112,15 +112,18 @@ class Sidecar:
             return self._not_ready(f"registry does not load: {e}")
         self.metrics.ready.set(1)
         self.metrics.registry_entries.set(entries)
-        return True, {
-            "ready": True,
-            "degraded": status.degraded,  # entries for other world sizes left unwarmed
-            "manifest": digest,
-            "registry_entries": entries,
-            "shapes": len(status.shapes),
-            "models": sorted({model.name for model in status.models}),
-            "skipped_entries": status.skipped_entries[:20],
-        }
+        return (
+            True,
+            {
+                "ready": True,
+                "degraded": status.degraded,  # entries for other world sizes left unwarmed
+                "manifest": digest,
+                "registry_entries": entries,
+                "shapes": len(status.shapes),
+                "models": sorted({model.name for model in status.models}),
+                "skipped_entries": status.skipped_entries[:20],
+            },
+        )
 
     def _not_ready(self, reason: str, **details: Any) -> tuple[bool, dict[str, Any]]:
         self.metrics.ready.set(0)
