@@ -27,7 +27,7 @@ def entry() -> None:
     finally:
         if early is not None:
             early.stop()  # no-op once the run took them
-    if run:
+    if run or argv[:1] == ["serve"]:  # a stopped sidecar: no second of teardown at SIGTERM
         from warmup import logs
 
         logs.exit_now(code)

@@ -430,7 +430,7 @@ def test_a_malformed_status_file_reads_as_unreadable(sidecar, settings, content)
 SERVE = (  # triton-warmup, each bundle install 3 s longer: one is in progress at SIGTERM
     "import sys, time; import registry.bundle as b; real = b.install; "
     "b.install = lambda *a, **k: time.sleep(3) or real(*a, **k); "
-    "from warmup.cli import main; sys.exit(main())"
+    "from warmup.program import entry; entry()"
 )
 
 
