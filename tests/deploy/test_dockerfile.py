@@ -131,6 +131,7 @@ def test_sidecar_install_has_no_torch_and_serves(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # unpacks torch into a fresh venv: minutes on a loaded 2-core machine
 def test_full_install_warms(tmp_path):
     venv = tmp_path / "full"
     install("full", venv, TORCH_SPEC="torch==2.13.0")  # the CPU build here; CUDA in the image
