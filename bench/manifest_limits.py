@@ -5,7 +5,7 @@
 Each case is written to a temporary file, then read by two fresh processes:
 
 outcome:   the real CLI, ``triton-warmup validate FILE`` (exit code and first line); it
-           imports torch only for a manifest that parsed, to run the kernels' checks
+           imports neither torch nor Triton (``kernels.shapes`` holds the kernels' rules)
 parse s:   a small ``python -c`` that imports :mod:`warmup.manifest` and times
            ``load_manifest(FILE)`` alone
 parse MiB: that process's peak RSS (``os.wait4``) above the same interpreter's when it
