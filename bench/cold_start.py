@@ -64,6 +64,7 @@ def timed_run(work: Path, pod: str) -> tuple[float, dict[str, Any]]:
     env = {
         **os.environ,
         "TRITON_WARMUP_VOLUME": str(work / "volume"),
+        "TRITON_WARMUP_CREATE_VOLUME": "true",
         "TRITON_WARMUP_MANIFEST": str(work / "manifest.yaml"),
         "TRITON_WARMUP_WORK_DIR": str(work / pod),
         "TRITON_WARMUP_DEVICE": "cuda",

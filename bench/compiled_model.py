@@ -232,6 +232,7 @@ def run_case(
         "CUDA_CACHE_PATH": str(pod / "inductor-cache" / "cuda-jit"),  # as the chart sets it
         "HOME": str(pod / "home"),
         "TRITON_WARMUP_VOLUME": str(manifest.parent / "volume"),
+        "TRITON_WARMUP_CREATE_VOLUME": "true",
         "TRITON_WARMUP_WORK_DIR": str(pod),
         "TRITON_WARMUP_MANIFEST": str(manifest),
         "TRITON_WARMUP_DEVICE": args.device,
@@ -248,6 +249,7 @@ def producer(manifest: Path, volume: Path, pod: Path, args: argparse.Namespace) 
     env = {
         **os.environ,
         "TRITON_WARMUP_VOLUME": str(volume),
+        "TRITON_WARMUP_CREATE_VOLUME": "true",
         "TRITON_WARMUP_WORK_DIR": str(pod),
         "TRITON_WARMUP_MANIFEST": str(manifest),
         "TRITON_WARMUP_DEVICE": args.device,

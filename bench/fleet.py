@@ -224,6 +224,7 @@ def pod_env(fleet: Fleet, folder: Path, index: int, volume: Path, lock_url: str)
     env = {k: v for k, v in os.environ.items() if k.removeprefix("TRITON_WARMUP_") not in OWNED}
     env.update(
         TRITON_WARMUP_VOLUME=str(volume),
+        TRITON_WARMUP_CREATE_VOLUME="true",
         TRITON_WARMUP_MANIFEST=str(fleet.manifest),
         TRITON_WARMUP_WORK_DIR=str(folder),
         TRITON_WARMUP_DEVICE=fleet.device,

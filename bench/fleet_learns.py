@@ -213,6 +213,7 @@ class Pod:
         self.env = {
             **env,
             "TRITON_WARMUP_VOLUME": str(volume),
+            "TRITON_WARMUP_CREATE_VOLUME": "true",  # a fresh pod's empty volume
             "TRITON_WARMUP_WORK_DIR": str(work),
             "TRITON_CACHE_DIR": str(work / "triton-cache"),
         }

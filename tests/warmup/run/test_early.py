@@ -146,6 +146,7 @@ def test_the_program_hands_the_ranks_it_started_to_the_run(tmp_path, monkeypatch
     manifest = write_manifest(tmp_path / "manifest.yaml", ONE_SHAPE)
     monkeypatch.setenv("TRITON_WARMUP_WORK_DIR", str(tmp_path / "work"))
     argv = ["run", "--device", "cpu", "--manifest", str(manifest), "--volume", str(tmp_path / "v")]
+    argv.append("--create-volume")
     monkeypatch.setattr(sys, "argv", ["triton-warmup", *argv])
     with pytest.raises(SystemExit) as ended:
         warmup.program.entry()
@@ -205,6 +206,7 @@ def test_the_program_starts_no_early_rank_on_a_machine_without_gpus(tmp_path):
     # run's code once its summary is out.
     env = {
         "TRITON_WARMUP_VOLUME": str(tmp_path / "volume"),
+        "TRITON_WARMUP_CREATE_VOLUME": "true",
         "TRITON_WARMUP_WORK_DIR": str(tmp_path / "work"),
         "TRITON_WARMUP_MANIFEST": str(write_manifest(tmp_path / "m.yaml", ONE_SHAPE)),
     }

@@ -307,6 +307,7 @@ def test_two_run_pods_on_their_own_volumes_share_through_redis(tmp_path, redis):
             env={
                 **env,
                 "TRITON_WARMUP_VOLUME": str(tmp_path / f"volume-{pod}"),
+                "TRITON_WARMUP_CREATE_VOLUME": "true",
                 "TRITON_WARMUP_WORK_DIR": str(tmp_path / f"work-{pod}"),
             },
             stdout=subprocess.PIPE,
