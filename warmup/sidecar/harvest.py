@@ -108,6 +108,7 @@ class Harvester(FileSystemEventHandler):
         self._inductor_due: float | None = None
         self._wake = threading.Condition()
         self._stopped = False
+        self._store: Store | None = None  # the registry autotune results go to (the worker's)
         self._sent: list[float] = []  # when the last minute's entries were harvested
         self._unpublished: OrderedDict[tuple[str, str], bytes] = OrderedDict()  # remote retries
         self._done: OrderedDict[str, Stat] = OrderedDict()  # harvested: path -> its stat key
@@ -345,7 +346,9 @@ class Harvester(FileSystemEventHandler):
         found = importers.import_triton_autotune_files([path], fingerprint)
         if found.entries:
             try:
-                Store(self.settings.registry_path).put_many(found.entries)
+                if self._store is None:  # one: a store clears killed writers' debris once
+                    self._store = Store(self.settings.registry_path)
+                self._store.put_many(found.entries)
             except (OSError, RegistryError) as e:
                 log.warning("harvest: %s not put in the registry: %s", path.name, e)
 
