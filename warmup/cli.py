@@ -302,8 +302,12 @@ def _serve(settings: Settings) -> int:
 def _validate(args: argparse.Namespace) -> int:
     """Everything a manifest can be checked for without importing torch, triton or the
     user's code: its fields, each kernel's rule on its shapes, its functions found and
-    their signatures read; every error listed at once."""
-    manifest = load_manifest(args.manifest, find_functions=True)
+    their signatures read (a note for each only its import can check); every error
+    listed at once."""
+    notes: list[str] = []
+    manifest = load_manifest(args.manifest, find_functions=True, notes=notes)
+    for note in notes:
+        print(f"triton-warmup: note: {note}", file=sys.stderr)
     rows: list[dict[str, Any]] = [
         {
             "kernel": e.kernel,

@@ -85,8 +85,8 @@ _USER_KERNEL = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 WARM_KEYWORDS = ("shape", "dtype", "device")  # a user's warm function is called with these
 BUILD_KEYWORDS = ("device",)  # a model's builder is called with this (warmup and server)
 # Validation context keys: find the user's functions (without running them); the shapes
-# the kernels' rules may still expand in this pass.
-_FIND_FUNCTIONS, _SHAPES_LEFT = "find_functions", "shapes_left"
+# the kernels' rules may still expand in this pass; notes on functions left to the run.
+_FIND_FUNCTIONS, _SHAPES_LEFT, _NOTES = "find_functions", "shapes_left", "notes"
 
 
 class ManifestError(ValueError):
@@ -266,7 +266,7 @@ class ModelEntry(BaseModel):
         if not _USER_KERNEL.match(build):
             raise ValueError(f"build {short(build)} is not 'package.module:function'")
         if _asked(info, _FIND_FUNCTIONS):
-            find_function(build, BUILD_KEYWORDS)
+            _note(info, build, find_function(build, BUILD_KEYWORDS))
         return build
 
     @field_validator("dims")
@@ -336,7 +336,7 @@ class ManifestEntry(BaseModel):
     @classmethod
     def _a_function_found(cls, kernel: str, info: ValidationInfo) -> str:
         if _USER_KERNEL.match(kernel) and _asked(info, _FIND_FUNCTIONS):
-            find_function(kernel, WARM_KEYWORDS)
+            _note(info, kernel, find_function(kernel, WARM_KEYWORDS))
         return kernel
 
     @field_validator("shapes")
@@ -565,38 +565,53 @@ def _check_call(name: str, signature: inspect.Signature, keywords: Sequence[str]
         ) from None
 
 
-def find_function(spec: str, keywords: Sequence[str]) -> None:
+def find_function(spec: str, keywords: Sequence[str]) -> str | None:
     """Check ``package.module:function`` as :func:`resolve_user_function` does, without
     running any of the user's code: the module is found as an import would find it (no
-    package's ``__init__`` runs) and its source is read. ValueError saying why not. A
-    function that only running the module could judge (imported from elsewhere, assigned,
-    decorated, a module without Python source) passes: the run imports it and checks it
-    then. A module imported already is asked directly."""
+    package's ``__init__`` runs) and its source read through its loader (a zip path
+    too). ValueError when its top-level package is not there, its source does not parse
+    or the ``def`` found refuses the call. What only running code could judge passes,
+    with a note saying why (None when checked): a submodule a package's ``__init__`` may
+    add (``__path__`` extended), a function imported, assigned, decorated or bound at run
+    time (``globals()``, ``setattr``, ``global``), a module without Python source. The
+    run imports it and checks it before tuning. A module imported already is asked
+    directly."""
     module_name, _, name = spec.partition(":")
     if module_name in sys.modules:
         _check_callable(_imported(module_name, name), name, keywords)
-        return
+        return None
     with _working_folder_importable():
         found = _find_spec(module_name)
+    if isinstance(found, str):
+        return found
     tree = _source_tree(module_name, found)
-    definition = None if tree is None else _definition(tree, module_name, name)
+    if tree is None:
+        return f"module {module_name} has no Python source to read"
+    if not any(name in _bound_names(node) for node in _module_scope(tree)):
+        return f"module {module_name} binds no {name!r} in its source (it may at run time)"
+    definition = _definition(tree, name)
     if definition is not None:
         _check_call(name, _signature(definition.args), keywords)
+    return None
 
 
-def _find_spec(module_name: str) -> ModuleSpec:
+def _find_spec(module_name: str) -> ModuleSpec | str:
     """The spec an import of ``module_name`` would load, from ``sys.meta_path``'s
-    finders, each parent package's ``__path__`` read from its spec, not run."""
+    finders, each parent package's ``__path__`` read from its spec, not run. ValueError
+    when the top-level package is not there; a note (str) when a submodule is not found
+    this way (its package's ``__init__`` may extend ``__path__``)."""
     parts = module_name.split(".")
     path: list[str] | None = None
     for depth in range(1, len(parts) + 1):
         name = ".".join(parts[:depth])
         module = sys.modules.get(name)
         spec = getattr(module, "__spec__", None) if module is not None else _find(name, path)
-        if spec is None:
+        if spec is None and depth == 1:
             raise ValueError(
                 f"cannot import {module_name}: ModuleNotFoundError: No module named {name!r}"
             )
+        if spec is None:
+            return f"no module {name!r} found without running its package's __init__"
         if depth == len(parts):
             return spec
         path = (
@@ -605,11 +620,7 @@ def _find_spec(module_name: str) -> ModuleSpec:
             else spec.submodule_search_locations
         )
         if path is None:
-            missing = ".".join(parts[: depth + 1])
-            raise ValueError(
-                f"cannot import {module_name}: ModuleNotFoundError: No module named "
-                f"{missing!r}; {name!r} is not a package"
-            )
+            return f"{name!r} is not a package without running it"
     raise AssertionError("unreachable: a module name has at least one part")
 
 
@@ -623,14 +634,23 @@ def _find(name: str, path: list[str] | None) -> ModuleSpec | None:
 
 
 def _source_tree(module_name: str, spec: ModuleSpec) -> ast.Module | None:
-    """The module's parsed source; None when it has none to read (an extension module,
-    a namespace package, a frozen or compiled-only one)."""
-    origin = spec.origin
-    if not spec.has_location or origin is None or not origin.endswith(".py"):
+    """The module's parsed source, read through its loader as an import reads it (a
+    file, a zip archive); None when it has none to read (an extension module, a
+    namespace package, a frozen or compiled-only one)."""
+    get_source = getattr(spec.loader, "get_source", None)
+    if get_source is None:
         return None
     try:
-        return ast.parse(Path(origin).read_bytes(), origin)
-    except (OSError, SyntaxError, ValueError) as e:  # ValueError: a null byte
+        source: str | None = get_source(spec.name)
+    except ImportError:  # the loader's "no source here"
+        return None
+    except (OSError, ValueError) as e:  # ValueError: undecodable bytes
+        raise ValueError(f"cannot import {module_name}: {type(e).__name__}: {e}") from None
+    if not source:
+        return None
+    try:
+        return ast.parse(source, spec.origin or module_name)
+    except (SyntaxError, ValueError) as e:  # ValueError: a null byte
         raise ValueError(f"cannot import {module_name}: {type(e).__name__}: {e}") from None
 
 
@@ -639,19 +659,11 @@ _COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
 _OWN_SCOPES = (*_FUNCTIONS, ast.ClassDef, ast.Lambda, *_COMPREHENSIONS)
 
 
-def _definition(
-    tree: ast.Module, module_name: str, name: str
-) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+def _definition(tree: ast.Module, name: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
     """The plain ``def`` that alone binds ``name`` at the top of the module: its
     signature is the one a call meets. None when something else binds it or may (an
-    import, an assignment, a decorator, a star import, a module ``__getattr__``): only
-    running the module could tell. ValueError when nothing binds it."""
+    import, an assignment, a decorator): only running the module could tell."""
     binders = [node for node in _module_scope(tree) if name in _bound_names(node)]
-    if not binders:
-        dynamic = any({"*", "__getattr__"} & _bound_names(node) for node in _module_scope(tree))
-        if dynamic:
-            return None
-        raise ValueError(f"module {module_name} has no function {name!r}")
     (only, *others) = binders
     if others or not isinstance(only, _FUNCTIONS) or only.decorator_list or only not in tree.body:
         return None
@@ -736,15 +748,22 @@ def _working_folder_importable() -> Iterator[None]:
             sys.path.remove(here)
 
 
-def load_manifest(path: Path, *, find_functions: bool = False) -> Manifest:
+def load_manifest(
+    path: Path, *, find_functions: bool = False, notes: list[str] | None = None
+) -> Manifest:
     """Read and validate; :class:`ManifestError` lists every problem at once. With
     ``find_functions``, also each ``module:function`` the manifest names is found and its
-    signature read, without importing it (:func:`find_function`)."""
-    return parse_manifest(_read(path), source=str(path), find_functions=find_functions)
+    signature read, without importing it (:func:`find_function`); those it could not
+    check so are appended to ``notes``."""
+    return parse_manifest(_read(path), source=str(path), find_functions=find_functions, notes=notes)
 
 
 def parse_manifest(
-    text: str | bytes, *, source: str = "<text>", find_functions: bool = False
+    text: str | bytes,
+    *,
+    source: str = "<text>",
+    find_functions: bool = False,
+    notes: list[str] | None = None,
 ) -> Manifest:
     """Validate a manifest's text (or its bytes: UTF-8); :class:`ManifestError` lists every
     problem, or the one limit of the text it passes (see the module's limits). Each
@@ -754,7 +773,11 @@ def parse_manifest(
         data = plain_yaml.load(plain_yaml.decode(text, MAX_MANIFEST_BYTES, "a manifest"), source)
     except plain_yaml.Refused as e:
         raise ManifestError(source, _at_most(list(e.args))) from None
-    context = {_FIND_FUNCTIONS: find_functions, _SHAPES_LEFT: MAX_SHAPES}
+    context = {
+        _FIND_FUNCTIONS: find_functions,
+        _SHAPES_LEFT: MAX_SHAPES,
+        _NOTES: notes if notes is not None else [],
+    }
     try:
         return Manifest.model_validate(data, context=context)
     except ValidationError as e:
@@ -778,6 +801,15 @@ def _value_error(message: str, value: Any) -> InitErrorDetails:
 def _asked(info: ValidationInfo, key: str) -> bool:
     """Whether this validation asked for ``key`` (:func:`parse_manifest`'s context)."""
     return bool(isinstance(info.context, dict) and info.context.get(key))
+
+
+def _note(info: ValidationInfo, spec: str, note: str | None) -> None:
+    """Keep why ``spec`` was left to the run's import (:func:`find_function`)."""
+    if note is not None and isinstance(info.context, dict):
+        info.context[_NOTES].append(
+            f"{spec} not checked without importing it ({note}): the run imports it and "
+            "checks it before tuning"
+        )
 
 
 def _may_expand(shapes: list[ShapeSpec], info: ValidationInfo) -> bool:

@@ -233,7 +233,6 @@ def test_a_function_is_found_and_its_signature_read_without_running_its_module(
 @pytest.mark.parametrize(
     "source,problem",
     [
-        ("def other(*, shape, dtype, device): pass\n", "module plain has no function 'warm'"),
         ("def warm(: pass\n", "cannot import plain: SyntaxError: "),
         ("def warm(shape, dtype): pass\n", "got an unexpected keyword argument 'device'"),
     ],
@@ -258,3 +257,38 @@ def test_a_yaml_error_names_the_file_line_and_column_with_a_caret(tmp_path):
     assert f"{path}:3:20: mapping values are not allowed" in message
     assert "\n        - kernel: ag_gemm: x\n" in message
     assert message.endswith("\n" + " " * (6 + 19) + "^")  # under column 20
+
+
+@pytest.mark.parametrize(
+    "files,spec",
+    [
+        # a pkgutil-style namespace package: its __init__ extends __path__ at import
+        (
+            {
+                "ns/__init__.py": (
+                    "from pkgutil import extend_path\n__path__ = extend_path(__path__, 'ns')\n"
+                ),
+                "other/ns/sub.py": "def warm(*, shape, dtype, device): pass\n",
+            },
+            "ns.sub:warm",
+        ),
+        ({"late.py": "import sys\nsetattr(sys.modules[__name__], 'warm', print)\n"}, "late:warm"),
+        ({"late.py": "def _bind():\n    global warm\n    warm = print\n_bind()\n"}, "late:warm"),
+        ({"late.py": "def other(*, shape, dtype, device): pass\n"}, "late:warm"),
+    ],
+)
+def test_a_function_only_its_import_can_find_passes_with_a_note(tmp_path, monkeypatch, files, spec):
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path / "other"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    note = find_function(spec, WARM_KEYWORDS)
+    assert note is not None
+    assert not {"ns", "late"} & set(sys.modules)
+
+
+def test_a_top_level_package_that_is_not_there_is_still_refused(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValueError, match="No module named 'nowhere_at_all'"):
+        find_function("nowhere_at_all.sub:warm", WARM_KEYWORDS)
