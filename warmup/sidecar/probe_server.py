@@ -37,6 +37,7 @@ MAX_HEAD = 16 * 1024  # a longer request head is answered 431
 LINGER_BYTES = 256 * 1024  # read at most this much of what a client sends after its answer
 FD_RESERVE = 256  # descriptors kept for what the sidecar reads and watches
 BACKLOG = 1024  # connections the kernel queues for accept: a full queue drops a probe's SYN
+WARN_EVERY_S = 60.0  # answers that could not be sent: one warning at most this often
 P = ParamSpec("P")
 T = TypeVar("T")
 
@@ -134,6 +135,8 @@ class ProbeServer:
         self._queued: dict[str, int] = {}  # per pool: answers submitted, not yet returned
         self._open: set[Exchange] = set()
         self._waiting: dict[Exchange, None] = {}  # no answer due: evictable, oldest first
+        self._unsent = 0  # answers that could not be sent since the last warning
+        self._warned = -WARN_EVERY_S  # when that warning was, on the loop's clock
         self._loop = asyncio.new_event_loop()
         self._stopping = asyncio.Event()
         self._closed = threading.Event()  # the port is closed
@@ -222,8 +225,23 @@ class ProbeServer:
 
     def _answered(self, pool: str, exchange: Exchange, done: asyncio.Future[Answer]) -> None:
         self._queued[pool] -= 1
-        if not done.cancelled():  # cancelled: the connection is gone
-            exchange.respond(*done.result())
+        if done.cancelled():  # the connection is gone
+            return
+        if (error := done.exception()) is not None:
+            self.unsent(exchange, error)
+            return
+        exchange.respond(*done.result())
+
+    def unsent(self, exchange: Exchange, error: BaseException) -> None:
+        """An answer could not be made or sent: close its connection, quietly (junk must
+        never flood the log from the loop); one warning a minute says how many."""
+        exchange.transport.abort()
+        log.debug("answer not sent, connection closed: %r", error)
+        self._unsent += 1
+        now = self._loop.time()
+        if now - self._warned >= WARN_EVERY_S:
+            log.warning("%d answers could not be sent (last: %r)", self._unsent, error)
+            self._unsent, self._warned = 0, now
 
     def lingering(self, exchange: Exchange) -> None:
         if exchange in self._open:
@@ -299,8 +317,11 @@ class Exchange(asyncio.Protocol):
         ``write_s`` is cut."""
         if self.transport.is_closing():
             return
-        head_only = self.request is not None and self.request.method == b"HEAD"
-        data = self.head.respond(status, kind, body, headers, head_only=head_only)
+        try:
+            data = self.head.respond(status, kind, body, headers)
+        except Exception as e:  # never a traceback per request: close, say so quietly
+            self.server.unsent(self, e)
+            return
         self.state = "sending"
         self._after(self.limits.write_s, self.transport.abort)
         self.transport.write(data)
@@ -313,10 +334,16 @@ class Exchange(asyncio.Protocol):
         except Refused as e:
             self.respond(e.status, JSON, _error(e.reason), *e.headers)
             return
+        except Exception as e:  # a parser's bug: this connection's, not the loop's
+            self.server.unsent(self, e)
+            return
         if self.request is not None:
             self.state = "answering"  # as long as its pool takes: no deadline here
             self._cancel_timer()
-            self.server.answer_to(self, self.request)
+            try:
+                self.server.answer_to(self, self.request)
+            except Exception as e:
+                self.server.unsent(self, e)
 
     def _late(self) -> None:
         if not self.head.size:  # silent all along: nobody to tell
@@ -355,6 +382,7 @@ class Head:
     def __init__(self) -> None:
         self.http = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
         self.size = 0  # bytes received
+        self.method = b""  # once parsed, even for a request refused: HEAD's answer has no body
         self._line: bytearray | None = bytearray()  # the request line until its end came
 
     def feed(self, chunk: bytes) -> h11.Request | None:
@@ -374,6 +402,7 @@ class Head:
             raise Refused(e.error_status_hint, str(e)) from None
         if not isinstance(event, h11.Request):
             return None
+        self.method = event.method
         if event.http_version not in (b"1.0", b"1.1"):
             raise Refused(HTTPStatus.HTTP_VERSION_NOT_SUPPORTED, "HTTP/1.0 and HTTP/1.1 only")
         if event.method not in (b"GET", b"HEAD"):
@@ -386,10 +415,9 @@ class Head:
         kind: str,
         body: bytes,
         headers: tuple[tuple[str, str], ...] = (),
-        *,
-        head_only: bool = False,
     ) -> bytes:
-        """The bytes of one answer, the last on this connection."""
+        """The bytes of one answer, the last on this connection (its head alone for
+        HEAD)."""
         fields = [
             ("Content-Type", kind),
             ("Content-Length", str(len(body))),
@@ -398,7 +426,7 @@ class Head:
         ]
         reason = HTTPStatus(status).phrase.encode()
         events: list[h11.Event] = [h11.Response(status_code=status, headers=fields, reason=reason)]
-        events += [] if head_only else [h11.Data(data=body)]
+        events += [] if self.method == b"HEAD" else [h11.Data(data=body)]
         return b"".join(self.http.send(event) or b"" for event in [*events, h11.EndOfMessage()])
 
     def _check_line(self, chunk: bytes) -> None:

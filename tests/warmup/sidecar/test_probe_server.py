@@ -237,3 +237,15 @@ def test_probes_answer_within_100_ms_at_p99_under_500_slow_clients_and_junk():
     assert report["junk"] and "none" not in report["junk"], report  # a status line each
     assert report["slow"].get("cut_HTTP/1.1 408", 0) >= 400, report  # cut at the deadline
     assert report["server"]["alive"] and report["server"]["rss_growth_mib"] <= 64, report
+
+
+@pytest.mark.parametrize("path", ["/broken", "/slow"])  # on the loop, from a pool
+def test_an_answer_that_cannot_be_sent_closes_its_connection_without_an_error_log(path, caplog):
+    def answer(path):
+        return 999, "text/plain", b"no such status"  # the answer path raises on it
+
+    with serving(answer) as server, caplog.at_level("DEBUG"):
+        assert fetch(server, path) == ""
+        time.sleep(0.1)  # the loop's callbacks have run
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+    assert not [r for r in caplog.records if r.exc_info]

@@ -680,3 +680,12 @@ def test_head_answers_the_headers_of_get_without_the_body(sidecar):
 
 def test_a_query_string_is_not_part_of_the_path(sidecar):
     assert get(sidecar.url + "/healthz?verbose=1") == (200, '{"alive": true}')
+
+
+@pytest.mark.parametrize("version", ["1.2", "2.0"])
+def test_head_with_an_unsupported_version_gets_505_without_a_body(sidecar, version):
+    port = int(sidecar.url.rsplit(":", 1)[1])
+    answer, seconds = exchange(port, f"HEAD / HTTP/{version}\r\n\r\n".encode())
+    assert status_line(answer).split(" ")[:2] == ["HTTP/1.1", "505"] and seconds < 1.0
+    assert answer.endswith(b"\r\n\r\n") and int(headers_of(answer)["content-length"]) > 0
+    assert get(sidecar.url + "/healthz")[0] == 200
