@@ -15,7 +15,7 @@ from registry.entry import Entry
 from registry.errors import RegistryError
 from registry.fingerprint import Fingerprint, MatchPolicy, cpu_fingerprint
 from registry.store import Store
-from registry.volume import MissingFolder, existing_folder
+from registry.volume import MissingFolder, Volume, existing_folder
 
 EXIT_BAD_INPUT = 2  # as argparse's usage errors; a registry failure exits 1
 IMPORTS = {  # format -> (importer, what its source folder holds)
@@ -44,7 +44,7 @@ def add_parser(
         "--create-store",
         action="store_true",
         help="make the store's folder if it is not there (default: exit 2 for a command "
-        "that reads it)",
+        "that reads or writes it)",
     )
     top.set_defaults(default_store=default_store)
     top.add_argument("--json", action="store_true", help="machine-readable output")
@@ -151,22 +151,29 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _store_root(args: argparse.Namespace) -> Path:
-    """The store's folder. A command that reads the store needs it there (made with
-    ``--create-store``): a mistyped path must not read as an empty store. Commands that
-    write it (import, install) make it; those that never open it do not care. The
-    default store may be missing from a volume that is there: nothing stored yet."""
+    """The store's folder. A command that reads or writes the store needs it there, or
+    ``--create-store``: a mistyped path must not read as an empty store, nor start a new
+    one. The store of a volume that is there may be missing (nothing stored yet): the
+    default store, or a ``--store`` that is a volume's ``registry`` folder. A writer
+    (import, install) makes it on its first write; those that never open it do not care."""
     root: Path = args.store or args.default_store
-    if args.handler not in _READERS or (args.handler is _bundle_create and _carries_more(args)):
+    if args.handler not in (*_READERS, *_WRITERS) or (
+        args.handler is _bundle_create and _carries_more(args)
+    ):
         return root
-    if args.store is None and not args.create_store and root.parent.is_dir():
+    of_a_volume = args.store is None or root == Volume(root.parent).registry
+    if of_a_volume and not args.create_store and root.parent.is_dir():
         return root
     given = args.store is not None
     what = "--store" if given else "the default store"
     check = "the path" if given else "TRITON_WARMUP_VOLUME (or TRITON_WARMUP_REGISTRY_DIR)"
     fix = f"check {check}, or create an empty store with --create-store"
+    writes = args.handler in _WRITERS
     try:
-        return existing_folder(root, what=what, create=args.create_store, fix=fix)
+        return existing_folder(root, what=what, create=args.create_store and not writes, fix=fix)
     except MissingFolder as e:
+        if writes and args.create_store and not root.exists():
+            return root  # made by its first write: an import of nothing leaves none
         raise BadInput(str(e)) from None
 
 
@@ -434,6 +441,7 @@ def _bundle_list(args: argparse.Namespace, store: Store) -> list[dict[str, Any]]
 
 
 _READERS = (_ls, _show, _bundle_create, _bundle_list, _rollback)  # read the store's entries
+_WRITERS = (_import, _bundle_install)  # write entries: never into a store nobody asked for
 
 
 def _table(rows: Sequence[dict[str, Any]], columns: list[str]) -> None:

@@ -114,10 +114,11 @@ class Settings(BaseSettings):
         1.0, gt=0, description="how often a serving op checks the registry for a new generation"
     )
 
-    def existing_volume(self) -> Path:
+    def existing_volume(self, fix: str | None = None) -> Path:
         """The volume's folder, made first with ``create_volume``;
-        :class:`registry.volume.MissingFolder` when it is not there."""
-        fix = (
+        :class:`registry.volume.MissingFolder` when it is not there, saying ``fix`` (how
+        to create it, in the caller's words: the CLI's flags by default)."""
+        fix = fix or (
             "check --volume (TRITON_WARMUP_VOLUME), or create it with --create-volume "
             "(TRITON_WARMUP_CREATE_VOLUME=true)"
         )

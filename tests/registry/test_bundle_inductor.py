@@ -245,7 +245,7 @@ def test_the_cli_packs_installs_and_rolls_back_a_model(tmp_path, packed, capsys)
     assert main([*store, "bundle", "create", str(out), "--name", "m", "--version", "1",
                  "--inductor", str(source)]) == 0  # fmt: skip
     assert "1 compiled model indexes (3 files)" in capsys.readouterr().out
-    assert main([*store, "bundle", "install", str(out), "--fingerprint", "cpu",
+    assert main([*store, "--create-store", "bundle", "install", str(out), "--fingerprint", "cpu",
                  "--inductor", str(target)]) == 0  # fmt: skip
     assert restored(target, tmp_path / "c1") == FILES
     assert main([*store, "rollback", "--inductor", str(target)]) == 0

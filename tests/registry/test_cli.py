@@ -70,6 +70,7 @@ def test_bundle_create_verify_install_list_rollback(capsys, store, tmp_path, h20
     code, out, _ = cli(
         capsys,
         target,
+        "--create-store",
         "--json",
         "bundle",
         "install",
@@ -90,6 +91,7 @@ def test_install_with_the_wrong_fingerprint_fails_with_one_line(capsys, store, t
     code, _, err = cli(
         capsys,
         tmp_path / "t",
+        "--create-store",
         "bundle",
         "install",
         str(out_file),
@@ -101,6 +103,7 @@ def test_install_with_the_wrong_fingerprint_fails_with_one_line(capsys, store, t
     code, _, _ = cli(
         capsys,
         tmp_path / "t",
+        "--create-store",
         "bundle",
         "install",
         str(out_file),
@@ -130,6 +133,7 @@ def test_import_and_fingerprint_commands(capsys, tmp_path):
     code, out, _ = cli(
         capsys,
         tmp_path / "s",
+        "--create-store",
         "import",
         "triton-autotune",
         str(tmp_path / "cache"),
@@ -162,7 +166,7 @@ def test_errors_exit_nonzero_with_a_reason(capsys, tmp_path):
 def test_import_from_a_missing_folder_exits_2_and_creates_nothing(capsys, tmp_path, fmt, source):
     (tmp_path / "a-file").write_text("{}")
     args = [fmt, str(tmp_path / source), "--fingerprint", "cpu"]
-    code, _, err = cli(capsys, tmp_path / "s", "import", *args)
+    code, _, err = cli(capsys, tmp_path / "s", "--create-store", "import", *args)
     line = error_line(err)
     assert code == 2 and str(tmp_path / source) in line and "folder" in line
     assert not (tmp_path / "s").exists()
@@ -173,6 +177,7 @@ def test_import_of_nothing_creates_no_store(capsys, tmp_path):
     code, out, _ = cli(
         capsys,
         tmp_path / "s",
+        "--create-store",
         "import",
         "triton-autotune",
         str(tmp_path / "empty"),
@@ -185,6 +190,7 @@ def test_import_of_nothing_creates_no_store(capsys, tmp_path):
     code, _, err = cli(
         capsys,
         tmp_path / "s",
+        "--create-store",
         "import",
         "triton-autotune",
         str(tmp_path / "bad"),
@@ -297,6 +303,14 @@ BAD_INPUT = {  # test id -> (argv after "registry", what the error must name)
         "{missing}",
     ),
     "ls-store-missing": (["--store", "{missing}", "ls"], "{missing}"),
+    "install-store-missing": (  # a mistyped --store: no new store
+        ["--store", "{missing}", "bundle", "install", "{bundle}", "--fingerprint", "none"],
+        "{missing}",
+    ),
+    "import-store-missing": (
+        ["--store", "{missing}", "import", "triton-dist", "{dir}", "--fingerprint", "cpu"],
+        "{missing}",
+    ),
     "show-store-missing": (["--store", "{missing}", "show", "M1"], "{missing}"),
     "list-store-missing": (["--store", "{missing}", "bundle", "list"], "{missing}"),
     "create-store-missing": (

@@ -35,6 +35,7 @@ from registry.importers import import_triton_autotune
 from registry.locks import LockServerUnreachable, backend_from_url, check_backend
 from registry.remote import remote_tier
 from registry.triton_internals import cache_env
+from registry.volume import MissingFolder
 from warmup import logs
 from warmup.manifest import Manifest, ManifestError, load_manifest
 from warmup.results import (
@@ -338,7 +339,7 @@ def main(*, waited_s: float = 0.0) -> int:
         logs.configure(settings.log_format, rank=rank)
         roles = LAUNCHED if child_of else SELF_STARTED
         return _run_rank(settings, manifest, rank, world, run_dir, roles, waited_s)
-    except (ManifestError, RunError, ValidationError) as e:
+    except (ManifestError, MissingFolder, RunError, ValidationError) as e:
         lines = e.lines() if isinstance(e, ManifestError) else [f"{e}".replace("\n", "; ")]
         for line in lines:
             print(f"triton-warmup: error: rank {rank}: {line}", file=sys.stderr)
@@ -351,7 +352,7 @@ def _prepare_self_started(settings: Settings, manifest: Manifest, world: int) ->
     os.environ["TRITON_CACHE_DIR"] = str(settings.cache_dir.resolve())
     os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
     os.environ.update(inductor_environment(settings))
-    return prepare(settings, manifest, world, str(settings.manifest))[0]
+    return prepare(settings, manifest, world, str(settings.manifest), volume_fix=VOLUME_FIX_ENV)[0]
 
 
 def inductor_environment(settings: Settings) -> dict[str, str]:
@@ -370,14 +371,21 @@ def inductor_environment(settings: Settings) -> dict[str, str]:
     }
 
 
+# How a self-started rank's caller asks for a volume to be made, in its own words.
+VOLUME_FIX_ENV = "check TRITON_WARMUP_VOLUME, or create it with TRITON_WARMUP_CREATE_VOLUME=true"
+VOLUME_FIX_PYTHON = "check Settings(volume=...), or pass Settings(create_volume=True) to create it"
+
+
 def prepare(
-    settings: Settings, manifest: Manifest, world: int, source: str
+    settings: Settings, manifest: Manifest, world: int, source: str, *, volume_fix: str
 ) -> tuple[Settings, bool]:
     """What a self-started rank (torchrun, ``warm()``) checks before it warms: the
-    manifest has entries for ``world``, the device (the interpreter on for CPU), every
-    kernel's shapes, the lock server. Returns the settings to warm with and whether the
-    rank warms on its GPU."""
+    manifest has entries for ``world``, the volume is there (made with
+    ``create_volume``; ``volume_fix`` says how otherwise), the device (the interpreter
+    on for CPU), every kernel's shapes, the lock server. Returns the settings to warm
+    with and whether the rank warms on its GPU."""
     manifest.require_world(world, source)
+    settings.existing_volume(volume_fix)
     cuda = uses_cuda(settings)
     manifest.check_kernels(source)  # imports the kernels: after the interpreter is on
     check_remote(settings)

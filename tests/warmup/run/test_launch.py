@@ -208,7 +208,7 @@ entries:
   - {kernel: ag_gemm, dtype: fp32, world_size: 1, shapes: [{M: 16, N: 16, K: 16}]}
 """,
     )
-    settings = settings_for(tmp_path, manifest=manifest)
+    settings = settings_for(tmp_path, manifest=manifest, create_volume=True)
     first = warmup.warm(manifest, settings)
     second = warmup.warm(load_manifest(manifest), settings)
     assert first.sources == {"tuned": 1} and second.sources == {"registry": 1}
@@ -219,6 +219,7 @@ def test_joining_a_torchrun_environment(tmp_path):
     env = {
         **env_without_interpreter(),  # the session turns it on for a CPU run itself
         "TRITON_WARMUP_VOLUME": str(tmp_path / "v"),
+        "TRITON_WARMUP_CREATE_VOLUME": "true",
         "TRITON_WARMUP_WORK_DIR": str(tmp_path / "w"),
         "TRITON_WARMUP_MANIFEST": str(DEMO),
         "TRITON_WARMUP_DEVICE": "cpu",
@@ -331,7 +332,8 @@ import sys, warmup
 from warmup.settings import Settings
 if sys.argv[2] == "import-first":
     import triton
-status = warmup.warm(sys.argv[1], Settings(volume="v", work_dir="w", device="cpu"))
+settings = Settings(volume="v", work_dir="w", device="cpu", create_volume=True)
+status = warmup.warm(sys.argv[1], settings)
 print(status.state, status.sources)
 """
 
@@ -438,7 +440,7 @@ def test_warm_in_process_says_running_while_it_warms(tmp_path, monkeypatch):
         "version: 1\nentries:\n  - {kernel: 'tests.warmup.user_functions:record_status',\n"
         "     dtype: fp32, world_size: 1, shapes: [{M: 1, N: 1, K: 1}]}\n",
     )
-    settings = settings_for(tmp_path, manifest=manifest)
+    settings = settings_for(tmp_path, manifest=manifest, create_volume=True)
     monkeypatch.setenv("TEST_STATUS_PATH", str(settings.status_path))
     monkeypatch.setenv("TEST_USER_LOG", str(tmp_path / "states"))
     RunStatus(

@@ -7,9 +7,10 @@ import pytest
 import warmup
 from registry import RegistryError, Store
 from registry.store import CURRENT
+from registry.volume import MissingFolder
 from tests.conftest import settings_for, write_manifest
 from warmup.manifest import load_manifest
-from warmup.run.session import RunError, lock_backend, restore
+from warmup.run.session import RunError, lock_backend, main, restore
 
 
 def test_restore_cleans_what_a_killed_writer_left_and_repairs_current(tmp_path, make_entry):
@@ -57,7 +58,34 @@ def test_a_lock_server_that_does_not_answer_is_one_clear_error_or_a_fallback(tmp
 
 def test_warm_in_process_checks_the_lock_server_before_warming(tmp_path):
     manifest = write_manifest(tmp_path / "m.yaml", MANIFEST)
-    settings = settings_for(tmp_path, manifest=manifest, lock_url=NOBODY)
+    settings = settings_for(tmp_path, manifest=manifest, lock_url=NOBODY, create_volume=True)
     with pytest.raises(RunError, match="unreachable"):  # once: each shape waited its timeout
         warmup.warm(manifest, settings)
     assert not settings.status_path.exists()
+
+
+def test_warm_and_a_torchrun_rank_make_no_volume_nobody_asked_for(tmp_path, monkeypatch, capsys):
+    manifest = write_manifest(tmp_path / "m.yaml", MANIFEST)
+    settings = settings_for(tmp_path, manifest=manifest)
+    with pytest.raises(MissingFolder, match=r"pass Settings\(create_volume=True\)") as info:
+        warmup.warm(manifest, settings)
+    assert "--create-volume" not in str(info.value)  # a Python caller's words, not a flag
+    assert not settings.volume.exists() and not settings.work_dir.exists()
+    for name, value in {
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "TRITON_WARMUP_VOLUME": str(settings.volume),
+        "TRITON_WARMUP_WORK_DIR": str(settings.work_dir),
+        "TRITON_WARMUP_MANIFEST": str(manifest),
+        "TRITON_WARMUP_DEVICE": "cpu",
+    }.items():
+        monkeypatch.setenv(name, value)
+    for name in ("TRITON_CACHE_DIR", "TRITON_CACHE_AUTOTUNING", "CUDA_CACHE_PATH"):
+        monkeypatch.setenv(name, "")  # put back after the rank sets them
+    for name in ("TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_FX_GRAPH_CACHE"):
+        monkeypatch.setenv(name, "")
+    monkeypatch.setenv("TORCHINDUCTOR_AUTOGRAD_CACHE", "")
+    assert main() == 2
+    err = capsys.readouterr().err
+    assert "volume" in err and "TRITON_WARMUP_CREATE_VOLUME=true" in err
+    assert not settings.volume.exists() and not settings.work_dir.exists()
