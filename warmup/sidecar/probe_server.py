@@ -5,9 +5,10 @@ KiB, so slow, silent or hostile clients cost memory, never a thread the probes n
 parsed by h11 (python-hyper's sans-IO HTTP/1.1: strict RFC 9112 parsing, a size limit,
 an error status for each violation; uvicorn's and httpx's parser), never by hand here.
 A request head must arrive within one deadline; past the connection cap the connection
-that has waited longest without a complete head is closed, so a kubelet's probe always
-gets in. Answers that may block (files) run in small pools of daemon threads of their
-own; the rest run on the loop. One request per connection (``Connection: close``).
+that has waited longest without a complete head is closed, or else the one whose answer has
+been stalled longest (a client that does not read), so a kubelet's probe always gets in.
+Answers that may block (files) run in small pools of daemon threads of their own; the rest
+run on the loop. One request per connection (``Connection: close``).
 """
 
 from __future__ import annotations
@@ -135,6 +136,7 @@ class ProbeServer:
         self._queued: dict[str, int] = {}  # per pool: answers submitted, not yet returned
         self._open: set[Exchange] = set()
         self._waiting: dict[Exchange, None] = {}  # no answer due: evictable, oldest first
+        self._sending: dict[Exchange, None] = {}  # answers not taken yet: evictable next
         self._unsent = 0  # answers that could not be sent since the last warning
         self._warned = -WARN_EVERY_S  # when that warning was, on the loop's clock
         self._loop = asyncio.new_event_loop()
@@ -188,13 +190,15 @@ class ProbeServer:
 
     def admit(self, exchange: Exchange) -> bool:
         """Whether a new connection may stay: past the cap the one waiting longest for
-        its request (or lingering) makes room; when every connection is being answered,
-        none does."""
+        its request (or lingering) makes room, else the one whose answer has been stalled
+        longest (its client does not read); when every connection waits for its pool's
+        answer, none does."""
         if len(self._open) >= self.max_connections:
-            if not self._waiting:
+            evictable = self._waiting or self._sending
+            if not evictable:
                 log.debug("refused a connection: %d are being answered", len(self._open))
                 return False
-            oldest = next(iter(self._waiting))
+            oldest = next(iter(evictable))
             self.forget(oldest)
             oldest.transport.abort()
         self._open.add(exchange)
@@ -204,6 +208,12 @@ class ProbeServer:
     def forget(self, exchange: Exchange) -> None:
         self._open.discard(exchange)
         self._waiting.pop(exchange, None)
+        self._sending.pop(exchange, None)
+
+    def sending(self, exchange: Exchange) -> None:
+        if exchange in self._open:
+            self._waiting.pop(exchange, None)
+            self._sending[exchange] = None  # stalled from now, if its client does not read
 
     def answer_to(self, exchange: Exchange, request: h11.Request) -> None:
         """Answer ``request`` now, or once its pool has."""
@@ -245,7 +255,8 @@ class ProbeServer:
 
     def lingering(self, exchange: Exchange) -> None:
         if exchange in self._open:
-            self._waiting[exchange] = None  # answered: evictable again
+            self._sending.pop(exchange, None)
+            self._waiting[exchange] = None  # answered: evictable first again
 
     def _call(self, path: str) -> Answer:
         try:
@@ -327,6 +338,8 @@ class Exchange(asyncio.Protocol):
         self.transport.write(data)
         if self._writable:
             self._sent()
+        else:
+            self.server.sending(self)
 
     def _feed(self, data: bytes) -> None:
         try:

@@ -249,3 +249,34 @@ def test_an_answer_that_cannot_be_sent_closes_its_connection_without_an_error_lo
         time.sleep(0.1)  # the loop's callbacks have run
     assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
     assert not [r for r in caplog.records if r.exc_info]
+
+
+def stalled_client(server, path):
+    """A connection that asked for ``path`` and never reads its answer."""
+    stuck = socket.socket()
+    stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before the window
+    stuck.connect(("127.0.0.1", server.port))
+    stuck.sendall(request(path))
+    return stuck
+
+
+def test_past_the_cap_the_answer_stalled_longest_makes_room_for_a_probe():
+    body = b"x" * (8 * 2**20)  # more than the server's send buffer and the client's hold
+    with serving(lambda path: (200, "text/plain", body), max_connections=4) as server:
+        stalled = []
+        for _ in range(4):
+            stalled.append(stalled_client(server, "/big"))
+            time.sleep(0.1)  # each answer stalls, the first the oldest
+        started = time.monotonic()
+        assert fetch(server, "/healthz") == "HTTP/1.1 200 OK"
+        assert time.monotonic() - started < 1.0  # not at the 5 s write deadline
+        stalled[0].settimeout(3)
+        received = 0
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := stalled[0].recv(2**20):
+                received += len(chunk)
+        assert received < len(body)  # cut, not answered
+        stalled[1].settimeout(0.3)
+        assert stalled[1].recv(1)  # still being answered: one evicted, not all
+        for connection in stalled:
+            connection.close()
