@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import reprlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from registry.entry import Entry
 
 _SHOWN = reprlib.Repr()  # keyword arguments only from Python 3.12
 _SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict = 3, 6, 6
@@ -42,12 +46,13 @@ class Superseded(RegistryError):
     """A fenced put refused: the entry's file changed after the writer looked (another
     holder of its lock, old or new, stored it first); nothing was written."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, held: Entry | None = None) -> None:
         super().__init__(
             f"Entry {path} changed since this writer looked (another holder stored it "
             "first); nothing written."
         )
         self.path = path
+        self.held = held  # the entry that holds it now, where known (the remote tier's)
 
 
 class BundleRejected(RegistryError):

@@ -25,7 +25,8 @@ Fences: a tuner notes what its entry's field holds before it decides to tune
 the field changed since (another pod stored it first), checked under the same WATCH as
 the merge. This is what keeps pods that share only redis (each its own volume) to one
 landed tuning per shape. A field that a restart emptied reads as never written; a
-field the tier could not be asked about is published unfenced, as a plain merge.
+field the tier could not be asked about is fenced as empty: the publish lands only if
+nobody published it since.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from typing import Any, TypeVar
 
 from registry import atomic
 from registry.entry import Entry, NewerSchema, canonical_key
-from registry.errors import RegistryError, shown, why
+from registry.errors import RegistryError, Superseded, shown, why
 from registry.fingerprint import Fingerprint, MatchPolicy
 from registry.locks.redis_lock import _cause, redacted
 from registry.store import MAX_ENTRY_BYTES
@@ -209,19 +210,17 @@ class RemoteTier:
 
         return self.call(read, now=True) or []
 
-    def seen(self, kernel: str, key: Mapping[str, Any], fingerprint: Fingerprint) -> str | None:
+    def seen(self, kernel: str, key: Mapping[str, Any], fingerprint: Fingerprint) -> str:
         """What the field of ``kernel`` at ``key`` for ``fingerprint`` holds now (a digest;
-        "" for nothing), for a fenced :meth:`publish`; None when the tier did not answer,
-        or is skipped after a failure (not asked then, nor counted: the lookup that
-        follows asks). Never raises."""
+        "" for nothing), for a fenced :meth:`publish`. Asked even while the tier is skipped
+        after a failure (a fence is worth one call); when it does not answer, "": the
+        publish lands only where the field is still empty. Never raises."""
         try:
             name = slot_name(kernel, canonical_key(key))
         except RegistryError:
-            return None
-        if not self.up:
-            return None
+            return ""
         field = fingerprint.digest()
-        return self.call(lambda client: digest(client.hget(name, field)), now=True)
+        return self.call(lambda client: digest(client.hget(name, field)), now=True) or ""
 
     # ---- writing -------------------------------------------------------------------
 
@@ -233,7 +232,22 @@ class RemoteTier:
             self._keep_back(entry, seen)
             return False
         try:
+            return self.publish_fenced(entry, seen=seen)
+        except Superseded:
+            return False
+
+    def publish_fenced(self, entry: Entry, *, seen: str | None) -> bool:
+        """:meth:`publish`, but a publish refused by its fence raises :class:`Superseded`,
+        with the entry the field holds (``held``), so the writer can take it. A fenced
+        one is tried even while the tier is skipped (one call, after minutes of tuning)."""
+        if seen is None and not self._ready():
+            self._keep_back(entry, seen)
+            return False
+        try:
             stored = self._publish(entry, seen)
+        except Superseded:
+            self._answered()
+            raise
         except Exception as e:
             self._failed(e)
             self._keep_back(entry, seen)
@@ -271,6 +285,8 @@ class RemoteTier:
         for field, (entry, seen) in list(self._unpublished.items()):
             try:
                 self._publish(entry, seen)
+            except Superseded:
+                pass  # counted and logged: another pod's entry stays
             except Exception as e:
                 self._failed(e)
                 return
@@ -297,7 +313,7 @@ class RemoteTier:
                     if seen is not None and digest(held) != seen:
                         pipe.unwatch()
                         self._superseded(name, field)
-                        return False
+                        raise Superseded(f"{name} {field[:12]}", held=self._held(name, held))
                     data = self._merged(name, field, held, entry)
                     if data is None or data == held:  # refused, or already there
                         pipe.unwatch()
@@ -311,6 +327,16 @@ class RemoteTier:
                     continue  # another writer changed the slot: merge with theirs
         log.warning("remote tier: %s not published, %d writers raced", name, WATCH_TRIES)
         return False
+
+    def _held(self, name: str, raw: bytes | None) -> Entry | None:
+        """The entry ``raw`` holds, if it is one of the slot ``name``."""
+        if raw is None:
+            return None
+        try:
+            entry = _parse(raw)
+        except RegistryError:  # NewerSchema included
+            return None
+        return entry if slot_name(entry.kernel, entry.key_json) == name else None
 
     def _superseded(self, name: str, field: str) -> None:
         self.stats.superseded += 1

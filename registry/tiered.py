@@ -8,19 +8,21 @@ raises: while it is down, the local store works alone, as it does without one.
 A fenced put (:meth:`TieredStore.fence`, then ``put(entry, fence=...)``) is fenced in
 both tiers, each on its own: the local put raises ``Superseded`` (nothing written, not
 published) when another holder stored the entry first on this volume; once it landed,
-the publish is refused, quietly, when another pod published it first (pods that share
-only redis). Then this pod's volume keeps its own tuning, the fleet the other pod's.
+the publish is refused when another pod published it first (pods that share only
+redis): the put raises ``Superseded`` too, with the other pod's entry (``held``), which
+the writer takes; it is filed in the local store too (merged with this pod's there: the
+earliest tuning wins).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from registry.entry import Entry
-from registry.errors import RegistryError
+from registry.errors import RegistryError, Superseded
 from registry.fingerprint import Fingerprint, MatchPolicy
 from registry.remote import RemoteTier
 from registry.store import Fence, Store
@@ -33,7 +35,8 @@ Tier = Literal["local", "remote"]
 @dataclass(frozen=True)
 class TieredFence:
     """A fence in each tier: the local store's, and what the remote field held (None
-    when there is no remote tier or it did not answer: its publish is unfenced)."""
+    only without a remote tier; "" when the field was empty, or the tier did not answer:
+    its publish lands only if the field is still empty)."""
 
     local: Fence
     remote: str | None = None
@@ -66,10 +69,13 @@ class TieredStore:
         policy: MatchPolicy = MatchPolicy.EXACT,
         *,
         remote_now: bool = False,
+        keep: Callable[[Entry], bool] | None = None,
     ) -> tuple[Entry, Tier] | None:
         """The entry for ``kernel`` at ``key`` valid for ``fingerprint`` and the tier it
         came from, or None (a miss in both). ``remote_now``: ask the remote tier even
-        while it is skipped after a failure (before a tuning that it may spare)."""
+        while it is skipped after a failure (before a tuning that it may spare). ``keep``:
+        a remote entry it refuses is answered but not filed in the local store (the
+        caller will not use it, and its own fenced put must still land)."""
         found = self.local.lookup(kernel, key, fingerprint, policy)
         if found is not None:
             return found, "local"
@@ -78,6 +84,8 @@ class TieredStore:
         fetched = self.remote.fetch(kernel, key, fingerprint, policy, now=remote_now)
         if fetched is None:
             return None
+        if keep is not None and not keep(fetched):
+            return fetched, "remote"
         return self._keep(fetched), "remote"
 
     def lookup(
@@ -102,8 +110,17 @@ class TieredStore:
         """Merge ``entry`` into the local store, then publish what it holds now; with a
         ``fence``, ``Superseded`` from the local store (module docstring)."""
         stored = self.local.put(entry, fence=fence.local if fence else None)
-        if self.remote is not None:
-            self.remote.publish(stored, seen=fence.remote if fence else None)
+        if self.remote is None:
+            return stored
+        if fence is None:
+            self.remote.publish(stored)
+            return stored
+        try:
+            self.remote.publish_fenced(stored, seen=fence.remote)
+        except Superseded as e:
+            if e.held is not None:
+                self._keep(e.held)
+            raise
         return stored
 
     def entries(self) -> list[Entry]:

@@ -103,3 +103,18 @@ def test_a_key_in_another_order_finds_the_same_remote_slot(tmp_path, server, mak
     reordered = dict(reversed(list(KEY.items())))
     assert slot_name("ag_gemm", canonical_key(reordered)) == slot_name("ag_gemm", entry.key_json)
     assert _pod(tmp_path, server.url).locate("ag_gemm", reordered, h200) == (entry, "remote")
+
+
+def test_a_remote_entry_the_caller_refuses_is_not_kept_and_its_fence_holds(
+    tmp_path, server, make_entry, h200
+):
+    from registry.tiered import TieredFence
+
+    theirs = make_entry(block_m=64)
+    _pod(tmp_path / "a", server.url).put(theirs)
+    mine = _pod(tmp_path / "b", server.url)
+    fence = mine.fence("ag_gemm", KEY, h200)
+    assert mine.locate("ag_gemm", KEY, h200, keep=lambda e: False) == (theirs, "remote")
+    assert mine.entries() == []  # not filed: the fenced put below is not refused
+    mine.local.put(make_entry(block_m=32), fence=fence.local)
+    assert isinstance(fence, TieredFence)

@@ -17,7 +17,9 @@ The fence (``Store.fence``) makes the lock's promise hold when the lock does not
 holder that lost its lock while it tuned (a redis restart, a pause past the ttl), or
 tuned without one (the lock server silent), stores only if nobody stored the shape
 since it looked. Otherwise its put is refused (``Superseded``) and it takes the stored
-entry: one tuning per shape lands, and every pod ends with it.
+entry: one tuning per shape lands, and every pod ends with it. Pods that share only
+redis fence its field too: a refused publish (this pod's volume took the tuning) hands
+back the published entry, which this pod takes and files in its volume.
 
 The timer is injected (``warmup.tuning.timing``), so tests run the search with a fake.
 """
@@ -305,7 +307,12 @@ class Tuner:
     ) -> dict[str, Any] | None:
         """Rank 0's lookup, as JSON: the entry, and whether it came from the remote tier."""
         located = self.store.locate(
-            task.kernel, key, fingerprint, self.options.match, remote_now=remote_now
+            task.kernel,
+            key,
+            fingerprint,
+            self.options.match,
+            remote_now=remote_now,
+            keep=lambda entry: accepts(task, entry.best),  # else our own fenced put is refused
         )
         if located is None:
             return None
@@ -465,13 +472,16 @@ class Tuner:
         for _ in range(FENCED_TRIES):
             try:
                 return {"entry": self.store.put(entry, fence=fence).to_json(), "superseded": False}
-            except Superseded:
+            except Superseded as e:
                 log.warning(
                     "%s at %s: another holder stored this shape while this one tuned "
-                    "(its lock lost or never taken); this tuning is not stored",
+                    "(its lock lost or never taken); this tuning is not %s",
                     task.kernel,
                     dict(key),
+                    "published" if e.held is not None else "stored",
                 )
+                if e.held is not None and accepts(task, e.held.best):  # the fleet's entry
+                    return {"entry": e.held.to_json(), "superseded": True}
             fence = self.store.fence(task.kernel, key, fingerprint)
             found = self._look(task, key, fingerprint, remote_now=True)
             if found is not None:
