@@ -31,6 +31,7 @@ from warmup.run.session import (
     inductor_environment,
     lock_backend,
     mark_restored,
+    require_this_world_only,
     restore,
     running,
 )
@@ -61,6 +62,7 @@ def _launch(settings: Settings, manifest: Manifest, early: EarlyRanks) -> RunSta
     device = _device_type(settings, world)
     for skipped in manifest.skipped_entries(world):
         log.warning("skipping %s: this pod has %d ranks", skipped, world)
+    require_this_world_only(settings, manifest, world, str(settings.manifest))
     check_remote(settings)
     settings = lock_backend(settings, manifest, world)
     run_dir = settings.work_dir / "run"

@@ -234,11 +234,9 @@ def finish(
     if expected + models_expected == 0:
         errors.append(manifest.no_entry_message(world))
     skipped = manifest.skipped_entries(world)
-    if skipped and settings.other_world_sizes == "fail":
-        errors.append(
-            f"{len(skipped)} manifest entries are for other world sizes than this pod's "
-            f"{world} ranks, and other_world_sizes is 'fail': {'; '.join(skipped[:5])}"
-        )
+    refused = other_worlds_refused(settings, manifest, world)
+    if refused:  # a backstop: the launcher and prepare() refuse it before any rank
+        errors.append(refused)
     for report in reports:
         if len(report.shapes) != expected:
             errors.append(f"rank {report.rank} reported {len(report.shapes)} of {expected} shapes")
@@ -376,6 +374,28 @@ VOLUME_FIX_ENV = "check TRITON_WARMUP_VOLUME, or create it with TRITON_WARMUP_CR
 VOLUME_FIX_PYTHON = "check Settings(volume=...), or pass Settings(create_volume=True) to create it"
 
 
+def other_worlds_refused(settings: Settings, manifest: Manifest, world: int) -> str | None:
+    """Why this run fails for entries of other world sizes (``other_world_sizes`` is
+    'fail'), or None."""
+    skipped = manifest.skipped_entries(world)
+    if not skipped or settings.other_world_sizes != "fail":
+        return None
+    return (
+        f"{len(skipped)} manifest entries are for other world sizes than this pod's "
+        f"{world} ranks, and other_world_sizes is 'fail': {'; '.join(skipped[:5])}"
+    )
+
+
+def require_this_world_only(
+    settings: Settings, manifest: Manifest, world: int, source: str
+) -> None:
+    """:class:`ManifestError` (bad input) before any rank starts when the manifest has
+    entries for other world sizes and ``other_world_sizes`` is 'fail'."""
+    refused = other_worlds_refused(settings, manifest, world)
+    if refused:
+        raise ManifestError(source, [refused])
+
+
 def prepare(
     settings: Settings, manifest: Manifest, world: int, source: str, *, volume_fix: str
 ) -> tuple[Settings, bool]:
@@ -385,6 +405,7 @@ def prepare(
     on for CPU), every kernel's shapes, the lock server. Returns the settings to warm
     with and whether the rank warms on its GPU."""
     manifest.require_world(world, source)
+    require_this_world_only(settings, manifest, world, source)
     settings.existing_volume(volume_fix)
     cuda = uses_cuda(settings)
     manifest.check_kernels(source)  # imports the kernels: after the interpreter is on

@@ -381,22 +381,24 @@ entries:
      shapes: [{M: 4, N: 2, K: 2}]}
 """,
     )
-    with caplog.at_level(logging.WARNING, logger="warmup.run.launch"):
-        settings = settings_for(tmp_path, manifest=manifest, world_size=2, other_world_sizes=policy)
-        status = run(settings, load_manifest(manifest))
     skipped = "entries.1 (tests.warmup.user_functions:record_call, world size 4)"
-    assert status.skipped_entries == [skipped] and status.sources == {"user": 2}
-    assert f"skipping {skipped}: this pod has 2 ranks" in caplog.text
-    assert samples(settings.metrics_path)["triton_warmup_skipped_entries", ()] == 1
-    if policy == "degraded":  # ready, and the status says what it left out
-        assert status.ready and status.degraded
-        assert RunStatus.read(settings.status_path).degraded  # type: ignore[union-attr]
-    else:
-        assert not status.ready and not status.degraded
-        assert status.failures == [
+    settings = settings_for(tmp_path, manifest=manifest, world_size=2, other_world_sizes=policy)
+    if policy == "fail":  # bad input, refused before any rank starts or anything is written
+        with pytest.raises(ManifestError) as info:
+            run(settings, load_manifest(manifest))
+        assert info.value.errors == [
             "1 manifest entries are for other world sizes than this pod's 2 ranks, and "
             f"other_world_sizes is 'fail': {skipped}"
         ]
+        assert not settings.work_dir.exists() and not (tmp_path / "calls.jsonl").exists()
+        return
+    with caplog.at_level(logging.WARNING, logger="warmup.run.launch"):
+        status = run(settings, load_manifest(manifest))
+    assert status.skipped_entries == [skipped] and status.sources == {"user": 2}
+    assert f"skipping {skipped}: this pod has 2 ranks" in caplog.text
+    assert samples(settings.metrics_path)["triton_warmup_skipped_entries", ()] == 1
+    assert status.ready and status.degraded  # ready, and the status says what it left out
+    assert RunStatus.read(settings.status_path).degraded  # type: ignore[union-attr]
 
 
 def test_a_dead_rank_is_seen_while_a_lower_rank_still_runs():
