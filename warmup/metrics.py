@@ -121,6 +121,14 @@ class RunMetrics:
             ["phase"],
             registry=r,
         )
+        self.run_recovered = Counter(
+            "triton_warmup_run_recovered",
+            "What killed writers left in the registry that the last run cleared at its start, "
+            "by kind: temp_files, generations_removed, generations_quarantined, repairs (the "
+            "sidecar counts what it clears itself in triton_warmup_registry_recovered).",
+            ["what"],
+            registry=r,
+        )
         self.skipped_entries = Gauge(
             "triton_warmup_skipped_entries",
             "Manifest entries the last run skipped because they are for another world size "
@@ -241,6 +249,12 @@ class RunMetrics:
         if remote is not None:
             for result, count in REMOTE_RESULTS.items():
                 self.remote_calls.labels(result).inc(getattr(remote, count))
+
+    def record_recovered(self, counts: Mapping[str, int]) -> None:
+        """What the run's start cleared of killed writers' debris, by kind."""
+        for what, count in counts.items():
+            if count:
+                self.run_recovered.labels(what).inc(count)
 
     def record_skipped(self, entries: int) -> None:
         """The manifest's entries for other world sizes, which the run did not warm."""

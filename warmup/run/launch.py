@@ -78,7 +78,7 @@ def _launch(settings: Settings, manifest: Manifest, early: EarlyRanks) -> RunSta
         procs = _spawn_ranks(ranks, manifest, world, run_dir, early)
         manifest.check_kernels(str(settings.manifest))  # imports torch: while the ranks do
         restoring = time.perf_counter()
-        restore(settings)  # while the ranks import torch; they wait for the marker
+        recovered = restore(settings)  # while the ranks import torch; they wait for the marker
         mark_restored(run_dir)
         explaining = explain.Background(settings, manifest, run_dir)  # rank 0's host
         phases["restore"] = time.perf_counter() - restoring
@@ -92,7 +92,7 @@ def _launch(settings: Settings, manifest: Manifest, early: EarlyRanks) -> RunSta
         predictions = explaining.result()
         return finish(
             settings, manifest, run_dir, world, started, failures, errors, phases, ended,
-            predictions=predictions,
+            predictions=predictions, recovered=recovered,
         )  # fmt: skip
     except BaseException as e:  # a status that says why; no rank outlives the run
         errors = e.errors if isinstance(e, ManifestError) else [f"{type(e).__name__}: {e}"]

@@ -54,6 +54,7 @@ from warmup.settings import Settings
 log = logging.getLogger(__name__)
 CHILD_FLAG = "TRITON_WARMUP_RANK_CHILD"  # set in the rank processes the launcher starts
 RESTORED = "restored"  # marker file: the compile cache is in place
+RECOVERY_BUDGET_S = 10.0  # the start's clearing of killed writers' debris; writes go on
 CUDA_JIT_CACHE = "cuda-jit"  # the CUDA driver's JIT cache, inside the Inductor cache
 
 
@@ -94,6 +95,7 @@ def run_session(
     with clock.timing("rank_start"):  # the kernels and triton, imported here
         from warmup.run.runner import progress_printer, warm_rank
 
+    recovered: dict[str, int] = {}  # what killed writers left: rank 0 clears and counts it
     if not roles.restores:
         with clock.timing("rendezvous"):
             wait_for_restore(run_dir, settings.run_timeout_s)
@@ -101,7 +103,7 @@ def run_session(
         clear_run_dir(run_dir)
         running(manifest, world, started).write(settings.status_path)  # not ready
         with clock.timing("restore"):
-            restore(settings)
+            recovered = restore(settings)
     with clock.timing("rendezvous"):
         _barrier(group)
     report = warm_rank(
@@ -121,7 +123,7 @@ def run_session(
     status = None
     if rank == 0:
         try:
-            status = finish(settings, manifest, run_dir, world, started)
+            status = finish(settings, manifest, run_dir, world, started, recovered=recovered)
         except Exception as e:  # said in the status, and told to every rank
             status = running(manifest, world, started).model_copy(
                 update={
@@ -162,8 +164,10 @@ def _barrier(group: Any) -> None:
         dist.barrier(group=group)
 
 
-def restore(settings: Settings) -> None:
-    recover_store(settings)
+def restore(settings: Settings) -> dict[str, int]:
+    """The volume into this pod: the registry recovered first, then the compile caches.
+    Returns what the recovery cleared, by kind (the run's metrics count it)."""
+    recovered = recover_store(settings)
     done = triton_cache.restore(settings.paths.triton_cache, settings.cache_dir)
     log.info(
         "restored %d compile artifacts (%d already there) into %s",
@@ -171,17 +175,22 @@ def restore(settings: Settings) -> None:
         done.present,
         settings.cache_dir,
     )
+    return recovered
 
 
-def recover_store(settings: Settings) -> None:
+def recover_store(settings: Settings) -> dict[str, int]:
     """Before any rank reads the registry: clean what a killed writer left and repair a
-    broken ``current``. A store that cannot be written (a read-only mount) is read as is."""
+    broken ``current``, within ``RECOVERY_BUDGET_S`` (the first write goes on with the
+    rest). A store that cannot be written (a read-only mount) is read as is. Returns what
+    was cleared, by kind (``Store.recovered``)."""
+    store = Store(settings.registry_path, lock_timeout=settings.lock_timeout_s)
     try:
-        Store(settings.registry_path, lock_timeout=settings.lock_timeout_s).recover()
+        store.recover(budget_s=RECOVERY_BUDGET_S)
     except (OSError, RegistryError) as e:
         log.warning(
             "registry %s not recovered (%s); reading it as it is", settings.registry_path, e
         )
+    return dict(store.recovered)
 
 
 def clear_run_dir(run_dir: Path) -> None:
@@ -213,6 +222,7 @@ def finish(
     phases: Mapping[str, float] | None = None,
     ranks_ended: float | None = None,
     predictions: Sequence[Prediction] = (),
+    recovered: Mapping[str, int] | None = None,
 ) -> RunStatus:
     """Sum every rank's report into metrics and status; save the compile cache.
     ``phases``: what the launcher spent before the ranks' reports (``warmup.run.phases``);
@@ -273,6 +283,7 @@ def finish(
     metrics.record_run(len(reports), duration, run, remote)
     metrics.record_predictions(predictions)
     metrics.record_skipped(len(skipped))
+    metrics.record_recovered(recovered or {})
     metrics.write(settings.metrics_path)
     return RunStatus(
         state=READY if ready else FAILED,

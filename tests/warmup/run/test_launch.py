@@ -471,3 +471,27 @@ def test_a_remote_tier_that_never_answers_costs_a_warning_not_the_warmup(tmp_pat
     assert found[("triton_warmup_remote_tier_calls_total", (("result", "error"),))] == 5.0
     assert set(status.phases) >= {"imports", "restore", "rank_start", "setup", "tune", "save"}
     assert sum(status.phases.values()) - status.phases["restore"] <= status.duration_s + 0.5
+
+
+def test_what_a_killed_writer_left_is_cleared_at_the_start_and_counted(
+    tmp_path, monkeypatch, make_entry
+):
+    monkeypatch.setenv("TEST_USER_LOG", str(tmp_path / "calls.jsonl"))
+    manifest = write_manifest(
+        tmp_path / "m.yaml",
+        """
+version: 1
+entries:
+  - {kernel: "tests.warmup.user_functions:record_call", dtype: fp32, world_size: 1,
+     shapes: [{M: 2, N: 2, K: 2}]}
+""",
+    )
+    settings = settings_for(tmp_path, manifest=manifest, world_size=1)
+    Store(settings.registry_path).put(make_entry())
+    current = settings.registry_path / "current"
+    stale = current.resolve() / ".tmp-99-killed.json"  # a put killed before its rename
+    stale.write_text("{")
+    status = run(settings, load_manifest(manifest))
+    assert status.ready and not stale.exists()
+    counted = samples(settings.metrics_path)
+    assert counted["triton_warmup_run_recovered_total", (("what", "temp_files"),)] == 1
