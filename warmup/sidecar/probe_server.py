@@ -94,10 +94,13 @@ class DaemonPool(Executor):
 
 @dataclass(frozen=True)
 class Pool:
-    """Daemon threads of their own for the answers to some paths."""
+    """Daemon threads of their own for the answers to some paths. While every thread is
+    busy, a path's last answer made within ``reuse_s`` is given again at once, instead of
+    a place in the queue or a 503 (a probe flood must not turn a verdict into 503)."""
 
     name: str
     threads: int = 2
+    reuse_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,7 @@ class ProbeServer:
         self._pools = dict(pools or {})
         self._executors: dict[str, DaemonPool] = {}
         self._queued: dict[str, int] = {}  # per pool: answers submitted, not yet returned
+        self._last: dict[str, tuple[float, Answer]] = {}  # per path: (made when, answer)
         self._open: set[Exchange] = set()
         self._waiting: dict[Exchange, None] = {}  # no answer due: evictable, oldest first
         self._sending: dict[Exchange, None] = {}  # answers not taken yet: evictable next
@@ -224,6 +228,9 @@ class ProbeServer:
             exchange.respond(*self._call(path))
             return
         name = pool.name
+        if self._queued[name] >= pool.threads and (last := self._fresh(path, pool)):
+            exchange.respond(*last)  # every thread busy: the answer of a moment ago
+            return
         if self._queued[name] >= self.limits.queued:  # a storm: refuse, hold nothing more
             reason = f"{self._queued[name]} answers to {path} are queued already"
             exchange.respond(HTTPStatus.SERVICE_UNAVAILABLE, JSON, _error(reason))
@@ -231,15 +238,22 @@ class ProbeServer:
         self._queued[name] += 1
         future = self._loop.run_in_executor(self._executors[name], self._call, path)
         exchange.pending = future
-        future.add_done_callback(lambda done: self._answered(name, exchange, done))
+        future.add_done_callback(lambda done: self._answered(name, path, exchange, done))
 
-    def _answered(self, pool: str, exchange: Exchange, done: asyncio.Future[Answer]) -> None:
+    def _fresh(self, path: str, pool: Pool) -> Answer | None:
+        made, answer = self._last.get(path, (float("-inf"), None))
+        return answer if self._loop.time() - made <= pool.reuse_s else None
+
+    def _answered(
+        self, pool: str, path: str, exchange: Exchange, done: asyncio.Future[Answer]
+    ) -> None:
         self._queued[pool] -= 1
         if done.cancelled():  # the connection is gone
             return
         if (error := done.exception()) is not None:
             self.unsent(exchange, error)
             return
+        self._last[path] = self._loop.time(), done.result()
         exchange.respond(*done.result())
 
     def unsent(self, exchange: Exchange, error: BaseException) -> None:

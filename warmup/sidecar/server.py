@@ -47,9 +47,11 @@ class Sidecar:
     IDLE_S = 5.0  # how long a request head may take to arrive, and an answer to be sent
     # Paths answered in threads of their own: they read files. Readiness has its own, so a
     # scrape storm never delays a probe; /healthz and 404s are answered on the loop. Scrapes
-    # mostly wait for one rendering (metrics_text): threads enough to share it.
+    # mostly wait for one rendering (metrics_text): threads enough to share it. A /readyz
+    # flood that holds every readiness thread gets the verdict of the last second, so a
+    # kubelet's probe is answered at once and never 503 for a full queue.
     POOLS: ClassVar[dict[str, Pool]] = {
-        "/readyz": Pool("readiness", threads=4),
+        "/readyz": Pool("readiness", threads=4, reuse_s=1.0),
         "/metrics": Pool("scrapes", threads=8),
     }
 

@@ -280,3 +280,27 @@ def test_past_the_cap_the_answer_stalled_longest_makes_room_for_a_probe():
         assert stalled[1].recv(1)  # still being answered: one evicted, not all
         for connection in stalled:
             connection.close()
+
+
+def test_a_busy_pool_gives_its_fresh_last_answer_and_never_a_stale_one():
+    release = threading.Event()
+    answers = iter([b"first", b"second"])
+
+    def answer(path):
+        body = next(answers)
+        if body == b"second":
+            release.wait(5)
+        return 200, "text/plain", body
+
+    pools = {"/slow": Pool("slow", threads=1, reuse_s=0.5)}
+    with serving(answer, pools=pools, queued=1) as server:
+        assert exchange(server.port, request("/slow"))[0].endswith(b"first")
+        with connect(server) as busy:
+            busy.sendall(request("/slow"))  # the one thread busy, the queue full
+            time.sleep(0.1)
+            again, seconds = exchange(server.port, request("/slow"))
+            assert again.endswith(b"first") and seconds < 0.3  # fresh: given again
+            time.sleep(0.5)
+            assert fetch(server, "/slow") == "HTTP/1.1 503 Service Unavailable"  # stale
+            release.set()
+            assert busy.recv(1024).endswith(b"second")

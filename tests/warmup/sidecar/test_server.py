@@ -1,6 +1,7 @@
 """The sidecar: probes, metrics, and bundles installed while it keeps answering."""
 
 import contextlib
+import dataclasses
 import hashlib
 import http.client
 import json
@@ -689,3 +690,27 @@ def test_head_with_an_unsupported_version_gets_505_without_a_body(sidecar, versi
     assert status_line(answer).split(" ")[:2] == ["HTTP/1.1", "505"] and seconds < 1.0
     assert answer.endswith(b"\r\n\r\n") and int(headers_of(answer)["content-length"]) > 0
     assert get(sidecar.url + "/healthz")[0] == 200
+
+
+def test_a_readyz_flood_still_gives_a_probe_the_last_verdict_at_once(settings, monkeypatch):
+    pool = dataclasses.replace(Sidecar.POOLS["/readyz"], reuse_s=30.0)  # a loaded machine
+    monkeypatch.setattr(Sidecar, "POOLS", {**Sidecar.POOLS, "/readyz": pool})
+    ready_status(settings)
+    with running(settings) as car:
+        assert get(car.url + "/readyz")[0] == 200  # the verdict, computed
+        release, real = threading.Event(), car.readiness
+        monkeypatch.setattr(car, "readiness", lambda: release.wait(10) and real())
+        port = int(car.url.rsplit(":", 1)[1])
+        flood = [socket.create_connection(("127.0.0.1", port)) for _ in range(4 + 64)]
+        try:
+            for connection in flood:  # every thread busy, every queued place taken
+                connection.sendall(b"GET /readyz HTTP/1.0\r\n\r\n")
+            time.sleep(0.3)
+            started = time.monotonic()
+            code, body = get(car.url + "/readyz")
+            assert code == 200 and json.loads(body)["ready"] is True
+            assert time.monotonic() - started < 0.5
+        finally:
+            release.set()
+            for connection in flood:
+                connection.close()
