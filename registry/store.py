@@ -130,8 +130,9 @@ class Store:
         self.quarantined = 0
         self.skipped = 0
         self.recovered: dict[str, int] = {}  # what killed writers left, by kind: a metric
-        self._debris: Iterator[Path] | None = None  # the walk for .tmp-* files, resumed
+        self._debris: Iterator[Path | None] | None = None  # the walk for .tmp-* files, resumed
         self._debris_cleared = False
+        self._garbage_cursor = -1  # the garbage collector stopped after this generation
         self._loaded = _Loaded()
         self._checked_at = -1.0
         self._lock = FileLock(str(self.root / ".store.lock"), timeout=lock_timeout)
@@ -468,20 +469,29 @@ class Store:
             )
         raise RegistryError(f"Store {self.root}: no bundle install left to roll back.")
 
-    def recover(self) -> dict[str, Any]:
-        """Clean up after crashes, all at once: repair ``current`` and its record, remove
-        ``.tmp-*`` files left by killed writers and unsealed generations (a crashed
-        install; one holding entries the current one lacks goes to quarantine instead).
-        Every writer's first write does the same within a time budget (module docstring).
-        Returns what it did; safe to call any time (it takes the write lock)."""
+    def recover(self, *, budget_s: float = math.inf) -> dict[str, Any]:
+        """Clean up after crashes: repair ``current`` and its record, remove ``.tmp-*``
+        files left by killed writers and unsealed generations (a crashed install; one
+        holding entries the current one lacks goes to quarantine instead). Every writer's
+        first write does the same within a time budget (module docstring); ``budget_s``
+        bounds this call likewise (checked per folder walked and per generation), the rest
+        left to the next write (then the report has ``"unfinished": True``). Returns what
+        it did; safe to call any time (it takes the write lock)."""
+        deadline = time.monotonic() + budget_s
+        walk = _temp_files(self.root)
         with self._locked():
             report: dict[str, Any] = {"repaired": self._repair()}
-            report["temp_files"] = self._remove_temp_files(_temp_files(self.root), math.inf)[0]
-            report["generations"] = self._collect_garbage()
+            report["temp_files"], walked = self._remove_temp_files(walk, deadline)
+            report["generations"], collected = {"removed": [], "quarantined": []}, False
+            if walked:
+                report["generations"], collected = self._collect_garbage_until(deadline)
+        if not (walked and collected):
+            report["unfinished"] = True
         self._count_recovered(report)
         if report["temp_files"] or any(report["generations"].values()) or report["repaired"]:
             log.warning("store %s recovered: %s", self.root, report)
-        self._debris_cleared, self._debris = True, None
+        self._debris_cleared = walked and collected
+        self._debris = None if self._debris_cleared else walk
         self.refresh(force=True)
         return report
 
@@ -513,11 +523,17 @@ class Store:
         self._count_recovered(report)
         self._log_recovery(report, time.monotonic() - started)
 
-    def _remove_temp_files(self, paths: Iterator[Path], deadline: float) -> tuple[list[str], bool]:
-        """Remove the ``.tmp-*`` files ``paths`` names until ``deadline``; the names
-        removed, and whether ``paths`` ran out."""
+    def _remove_temp_files(
+        self, paths: Iterator[Path | None], deadline: float
+    ) -> tuple[list[str], bool]:
+        """Remove the ``.tmp-*`` files ``paths`` names (None: a folder walked) until
+        ``deadline``; the names removed, and whether ``paths`` ran out."""
         removed = []
         for path in paths:
+            if path is None:
+                if time.monotonic() >= deadline:
+                    return removed, False
+                continue
             with contextlib.suppress(OSError):
                 shutil.rmtree(path) if is_real_dir(path) else path.unlink()
                 removed.append(path.relative_to(self.root).as_posix())
@@ -741,18 +757,23 @@ class Store:
         """Drop generations nobody needs until ``deadline``: what it did, and whether it
         looked at them all."""
         done: dict[str, list[str]] = {"removed": [], "quarantined": []}
-        for what, name in self._garbage():
-            done[what].append(name)
+        for what, name in self._garbage(after=self._garbage_cursor):
+            self._garbage_cursor = number(Path(name))  # the next call goes on after it
+            if what in done:
+                done[what].append(name)
             if time.monotonic() >= deadline:
                 return done, False
+        self._garbage_cursor = -1
         return done, True
 
-    def _garbage(self) -> Iterator[tuple[str, str]]:
+    def _garbage(self, *, after: int = -1) -> Iterator[tuple[str, str]]:
         """Drop generations nobody needs, one at a time: never the current one or the
         newest kept, never one holding an entry the current one lacks (unless a rollback
         undid exactly that install). An unsealed one (a crashed install) that holds such
         entries is moved to quarantine, not deleted. Yields ("removed" or "quarantined",
-        its name); stopped early, it is started afresh (what it read may be stale)."""
+        its name), or ("kept", its name) for one it read and kept, so that its caller's
+        deadline is checked per generation. ``after``: only generations numbered above it
+        (where a call stopped early went; skipping one only keeps it a while longer)."""
         current = linked(self.root)
         if current is None:
             return  # a repair decides first which generation is current
@@ -767,6 +788,8 @@ class Store:
             never_current = record is None or number(gen) > number(current)
             if gen.name == current.name or (gen.name in keep and not never_current):
                 continue
+            if number(gen) <= after:
+                continue
             held = entry_paths(current) if held is None else held
             lacking = entry_paths(gen) - held
             if record is not None and record.id in undone:
@@ -780,6 +803,8 @@ class Store:
             elif not lacking:
                 shutil.rmtree(gen, ignore_errors=True)
                 yield "removed", gen.name
+            else:
+                yield "kept", gen.name
 
 
 def _stat_key(path: Path) -> StatKey | None:
@@ -805,15 +830,17 @@ def _seen(path: Path) -> str:
         raise
 
 
-def _temp_files(root: Path) -> Iterator[Path]:
+def _temp_files(root: Path) -> Iterator[Path | None]:
     """Leftovers of an atomic write whose process died (``.tmp-*``), anywhere under
-    ``root`` but inside what quarantine/ keeps (whole generations, never written to)."""
+    ``root`` but inside what quarantine/ keeps (whole generations, never written to);
+    then None once per folder, so that a caller can stop in time."""
     for dirpath, dirs, files in os.walk(root):
         folder = Path(dirpath)
         temps = [name for name in (*files, *dirs) if name.startswith(atomic.TEMP_PREFIX)]
         walk_on = folder != root / QUARANTINE
         dirs[:] = [d for d in dirs if walk_on and not d.startswith(atomic.TEMP_PREFIX)]
         yield from (folder / name for name in temps)
+        yield None  # the next folder is listed only if there is time left
 
 
 def read_entry(path: Path) -> tuple[bytes, Entry]:

@@ -630,14 +630,14 @@ def test_clearing_debris_stops_at_its_budget_and_goes_on_at_the_next_write(
     folder = tmp_path / CURRENT / "ag_gemm"
     for i in range(3):
         (folder / f".tmp-{i}-x.json").write_text("{")
-    writer = Store(tmp_path, recovery_budget_s=0.0)  # one file per write
+    writer = Store(tmp_path, recovery_budget_s=0.0)  # one file or folder per write
     with caplog.at_level("WARNING", logger="registry.store"):
-        for m in range(11, 15):
+        for m in range(11, 40):
             writer.put(make_entry(m=m))
     assert not list(folder.glob(".tmp-*")) and writer.recovered == {"temp_files": 3}
     lines = _recovery_lines(caplog)
     assert len(lines) == 3 and all("the rest at the next write" in line for line in lines[:2])
-    assert len(store) == 14
+    assert len(store) == 39 and writer._debris_cleared
 
 
 @pytest.mark.parametrize(
@@ -671,3 +671,31 @@ def test_a_folder_or_fifo_where_a_marker_belongs_is_quarantined_and_puts_go_on(
     reasons = list((tmp_path / QUARANTINE).glob(f"*{spot.name}*.reason"))
     assert len(reasons) == 1, [p.name for p in (tmp_path / QUARANTINE).iterdir()]
     store.put(make_entry(m=2, kernel="other"))  # and every put after it
+
+
+def test_clearing_debris_checks_its_budget_per_folder_walked(tmp_path, make_entry):
+    # a clean store's walk removes nothing: it must stop at its budget all the same
+    _ten_entries(tmp_path, make_entry)
+    deep = tmp_path / CURRENT / "ag_gemm"
+    for i in range(5):
+        (deep / f"sub{i}").mkdir()
+    (deep / "sub4" / ".tmp-9-x.json").write_text("{")
+    writer = Store(tmp_path, recovery_budget_s=0.0)
+    writer.put(make_entry(m=11))
+    assert (deep / "sub4" / ".tmp-9-x.json").exists()  # not reached in the first write
+    assert not writer._debris_cleared
+    for m in range(12, 30):
+        writer.put(make_entry(m=m))
+    assert not (deep / "sub4" / ".tmp-9-x.json").exists() and writer._debris_cleared
+
+
+def test_recover_takes_a_budget_and_leaves_the_rest_to_the_next_write(tmp_path, make_entry):
+    _ten_entries(tmp_path, make_entry)
+    folder = tmp_path / CURRENT / "ag_gemm"
+    for i in range(3):
+        (folder / f".tmp-{i}-x.json").write_text("{")
+    store = Store(tmp_path)
+    report = store.recover(budget_s=0.0)
+    assert report["unfinished"] and len(report["temp_files"]) < 3
+    store.put(make_entry(m=11))  # a write goes on with the rest, unbounded here
+    assert not list(folder.glob(".tmp-*")) and store._debris_cleared
