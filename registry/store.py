@@ -528,7 +528,7 @@ class Store:
     ) -> tuple[list[str], bool]:
         """Remove the ``.tmp-*`` files ``paths`` names (None: a folder walked) until
         ``deadline``; the names removed, and whether ``paths`` ran out."""
-        removed = []
+        removed: list[str] = []
         for path in paths:
             if path is None:
                 if time.monotonic() >= deadline:
@@ -599,9 +599,9 @@ class Store:
         if os.path.lexists(folder) and not is_real_dir(folder):
             _rename_aside(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        try:
-            os.replace(lock_file, target)
-        except FileNotFoundError:  # another writer moved it first
+        try:  # the slash: only a folder is moved (ENOTDIR for the file another writer holds)
+            os.rename(str(lock_file) + "/", target)
+        except (FileNotFoundError, NotADirectoryError):  # another writer moved it first
             return None
         return target
 

@@ -699,3 +699,13 @@ def test_recover_takes_a_budget_and_leaves_the_rest_to_the_next_write(tmp_path, 
     assert report["unfinished"] and len(report["temp_files"]) < 3
     store.put(make_entry(m=11))  # a write goes on with the rest, unbounded here
     assert not list(folder.glob(".tmp-*")) and store._debris_cleared
+
+
+def test_a_lock_file_is_never_moved_aside_as_a_folder(tmp_path, monkeypatch):
+    # another writer moved the folder and holds the real lock file between our check and rename
+    store = Store(tmp_path)
+    lock_file = tmp_path / ".store.lock"
+    lock_file.write_text("")
+    monkeypatch.setattr("registry.store.is_real_dir", lambda path: True)  # the check, stale
+    assert store._lock_folder_aside(lock_file) is None
+    assert lock_file.is_file()
