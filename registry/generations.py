@@ -7,6 +7,7 @@ A generation is *sealed* when its ``GENERATION.json`` parses as a :class:`Record
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import stat
@@ -111,6 +112,18 @@ def read_record(gen: Path) -> Record | None:
     except (OSError, ValueError):
         return None
     return Record.parse(data, gen.name)
+
+
+def record_unreadable(gen: Path) -> bool:
+    """Whether the generation's record is there but cannot be read now (EIO, EACCES): no
+    sign that it is unsealed, so nothing may delete the generation for it."""
+    try:
+        atomic.read_bounded(gen / GENERATION_FILE, MAX_RECORD_BYTES)
+    except (FileNotFoundError, NotADirectoryError, ValueError):
+        return False
+    except OSError as e:
+        return e.errno not in (errno.ELOOP, errno.EISDIR)
+    return False
 
 
 def linked(root: Path) -> Path | None:

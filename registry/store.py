@@ -67,6 +67,7 @@ from registry.generations import (
     linked,
     number,
     read_record,
+    record_unreadable,
 )
 
 log = logging.getLogger(__name__)
@@ -788,8 +789,8 @@ class Store:
             never_current = record is None or number(gen) > number(current)
             if gen.name == current.name or (gen.name in keep and not never_current):
                 continue
-            if number(gen) <= after:
-                continue
+            if number(gen) <= after or (record is None and record_unreadable(gen)):
+                continue  # an unreadable record (EIO) is no sign of a crashed install
             held = entry_paths(current) if held is None else held
             lacking = entry_paths(gen) - held
             if record is not None and record.id in undone:

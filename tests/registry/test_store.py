@@ -709,3 +709,23 @@ def test_a_lock_file_is_never_moved_aside_as_a_folder(tmp_path, monkeypatch):
     monkeypatch.setattr("registry.store.is_real_dir", lambda path: True)  # the check, stale
     assert store._lock_folder_aside(lock_file) is None
     assert lock_file.is_file()
+
+
+def test_a_kept_generation_whose_record_cannot_be_read_now_is_not_collected(
+    tmp_path, make_entry, monkeypatch
+):
+    store = Store(tmp_path)
+    store.put(make_entry(m=1))
+    parent = tmp_path / os.readlink(tmp_path / CURRENT)
+    store.install([make_entry(m=2)], record={"bundle": {"name": "b"}})
+    assert os.readlink(tmp_path / CURRENT) != parent.name
+    real = atomic.read_bounded
+
+    def eio(path, limit):
+        if Path(path).parent == parent:
+            raise OSError(errno.EIO, "Input/output error")
+        return real(path, limit)
+
+    monkeypatch.setattr(atomic, "read_bounded", eio)
+    assert store._collect_garbage() == {"removed": [], "quarantined": []}
+    assert parent.is_dir()
