@@ -588,6 +588,8 @@ def find_function(spec: str, keywords: Sequence[str]) -> str | None:
     if tree is None:
         return f"module {module_name} has no Python source to read"
     if not any(name in _bound_names(node) for node in _module_scope(tree)):
+        if not _may_bind_at_run_time(ast.unparse(tree), RUN_TIME_BINDERS):
+            raise ValueError(f"module {module_name} has no attribute {name!r}")
         return f"module {module_name} binds no {name!r} in its source (it may at run time)"
     definition = _definition(tree, name)
     if definition is not None:
@@ -611,6 +613,11 @@ def _find_spec(module_name: str) -> ModuleSpec | str:
                 f"cannot import {module_name}: ModuleNotFoundError: No module named {name!r}"
             )
         if spec is None:
+            parent = ".".join(parts[: depth - 1])
+            if not _may_bind_at_run_time(_parent_source(parent), ("__path__",)):
+                raise ValueError(
+                    f"cannot import {module_name}: ModuleNotFoundError: No module named {name!r}"
+                )
             return f"no module {name!r} found without running its package's __init__"
         if depth == len(parts):
             return spec
@@ -622,6 +629,31 @@ def _find_spec(module_name: str) -> ModuleSpec | str:
         if path is None:
             return f"{name!r} is not a package without running it"
     raise AssertionError("unreachable: a module name has at least one part")
+
+
+# What in a module's source can bind a name, or a package's submodules, only at run time:
+# then a name its source does not bind is left to the run's import, not refused.
+RUN_TIME_BINDERS = ("globals(", "setattr(", "global ", "__getattr__", "import *", "exec(", "vars(")
+
+
+def _may_bind_at_run_time(source: str | None, markers: Sequence[str]) -> bool:
+    """Whether ``source`` (None: unreadable, so unknown) holds any of ``markers``."""
+    return source is None or any(marker in source for marker in markers)
+
+
+def _parent_source(package: str) -> str | None:
+    """The source of ``package``'s ``__init__`` (None when it has none to read: a
+    namespace package has none, and cannot extend its path, so "" is returned)."""
+    spec = sys.modules[package].__spec__ if package in sys.modules else _find(package, None)
+    if spec is None or "." in package:  # a nested package: not read here, left to the run
+        return None
+    if spec.loader is None or spec.origin is None:  # a namespace package: no __init__
+        return ""
+    get_source = getattr(spec.loader, "get_source", None)
+    try:
+        return get_source(package) if get_source is not None else None  # type: ignore[no-any-return]
+    except (ImportError, OSError, ValueError):
+        return None
 
 
 def _find(name: str, path: list[str] | None) -> ModuleSpec | None:

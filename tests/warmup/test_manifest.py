@@ -274,7 +274,6 @@ def test_a_yaml_error_names_the_file_line_and_column_with_a_caret(tmp_path):
         ),
         ({"late.py": "import sys\nsetattr(sys.modules[__name__], 'warm', print)\n"}, "late:warm"),
         ({"late.py": "def _bind():\n    global warm\n    warm = print\n_bind()\n"}, "late:warm"),
-        ({"late.py": "def other(*, shape, dtype, device): pass\n"}, "late:warm"),
     ],
 )
 def test_a_function_only_its_import_can_find_passes_with_a_note(tmp_path, monkeypatch, files, spec):
@@ -286,6 +285,27 @@ def test_a_function_only_its_import_can_find_passes_with_a_note(tmp_path, monkey
     note = find_function(spec, WARM_KEYWORDS)
     assert note is not None
     assert not {"ns", "late"} & set(sys.modules)
+
+
+@pytest.mark.parametrize(
+    ("files", "spec", "error"),
+    [
+        # a typo'd function in a module that binds nothing at run time
+        ({"late.py": "def other(*, shape, dtype, device): pass\n"}, "late:warm", "no attribute"),
+        # a typo'd submodule of a plain package: its __init__ cannot add one
+        ({"pkg/__init__.py": "", "pkg/real.py": ""}, "pkg.typo:warm", "No module named"),
+    ],
+)
+def test_a_typo_in_a_module_or_function_name_is_refused_without_importing(
+    tmp_path, monkeypatch, files, spec, error
+):
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValueError, match=error):
+        find_function(spec, WARM_KEYWORDS)
+    assert not {"pkg", "late"} & set(sys.modules)
 
 
 def test_a_top_level_package_that_is_not_there_is_still_refused(tmp_path, monkeypatch):

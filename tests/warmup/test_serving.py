@@ -225,7 +225,7 @@ def test_any_adapter_warms_and_serves_here_the_matmul(tmp_path):
         "version: 1\nentries:\n  - {kernel: matmul, dtype: fp32, world_size: 1,\n"
         "     shapes: [{M: [8, 40], N: 16, K: 16}]}\n",
     )
-    settings = settings_for(tmp_path, manifest=manifest)
+    settings = settings_for(tmp_path, manifest=manifest, create_volume=True)
     status = warmup.warm(manifest, settings)
     assert status.state == "ready" and status.sources == {"tuned": 2}
     with Serving(settings, follow=False) as serving:

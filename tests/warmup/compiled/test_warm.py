@@ -58,7 +58,7 @@ def carry(source: Path, target: Path, out: Path) -> None:
     create = ["bundle", "create", str(out), "--name", "models", "--version", "1"]
     install = ["bundle", "install", str(out), "--fingerprint", "detect"]
     for volume, command in ((source, create), (target, install)):
-        store = ["registry", "--store", str(volume / "registry")]
+        store = ["registry", "--store", str(volume / "registry"), "--create-store"]
         assert main([*store, *command, "--inductor", str(volume / "inductor")]) == 0
 
 
