@@ -74,8 +74,11 @@ class Server:
             self.proc.wait()
 
     def _answers(self) -> bool:
+        """Whether our redis-server answers: the pid it reports is the one we started
+        (another test's server on a reused port is never taken for it)."""
+        assert self.proc is not None
         try:
-            return bool(self.client.ping())
+            return int(self.client.info("server")["process_id"]) == self.proc.pid
         except Exception:
             return False
 
