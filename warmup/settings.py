@@ -78,7 +78,8 @@ class Settings(BaseSettings):
     other_world_sizes: Literal["degraded", "fail"] = Field(
         "degraded",
         description="manifest entries for another world size than the pod's: degraded "
-        "(ready, named in /readyz and triton_warmup_skipped_entries) or fail (not ready)",
+        "(ready, named in /readyz and triton_warmup_skipped_entries) or fail (bad input, "
+        "exit 2, before any rank starts)",
     )
     match_policy: MatchPolicy = MatchPolicy.EXACT
     metrics_host: str = "0.0.0.0"
