@@ -212,9 +212,12 @@ class RemoteTier:
 
     def seen(self, kernel: str, key: Mapping[str, Any], fingerprint: Fingerprint) -> str:
         """What the field of ``kernel`` at ``key`` for ``fingerprint`` holds now (a digest;
-        "" for nothing), for a fenced :meth:`publish`. Asked even while the tier is skipped
-        after a failure (a fence is worth one call); when it does not answer, "": the
-        publish lands only where the field is still empty. Never raises."""
+        "" for nothing), for a fenced :meth:`publish`. While the tier is skipped after a
+        failure, or when it does not answer: "", with no call (an outage costs no call per
+        shape): the publish then lands only where the field is still empty, and a field
+        filled meanwhile, by anyone, refuses it. Never an unfenced merge. Never raises."""
+        if not self.up:
+            return ""
         try:
             name = slot_name(kernel, canonical_key(key))
         except RegistryError:
@@ -238,9 +241,10 @@ class RemoteTier:
 
     def publish_fenced(self, entry: Entry, *, seen: str | None) -> bool:
         """:meth:`publish`, but a publish refused by its fence raises :class:`Superseded`,
-        with the entry the field holds (``held``), so the writer can take it. A fenced
-        one is tried even while the tier is skipped (one call, after minutes of tuning)."""
-        if seen is None and not self._ready():
+        with the entry the field holds (``held``), so the writer can take it. While the
+        tier is skipped it is kept back with its fence, as any publish (:meth:`flush`
+        tries it, fenced, at the end)."""
+        if not self._ready():
             self._keep_back(entry, seen)
             return False
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 
@@ -185,20 +186,22 @@ def test_pods_tuning_one_shape_without_a_lock_server_store_it_once(tmp_path):
     assert stored.best.meta["BLOCK"] == 16 and stored == a.entry == b.entry
 
 
-def test_a_fence_asks_redis_even_while_the_tier_is_skipped(proxy, make_entry, h200):
+def test_a_fence_in_the_tiers_skip_costs_no_call_and_refuses_a_field_filled_meanwhile(
+    proxy, make_entry, h200
+):
     mine, theirs = RemoteTier(proxy.url, timeout_s=0.2), RemoteTier(proxy.url)
     proxy.down()
     assert mine.fetch("ag_gemm", KEY, h200) is None and not mine.up  # failed: skipped now
-    assert mine.seen("ag_gemm", KEY, h200) == ""  # not answered: fenced as empty
     proxy.up()
-    assert theirs.publish(make_entry(block_m=64))
-    proxy.down()
-    mine.fetch("ag_gemm", KEY, h200)
-    proxy.up()
-    assert not mine.up
-    seen = mine.seen("ag_gemm", KEY, h200)  # asked in the skip: the field as it is
-    assert seen != "" and mine.up
-    assert mine.publish(make_entry(block_m=32), seen=seen)
+    calls = dataclasses.replace(mine.stats)
+    assert mine.seen("ag_gemm", KEY, h200) == ""  # in the skip: empty, and no call made
+    assert mine.stats == calls
+    published = make_entry(block_m=64)
+    assert theirs.publish(published)  # another pod publishes meanwhile
+    assert not mine.publish(make_entry(block_m=32), seen="")  # kept back with its fence
+    assert mine.flush() == 0  # tried at the end, fenced: refused, dropped
+    assert mine.stats.superseded == 1
+    assert theirs.fetch("ag_gemm", KEY, h200) == published
 
 
 def test_a_field_fenced_while_redis_did_not_answer_takes_no_second_tuning(
@@ -210,25 +213,23 @@ def test_a_field_fenced_while_redis_did_not_answer_takes_no_second_tuning(
     a_fence = a.fence("ag_gemm", KEY, h200)
     proxy.down()
     b_fence = b.fence("ag_gemm", KEY, h200)
-    assert b_fence.remote == ""
+    assert b_fence.remote == ""  # not answered: fenced as empty, never unfenced
     proxy.up()
     landed = a.put(make_entry(block_m=64), fence=a_fence)
-    with pytest.raises(Superseded) as refused:
-        b.put(make_entry(block_m=32), fence=b_fence)
-    assert refused.value.held == landed  # B takes A's entry
+    b.put(make_entry(block_m=32), fence=b_fence)  # B's tier is skipped: kept back
+    assert b.remote.flush() == 0
     assert a.remote.fetch("ag_gemm", KEY, h200) == landed  # one tuning in redis
     assert b.remote.stats.superseded == 1
 
 
-def test_a_pod_that_retries_in_the_skip_still_fences_in_redis(proxy, tmp_path, make_entry, h200):
+def test_a_fenced_publish_while_redis_answers_takes_the_entry_published_first(
+    proxy, tmp_path, make_entry, h200
+):
     a = TieredStore(Store(tmp_path / "a"), RemoteTier(proxy.url, timeout_s=0.2))
     b = TieredStore(Store(tmp_path / "b"), RemoteTier(proxy.url, timeout_s=0.2))
-    a_fence = a.fence("ag_gemm", KEY, h200)
-    proxy.down()
-    assert b.remote.fetch("ag_gemm", KEY, h200) is None  # B saw a failed call
-    proxy.up()
-    b_fence = b.fence("ag_gemm", KEY, h200)  # in B's skip: asked all the same
-    assert b_fence.remote == ""
-    a.put(make_entry(block_m=64), fence=a_fence)
-    with pytest.raises(Superseded):
+    a_fence, b_fence = a.fence("ag_gemm", KEY, h200), b.fence("ag_gemm", KEY, h200)
+    landed = a.put(make_entry(block_m=64), fence=a_fence)
+    with pytest.raises(Superseded) as refused:
         b.put(make_entry(block_m=32), fence=b_fence)
+    assert refused.value.held == landed  # B takes A's entry
+    assert a.remote.fetch("ag_gemm", KEY, h200) == landed

@@ -30,7 +30,7 @@ def test_restore_cleans_what_a_killed_writer_left_and_repairs_current(tmp_path, 
 def test_a_store_that_cannot_be_recovered_is_read_as_it_is(tmp_path, monkeypatch, caplog):
     settings = settings_for(tmp_path)
 
-    def refuse(self):
+    def refuse(self, **budget):
         raise RegistryError("write lock not acquired within 1 s")
 
     monkeypatch.setattr(Store, "recover", refuse)
