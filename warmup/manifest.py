@@ -644,16 +644,32 @@ def _may_bind_at_run_time(source: str | None, markers: Sequence[str]) -> bool:
 def _parent_source(package: str) -> str | None:
     """The source of ``package``'s ``__init__`` (None when it has none to read: a
     namespace package has none, and cannot extend its path, so "" is returned)."""
+    if "." in package:  # a nested package: not read here, left to the run
+        return None
     spec = sys.modules[package].__spec__ if package in sys.modules else _find(package, None)
-    if spec is None or "." in package:  # a nested package: not read here, left to the run
+    if spec is None:
         return None
     if spec.loader is None or spec.origin is None:  # a namespace package: no __init__
         return ""
-    get_source = getattr(spec.loader, "get_source", None)
     try:
-        return get_source(package) if get_source is not None else None  # type: ignore[no-any-return]
-    except (ImportError, OSError, ValueError):
+        return _loader_source(spec)
+    except (OSError, ValueError):
         return None
+
+
+def _loader_source(spec: ModuleSpec) -> str | None:
+    """The source an import of ``spec`` would run, read through its loader as an import
+    reads it (a file, a zip archive; "" for an empty one); None when it has none (an
+    extension module, a frozen or compiled-only one). OSError or ValueError when it
+    cannot be read."""
+    get_source = getattr(spec.loader, "get_source", None)
+    if get_source is None:
+        return None
+    try:
+        source: str | None = get_source(spec.name)
+    except ImportError:  # the loader's "no source here"
+        return None
+    return source
 
 
 def _find(name: str, path: list[str] | None) -> ModuleSpec | None:
@@ -669,13 +685,8 @@ def _source_tree(module_name: str, spec: ModuleSpec) -> ast.Module | None:
     """The module's parsed source, read through its loader as an import reads it (a
     file, a zip archive); None when it has none to read (an extension module, a
     namespace package, a frozen or compiled-only one)."""
-    get_source = getattr(spec.loader, "get_source", None)
-    if get_source is None:
-        return None
     try:
-        source: str | None = get_source(spec.name)
-    except ImportError:  # the loader's "no source here"
-        return None
+        source = _loader_source(spec)
     except (OSError, ValueError) as e:  # ValueError: undecodable bytes
         raise ValueError(f"cannot import {module_name}: {type(e).__name__}: {e}") from None
     if not source:
