@@ -367,20 +367,21 @@ def test_warm_in_process_on_cpu_turns_the_interpreter_on_or_says_why_it_cannot(t
     )
 
 
+def user_manifest(tmp_path: Path, *entries: tuple[int, int]) -> Path:
+    """A manifest of ``record_call`` entries, one per (world size, M)."""
+    kernel = '"tests.warmup.user_functions:record_call"'
+    lines = "".join(
+        f"  - {{kernel: {kernel}, dtype: fp32, world_size: {world},\n"
+        f"     shapes: [{{M: {m}, N: 2, K: 2}}]}}\n"
+        for world, m in entries
+    )
+    return write_manifest(tmp_path / "m.yaml", f"version: 1\nentries:\n{lines}")
+
+
 @pytest.mark.parametrize("policy", ["degraded", "fail"])
 def test_entries_for_another_world_size_are_skipped_out_loud(tmp_path, monkeypatch, caplog, policy):
     monkeypatch.setenv("TEST_USER_LOG", str(tmp_path / "calls.jsonl"))
-    manifest = write_manifest(
-        tmp_path / "m.yaml",
-        """
-version: 1
-entries:
-  - {kernel: "tests.warmup.user_functions:record_call", dtype: fp32, world_size: 2,
-     shapes: [{M: 2, N: 2, K: 2}]}
-  - {kernel: "tests.warmup.user_functions:record_call", dtype: fp32, world_size: 4,
-     shapes: [{M: 4, N: 2, K: 2}]}
-""",
-    )
+    manifest = user_manifest(tmp_path, (2, 2), (4, 4))
     skipped = "entries.1 (tests.warmup.user_functions:record_call, world size 4)"
     settings = settings_for(tmp_path, manifest=manifest, world_size=2, other_world_sizes=policy)
     if policy == "fail":  # bad input, refused before any rank starts or anything is written
@@ -477,15 +478,7 @@ def test_what_a_killed_writer_left_is_cleared_at_the_start_and_counted(
     tmp_path, monkeypatch, make_entry
 ):
     monkeypatch.setenv("TEST_USER_LOG", str(tmp_path / "calls.jsonl"))
-    manifest = write_manifest(
-        tmp_path / "m.yaml",
-        """
-version: 1
-entries:
-  - {kernel: "tests.warmup.user_functions:record_call", dtype: fp32, world_size: 1,
-     shapes: [{M: 2, N: 2, K: 2}]}
-""",
-    )
+    manifest = user_manifest(tmp_path, (1, 2))
     settings = settings_for(tmp_path, manifest=manifest, world_size=1)
     Store(settings.registry_path).put(make_entry())
     current = settings.registry_path / "current"
