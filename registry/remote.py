@@ -231,9 +231,6 @@ class RemoteTier:
         """Merge ``entry`` into its field; True when the server holds it. ``seen``
         (:meth:`seen`): refused, False, if the field changed since. One that the tier,
         down, did not take is kept for later (:meth:`flush`). Never raises."""
-        if not self._ready():
-            self._keep_back(entry, seen)
-            return False
         try:
             return self.publish_fenced(entry, seen=seen)
         except Superseded:
