@@ -253,7 +253,7 @@ def percentiles(values: list[float]) -> list[float]:
 
 def tune(task: ag_gemm.AgGemmTask) -> dict[str, Any]:
     """The tuner's search over every algorithm, as a warmup runs it (no registry)."""
-    from warmup.run.lockstep import Lockstep
+    from warmup.collectives import Lockstep
     from warmup.tuning.timing import cuda_event_timer
     from warmup.tuning.tuner import TuneOptions, Tuner
 

@@ -181,7 +181,7 @@ def cold_phase(args: argparse.Namespace) -> dict[str, Any]:
 
     from kernels import ag_gemm
     from kernels.adapter import Layer
-    from warmup.compile_guard import CompileGuard
+    from warmup.serving.compile_guard import CompileGuard
 
     with CompileGuard() as guard:  # no warmup at all: every compile is on the request path
         calls = {}
@@ -203,7 +203,7 @@ def user_calls(args: argparse.Namespace) -> dict[str, Any] | None:
     import torch
 
     from kernels.adapter import torch_dtype
-    from warmup.compile_guard import CompileGuard
+    from warmup.serving.compile_guard import CompileGuard
 
     if not torch.cuda.is_available():
         return None

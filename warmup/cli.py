@@ -55,7 +55,7 @@ def build_parser(settings: Settings) -> argparse.ArgumentParser:
 
     status = sub.add_parser("status", help="the last run: state, sources, seconds by phase")
     status.add_argument(
-        "--file", type=Path, help=f"the status file (default {settings.status_path})"
+        "--file", type=Path, help=f"the status file (default {settings.status_file})"
     )
     status.add_argument("--json", action="store_true", help="the status file's JSON as it is")
 
@@ -65,7 +65,7 @@ def build_parser(settings: Settings) -> argparse.ArgumentParser:
     cache = settings.triton_cache_dir or settings.paths.triton_cache
     registry_cli.add_parser(
         sub,
-        default_store=settings.registry_path,
+        default_store=settings.registry_dir,
         default_cache=cache,
         default_inductor=settings.paths.inductor,
     )
@@ -196,7 +196,7 @@ def _dispatch(args: argparse.Namespace, settings: Settings, early: EarlyRanks | 
     if args.command == "serve":
         return _serve(settings)
     if args.command == "status":
-        return _status(args.file or settings.status_path, as_json=args.json)
+        return _status(args.file or settings.status_file, as_json=args.json)
     if args.command == "validate":
         return _validate(args)
     if args.command == "doctor":
@@ -290,7 +290,7 @@ def _serve(settings: Settings) -> int:
         return EXIT_OK
     print(
         f"serving /healthz /readyz /metrics on {settings.metrics_host}:{port}; "
-        f"watching {settings.bundles}",
+        f"watching {settings.bundle_dir}",
         flush=True,
     )
     while not signals:  # a handler that set an Event could deadlock with Event.wait here

@@ -192,7 +192,7 @@ def check_cache_dir(settings: Settings, host: Host) -> Result:
     """The Triton cache can be created and written."""
     return _folder_result(
         "cache/triton",
-        settings.cache_dir,
+        settings.triton_cache_dir,
         "set TRITON_WARMUP_TRITON_CACHE_DIR (or TRITON_WARMUP_WORK_DIR) to a writable folder",
     )
 
@@ -208,7 +208,7 @@ def check_work_dir(settings: Settings, host: Host) -> Result:
 
 def check_volume(settings: Settings, host: Host) -> Result:
     """The volume is writable and its registry readable."""
-    volume, registry = settings.volume, settings.registry_path
+    volume, registry = settings.volume, settings.registry_dir
     error = _unwritable(volume)
     if error:
         fix = "mount the volume writable for this user (fsGroup), or set TRITON_WARMUP_VOLUME"
@@ -253,7 +253,7 @@ def _unwritable(folder: Path) -> str | None:
 
 def check_lock(settings: Settings, host: Host) -> Result:
     """The lock backend answers: redis answers PING, a lease folder is writable."""
-    url = settings.lock_location
+    url = settings.lock_url
     try:
         backend = backend_from_url(url)
     except RegistryError as e:  # redis-py is not installed

@@ -37,8 +37,7 @@ from registry.entry import Entry
 from registry.errors import RegistryError
 from registry.explain import Differences, Prediction, fingerprint_differences, predict
 from registry.fingerprint import Fingerprint, MatchPolicy, cpu_fingerprint
-from registry.remote import RemoteTier, remote_tier
-from registry.store import Store
+from registry.remote import RemoteTier
 from registry.triton_cache import Origin
 from warmup.manifest import Manifest, load_manifest
 from warmup.results import RankHost
@@ -96,7 +95,7 @@ def explain(
 ) -> list[Prediction]:
     """One prediction per family, in :data:`FAMILIES` order. ``local``: also what this
     pod's TRITON_CACHE_DIR holds (not while a run restores and compiles into it)."""
-    bundles = _pending_bundles(settings.bundles)
+    bundles = _pending_bundles(settings.bundle_dir)
     return [
         tuned_configs(settings, host, bundles, remote),
         triton_family(settings, host, "kernels", remote, local=local),
@@ -113,7 +112,7 @@ def tuned_configs(
 ) -> Prediction:
     """The registry's entries, the pending bundles' and (sampled) the remote tier's."""
     found: dict[tuple[str, str, str], Entry] = {}
-    sources = [Store(settings.registry_path).entries(), *(b.entries for b in bundles)]
+    sources = [settings.store().entries(), *(b.entries for b in bundles)]
     if remote is not None:
         sources.append(remote.sample())
     for entries in sources:
@@ -144,7 +143,7 @@ def triton_family(
     held, unknown = triton_cache.held_differences(volume, host.triton, kind, known=recorded)
     if local:
         mine, mine_unknown = triton_cache.held_differences(
-            settings.cache_dir, host.triton, kind, restored=False, known=recorded
+            settings.triton_cache_dir, host.triton, kind, restored=False, known=recorded
         )
         held.update(mine)
         unknown = (unknown - set(held)) | mine_unknown
@@ -244,7 +243,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         settings,
         manifest,
         detect_host(settings, manifest),
-        remote=remote_tier(settings.remote_location),
+        remote=settings.remote(),
     )
     if args.json:
         print(json.dumps({"predictions": [p.to_json() for p in predictions]}, indent=2))
@@ -280,7 +279,7 @@ class Background:
                 log.warning("explain: rank 0 reported no host facts; nothing predicted")
                 return
             host = reported_host(reported, manifest)
-            remote = remote_tier(settings.remote_location)
+            remote = settings.remote()
             self.predictions = explain(settings, manifest, host, remote=remote, local=False)
             log_predictions(self.predictions)
         except Exception as e:

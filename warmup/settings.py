@@ -5,11 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from registry.fingerprint import MatchPolicy
 from registry.remote import SCHEMES as REDIS_SCHEMES
+from registry.remote import RemoteTier, remote_tier
+from registry.store import Store
 from registry.volume import Volume, existing_folder
 
 
@@ -25,20 +27,30 @@ class Settings(BaseSettings):
         "refuse it (exit 2), so that a mistyped path never starts an empty volume",
     )
     manifest: Path = Field(Path("examples/demo.yaml"), description="the shape manifest")
-    triton_cache_dir: Path | None = Field(
-        None, description="TRITON_CACHE_DIR to restore into; None: <work_dir>/triton-cache"
-    )
-    inductor_cache_dir: Path | None = Field(
-        None,
-        description="TORCHINDUCTOR_CACHE_DIR of the warmup and the server (compiled models' "
-        "artifacts are restored there); None: <work_dir>/inductor-cache",
-    )
-    registry_dir: Path | None = Field(None, description="the registry; None: <volume>/registry")
     work_dir: Path = Field(Path("demo-work"), description="this pod's scratch folder")
-    status_file: Path | None = Field(None, description="None: <work_dir>/status.json")
-    bundle_dir: Path | None = Field(None, description="watched for bundles; None: <volume>/bundles")
+    triton_cache_dir: Path = Field(
+        default_factory=lambda given: given["work_dir"] / "triton-cache",
+        description="TRITON_CACHE_DIR to restore into; unset: <work_dir>/triton-cache",
+    )
+    inductor_cache_dir: Path = Field(
+        default_factory=lambda given: given["work_dir"] / "inductor-cache",
+        description="TORCHINDUCTOR_CACHE_DIR of the warmup and the server (compiled models' "
+        "artifacts are restored there); unset: <work_dir>/inductor-cache",
+    )
+    registry_dir: Path = Field(
+        default_factory=lambda given: Volume(given["volume"]).registry,
+        description="the registry; unset: <volume>/registry",
+    )
+    status_file: Path = Field(
+        default_factory=lambda given: given["work_dir"] / "status.json",
+        description="the run's status, read by the sidecar; unset: <work_dir>/status.json",
+    )
+    bundle_dir: Path = Field(
+        default_factory=lambda given: Volume(given["volume"]).bundles,
+        description="watched for bundles; unset: <volume>/bundles",
+    )
     lock_url: str = Field(
-        "", description="redis://..., unix://..., or a folder; '': <volume>/locks"
+        "", description="redis://..., unix://..., or a folder; unset or '': <volume>/locks"
     )
     lock_fallback: Literal["none", "file"] = Field(
         "none",
@@ -48,8 +60,8 @@ class Settings(BaseSettings):
     remote_url: str = Field(
         "",
         description="the registry's remote tier (redis://..., rediss://..., unix://...): "
-        "entries tuned anywhere in the fleet; '': the lock server when it is redis; "
-        "'off': none",
+        "entries tuned anywhere in the fleet; unset or '': the lock server when it is redis, "
+        "else off; 'off': none",
     )
     lock_ttl_s: float = Field(60.0, gt=0)
     lock_timeout_s: float = Field(1800.0, ge=0)
@@ -86,10 +98,10 @@ class Settings(BaseSettings):
     metrics_port: int = Field(9400, ge=0, le=65535)
     reload_debounce_s: float = Field(1.0, ge=0)
     log_format: Literal["text", "json"] = "text"
-    metrics_dir: Path | None = Field(
-        None,
+    metrics_dir: Path = Field(
+        default_factory=lambda given: given["status_file"].parent / "serving-metrics",
         description="serving processes write their metrics files here and the sidecar "
-        "re-exports them; None: <status file's folder>/serving-metrics",
+        "re-exports them; unset: <status file's folder>/serving-metrics",
     )
     compile_guard: Literal["count", "strict", "off"] = Field(
         "count",
@@ -129,22 +141,23 @@ class Settings(BaseSettings):
     def paths(self) -> Volume:
         return Volume(self.volume)
 
-    @property
-    def registry_path(self) -> Path:
-        return self.registry_dir or self.paths.registry
+    def store(self, *, check_interval: float = 0.0) -> Store:
+        """The registry's store, as every process opens it: a put waits up to
+        ``lock_timeout_s`` for the store's write lock; ``check_interval``: how often a
+        reader looks for a new generation (0: at every read)."""
+        return Store(
+            self.registry_dir, lock_timeout=self.lock_timeout_s, check_interval=check_interval
+        )
+
+    def remote(self, *, timeout_s: float = 1.0) -> RemoteTier | None:
+        """The registry's remote tier (each call's socket timeouts: ``timeout_s``); None
+        when it is off; :class:`registry.RegistryError` for a URL it cannot use."""
+        return remote_tier(self.remote_url, timeout_s=timeout_s)
 
     @property
-    def lock_location(self) -> str:
-        return self.lock_url or str(self.paths.locks)
-
-    @property
-    def remote_location(self) -> str:
-        """The remote tier's URL, or '' for none."""
-        if self.remote_url == "off":
-            return ""
-        if self.remote_url:
-            return self.remote_url
-        return self.lock_url if self.lock_url.startswith(REDIS_SCHEMES) else ""
+    def run_metrics_file(self) -> Path:
+        """The run's metrics, in Prometheus text format, beside the status file."""
+        return self.status_file.with_name("metrics.prom")
 
     @field_validator("remote_url")
     @classmethod
@@ -153,28 +166,14 @@ class Settings(BaseSettings):
             return value
         raise ValueError("must be redis://..., rediss://..., unix://..., '' or 'off'")
 
-    @property
-    def cache_dir(self) -> Path:
-        return self.triton_cache_dir or self.work_dir / "triton-cache"
-
-    @property
-    def inductor_cache_path(self) -> Path:
-        return self.inductor_cache_dir or self.work_dir / "inductor-cache"
-
-    @property
-    def status_path(self) -> Path:
-        return self.status_file or self.work_dir / "status.json"
-
-    @property
-    def metrics_path(self) -> Path:
-        """The run's metrics, in Prometheus text format, beside the status file."""
-        return self.status_path.with_name("metrics.prom")
-
-    @property
-    def serving_metrics_path(self) -> Path:
-        """The folder of the serving processes' metrics files (one per process)."""
-        return self.metrics_dir or self.status_path.parent / "serving-metrics"
-
-    @property
-    def bundles(self) -> Path:
-        return self.bundle_dir or self.paths.bundles
+    @model_validator(mode="after")
+    def _resolve_defaults(self) -> Settings:
+        """Each setting has one name: an unset or empty URL becomes its default here, as
+        an unset path does in its ``default_factory``, so that ``settings.lock_url`` is
+        the lock wherever it is read and a dump read back (the ranks' ``settings.json``)
+        is the same settings."""
+        paths = Volume(self.volume)
+        if not self.remote_url:
+            self.remote_url = self.lock_url if self.lock_url.startswith(REDIS_SCHEMES) else "off"
+        self.lock_url = self.lock_url or str(paths.locks)
+        return self

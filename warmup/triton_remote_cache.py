@@ -37,7 +37,7 @@ from typing import Any, ParamSpec, TypeVar
 from triton.runtime.cache import FileCacheManager, RemoteCacheBackend
 
 from registry import remote_triton
-from registry.remote import RemoteTier, remote_tier
+from registry.remote import RemoteTier
 from registry.triton_cache import GROUP_PREFIX
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ def process_tier() -> RemoteTier | None:
 
     try:
         settings = Settings()
-        return remote_tier(settings.remote_location, timeout_s=settings.triton_remote_timeout_s)
+        return settings.remote(timeout_s=settings.triton_remote_timeout_s)
     except Exception as e:
         log.warning("remote triton cache off: %s", e)
         return None

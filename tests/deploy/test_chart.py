@@ -12,7 +12,8 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from warmup.metrics import RunMetrics, ServeMetrics, ServingMetrics
+from warmup.metrics import RunMetrics, ServeMetrics
+from warmup.serving.metrics import ServingMetrics
 
 CHART = Path(__file__).parents[2] / "deploy" / "helm" / "triton-warmup"
 KUBE = "1.33.0"

@@ -49,7 +49,7 @@ def server(redis):  # noqa: F811
 @pytest.mark.parametrize(("change", "factor"), FINGERPRINT_FACTORS)
 def test_tuned_configs_name_the_software_factor_that_differs(tmp_path, make_entry, change, factor):
     settings = settings_for(tmp_path)
-    Store(settings.registry_path).put(make_entry(fp=FP.with_kernel("k" * 64)))
+    Store(settings.registry_dir).put(make_entry(fp=FP.with_kernel("k" * 64)))
     mine = host(replace(FP, software=replace(FP.software, **change)), ag_gemm="k" * 64)
     got = explain.tuned_configs(settings, mine, [], None)
     assert (got.outcome, got.factor) == ("miss", factor)
@@ -58,7 +58,7 @@ def test_tuned_configs_name_the_software_factor_that_differs(tmp_path, make_entr
 
 def test_tuned_configs_name_the_gpu_the_arch_and_the_kernel_source(tmp_path, make_entry):
     settings = settings_for(tmp_path)
-    Store(settings.registry_path).put(make_entry(fp=FP.with_kernel("k" * 64)))
+    Store(settings.registry_dir).put(make_entry(fp=FP.with_kernel("k" * 64)))
     h100 = gpu_fingerprint("NVIDIA H100 80GB HBM3", sms=132).with_kernel("")
     assert explain.tuned_configs(settings, host(h100, ag_gemm="k" * 64), [], None).factor == (
         "GPU model"
@@ -137,12 +137,12 @@ def test_without_a_recorded_origin_the_kernels_own_metadata_names_the_arch(tmp_p
 
 def test_a_cache_copied_without_restore_names_the_path_its_groups_hold(tmp_path, compiled):
     settings = saved(tmp_path, compiled)
-    shutil.copytree(compiled, settings.cache_dir)  # groups still name the old folder
+    shutil.copytree(compiled, settings.triton_cache_dir)  # groups still name the old folder
     got = explain.triton_family(settings, Host(FP, ORIGIN), "kernels", None)
     assert (got.outcome, got.factor) == ("miss", "path group")
     assert str(compiled) in got.stored
-    shutil.rmtree(settings.cache_dir)
-    triton_cache.restore(settings.paths.triton_cache, settings.cache_dir)
+    shutil.rmtree(settings.triton_cache_dir)
+    triton_cache.restore(settings.paths.triton_cache, settings.triton_cache_dir)
     assert explain.triton_family(settings, Host(FP, ORIGIN), "kernels", None).outcome == "hit"
 
 
@@ -232,7 +232,7 @@ def test_a_declared_model_is_looked_up_at_its_own_key(tmp_path):
 
 def test_the_command_prints_one_line_per_family_and_json_for_machines(tmp_path, make_entry):
     settings = settings_for(tmp_path)
-    Store(settings.registry_path).put(make_entry(fp=gpu_fingerprint(driver="1.0")))
+    Store(settings.registry_dir).put(make_entry(fp=gpu_fingerprint(driver="1.0")))
     env = {"TRITON_WARMUP_VOLUME": str(settings.volume), "TRITON_WARMUP_WORK_DIR": str(tmp_path)}
     done = subprocess.run(
         [sys.executable, "-m", "warmup", "explain", "--device", "cpu", "--json"],

@@ -12,7 +12,7 @@ def test_defaults_run_the_demo_locally():
     settings = Settings()
     assert settings.volume == Path("demo-volume")
     assert settings.paths.registry == Path("demo-volume/registry")
-    assert settings.lock_location == "demo-volume/locks"
+    assert settings.lock_url == "demo-volume/locks"
 
 
 def test_environment_overrides_with_the_prefix(monkeypatch, tmp_path):
@@ -22,10 +22,25 @@ def test_environment_overrides_with_the_prefix(monkeypatch, tmp_path):
     settings = Settings()
     assert settings.paths.triton_cache == tmp_path / "triton-cache"
     assert settings.match_policy is MatchPolicy.SAME_ARCH
-    assert settings.lock_location == "redis://redis:6379/0"
-    assert settings.registry_path == tmp_path / "registry"
+    assert settings.lock_url == "redis://redis:6379/0"
+    assert settings.registry_dir == tmp_path / "registry"
     monkeypatch.setenv("TRITON_WARMUP_REGISTRY_DIR", "/srv/registry")
-    assert Settings().registry_path == Path("/srv/registry")
+    assert Settings().registry_dir == Path("/srv/registry")
+
+
+def test_each_setting_has_one_name_and_its_default_is_resolved_once(monkeypatch, tmp_path):
+    monkeypatch.setenv("TRITON_WARMUP_WORK_DIR", str(tmp_path / "work"))
+    monkeypatch.setenv("TRITON_WARMUP_LOCK_URL", "")  # a chart's empty value is unset
+    settings = Settings(volume=tmp_path / "volume", status_file=tmp_path / "run" / "s.json")
+    assert settings.triton_cache_dir == tmp_path / "work" / "triton-cache"
+    assert settings.inductor_cache_dir == tmp_path / "work" / "inductor-cache"
+    assert settings.bundle_dir == tmp_path / "volume" / "bundles"
+    assert settings.metrics_dir == tmp_path / "run" / "serving-metrics"  # follows the status
+    assert settings.lock_url == str(tmp_path / "volume" / "locks")
+    assert not [name for name in vars(Settings) if name.endswith(("_path", "_location"))]
+    monkeypatch.delenv("TRITON_WARMUP_WORK_DIR")
+    # what the ranks read back from settings.json is the same settings
+    assert Settings.model_validate_json(settings.model_dump_json()) == settings
 
 
 def test_bad_values_name_the_variable(monkeypatch, capsys):
@@ -37,11 +52,12 @@ def test_bad_values_name_the_variable(monkeypatch, capsys):
 
 
 def test_the_remote_tier_follows_a_redis_lock_unless_set_or_off(monkeypatch):
-    assert Settings().remote_location == ""  # file leases: no remote tier
+    assert Settings().remote_url == "off"  # file leases: no remote tier
     redis = "redis://cache:6379/0"
-    assert Settings(lock_url=redis).remote_location == redis
-    assert Settings(lock_url=redis, remote_url="off").remote_location == ""
+    assert Settings(lock_url=redis).remote_url == redis
+    assert Settings(lock_url=redis, remote_url="off").remote_url == "off"
+    assert Settings(lock_url=redis, remote_url="").remote_url == redis  # '' is unset
     other = "rediss://other:6380/1"
-    assert Settings(lock_url="/locks", remote_url=other).remote_location == other
+    assert Settings(lock_url="/locks", remote_url=other).remote_url == other
     with pytest.raises(ValidationError, match="redis://"):
         Settings(remote_url="http://cache")

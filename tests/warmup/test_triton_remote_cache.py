@@ -19,7 +19,7 @@ from registry.remote import RemoteTier
 from tests.conftest import env_without_interpreter
 from tests.registry.test_redis_outage import Proxy, redis  # noqa: F401
 from warmup import triton_remote_cache
-from warmup.metrics import ServingMetrics
+from warmup.serving.metrics import ServingMetrics
 from warmup.triton_remote_cache import RemoteBackend, TieredCacheManager
 
 MANAGER = "warmup.triton_remote_cache:TieredCacheManager"

@@ -40,7 +40,7 @@ def restore_installed(
                 continue
             restored = inductor_cache.restore(
                 settings.paths.inductor,
-                settings.inductor_cache_path,
+                settings.inductor_cache_dir,
                 model=model.name,
                 key_digest=digest,
                 fingerprint=fingerprint,

@@ -27,13 +27,13 @@ from registry.errors import LockTimeout, RegistryError
 from registry.fingerprint import Fingerprint
 from registry.locks import backend_from_url, lock
 from registry.remote import RemoteTier
+from warmup.collectives import Lockstep
 from warmup.compiled.counters import CompileCounts, snapshot
 from warmup.compiled.inputs import grad_mode, make_inputs
 from warmup.compiled.key import ModelKey, model_key
 from warmup.compiled.learned import learned_dims
 from warmup.manifest import ModelEntry, resolve_model_builder
 from warmup.results import ModelResult
-from warmup.run.lockstep import Lockstep
 from warmup.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -137,7 +137,7 @@ def _fleet_lock(
                 name,
                 ttl=settings.lock_ttl_s,
                 timeout=wait_s,
-                backend=backend_from_url(settings.lock_location),
+                backend=backend_from_url(settings.lock_url),
                 outage_s=settings.lock_outage_s,
             )
         )
@@ -162,7 +162,7 @@ def _restore(
         "key_digest": key.digest,
         "fingerprint": fingerprint,
     }
-    look = functools.partial(inductor_cache.restore, root, settings.inductor_cache_path, **where)
+    look = functools.partial(inductor_cache.restore, root, settings.inductor_cache_dir, **where)
     try:
         done = look()
         if done.index is None and remote is not None and remote_models.fetch(remote, root, **where):
@@ -194,7 +194,7 @@ def _save(
 ) -> dict[str, Any]:
     try:
         saved = inductor_cache.save(
-            settings.inductor_cache_path,
+            settings.inductor_cache_dir,
             settings.paths.inductor,
             model=model.name,
             key_digest=key.digest,

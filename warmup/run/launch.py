@@ -18,6 +18,7 @@ from pathlib import Path
 
 from registry import atomic
 from warmup import explain
+from warmup.compiled.environment import inductor_environment
 from warmup.manifest import Manifest, ManifestError
 from warmup.results import FAILED, RankFailure, RankReport, RunStatus
 from warmup.run.early import GPU_LIST, EarlyRanks, visible_gpus
@@ -28,7 +29,6 @@ from warmup.run.session import (
     check_remote,
     clear_run_dir,
     finish,
-    inductor_environment,
     lock_backend,
     mark_restored,
     require_this_world_only,
@@ -67,7 +67,7 @@ def _launch(settings: Settings, manifest: Manifest, early: EarlyRanks) -> RunSta
     settings = lock_backend(settings, manifest, world)
     run_dir = settings.work_dir / "run"
     clear_run_dir(run_dir)
-    status = running(manifest, world, started).write(settings.status_path)
+    status = running(manifest, world, started).write(settings.status_file)
     early.keep(world)
     # this process's start, imports and the checks above: until the last rank starts
     phases["imports"] = early.started_s if len(early) == world else process_age()
@@ -98,7 +98,7 @@ def _launch(settings: Settings, manifest: Manifest, early: EarlyRanks) -> RunSta
         errors = e.errors if isinstance(e, ManifestError) else [f"{type(e).__name__}: {e}"]
         status.model_copy(
             update={"state": FAILED, "finished": time.time(), "errors": errors}
-        ).write(settings.status_path)
+        ).write(settings.status_file)
         raise
     finally:
         _stop(procs)
@@ -154,7 +154,7 @@ def _spawn_ranks(
             "LOCAL_RANK": str(rank),
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),
-            "TRITON_CACHE_DIR": str(settings.cache_dir.resolve()),
+            "TRITON_CACHE_DIR": str(settings.triton_cache_dir.resolve()),
             "TRITON_CACHE_AUTOTUNING": "1",
             **inductor_environment(settings),
             CHILD_FLAG: str(run_dir.resolve()),

@@ -26,11 +26,11 @@ from kernels.adapter import torch_dtype
 from registry import RegistryError, Store, triton_internals
 from registry.fingerprint import Fingerprint, detect_for
 from registry.locks import backend_from_url
-from registry.remote import RemoteTier, remote_tier
+from registry.remote import RemoteTier
 from registry.tiered import TieredStore
+from warmup.collectives import Lockstep
 from warmup.manifest import Manifest, ManifestEntry, resolve_user_function
 from warmup.results import ModelResult, RankReport, RemoteCounts, ShapeResult
-from warmup.run.lockstep import Lockstep
 from warmup.run.phases import PhaseClock
 from warmup.settings import Settings
 from warmup.tuning.sharing import Job, Settled, Sharing, start_fraction, take_order
@@ -62,7 +62,7 @@ def warm_rank(
     clock = clock or PhaseClock()
     with clock.timing("prepare"):
         fingerprint = detect_for(device)  # the CPU's on CPU, even on a GPU machine
-        local = Store(settings.registry_path, lock_timeout=settings.lock_timeout_s)
+        local = settings.store()
         store = TieredStore(local, _remote(settings) if rank == 0 else None)
     report = RankReport(rank=rank, world=world, fingerprint=fingerprint.to_json())
     total = manifest.shape_count(world)
@@ -130,7 +130,7 @@ def _remote(settings: Settings) -> RemoteTier | None:
     """The registry's remote tier, if set; one that cannot be made (checked before the
     run, so an environment that differs here) leaves the local tier alone."""
     try:
-        return remote_tier(settings.remote_location)
+        return settings.remote()
     except RegistryError as e:
         log.warning("registry remote tier not used: %s", e)
         return None
@@ -191,7 +191,7 @@ def _tuner(
         lock_timeout_s=settings.lock_timeout_s,
         lock_outage_s=settings.lock_outage_s,
         rank_timeout_s=settings.rank_timeout_s,
-        cache_dir=settings.cache_dir,
+        cache_dir=settings.triton_cache_dir,
         parallel_compile=device.type == "cuda",
         compile_workers=settings.compile_workers,
     )
@@ -200,7 +200,7 @@ def _tuner(
         fingerprint,
         timer=timer,
         lockstep=lockstep,
-        lock_backend=backend_from_url(settings.lock_location),
+        lock_backend=backend_from_url(settings.lock_url),
         options=options,
     )
 

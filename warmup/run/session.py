@@ -28,15 +28,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from registry import RegistryError, Store, atomic, triton_cache, triton_internals
+from registry import RegistryError, atomic, triton_cache, triton_internals
 from registry.explain import Prediction
 from registry.fingerprint import Fingerprint, detect_for, detect_in_background, machine_name
 from registry.importers import import_triton_autotune
 from registry.locks import LockServerUnreachable, backend_from_url, check_backend
-from registry.remote import remote_tier
 from registry.triton_internals import cache_env
 from registry.volume import MissingFolder
 from warmup import logs
+from warmup.compiled.environment import inductor_environment
 from warmup.manifest import Manifest, ManifestError, load_manifest
 from warmup.results import (
     FAILED,
@@ -55,7 +55,6 @@ log = logging.getLogger(__name__)
 CHILD_FLAG = "TRITON_WARMUP_RANK_CHILD"  # set in the rank processes the launcher starts
 RESTORED = "restored"  # marker file: the compile cache is in place
 RECOVERY_BUDGET_S = 10.0  # the start's clearing of killed writers' debris; writes go on
-CUDA_JIT_CACHE = "cuda-jit"  # the CUDA driver's JIT cache, inside the Inductor cache
 
 
 class RunError(RuntimeError):
@@ -101,7 +100,7 @@ def run_session(
             wait_for_restore(run_dir, settings.run_timeout_s)
     elif rank == 0:
         clear_run_dir(run_dir)
-        running(manifest, world, started).write(settings.status_path)  # not ready
+        running(manifest, world, started).write(settings.status_file)  # not ready
         with clock.timing("restore"):
             recovered = restore(settings)
     with clock.timing("rendezvous"):
@@ -132,7 +131,7 @@ def run_session(
                     "errors": [_one_line(e)],
                 }
             )
-            status.write(settings.status_path)
+            status.write(settings.status_file)
     if group is not None:
         import torch.distributed as dist
 
@@ -168,12 +167,12 @@ def restore(settings: Settings) -> dict[str, int]:
     """The volume into this pod: the registry recovered first, then the compile caches.
     Returns what the recovery cleared, by kind (the run's metrics count it)."""
     recovered = recover_store(settings)
-    done = triton_cache.restore(settings.paths.triton_cache, settings.cache_dir)
+    done = triton_cache.restore(settings.paths.triton_cache, settings.triton_cache_dir)
     log.info(
         "restored %d compile artifacts (%d already there) into %s",
         done.copied,
         done.present,
-        settings.cache_dir,
+        settings.triton_cache_dir,
     )
     return recovered
 
@@ -183,13 +182,11 @@ def recover_store(settings: Settings) -> dict[str, int]:
     broken ``current``, within ``RECOVERY_BUDGET_S`` (the first write goes on with the
     rest). A store that cannot be written (a read-only mount) is read as is. Returns what
     was cleared, by kind (``Store.recovered``)."""
-    store = Store(settings.registry_path, lock_timeout=settings.lock_timeout_s)
+    store = settings.store()
     try:
         store.recover(budget_s=RECOVERY_BUDGET_S)
     except (OSError, RegistryError) as e:
-        log.warning(
-            "registry %s not recovered (%s); reading it as it is", settings.registry_path, e
-        )
+        log.warning("registry %s not recovered (%s); reading it as it is", settings.registry_dir, e)
     return dict(store.recovered)
 
 
@@ -261,7 +258,7 @@ def finish(
     saving = time.perf_counter()
     fingerprint = reports[0].fingerprint if reports else None
     origin = triton_cache.Origin.of(Fingerprint.from_json(fingerprint)) if fingerprint else None
-    saved = triton_cache.save(settings.cache_dir, settings.paths.triton_cache, origin)
+    saved = triton_cache.save(settings.triton_cache_dir, settings.paths.triton_cache, origin)
     imported = _import_autotune(settings, manifest, fingerprint)
     launcher = {**(phases or {}), "save": time.perf_counter() - saving}
     if ranks_ended is not None and reports and all(r.written for r in reports):
@@ -284,7 +281,7 @@ def finish(
     metrics.record_predictions(predictions)
     metrics.record_skipped(len(skipped))
     metrics.record_recovered(recovered or {})
-    metrics.write(settings.metrics_path)
+    metrics.write(settings.run_metrics_file)
     return RunStatus(
         state=READY if ready else FAILED,
         manifest_digest=manifest.digest(),
@@ -305,7 +302,7 @@ def finish(
         remote=remote,
         shapes=shapes,
         models=models,
-    ).write(settings.status_path)
+    ).write(settings.status_file)
 
 
 def _remote_counts(reports: list[RankReport]) -> RemoteCounts | None:
@@ -320,10 +317,10 @@ def _import_autotune(
     """Triton's own @triton.autotune choices (user entries) into the registry."""
     if fingerprint is None or not any(e.is_user_function for e in manifest.entries):
         return 0
-    result = import_triton_autotune(settings.cache_dir, Fingerprint.from_json(fingerprint))
+    result = import_triton_autotune(settings.triton_cache_dir, Fingerprint.from_json(fingerprint))
     for error in result.errors:
         log.warning("could not import %s", error)
-    Store(settings.registry_path).put_many(result.entries)
+    settings.store().put_many(result.entries)
     return len(result.entries)
 
 
@@ -358,26 +355,10 @@ def main(*, waited_s: float = 0.0) -> int:
 def _prepare_self_started(settings: Settings, manifest: Manifest, world: int) -> Settings:
     """Under torchrun: what the launcher does for the ranks it spawns, before anything
     imports triton (Triton reads its cache folder and the interpreter switch then)."""
-    os.environ["TRITON_CACHE_DIR"] = str(settings.cache_dir.resolve())
+    os.environ["TRITON_CACHE_DIR"] = str(settings.triton_cache_dir.resolve())
     os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
     os.environ.update(inductor_environment(settings))
     return prepare(settings, manifest, world, str(settings.manifest), volume_fix=VOLUME_FIX_ENV)[0]
-
-
-def inductor_environment(settings: Settings) -> dict[str, str]:
-    """What makes torch.compile in a rank (or a server) read and write its artifacts in
-    the pod's Inductor cache, where they are restored and stored from: the folder, the
-    FX graph and AOTAutograd caches on (whatever the torch build's default), and the CUDA
-    driver's JIT cache inside it (PTX that torch's own kernels compile on a first call:
-    0.2 to 0.7 s a shape on one H100, paid again in every new home folder). The driver
-    reads ``CUDA_CACHE_PATH`` when CUDA starts: a server sets it in its environment."""
-    folder = settings.inductor_cache_path.resolve()
-    return {
-        "TORCHINDUCTOR_CACHE_DIR": str(folder),
-        "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
-        "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
-        "CUDA_CACHE_PATH": str(folder / CUDA_JIT_CACHE),
-    }
 
 
 # How a self-started rank's caller asks for a volume to be made, in its own words.
@@ -429,7 +410,7 @@ def check_remote(settings: Settings) -> None:
     bad URL, no redis-py); whether it answers is the tier's own business (it may not,
     and the run goes on with the local tier)."""
     try:
-        remote_tier(settings.remote_location)
+        settings.remote()
     except RegistryError as e:
         raise RunError(f"TRITON_WARMUP_REMOTE_URL: {e}") from None
 
@@ -442,7 +423,7 @@ def lock_backend(settings: Settings, manifest: Manifest, world: int) -> Settings
     if not any(e.policy == "tune" and not e.is_user_function for e in manifest.entries_for(world)):
         return settings  # nothing will be tuned: no lock taken
     try:
-        check_backend(backend_from_url(settings.lock_location))
+        check_backend(backend_from_url(settings.lock_url))
     except LockServerUnreachable as e:
         if settings.lock_fallback != "file":
             raise RunError(

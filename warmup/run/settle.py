@@ -54,7 +54,7 @@ def settle(settings: Settings, manifest: Manifest, run_dir: Path, run_pass: RunP
     except (OSError, ValueError):  # finish says so
         return 0.0
     pending = sorted({m.name for r in reports for m in r.models if tuned_at_run_time(m)})
-    caches = settings.inductor_cache_path, settings.cache_dir
+    caches = settings.inductor_cache_dir, settings.triton_cache_dir
     number = 0
     while pending and number < settings.model_settle_passes:
         number += 1

@@ -100,10 +100,10 @@ class Harvester(FileSystemEventHandler):
         self.metrics = metrics
         self.remote = remote
         self.limits = limits or Limits(max_per_minute=settings.harvest_max_per_minute)
-        self.triton_dir = settings.cache_dir
-        self.inductor_dir = settings.inductor_cache_path
-        self.learned_dir = settings.serving_metrics_path
-        self._status = status or (lambda: RunStatus.read(settings.status_path))
+        self.triton_dir = settings.triton_cache_dir
+        self.inductor_dir = settings.inductor_cache_dir
+        self.learned_dir = settings.metrics_dir
+        self._status = status or (lambda: RunStatus.read(settings.status_file))
         self._pending: OrderedDict[tuple[str, str], None] = OrderedDict()  # (kind, path)
         self._inductor_due: float | None = None
         self._wake = threading.Condition()
@@ -347,7 +347,7 @@ class Harvester(FileSystemEventHandler):
         if found.entries:
             try:
                 if self._store is None:  # one: a store clears killed writers' debris once
-                    self._store = Store(self.settings.registry_path)
+                    self._store = self.settings.store()
                 self._store.put_many(found.entries)
             except (OSError, RegistryError) as e:
                 log.warning("harvest: %s not put in the registry: %s", path.name, e)

@@ -25,10 +25,10 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from registry import RegistryError, Store, bundle, bundle_inductor, triton_cache
+from registry import RegistryError, bundle, bundle_inductor, triton_cache
 from registry.errors import BundleRejected
 from registry.fingerprint import Fingerprint
-from registry.remote import RemoteTier, remote_tier
+from registry.remote import RemoteTier
 from warmup.compiled.reload import restore_installed
 from warmup.manifest import ManifestError, load_manifest
 from warmup.metrics import ServeMetrics, TextFileCollector, TextFolderCollector
@@ -58,16 +58,16 @@ class Sidecar:
     def __init__(self, settings: Settings, metrics: ServeMetrics | None = None) -> None:
         self.settings = settings
         self.metrics = metrics or ServeMetrics()
-        self.metrics.registry.register(TextFileCollector(settings.metrics_path))
+        self.metrics.registry.register(TextFileCollector(settings.run_metrics_file))
         self.metrics.registry.register(
-            TextFolderCollector(settings.serving_metrics_path, exclude=[settings.metrics_path])
+            TextFolderCollector(settings.metrics_dir, exclude=[settings.run_metrics_file])
         )
-        self.store = Store(settings.registry_path, check_interval=1.0)
+        self.store = settings.store(check_interval=1.0)
         self.watcher = BundleWatcher(
-            settings.bundles,
+            settings.bundle_dir,
             self.install_bundle,
             debounce_s=settings.reload_debounce_s,
-            retry_on=[settings.status_path],  # a warmup records the fingerprint installs need
+            retry_on=[settings.status_file],  # a warmup records the fingerprint installs need
             on_result=lambda r: self.metrics.bundle_reloads.labels(r).inc(),
             on_scan=self.metrics.bundle_scans.inc,
         )
@@ -89,7 +89,7 @@ class Sidecar:
             digest = self._manifest_digest()
         except ManifestError as e:
             return self._not_ready("manifest is invalid", errors=e.errors)
-        path = self.settings.status_path
+        path = self.settings.status_file
         there, status = self._status_file.get(path)  # there: its stat key
         if status is None and there is not None:
             return self._not_ready(
@@ -138,7 +138,7 @@ class Sidecar:
         return found
 
     def _status(self) -> RunStatus | None:
-        return self._status_file.get(self.settings.status_path)[1]
+        return self._status_file.get(self.settings.status_file)[1]
 
     def metrics_text(self) -> bytes:
         """The metrics, rendered once for concurrent scrapes: a scrape that arrives while
@@ -324,7 +324,7 @@ def _remote(settings: Settings) -> RemoteTier | None:
     """The remote tier harvests publish to; None when there is none or it cannot be used
     (logged: harvests go to the volume only)."""
     try:
-        return remote_tier(settings.remote_location)
+        return settings.remote()
     except RegistryError as e:
         log.warning("harvest: no remote tier: %s", e)
         return None

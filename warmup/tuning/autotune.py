@@ -28,7 +28,7 @@ from typing import Any
 from registry import KernelConfig, Store
 from registry.fingerprint import Fingerprint, kernel_source_hash
 from registry.locks import LockBackend
-from warmup.run.lockstep import Lockstep
+from warmup.collectives import Lockstep
 from warmup.tuning.timing import Timer, cuda_event_timer, wall_clock_timer
 from warmup.tuning.tuner import TuneOptions, Tuner, TunerStats
 
@@ -150,7 +150,7 @@ class AutotunedFunction:
         if self._store is None:
             from warmup.settings import Settings
 
-            self._store = Store(Settings().registry_path)
+            self._store = Settings().store()
         return self._store
 
     def fingerprint(self, device: Any = "cpu") -> Fingerprint:

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from warmup.run.lockstep import Lockstep
+from warmup.collectives import Lockstep
 from warmup.tuning.tuner import (
     Deferred,
     TuneError,

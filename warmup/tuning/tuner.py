@@ -51,7 +51,7 @@ from registry.errors import Superseded
 from registry.fingerprint import Fingerprint
 from registry.locks import LockBackend, LockServerUnreachable, silent_for
 from registry.tiered import TieredFence, TieredStore
-from warmup.run.lockstep import Lockstep, RankFailure
+from warmup.collectives import Lockstep, RankFailure
 from warmup.tuning import compile_pool
 from warmup.tuning.cpus import usable_cpus
 from warmup.tuning.search import HalvingPlan, SearchResult, successive_halving, summarize

@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import ROOT, env_without_interpreter, settings_for
 from warmup.compiled.counters import CompileCounts
-from warmup.run.session import inductor_environment
+from warmup.compiled.environment import inductor_environment
 
 
 @pytest.mark.slow

@@ -132,7 +132,7 @@ def test_a_fleet_compiles_a_model_once_a_waiting_pod_restores_it(tmp_path, monke
     results: dict[str, ModelResult] = {}
     pods = {name: settings_for(tmp_path / name, volume=tmp_path / "volume") for name in "ab"}
     for name, settings in pods.items():
-        monkeypatch.setenv(f"FAKE_CACHE_{name}", str(settings.inductor_cache_path))
+        monkeypatch.setenv(f"FAKE_CACHE_{name}", str(settings.inductor_cache_dir))
 
     def pod(name: str) -> None:
         [results[name]] = warm_models(
@@ -201,7 +201,7 @@ def test_a_restore_that_was_not_whole_is_stored_again(tmp_path, monkeypatch):
 
     def pod(name: str) -> ModelResult:
         settings = settings_for(tmp_path / name, volume=tmp_path / "volume")
-        monkeypatch.setenv("FAKE_CACHE", str(settings.inductor_cache_path))
+        monkeypatch.setenv("FAKE_CACHE", str(settings.inductor_cache_dir))
         [result] = warm_models(
             [model], settings, rank=0, group=None, device="cpu", fingerprint=cpu_fingerprint()
         )

@@ -34,8 +34,8 @@ def test_each_declared_model_a_bundle_brought_is_restored(tmp_path):
     indexes = [installed(settings, "first"), installed(settings, "second")]
     done = reload.restore_installed(settings, MANIFEST.models, FP, indexes[:1])
     assert list(done) == ["first"] and done["first"].copied == 1
-    assert (settings.inductor_cache_path / "fxgraph" / "first").read_bytes() == b"first"
-    assert not (settings.inductor_cache_path / "fxgraph" / "second").exists()
+    assert (settings.inductor_cache_dir / "fxgraph" / "first").read_bytes() == b"first"
+    assert not (settings.inductor_cache_dir / "fxgraph" / "second").exists()
 
 
 def test_a_model_whose_key_raises_costs_only_itself(tmp_path, monkeypatch, caplog):

@@ -47,7 +47,7 @@ def two_runs(tmp_path_factory):
     settings = settings_for(root)
     manifest = load_manifest(DEMO)
     first = run(settings, manifest)
-    first_metrics = samples(settings.metrics_path)
+    first_metrics = samples(settings.run_metrics_file)
     second = run(settings, manifest)
     return settings, first, first_metrics, second
 
@@ -79,7 +79,7 @@ def test_second_run_hits_everything_and_tunes_nothing(two_runs):
 
 def test_metrics_sum_every_rank(two_runs):
     settings, *_ = two_runs
-    metrics = samples(settings.metrics_path)
+    metrics = samples(settings.run_metrics_file)
     hits = (("kernel", "ag_gemm"), ("source", "registry"))
     assert metrics[("triton_warmup_cache_hits_total", hits)] == 6  # 3 shapes x 2 ranks
     assert metrics[("triton_warmup_ranks", ())] == 2
@@ -89,7 +89,7 @@ def test_metrics_sum_every_rank(two_runs):
 
 def test_the_run_predicts_each_family_before_it_warms(two_runs):
     settings, _, first_metrics, _ = two_runs
-    metrics = samples(settings.metrics_path)
+    metrics = samples(settings.run_metrics_file)
 
     def outcome(found, family):
         labels = [lb for (name, lb), v in found.items() if name == "triton_warmup_cache_prediction"]
@@ -103,8 +103,8 @@ def test_the_run_predicts_each_family_before_it_warms(two_runs):
 
 def test_status_file_is_the_summary(two_runs):
     settings, *_, second = two_runs
-    assert RunStatus.read(settings.status_path) == second
-    on_disk = json.loads(settings.status_path.read_text())
+    assert RunStatus.read(settings.status_file) == second
+    on_disk = json.loads(settings.status_file.read_text())
     assert on_disk["manifest_digest"] == load_manifest(DEMO).digest()
     assert on_disk["fingerprint"]["hardware"]["gpu_name"] == "cpu"
     assert on_disk["sources"] == {"registry": 6} and on_disk["failures"] == []
@@ -302,7 +302,7 @@ def test_ranks_that_warmed_fewer_shapes_than_the_manifest_are_not_ready(tmp_path
     ]
     status = finish(settings, load_manifest(DEMO), tmp_path / "empty", 2, started=0.0)
     assert status.failures == ["rank 0 reported nothing", "rank 1 reported nothing"]
-    assert RunStatus.read(settings.status_path) == status
+    assert RunStatus.read(settings.status_file) == status
 
 
 def test_the_ranks_exit_is_timed_from_their_reports_on_the_pod_s_clock(tmp_path):
@@ -321,7 +321,7 @@ def test_the_ranks_exit_is_timed_from_their_reports_on_the_pod_s_clock(tmp_path)
 def test_warm_in_process_on_another_world_size_warms_nothing_and_says_so(tmp_path):
     with pytest.raises(ManifestError, match="no entry for world size 1") as info:
         warmup.warm(DEMO, settings_for(tmp_path))
-    assert not settings_for(tmp_path).status_path.exists()
+    assert not settings_for(tmp_path).status_file.exists()
     # the fix in a Python caller's words: its process group's size, not a flag
     assert "process group of world_size=2" in str(info.value)
     assert "--world-size" not in str(info.value)
@@ -397,9 +397,9 @@ def test_entries_for_another_world_size_are_skipped_out_loud(tmp_path, monkeypat
         status = run(settings, load_manifest(manifest))
     assert status.skipped_entries == [skipped] and status.sources == {"user": 2}
     assert f"skipping {skipped}: this pod has 2 ranks" in caplog.text
-    assert samples(settings.metrics_path)["triton_warmup_skipped_entries", ()] == 1
+    assert samples(settings.run_metrics_file)["triton_warmup_skipped_entries", ()] == 1
     assert status.ready and status.degraded  # ready, and the status says what it left out
-    assert RunStatus.read(settings.status_path).degraded  # type: ignore[union-attr]
+    assert RunStatus.read(settings.status_file).degraded  # type: ignore[union-attr]
 
 
 def test_a_dead_rank_is_seen_while_a_lower_rank_still_runs():
@@ -433,7 +433,7 @@ def test_a_launcher_failure_stops_every_rank_and_says_why(tmp_path, monkeypatch)
     with pytest.raises(OSError):
         run(settings, load_manifest(DEMO))
     assert len(started) == 2 and all(p.returncode is not None for p in started)
-    status = RunStatus.read(settings.status_path)
+    status = RunStatus.read(settings.status_file)
     assert status.state == "failed" and status.failures == ["OSError: the volume went away"]
 
 
@@ -444,11 +444,11 @@ def test_warm_in_process_says_running_while_it_warms(tmp_path, monkeypatch):
         "     dtype: fp32, world_size: 1, shapes: [{M: 1, N: 1, K: 1}]}\n",
     )
     settings = settings_for(tmp_path, manifest=manifest, create_volume=True)
-    monkeypatch.setenv("TEST_STATUS_PATH", str(settings.status_path))
+    monkeypatch.setenv("TEST_STATUS_PATH", str(settings.status_file))
     monkeypatch.setenv("TEST_USER_LOG", str(tmp_path / "states"))
     RunStatus(
         state="ready", manifest_digest=load_manifest(manifest).digest(), started=0, world_size=1
-    ).write(settings.status_path)  # a previous run's, for the same manifest
+    ).write(settings.status_file)  # a previous run's, for the same manifest
     assert warmup.warm(manifest, settings).ready
     assert (tmp_path / "states").read_text() == "running\n"  # never the stale "ready"
 
@@ -468,7 +468,7 @@ def test_a_remote_tier_that_never_answers_costs_a_warning_not_the_warmup(tmp_pat
     # the other first lookups, and every publish (held back for the end)
     assert status.remote.skipped == (shapes - 1) + shapes and status.remote.hits == 0
     assert len(Store(settings.paths.registry)) == shapes
-    found = samples(settings.metrics_path)
+    found = samples(settings.run_metrics_file)
     assert found[("triton_warmup_remote_tier_calls_total", (("result", "error"),))] == 5.0
     assert set(status.phases) >= {"imports", "restore", "rank_start", "setup", "tune", "save"}
     assert sum(status.phases.values()) - status.phases["restore"] <= status.duration_s + 0.5
@@ -480,11 +480,11 @@ def test_what_a_killed_writer_left_is_cleared_at_the_start_and_counted(
     monkeypatch.setenv("TEST_USER_LOG", str(tmp_path / "calls.jsonl"))
     manifest = user_manifest(tmp_path, (1, 2))
     settings = settings_for(tmp_path, manifest=manifest, world_size=1)
-    Store(settings.registry_path).put(make_entry())
-    current = settings.registry_path / "current"
+    Store(settings.registry_dir).put(make_entry())
+    current = settings.registry_dir / "current"
     stale = current.resolve() / ".tmp-99-killed.json"  # a put killed before its rename
     stale.write_text("{")
     status = run(settings, load_manifest(manifest))
     assert status.ready and not stale.exists()
-    counted = samples(settings.metrics_path)
+    counted = samples(settings.run_metrics_file)
     assert counted["triton_warmup_run_recovered_total", (("what", "temp_files"),)] == 1

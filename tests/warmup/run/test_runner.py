@@ -68,7 +68,7 @@ def test_user_functions_run_while_another_pod_holds_a_shape_put_aside(tmp_path, 
     holding = threading.Event()
 
     def other_pod() -> None:  # holds one shape until the user function ran, stores nothing
-        backend = backend_from_url(settings.lock_location)
+        backend = backend_from_url(settings.lock_url)
         name = f"tune/matmul/{json.dumps(held, sort_keys=True)}"
         # a ttl the test never reaches: under load, a heartbeat starved for a short ttl
         # would let the pod take the shape over in its first pass

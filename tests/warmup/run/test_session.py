@@ -15,16 +15,16 @@ from warmup.run.session import RunError, lock_backend, main, restore
 
 def test_restore_cleans_what_a_killed_writer_left_and_repairs_current(tmp_path, make_entry):
     settings = settings_for(tmp_path)
-    store = Store(settings.registry_path)
+    store = Store(settings.registry_dir)
     store.put_many([make_entry(m=m) for m in (1, 2)])
-    gen = settings.registry_path / os.readlink(settings.registry_path / CURRENT)
+    gen = settings.registry_dir / os.readlink(settings.registry_dir / CURRENT)
     stale = gen / "ag_gemm" / ".tmp-123-x.json"
     stale.write_text("{")
     (gen / "GENERATION.json").unlink()
     restore(settings)
     assert not stale.exists()
-    assert Store(settings.registry_path).generation_info()["kind"] == "repair"
-    assert len(Store(settings.registry_path)) == 2
+    assert Store(settings.registry_dir).generation_info()["kind"] == "repair"
+    assert len(Store(settings.registry_dir)) == 2
 
 
 def test_a_store_that_cannot_be_recovered_is_read_as_it_is(tmp_path, monkeypatch, caplog):
@@ -53,7 +53,7 @@ def test_a_lock_server_that_does_not_answer_is_one_clear_error_or_a_fallback(tmp
         lock_backend(settings, load_manifest(manifest), 1)
     fallback = settings.model_copy(update={"lock_fallback": "file"})
     chosen = lock_backend(fallback, load_manifest(manifest), 1)
-    assert chosen.lock_location == str(settings.paths.locks)
+    assert chosen.lock_url == str(settings.paths.locks)
 
 
 def test_warm_in_process_checks_the_lock_server_before_warming(tmp_path):
@@ -61,7 +61,7 @@ def test_warm_in_process_checks_the_lock_server_before_warming(tmp_path):
     settings = settings_for(tmp_path, manifest=manifest, lock_url=NOBODY, create_volume=True)
     with pytest.raises(RunError, match="unreachable"):  # once: each shape waited its timeout
         warmup.warm(manifest, settings)
-    assert not settings.status_path.exists()
+    assert not settings.status_file.exists()
 
 
 def test_warm_and_a_torchrun_rank_make_no_volume_nobody_asked_for(tmp_path, monkeypatch, capsys):

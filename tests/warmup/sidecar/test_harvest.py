@@ -52,7 +52,7 @@ def compiled(tmp_path_factory) -> Path:
 def pod(tmp_path, compiled):
     """Settings whose server cache holds the compiled kernel, and a ready status."""
     settings = settings_for(tmp_path)
-    triton_cache.restore(compiled, settings.cache_dir)
+    triton_cache.restore(compiled, settings.triton_cache_dir)
     ready(settings)
     return settings
 
@@ -65,7 +65,7 @@ def ready(settings, fingerprint=FP, **fields) -> None:
         world_size=1,
         fingerprint=fingerprint.to_json(),
         **fields,
-    ).write(settings.status_path)
+    ).write(settings.status_file)
 
 
 def harvester(settings, **kwargs) -> Harvester:
@@ -95,13 +95,13 @@ def snapshot(root: Path) -> dict[str, bytes]:
 
 def test_a_kernel_compiled_after_ready_is_harvested_and_a_later_pod_hits_it(tmp_path, pod):
     harvest = harvester(pod)
-    assert harvest.harvest("kernel", group_of(pod.cache_dir)) == "harvested"
+    assert harvest.harvest("kernel", group_of(pod.triton_cache_dir)) == "harvested"
     volume = pod.paths.triton_cache
     assert {p.name for p in group_of(volume).parent.iterdir()} == {
-        p.name for p in group_of(pod.cache_dir).parent.iterdir()
+        p.name for p in group_of(pod.triton_cache_dir).parent.iterdir()
     }
     assert triton_cache.origins(volume)  # what explain reads
-    assert harvest.harvest("kernel", group_of(pod.cache_dir)) == "seen"  # a second event
+    assert harvest.harvest("kernel", group_of(pod.triton_cache_dir)) == "seen"  # a second event
     assert counted(harvest, "triton-kernels", "harvested") == 1
     later = tmp_path / "later"
     triton_cache.restore(volume, later)
@@ -110,9 +110,9 @@ def test_a_kernel_compiled_after_ready_is_harvested_and_a_later_pod_hits_it(tmp_
 
 def test_nothing_is_harvested_before_the_pod_is_ready(tmp_path, pod):
     RunStatus(state="running", manifest_digest="x", started=0.0, world_size=1).write(
-        pod.status_path
+        pod.status_file
     )
-    assert harvester(pod).harvest("kernel", group_of(pod.cache_dir)) == "waiting"
+    assert harvester(pod).harvest("kernel", group_of(pod.triton_cache_dir)) == "waiting"
     assert not pod.paths.triton_cache.exists()
 
 
@@ -155,7 +155,7 @@ def _corrupt(settings: object, group: Path) -> None:
 def test_a_bad_kernel_is_refused_in_one_line_and_nothing_is_published(
     pod, server, caplog, spoil, why
 ):
-    group = group_of(pod.cache_dir)
+    group = group_of(pod.triton_cache_dir)
     spoil(pod, group)
     before = snapshot(pod.volume)
     harvest = harvester(pod, remote=RemoteTier(server.url, timeout_s=0.5))
@@ -169,7 +169,7 @@ def test_a_bad_kernel_is_refused_in_one_line_and_nothing_is_published(
 
 def test_a_kernel_over_the_size_cap_is_refused(pod):
     harvest = harvester(pod, limits=Limits(max_file_bytes=1000))
-    assert harvest.harvest("kernel", group_of(pod.cache_dir)) == "refused"
+    assert harvest.harvest("kernel", group_of(pod.triton_cache_dir)) == "refused"
     assert not pod.paths.triton_cache.exists()
 
 
@@ -177,12 +177,12 @@ def test_n_pods_harvesting_one_kernel_store_it_once(tmp_path, compiled, server):
     pods = []
     for name in ("a", "b", "c"):
         settings = settings_for(tmp_path / name, volume=tmp_path / "shared")
-        triton_cache.restore(compiled, settings.cache_dir)
+        triton_cache.restore(compiled, settings.triton_cache_dir)
         ready(settings)
         pods.append(settings)
     results = [
         harvester(s, remote=RemoteTier(server.url, timeout_s=0.5)).harvest(
-            "kernel", group_of(s.cache_dir)
+            "kernel", group_of(s.triton_cache_dir)
         )
         for s in pods
     ]
@@ -197,20 +197,24 @@ def test_a_remote_outage_mid_harvest_is_published_later_once(tmp_path, pod, serv
     try:
         harvest = harvester(pod, remote=RemoteTier(proxy.url, timeout_s=0.3, retry_after_s=0.0))
         proxy.down()
-        assert harvest.harvest("kernel", group_of(pod.cache_dir)) == "harvested"  # the volume
+        assert (
+            harvest.harvest("kernel", group_of(pod.triton_cache_dir)) == "harvested"
+        )  # the volume
         assert server.client.keys("*") == []
         proxy.up()
-        folder = pod.cache_dir / "AUTOTUNEFOLDER"
+        folder = pod.triton_cache_dir / "AUTOTUNEFOLDER"
         folder.mkdir()
         (folder / "fn.autotune.json").write_text('{"key": [1], "configs_timings": []}')
         assert harvest.harvest("autotune", folder / "fn.autotune.json") == "harvested"
     finally:
         proxy.close()
-    kernel = group_of(pod.cache_dir).parent.name
+    kernel = group_of(pod.triton_cache_dir).parent.name
     fetched = remote_triton.fetch(
-        RemoteTier(server.url), kernel, [p.name for p in group_of(pod.cache_dir).parent.iterdir()]
+        RemoteTier(server.url),
+        kernel,
+        [p.name for p in group_of(pod.triton_cache_dir).parent.iterdir()],
     )
-    assert len(fetched) == len(list(group_of(pod.cache_dir).parent.iterdir()))
+    assert len(fetched) == len(list(group_of(pod.triton_cache_dir).parent.iterdir()))
     # a later pod with only the tier: Triton's cache plug-in loads the harvested kernel
     assert compile_in_pod(tmp_path / "later", server.url)["hit"]
 
@@ -219,7 +223,7 @@ def test_a_remote_outage_mid_harvest_is_published_later_once(tmp_path, pod, serv
 
 
 def test_an_autotune_result_goes_to_the_volume_and_into_the_registry(pod):
-    folder = pod.cache_dir / "SOMEKEY"
+    folder = pod.triton_cache_dir / "SOMEKEY"
     folder.mkdir()
     config = {"kwargs": {"BLOCK": 64}, "num_warps": 4, "num_stages": 2, "num_ctas": 1}
     result = {"key": [4096, "torch.float16"], "configs_timings": [[config, [1.0, 0.9, 1.1]]]}
@@ -227,7 +231,7 @@ def test_an_autotune_result_goes_to_the_volume_and_into_the_registry(pod):
     harvest = harvester(pod)
     assert harvest.harvest("autotune", folder / "matmul.autotune.json") == "harvested"
     assert (pod.paths.triton_cache / "SOMEKEY" / "matmul.autotune.json").is_file()
-    assert [e.kernel for e in Store(pod.registry_path).entries()] == ["matmul"]
+    assert [e.kernel for e in Store(pod.registry_dir).entries()] == ["matmul"]
     (folder / "bad.autotune.json").write_text("[1, 2]")
     assert harvest.harvest("autotune", folder / "bad.autotune.json") == "refused"
 
@@ -236,7 +240,7 @@ def test_an_autotune_result_goes_to_the_volume_and_into_the_registry(pod):
 
 
 def test_inductor_files_compiled_after_ready_join_the_models_index(tmp_path, pod):
-    inductor = pod.inductor_cache_path
+    inductor = pod.inductor_cache_dir
     (inductor / "fxgraph").mkdir(parents=True)
     (inductor / "fxgraph" / "warm").write_bytes(b"compiled at warmup")
     root = pod.paths.inductor
@@ -263,7 +267,7 @@ def test_the_watcher_harvests_a_real_compile_once_it_is_whole(tmp_path):
     harvest = harvester(settings)
     harvest.start()
     try:
-        compile_in(settings.cache_dir)
+        compile_in(settings.triton_cache_dir)
         deadline = time.monotonic() + 20
         while counted(harvest, "triton-kernels", "harvested") < 1:
             assert time.monotonic() < deadline, "not harvested"
@@ -279,7 +283,7 @@ def test_the_watcher_harvests_a_real_compile_once_it_is_whole(tmp_path):
 def test_a_flood_waits_for_the_rate_cap_and_past_the_queue_is_dropped(pod):
     harvest = harvester(pod, limits=Limits(max_per_minute=2, max_pending=3))
     for i in range(5):  # folders that are not there: each harvest is a quick refusal
-        harvest.offer("kernel", pod.cache_dir / f"K{i}" / "__grp__k.json")
+        harvest.offer("kernel", pod.triton_cache_dir / f"K{i}" / "__grp__k.json")
     assert counted(harvest, "triton-kernels", "dropped") == 2
     harvest.start()
     try:
@@ -292,15 +296,15 @@ def test_a_flood_waits_for_the_rate_cap_and_past_the_queue_is_dropped(pod):
 
 def test_events_before_ready_are_not_queued_nor_spend_the_rate(pod):
     RunStatus(state="running", manifest_digest="x", started=0.0, world_size=1).write(
-        pod.status_path
+        pod.status_file
     )
     harvest = harvester(pod, limits=Limits(max_per_minute=1))
     for i in range(3):  # the init container's own compiles
-        harvest.offer("kernel", pod.cache_dir / f"K{i}" / "__grp__k.json")
+        harvest.offer("kernel", pod.triton_cache_dir / f"K{i}" / "__grp__k.json")
     assert not harvest._pending
     ready(pod)
     harvest._ready_checked = -1.0  # the next event reads the status again
-    harvest.offer("kernel", group_of(pod.cache_dir))
+    harvest.offer("kernel", group_of(pod.triton_cache_dir))
     harvest.start()
     try:
         deadline = time.monotonic() + 10
@@ -312,7 +316,7 @@ def test_events_before_ready_are_not_queued_nor_spend_the_rate(pod):
 
 
 def test_a_folder_swapped_for_a_link_is_never_read_through(pod, tmp_path):
-    folder = group_of(pod.cache_dir).parent
+    folder = group_of(pod.triton_cache_dir).parent
     elsewhere = tmp_path / "secrets"
     folder.rename(elsewhere)
     folder.symlink_to(elsewhere)
@@ -327,13 +331,13 @@ def test_an_unreadable_origin_record_is_replaced_not_fatal(pod):
     harvest = harvester(pod)
     name = f"{triton_cache.Origin.of(FP, {}).digest()[:32]}-harvest.json"
     (records / name).write_text('{"origin": {"triton": 1}, "folders": []}')
-    assert harvest.harvest("kernel", group_of(pod.cache_dir)) == "harvested"
+    assert harvest.harvest("kernel", group_of(pod.triton_cache_dir)) == "harvested"
     assert triton_cache.origins(pod.paths.triton_cache)
-    triton_cache.save(pod.cache_dir, pod.paths.triton_cache, triton_cache.Origin.of(FP, {}))
+    triton_cache.save(pod.triton_cache_dir, pod.paths.triton_cache, triton_cache.Origin.of(FP, {}))
 
 
 def test_remote_models_index_is_published_too(tmp_path, pod, server):
-    inductor = pod.inductor_cache_path
+    inductor = pod.inductor_cache_dir
     (inductor / "fxgraph").mkdir(parents=True)
     (inductor / "fxgraph" / "traffic").write_bytes(b"compiled under traffic")
     root = pod.paths.inductor
@@ -398,18 +402,18 @@ def test_redis_restarting_mid_publish_loses_nothing_acknowledged_and_duplicates_
             return publish(*args, **kwargs)
 
         monkeypatch.setattr(remote_triton, "publish", crashing)
-        assert harvest.harvest("kernel", group_of(pod.cache_dir)) == "harvested"
+        assert harvest.harvest("kernel", group_of(pod.triton_cache_dir)) == "harvested"
         acknowledged = calls[:2]
         server.start()
         client = RemoteTier(server.url).client
         held = {k.decode().rsplit(":", 1)[1] for k in client.keys(f"{remote_triton.NAME_PREFIX}*")}
         assert held == set(acknowledged)  # what redis acknowledged survived its restart
         monkeypatch.setattr(remote_triton, "publish", publish)
-        folder = pod.cache_dir / "NEXTKEY"
+        folder = pod.triton_cache_dir / "NEXTKEY"
         folder.mkdir()
         (folder / "fn.autotune.json").write_text('{"key": [1], "configs_timings": []}')
         assert harvest.harvest("autotune", folder / "fn.autotune.json") == "harvested"
-        kernel = group_of(pod.cache_dir).parent
+        kernel = group_of(pod.triton_cache_dir).parent
         names = client.keys(f"{remote_triton.NAME_PREFIX}{kernel.name}:*")
         assert len(names) == len(list(kernel.iterdir()))  # the rest, published on retry
         blobs = client.keys("triton-warmup:blob:*")

@@ -24,8 +24,9 @@ import warmup.sidecar.server
 from registry import Entry, KernelConfig, RegistryError, Store, bundle, cpu_fingerprint
 from tests.conftest import free_port, gpu_fingerprint, wait_for
 from warmup.manifest import load_manifest
-from warmup.metrics import RunMetrics, ServingMetrics
+from warmup.metrics import RunMetrics
 from warmup.results import ModelResult, RunStatus, ShapeResult
+from warmup.serving.metrics import ServingMetrics
 from warmup.settings import Settings
 from warmup.sidecar.server import Sidecar
 
@@ -79,7 +80,7 @@ def ready_status(settings, **changes):
         "shapes": [shape] * 6,
         **changes,
     }
-    RunStatus(**fields).write(settings.status_path)
+    RunStatus(**fields).write(settings.status_file)
 
 
 def test_readiness_goes_from_503_to_200(sidecar, settings):
@@ -154,7 +155,7 @@ def test_health_metrics_and_unknown_paths(sidecar, settings):
     run = RunMetrics()
     run.record([ShapeResult(kernel="ag_gemm", key={"M": 8}, source="tuned", seconds=1.5)] * 2)
     run.ranks.set(2)
-    run.write(settings.metrics_path)
+    run.write(settings.run_metrics_file)
     code, text = get(sidecar.url + "/metrics")
     names = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
     assert code == 200
@@ -174,7 +175,7 @@ def samples(text, name):
 
 
 def test_serving_metrics_files_are_merged_into_metrics(sidecar, settings):
-    folder = settings.serving_metrics_path
+    folder = settings.metrics_dir
     for rank, compiles in ((0, 1), (1, 3)):
         serving = ServingMetrics(rank=rank)
         serving.calls.labels("ag_gemm", "tuned", str(rank)).inc(10 + rank)
@@ -201,7 +202,7 @@ def test_serving_metrics_files_are_merged_into_metrics(sidecar, settings):
 
 
 def test_a_missing_serving_metrics_folder_is_fine(sidecar, settings):
-    assert not settings.serving_metrics_path.exists()
+    assert not settings.metrics_dir.exists()
     code, text = get(sidecar.url + "/metrics")
     assert code == 200 and "triton_warmup_serving" not in text
     assert "triton_warmup_ready" in text
@@ -211,8 +212,8 @@ def test_the_run_file_is_exported_once_when_folders_coincide(tmp_path):
     settings = Settings(
         volume=tmp_path / "v", work_dir=tmp_path / "w", manifest=DEMO, metrics_dir=tmp_path / "w"
     )
-    RunMetrics().write(settings.metrics_path)
-    ServingMetrics(rank=0).write(settings.serving_metrics_path)
+    RunMetrics().write(settings.run_metrics_file)
+    ServingMetrics(rank=0).write(settings.metrics_dir)
     text = Sidecar(settings).metrics_text().decode()
     assert text.count("# TYPE triton_warmup_ranks gauge") == 1
     assert "# TYPE triton_warmup_request_compiles_total counter" in text
@@ -273,7 +274,7 @@ def test_bundles_install_while_the_server_keeps_answering(sidecar, settings, tmp
     prober = threading.Thread(target=probe)
     prober.start()
     try:
-        folder = settings.bundles
+        folder = settings.bundle_dir
         shutil.copy(make_bundle(tmp_path, "good", 64), folder / "good.tgz")
         assert wait_for(lambda: len(Store(settings.paths.registry)) == 1)
         generation = os.readlink(settings.paths.registry / "current")
@@ -290,7 +291,7 @@ def test_bundles_install_while_the_server_keeps_answering(sidecar, settings, tmp
 
 def test_a_configmap_data_swap_is_seen(sidecar, settings, tmp_path):
     ready_status(settings)
-    folder = settings.bundles  # laid out like a ConfigMap volume
+    folder = settings.bundle_dir  # laid out like a ConfigMap volume
     first = folder / "..2026_11_21_10_00_00.000000001"
     first.mkdir()
     shutil.copy(make_bundle(tmp_path, "v1", 64), first / "fleet.tgz")
@@ -308,7 +309,7 @@ def test_a_configmap_data_swap_is_seen(sidecar, settings, tmp_path):
 
 
 def test_a_bundle_before_any_warmup_is_deferred_then_installed(sidecar, settings, tmp_path):
-    shutil.copy(make_bundle(tmp_path, "early", 64), settings.bundles / "early.tgz")
+    shutil.copy(make_bundle(tmp_path, "early", 64), settings.bundle_dir / "early.tgz")
     assert wait_for(lambda: reloads(sidecar).get("deferred") == 1)
     ready_status(settings)  # records the fingerprint: the watcher retries on its own
     assert wait_for(lambda: reloads(sidecar).get("installed") == 1)
@@ -321,8 +322,8 @@ def scans(car):
 
 def test_an_idle_sidecar_scans_once_and_hashes_each_bundle_once(settings, tmp_path, monkeypatch):
     ready_status(settings)
-    settings.bundles.mkdir(parents=True)
-    shutil.copy(make_bundle(tmp_path, "good", 64), settings.bundles / "good.tgz")
+    settings.bundle_dir.mkdir(parents=True)
+    shutil.copy(make_bundle(tmp_path, "good", 64), settings.bundle_dir / "good.tgz")
     with running(settings, check_s=0.2) as car:  # many periodic checks in the idle time
         assert wait_for(lambda: reloads(car).get("installed") == 1)
         hashed = []
@@ -418,7 +419,7 @@ def test_an_error_in_a_handler_answers_500(sidecar, monkeypatch):
     ids=["failures-not-a-list", "shapes-not-a-list", "deep-nesting", "not-text"],
 )
 def test_a_malformed_status_file_reads_as_unreadable(sidecar, settings, content):
-    path = settings.status_path
+    path = settings.status_file
     path.parent.mkdir(parents=True, exist_ok=True)
     if isinstance(content, dict):
         content = json.dumps(content)
@@ -444,13 +445,13 @@ def test_sigterm_stops_a_busy_sidecar_within_2_s(tmp_path):
     }
     settings = Settings(volume=tmp_path / "v", work_dir=tmp_path / "w", manifest=DEMO)
     ready_status(settings)
-    settings.serving_metrics_path.mkdir(parents=True)  # a large file: each /metrics parses it
+    settings.metrics_dir.mkdir(parents=True)  # a large file: each /metrics parses it
     series = (f'triton_warmup_serving_calls_total{{kernel="k{i}"}} 1.0' for i in range(20_000))
-    (settings.serving_metrics_path / "serving-rank0.prom").write_text(
+    (settings.metrics_dir / "serving-rank0.prom").write_text(
         "# TYPE triton_warmup_serving_calls_total counter\n" + "\n".join(series) + "\n"
     )
-    settings.bundles.mkdir(parents=True)  # a large bundle to install at start
-    shutil.copy(make_bundle(tmp_path, "big", 64, artifacts=16 * 2**20), settings.bundles)
+    settings.bundle_dir.mkdir(parents=True)  # a large bundle to install at start
+    shutil.copy(make_bundle(tmp_path, "big", 64, artifacts=16 * 2**20), settings.bundle_dir)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
@@ -502,8 +503,8 @@ def probe_ok(url):
 
 def test_a_restarted_sidecar_neither_reinstalls_a_bundle_nor_undoes_a_rollback(settings, tmp_path):
     ready_status(settings)
-    settings.bundles.mkdir(parents=True)
-    shutil.copy(make_bundle(tmp_path, "good", 64), settings.bundles / "good.tgz")
+    settings.bundle_dir.mkdir(parents=True)
+    shutil.copy(make_bundle(tmp_path, "good", 64), settings.bundle_dir / "good.tgz")
     with running(settings) as first:
         assert wait_for(lambda: reloads(first).get("installed") == 1)
     store = Store(settings.paths.registry)
@@ -564,7 +565,7 @@ def test_a_store_that_cannot_take_a_bundle_now_defers_it(sidecar, settings, tmp_
 
 
 def test_a_fifo_in_the_metrics_folder_never_blocks_a_scrape(sidecar, settings):
-    folder = settings.serving_metrics_path
+    folder = settings.metrics_dir
     folder.mkdir(parents=True, exist_ok=True)
     os.mkfifo(folder / "serving-rank0.prom")
     code, _ = get(sidecar.url + "/metrics")
@@ -600,11 +601,11 @@ def test_a_bundle_with_a_declared_model_reaches_the_pods_inductor_cache(tmp_path
     inductor_cache.save(other, family, model="mlp", key_digest="feed" * 8, key={}, fingerprint=fp)
     bundle.create(tmp_path / "models.tgz", name="models", version="1", entries=[], inductor=family)
     with running(settings) as car:
-        shutil.copy(tmp_path / "models.tgz", settings.bundles / "models.tgz")
+        shutil.copy(tmp_path / "models.tgz", settings.bundle_dir / "models.tgz")
         assert wait_for(lambda: reloads(car).get("installed") == 1)
         reloaded = samples(car.metrics_text().decode(), "triton_warmup_model_reloads_total")
     assert reloaded == {(("model", "mlp"),): 1.0}
-    pod = settings.inductor_cache_path
+    pod = settings.inductor_cache_dir
     assert {
         p.relative_to(pod).as_posix(): p.read_bytes() for p in pod.rglob("*") if p.is_file()
     } == files

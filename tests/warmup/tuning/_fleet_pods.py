@@ -30,7 +30,7 @@ from registry.remote import remote_tier
 from registry.tiered import TieredStore
 from tests.warmup.tuning._tuner_ranks import start_together
 from tests.warmup.tuning.fakes import FakeTask, fake_timer
-from warmup.run.lockstep import Lockstep
+from warmup.collectives import Lockstep
 from warmup.tuning.sharing import Job, rotated, start_fraction, warm_shared
 from warmup.tuning.tuner import TuneOptions, Tuner
 

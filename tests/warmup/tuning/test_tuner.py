@@ -5,7 +5,7 @@ import pytest
 from registry import Store, cpu_fingerprint
 from registry.locks import backend_from_url
 from tests.warmup.tuning.fakes import FakeTask, configs, fake_timer
-from warmup.run.lockstep import RankFailure
+from warmup.collectives import RankFailure
 from warmup.tuning.tuner import TuneError, TuneOptions, Tuner, key_distance, nearest_entry
 
 TIMINGS = {16: 3.0, 32: 1.2, 64: 0.9, 128: 1.1, 256: 2.5}

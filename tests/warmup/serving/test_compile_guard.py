@@ -18,8 +18,8 @@ from triton.runtime.autotuner import Autotuner
 from triton.runtime.jit import JitFunctionInfo
 
 from tests.conftest import env_without_interpreter
-from warmup.compile_guard import CompileGuard, RequestCompileError, guard_from_settings
-from warmup.metrics import ServingMetrics
+from warmup.serving.compile_guard import CompileGuard, RequestCompileError, guard_from_settings
+from warmup.serving.metrics import ServingMetrics
 from warmup.settings import Settings
 
 ROOT = Path(__file__).parents[2]
@@ -114,7 +114,7 @@ def test_a_previous_hook_that_skips_the_compile_is_respected(previous):
 
 
 def test_a_compile_is_logged_with_its_specialisation(caplog):
-    with caplog.at_level(logging.WARNING, "warmup.compile_guard"), CompileGuard() as guard:
+    with caplog.at_level(logging.WARNING, "warmup.serving.compile_guard"), CompileGuard() as guard:
         knobs.runtime.jit_cache_hook(**hook_call(block=128, manual=True))
     assert guard.compiles == {"scale_kernel": 1}
     [record] = caplog.records
@@ -242,7 +242,7 @@ def test_rearming_under_a_stacked_hook_counts_once_and_keeps_the_chain(previous)
 def test_counting_from_many_threads_loses_nothing():
     with CompileGuard() as guard:
         call = hook_call()
-        logging.getLogger("warmup.compile_guard").disabled = True
+        logging.getLogger("warmup.serving.compile_guard").disabled = True
         try:
             threads = [
                 threading.Thread(
@@ -255,7 +255,7 @@ def test_counting_from_many_threads_loses_nothing():
             for thread in threads:
                 thread.join()
         finally:
-            logging.getLogger("warmup.compile_guard").disabled = False
+            logging.getLogger("warmup.serving.compile_guard").disabled = False
     assert guard.compiles == {"scale_kernel": 8 * 300}
 
 
@@ -290,7 +290,7 @@ def test_autotune_counts_each_new_key_once(caplog):
     guard = CompileGuard(metrics=metrics)
     launch(torch.zeros(40))  # not armed: tuned, not counted
     assert len(benched) == 2 and guard.total == 0
-    with caplog.at_level(logging.WARNING, "warmup.compile_guard"), guard:
+    with caplog.at_level(logging.WARNING, "warmup.serving.compile_guard"), guard:
         launch(torch.zeros(40))  # a key tuned before arm()
         assert guard.autotunes == {}
         x = torch.zeros(50)
@@ -336,7 +336,7 @@ import torch, triton, triton.language as tl
 from triton import knobs
 from triton.backends.compiler import GPUTarget
 from triton.runtime.driver import driver
-from warmup.compile_guard import CompileGuard, RequestCompileError
+from warmup.serving.compile_guard import CompileGuard, RequestCompileError
 from warmup.tuning.compile_pool import cache_files
 
 class CpuOnlyDriver:  # what JITFunction.run asks the driver; compiles for sm90, never launches

@@ -46,14 +46,14 @@ import kernels
 from kernels.adapter import BUCKET_FIELD, Layer, Served
 from registry import Entry, KernelConfig, Store, triton_internals
 from registry.fingerprint import Fingerprint, detect_for
-from warmup.compile_guard import guard_from_settings
 from warmup.compiled.learned import Recorder
-from warmup.metrics import ServingMetrics
+from warmup.serving.compile_guard import guard_from_settings
+from warmup.serving.metrics import ServingMetrics
 from warmup.settings import Settings
 
 if TYPE_CHECKING:
-    from warmup.compiled.serve import ServedModel
     from warmup.manifest import ModelEntry
+    from warmup.serving.models import ServedModel
 
 log = logging.getLogger(__name__)
 OnMissing = Literal["error", "fallback"]
@@ -132,8 +132,8 @@ class ServingOp:
     def in_graph(self) -> Any:
         """This op as a callable ``(a, b) -> out`` for a ``torch.compile``d model's
         forward: a registered custom op, opaque to Dynamo (no graph break, no trace into
-        the kernel); see :mod:`warmup.compiled.custom_op`."""
-        from warmup.compiled.custom_op import in_graph
+        the kernel); see :mod:`warmup.serving.in_graph`."""
+        from warmup.serving.in_graph import in_graph
 
         return in_graph(self)
 
@@ -368,10 +368,10 @@ class Serving:
         engines) must pass distinct ones, or they overwrite each other's file."""
         self.settings = settings or Settings()
         self.rank = _rank() if rank is None else rank
-        self.store = Store(self.settings.registry_path)
+        self.store = self.settings.store()
         self.metrics = ServingMetrics(rank=self.rank)
         self.guard = guard_from_settings(self.settings, self.metrics)  # None when "off"
-        self.learned = Recorder(self.settings.serving_metrics_path, self.rank)
+        self.learned = Recorder(self.settings.metrics_dir, self.rank)
         self.ops: list[ServingOp] = []
         self._exported: dict[tuple[int, int], int] = {}  # (op, source) -> calls exported
         self._lock = threading.RLock()  # ops list and table swaps: the follower vs op()
@@ -428,8 +428,8 @@ class Serving:
         Raises :class:`ServingError` when the manifest declares no such model or it
         cannot be built or run. Once :meth:`declare_warm` is called, its compiles are
         counted."""
-        from warmup.compiled.serve import build_served
         from warmup.manifest import load_manifest
+        from warmup.serving.models import build_served
 
         manifest = load_manifest(self.settings.manifest)
         try:
@@ -455,8 +455,8 @@ class Serving:
         rank (a harvest may write the file between two ranks' reads)."""
         import torch.distributed as dist
 
+        from warmup.collectives import Lockstep
         from warmup.compiled.learned import learned_dims
-        from warmup.run.lockstep import Lockstep
 
         group = dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
         steps = Lockstep(group, timeout_s=self.settings.rank_timeout_s)
@@ -516,7 +516,7 @@ class Serving:
                         self.metrics.calls.labels(*labels).inc(delta)
                         self._exported[(number, source)] = count
         try:
-            self.metrics.write(self.settings.serving_metrics_path)
+            self.metrics.write(self.settings.metrics_dir)
         except OSError as e:
             log.warning("could not write the serving metrics file: %s", e)
 

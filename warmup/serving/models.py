@@ -28,7 +28,7 @@ from warmup.manifest import Manifest, ModelEntry, load_manifest
 from warmup.settings import Settings
 
 if TYPE_CHECKING:
-    from warmup.compile_guard import CompileGuard
+    from warmup.serving.compile_guard import CompileGuard
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ def build_served(
 def use_inductor_cache(settings: Settings) -> None:
     """Point torch.compile in this process at the pod's Inductor cache (where the warmup
     restored and wrote the artifacts), with its FX graph and AOTAutograd caches on."""
-    from warmup.run.session import inductor_environment
+    from warmup.compiled.environment import inductor_environment
 
     wanted = inductor_environment(settings)
     held = os.environ.get("TORCHINDUCTOR_CACHE_DIR")

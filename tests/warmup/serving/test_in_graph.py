@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from tests.warmup.test_serving import N, config, inputs, settings, store  # noqa: F401
+from tests.warmup.serving.test_ops import N, config, inputs, settings, store  # noqa: F401
 from warmup.serving import Serving
 
 
@@ -44,7 +44,7 @@ def test_the_fake_output_has_the_ops_shape_without_running_it(settings, store): 
 
 
 def test_an_ops_name_in_the_graph_does_not_depend_on_the_order_ops_were_made(settings, store):  # noqa: F811
-    from warmup.compiled.custom_op import op_name
+    from warmup.serving.in_graph import op_name
 
     k = inputs(1)[0].shape[1]
     with Serving(settings, follow=False) as first:

@@ -1,6 +1,6 @@
 """One rank of a server using a serving op: gloo, the interpreter.
 
-Usage: python -m tests.warmup._serving_ranks WORLD RANK INIT_FILE VOLUME WORK [SCENARIO]
+Usage: python -m tests.warmup.serving._serving_ranks WORLD RANK INIT_FILE VOLUME WORK [SCENARIO]
 Prints one JSON line. ``serve`` (the default; after a warmup): per call, its M,
 relative error and config; the op's counts. ``sync``: a registry change of algorithm
 that one rank's follower sees first, then ``serving.sync()`` on both ranks.
