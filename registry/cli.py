@@ -39,6 +39,26 @@ def add_parser(
 ) -> None:
     """Register ``registry`` and its commands on the top-level CLI."""
     top = subparsers.add_parser("registry", help="inspect and move tuned configs")
+    _store_options(top, default_store)
+    common = [_json_flag()]
+    cmds = top.add_subparsers(dest="registry_cmd", required=True, metavar="COMMAND")
+    _add_entry_commands(cmds, common)
+    rb = cmds.add_parser("rollback", help="undo the latest bundle install", parents=common)
+    _inductor_option(rb, default_inductor, "whose compiled models' indexes are put back")
+    rb.set_defaults(handler=_rollback)
+    bun = cmds.add_parser("bundle", help="create, verify, install and list bundles", parents=common)
+    bcmds = bun.add_subparsers(dest="bundle_cmd", required=True, metavar="COMMAND")
+    _add_bundle_create(bcmds, common)
+    ver = bcmds.add_parser("verify", help="check an archive without installing it", parents=common)
+    ver.add_argument("file", type=Path)
+    ver.set_defaults(handler=_bundle_verify)
+    _add_bundle_install(bcmds, common, default_cache=default_cache, inductor=default_inductor)
+    lst = bcmds.add_parser("list", help="bundles installed in the store", parents=common)
+    lst.set_defaults(handler=_bundle_list)
+
+
+def _store_options(top: argparse.ArgumentParser, default_store: Path) -> None:
+    """The options of ``registry`` itself: which store, and how to print."""
     top.add_argument("--store", type=Path, help=f"registry folder (default {default_store})")
     top.add_argument(
         "--create-store",
@@ -48,14 +68,23 @@ def add_parser(
     )
     top.set_defaults(default_store=default_store)
     top.add_argument("--json", action="store_true", help="machine-readable output")
-    # Every command takes --json too; SUPPRESS keeps it from undoing a --json given before.
+
+
+def _json_flag() -> argparse.ArgumentParser:
+    """The parent parser that gives every command ``--json`` too; SUPPRESS keeps it from
+    undoing a ``--json`` given before the command."""
     flags = argparse.ArgumentParser(add_help=False)
     flags.add_argument(
         "--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output"
     )
-    common = [flags]
-    cmds = top.add_subparsers(dest="registry_cmd", required=True, metavar="COMMAND")
+    return flags
 
+
+def _add_entry_commands(
+    cmds: argparse._SubParsersAction[argparse.ArgumentParser],
+    common: list[argparse.ArgumentParser],
+) -> None:
+    """``ls``, ``show``, ``import`` and ``fingerprint``: the commands about entries."""
     ls = cmds.add_parser("ls", help="list entries", parents=common)
     ls.add_argument("--kernel", help="only this kernel")
     ls.set_defaults(handler=_ls)
@@ -76,12 +105,12 @@ def add_parser(
     _fingerprint_option(fp)
     fp.set_defaults(handler=_fingerprint)
 
-    rb = cmds.add_parser("rollback", help="undo the latest bundle install", parents=common)
-    _inductor_option(rb, default_inductor, "whose compiled models' indexes are put back")
-    rb.set_defaults(handler=_rollback)
 
-    bun = cmds.add_parser("bundle", help="create, verify, install and list bundles", parents=common)
-    bcmds = bun.add_subparsers(dest="bundle_cmd", required=True, metavar="COMMAND")
+def _add_bundle_create(
+    bcmds: argparse._SubParsersAction[argparse.ArgumentParser],
+    common: list[argparse.ArgumentParser],
+) -> None:
+    """``bundle create``: which entries, artifacts and compiled models go in the archive."""
     create = bcmds.add_parser(
         "create", help="write the store's entries to an archive", parents=common
     )
@@ -97,9 +126,16 @@ def add_parser(
     )
     create.add_argument("--model", help="with --inductor: only this model")
     create.set_defaults(handler=_bundle_create)
-    ver = bcmds.add_parser("verify", help="check an archive without installing it", parents=common)
-    ver.add_argument("file", type=Path)
-    ver.set_defaults(handler=_bundle_verify)
+
+
+def _add_bundle_install(
+    bcmds: argparse._SubParsersAction[argparse.ArgumentParser],
+    common: list[argparse.ArgumentParser],
+    *,
+    default_cache: Path,
+    inductor: Path,
+) -> None:
+    """``bundle install``: how strictly to check, and where artifacts and compiled models go."""
     ins = bcmds.add_parser(
         "install", help="verify, then merge into the store atomically", parents=common
     )
@@ -114,11 +150,9 @@ def add_parser(
         default=default_cache,
         help=f"where artifacts go (default {default_cache})",
     )
-    _inductor_option(ins, default_inductor, "where compiled models' artifacts go")
+    _inductor_option(ins, inductor, "where compiled models' artifacts go")
     _fingerprint_option(ins, allow_none=True)
     ins.set_defaults(handler=_bundle_install)
-    lst = bcmds.add_parser("list", help="bundles installed in the store", parents=common)
-    lst.set_defaults(handler=_bundle_list)
 
 
 def _inductor_option(parser: argparse.ArgumentParser, default: Path, what: str) -> None:
