@@ -62,7 +62,7 @@ import shutil
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
@@ -154,6 +154,32 @@ def create(
     Artifacts are hashed, then copied, in pieces; they must not change meanwhile."""
     if not name or not version:
         raise RegistryError(f"Bundle needs a name and a version; got {name!r} and {version!r}.")
+    members, fingerprints = _gather(entries, triton_cache, inductor, model)
+    if not members:
+        raise RegistryError(f"Bundle '{name}' would be empty: no entries and no artifacts.")
+    listed = {p: _summary(src) for p, src in sorted(members.items())}
+    _check_blob_names(members, listed)
+    manifest = {
+        "format": FORMAT,
+        "schema": SCHEMA,
+        "name": name,
+        "version": version,
+        "created": now_iso(),
+        "fingerprints": [fingerprints[k] for k in sorted(fingerprints)],
+        "members": listed,
+    }
+    _write_archive(out, atomic.dumps(manifest).encode(), members, listed)
+    return manifest
+
+
+def _gather(
+    entries: Iterable[Entry],
+    triton_cache: Path | None,
+    inductor: Path | None,
+    model: str | None,
+) -> tuple[dict[str, bytes | Path], dict[str, dict[str, Any]]]:
+    """The bundle's members by name (an entry's bytes, or the file to copy), and the
+    fingerprints they were made for, each described, by digest."""
     members: dict[str, bytes | Path] = {}
     fingerprints: dict[str, dict[str, Any]] = {}
     for entry in entries:
@@ -166,26 +192,20 @@ def create(
         packed = bundle_inductor.pack(inductor, model=model)
         members.update(packed.members)
         fingerprints.update({fp.digest(): _describe(fp) for fp in packed.fingerprints})
-    if not members:
-        raise RegistryError(f"Bundle '{name}' would be empty: no entries and no artifacts.")
-    listed = {p: _summary(src) for p, src in sorted(members.items())}
+    return members, fingerprints
+
+
+def _check_blob_names(
+    members: Mapping[str, bytes | Path], listed: Mapping[str, dict[str, Any]]
+) -> None:
+    """A compiled model's blob is named by its hash: one that hashed to another name
+    changed in the family, and a bundle must not carry it."""
     for member, item in listed.items():
         if bundle_inductor.is_blob(member) and PurePosixPath(member).name != item["sha256"]:
             raise RegistryError(
                 f"{members[member]!s} no longer hashes to its name: the family is damaged "
                 "(a restore quarantines it; the next warm stores it again)"
             )
-    manifest = {
-        "format": FORMAT,
-        "schema": SCHEMA,
-        "name": name,
-        "version": version,
-        "created": now_iso(),
-        "fingerprints": [fingerprints[k] for k in sorted(fingerprints)],
-        "members": listed,
-    }
-    _write_archive(out, atomic.dumps(manifest).encode(), members, listed)
-    return manifest
 
 
 def _describe(fp: Fingerprint) -> dict[str, Any]:
@@ -586,34 +606,10 @@ def _check_listed(
 
 
 def _listed_member(label: str, name: str, item: Any, limits: Limits) -> tuple[str, int]:
+    """The sha256 and size the manifest lists for the member ``name``, each checked, and
+    the size against the member's limit."""
     _check_name(label, name, limits.max_name_bytes)
-    what = "member"
-    if _is_artifact(name):
-        parts = PurePosixPath(name).parts
-        if len(parts) != 3:
-            raise BundleRejected(label, f"artifact '{name}' is not triton-cache/<hash>/<file>")
-        if not _CACHE_FOLDER.fullmatch(parts[1]):  # never .bundle-*, "." or ".."
-            raise BundleRejected(
-                label,
-                f"artifact '{name}': {shown(parts[1])} is not a Triton cache folder name "
-                f"({_CACHE_FOLDER.pattern})",
-            )
-        if parts[2].startswith("."):  # Triton's temp files and our own start with a dot
-            raise BundleRejected(label, f"artifact '{name}' has a file name that starts with a dot")
-        limit = limits.max_member_bytes
-        if is_group(parts[2]):
-            what, limit = "Triton group file", min(limit, limits.max_group_bytes)
-    elif name.startswith(f"{ENTRIES}/"):
-        limit = min(limits.max_entry_bytes, limits.max_member_bytes)
-    elif bundle_inductor.is_member(name):
-        limit = limits.max_member_bytes
-        if bundle_inductor.is_index(name):
-            what, limit = "index", min(limit, limits.max_index_bytes)
-    else:
-        raise BundleRejected(
-            label,
-            f"member '{name}' is not under {ENTRIES}/, {TRITON_CACHE}/ or {bundle_inductor.PREFIX}",
-        )
+    what, limit = _member_limit(label, name, limits)
     sha = item.get("sha256") if isinstance(item, dict) else None
     size = item.get("size") if isinstance(item, dict) else None
     if not isinstance(sha, str) or not _SHA256.fullmatch(sha):
@@ -628,6 +624,42 @@ def _listed_member(label: str, name: str, item: Any, limits: Limits) -> tuple[st
     if size > limit:
         raise BundleRejected(label, f"{what} '{name}' is {size} bytes; limit {limit}")
     return sha, size
+
+
+def _member_limit(label: str, name: str, limits: Limits) -> tuple[str, int]:
+    """What the member ``name`` is, as a message calls it, and the most bytes it may
+    hold; a name under none of the bundle's folders rejects the bundle."""
+    if _is_artifact(name):
+        return _artifact_limit(label, name, limits)
+    if name.startswith(f"{ENTRIES}/"):
+        return "member", min(limits.max_entry_bytes, limits.max_member_bytes)
+    if bundle_inductor.is_index(name):
+        return "index", min(limits.max_member_bytes, limits.max_index_bytes)
+    if bundle_inductor.is_member(name):
+        return "member", limits.max_member_bytes
+    raise BundleRejected(
+        label,
+        f"member '{name}' is not under {ENTRIES}/, {TRITON_CACHE}/ or {bundle_inductor.PREFIX}",
+    )
+
+
+def _artifact_limit(label: str, name: str, limits: Limits) -> tuple[str, int]:
+    """:func:`_member_limit` of an artifact, once its name is ``triton-cache/<hash>/<file>``
+    with a Triton cache folder and no dot file."""
+    parts = PurePosixPath(name).parts
+    if len(parts) != 3:
+        raise BundleRejected(label, f"artifact '{name}' is not triton-cache/<hash>/<file>")
+    if not _CACHE_FOLDER.fullmatch(parts[1]):  # never .bundle-*, "." or ".."
+        raise BundleRejected(
+            label,
+            f"artifact '{name}': {shown(parts[1])} is not a Triton cache folder name "
+            f"({_CACHE_FOLDER.pattern})",
+        )
+    if parts[2].startswith("."):  # Triton's temp files and our own start with a dot
+        raise BundleRejected(label, f"artifact '{name}' has a file name that starts with a dot")
+    if is_group(parts[2]):
+        return "Triton group file", min(limits.max_member_bytes, limits.max_group_bytes)
+    return "member", limits.max_member_bytes
 
 
 # ---- install -------------------------------------------------------------------------
@@ -745,34 +777,50 @@ def install(
     if expect is not None and not force:
         check = _fingerprint_check(str(path), expect, policy)
     try:
-        bundle = _read(
-            path,
-            checked,
-            stage=stages["triton"],
-            installing=True,
-            check=check,
-            inductor=stages["inductor"],
-        )
-        previous = None
-        if inductor is not None and bundle.indexes:  # under the store's lock
-            previous = functools.partial(bundle_inductor.keep_previous, inductor, bundle.indexes)
-        info = store.install(
-            bundle.entries,
-            record=_record(bundle),
-            after_swap=functools.partial(_commit, bundle, stages),
-            before_seal=previous,
-        )
+        info = _merge(path, store, checked, stages, check)
     except BaseException:
-        for stage in stages.values():
-            if stage is not None:
-                stage.discard(failed=True)
+        _discard(stages, failed=True)
         raise
-    for stage in stages.values():
-        if stage is not None:
-            stage.discard(failed=False)
+    _discard(stages, failed=False)
     if stages["triton"] is not None:
         stages["triton"].relocate_groups()
     return info
+
+
+def _merge(
+    path: Path,
+    store: Store,
+    limits: Limits,
+    stages: dict[str, _Stage | None],
+    check: Callable[[str, Fingerprint], None] | None,
+) -> dict[str, Any]:
+    """Read the bundle at ``path`` into ``stages``, then install its entries in ``store``
+    as one generation; the staged files move in after the swap."""
+    bundle = _read(
+        path,
+        limits,
+        stage=stages["triton"],
+        installing=True,
+        check=check,
+        inductor=stages["inductor"],
+    )
+    previous = None
+    inductor = stages["inductor"]
+    if inductor is not None and bundle.indexes:  # under the store's lock
+        previous = functools.partial(bundle_inductor.keep_previous, inductor.cache, bundle.indexes)
+    return store.install(
+        bundle.entries,
+        record=_record(bundle),
+        after_swap=functools.partial(_commit, bundle, stages),
+        before_seal=previous,
+    )
+
+
+def _discard(stages: dict[str, _Stage | None], *, failed: bool) -> None:
+    """Remove every stage's folder; ``failed``: the cache folders it made go too."""
+    for stage in stages.values():
+        if stage is not None:
+            stage.discard(failed=failed)
 
 
 def _commit(bundle: Bundle, stages: dict[str, _Stage | None]) -> None:
