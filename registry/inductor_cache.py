@@ -104,6 +104,18 @@ def save(
     target = index_path(root, model, key_digest, fingerprint)
     remove_stale_temp_files(root / "blobs")  # what a writer killed mid-copy left (an hour old)
     saved = Saved()
+    files = _store_blobs(cache_dir, root, saved)
+    atomic.write_bytes(target, _index_bytes(model, key_digest, key, fingerprint, files))
+    saved.files = len(files)
+    for line in saved.skipped:
+        log.warning("inductor artifact of %s not stored: %s", model, line)
+    return saved
+
+
+def _store_blobs(cache_dir: Path, root: Path, saved: Saved) -> dict[str, list[Any]]:
+    """Store each finished file of ``cache_dir`` that fits the family's limits as a blob
+    under ``root``; the index's files (relative path -> [sha, size]). ``saved`` counts
+    the new blobs and lists the files skipped, with the reason."""
     files: dict[str, list[Any]] = {}
     total = 0
     for rel, path in cache_files(cache_dir):
@@ -121,6 +133,18 @@ def save(
         total += size
         saved.new_blobs += new
         saved.bytes += size if new else 0
+    return files
+
+
+def _index_bytes(
+    model: str,
+    key_digest: str,
+    key: Mapping[str, Any],
+    fingerprint: Fingerprint,
+    files: dict[str, list[Any]],
+) -> bytes:
+    """The index of ``model`` at ``key_digest`` that lists ``files``, as written; one
+    over :data:`MAX_INDEX_BYTES` raises :class:`RegistryError`."""
     index = {
         "format": FORMAT,
         "model": model,
@@ -136,11 +160,7 @@ def save(
         raise RegistryError(
             f"the index of {model} would be {len(data)} bytes; limit {MAX_INDEX_BYTES}"
         )
-    atomic.write_bytes(target, data)
-    saved.files = len(files)
-    for line in saved.skipped:
-        log.warning("inductor artifact of %s not stored: %s", model, line)
-    return saved
+    return data
 
 
 def restore(
