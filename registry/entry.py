@@ -125,28 +125,11 @@ class Entry:
         nothing else: a reader quarantines it and goes on."""
         if not isinstance(data, Mapping):
             raise RegistryError(f"Entry is {type(data).__name__}, not a JSON object.")
-        schema = data.get("schema")
-        if schema not in READ_SCHEMAS or isinstance(schema, bool):
-            newer = type(schema) is int and schema > max(READ_SCHEMAS)  # a later version's
-            raise (NewerSchema if newer else RegistryError)(
-                f"Entry 'schema' has value {shown(schema)}; "
-                f"this version reads schemas {', '.join(map(str, READ_SCHEMAS))}."
-            )
+        schema = _read_schema(data.get("schema"))
         for name in ("kernel", "key", "fingerprint", "best"):
             if name not in data:
                 raise RegistryError(f"Entry is missing the field '{name}'.")
-        measurements = data.get("measurements", [])
-        if not isinstance(measurements, list):
-            raise RegistryError(
-                f"Entry 'measurements' has value {shown(measurements)}; not a list."
-            )
-        seconds = data.get("tuning_seconds", 0.0)
-        if not is_time(seconds):
-            raise RegistryError(f"Entry 'tuning_seconds' has value {shown(seconds)}; not >= 0.")
-        text = {name: data.get(name, default) for name, default in _TEXT_FIELDS.items()}
-        for name, value in text.items():
-            if not isinstance(value, str):
-                raise RegistryError(f"Entry '{name}' has value {shown(value)}; not a string.")
+        measurements, seconds, text = _optional_fields(data)
         try:
             entry = cls.make(
                 data["kernel"],
@@ -154,7 +137,7 @@ class Entry:
                 Fingerprint.from_json(data["fingerprint"]),
                 KernelConfig.from_json(data["best"]),
                 measurements=tuple(Measurement.from_json(m) for m in measurements),
-                tuning_seconds=float(seconds),
+                tuning_seconds=seconds,
                 **text,
             )
         except RecursionError:
@@ -190,6 +173,34 @@ class Entry:
             held = by_config.get(m.config)
             by_config[m.config] = m if held is None else min(held, m, key=_measurement_order)
         return replace(winner, measurements=sort_measurements(list(by_config.values())))
+
+
+def _read_schema(schema: Any) -> int:
+    """An entry's ``schema`` if this version reads it; one a later version wrote raises
+    :class:`NewerSchema`, anything else :class:`RegistryError`."""
+    if schema not in READ_SCHEMAS or isinstance(schema, bool):
+        newer = type(schema) is int and schema > max(READ_SCHEMAS)  # a later version's
+        raise (NewerSchema if newer else RegistryError)(
+            f"Entry 'schema' has value {shown(schema)}; "
+            f"this version reads schemas {', '.join(map(str, READ_SCHEMAS))}."
+        )
+    return int(schema)
+
+
+def _optional_fields(data: Mapping[str, Any]) -> tuple[list[Any], float, dict[str, str]]:
+    """The fields an entry may leave out, each checked, defaults filled in: its
+    measurements (as JSON still), its tuning seconds and its text fields."""
+    measurements = data.get("measurements", [])
+    if not isinstance(measurements, list):
+        raise RegistryError(f"Entry 'measurements' has value {shown(measurements)}; not a list.")
+    seconds = data.get("tuning_seconds", 0.0)
+    if not is_time(seconds):
+        raise RegistryError(f"Entry 'tuning_seconds' has value {shown(seconds)}; not >= 0.")
+    text = {name: data.get(name, default) for name, default in _TEXT_FIELDS.items()}
+    for name, value in text.items():
+        if not isinstance(value, str):
+            raise RegistryError(f"Entry '{name}' has value {shown(value)}; not a string.")
+    return measurements, float(seconds), text
 
 
 def _measurement_order(m: Measurement) -> tuple[object, ...]:
