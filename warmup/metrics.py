@@ -8,8 +8,9 @@ serves its own metrics plus that file's.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any, Generic, TypeVar, overload
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, write_to_textfile
 from prometheus_client.metrics_core import Metric
@@ -38,6 +39,51 @@ SECONDS_BUCKETS = (
 )
 
 log = logging.getLogger(__name__)
+M = TypeVar("M", Counter, Gauge, Histogram)
+
+
+class MetricField(Generic[M]):
+    """A metric a class declares once, with its name, help and labels: each instance gets its
+    own, made in that instance's registry by :func:`create_metrics`, and read as a plain
+    attribute of type ``M``. ``extra`` goes to the metric as it is (``buckets=`` ...)."""
+
+    def __init__(
+        self, kind: type[M], name: str, documentation: str, labels: Sequence[str] = (), **extra: Any
+    ) -> None:
+        self.kind: type[M] = kind
+        self.name = name
+        self.documentation = documentation
+        self.labels = tuple(labels)
+        self.extra = extra
+        self.attr = ""  # set by __set_name__
+
+    def __set_name__(self, owner: type, attr: str) -> None:
+        self.attr = attr
+
+    @overload
+    def __get__(self, obj: None, owner: type) -> MetricField[M]: ...
+    @overload
+    def __get__(self, obj: object, owner: type) -> M: ...
+    def __get__(self, obj: object | None, owner: type) -> MetricField[M] | M:
+        if obj is None:
+            return self
+        # only reached before create_metrics: afterwards the instance's own metric shadows this
+        raise AttributeError(f"{owner.__name__}.{self.attr}: create_metrics() was not called")
+
+    def create(self, registry: CollectorRegistry) -> M:
+        return self.kind(
+            self.name, self.documentation, self.labels, registry=registry, **self.extra
+        )
+
+
+def create_metrics(owner: object, registry: CollectorRegistry) -> None:
+    """Make every :class:`MetricField` of ``owner``'s class in ``registry``, in the order the
+    class declares them, as attributes of ``owner``."""
+    for field in vars(type(owner)).values():
+        if isinstance(field, MetricField):
+            setattr(owner, field.attr, field.create(registry))
+
+
 REMOTE_RESULTS = {  # label -> RemoteCounts field
     "hit": "hits",
     "miss": "misses",
@@ -50,142 +96,137 @@ REMOTE_RESULTS = {  # label -> RemoteCounts field
 class RunMetrics:
     """The warmup run: tuning, compiling, cache hits and misses, locks, duration."""
 
+    tuning_seconds = MetricField(
+        Histogram,
+        "triton_warmup_tuning_seconds",
+        "Seconds spent tuning one shape on one rank.",
+        ["kernel"],
+        buckets=SECONDS_BUCKETS,
+    )
+    compile_seconds = MetricField(
+        Histogram,
+        "triton_warmup_compile_seconds",
+        "Seconds of the first launch of a stored config (compile or load from the cache).",
+        ["kernel"],
+        buckets=SECONDS_BUCKETS,
+    )
+    lock_wait_seconds = MetricField(
+        Histogram,
+        "triton_warmup_lock_wait_seconds",
+        "Seconds waited for the fleet tuning lock.",
+        buckets=SECONDS_BUCKETS,
+    )
+    cache_hits = MetricField(
+        Counter, "triton_warmup_cache_hits", "Shapes whose config was found.", ["kernel", "source"]
+    )
+    cache_misses = MetricField(
+        Counter,
+        "triton_warmup_cache_misses",
+        "Shapes with no stored config (tuned now, or served a fallback).",
+        ["kernel"],
+    )
+    configs = MetricField(
+        Counter,
+        "triton_warmup_configs",
+        "Where each shape's config came from (registry, bundle, tuned, fallback, user).",
+        ["kernel", "source"],
+    )
+    fallbacks = MetricField(
+        Counter,
+        "triton_warmup_fallbacks",
+        "Shapes served a fallback config instead of a tuned one.",
+        ["kernel"],
+    )
+    user_shapes = MetricField(
+        Counter,
+        "triton_warmup_user_shapes",
+        "Shapes of module:function entries, warmed by calling the user's function.",
+        ["kernel"],
+    )
+    failures = MetricField(
+        Counter, "triton_warmup_failed_shapes", "Shapes that failed to warm.", ["kernel"]
+    )
+    duration = MetricField(
+        Gauge,
+        "triton_warmup_warmup_duration_seconds",
+        "Seconds the last warmup run took, start to finish.",
+    )
+    ranks = MetricField(Gauge, "triton_warmup_ranks", "Ranks whose records these numbers sum.")
+    phase_seconds = MetricField(
+        Gauge,
+        "triton_warmup_phase_seconds",
+        "Seconds of the last warmup run in each phase (the slowest rank's).",
+        ["phase"],
+    )
+    run_recovered = MetricField(
+        Counter,
+        "triton_warmup_run_recovered",
+        "What killed writers left in the registry that the last run cleared at its start, "
+        "by kind: temp_files, generations_removed, generations_quarantined, repairs (the "
+        "sidecar counts what it clears itself in triton_warmup_registry_recovered).",
+        ["what"],
+    )
+    skipped_entries = MetricField(
+        Gauge,
+        "triton_warmup_skipped_entries",
+        "Manifest entries the last run skipped because they are for another world size "
+        "than the pod's (TRITON_WARMUP_OTHER_WORLD_SIZES: degraded keeps the pod ready, "
+        "fail does not).",
+    )
+    unlocked = MetricField(
+        Counter,
+        "triton_warmup_unlocked_tunings",
+        "Shapes tuned without the fleet lock, because its server did not answer for "
+        "TRITON_WARMUP_LOCK_OUTAGE_S (another pod may have tuned them too).",
+        ["kernel"],
+    )
+    model_seconds = MetricField(
+        Gauge,
+        "triton_warmup_model_warm_seconds",
+        "Seconds the last run spent warming each compiled model (the slowest rank's): "
+        "artifact restore, torch.compile and first calls at every shape, store.",
+        ["model"],
+    )
+    model_ready = MetricField(
+        Gauge,
+        "triton_warmup_model_ready",
+        "1 when every rank warmed the compiled model in the last run, else 0.",
+        ["model"],
+    )
+    model_compiles = MetricField(
+        Gauge,
+        "triton_warmup_model_compiles",
+        "What compiling each model cost in the last run, summed over ranks: graphs "
+        "Inductor compiled (inductor_compiles) and FX graph cache hits (fxgraph_hits; "
+        "restored artifacts).",
+        ["model", "what"],
+    )
+    model_restores = MetricField(
+        Counter,
+        "triton_warmup_model_artifact_restores",
+        "Compiled models' stored Inductor artifacts at the run's start: hit, or miss "
+        "(the log and the status say why).",
+        ["model", "result"],
+    )
+    remote_calls = MetricField(
+        Counter,
+        "triton_warmup_remote_tier_calls",
+        "Calls to the registry's remote tier: hit, miss, published, error, skipped "
+        "(not made while it was down).",
+        ["result"],
+    )
+    cache_prediction = MetricField(
+        Gauge,
+        "triton_warmup_cache_prediction",
+        "What explain predicted at the run's start for each cache family on this host: "
+        "1 for its outcome (hit, partial, miss, empty), 0 for the others; the log "
+        "names the factor of a miss.",
+        ["family", "outcome"],
+    )
+
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        r = self.registry
-        self.tuning_seconds = Histogram(
-            "triton_warmup_tuning_seconds",
-            "Seconds spent tuning one shape on one rank.",
-            ["kernel"],
-            registry=r,
-            buckets=SECONDS_BUCKETS,
-        )
-        self.compile_seconds = Histogram(
-            "triton_warmup_compile_seconds",
-            "Seconds of the first launch of a stored config (compile or load from the cache).",
-            ["kernel"],
-            registry=r,
-            buckets=SECONDS_BUCKETS,
-        )
-        self.lock_wait_seconds = Histogram(
-            "triton_warmup_lock_wait_seconds",
-            "Seconds waited for the fleet tuning lock.",
-            registry=r,
-            buckets=SECONDS_BUCKETS,
-        )
-        self.cache_hits = Counter(
-            "triton_warmup_cache_hits",
-            "Shapes whose config was found.",
-            ["kernel", "source"],
-            registry=r,
-        )
-        self.cache_misses = Counter(
-            "triton_warmup_cache_misses",
-            "Shapes with no stored config (tuned now, or served a fallback).",
-            ["kernel"],
-            registry=r,
-        )
-        self.configs = Counter(
-            "triton_warmup_configs",
-            "Where each shape's config came from (registry, bundle, tuned, fallback, user).",
-            ["kernel", "source"],
-            registry=r,
-        )
-        self.fallbacks = Counter(
-            "triton_warmup_fallbacks",
-            "Shapes served a fallback config instead of a tuned one.",
-            ["kernel"],
-            registry=r,
-        )
-        self.user_shapes = Counter(
-            "triton_warmup_user_shapes",
-            "Shapes of module:function entries, warmed by calling the user's function.",
-            ["kernel"],
-            registry=r,
-        )
-        self.failures = Counter(
-            "triton_warmup_failed_shapes", "Shapes that failed to warm.", ["kernel"], registry=r
-        )
-        self.duration = Gauge(
-            "triton_warmup_warmup_duration_seconds",
-            "Seconds the last warmup run took, start to finish.",
-            registry=r,
-        )
-        self.ranks = Gauge(
-            "triton_warmup_ranks", "Ranks whose records these numbers sum.", registry=r
-        )
-        self.phase_seconds = Gauge(
-            "triton_warmup_phase_seconds",
-            "Seconds of the last warmup run in each phase (the slowest rank's).",
-            ["phase"],
-            registry=r,
-        )
-        self.run_recovered = Counter(
-            "triton_warmup_run_recovered",
-            "What killed writers left in the registry that the last run cleared at its start, "
-            "by kind: temp_files, generations_removed, generations_quarantined, repairs (the "
-            "sidecar counts what it clears itself in triton_warmup_registry_recovered).",
-            ["what"],
-            registry=r,
-        )
-        self.skipped_entries = Gauge(
-            "triton_warmup_skipped_entries",
-            "Manifest entries the last run skipped because they are for another world size "
-            "than the pod's (TRITON_WARMUP_OTHER_WORLD_SIZES: degraded keeps the pod ready, "
-            "fail does not).",
-            registry=r,
-        )
-        self.unlocked = Counter(
-            "triton_warmup_unlocked_tunings",
-            "Shapes tuned without the fleet lock, because its server did not answer for "
-            "TRITON_WARMUP_LOCK_OUTAGE_S (another pod may have tuned them too).",
-            ["kernel"],
-            registry=r,
-        )
-        self.model_seconds = Gauge(
-            "triton_warmup_model_warm_seconds",
-            "Seconds the last run spent warming each compiled model (the slowest rank's): "
-            "artifact restore, torch.compile and first calls at every shape, store.",
-            ["model"],
-            registry=r,
-        )
-        self.model_ready = Gauge(
-            "triton_warmup_model_ready",
-            "1 when every rank warmed the compiled model in the last run, else 0.",
-            ["model"],
-            registry=r,
-        )
-        self.model_compiles = Gauge(
-            "triton_warmup_model_compiles",
-            "What compiling each model cost in the last run, summed over ranks: graphs "
-            "Inductor compiled (inductor_compiles) and FX graph cache hits (fxgraph_hits; "
-            "restored artifacts).",
-            ["model", "what"],
-            registry=r,
-        )
-        self.model_restores = Counter(
-            "triton_warmup_model_artifact_restores",
-            "Compiled models' stored Inductor artifacts at the run's start: hit, or miss "
-            "(the log and the status say why).",
-            ["model", "result"],
-            registry=r,
-        )
-        self.remote_calls = Counter(
-            "triton_warmup_remote_tier_calls",
-            "Calls to the registry's remote tier: hit, miss, published, error, skipped "
-            "(not made while it was down).",
-            ["result"],
-            registry=r,
-        )
-
-        self.cache_prediction = Gauge(
-            "triton_warmup_cache_prediction",
-            "What explain predicted at the run's start for each cache family on this host: "
-            "1 for its outcome (hit, partial, miss, empty), 0 for the others; the log "
-            "names the factor of a miss.",
-            ["family", "outcome"],
-            registry=r,
-        )
+        create_metrics(self, self.registry)
 
     def record_predictions(self, predictions: Iterable[Prediction]) -> None:
         """Each family's predicted outcome (``warmup.explain``)."""
@@ -267,61 +308,58 @@ class RunMetrics:
 class ServeMetrics:
     """The sidecar: readiness, bundle reloads and scans, registry size."""
 
+    ready = MetricField(Gauge, "triton_warmup_ready", "1 when this manifest's warmup completed.")
+    bundle_reloads = MetricField(
+        Counter,
+        "triton_warmup_bundle_reloads",
+        "Bundles seen in the watched folder, by result.",
+        ["result"],
+    )
+    model_reloads = MetricField(
+        Counter,
+        "triton_warmup_model_reloads",
+        "Compiled models whose artifacts a bundle brought into the pod's Inductor cache.",
+        ["model"],
+    )
+    harvest_entries = MetricField(
+        Counter,
+        "triton_warmup_harvest_entries",
+        "Entries the server compiled after ready, by family (triton-kernels, "
+        "triton-autotunes, inductor) and result: harvested (new on the volume), "
+        "deduplicated (there already), refused (a check failed: the log says which), "
+        "dropped (past the queue's bound).",
+        ["family", "result"],
+    )
+    harvest_bytes = MetricField(
+        Counter,
+        "triton_warmup_harvest_bytes",
+        "Bytes of the entries harvested (new on the volume), by family.",
+        ["family"],
+    )
+    bundle_scans = MetricField(
+        Counter,
+        "triton_warmup_bundle_scans",
+        "Scans of the watched bundle folder (each after a change; none while idle).",
+    )
+    registry_entries = MetricField(
+        Gauge, "triton_warmup_registry_entries", "Entries in the registry's current generation."
+    )
+    quarantined = MetricField(
+        Gauge,
+        "triton_warmup_registry_quarantined",
+        "Corrupt registry files moved aside since start.",
+    )
+    recovered = MetricField(
+        Counter,
+        "triton_warmup_registry_recovered",
+        "What killed writers left in the registry that this process cleared, by kind: "
+        "temp_files, generations_removed, generations_quarantined, repairs.",
+        ["what"],
+    )
+
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        r = self.registry
-        self.ready = Gauge(
-            "triton_warmup_ready", "1 when this manifest's warmup completed.", registry=r
-        )
-        self.bundle_reloads = Counter(
-            "triton_warmup_bundle_reloads",
-            "Bundles seen in the watched folder, by result.",
-            ["result"],
-            registry=r,
-        )
-        self.model_reloads = Counter(
-            "triton_warmup_model_reloads",
-            "Compiled models whose artifacts a bundle brought into the pod's Inductor cache.",
-            ["model"],
-            registry=r,
-        )
-        self.harvest_entries = Counter(
-            "triton_warmup_harvest_entries",
-            "Entries the server compiled after ready, by family (triton-kernels, "
-            "triton-autotunes, inductor) and result: harvested (new on the volume), "
-            "deduplicated (there already), refused (a check failed: the log says which), "
-            "dropped (past the queue's bound).",
-            ["family", "result"],
-            registry=r,
-        )
-        self.harvest_bytes = Counter(
-            "triton_warmup_harvest_bytes",
-            "Bytes of the entries harvested (new on the volume), by family.",
-            ["family"],
-            registry=r,
-        )
-        self.bundle_scans = Counter(
-            "triton_warmup_bundle_scans",
-            "Scans of the watched bundle folder (each after a change; none while idle).",
-            registry=r,
-        )
-        self.registry_entries = Gauge(
-            "triton_warmup_registry_entries",
-            "Entries in the registry's current generation.",
-            registry=r,
-        )
-        self.quarantined = Gauge(
-            "triton_warmup_registry_quarantined",
-            "Corrupt registry files moved aside since start.",
-            registry=r,
-        )
-        self.recovered = Counter(
-            "triton_warmup_registry_recovered",
-            "What killed writers left in the registry that this process cleared, by kind: "
-            "temp_files, generations_removed, generations_quarantined, repairs.",
-            ["what"],
-            registry=r,
-        )
+        create_metrics(self, self.registry)
         self._recovered: dict[str, int] = {}  # the store's counts already added
 
     def record_recovered(self, counts: Mapping[str, int]) -> None:

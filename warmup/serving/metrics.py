@@ -11,6 +11,8 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter, Gauge, write_to_textfile
 from prometheus_client.metrics_core import CounterMetricFamily, Metric
 
+from warmup.metrics import MetricField, create_metrics
+
 
 class ServingMetrics:
     """A serving process: its calls by how each config was chosen, and every Triton compile
@@ -18,58 +20,59 @@ class ServingMetrics:
     own in the serving-metrics folder, which the sidecar re-exports at every scrape; a
     server with its own ``/metrics`` can register ``registry`` there instead."""
 
+    calls = MetricField(
+        Counter,
+        "triton_warmup_serving_calls",
+        "Calls of serving ops, by how the config was chosen (tuned: the call's own M "
+        "bucket; nearest: the nearest bucket's; fallback: no tuned bucket for the layer).",
+        ["kernel", "source", "rank"],
+    )
+    request_compiles = MetricField(
+        Counter,
+        "triton_warmup_request_compiles",
+        "Triton compiles (or compile-cache loads) in a serving process after it was warm.",
+        ["kernel", "rank"],
+    )
+    request_loads = MetricField(
+        Counter,
+        "triton_warmup_request_cache_loads",
+        "Of the request compiles, those Triton loaded from its disk cache (a harvested "
+        "or restored kernel: milliseconds, no build).",
+        ["kernel", "rank"],
+    )
+    request_autotunes = MetricField(
+        Counter,
+        "triton_warmup_request_autotunes",
+        "Autotune runs (benchmarks of a new key) in a serving process after it was warm.",
+        ["kernel", "rank"],
+    )
+    model_compiles = MetricField(
+        Counter,
+        "triton_warmup_model_request_compiles",
+        "Compiled models' work after the process was warm, by model and kind: "
+        "dynamo_frames (compiles and recompiles), fxgraph_misses, inductor_compiles "
+        "(graphs), kernel_compiles (Triton kernels), autotune_runs.",
+        ["model", "what", "rank"],
+    )
+    generation_swaps = MetricField(
+        Counter,
+        "triton_warmup_serving_generation_swaps",
+        "Registry generations a serving op swapped in while running.",
+        ["kernel", "rank"],
+    )
+    pending_tables = MetricField(
+        Gauge,
+        "triton_warmup_serving_pending_tables",
+        "Serving ops holding a new table that changes an M's algorithm, waiting for "
+        "Serving.sync() (a collective every rank calls at a step boundary).",
+        ["kernel", "rank"],
+    )
+
     def __init__(self, registry: CollectorRegistry | None = None, *, rank: int = 0) -> None:
         self.registry = registry or CollectorRegistry()
         self.rank = str(rank)
-        r = self.registry
-        self.calls = Counter(
-            "triton_warmup_serving_calls",
-            "Calls of serving ops, by how the config was chosen (tuned: the call's own M "
-            "bucket; nearest: the nearest bucket's; fallback: no tuned bucket for the layer).",
-            ["kernel", "source", "rank"],
-            registry=r,
-        )
-        self.request_compiles = Counter(
-            "triton_warmup_request_compiles",
-            "Triton compiles (or compile-cache loads) in a serving process after it was warm.",
-            ["kernel", "rank"],
-            registry=r,
-        )
-        self.request_loads = Counter(
-            "triton_warmup_request_cache_loads",
-            "Of the request compiles, those Triton loaded from its disk cache (a harvested "
-            "or restored kernel: milliseconds, no build).",
-            ["kernel", "rank"],
-            registry=r,
-        )
-        self.request_autotunes = Counter(
-            "triton_warmup_request_autotunes",
-            "Autotune runs (benchmarks of a new key) in a serving process after it was warm.",
-            ["kernel", "rank"],
-            registry=r,
-        )
-        self.model_compiles = Counter(
-            "triton_warmup_model_request_compiles",
-            "Compiled models' work after the process was warm, by model and kind: "
-            "dynamo_frames (compiles and recompiles), fxgraph_misses, inductor_compiles "
-            "(graphs), kernel_compiles (Triton kernels), autotune_runs.",
-            ["model", "what", "rank"],
-            registry=r,
-        )
-        self.generation_swaps = Counter(
-            "triton_warmup_serving_generation_swaps",
-            "Registry generations a serving op swapped in while running.",
-            ["kernel", "rank"],
-            registry=r,
-        )
-        self.pending_tables = Gauge(
-            "triton_warmup_serving_pending_tables",
-            "Serving ops holding a new table that changes an M's algorithm, waiting for "
-            "Serving.sync() (a collective every rank calls at a step boundary).",
-            ["kernel", "rank"],
-            registry=r,
-        )
-        r.register(_TritonRemoteCollector(self.rank))
+        create_metrics(self, self.registry)
+        self.registry.register(_TritonRemoteCollector(self.rank))
 
     def write(self, folder: Path) -> Path:
         """Atomically replace this process's file in ``folder``; returns its path."""
