@@ -106,6 +106,13 @@ def inputs(m: int, n: int, k: int, world: int, rank: int, seed: int) -> tuple[to
     return a, b, shard
 
 
+def context(group: Any, max_m: int, k: int, consumer: str | None = None) -> ag_gemm.AgGemmContext:
+    """An AllGather-GEMM context of the bench's dtype on this rank's GPU (collective)."""
+    return ag_gemm.create_context(
+        group, max_m=max_m, k=k, dtype=DTYPE, device="cuda", consumer=consumer
+    )
+
+
 def check_correctness(world: int, rank: int) -> list[dict[str, Any]]:
     """Every algorithm at awkward sizes, 12 calls back to back each, fresh data each
     time; then the algorithms in turn on one context (they share its two slots)."""
@@ -122,14 +129,8 @@ def check_correctness(world: int, rank: int) -> list[dict[str, Any]]:
         ("mixed", [*LIBRARY, TMA_CHECK], 1000, 1000, 1000),
     ]
     for name, configs, m_rank, n, k in cases:
-        ctx = ag_gemm.create_context(
-            dist.group.WORLD,
-            max_m=world * m_rank,
-            k=k,
-            dtype=DTYPE,
-            device="cuda",
-            consumer="portable" if name == "portable" else None,
-        )
+        consumer = "portable" if name == "portable" else None
+        ctx = context(dist.group.WORLD, world * m_rank, k, consumer)
         worst, unwritten = 0.0, 0
         for call in range(12):
             a, b, shard = inputs(world * m_rank, n, k, world, rank, seed=1000 + call)
@@ -296,7 +297,7 @@ def bench_shape(
     a, b, shard = inputs(m, n, k, world, rank, seed=m + n + k)
     ref = a.float() @ b.float()
     group = dist.group.WORLD
-    ctx = ag_gemm.create_context(group, max_m=m, k=k, dtype=DTYPE, device="cuda")
+    ctx = context(group, m, k)
     search = tune(ag_gemm.AgGemmTask(shard, b, ctx))
     winner: KernelConfig = search["winner"]
     outs: dict[str, torch.Tensor] = {}
@@ -326,7 +327,7 @@ def bench_shape(
             ops["torch_fused"] = lambda: ag_gemm.torch_fused(shard, b, group)
         for name, config in search["best_of"].items():
             ops[f"best {name}"] = ours(f"best {name}", config)
-        solo_ctx = ag_gemm.create_context(solo, max_m=m, k=k, dtype=DTYPE, device="cuda")
+        solo_ctx = context(solo, m, k)
         if fused_best is not None:
             ops["fused_gemm_alone"] = ours("fused_gemm_alone", fused_best, solo_ctx, a)
         core = gemm_core(a, b, solo_ctx)

@@ -69,14 +69,9 @@ def timed_run(work: Path, pod: str) -> tuple[float, dict[str, Any]]:
         "TRITON_WARMUP_WORK_DIR": str(work / pod),
         "TRITON_WARMUP_DEVICE": "cuda",
     }
+    command = [sys.executable, "-m", "warmup", "run"]
     started = time.perf_counter()
-    done = subprocess.run(
-        [sys.executable, "-m", "warmup", "run"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1200)
     seconds = time.perf_counter() - started
     if done.returncode != 0:
         raise SystemExit(f"{pod} run failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")

@@ -84,12 +84,16 @@ def table(rows: dict[float, list[Run]]) -> str:
     ]
     for outage_s, runs in rows.items():
         recoveries = [r.recovery_s for r in runs if r.recovery_s is not None]
-        recovered = f"{max(recoveries):.2f}" if recoveries else "-"
-        lines.append(
-            f"| {outage_s:g} | {len(runs)} | {statistics.mean(r.retried for r in runs):.1f} "
-            f"| {sum(r.kept for r in runs)} | {sum(r.contender_in for r in runs)} "
-            f"| {sum(r.both_held for r in runs)} | {recovered} |"
+        cells = (
+            f"{outage_s:g}",
+            len(runs),
+            f"{statistics.mean(r.retried for r in runs):.1f}",
+            sum(r.kept for r in runs),
+            sum(r.contender_in for r in runs),
+            sum(r.both_held for r in runs),
+            f"{max(recoveries):.2f}" if recoveries else "-",
         )
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines)
 
 
