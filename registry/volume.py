@@ -4,6 +4,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import overload
+
+
+class _Subfolder:
+    """A read-only :class:`Volume` attribute: the folder ``name`` below its root."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, volume: None, owner: type[Volume]) -> _Subfolder: ...
+    @overload
+    def __get__(self, volume: Volume, owner: type[Volume]) -> Path: ...
+    def __get__(self, volume: Volume | None, owner: type[Volume]) -> _Subfolder | Path:
+        return self if volume is None else volume.root / self.name
 
 
 @dataclass(frozen=True)
@@ -15,29 +30,12 @@ class Volume:
 
     root: Path
 
-    @property
-    def registry(self) -> Path:
-        return self.root / "registry"
-
-    @property
-    def triton_cache(self) -> Path:
-        return self.root / "triton-cache"
-
-    @property
-    def inductor(self) -> Path:
-        return self.root / "inductor"
-
-    @property
-    def locks(self) -> Path:
-        return self.root / "locks"
-
-    @property
-    def bundles(self) -> Path:
-        return self.root / "bundles"
-
-    @property
-    def learned(self) -> Path:
-        return self.root / "learned"
+    registry = _Subfolder("registry")
+    triton_cache = _Subfolder("triton-cache")
+    inductor = _Subfolder("inductor")
+    locks = _Subfolder("locks")
+    bundles = _Subfolder("bundles")
+    learned = _Subfolder("learned")
 
 
 class MissingFolder(ValueError):
