@@ -296,28 +296,47 @@ def held_differences(
     recorded = origins(target) if known is None else known
     held: dict[str, Differences] = {}
     unknown: set[str] = set()
-    for folder in sorted(p for p in target.iterdir() if p.is_dir()) if target.is_dir() else []:
-        if folder.name.startswith(".") or folder.is_symlink():
-            continue
+    for folder in _cache_folders(target):
         names = [p.name for p in folder.iterdir()]
-        origin = recorded.get(folder.name)
-        found: tuple[dict[str, object], Mapping[str, str] | None] | None
-        if kind == "kernels":
-            groups = sorted(n for n in names if is_group(n))
-            if not groups:
-                continue
-            found = _stored(origin) if origin else _from_metadata(folder, groups[0])
-            if found is not None and not restored:
-                found[0].update(_group_folder(folder, groups[0]))
-        elif any(n.endswith(".autotune.json") for n in names):
-            found = _stored(origin) if origin else None
-        else:
+        if not _holds(kind, names):
             continue
+        found = _held_origin(folder, names, recorded.get(folder.name), kind, restored=restored)
         if found is None:
             unknown.add(folder.name)
         else:
             held[folder.name] = _differences(host, *found)
     return held, unknown
+
+
+def _cache_folders(target: Path) -> list[Path]:
+    """The cache folders in ``target``, sorted; none where it is not a folder. A hidden
+    folder (a restore's staging) or a symlink is not one."""
+    if not target.is_dir():
+        return []
+    folders = sorted(p for p in target.iterdir() if p.is_dir())
+    return [p for p in folders if not p.name.startswith(".") and not p.is_symlink()]
+
+
+def _holds(kind: Kind, names: list[str]) -> bool:
+    """Whether a cache folder of these file ``names`` holds a ``kind``: a compiled
+    kernel's group file, or an autotune result."""
+    if kind == "kernels":
+        return any(is_group(n) for n in names)
+    return any(n.endswith(".autotune.json") for n in names)
+
+
+def _held_origin(
+    folder: Path, names: list[str], origin: Origin | None, kind: Kind, *, restored: bool
+) -> tuple[dict[str, object], Mapping[str, str] | None] | None:
+    """What ``folder``'s kernel or autotune result was made under: its recorded
+    ``origin``, else a kernel's own metadata; None when neither is known."""
+    if kind != "kernels":
+        return _stored(origin) if origin else None
+    group = min(n for n in names if is_group(n))
+    found = _stored(origin) if origin else _from_metadata(folder, group)
+    if found is not None and not restored:
+        found[0].update(_group_folder(folder, group))
+    return found
 
 
 def _stored(origin: Origin) -> tuple[dict[str, object], Mapping[str, str] | None]:
