@@ -29,6 +29,11 @@ def cli(capsys, store, *args):
     return run(capsys, "registry", "--store", str(store), *args)
 
 
+def import_cpu(capsys, store, fmt, folder):
+    """``registry --store STORE --create-store import FMT FOLDER --fingerprint cpu``."""
+    return cli(capsys, store, "--create-store", "import", fmt, str(folder), "--fingerprint", "cpu")
+
+
 def test_ls_prints_a_table_and_json(capsys, store):
     code, out, _ = cli(capsys, store.root, "ls")
     assert code == 0
@@ -50,34 +55,13 @@ def test_bundle_create_verify_install_list_rollback(capsys, store, tmp_path, h20
     fp_file = tmp_path / "fp.json"
     fp_file.write_text(json.dumps(h200.to_json()))
     out_file = tmp_path / "b.tgz"
-    assert (
-        cli(
-            capsys,
-            store.root,
-            "bundle",
-            "create",
-            str(out_file),
-            "--name",
-            "tp2",
-            "--version",
-            "3",
-        )[0]
-        == 0
-    )
+    args = ["bundle", "create", str(out_file), "--name", "tp2", "--version", "3"]
+    assert cli(capsys, store.root, *args)[0] == 0
     code, out, _ = run(capsys, "registry", "bundle", "verify", str(out_file))
     assert code == 0 and "OK  tp2 3  2 entries" in out
     target = tmp_path / "target"
-    code, out, _ = cli(
-        capsys,
-        target,
-        "--create-store",
-        "--json",
-        "bundle",
-        "install",
-        str(out_file),
-        "--fingerprint",
-        str(fp_file),
-    )
+    install = ["bundle", "install", str(out_file), "--fingerprint", str(fp_file)]
+    code, out, _ = cli(capsys, target, "--create-store", "--json", *install)
     assert code == 0 and json.loads(out)["entries"] == 2
     code, out, _ = cli(capsys, target, "bundle", "list")
     assert code == 0 and "tp2" in out and "install" in out
@@ -88,29 +72,11 @@ def test_bundle_create_verify_install_list_rollback(capsys, store, tmp_path, h20
 def test_install_with_the_wrong_fingerprint_fails_with_one_line(capsys, store, tmp_path):
     out_file = tmp_path / "b.tgz"
     bundle.create(out_file, name="tp2", version="1", entries=store.entries())
-    code, _, err = cli(
-        capsys,
-        tmp_path / "t",
-        "--create-store",
-        "bundle",
-        "install",
-        str(out_file),
-        "--fingerprint",
-        "cpu",
-    )
+    install = ["--create-store", "bundle", "install", str(out_file), "--fingerprint", "cpu"]
+    code, _, err = cli(capsys, tmp_path / "t", *install)
     assert code == 1 and err.startswith("triton-warmup: error: Bundle") and "gpu_name" in err
     assert len(err.strip().splitlines()) == 1 and "--force" in err
-    code, _, _ = cli(
-        capsys,
-        tmp_path / "t",
-        "--create-store",
-        "bundle",
-        "install",
-        str(out_file),
-        "--fingerprint",
-        "cpu",
-        "--force",
-    )
+    code, _, _ = cli(capsys, tmp_path / "t", *install, "--force")
     assert code == 0 and len(Store(tmp_path / "t")) == 2
 
 
@@ -130,16 +96,7 @@ def test_import_and_fingerprint_commands(capsys, tmp_path):
             }
         )
     )
-    code, out, _ = cli(
-        capsys,
-        tmp_path / "s",
-        "--create-store",
-        "import",
-        "triton-autotune",
-        str(tmp_path / "cache"),
-        "--fingerprint",
-        "cpu",
-    )
+    code, out, _ = import_cpu(capsys, tmp_path / "s", "triton-autotune", tmp_path / "cache")
     assert code == 0 and "imported 1 entries" in out
     code, out, _ = run(capsys, "registry", "--json", "fingerprint", "--fingerprint", "cpu")
     assert code == 0 and json.loads(out)["hardware"]["gpu_name"] == "cpu"
@@ -165,8 +122,7 @@ def test_errors_exit_nonzero_with_a_reason(capsys, tmp_path):
 @pytest.mark.parametrize("source", ["missing", "a-file"])
 def test_import_from_a_missing_folder_exits_2_and_creates_nothing(capsys, tmp_path, fmt, source):
     (tmp_path / "a-file").write_text("{}")
-    args = [fmt, str(tmp_path / source), "--fingerprint", "cpu"]
-    code, _, err = cli(capsys, tmp_path / "s", "--create-store", "import", *args)
+    code, _, err = import_cpu(capsys, tmp_path / "s", fmt, tmp_path / source)
     line = error_line(err)
     assert code == 2 and str(tmp_path / source) in line and "folder" in line
     assert not (tmp_path / "s").exists()
@@ -174,29 +130,11 @@ def test_import_from_a_missing_folder_exits_2_and_creates_nothing(capsys, tmp_pa
 
 def test_import_of_nothing_creates_no_store(capsys, tmp_path):
     (tmp_path / "empty").mkdir()
-    code, out, _ = cli(
-        capsys,
-        tmp_path / "s",
-        "--create-store",
-        "import",
-        "triton-autotune",
-        str(tmp_path / "empty"),
-        "--fingerprint",
-        "cpu",
-    )
+    code, out, _ = import_cpu(capsys, tmp_path / "s", "triton-autotune", tmp_path / "empty")
     assert code == 0 and "*.autotune.json" in out and not (tmp_path / "s").exists()
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "k.autotune.json").write_text("not json")
-    code, _, err = cli(
-        capsys,
-        tmp_path / "s",
-        "--create-store",
-        "import",
-        "triton-autotune",
-        str(tmp_path / "bad"),
-        "--fingerprint",
-        "cpu",
-    )
+    code, _, err = import_cpu(capsys, tmp_path / "s", "triton-autotune", tmp_path / "bad")
     assert code == 1 and "Nothing imported" in err and not (tmp_path / "s").exists()
 
 
@@ -259,6 +197,14 @@ def test_ls_json_median_is_a_float(capsys, store):
     assert isinstance(timings["median_ms"], float) and isinstance(timings["p20_ms"], float)
 
 
+def create(out: str, *more: str) -> list[str]:
+    """``bundle create OUT --name n --version 1 MORE...``"""
+    return ["bundle", "create", out, "--name", "n", "--version", "1", *more]
+
+
+INSTALL = ["bundle", "install", "{bundle}", "--fingerprint", "none"]
+IMPORT = ["import", "triton-dist", "{dir}", "--fingerprint", "cpu"]
+
 BAD_INPUT = {  # test id -> (argv after "registry", what the error must name)
     "verify-missing": (["bundle", "verify", "{missing}"], "{missing}"),
     "verify-folder": (["bundle", "verify", "{dir}"], "{dir}"),
@@ -267,56 +213,19 @@ BAD_INPUT = {  # test id -> (argv after "registry", what the error must name)
         ["bundle", "install", "{bundle}", "--triton-cache", "{file}"],
         "{file}",
     ),
-    "install-store-is-file": (
-        ["--store", "{file}", "bundle", "install", "{bundle}", "--fingerprint", "none"],
-        "{file}",
-    ),
-    "import-store-under-file": (
-        ["--store", "{file}/s", "import", "triton-dist", "{dir}", "--fingerprint", "cpu"],
-        "{file}",
-    ),
-    "create-out-is-folder": (
-        ["bundle", "create", "{dir}", "--name", "n", "--version", "1"],
-        "{dir}",
-    ),
-    "create-out-under-file": (
-        ["bundle", "create", "{file}/b.tgz", "--name", "n", "--version", "1"],
-        "{file}",
-    ),
-    "create-unknown-kernel": (
-        ["bundle", "create", "{out}", "--name", "n", "--version", "1", "--kernel", "nope"],
-        "nope",
-    ),
+    "install-store-is-file": (["--store", "{file}", *INSTALL], "{file}"),
+    "import-store-under-file": (["--store", "{file}/s", *IMPORT], "{file}"),
+    "create-out-is-folder": (create("{dir}"), "{dir}"),
+    "create-out-under-file": (create("{file}/b.tgz"), "{file}"),
+    "create-unknown-kernel": (create("{out}", "--kernel", "nope"), "nope"),
     "create-empty-name": (["bundle", "create", "{out}", "--name", "", "--version", "1"], "--name"),
-    "create-cache-missing": (
-        [
-            "bundle",
-            "create",
-            "{out}",
-            "--name",
-            "n",
-            "--version",
-            "1",
-            "--triton-cache",
-            "{missing}",
-        ],
-        "{missing}",
-    ),
+    "create-cache-missing": (create("{out}", "--triton-cache", "{missing}"), "{missing}"),
     "ls-store-missing": (["--store", "{missing}", "ls"], "{missing}"),
-    "install-store-missing": (  # a mistyped --store: no new store
-        ["--store", "{missing}", "bundle", "install", "{bundle}", "--fingerprint", "none"],
-        "{missing}",
-    ),
-    "import-store-missing": (
-        ["--store", "{missing}", "import", "triton-dist", "{dir}", "--fingerprint", "cpu"],
-        "{missing}",
-    ),
+    "install-store-missing": (["--store", "{missing}", *INSTALL], "{missing}"),  # no new store
+    "import-store-missing": (["--store", "{missing}", *IMPORT], "{missing}"),
     "show-store-missing": (["--store", "{missing}", "show", "M1"], "{missing}"),
     "list-store-missing": (["--store", "{missing}", "bundle", "list"], "{missing}"),
-    "create-store-missing": (
-        ["--store", "{missing}", "bundle", "create", "{out}", "--name", "n", "--version", "1"],
-        "{missing}",
-    ),
+    "create-store-missing": (["--store", "{missing}", *create("{out}")], "{missing}"),
     "ls-store-is-file": (["--store", "{file}", "ls"], "{file}"),
     "ls-unknown-kernel": (["ls", "--kernel", "nope"], "nope"),
     "show-no-match": (["show", "M999"], "M999"),
