@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 CONSTRAINTS := constraints.txt
 LOCK_VENV := .lock-venv
 
-.PHONY: demo test lint redis lock clean
+.PHONY: demo test lint docs redis lock clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -53,6 +53,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy registry warmup kernels
+
+# The documentation site (mkdocs.yml, docs/) into site/. --strict: a broken link or anchor,
+# or a page left out of the nav, fails the build. NO_MKDOCS_2_WARNING quiets a theme banner.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 clean:
 	rm -rf $(VENV) $(LOCK_VENV) demo-volume demo-work
