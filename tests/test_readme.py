@@ -1,4 +1,5 @@
-"""The documentation's code runs as written."""
+"""The README is short, its links resolve and reach every page; the registry example of
+the docs runs as written. (tests/docs runs or checks every other block.)"""
 
 from __future__ import annotations
 
@@ -36,3 +37,23 @@ def test_the_registry_example_runs_as_written_and_hits_the_second_time(tmp_path)
         assert source == "tuned" and meta["BLOCK_M"] == 128
     stored = list((tmp_path / "demo-volume" / "registry").rglob("K16384_M4096_N6656*.json"))
     assert len(stored) == 1 and '"world": 2' in stored[0].read_text()
+
+
+def test_the_readme_stays_short_and_says_how_to_start():
+    body = (ROOT / "README.md").read_text()
+    assert len(body.splitlines()) <= 150
+    for command in ("make demo", "make test", "make docs"):
+        assert command in body
+
+
+def test_every_link_of_the_readme_resolves_and_every_page_is_linked():
+    body = (ROOT / "README.md").read_text()
+    targets = {
+        link.split("#")[0]
+        for link in re.findall(r"\]\(([^)\s]+)\)", body)
+        if "://" not in link and not link.startswith("#")
+    }
+    missing = sorted(t for t in targets if not (ROOT / t).exists())
+    assert not missing, f"README links to files that are not there: {missing}"
+    pages = {f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")} - {"docs/index.md"}
+    assert not pages - targets, f"README links to no {sorted(pages - targets)}"
