@@ -42,11 +42,13 @@ from warmup.results import (
     FAILED,
     READY,
     RUNNING,
+    ModelResult,
     RankFailure,
     RankHost,
     RankReport,
     RemoteCounts,
     RunStatus,
+    ShapeResult,
 )
 from warmup.run.phases import PhaseClock, process_age, run_phases
 from warmup.settings import Settings
@@ -94,17 +96,7 @@ def run_session(
     with clock.timing("rank_start"):  # the kernels and triton, imported here
         from warmup.run.runner import progress_printer, warm_rank
 
-    recovered: dict[str, int] = {}  # what killed writers left: rank 0 clears and counts it
-    if not roles.restores:
-        with clock.timing("rendezvous"):
-            wait_for_restore(run_dir, settings.run_timeout_s)
-    elif rank == 0:
-        clear_run_dir(run_dir)
-        running(manifest, world, started).write(settings.status_file)  # not ready
-        with clock.timing("restore"):
-            recovered = restore(settings)
-    with clock.timing("rendezvous"):
-        _barrier(group)
+    recovered = _restored(settings, manifest, rank, world, group, run_dir, roles, started, clock)
     report = warm_rank(
         manifest,
         settings,
@@ -121,24 +113,69 @@ def run_session(
         return None
     status = None
     if rank == 0:
-        try:
-            status = finish(settings, manifest, run_dir, world, started, recovered=recovered)
-        except Exception as e:  # said in the status, and told to every rank
-            status = running(manifest, world, started).model_copy(
-                update={
-                    "state": FAILED,
-                    "finished": time.time(),
-                    "errors": [_one_line(e)],
-                }
-            )
-            status.write(settings.status_file)
-    if group is not None:
-        import torch.distributed as dist
+        status = _finish_or_fail(settings, manifest, run_dir, world, started, recovered)
+    return _shared_status(status, group)
 
-        holder = [status.model_dump(mode="json") if status else None]
-        dist.broadcast_object_list(holder, src=0, group=group)
-        status = RunStatus.model_validate(holder[0])
-    return status
+
+def _restored(
+    settings: Settings,
+    manifest: Manifest,
+    rank: int,
+    world: int,
+    group: Any,
+    run_dir: Path,
+    roles: Roles,
+    started: float,
+    clock: PhaseClock,
+) -> dict[str, int]:
+    """Restore, then barrier: the compile cache in place (the launcher's, waited for, or
+    rank 0's) before any rank warms. Returns what rank 0's recovery cleared, by kind."""
+    recovered: dict[str, int] = {}  # what killed writers left: rank 0 clears and counts it
+    if not roles.restores:
+        with clock.timing("rendezvous"):
+            wait_for_restore(run_dir, settings.run_timeout_s)
+    elif rank == 0:
+        clear_run_dir(run_dir)
+        running(manifest, world, started).write(settings.status_file)  # not ready
+        with clock.timing("restore"):
+            recovered = restore(settings)
+    with clock.timing("rendezvous"):
+        _barrier(group)
+    return recovered
+
+
+def _finish_or_fail(
+    settings: Settings,
+    manifest: Manifest,
+    run_dir: Path,
+    world: int,
+    started: float,
+    recovered: dict[str, int],
+) -> RunStatus:
+    """Rank 0's :func:`finish`; a failure in it is said in a failed status."""
+    try:
+        return finish(settings, manifest, run_dir, world, started, recovered=recovered)
+    except Exception as e:  # said in the status, and told to every rank
+        status = running(manifest, world, started).model_copy(
+            update={
+                "state": FAILED,
+                "finished": time.time(),
+                "errors": [_one_line(e)],
+            }
+        )
+        status.write(settings.status_file)
+        return status
+
+
+def _shared_status(status: RunStatus | None, group: Any) -> RunStatus | None:
+    """Rank 0's status, broadcast to every rank of ``group`` (none: as it is)."""
+    if group is None:
+        return status
+    import torch.distributed as dist
+
+    holder = [status.model_dump(mode="json") if status else None]
+    dist.broadcast_object_list(holder, src=0, group=group)
+    return RunStatus.model_validate(holder[0])
 
 
 def running(manifest: Manifest, world: int, started: float) -> RunStatus:
@@ -228,19 +265,111 @@ def finish(
 
     Ready only when every rank reported every shape of the manifest's entries for
     ``world`` ranks, none failed, and there was at least one."""
+    tally = _tally(settings, manifest, run_dir, world, rank_failures, errors)
+    saved = _save_caches(settings, manifest, tally.reports)
+    run = _run_phases(phases, saved.seconds, ranks_ended, tally.reports)
+    duration = time.time() - started
+    _write_metrics(settings, tally, duration, run, predictions, recovered)
+    status = _status(manifest, world, started, duration, run, tally, saved)
+    return status.write(settings.status_file)
+
+
+def _status(
+    manifest: Manifest,
+    world: int,
+    started: float,
+    duration: float,
+    run: dict[str, float],
+    tally: _Tally,
+    saved: _Saved,
+) -> RunStatus:
+    """The finished run's status: ready only when the tally found nothing wrong."""
+    return RunStatus(
+        state=READY if tally.ready else FAILED,
+        manifest_digest=manifest.digest(),
+        started=started,
+        finished=time.time(),
+        duration_s=duration,
+        host=machine_name(),
+        world_size=world,
+        fingerprint=saved.fingerprint,
+        triton_env=saved.triton_env,
+        errors=tally.errors,
+        rank_failures=[tally.failures[r] for r in sorted(tally.failures)],
+        skipped_entries=tally.skipped,
+        benchmark_runs=sum(s.benchmark_runs for s in tally.shapes),
+        saved_artifacts=saved.copied,
+        imported_entries=saved.imported,
+        phases=run,
+        remote=tally.remote,
+        shapes=tally.shapes,
+        models=tally.models,
+    )
+
+
+@dataclass(frozen=True)
+class _Tally:
+    """The ranks' reports read back, and every way the run fell short."""
+
+    reports: list[RankReport]
+    errors: list[str]
+    failures: dict[int, RankFailure]  # one per rank: the first cause
+    skipped: list[str]  # the manifest's entries for other world sizes
+    shapes: list[ShapeResult]
+    models: list[ModelResult]  # by model, then rank
+    remote: RemoteCounts | None  # the remote tier's calls, summed
+
+    @property
+    def ready(self) -> bool:
+        """No error, no failed rank, no failed shape or model."""
+        return (
+            not self.errors
+            and not self.failures
+            and not any(s.failed for s in self.shapes)
+            and not any(m.failed for m in self.models)
+        )
+
+
+def _tally(
+    settings: Settings,
+    manifest: Manifest,
+    run_dir: Path,
+    world: int,
+    rank_failures: list[RankFailure] | None,
+    errors: list[str] | None,
+) -> _Tally:
+    """Every rank's report in ``run_dir``, checked against the manifest's entries for
+    ``world`` ranks; a rank without one failed silently."""
     errors = list(errors or [])
     try:
         reports = RankReport.read_all(run_dir)
     except (OSError, ValueError) as e:
         reports, errors = [], [*errors, f"a rank report is unreadable: {e}"]
-    failures = {f.rank: f for f in rank_failures or []}  # one per rank: the first cause
+    failures = {f.rank: f for f in rank_failures or []}
     for rank in sorted(set(range(world)) - {r.rank for r in reports}):
         failures.setdefault(rank, RankFailure(rank=rank, end="silent"))
+    errors += _shortfalls(settings, manifest, world, reports)
+    models = (model for report in reports for model in report.models)
+    return _Tally(
+        reports=reports,
+        errors=errors,
+        failures=failures,
+        skipped=manifest.skipped_entries(world),
+        shapes=[shape for report in reports for shape in report.shapes],
+        models=sorted(models, key=lambda m: (m.name, m.rank)),
+        remote=_remote_counts(reports),
+    )
+
+
+def _shortfalls(
+    settings: Settings, manifest: Manifest, world: int, reports: list[RankReport]
+) -> list[str]:
+    """What the manifest asked of ``world`` ranks and the reports do not give."""
+    errors = []
     expected = manifest.shape_count(world)
     models_expected = len(manifest.models_for(world))
     if expected + models_expected == 0:
         errors.append(manifest.no_entry_message(world))
-    skipped = manifest.skipped_entries(world)
     refused = other_worlds_refused(settings, manifest, world)
     if refused:  # a backstop: the launcher and prepare() refuse it before any rank
         errors.append(refused)
@@ -251,58 +380,68 @@ def finish(
             errors.append(
                 f"rank {report.rank} reported {len(report.models)} of {models_expected} models"
             )
-    shapes = [shape for report in reports for shape in report.shapes]
-    models = sorted(
-        (model for report in reports for model in report.models), key=lambda m: (m.name, m.rank)
-    )
+    return errors
+
+
+@dataclass(frozen=True)
+class _Saved:
+    """What saving the compile cache and importing Triton's autotune choices did."""
+
+    fingerprint: dict[str, Any] | None  # the first rank's
+    triton_env: dict[str, str]
+    copied: int
+    imported: int
+    seconds: float
+
+
+def _save_caches(settings: Settings, manifest: Manifest, reports: list[RankReport]) -> _Saved:
+    """The compile cache onto the volume, and Triton's autotune choices into the registry."""
     saving = time.perf_counter()
     fingerprint = reports[0].fingerprint if reports else None
     origin = triton_cache.Origin.of(Fingerprint.from_json(fingerprint)) if fingerprint else None
     saved = triton_cache.save(settings.triton_cache_dir, settings.paths.triton_cache, origin)
     imported = _import_autotune(settings, manifest, fingerprint)
-    launcher = {**(phases or {}), "save": time.perf_counter() - saving}
+    return _Saved(
+        fingerprint=fingerprint,
+        triton_env=dict(origin.env) if origin else {},
+        copied=saved.copied,
+        imported=imported,
+        seconds=time.perf_counter() - saving,
+    )
+
+
+def _run_phases(
+    phases: Mapping[str, float] | None,
+    save_s: float,
+    ranks_ended: float | None,
+    reports: list[RankReport],
+) -> dict[str, float]:
+    """The run's phases: the launcher's, its save, the ranks' exit, the slowest rank's."""
+    launcher = {**(phases or {}), "save": save_s}
     if ranks_ended is not None and reports and all(r.written for r in reports):
         launcher["exit"] = max(0.0, ranks_ended - max(r.written for r in reports))
-    run = run_phases(launcher, [report.phases for report in reports])
-    remote = _remote_counts(reports)
-    ready = (
-        not errors
-        and not failures
-        and not any(s.failed for s in shapes)
-        and not any(m.failed for m in models)
-    )
-    duration = time.time() - started
+    return run_phases(launcher, [report.phases for report in reports])
+
+
+def _write_metrics(
+    settings: Settings,
+    tally: _Tally,
+    duration: float,
+    run: dict[str, float],
+    predictions: Sequence[Prediction],
+    recovered: Mapping[str, int] | None,
+) -> None:
+    """The run's metrics into ``run_metrics_file``."""
     from warmup.metrics import RunMetrics  # prometheus: the finisher's, not every rank's
 
     metrics = RunMetrics()
-    metrics.record(shapes)
-    metrics.record_models(models)
-    metrics.record_run(len(reports), duration, run, remote)
+    metrics.record(tally.shapes)
+    metrics.record_models(tally.models)
+    metrics.record_run(len(tally.reports), duration, run, tally.remote)
     metrics.record_predictions(predictions)
-    metrics.record_skipped(len(skipped))
+    metrics.record_skipped(len(tally.skipped))
     metrics.record_recovered(recovered or {})
     metrics.write(settings.run_metrics_file)
-    return RunStatus(
-        state=READY if ready else FAILED,
-        manifest_digest=manifest.digest(),
-        started=started,
-        finished=time.time(),
-        duration_s=duration,
-        host=machine_name(),
-        world_size=world,
-        fingerprint=fingerprint,
-        triton_env=dict(origin.env) if origin else {},
-        errors=errors,
-        rank_failures=[failures[r] for r in sorted(failures)],
-        skipped_entries=skipped,
-        benchmark_runs=sum(s.benchmark_runs for s in shapes),
-        saved_artifacts=saved.copied,
-        imported_entries=imported,
-        phases=run,
-        remote=remote,
-        shapes=shapes,
-        models=models,
-    ).write(settings.status_file)
 
 
 def _remote_counts(reports: list[RankReport]) -> RemoteCounts | None:
@@ -474,17 +613,7 @@ def _run_rank(
     clock.add("rendezvous", waited_s)  # a rank started early: waiting for the launcher
     started = time.time() - process_age()  # time to ready counts from the process's start
     with clock.timing("rendezvous"):  # the GPU's context, then the process group
-        device = _rank_device(settings, rank)
-        detect_in_background(device)  # hashing Triton while NCCL connects
-        if rank == 0 and roles == LAUNCHED:
-            _tell_host(device, run_dir)
-        dist.init_process_group(
-            "nccl" if device.type == "cuda" else "gloo",
-            rank=rank,
-            world_size=world,
-            timeout=timedelta(seconds=settings.rank_timeout_s),
-            **({"device_id": device} if device.type == "cuda" else {}),
-        )
+        device = _join_group(settings, rank, world, run_dir, roles)
     try:
         status = run_session(
             settings,
@@ -505,6 +634,25 @@ def _run_rank(
         logs.exit_now(0)  # no second of NCCL and CUDA teardown before the pod is ready
     dist.destroy_process_group()
     return 0 if status is None or status.ready else 1
+
+
+def _join_group(settings: Settings, rank: int, world: int, run_dir: Path, roles: Roles) -> Any:
+    """This rank's device made current, then the process group joined on it (NCCL on a
+    GPU, gloo on the CPU); host detection starts first, to run while NCCL connects."""
+    import torch.distributed as dist
+
+    device = _rank_device(settings, rank)
+    detect_in_background(device)  # hashing Triton while NCCL connects
+    if rank == 0 and roles == LAUNCHED:
+        _tell_host(device, run_dir)
+    dist.init_process_group(
+        "nccl" if device.type == "cuda" else "gloo",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=settings.rank_timeout_s),
+        **({"device_id": device} if device.type == "cuda" else {}),
+    )
+    return device
 
 
 def _tell_host(device: Any, run_dir: Path) -> None:
