@@ -23,13 +23,14 @@ import torch
 
 import kernels
 from kernels.adapter import torch_dtype
-from registry import RegistryError, Store, triton_internals
+from kernels.task import TuneTask
+from registry import KernelConfig, RegistryError, Store, triton_internals
 from registry.fingerprint import Fingerprint, detect_for
 from registry.locks import backend_from_url
 from registry.remote import RemoteTier
 from registry.tiered import TieredStore
 from warmup.collectives import Lockstep
-from warmup.manifest import Manifest, ManifestEntry, resolve_user_function
+from warmup.manifest import Manifest, ManifestEntry, ModelEntry, resolve_user_function
 from warmup.results import ModelResult, RankReport, RemoteCounts, ShapeResult
 from warmup.run.phases import PhaseClock
 from warmup.settings import Settings
@@ -65,59 +66,110 @@ def warm_rank(
         local = settings.store()
         store = TieredStore(local, _remote(settings) if rank == 0 else None)
     report = RankReport(rank=rank, world=world, fingerprint=fingerprint.to_json())
-    total = manifest.shape_count(world)
-    places: dict[int, int] = {}  # id(result) -> its place in the manifest
-
-    def done(shape: ShapeResult, place: int) -> None:
-        report.shapes.append(shape.model_copy(update={"rank": rank}))
-        places[id(report.shapes[-1])] = place
-        if progress is not None:
-            progress(len(report.shapes), total, report.shapes[-1])
-
-    def warm(settled: Settled) -> None:
-        done(_warm_settled(settled, from_bundles, clock), settled.job.place)
-
+    shapes = _Shapes(report, manifest.shape_count(world), progress)
+    here = _Rank(settings, rank, group, device, fingerprint, store, clock)
     lockstep = Lockstep(group, timeout_s=settings.rank_timeout_s)
     entries = _placed(manifest.entries_for(world))
-    kernel_entries = [(entry, first) for entry, first in entries if not entry.is_user_function]
     with clock.timing("prepare"):
-        fraction = start_fraction(lockstep)
-        from_bundles = _bundle_paths(local)
-        tuners = [
-            _tuner(e, settings, store, fingerprint, lockstep, device) for e, _ in kernel_entries
-        ]
-    jobs = _kernel_jobs(kernel_entries, tuners, fraction, group, device)
+        jobs, from_bundles = _kernel_setup(here, lockstep, entries)
     sharing = Sharing(lock_timeout_s=settings.lock_timeout_s)
     for settled in sharing.first_pass(clock.timed_items("setup", jobs)):
-        warm(settled)
+        shapes.add(_warm_settled(settled, from_bundles, clock), settled.job.place)
+    _warm_user_functions(entries, device, shapes)
+    if manifest.models_for(world):  # compiled models (warmup.compiled.warm): torch.compile
+        report.models = _warm_models(here, manifest.models_for(world))
+    for settled in sharing.come_back():
+        shapes.add(_warm_settled(settled, from_bundles, clock), settled.job.place)
+    shapes.sort()
+    return _completed(report, started, here)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rank:
+    """What the steps of one rank's warmup share."""
+
+    settings: Settings
+    rank: int
+    group: Any
+    device: torch.device
+    fingerprint: Fingerprint
+    store: TieredStore  # the remote tier on rank 0 only
+    clock: PhaseClock
+
+
+class _Shapes:
+    """The report's shape results as they come: each told to ``progress``, and kept
+    with its place in the manifest."""
+
+    def __init__(self, report: RankReport, total: int, progress: Progress | None) -> None:
+        self.report, self.total, self.progress = report, total, progress
+        self.places: dict[int, int] = {}  # id(result) -> its place in the manifest
+
+    def add(self, shape: ShapeResult, place: int) -> None:
+        shapes = self.report.shapes
+        shapes.append(shape.model_copy(update={"rank": self.report.rank}))
+        self.places[id(shapes[-1])] = place
+        if self.progress is not None:
+            self.progress(len(shapes), self.total, shapes[-1])
+
+    def sort(self) -> None:
+        """The report's shapes in manifest order."""
+        self.report.shapes.sort(key=lambda shape: self.places[id(shape)])
+
+
+def _kernel_setup(
+    here: _Rank, lockstep: Lockstep, entries: list[tuple[ManifestEntry, int]]
+) -> tuple[Iterator[Job], set[str]]:
+    """The kernel entries' jobs, from where this pod starts (rank 0 draws it), and the
+    entry paths that bundles installed."""
+    kernel_entries = [(entry, first) for entry, first in entries if not entry.is_user_function]
+    fraction = start_fraction(lockstep)
+    from_bundles = _bundle_paths(here.store.local)
+    settings, store, device = here.settings, here.store, here.device
+    tuners = [
+        _tuner(e, settings, store, here.fingerprint, lockstep, device) for e, _ in kernel_entries
+    ]
+    return _kernel_jobs(kernel_entries, tuners, fraction, here.group, device), from_bundles
+
+
+def _warm_user_functions(
+    entries: list[tuple[ManifestEntry, int]], device: torch.device, shapes: _Shapes
+) -> None:
+    """Every shape of the user function entries, in manifest order."""
     for entry, first in entries:
         if entry.is_user_function:
             for place, shape in enumerate(_warm_user_function(entry, device=device), first):
-                done(shape, place)
-    if manifest.models_for(world):  # compiled models (warmup.compiled.warm): torch.compile
-        from warmup.compiled.warm import warm_models
+                shapes.add(shape, place)
 
-        with clock.timing("models"):
-            report.models = [
-                _logged(result)
-                for result in warm_models(
-                    manifest.models_for(world),
-                    settings,
-                    rank=rank,
-                    group=group,
-                    device=device,
-                    fingerprint=fingerprint,
-                    remote=store.remote,
-                )
-            ]
-    for settled in sharing.come_back():
-        warm(settled)
-    report.shapes.sort(key=lambda shape: places[id(shape)])
+
+def _warm_models(here: _Rank, models: list[ModelEntry]) -> list[ModelResult]:
+    """The manifest's compiled models, each logged."""
+    from warmup.compiled.warm import warm_models
+
+    with here.clock.timing("models"):
+        return [
+            _logged(result)
+            for result in warm_models(
+                models,
+                here.settings,
+                rank=here.rank,
+                group=here.group,
+                device=here.device,
+                fingerprint=here.fingerprint,
+                remote=here.store.remote,
+            )
+        ]
+
+
+def _completed(report: RankReport, started: float, here: _Rank) -> RankReport:
+    """The report with this rank's time, its phases and its remote tier's calls (what an
+    outage held back sent first)."""
     report.seconds = time.perf_counter() - started
-    report.phases = dict(clock.seconds)
-    if store.remote is not None:
-        store.remote.flush()  # what an outage held back
-        report.remote = RemoteCounts.model_validate(dataclasses.asdict(store.remote.stats))
+    report.phases = dict(here.clock.seconds)
+    remote = here.store.remote
+    if remote is not None:
+        remote.flush()  # what an outage held back
+        report.remote = RemoteCounts.model_validate(dataclasses.asdict(remote.stats))
     return report
 
 
@@ -232,21 +284,29 @@ def _warm_settled(settled: Settled, from_bundles: set[str], clock: PhaseClock) -
     )
     if outcome.source == "tuned":  # tuning launched and checked it already
         return result
-    started = time.perf_counter()  # a stored config: compile (from the cache), launch, check
+    return _checked(result, task, outcome.config, clock)
+
+
+def _checked(
+    result: ShapeResult, task: TuneTask, config: KernelConfig, clock: PhaseClock
+) -> ShapeResult:
+    """A stored config's result once it is compiled (from the cache), launched and
+    checked: its seconds for that, and why it failed."""
+    started = time.perf_counter()
     error: str | None = None
     try:
         with clock.timing("compile"):
-            task.warmup(outcome.config)
+            task.warmup(config)
             _synchronize()
         with clock.timing("check"):
-            error = task.verify(task.run(outcome.config))
+            error = task.verify(task.run(config))
             _synchronize()
     except Exception as e:  # the shape failed, the run goes on
         error = f"{type(e).__name__}: {e}"
     return result.model_copy(
         update={
             "compile_seconds": time.perf_counter() - started,
-            "error": error and f"stored config {outcome.config.label()} failed its check: {error}",
+            "error": error and f"stored config {config.label()} failed its check: {error}",
         }
     )
 
