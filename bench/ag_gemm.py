@@ -49,7 +49,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from bench import targets
+from bench import plots, targets
 from kernels import ag_gemm
 from registry import KernelConfig, Store, cpu_fingerprint
 
@@ -548,6 +548,7 @@ def main() -> None:
             if args.out:
                 result["targets"] = [asdict(v) for v in verdicts]
                 args.out.write_text(json.dumps(result, indent=2))
+        plots.save_beside(args.out, "ag_gemm", result)  # never raises: the barrier is next
     dist.barrier()
     dist.destroy_process_group()
 

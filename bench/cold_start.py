@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from bench import bytecode
+from bench import bytecode, plots
 from warmup import logs
 from warmup.run.phases import OVERLAPPING, phase_table, process_age  # no torch, no triton
 
@@ -291,6 +291,7 @@ def main() -> None:
     }
     if args.out:
         args.out.write_text(json.dumps(result, indent=2))
+        plots.save_beside(args.out, "cold_start", result)
     print(
         f"\ncold {cold:.2f} s | warm {warm:.2f} s ({warm_status['benchmark_runs']} "
         f"benchmark runs, {warm_status['sources']}) | floor {bottom:.2f} s | "

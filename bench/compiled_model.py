@@ -470,6 +470,9 @@ def main() -> int:
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
+    from bench import plots  # here: a server process (``serve``) imports only what it times
+
+    plots.save_beside(args.out, "compiled_model", rows)
     print("\n".join(["", *table(rows), "", *verdicts(rows)]))
     return 0
 

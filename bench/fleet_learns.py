@@ -439,6 +439,9 @@ def main() -> int:
     print(json.dumps(out["summary"], indent=2))
     if args.out:
         args.out.write_text(json.dumps(out, indent=2, default=str))
+        from bench import plots  # here, not at the top: the kernel above keeps its lines
+
+        plots.save_beside(args.out, "fleet_learns", out)
     return 0
 
 

@@ -41,7 +41,7 @@ from typing import Any
 import triton
 import triton.language as tl
 
-from bench import targets
+from bench import plots, targets
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = "qkv=1536x4096,up=7168x4096"  # name=N per rank x K
@@ -453,6 +453,7 @@ def drive(args: argparse.Namespace) -> None:
     }
     if args.out:  # before judging: a judge that fails loses no measurement
         args.out.write_text(json.dumps(results, indent=2))
+        plots.save_beside(args.out, "serving", results)
     print(table(results))
     try:
         verdicts = targets.serving(results)

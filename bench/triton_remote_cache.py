@@ -176,7 +176,11 @@ def main() -> int:
 
         device = torch.cuda.get_device_name()
         meta = {"device": device, "torch": torch.__version__, "triton": triton.__version__}
-        args.out.write_text(json.dumps({**meta, "summary": summary, "modes": results}, indent=2))
+        written = {**meta, "summary": summary, "modes": results}
+        args.out.write_text(json.dumps(written, indent=2))
+        from bench import plots  # here, not at the top: the kernels above keep their lines
+
+        plots.save_beside(args.out, "triton_remote_cache", written)
     return 0
 
 

@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import plots
+
 SHAPES = [(1024, 4096, 4096), (4096, 4096, 4096), (8192, 3584, 8192), (2048, 6656, 16384)]
 AG_SHAPES = [(4096, 6656, 16384), (8192, 3584, 8192), (2048, 4096, 4096), (16384, 7168, 8192)]
 
@@ -251,6 +253,7 @@ def parent(args: argparse.Namespace) -> None:
     }
     if args.out:
         args.out.write_text(json.dumps(summary, indent=2))
+        plots.save_beside(args.out, "tuning_cost", summary)
     print(table(results))
 
 
