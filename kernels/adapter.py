@@ -3,7 +3,7 @@
 An adapter (one per kernel module, listed in :data:`kernels.ADAPTERS`) answers:
 
 * ``check_shape``: is a manifest shape valid for this kernel (before any GPU work);
-* ``tasks``: the tune tasks (``warmup.tuning.tuner.TuneTask``) for a manifest entry's shapes;
+* ``tasks``: the tune tasks (:class:`kernels.task.TuneTask`) for a manifest entry's shapes;
 * ``tuning_cost``: what tuning one shape costs, relative to the others (the fleet tunes the
   costliest first, so that no pod ends on a long shape while the others wait);
 * ``kernel_hash``: the public hash of the kernel's source, part of every fingerprint;
@@ -19,6 +19,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from kernels.task import TuneTask
 from registry import KernelConfig
 
 BUCKET_FIELD = "M"  # the key field a serving op buckets on: the rows of one call
@@ -31,14 +32,6 @@ def gemm_flops(shape: Mapping[str, int]) -> float:
     runs each candidate the same number of times at any shape, so its cost grows with
     this (on an H100: 0.5 s to tune 17 GFLOP, 2.3 s at 240, 8 s at 962)."""
     return 2.0 * shape["M"] * shape["N"] * shape["K"]
-
-
-def as_meta(*tensors: Any) -> tuple[Any, ...]:
-    """Placeholders of ``tensors`` that hold no memory, only their shapes and dtypes (a
-    task's inputs while it waits: ``drop_inputs``)."""
-    import torch
-
-    return tuple(torch.empty_like(t, device="meta") for t in tensors)
 
 
 def torch_dtype(name: str) -> Any:
@@ -193,7 +186,7 @@ class Adapter(Protocol):
 
     def tasks(
         self, shapes: Sequence[Mapping[str, int]], *, dtype: str, group: Any, device: Any
-    ) -> Iterator[Any]:
+    ) -> Iterator[TuneTask]:
         """One tune task per shape, in order; every rank of ``group`` calls it."""
         ...
 

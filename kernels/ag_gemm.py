@@ -33,7 +33,7 @@ import triton.language as tl
 
 from kernels import ag_gemm_workspace as workspace
 from kernels import cublas_heuristics
-from kernels.adapter import LaunchPlan, Layer, as_meta, gemm_flops, torch_dtype
+from kernels.adapter import LaunchPlan, Layer, gemm_flops, torch_dtype
 from kernels.ag_gemm_workspace import (
     DTYPES,
     AgGemmContext,
@@ -42,6 +42,7 @@ from kernels.ag_gemm_workspace import (
     input_buffer,
 )
 from kernels.spaces import Problem, ag_gemm_space, meta_int
+from kernels.task import ProductTask
 from registry import KernelConfig
 
 NAME = "ag_gemm"
@@ -562,44 +563,45 @@ def _tma_aligned(*tensors: torch.Tensor) -> bool:
 
 
 @dataclass
-class AgGemmTask:
-    """One AllGather-GEMM problem, as the tuner sees it (``warmup.tuning.tuner.TuneTask``).
-    Every rank builds the same task; the tuner runs them in lockstep."""
+class AgGemmTask(ProductTask):
+    """One AllGather-GEMM problem, as the tuner sees it (:class:`kernels.task.TuneTask`):
+    ``a`` is this rank's shard of the rows. Every rank builds the same task; the tuner
+    runs them in lockstep. Its reference gathers: a collective, made with the inputs."""
 
-    a_shard: torch.Tensor
+    a: torch.Tensor
     b: torch.Tensor
     ctx: AgGemmContext
     configs: list[KernelConfig] | None = None  # default: the pruned, model-ordered space
-    # makes (a_shard, b) again after drop_inputs(); None: the caller's inputs, never dropped
+    # makes (a, b) again after drop_inputs(); None: the caller's inputs, never dropped
     inputs: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None
     kernel: str = NAME
     out: torch.Tensor | None = None
     _expected: torch.Tensor | None = None
+    collective_reference = True
 
     def __post_init__(self) -> None:
-        self._expected = self._reference()
+        self._expected = self.reference()
 
-    def _reference(self) -> torch.Tensor:
-        # The reference gathers: every rank computes it here, together, never inside a
-        # check that a failed launch on one rank would skip. NCCL + cuBLAS in the input
-        # dtype on GPUs (cheap on the start-up path); float64 on the CPU.
-        if self.a_shard.device.type == "cpu":
-            return reference(self.a_shard.double(), self.b.double(), self.ctx.group)
-        return reference(self.a_shard, self.b, self.ctx.group)
+    def reference(self) -> torch.Tensor:
+        """NCCL + cuBLAS in the input dtype on GPUs (cheap on the start-up path); float64
+        on the CPU."""
+        if self.a.device.type == "cpu":
+            return reference(self.a.double(), self.b.double(), self.ctx.group)
+        return reference(self.a, self.b, self.ctx.group)
 
     @property
     def kernel_hash(self) -> str:
         return kernel_hash()
 
     def key(self) -> dict[str, Any]:
-        return key(self.a_shard, self.b, self.ctx)
+        return key(self.a, self.b, self.ctx)
 
     def candidates(self) -> list[KernelConfig]:
         """The baseline first (the policy 'fallback' takes the first), the other library
         algorithms, then the fused space, pruned and ordered by the model."""
         if self.configs is not None:
             return list(self.configs)
-        return candidates(self.ctx, problem(self.a_shard, self.b, self.ctx))
+        return candidates(self.ctx, problem(self.a, self.b, self.ctx))
 
     def baseline(self) -> KernelConfig:
         """NCCL + cuBLAS: the tuner stores another algorithm only if it beats this one
@@ -608,31 +610,9 @@ class AgGemmTask:
 
     def run(self, config: KernelConfig) -> torch.Tensor:
         if self.out is None:
-            m, n = self.a_shard.shape[0] * self.ctx.world, self.b.shape[1]
+            m, n = self.a.shape[0] * self.ctx.world, self.b.shape[1]
             self.out = torch.empty(m, n, dtype=self.ctx.dtype, device=self.ctx.device)
-        return ag_gemm(self.a_shard, self.b, self.ctx, config, out=self.out)
-
-    def verify(self, output: torch.Tensor) -> str | None:
-        from kernels.matmul import TOLERANCE, relative_error_reason
-
-        assert self._expected is not None
-        return relative_error_reason(output, self._expected, TOLERANCE[self.ctx.dtype])
-
-    def drop_inputs(self) -> None:
-        """Drop the inputs, output and reference while the shape waits for another pod
-        (``warmup.tuning.sharing``): only their shapes stay, for the key."""
-        if self.inputs is None:
-            return
-        self.a_shard, self.b = as_meta(self.a_shard, self.b)
-        self.out = self._expected = None
-
-    def remake_inputs(self) -> None:
-        """The inputs again after :meth:`drop_inputs`, and their reference: a collective,
-        so every rank of the group calls it at the same point."""
-        if self.inputs is None or not self.a_shard.is_meta:
-            return
-        self.a_shard, self.b = self.inputs()
-        self._expected = self._reference()
+        return ag_gemm(self.a, self.b, self.ctx, config, out=self.out)
 
     def warmup(self, config: KernelConfig) -> None:
         if self.ctx.device.type != "cuda" or algorithm_of(config) == BASELINE:
@@ -640,14 +620,14 @@ class AgGemmTask:
         if algorithm_of(config) != FUSED:
             prepare_wait(self.ctx)
             return
-        m, n, _ = check_inputs(self.a_shard, self.b, self.ctx)
-        g = self.a_shard if self.ctx.world == 1 else self.ctx.buffer[:m]
+        m, n, _ = check_inputs(self.a, self.b, self.ctx)
+        g = self.a if self.ctx.world == 1 else self.ctx.buffer[:m]
         out = (
             torch.empty(m, n, dtype=self.ctx.dtype, device=self.ctx.device)
             if self.out is None
             else self.out
         )
-        launch_plan(self.ctx, g, self.b, out, self.a_shard.shape[0], config).compile()
+        launch_plan(self.ctx, g, self.b, out, self.a.shape[0], config).compile()
 
 
 def key(a_shard: torch.Tensor, b: torch.Tensor, ctx: AgGemmContext) -> dict[str, Any]:

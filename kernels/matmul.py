@@ -18,7 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.adapter import LaunchPlan, Layer, as_meta, gemm_flops, torch_dtype
+from kernels.adapter import LaunchPlan, Layer, gemm_flops, torch_dtype
+from kernels.task import ProductTask
 from registry import KernelConfig, triton_internals
 
 NAME = "matmul"
@@ -127,12 +128,9 @@ def space(
     ]
 
 
-TOLERANCE = {torch.float32: 2e-3, torch.float16: 1e-2, torch.bfloat16: 2e-2}  # rel. norm
-
-
 @dataclass
-class MatmulTask:
-    """One matmul problem, as the tuner sees it (``warmup.tuning.tuner.TuneTask``)."""
+class MatmulTask(ProductTask):
+    """One matmul problem, as the tuner sees it (:class:`kernels.task.TuneTask`)."""
 
     a: torch.Tensor
     b: torch.Tensor
@@ -160,27 +158,11 @@ class MatmulTask:
             )
         return matmul(self.a, self.b, config, out=self.out)
 
-    def verify(self, output: torch.Tensor) -> str | None:
-        if self._expected is None:
-            self._expected = (
-                (self.a.double() @ self.b.double())
-                if self.a.device.type == "cpu"
-                else (self.a.float() @ self.b.float())
-            )
-        return relative_error_reason(output, self._expected, TOLERANCE[self.a.dtype])
-
-    def drop_inputs(self) -> None:
-        """Drop the inputs, output and reference while the shape waits for another pod
-        (``warmup.tuning.sharing``): only their shapes stay, for the key."""
-        if self.inputs is None:
-            return
-        self.a, self.b = as_meta(self.a, self.b)
-        self.out = self._expected = None
-
-    def remake_inputs(self) -> None:
-        """The inputs again after :meth:`drop_inputs`."""
-        if self.inputs is not None and self.a.is_meta:
-            self.a, self.b = self.inputs()
+    def reference(self) -> torch.Tensor:
+        """The product in float64 on the CPU, in float32 on a GPU."""
+        if self.a.device.type == "cpu":
+            return self.a.double() @ self.b.double()
+        return self.a.float() @ self.b.float()
 
     def warmup(self, config: KernelConfig) -> None:
         if self.a.device.type == "cuda":
@@ -192,18 +174,6 @@ class MatmulTask:
                 else self.out
             )
             launch_plan(self.a, self.b, out, config).compile()
-
-
-def relative_error_reason(
-    out: torch.Tensor, expected: torch.Tensor, tolerance: float
-) -> str | None:
-    """None when ``out`` is finite and within ``tolerance`` (relative norm) of ``expected``."""
-    if not torch.isfinite(out).all():
-        return "output has NaN or inf (unwritten or overflowed elements)"
-    wide = torch.float64 if expected.dtype == torch.float64 else torch.float32  # norms in >= fp32
-    ref = expected.to(wide)
-    error = float((out.to(wide) - ref).norm() / ref.norm().clamp_min(1e-30))
-    return None if error <= tolerance else f"relative error {error:.2e} > {tolerance:.0e}"
 
 
 def reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -18,6 +18,11 @@ def shown(value: object) -> str:
     return _SHOWN.repr(value)
 
 
+def named(e: BaseException) -> str:
+    """An exception as its type and its whole message: ``ValueError: bad shape``."""
+    return f"{type(e).__name__}: {e}"
+
+
 def why(e: BaseException) -> str:
     """An exception as its type and its message, cut short, for a reason."""
     return f"{type(e).__name__}: {short(str(e))}"

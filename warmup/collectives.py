@@ -1,11 +1,99 @@
-"""Collectives the tuner runs across ranks, each bounded by a timeout, so a rank that died
-or hangs makes the others fail with a clear error instead of waiting forever."""
+"""Collectives between the ranks of a pod, each bounded by a timeout, so that a rank that
+died or hangs makes the others fail with a clear error instead of waiting forever.
+
+Rank 0 decides and every rank follows: what crosses ranks is a typed payload (a
+:class:`Payload`), sent as its JSON by :meth:`Lockstep.share` and validated on every rank,
+so a field misspelt on one side fails at once, not as a ``KeyError`` on the others.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Annotated, Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, PlainSerializer, PlainValidator
+
+from registry import Entry, KernelConfig
+from registry.tiered import TieredFence
+
+J = TypeVar("J")
+
+
+def _read(kind: type[J], read: Callable[[Any], J]) -> PlainValidator:
+    """A registry type's value, or one read from its JSON form (``from_json``)."""
+    return PlainValidator(lambda value: value if isinstance(value, kind) else read(value))
+
+
+_WRITE = PlainSerializer(lambda value: value.to_json())  # a registry type's JSON form
+ConfigJSON = Annotated[KernelConfig, _read(KernelConfig, KernelConfig.from_json), _WRITE]
+EntryJSON = Annotated[Entry, _read(Entry, Entry.from_json), _WRITE]
+FenceJSON = Annotated[TieredFence, _read(TieredFence, TieredFence.from_json), _WRITE]
+
+
+class Payload(BaseModel):
+    """What rank 0 sends every rank in one collective."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+
+P = TypeVar("P", bound=Payload)
+
+
+class Answer(Payload):
+    """Rank 0's payload, or why rank 0 could not make it (every rank raises alike)."""
+
+    value: dict[str, Any] | None = None
+    error: str | None = None
+
+
+class Located(Payload):
+    """A stored entry rank 0 found, and whether the remote tier had it."""
+
+    entry: EntryJSON
+    remote: bool = False
+
+
+class Lookup(Payload):
+    found: Located | None = None
+    fence: FenceJSON | None = None  # a lookup under the lock
+
+
+class LockDecision(Payload):
+    """The fleet lock: taken (both None), ``deferred`` (another pod holds it: why), or
+    ``unlocked`` (its server is silent: the shape is tuned without it; how long)."""
+
+    deferred: str | None = None
+    unlocked: str | None = None
+
+
+class Stored(Payload):
+    """The entry that landed: this pod's tuning, or another holder's (``superseded``)."""
+
+    entry: EntryJSON
+    superseded: bool = False
+
+
+class Chosen(Payload):
+    """A config every rank runs: a search's winner, or a fallback and where it came from."""
+
+    config: ConfigJSON
+    source: str = ""
+
+
+class Candidates(Payload):
+    configs: list[ConfigJSON]
+
+
+class Number(Payload):
+    value: float
+
+
+class LearnedDims(Payload):
+    """The shapes traffic taught a compiled model (rank 0's list: every rank warms them)."""
+
+    dims: list[dict[str, int]]
 
 
 class RankFailure(RuntimeError):
@@ -48,6 +136,16 @@ class Lockstep:
             data.copy_(torch.frombuffer(bytearray(blob), dtype=torch.uint8))
         self._run("broadcast", data, what, timeout_s)
         return json.loads(bytes(data.cpu().tolist()).decode())
+
+    def share(
+        self, value: P | None, kind: type[P], *, what: str, timeout_s: float | None = None
+    ) -> P:
+        """Rank 0's ``value`` on every rank, as a ``kind`` (the others pass None)."""
+        if not self.active:
+            assert value is not None, "one process: rank 0's value is the value"
+            return value
+        sent = value.model_dump(mode="json") if self.leader and value is not None else None
+        return kind.model_validate(self.broadcast(sent, what=what, timeout_s=timeout_s))
 
     def max_over_ranks(self, values: list[float], *, what: str) -> list[float]:
         """Element-wise max over ranks: a candidate is as slow as its slowest rank, and

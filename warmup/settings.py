@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -13,6 +13,12 @@ from registry.remote import SCHEMES as REDIS_SCHEMES
 from registry.remote import RemoteTier, remote_tier
 from registry.store import Store
 from registry.volume import Volume, existing_folder
+
+
+def _derived() -> Any:
+    """An unset path's placeholder; :meth:`Settings._resolve_defaults` derives it from
+    the settings it follows (after they are validated, so a bad one is the only error)."""
+    return None
 
 
 class Settings(BaseSettings):
@@ -29,24 +35,29 @@ class Settings(BaseSettings):
     manifest: Path = Field(Path("examples/demo.yaml"), description="the shape manifest")
     work_dir: Path = Field(Path("demo-work"), description="this pod's scratch folder")
     triton_cache_dir: Path = Field(
-        default_factory=lambda given: given["work_dir"] / "triton-cache",
+        default_factory=_derived,
+        validate_default=False,
         description="TRITON_CACHE_DIR to restore into; unset: <work_dir>/triton-cache",
     )
     inductor_cache_dir: Path = Field(
-        default_factory=lambda given: given["work_dir"] / "inductor-cache",
+        default_factory=_derived,
+        validate_default=False,
         description="TORCHINDUCTOR_CACHE_DIR of the warmup and the server (compiled models' "
         "artifacts are restored there); unset: <work_dir>/inductor-cache",
     )
     registry_dir: Path = Field(
-        default_factory=lambda given: Volume(given["volume"]).registry,
+        default_factory=_derived,
+        validate_default=False,
         description="the registry; unset: <volume>/registry",
     )
     status_file: Path = Field(
-        default_factory=lambda given: given["work_dir"] / "status.json",
+        default_factory=_derived,
+        validate_default=False,
         description="the run's status, read by the sidecar; unset: <work_dir>/status.json",
     )
     bundle_dir: Path = Field(
-        default_factory=lambda given: Volume(given["volume"]).bundles,
+        default_factory=_derived,
+        validate_default=False,
         description="watched for bundles; unset: <volume>/bundles",
     )
     lock_url: str = Field(
@@ -63,8 +74,15 @@ class Settings(BaseSettings):
         "entries tuned anywhere in the fleet; unset or '': the lock server when it is redis, "
         "else off; 'off': none",
     )
-    lock_ttl_s: float = Field(60.0, gt=0)
-    lock_timeout_s: float = Field(1800.0, ge=0)
+    lock_ttl_s: float = Field(
+        60.0, gt=0, description="a fleet lock's lease: a holder silent this long loses it"
+    )
+    lock_timeout_s: float = Field(
+        1800.0,
+        ge=0,
+        description="how long a shape another pod holds is waited for (and a put for the "
+        "store's write lock)",
+    )
     lock_outage_s: float = Field(
         30.0,
         ge=0,
@@ -86,20 +104,34 @@ class Settings(BaseSettings):
     )
     run_timeout_s: float = Field(3600.0, gt=0, description="the whole run, all ranks")
     world_size: int | None = Field(None, ge=1, le=8, description="None: from the manifest")
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="where ranks run; auto: cuda when a GPU is visible, else cpu"
+    )
     other_world_sizes: Literal["degraded", "fail"] = Field(
         "degraded",
         description="manifest entries for another world size than the pod's: degraded "
         "(ready, named in /readyz and triton_warmup_skipped_entries) or fail (bad input, "
         "exit 2, before any rank starts)",
     )
-    match_policy: MatchPolicy = MatchPolicy.EXACT
-    metrics_host: str = "0.0.0.0"
-    metrics_port: int = Field(9400, ge=0, le=65535)
-    reload_debounce_s: float = Field(1.0, ge=0)
-    log_format: Literal["text", "json"] = "text"
+    match_policy: MatchPolicy = Field(
+        MatchPolicy.EXACT,
+        description="which stored entries a host may use: exact (every fingerprint field), "
+        "same-arch (same compute capability, software and kernel: H100 -> H200) or any "
+        "(kernel and shape only: a starting point, not a tuned answer)",
+    )
+    metrics_host: str = Field("0.0.0.0", description="the sidecar's address")
+    metrics_port: int = Field(
+        9400, ge=0, le=65535, description="the sidecar's port: /healthz /readyz /metrics"
+    )
+    reload_debounce_s: float = Field(
+        1.0, ge=0, description="quiet time before a changed bundle folder is scanned again"
+    )
+    log_format: Literal["text", "json"] = Field(
+        "text", description="log lines as text, or as one JSON object each"
+    )
     metrics_dir: Path = Field(
-        default_factory=lambda given: given["status_file"].parent / "serving-metrics",
+        default_factory=_derived,
+        validate_default=False,
         description="serving processes write their metrics files here and the sidecar "
         "re-exports them; unset: <status file's folder>/serving-metrics",
     )
@@ -168,11 +200,16 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _resolve_defaults(self) -> Settings:
-        """Each setting has one name: an unset or empty URL becomes its default here, as
-        an unset path does in its ``default_factory``, so that ``settings.lock_url`` is
-        the lock wherever it is read and a dump read back (the ranks' ``settings.json``)
-        is the same settings."""
+        """Each setting has one name: an unset path or an empty URL becomes its default
+        here, so that ``settings.registry_dir`` is the registry wherever it is read, and
+        a dump read back (the ranks' ``settings.json``) is the same settings."""
         paths = Volume(self.volume)
+        self.triton_cache_dir = self.triton_cache_dir or self.work_dir / "triton-cache"
+        self.inductor_cache_dir = self.inductor_cache_dir or self.work_dir / "inductor-cache"
+        self.registry_dir = self.registry_dir or paths.registry
+        self.status_file = self.status_file or self.work_dir / "status.json"
+        self.bundle_dir = self.bundle_dir or paths.bundles
+        self.metrics_dir = self.metrics_dir or self.status_file.parent / "serving-metrics"
         if not self.remote_url:
             self.remote_url = self.lock_url if self.lock_url.startswith(REDIS_SCHEMES) else "off"
         self.lock_url = self.lock_url or str(paths.locks)

@@ -187,18 +187,18 @@ def dropped_inputs(world: int, rank: int) -> dict[str, object]:
     their reference (a collective, on every rank together)."""
     shape = {"M": world * 8, "N": 24, "K": 16}
     (task,) = ag_gemm.ADAPTER.tasks([shape], dtype="fp32", group=None, device="cpu")
-    shard, b, key = task.a_shard.clone(), task.b.clone(), task.key()
+    shard, b, key = task.a.clone(), task.b.clone(), task.key()
     assert task._expected is not None
     expected = task._expected.clone()
     task.drop_inputs()
-    dropped = [t is None or t.is_meta for t in (task.a_shard, task.b, task.out, task._expected)]
+    dropped = [t is None or t.is_meta for t in (task.a, task.b, task.out, task._expected)]
     key_kept = task.key() == key
     task.remake_inputs()
     return {
         "rank": rank,
         "dropped": all(dropped),
         "key_kept": key_kept,
-        "same": bool(torch.equal(task.a_shard, shard) and torch.equal(task.b, b)),
+        "same": bool(torch.equal(task.a, shard) and torch.equal(task.b, b)),
         "same_reference": bool(torch.equal(task._expected, expected)),
         "check": task.verify(task.run(ag_gemm.BASELINE_CONFIG)),
     }

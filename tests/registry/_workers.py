@@ -94,6 +94,9 @@ class _Solo:
     def broadcast(self, value, *, what, timeout_s=None):  # type: ignore[no-untyped-def]
         return value
 
+    def share(self, value, kind, *, what, timeout_s=None):  # type: ignore[no-untyped-def]
+        return value
+
     def max_over_ranks(self, values, *, what):  # type: ignore[no-untyped-def]
         return list(values)
 

@@ -39,6 +39,9 @@ def test_each_setting_has_one_name_and_its_default_is_resolved_once(monkeypatch,
     assert settings.lock_url == str(tmp_path / "volume" / "locks")
     assert not [name for name in vars(Settings) if name.endswith(("_path", "_location"))]
     monkeypatch.delenv("TRITON_WARMUP_WORK_DIR")
+    with pytest.raises(ValidationError) as bad:
+        Settings(world_size=0)
+    assert bad.value.error_count() == 1  # the bad value alone, not the paths derived after it
     # what the ranks read back from settings.json is the same settings
     assert Settings.model_validate_json(settings.model_dump_json()) == settings
 

@@ -455,16 +455,15 @@ class Serving:
         rank (a harvest may write the file between two ranks' reads)."""
         import torch.distributed as dist
 
-        from warmup.collectives import Lockstep
+        from warmup.collectives import LearnedDims, Lockstep
         from warmup.compiled.learned import learned_dims
 
         group = dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
         steps = Lockstep(group, timeout_s=self.settings.rank_timeout_s)
-        mine = learned_dims(self.settings.paths.learned, entry) if steps.leader else []
-        found: list[dict[str, int]] = steps.broadcast(
-            mine, what=f"model {entry.name}: learned shapes"
-        )
-        return found
+        mine = None
+        if steps.leader:
+            mine = LearnedDims(dims=learned_dims(self.settings.paths.learned, entry))
+        return steps.share(mine, LearnedDims, what=f"model {entry.name}: learned shapes").dims
 
     def declare_warm(self) -> None:
         """From now on every Triton compile or autotune run in this process is counted

@@ -29,6 +29,8 @@ from typing import ParamSpec, TypeVar, cast
 
 import h11
 
+from registry.errors import named
+
 log = logging.getLogger(__name__)
 
 Answer = tuple[int, str, bytes]  # (status, Content-Type, body)
@@ -277,7 +279,7 @@ class ProbeServer:
             return self.answer(path)
         except Exception as e:  # answer, never drop the connection
             log.exception("answering %s failed", path)
-            return HTTPStatus.INTERNAL_SERVER_ERROR, JSON, _error(f"{type(e).__name__}: {e}")
+            return HTTPStatus.INTERNAL_SERVER_ERROR, JSON, _error(named(e))
 
 
 class Exchange(asyncio.Protocol):

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kernels.task import Task
 from registry import KernelConfig, Store
 from registry.fingerprint import Fingerprint, kernel_source_hash
 from registry.locks import LockBackend
@@ -180,7 +181,7 @@ class AutotunedFunction:
         return hashlib.sha256("\n".join(space).encode()).hexdigest()[:16]
 
 
-class _CallTask:
+class _CallTask(Task):
     """One call's arguments, as a tuner task: each config runs the function itself."""
 
     def __init__(

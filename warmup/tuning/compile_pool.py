@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from registry import triton_internals
+from registry.errors import named
 from warmup.tuning.cpus import usable_cpus
 
 
@@ -105,4 +106,4 @@ def _compile_one(spec_json: str, target: Any) -> str | None:
         triton_internals.compile_specialization(spec_json, target)
         return None
     except Exception as e:  # reported, never fatal: the in-process warm-up will retry
-        return f"{type(e).__name__}: {e}"
+        return named(e)

@@ -36,15 +36,13 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from warmup.collectives import Lockstep
+from kernels.task import TuneTask
+from warmup.collectives import Lockstep, Number
 from warmup.tuning.tuner import (
     Deferred,
     TuneError,
     TuneOutcome,
     Tuner,
-    TuneTask,
-    drop_inputs,
-    remake_inputs,
 )
 
 log = logging.getLogger(__name__)
@@ -86,8 +84,8 @@ class Settled:
 def start_fraction(lockstep: Lockstep) -> float:
     """Where in its shape list this pod starts, as a fraction: rank 0 draws it, every
     rank gets the same. Pods that start together start at different shapes."""
-    mine = random.random() if lockstep.leader else None
-    return float(lockstep.broadcast(mine, what="start of the shape order"))
+    mine = Number(value=random.random()) if lockstep.leader else None
+    return lockstep.share(mine, Number, what="start of the shape order").value
 
 
 def rotated(items: list[T], fraction: float) -> list[T]:
@@ -131,7 +129,7 @@ class Sharing:
             started = time.monotonic()
             settled = _try(job, math.inf)
             if settled is None:
-                drop_inputs(job.task)  # no memory held for a shape another pod tunes
+                job.task.drop_inputs()  # no memory held for a shape another pod tunes
                 job.deferred_at = time.monotonic()
                 self._idle.seconds += job.deferred_at - started
                 self.deferred.append(job)
@@ -170,7 +168,7 @@ def _come_back(deferred: list[Job], lock_timeout_s: float, idle: _Idle) -> Itera
                 still.append(job)
             else:
                 if settled.outcome is not None:  # every rank at once: a collective
-                    remake_inputs(job.task)  # to be warmed with them
+                    job.task.remake_inputs()  # to be warmed with them
                 settled.deferred_s = time.monotonic() - job.deferred_at
                 yield idle.attach(settled)
         attempt = 0 if len(still) < len(deferred) else attempt + 1

@@ -35,8 +35,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
+from kernels.task import TuneTask
 from registry import (
     Entry,
     KernelConfig,
@@ -47,11 +48,22 @@ from registry import (
     Store,
     lock,
 )
-from registry.errors import Superseded
+from registry.errors import Superseded, named
 from registry.fingerprint import Fingerprint
 from registry.locks import LockBackend, LockServerUnreachable, silent_for
 from registry.tiered import TieredFence, TieredStore
-from warmup.collectives import Lockstep, RankFailure
+from warmup.collectives import (
+    Answer,
+    Candidates,
+    Chosen,
+    Located,
+    LockDecision,
+    Lockstep,
+    Lookup,
+    P,
+    RankFailure,
+    Stored,
+)
 from warmup.tuning import compile_pool
 from warmup.tuning.cpus import usable_cpus
 from warmup.tuning.search import HalvingPlan, SearchResult, successive_halving, summarize
@@ -67,59 +79,11 @@ class TuneError(RuntimeError):
     """No usable config: the policy forbids tuning a miss, or every candidate failed."""
 
 
-class TuneTask(Protocol):
-    """What the tuner needs from a kernel (``kernels`` implement it; it imports nothing).
-
-    A task may also have ``baseline()``, ``accepts(config)`` (:func:`baseline_of`,
-    :func:`accepts`) and ``drop_inputs()`` with ``remake_inputs()`` (:func:`drop_inputs`)."""
-
-    kernel: str
-
-    @property
-    def kernel_hash(self) -> str: ...
-
-    def key(self) -> dict[str, Any]: ...
-
-    def candidates(self) -> list[KernelConfig]: ...
-
-    def run(self, config: KernelConfig) -> Any: ...
-
-    def verify(self, output: Any) -> str | None: ...
-
-    def warmup(self, config: KernelConfig) -> None: ...
-
-
 def baseline_of(task: TuneTask, candidates: Sequence[KernelConfig]) -> KernelConfig | None:
-    """The candidate that stands for what the op replaces (a library call), if the task
-    names one: ``baseline()``. The search keeps it unless a rival beats it beyond noise."""
-    name = getattr(task, "baseline", None)
-    found = None if name is None else name()
+    """The task's baseline (:meth:`kernels.task.TuneTask.baseline`) when it is among the
+    candidates searched."""
+    found = task.baseline()
     return found if found in candidates else None
-
-
-def drop_inputs(task: TuneTask) -> None:
-    """Let a task that waits drop what it holds for its runs (inputs, output, reference:
-    GPU memory), if it can: ``drop_inputs()``. :func:`remake_inputs` makes them again."""
-    dropping = getattr(task, "drop_inputs", None)
-    if dropping is not None:
-        dropping()
-
-
-def remake_inputs(task: TuneTask) -> None:
-    """Undo :func:`drop_inputs` before the task runs again: ``remake_inputs()``, if it has
-    one; nothing if it holds its inputs. A collective for a task of many ranks: every
-    rank of the pod calls it at the same step."""
-    making = getattr(task, "remake_inputs", None)
-    if making is not None:
-        making()
-
-
-def accepts(task: TuneTask, config: KernelConfig) -> bool:
-    """Whether ``task`` can run a stored config. A task may define ``accepts(config)``
-    (a decorated function whose config space changed cannot run a config that left it);
-    a stored config it refuses is a miss, tuned again."""
-    check = getattr(task, "accepts", None)
-    return True if check is None else bool(check(config))
 
 
 @dataclass(frozen=True)
@@ -253,7 +217,7 @@ class Tuner:
             self.stats.misses += 1
             if taken.unreachable is not None:
                 self._tuning_unlocked(task, key, taken.unreachable)
-            remake_inputs(task)  # a shape put aside (warmup.tuning.sharing), tuned at last
+            task.remake_inputs()  # a shape put aside (warmup.tuning.sharing), tuned at last
             outcome = self.tune(task)
             outcome.lock_wait_s, outcome.unlocked = taken.waited, taken.unreachable is not None
             self._store(task, fingerprint, key, outcome, started, fence)
@@ -274,13 +238,14 @@ class Tuner:
     ) -> tuple[Entry, Found] | None:
         """Rank 0 looks (the local tier, then the remote one); every rank follows its
         answer (never mismatched collectives)."""
-        found = self._on_leader(
-            functools.partial(self._look, task, key, fingerprint, remote_now=remote_now),
+        answer = self._on_leader(
+            lambda: Lookup(found=self._look(task, key, fingerprint, remote_now=remote_now)),
+            Lookup,
             what=what,
             failed=f"{task.kernel} at {dict(key)}: registry lookup failed",
             timeout_s=max(timeout_s or 0.0, self._store_wait()),
         )
-        return _found(found)
+        return _found(answer.found)
 
     def _fenced_lookup(
         self, task: TuneTask, key: Mapping[str, Any], fingerprint: Fingerprint
@@ -288,36 +253,37 @@ class Tuner:
         """The lookup under the lock, after rank 0 fenced the entry (module docstring):
         whatever is stored after the fence, this holder's put will not overwrite."""
 
-        def look() -> dict[str, Any]:
+        def look() -> Lookup:
             fence = self.store.fence(task.kernel, key, fingerprint)
             # remote_now: a pod elsewhere may have stored it during a blip
-            found = self._look(task, key, fingerprint, remote_now=True)
-            return {"fence": fence.to_json(), "found": found}
+            return Lookup(found=self._look(task, key, fingerprint, remote_now=True), fence=fence)
 
         answer = self._on_leader(
             look,
+            Lookup,
             what="lookup under lock",
             failed=f"{task.kernel} at {dict(key)}: registry lookup failed",
             timeout_s=self.options.lock_timeout_s + self.options.rank_timeout_s,
         )
-        return _found(answer["found"]), TieredFence.from_json(answer["fence"])
+        assert answer.fence is not None
+        return _found(answer.found), answer.fence
 
     def _look(
         self, task: TuneTask, key: Mapping[str, Any], fingerprint: Fingerprint, *, remote_now: bool
-    ) -> dict[str, Any] | None:
-        """Rank 0's lookup, as JSON: the entry, and whether it came from the remote tier."""
+    ) -> Located | None:
+        """Rank 0's lookup: the entry, and whether it came from the remote tier."""
         located = self.store.locate(
             task.kernel,
             key,
             fingerprint,
             self.options.match,
             remote_now=remote_now,
-            keep=lambda entry: accepts(task, entry.best),  # else our own fenced put is refused
+            keep=lambda entry: task.accepts(entry.best),  # else our own fenced put is refused
         )
         if located is None:
             return None
         entry, tier = located
-        if not accepts(task, entry.best):
+        if not task.accepts(entry.best):
             log.warning(
                 "%s %s: the stored config %s is not among the candidates any more; tuning again",
                 task.kernel,
@@ -325,24 +291,24 @@ class Tuner:
                 entry.best.label(),
             )
             return None
-        return {"entry": entry.to_json(), "remote": tier == "remote"}
+        return Located(entry=entry, remote=tier == "remote")
 
     def _on_leader(
-        self, work: Callable[[], Any], *, what: str, failed: str, timeout_s: float
-    ) -> Any:
-        """Rank 0 runs ``work`` (a JSON-able result) and every rank gets that result, or
-        every rank raises the same :class:`TuneError` when it failed: one shape fails on
-        all ranks alike and the next collective still matches."""
-        mine: dict[str, Any] = {}
+        self, work: Callable[[], P], kind: type[P], *, what: str, failed: str, timeout_s: float
+    ) -> P:
+        """Rank 0 runs ``work`` and every rank gets its result, or every rank raises the
+        same :class:`TuneError` when it failed: one shape fails on all ranks alike and the
+        next collective still matches."""
+        mine = None
         if self.lockstep.leader:
             try:
-                mine = {"value": work()}
+                mine = Answer(value=work().model_dump(mode="json"))
             except Exception as e:  # a store that cannot be read, a lock server gone, ...
-                mine = {"error": f"{failed}: {_named(e)}"}
-        agreed = self.lockstep.broadcast(mine, what=what, timeout_s=timeout_s)
-        if "error" in agreed:
-            raise TuneError(agreed["error"])
-        return agreed["value"]
+                mine = Answer(error=f"{failed}: {_named(e)}")
+        agreed = self.lockstep.share(mine, Answer, what=what, timeout_s=timeout_s)
+        if agreed.error is not None:
+            raise TuneError(agreed.error)
+        return kind.model_validate(agreed.value)
 
     def _store_wait(self) -> float:
         """How long the other ranks wait for rank 0's registry read or write: a quarantine
@@ -364,48 +330,56 @@ class Tuner:
         another past the timeout fails this shape on every rank alike, so the next
         collective still matches."""
         started = time.perf_counter()
-        waits = give_up_at is None
-
-        def given_up() -> bool:
-            return give_up_at is not None and time.monotonic() >= give_up_at
-
-        def take() -> dict[str, str]:
-            name = f"tune/{kernel}/{json.dumps(key, sort_keys=True)}"
-            timeout = self.options.lock_timeout_s if waits else 0.0
-            try:
-                taken = lock(
-                    name,
-                    ttl=self.options.lock_ttl_s,
-                    timeout=timeout,
-                    backend=self.lock_backend,
-                    outage_s=self.options.lock_outage_s,
-                )
-                held.enter_context(taken)
-            except LockServerUnreachable as e:
-                silent = silent_for(self.lock_backend)
-                if waits or given_up() or silent >= self.options.lock_outage_s:
-                    return {"unlocked": f"{e} for {silent:.0f} s"}
-                return {"deferred": str(e)}
-            except LockTimeout as e:
-                if waits:
-                    raise
-                if given_up():
-                    waited = self.options.lock_timeout_s
-                    raise RegistryError(f"lock not taken in {waited:g} s of waiting: {e}") from e
-                return {"deferred": str(e)}
-            return {}
-
         decided = self._on_leader(
-            take,
+            functools.partial(self._take_lock, held, kernel, key, give_up_at),
+            LockDecision,
             what="lock outcome",
             failed=f"{kernel} at {dict(key)}",
             timeout_s=self.options.lock_timeout_s + self.options.rank_timeout_s,
         )
-        if "deferred" in decided:
-            return Deferred(decided["deferred"])
+        if decided.deferred is not None:
+            return Deferred(decided.deferred)
         waited = time.perf_counter() - started
         self.stats.lock_wait_seconds += waited
-        return Taken(waited, unreachable=decided.get("unlocked"))
+        return Taken(waited, unreachable=decided.unlocked)
+
+    def _take_lock(
+        self,
+        held: contextlib.ExitStack,
+        kernel: str,
+        key: Mapping[str, Any],
+        give_up_at: float | None,
+    ) -> LockDecision:
+        """Rank 0's side of :meth:`_lock`: the lock entered into ``held``, or why not."""
+        waits = give_up_at is None
+
+        def given_up() -> bool:  # asked when the lock was not taken, not before
+            return give_up_at is not None and time.monotonic() >= give_up_at
+
+        name = f"tune/{kernel}/{json.dumps(key, sort_keys=True)}"
+        options = self.options
+        try:
+            taken = lock(
+                name,
+                ttl=options.lock_ttl_s,
+                timeout=options.lock_timeout_s if waits else 0.0,
+                backend=self.lock_backend,
+                outage_s=options.lock_outage_s,
+            )
+            held.enter_context(taken)
+        except LockServerUnreachable as e:
+            silent = silent_for(self.lock_backend)
+            if waits or given_up() or silent >= options.lock_outage_s:
+                return LockDecision(unlocked=f"{e} for {silent:.0f} s")
+            return LockDecision(deferred=str(e))
+        except LockTimeout as e:
+            if waits:
+                raise
+            if given_up():
+                waited = options.lock_timeout_s
+                raise RegistryError(f"lock not taken in {waited:g} s of waiting: {e}") from e
+            return LockDecision(deferred=str(e))
+        return LockDecision()
 
     def _tuning_unlocked(self, task: TuneTask, key: Mapping[str, Any], why: str) -> None:
         """Say that a shape is tuned without the fleet lock, and count it."""
@@ -434,7 +408,7 @@ class Tuner:
         assert outcome.search is not None
         search = outcome.search
 
-        def put() -> dict[str, Any]:  # one writer: rank 0
+        def put() -> Stored:  # one writer: rank 0
             entry = Entry.make(
                 task.kernel,
                 key,
@@ -448,12 +422,13 @@ class Tuner:
 
         stored = self._on_leader(
             put,
+            Stored,
             what="stored entry",
             failed=f"{task.kernel} at {dict(key)}: tuned, not stored",
             timeout_s=self._store_wait(),
         )
-        outcome.entry = Entry.from_json(stored["entry"])
-        if stored["superseded"]:
+        outcome.entry = stored.entry
+        if stored.superseded:
             self.stats.superseded += 1
             outcome.superseded, outcome.config = True, outcome.entry.best
             outcome.notes.append("another holder stored this shape first: its entry is used")
@@ -465,13 +440,13 @@ class Tuner:
         fingerprint: Fingerprint,
         entry: Entry,
         fence: TieredFence,
-    ) -> dict[str, Any]:
+    ) -> Stored:
         """Rank 0's put with its fence; refused, the entry another holder stored is taken,
         or, if the lookup does not take it (not among the candidates), the put is tried
         again with a new fence."""
         for _ in range(FENCED_TRIES):
             try:
-                return {"entry": self.store.put(entry, fence=fence).to_json(), "superseded": False}
+                return Stored(entry=self.store.put(entry, fence=fence))
             except Superseded as e:
                 log.warning(
                     "%s at %s: another holder stored this shape while this one tuned "
@@ -480,12 +455,12 @@ class Tuner:
                     dict(key),
                     "published" if e.held is not None else "stored",
                 )
-                if e.held is not None and accepts(task, e.held.best):  # the fleet's entry
-                    return {"entry": e.held.to_json(), "superseded": True}
+                if e.held is not None and task.accepts(e.held.best):  # the fleet's entry
+                    return Stored(entry=e.held, superseded=True)
             fence = self.store.fence(task.kernel, key, fingerprint)
             found = self._look(task, key, fingerprint, remote_now=True)
             if found is not None:
-                return {"entry": found["entry"], "superseded": True}
+                return Stored(entry=found.entry, superseded=True)
         raise RegistryError(
             f"{task.kernel} at {dict(key)}: {FENCED_TRIES} puts refused in a row, each "
             "because another holder stored the shape, and its entry is not usable here."
@@ -498,24 +473,23 @@ class Tuner:
             near = nearest_entry(
                 self.store, task.kernel, task.key(), fingerprint, self.options.match
             )
-            config = near.best if near is not None else task.candidates()[0]
-            mine = {
-                "config": config.to_json(),
-                "from": near.key if near is not None else "the space's default",
-            }
-        agreed = self.lockstep.broadcast(mine, what="fallback config")
+            mine = Chosen(
+                config=near.best if near is not None else task.candidates()[0],
+                source=str(near.key) if near is not None else "the space's default",
+            )
+        agreed = self.lockstep.share(mine, Chosen, what="fallback config")
         log.warning(
             "%s %s: no tuned config, falling back to %s (from %s)",
             task.kernel,
             task.key(),
-            KernelConfig.from_json(agreed["config"]).label(),
-            agreed["from"],
+            agreed.config.label(),
+            agreed.source,
         )
         return TuneOutcome(
-            KernelConfig.from_json(agreed["config"]),
+            agreed.config,
             "fallback",
             seconds=time.perf_counter() - started,
-            notes=[f"fallback from {agreed['from']}"],
+            notes=[f"fallback from {agreed.source}"],
         )
 
     # ---- the search ----------------------------------------------------------------
@@ -523,10 +497,8 @@ class Tuner:
     def tune(self, task: TuneTask) -> TuneOutcome:
         """Search the task's candidates in lockstep; no registry involved."""
         started = time.perf_counter()
-        mine = [c.to_json() for c in task.candidates()] if self.lockstep.leader else None
-        candidates = [
-            KernelConfig.from_json(c) for c in self.lockstep.broadcast(mine, what="candidate list")
-        ]
+        mine = Candidates(configs=task.candidates()) if self.lockstep.leader else None
+        candidates = self.lockstep.share(mine, Candidates, what="candidate list").configs
         if not candidates:
             raise TuneError(f"{task.kernel} at {task.key()}: the config space is empty.")
         pool = self._compile(task, candidates)
@@ -540,8 +512,8 @@ class Tuner:
             self.options.plan,
             baseline=baseline_of(task, candidates),
         )
-        mine_best = search.best.config.to_json() if self.lockstep.leader else None
-        best = KernelConfig.from_json(self.lockstep.broadcast(mine_best, what="winner"))
+        mine_best = Chosen(config=search.best.config) if self.lockstep.leader else None
+        best = self.lockstep.share(mine_best, Chosen, what="winner").config
         if not search.best.ok:
             reasons = "; ".join(f"{c.label()}: {r}" for c, r in list(failures.items())[:5])
             raise TuneError(f"{task.kernel} at {task.key()}: every candidate failed ({reasons}).")
@@ -609,7 +581,7 @@ class Tuner:
                 except RankFailure:  # a peer died or hangs: no config's fault, and the
                     raise  # ranks' collectives would no longer match
                 except Exception as e:  # compile, launch or resource failure: inf, reason kept
-                    reason = f"{type(e).__name__}: {e}"
+                    reason = named(e)
             flags = self.lockstep.max_over_ranks(
                 [0.0 if reason is None else 1.0, *times], what=f"times of {config.label()}"
             )
@@ -624,7 +596,7 @@ class Tuner:
         try:
             reason = task.verify(task.run(best))
         except Exception as e:
-            reason = f"{type(e).__name__}: {e}"
+            reason = named(e)
         flag = self.lockstep.max_over_ranks([0.0 if reason is None else 1.0], what="winner check")
         if flag[0] > 0:
             raise TuneError(
@@ -669,14 +641,13 @@ def key_distance(a: Mapping[str, Any], b: Mapping[str, Any]) -> float:
     return total
 
 
-def _found(answer: dict[str, Any] | None) -> tuple[Entry, Found] | None:
-    """A lookup's broadcast answer (``Tuner._look``) as the entry and its tier."""
+def _found(answer: Located | None) -> tuple[Entry, Found] | None:
+    """A lookup's shared answer (``Tuner._look``) as the entry and its tier."""
     if answer is None:
         return None
-    return Entry.from_json(answer["entry"]), "remote" if answer["remote"] else "registry"
+    return answer.entry, "remote" if answer.remote else "registry"
 
 
 def _named(error: BaseException) -> str:
-    return (
-        f"{type(error).__name__}: {error}" if not isinstance(error, RegistryError) else str(error)
-    )
+    """A registry error as its message (it names what failed), any other with its type."""
+    return str(error) if isinstance(error, RegistryError) else named(error)

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from kernels.task import Task
 from registry import KernelConfig
 
 
@@ -16,7 +17,7 @@ def configs(*blocks: int) -> list[KernelConfig]:
 
 
 @dataclass
-class FakeTask:
+class FakeTask(Task):
     """A kernel whose configs take known times; some fail to launch or give wrong output."""
 
     timings: dict[int, float]  # BLOCK -> ms
