@@ -1,9 +1,9 @@
 """The benches' figures, one drawing per bench: ``result -> {name: Figure}``.
 
 A drawing reads only the result JSON the bench wrote (``--out``), as ``bench/targets.py``
-judges it, so drawing never imports torch or Triton (``bench/ag_gemm.py`` takes 10 s to
-import). :mod:`bench.plots` saves the figures as SVG; a result that lacks a field a
-drawing needs raises :class:`bench.plots.PlotError` naming it.
+judges it, so drawing imports neither torch nor Triton (``bench/ag_gemm.py`` imports
+both at its top). :mod:`bench.plots` saves the figures as SVG; a result that lacks a field
+a drawing needs raises :class:`bench.plots.PlotError` naming it.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from bench.plots import PlotError, need
+from bench.targets import FUSED
 
 Drawing = Callable[[Any], dict[str, Figure]]
 GREY = "#b0b0b0"
@@ -50,10 +51,12 @@ def _stacked(
     bars: dict[str, list[float]],
     parts: list[tuple[str, str]],
     marks: dict[str, list[float]] | None = None,
+    texts: dict[str, str] | None = None,
 ) -> None:
-    """Horizontal bars, the first on top, each ending in its total; ``bars[label][j]`` is
-    the bar's part j, in ``parts[j]``'s colour (a part no bar has stays out of the legend);
-    ``marks[label]``: values ticked across the bar (each repeat's total)."""
+    """Horizontal bars, the first on top; ``bars[label][j]`` is the bar's part j, in
+    ``parts[j]``'s colour (a part no bar has stays out of the legend); ``marks[label]``:
+    values ticked across the bar (each repeat's total); ``texts[label]``: written at the
+    bar's end, bold (its total in seconds by default)."""
     labels, marks = list(bars), marks or {}
     for j, (part, colour) in enumerate(parts):
         widths = [bars[label][j] for label in labels]
@@ -64,7 +67,8 @@ def _stacked(
         ticks = marks.get(label, [])
         ax.plot(ticks, [label] * len(ticks), "k|", markersize=14)
         end = max([sum(bars[label]), *ticks])
-        ax.annotate(f" {sum(bars[label]):.2f} s", (end, label), va="center")
+        said = texts[label] if texts else f"{sum(bars[label]):.2f} s"
+        ax.annotate(f" {said}", (end, label), va="center", fontweight="bold" if texts else None)
     ax.set_xlim(0, 1.15 * max(max([sum(bars[b]), *marks.get(b, [])]) for b in labels))
     ax.invert_yaxis()
     ax.grid(axis="y", visible=False)
@@ -80,12 +84,13 @@ def _clip_outlier(ax: Axes, labels: list[str], totals: list[float], texts: list[
     ax.set_xlim(0, edge)
     for label, total, text in zip(labels, totals, texts, strict=True):
         if total > edge:
-            ax.annotate(f"{text} →", (edge, label), ha="right", va="center", color="white")
+            ax.annotate(
+                f"{text} →", (edge, label), ha="right", va="center", color="white", weight="bold"
+            )
 
 
 # ---- bench/ag_gemm.py -------------------------------------------------------------------
 
-FUSED = "best fused_pull"  # the fused algorithm's best config, as bench/ag_gemm.py names it
 AG_OPS = (  # (key in a row's "us", label, colour)
     ("nccl_cublas", "NCCL + cuBLAS (the baseline)", "C0"),
     ("tuned", "tuned op (the tuner's winner)", "C1"),
@@ -117,11 +122,11 @@ def ag_gemm(result: dict[str, Any]) -> dict[str, Figure]:
     times.set_yscale("log")
     times.set(title="median µs (max over ranks, L2 flushed)", xlabel="M (rows in all)")
     ratios.set(title="NCCL + cuBLAS ÷ op: above 1, faster than the baseline")
-    ratios.set_xlabel("M (rows in all)")
+    ratios.set(xlabel="M (rows in all)")
     for ax in (times, ratios):
         _log2_ticks(ax, [row["shape"][0] for row in rows])
         ax.tick_params(axis="x", labelrotation=45)
-    handles = [Line2D([], [], color=c, marker="o", label=lab) for k, lab, c in AG_OPS]
+    handles = [Line2D([], [], color=c, marker="o", label=label) for _, label, c in AG_OPS]
     if graph:
         handles.append(Line2D([], [], color="C2", linestyle="--", label="fused, graph-replayed"))
     handles += [
@@ -269,6 +274,10 @@ def compiled_model(rows: list[dict[str, Any]]) -> dict[str, Figure]:
     for i, row in enumerate(servers):
         need(row, "model", "phases", "counts", where=f"server row {i} ({row['case']})")
         need(row["phases"], "import", "first_calls", where=f"server row {i}.phases")
+    for model, cases in _by_model(servers).items():
+        named = [row["case"] for row in cases]
+        if len(set(named)) < len(named):
+            raise PlotError(f"{model}: a case twice in {named}; join only runs of other cases")
     order = list(CASE_LABELS)
     return {
         model: _server_bars(model, sorted(cases, key=lambda r: order.index(r["case"])))
@@ -284,24 +293,17 @@ def _by_model(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
 
 
 def _server_bars(model: str, rows: list[dict[str, Any]]) -> Figure:
-    fig = _figure(9.0, 0.75 * len(rows) + 1.3, left=2.65, right=0.25, top=0.35, bottom=0.9)
+    fig = _figure(9.0, 0.75 * len(rows) + 1.3, left=2.85, right=0.25, top=0.35, bottom=0.9)
     ax = fig.subplots()
-    labels = [f"{CASE_LABELS[row['case']]}\n{_compiled(row)}" for row in rows]
-    widths = [
-        [sum(row["phases"].get(phase, 0.0) for phase in phases) for _, phases, _ in SERVER_PARTS]
+    bars = {
+        f"{CASE_LABELS[row['case']]}\n{_compiled(row)}": [
+            sum(row["phases"].get(phase, 0.0) for phase in phases) for _, phases, _ in SERVER_PARTS
+        ]
         for row in rows
-    ]
-    for j, (part, _, colour) in enumerate(SERVER_PARTS):
-        lefts = [sum(w[:j]) for w in widths]
-        ax.barh(labels, [w[j] for w in widths], left=lefts, color=colour, label=part, height=0.6)
-    texts = [f"{w[1] + w[3]:.2f} s" for w in widths]  # restore or load + first calls
-    for label, w, text in zip(labels, widths, texts, strict=True):
-        ax.annotate(f" {text}", (sum(w), label), va="center", fontweight="bold")
-    totals = [sum(w) for w in widths]
-    ax.set_xlim(0, 1.18 * max(totals))
-    _clip_outlier(ax, labels, totals, texts)
-    ax.invert_yaxis()
-    ax.grid(axis="y", visible=False)
+    }
+    texts = {label: f"{w[1] + w[3]:.2f} s" for label, w in bars.items()}  # restore + first
+    _stacked(ax, bars, [(part, colour) for part, _, colour in SERVER_PARTS], texts=texts)
+    _clip_outlier(ax, list(bars), [sum(w) for w in bars.values()], list(texts.values()))
     ax.set_xlabel("seconds in a fresh server process (bold: restore or load + first calls)")
     fig.legend(loc="lower center", ncols=4)
     fig.suptitle(f"{model}: a fresh server's first calls, by what its process found")
@@ -358,7 +360,8 @@ def tuning_cost(result: dict[str, Any]) -> dict[str, Figure]:
     ax.grid(axis="y", visible=False)
     ax.set_xlabel("seconds (grey: native triton.autotune; blue: this project's tuner)")
     ax.legend(loc="lower right")
-    fig.suptitle(f"Tuning 4 bf16 matmul shapes, 16 configs each, on 1 {result.get('gpu', 'GPU')}")
+    shapes, gpu = len(next(iter(found.values())).get("picked", [])), result.get("gpu", "GPU")
+    fig.suptitle(f"Tuning {shapes} bf16 matmul shapes: triton.autotune against ours, 1 {gpu}")
     return {"scenarios": fig}
 
 
@@ -381,6 +384,8 @@ def triton_remote_cache(result: dict[str, Any]) -> dict[str, Figure]:
     modes = {mode: result["modes"][mode] for mode in REMOTE_MODES if mode in result["modes"]}
     for mode, found in modes.items():
         need(found, "rows", "median_s", where=f"modes.{mode}")
+        for i, row in enumerate(found["rows"]):
+            need(row, "first_launch_s", where=f"modes.{mode}.rows[{i}]")
     anchor = modes["compile"]["median_s"]
     fig = _figure(8.0, 3.4, left=2.0, right=0.2, top=0.35, bottom=0.5)
     ax = fig.subplots()
@@ -469,9 +474,12 @@ def fleet_learns(result: dict[str, Any]) -> dict[str, Figure]:
     pods = {key: result[key] for key in PODS if key in result}
     for key, pod in pods.items():
         need(pod, "trace", where=key)
+        for i, call in enumerate(pod["trace"]):
+            need(call, "kind", "size", "s", where=f"{key}.trace[{i}]")
+    order = [*KINDS]  # a kind the bench adds later goes last
     requests = sorted(
         {(call["kind"], call["size"]) for call in result["A"]["trace"]},
-        key=lambda request: (list(KINDS).index(request[0]), request[1]),
+        key=lambda r: (order.index(r[0]) if r[0] in order else len(order), r[1]),
     )
     fig = _figure(9.0, 3.8, left=0.65, right=0.15, top=0.35, bottom=1.15)
     ax = fig.subplots()

@@ -100,6 +100,9 @@ def test_another_benchs_result_is_refused_not_drawn_wrong():
         DRAWINGS["ag_gemm"](_stored("cold_start_1xH100_2026-11-23_run10_why"))
     with pytest.raises(PlotError, match="list of rows"):
         DRAWINGS["compiled_model"](_stored("serving_2xH200_2026-11-23_run3"))
+    twice = _stored("compiled_model_default_1xH100_2026-11-25_run3") * 2  # one run joined twice
+    with pytest.raises(PlotError, match="a case twice"):
+        DRAWINGS["compiled_model"](twice)
 
 
 def test_a_bench_writes_its_figures_beside_its_json(tmp_path, capsys):
