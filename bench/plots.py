@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import matplotlib
 
-    matplotlib.use("Agg")  # no figure here goes through pyplot; this keeps any that might
+    matplotlib.use("Agg")  # the figures never reach pyplot; no GUI backend all the same
     drawn = render(args.results)
     differ = [path for path, data in drawn.items() if _stored(path) != data]
     unknown = sorted(set(args.results.glob("*.svg")) - set(drawn))
