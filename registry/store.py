@@ -49,7 +49,7 @@ from typing import Any
 from filelock import FileLock
 from filelock import Timeout as FileLockTimeout
 
-from registry import atomic
+from registry import atomic, keys
 from registry.config import KernelConfig
 from registry.entry import Entry, NewerSchema, canonical_key, now_iso
 from registry.errors import RegistryError, Superseded
@@ -69,8 +69,10 @@ from registry.generations import (
     read_record,
     record_unreadable,
 )
+from registry.keys import Key
 
 log = logging.getLogger(__name__)
+EXACT = MatchPolicy.EXACT
 
 QUARANTINE = "quarantine"
 KEEP_GENERATIONS = 8
@@ -141,11 +143,7 @@ class Store:
     # ---- reading -------------------------------------------------------------------
 
     def lookup(
-        self,
-        kernel: str,
-        key: Mapping[str, Any],
-        fingerprint: Fingerprint,
-        policy: MatchPolicy = MatchPolicy.EXACT,
+        self, kernel: str, key: Key, fingerprint: Fingerprint, policy: MatchPolicy = EXACT
     ) -> Entry | None:
         """The entry for ``kernel`` at ``key`` valid for ``fingerprint``, or None (a miss)."""
         self.refresh()
@@ -167,6 +165,27 @@ class Store:
         self.refresh()
         candidates = self._loaded.by_slot.get((kernel, canonical_key(key)), {})
         return [fingerprint.diff(e.fingerprint) for e in candidates.values()]
+
+    def nearest(
+        self, kernel: str, key: Key, fingerprint: Fingerprint, policy: MatchPolicy = EXACT
+    ) -> Entry | None:
+        """The stored entry of ``kernel`` nearest to ``key`` (:func:`registry.keys.nearest`):
+        the config a miss falls back to."""
+        return keys.nearest(self.entries(), kernel, key, fingerprint, policy)
+
+    def like(
+        self, kernel: str, key: Key, fingerprint: Fingerprint, policy: MatchPolicy, *, free: str
+    ) -> dict[Any, Entry]:
+        """The entry :meth:`lookup` finds for each stored value of the ``free`` field, among
+        the keys equal to ``key`` but for it: one layer's tuned Ms, by M."""
+        wanted = keys.without(key, free)
+        values = {
+            e.key[free]
+            for e in self.entries()
+            if e.kernel == kernel and free in e.key and keys.without(e.key, free) == wanted
+        }
+        found = {v: self.lookup(kernel, {**key, free: v}, fingerprint, policy) for v in values}
+        return {v: entry for v, entry in sorted(found.items()) if entry is not None}
 
     def entries(self) -> list[Entry]:
         """Every loaded entry, in path order."""

@@ -24,10 +24,12 @@ from typing import Any, Literal
 from registry.entry import Entry
 from registry.errors import RegistryError, Superseded
 from registry.fingerprint import Fingerprint, MatchPolicy
+from registry.keys import Key
 from registry.remote import RemoteTier
 from registry.store import Fence, Store
 
 log = logging.getLogger(__name__)
+EXACT = MatchPolicy.EXACT
 
 Tier = Literal["local", "remote"]
 
@@ -89,11 +91,7 @@ class TieredStore:
         return self._keep(fetched), "remote"
 
     def lookup(
-        self,
-        kernel: str,
-        key: Mapping[str, Any],
-        fingerprint: Fingerprint,
-        policy: MatchPolicy = MatchPolicy.EXACT,
+        self, kernel: str, key: Key, fingerprint: Fingerprint, policy: MatchPolicy = EXACT
     ) -> Entry | None:
         """:meth:`locate`'s entry."""
         found = self.locate(kernel, key, fingerprint, policy)
@@ -126,6 +124,12 @@ class TieredStore:
     def entries(self) -> list[Entry]:
         """The local store's entries (the remote tier is not listed)."""
         return self.local.entries()
+
+    def nearest(
+        self, kernel: str, key: Key, fingerprint: Fingerprint, policy: MatchPolicy = EXACT
+    ) -> Entry | None:
+        """The local store's nearest entry (:meth:`Store.nearest`)."""
+        return self.local.nearest(kernel, key, fingerprint, policy)
 
     def _keep(self, entry: Entry) -> Entry:
         """``entry`` from the remote tier, filed in the local store where it can be."""

@@ -35,7 +35,6 @@ from __future__ import annotations
 import bisect
 import contextlib
 import logging
-import math
 import threading
 import time
 from collections.abc import Mapping
@@ -44,8 +43,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import kernels
 from kernels.adapter import BUCKET_FIELD, Layer, Served
-from registry import Entry, KernelConfig, Store, triton_internals
+from registry import KernelConfig, Store, keys, triton_internals
 from registry.fingerprint import Fingerprint, detect_for
+from registry.keys import log_distance
 from warmup.compiled.learned import Recorder
 from warmup.serving.compile_guard import guard_from_settings
 from warmup.serving.metrics import ServingMetrics
@@ -275,20 +275,14 @@ class ServingOp:
 
     def _tuned_configs(self) -> dict[int, KernelConfig]:
         """M -> the best stored config of this layer, one lookup per stored M."""
-        wanted = _without_m(self.served.key(1))
-        ms = {
-            e.key[BUCKET_FIELD]
-            for e in self._store.entries()
-            if e.kernel == self.kernel and _without_m(e.key) == wanted
-        }
-        found: dict[int, KernelConfig] = {}
-        for m in sorted(ms):
-            entry: Entry | None = self._store.lookup(
-                self.kernel, self.served.key(m), self._fingerprint, self._settings.match_policy
-            )
-            if entry is not None:
-                found[m] = entry.best
-        return found
+        layer = self._store.like(
+            self.kernel,
+            self.served.key(1),
+            self._fingerprint,
+            self._settings.match_policy,
+            free=BUCKET_FIELD,
+        )
+        return {m: entry.best for m, entry in layer.items()}
 
     def _prepare(self, table: Table) -> None:
         import torch
@@ -307,8 +301,9 @@ class ServingOp:
 
     def _no_entries(self) -> str:
         held = sum(1 for e in self._store.entries() if e.kernel == self.kernel)
+        layer = keys.without(self.served.key(1), BUCKET_FIELD)
         return (
-            f"No tuned {self.kernel} config for layer {_without_m(self.served.key(1))} "
+            f"No tuned {self.kernel} config for layer {layer} "
             f"on {self._fingerprint.gpu_slug()} (match policy "
             f"{self._settings.match_policy.value}) in {self._store.root}; it holds {held} "
             f"{self.kernel} entries for other layers or machines. Warm a manifest with this "
@@ -347,13 +342,11 @@ def nearest_table(tuned: Mapping[int, KernelConfig], *, step: int, max_m: int) -
 
 
 def _nearest(m: int, below: int | None, above: int | None) -> int:
+    """The nearer of two tuned Ms (:func:`registry.keys.log_distance`); a tie goes to
+    the larger."""
     if below is None or above is None:
         return above if below is None else below  # type: ignore[return-value]
-    return below if math.log(m / below) < math.log(above / m) else above
-
-
-def _without_m(key: Mapping[str, Any]) -> dict[str, Any]:
-    return {name: value for name, value in key.items() if name != BUCKET_FIELD}
+    return below if log_distance(m, below) < log_distance(above, m) else above
 
 
 class Serving:

@@ -470,9 +470,7 @@ class Tuner:
         self.stats.fallbacks += 1
         mine = None
         if self.lockstep.leader:
-            near = nearest_entry(
-                self.store, task.kernel, task.key(), fingerprint, self.options.match
-            )
+            near = self.store.nearest(task.kernel, task.key(), fingerprint, self.options.match)
             mine = Chosen(
                 config=near.best if near is not None else task.candidates()[0],
                 source=str(near.key) if near is not None else "the space's default",
@@ -603,42 +601,6 @@ class Tuner:
                 f"{task.kernel} at {task.key()}: the winner {best.label()} failed "
                 f"its check ({reason or 'on another rank'}); nothing stored."
             )
-
-
-def nearest_entry(
-    store: Store | TieredStore,
-    kernel: str,
-    key: Mapping[str, Any],
-    fingerprint: Fingerprint,
-    match: MatchPolicy,
-) -> Entry | None:
-    """The stored entry of ``kernel`` whose key is closest (log-distance of the numbers;
-    other fields must be equal) among those whose fingerprint matches."""
-    best: tuple[float, Entry] | None = None
-    for entry in store.entries():
-        if entry.kernel != kernel or fingerprint.mismatches(entry.fingerprint, match):
-            continue
-        distance = key_distance(key, entry.key)
-        if math.isfinite(distance) and (best is None or distance < best[0]):
-            best = (distance, entry)
-    return best[1] if best else None
-
-
-def key_distance(a: Mapping[str, Any], b: Mapping[str, Any]) -> float:
-    if set(a) != set(b):
-        return math.inf
-    total = 0.0
-    for name, x in a.items():
-        y = b[name]
-        if (
-            isinstance(x, (int, float))
-            and isinstance(y, (int, float))
-            and not (isinstance(x, bool) or isinstance(y, bool))
-        ):
-            total += abs(math.log2(max(x, 1e-9)) - math.log2(max(y, 1e-9)))
-        elif x != y:
-            return math.inf
-    return total
 
 
 def _found(answer: Located | None) -> tuple[Entry, Found] | None:

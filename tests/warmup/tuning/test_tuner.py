@@ -6,7 +6,7 @@ from registry import Store, cpu_fingerprint
 from registry.locks import backend_from_url
 from tests.warmup.tuning.fakes import FakeTask, configs, fake_timer
 from warmup.collectives import RankFailure
-from warmup.tuning.tuner import TuneError, TuneOptions, Tuner, key_distance, nearest_entry
+from warmup.tuning.tuner import TuneError, TuneOptions, Tuner
 
 TIMINGS = {16: 3.0, 32: 1.2, 64: 0.9, 128: 1.1, 256: 2.5}
 
@@ -127,12 +127,6 @@ def test_a_winner_that_fails_its_final_check_is_not_stored(tmp_path):
     with pytest.raises(TuneError, match="failed its check"):
         tuner.get(task)
     assert len(tuner.store.local) == 0
-
-
-def test_key_distance_and_nearest(tmp_path):
-    assert key_distance({"M": 512, "d": "bf16"}, {"M": 1024, "d": "bf16"}) == 1.0
-    assert key_distance({"M": 512, "d": "bf16"}, {"M": 512, "d": "fp16"}) == float("inf")
-    assert nearest_entry(Store(tmp_path), "x", {"M": 1}, cpu_fingerprint(), "exact") is None
 
 
 def test_empty_space_is_refused(tmp_path):
