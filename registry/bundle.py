@@ -57,7 +57,6 @@ import io
 import itertools
 import logging
 import os
-import re
 import shutil
 import tarfile
 import tempfile
@@ -73,6 +72,7 @@ from registry.errors import BundleRejected, RegistryError, short, shown, why
 from registry.fingerprint import Fingerprint, MatchPolicy
 from registry.generations import Record
 from registry.inductor_cache import MAX_INDEX_VALUES
+from registry.patterns import SHA256, TRITON_CACHE_KEY
 from registry.store import Store
 from registry.tar_stream import CHUNK
 from registry.triton_cache import MAX_GROUP_BYTES, STAGING_PREFIX, cache_files, is_group, relocate
@@ -87,8 +87,6 @@ TRITON_CACHE = "triton-cache"
 MAX_MEMBER_BYTES = 256 * 2**20
 MAX_TOTAL_BYTES = 2 * 2**30
 MAX_PART_BYTES = 255  # a file name on Linux file systems (NAME_MAX)
-_SHA256 = re.compile(r"[0-9a-f]{64}")
-_CACHE_FOLDER = re.compile(r"[A-Za-z0-9_=-]{1,128}")  # Triton's hashes: base32 or hex
 
 
 @dataclass(frozen=True)
@@ -612,7 +610,7 @@ def _listed_member(label: str, name: str, item: Any, limits: Limits) -> tuple[st
     what, limit = _member_limit(label, name, limits)
     sha = item.get("sha256") if isinstance(item, dict) else None
     size = item.get("size") if isinstance(item, dict) else None
-    if not isinstance(sha, str) or not _SHA256.fullmatch(sha):
+    if not isinstance(sha, str) or not SHA256.fullmatch(sha):
         raise BundleRejected(label, f"{MANIFEST} lists '{name}' without a sha256 (64 hex digits)")
     if bundle_inductor.is_member(name):
         try:
@@ -649,11 +647,11 @@ def _artifact_limit(label: str, name: str, limits: Limits) -> tuple[str, int]:
     parts = PurePosixPath(name).parts
     if len(parts) != 3:
         raise BundleRejected(label, f"artifact '{name}' is not triton-cache/<hash>/<file>")
-    if not _CACHE_FOLDER.fullmatch(parts[1]):  # never .bundle-*, "." or ".."
+    if not TRITON_CACHE_KEY.fullmatch(parts[1]):  # never .bundle-*, "." or ".."
         raise BundleRejected(
             label,
             f"artifact '{name}': {shown(parts[1])} is not a Triton cache folder name "
-            f"({_CACHE_FOLDER.pattern})",
+            f"({TRITON_CACHE_KEY.pattern})",
         )
     if parts[2].startswith("."):  # Triton's temp files and our own start with a dot
         raise BundleRejected(label, f"artifact '{name}' has a file name that starts with a dot")

@@ -33,7 +33,8 @@ from registry import atomic, inductor_cache
 from registry.errors import RegistryError
 from registry.fingerprint import Fingerprint
 from registry.generations import Record
-from registry.inductor_cache import MAX_INDEX_BYTES, SHA256, blob_path, blob_relpath, placed
+from registry.inductor_cache import MAX_INDEX_BYTES, blob_path, blob_relpath, placed
+from registry.patterns import SHA256
 
 log = logging.getLogger(__name__)
 

@@ -42,6 +42,7 @@ from registry.entry import now_iso
 from registry.errors import RegistryError
 from registry.explain import Differences, fingerprint_differences
 from registry.fingerprint import Fingerprint, machine_name
+from registry.patterns import MODEL_NAME, SHA256
 from registry.triton_cache import relocate, remove_stale_temp_files
 
 log = logging.getLogger(__name__)
@@ -52,8 +53,6 @@ MAX_FILES = 80_000  # files of one index (its bytes stay under MAX_INDEX_BYTES)
 MAX_INDEX_BYTES = 16 * 2**20  # ~180 bytes a file: 90,000 files
 MAX_INDEX_VALUES = 2**19  # JSON values of an index, counted before parsing: ~4 a file
 _SKIPPED_DIRS = {"locks"}  # Inductor's file locks: a compile in progress, not an artifact
-SHA256 = re.compile(r"[0-9a-f]{64}")
-_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}")
 _KEY_DIGEST = re.compile(r"[0-9a-f]{8,64}")
 
 
@@ -403,7 +402,7 @@ def _quarantine(root: Path, path: Path, name: str, reason: str) -> None:
 
 
 def _check_name(model: str, key_digest: str) -> None:
-    if not _NAME.fullmatch(model):
+    if not MODEL_NAME.fullmatch(model):
         raise RegistryError(f"model name {model!r} is not 1-63 of a-z 0-9 _ . -")
     if not _KEY_DIGEST.fullmatch(key_digest):
         raise RegistryError(f"model key digest {key_digest!r} is not 8-64 hex digits")

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from registry import atomic
+from registry.patterns import TRITON_CACHE_KEY
 from registry.remote import RemoteTier, getter, scan_names
 from registry.remote_models import batches, blob_key
 from registry.triton_cache import MAX_GROUP_BYTES
@@ -36,7 +37,6 @@ log = logging.getLogger(__name__)
 
 NAME_PREFIX = "triton-warmup:triton:"
 MAX_FILE_BYTES = 64 * 2**20  # one cache file: a kernel's cubin is KiBs to a few MiB
-_KEY = re.compile(r"[A-Za-z0-9_=-]{1,128}")  # Triton's base32 hash, or a hex one
 _FILE = re.compile(r"[^/\\\x00]{1,255}")
 _POINTER = re.compile(rb"([0-9a-f]{64}) ([0-9]{1,12})")
 
@@ -56,7 +56,7 @@ def valid(cache_key: object, filename: object) -> bool:
     return (
         isinstance(cache_key, str)
         and isinstance(filename, str)
-        and _KEY.fullmatch(cache_key) is not None
+        and TRITON_CACHE_KEY.fullmatch(cache_key) is not None
         and _FILE.fullmatch(filename) is not None
         and filename not in (".", "..")
         and not filename.endswith(HOST_CODE)

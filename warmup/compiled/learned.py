@@ -24,20 +24,19 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from registry import atomic
+from registry.patterns import MODEL_NAME
 from warmup.manifest import Manifest, ModelEntry
 
 log = logging.getLogger(__name__)
 MAX_LEARNED = 64  # learned dims a model (each one more shape to warm at start)
 MAX_FILE_BYTES = 2**20
 PREFIX = "learned-"
-_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 
 
 def call_dims(entry: ModelEntry, args: Sequence[Any]) -> dict[str, int] | None:
@@ -121,7 +120,7 @@ def merge(folder: Path, root: Path, manifest: Manifest) -> int:
             found.setdefault(name, []).extend(dims)
     new = 0
     for entry in manifest.models:
-        if entry.name not in found or not _NAME.fullmatch(entry.name):
+        if entry.name not in found or not MODEL_NAME.fullmatch(entry.name):
             continue
         held = learned_dims(root, entry)
         fresh = kept(entry, found[entry.name], held)[: MAX_LEARNED - len(held)]

@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import threading
 import time
 from collections import OrderedDict, deque
@@ -52,6 +51,7 @@ from watchdog.observers.api import BaseObserver
 from registry import atomic, importers, inductor_cache, remote_models, remote_triton, triton_cache
 from registry.errors import RegistryError
 from registry.fingerprint import Fingerprint
+from registry.patterns import TRITON_CACHE_KEY
 from registry.remote import RemoteTier
 from registry.store import Store
 from registry.triton_cache import GROUP_PREFIX, MAX_GROUP_BYTES, Origin
@@ -69,7 +69,6 @@ MAX_AUTOTUNE_BYTES = 2**20
 MAX_UNPUBLISHED_BYTES = 64 * 2**20  # kept through a remote outage, then the oldest go
 NICENESS = 19  # the harvest thread's: the lowest CPU priority
 MAX_REMEMBERED = 100_000  # entries harvested, so a second event of one is not a second harvest
-_FOLDER = re.compile(r"[A-Za-z0-9_=-]{1,128}")  # a Triton cache key
 
 
 class Refused(Exception):
@@ -353,7 +352,7 @@ class Harvester(FileSystemEventHandler):
                 log.warning("harvest: %s not put in the registry: %s", path.name, e)
 
     def _check_folder(self, folder: Path) -> None:
-        if folder.parent != self.triton_dir or not _FOLDER.fullmatch(folder.name):
+        if folder.parent != self.triton_dir or not TRITON_CACHE_KEY.fullmatch(folder.name):
             raise Refused("not a folder of the Triton cache")
 
     def _group_names(self, folder: Path, raw: bytes) -> list[str]:
