@@ -284,15 +284,6 @@ def triton_source_hash(triton_key: object) -> str:
 NVIDIA_PROC = Path("/proc/driver/nvidia")  # what the NVIDIA kernel module tells
 
 
-def listed_gpus(gpus: Path = NVIDIA_PROC / "gpus") -> int:
-    """GPUs the NVIDIA driver lists (one folder each); 0 without a driver. No torch, no
-    subprocess: cheap enough for a launcher's start."""
-    try:
-        return sum(1 for _ in gpus.iterdir())
-    except OSError:
-        return 0
-
-
 def proc_driver_version(proc: Path = NVIDIA_PROC) -> str | None:
     """The driver version the kernel module states in /proc; None when it does not."""
     try:

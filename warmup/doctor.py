@@ -24,10 +24,11 @@ from typing import Literal
 
 from registry import triton_internals
 from registry.errors import RegistryError
-from registry.fingerprint import NVIDIA_PROC, listed_gpus, proc_driver_version
+from registry.fingerprint import NVIDIA_PROC, proc_driver_version
 from registry.locks import LockServerUnreachable, backend_from_url, check_backend
 from registry.locks.file_lease import FileLeaseBackend
 from registry.locks.redis_lock import redacted
+from warmup.run.early import listed_gpus
 from warmup.settings import Settings
 
 State = Literal["OK", "MISSING", "SKIP"]

@@ -40,12 +40,18 @@ GPU_LIST = Path("/proc/driver/nvidia/gpus")
 log = logging.getLogger(__name__)
 
 
+def listed_gpus(gpu_list: Path = GPU_LIST) -> int:
+    """GPUs the NVIDIA driver lists (one folder each); 0 without a driver. No torch, no
+    subprocess: cheap enough for a launcher's start."""
+    try:
+        return sum(1 for _ in gpu_list.iterdir())
+    except OSError:
+        return 0
+
+
 def visible_gpus(gpu_list: Path = GPU_LIST) -> int:
     """GPUs the driver lists, fewer when CUDA_VISIBLE_DEVICES hides some; no torch."""
-    try:
-        listed = sum(1 for _ in gpu_list.iterdir())
-    except OSError:  # no driver
-        listed = 0
+    listed = listed_gpus(gpu_list)
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         return listed
