@@ -116,17 +116,54 @@ def env_without_interpreter(**extra: str) -> dict[str, str]:
     return {**env, "TRITON_DEFAULT_FP_FUSION": "1", **extra}
 
 
+def run_python(
+    *args: str, env: dict[str, str], cwd: Path = ROOT, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    """``python ARGS`` in ``cwd`` with exactly ``env``; its output captured."""
+    argv = [sys.executable, *args]
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
 def run_program(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """``python -m warmup ARGS``, the ``triton-warmup`` program, with ``env`` on top of
     an environment without the interpreter switch; its output captured."""
-    return subprocess.run(
-        [sys.executable, "-m", "warmup", *args],
-        env={**env_without_interpreter(), **env},
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=ROOT,
-    )
+    return run_python("-m", "warmup", *args, env={**env_without_interpreter(), **env}, timeout=240)
+
+
+def run_processes(
+    commands: list[tuple[list[str], dict[str, str]]], *, timeout: float, killed_ok: bool = False
+) -> list[str]:
+    """Every (argv, env) at once in ROOT; each one's stdout, in order, once all exited 0.
+    ``killed_ok``: one killed with SIGKILL (on purpose) is left out."""
+    procs = [
+        subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for argv, env in commands
+    ]
+    outputs = []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=timeout)
+            if killed_ok and proc.returncode == -9:
+                continue
+            assert proc.returncode == 0, err[-3000:]
+            outputs.append(out)
+    finally:  # a process that hangs (a deadlock is a failure too) leaves nothing running
+        for proc in procs:
+            proc.kill()
+            proc.communicate()
+    return outputs
+
+
+def last_json(out: str) -> Any:
+    """The JSON line a process printed last."""
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def run_rank_processes(
@@ -135,28 +172,9 @@ def run_rank_processes(
     """``python -m module WORLD RANK *args`` once per rank, on CPU under the interpreter;
     each prints one JSON line last, returned in rank order."""
     env = env_without_interpreter(TRITON_INTERPRET="1")
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", module, str(world), str(rank), *args],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in range(world)
-    ]
-    results = []
-    try:
-        for proc in procs:
-            out, err = proc.communicate(timeout=timeout)
-            assert proc.returncode == 0, err[-3000:]
-            results.append(json.loads(out.strip().splitlines()[-1]))
-    finally:  # a rank that hangs (a deadlock is a failure too) leaves nothing running
-        for proc in procs:
-            proc.kill()
-            proc.communicate()
-    return results
+    argv = [sys.executable, "-m", module, str(world)]
+    ranks = [([*argv, str(rank), *args], env) for rank in range(world)]
+    return [last_json(out) for out in run_processes(ranks, timeout=timeout)]
 
 
 def gpu_fingerprint(

@@ -1,32 +1,22 @@
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from registry import triton_cache
-from tests.conftest import env_without_interpreter
+from tests.conftest import env_without_interpreter, last_json, run_python
 
-ROOT = Path(__file__).parents[2]
 pytestmark = pytest.mark.slow
 
 
 def compile_in(cache_dir: Path) -> dict:
     env = env_without_interpreter(TRITON_CACHE_DIR=str(cache_dir))
-    out = subprocess.run(
-        [sys.executable, "-m", "tests.registry._compile_sm90"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    done = run_python("-m", "tests.registry._compile_sm90", env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return last_json(done.stdout)
 
 
 @pytest.fixture(scope="module")

@@ -1,13 +1,11 @@
 """``make demo`` end to end in a scratch folder: tune, then all hits, then ready."""
 
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parents[2]
+from tests.conftest import ROOT, run_python
+
 pytestmark = pytest.mark.slow
 
 
@@ -19,14 +17,7 @@ def test_demo_tunes_then_hits_then_is_ready(tmp_path):
         "TRITON_WARMUP_MANIFEST": str(ROOT / "examples" / "demo.yaml"),
     }
     started = time.time()
-    done = subprocess.run(
-        [sys.executable, "-m", "warmup.demo"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    done = run_python("-m", "warmup.demo", cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout
     first, second = out.split("== second run")

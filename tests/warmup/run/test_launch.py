@@ -20,6 +20,7 @@ from tests.conftest import (
     ROOT,
     env_without_interpreter,
     run_program,
+    run_python,
     settings_for,
     write_manifest,
 )
@@ -39,6 +40,22 @@ def samples(path: Path) -> dict[tuple[str, tuple], float]:
         for s in family.samples:
             out[(s.name, tuple(sorted(s.labels.items())))] = s.value
     return out
+
+
+USER = "tests.warmup.user_functions:"
+
+
+def entry(
+    kernel: str, world: int, shape: str = "{M: 32, N: 32, K: 32}", dtype: str = "fp32"
+) -> str:
+    """One manifest entry, a YAML flow mapping: ``kernel`` at one shape (or a range of M)."""
+    return f'{{kernel: "{kernel}", dtype: {dtype}, world_size: {world}, shapes: [{shape}]}}'
+
+
+def manifest_of(tmp_path: Path, *entries: str, name: str = "m.yaml") -> Path:
+    """A valid manifest of ``entries`` at ``tmp_path / name``."""
+    lines = "".join(f"  - {e}\n" for e in entries)
+    return write_manifest(tmp_path / name, f"version: 1\nentries:\n{lines}")
 
 
 @pytest.fixture(scope="module")
@@ -147,30 +164,15 @@ def test_a_bad_manifest_exits_2_before_writing_anything(tmp_path, monkeypatch, c
 
 
 def test_a_killed_rank_fails_the_run_and_leaves_a_usable_registry(tmp_path):
-    manifest = write_manifest(
-        tmp_path / "m.yaml",
-        """
-version: 1
-entries:
-  - {kernel: ag_gemm, dtype: fp32, world_size: 2, shapes: [{M: 32, N: 32, K: 32}]}
-  - {kernel: "tests.warmup.user_functions:die_on_rank_1", dtype: fp32, world_size: 2,
-     shapes: [{M: 1, N: 1, K: 1}]}
-""",
-    )
+    die = entry(USER + "die_on_rank_1", 2, "{M: 1, N: 1, K: 1}")
+    manifest = manifest_of(tmp_path, entry("ag_gemm", 2), die)
     settings = settings_for(tmp_path, manifest=manifest, rank_timeout_s=20)
     status = run(settings, load_manifest(manifest))
     assert status.state == "failed"
     assert any("rank 1 exited with code -9" in f for f in status.failures)
     store = Store(settings.paths.registry)
     assert len(store) == 1 and store.quarantined == 0  # what was tuned before the kill stays
-    retry = write_manifest(
-        tmp_path / "retry.yaml",
-        """
-version: 1
-entries:
-  - {kernel: ag_gemm, dtype: fp32, world_size: 2, shapes: [{M: 32, N: 32, K: 32}]}
-""",
-    )
+    retry = manifest_of(tmp_path, entry("ag_gemm", 2), name="retry.yaml")
     again = run(settings.model_copy(update={"manifest": retry}), load_manifest(retry))
     assert again.state == "ready" and again.sources == {"registry": 2}
 
@@ -178,17 +180,8 @@ entries:
 def test_user_functions_are_called_per_shape_and_their_errors_reported(tmp_path, monkeypatch):
     log = tmp_path / "calls.jsonl"
     monkeypatch.setenv("TEST_USER_LOG", str(log))
-    manifest = write_manifest(
-        tmp_path / "m.yaml",
-        """
-version: 1
-entries:
-  - {kernel: "tests.warmup.user_functions:record_call", dtype: bf16, world_size: 2,
-     shapes: [{M: {pow2: [1, 4]}, N: 8, K: 8}]}
-  - {kernel: "tests.warmup.user_functions:raise_error", dtype: fp32, world_size: 2,
-     shapes: [{M: 2, N: 2, K: 2}]}
-""",
-    )
+    record = entry(USER + "record_call", 2, "{M: {pow2: [1, 4]}, N: 8, K: 8}", dtype="bf16")
+    manifest = manifest_of(tmp_path, record, entry(USER + "raise_error", 2, "{M: 2, N: 2, K: 2}"))
     status = run(settings_for(tmp_path, manifest=manifest), load_manifest(manifest))
     calls = [json.loads(line) for line in log.read_text().splitlines()]
     assert sorted((c["rank"], c["shape"]["M"]) for c in calls) == [
@@ -200,14 +193,7 @@ entries:
 
 
 def test_warm_in_process_primes_this_process(tmp_path):
-    manifest = write_manifest(
-        tmp_path / "m.yaml",
-        """
-version: 1
-entries:
-  - {kernel: ag_gemm, dtype: fp32, world_size: 1, shapes: [{M: 16, N: 16, K: 16}]}
-""",
-    )
+    manifest = manifest_of(tmp_path, entry("ag_gemm", 1, "{M: 16, N: 16, K: 16}"))
     settings = settings_for(tmp_path, manifest=manifest, create_volume=True)
     first = warmup.warm(manifest, settings)
     second = warmup.warm(load_manifest(manifest), settings)
@@ -226,22 +212,8 @@ def test_joining_a_torchrun_environment(tmp_path):
         "OMP_NUM_THREADS": "1",
         "TMPDIR": str(tmp_path),  # torchrun leaves its log folder there
     }
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            "2",
-            "-m",
-            "warmup.run.session",
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    torchrun = ["-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    done = run_python(*torchrun, "-m", "warmup.run.session", env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     status = json.loads((tmp_path / "w" / "status.json").read_text())
     assert status["state"] == "ready" and status["sources"] == {"tuned": 6}
@@ -339,22 +311,11 @@ print(status.state, status.sources)
 
 
 def test_warm_in_process_on_cpu_turns_the_interpreter_on_or_says_why_it_cannot(tmp_path):
-    manifest = write_manifest(
-        tmp_path / "m.yaml",
-        "version: 1\nentries:\n  - {kernel: matmul, dtype: fp32, world_size: 1,\n"
-        "     shapes: [{M: 16, N: 16, K: 16}]}\n",
-    )
+    manifest = manifest_of(tmp_path, entry("matmul", 1, "{M: 16, N: 16, K: 16}"))
     env = {**env_without_interpreter(), "PYTHONPATH": str(ROOT)}
 
     def warm(mode):
-        return subprocess.run(
-            [sys.executable, "-c", IN_PROCESS, str(manifest), mode],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
+        return run_python("-c", IN_PROCESS, str(manifest), mode, cwd=tmp_path, env=env)
 
     done = warm("plain")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -369,13 +330,8 @@ def test_warm_in_process_on_cpu_turns_the_interpreter_on_or_says_why_it_cannot(t
 
 def user_manifest(tmp_path: Path, *entries: tuple[int, int]) -> Path:
     """A manifest of ``record_call`` entries, one per (world size, M)."""
-    kernel = '"tests.warmup.user_functions:record_call"'
-    lines = "".join(
-        f"  - {{kernel: {kernel}, dtype: fp32, world_size: {world},\n"
-        f"     shapes: [{{M: {m}, N: 2, K: 2}}]}}\n"
-        for world, m in entries
-    )
-    return write_manifest(tmp_path / "m.yaml", f"version: 1\nentries:\n{lines}")
+    calls = (entry(USER + "record_call", world, f"{{M: {m}, N: 2, K: 2}}") for world, m in entries)
+    return manifest_of(tmp_path, *calls)
 
 
 @pytest.mark.parametrize("policy", ["degraded", "fail"])
@@ -438,11 +394,7 @@ def test_a_launcher_failure_stops_every_rank_and_says_why(tmp_path, monkeypatch)
 
 
 def test_warm_in_process_says_running_while_it_warms(tmp_path, monkeypatch):
-    manifest = write_manifest(
-        tmp_path / "m.yaml",
-        "version: 1\nentries:\n  - {kernel: 'tests.warmup.user_functions:record_status',\n"
-        "     dtype: fp32, world_size: 1, shapes: [{M: 1, N: 1, K: 1}]}\n",
-    )
+    manifest = manifest_of(tmp_path, entry(USER + "record_status", 1, "{M: 1, N: 1, K: 1}"))
     settings = settings_for(tmp_path, manifest=manifest, create_volume=True)
     monkeypatch.setenv("TEST_STATUS_PATH", str(settings.status_file))
     monkeypatch.setenv("TEST_USER_LOG", str(tmp_path / "states"))

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
 import sys
 import threading
 import time
@@ -19,7 +18,7 @@ import pytest
 
 from registry import Entry, KernelConfig, Store, cpu_fingerprint, lock
 from registry.locks import backend_from_url
-from tests.conftest import DEMO, ROOT, env_without_interpreter, free_port
+from tests.conftest import DEMO, env_without_interpreter, free_port, last_json, run_processes
 from tests.registry.test_redis_outage import proxy, redis  # noqa: F401  (fixtures)
 from tests.warmup.tuning._fleet_pods import SHAPES
 from tests.warmup.tuning.fakes import FakeTask, fake_timer
@@ -206,31 +205,12 @@ def run_fleet(
     env = env_without_interpreter()
     extra = [redis_url] if redis_url else []
     module = [sys.executable, "-m", "tests.warmup.tuning._fleet_pods"]
-    procs = [
-        subprocess.Popen(
-            [*module, scenario, str(pods), str(ranks), str(pod), str(rank), str(work), *extra],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+    commands = [
+        ([*module, scenario, str(pods), str(ranks), str(pod), str(rank), str(work), *extra], env)
         for pod in range(pods)
         for rank in range(ranks)
     ]
-    results = []
-    try:
-        for proc in procs:
-            out, err = proc.communicate(timeout=240)
-            if proc.returncode == -9:  # killed on purpose
-                continue
-            assert proc.returncode == 0, err[-3000:]
-            results.append(json.loads(out.strip().splitlines()[-1]))
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.communicate()
-    return results
+    return [last_json(out) for out in run_processes(commands, timeout=240, killed_ok=True)]
 
 
 def tuned_by_pod(results: list[dict[str, Any]]) -> dict[int, list[int]]:
@@ -300,30 +280,20 @@ def test_two_run_pods_on_their_own_volumes_share_through_redis(tmp_path, redis):
     status ready with its phases and the remote tier's calls."""
     redis.client.flushall()
     env = env_without_interpreter(TRITON_WARMUP_LOCK_URL=redis.url, TRITON_WARMUP_DEVICE="cpu")
+    argv = [sys.executable, "-m", "warmup.cli", "run", "--manifest", str(DEMO)]
     pods = [
-        subprocess.Popen(
-            [sys.executable, "-m", "warmup.cli", "run", "--manifest", str(DEMO)],
-            cwd=ROOT,
-            env={
+        (
+            argv,
+            {
                 **env,
                 "TRITON_WARMUP_VOLUME": str(tmp_path / f"volume-{pod}"),
                 "TRITON_WARMUP_CREATE_VOLUME": "true",
                 "TRITON_WARMUP_WORK_DIR": str(tmp_path / f"work-{pod}"),
             },
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
         )
         for pod in range(2)
     ]
-    try:
-        for pod in pods:
-            _, err = pod.communicate(timeout=240)
-            assert pod.returncode == 0, err[-3000:]
-    finally:
-        for pod in pods:
-            pod.kill()
-            pod.communicate()
+    run_processes(pods, timeout=240)
     statuses = [RunStatus.read(tmp_path / f"work-{pod}" / "status.json") for pod in range(2)]
     tuned = Counter()
     for status in statuses:
