@@ -55,16 +55,11 @@ def run(settings: Settings, manifest: Manifest, early: EarlyRanks | None = None)
 
 
 def _launch(settings: Settings, manifest: Manifest, early: EarlyRanks) -> RunStatus:
+    """:func:`run` once the input is checked: the ranks spawned, the cache restored while
+    they start, their reports summed; a failure is written into the status."""
     started = time.time() - process_age()  # time to ready counts from the process's start
     phases: dict[str, float] = {}
-    world = settings.world_size or max(manifest.world_sizes())
-    manifest.require_world(world, str(settings.manifest), command_line=True)
-    device = _device_type(settings, world)
-    for skipped in manifest.skipped_entries(world):
-        log.warning("skipping %s: this pod has %d ranks", skipped, world)
-    require_this_world_only(settings, manifest, world, str(settings.manifest))
-    check_remote(settings)
-    settings = lock_backend(settings, manifest, world)
+    settings, world, device = _checked(settings, manifest)
     run_dir = settings.work_dir / "run"
     clear_run_dir(run_dir)
     status = running(manifest, world, started).write(settings.status_file)
@@ -77,11 +72,7 @@ def _launch(settings: Settings, manifest: Manifest, early: EarlyRanks) -> RunSta
     try:
         procs = _spawn_ranks(ranks, manifest, world, run_dir, early)
         manifest.check_kernels(str(settings.manifest))  # imports torch: while the ranks do
-        restoring = time.perf_counter()
-        recovered = restore(settings)  # while the ranks import torch; they wait for the marker
-        mark_restored(run_dir)
-        explaining = explain.Background(settings, manifest, run_dir)  # rank 0's host
-        phases["restore"] = time.perf_counter() - restoring
+        recovered, explaining = _restore_for_ranks(settings, manifest, run_dir, phases)
         failures, errors = _wait(procs, settings.run_timeout_s, settings.rank_timeout_s)
         ended = time.time()
         if not failures and not errors:
@@ -102,6 +93,34 @@ def _launch(settings: Settings, manifest: Manifest, early: EarlyRanks) -> RunSta
         raise
     finally:
         _stop(procs)
+
+
+def _checked(settings: Settings, manifest: Manifest) -> tuple[Settings, int, str]:
+    """Before any rank starts: the world size and its entries, the device, the remote
+    tier, the lock backend. Returns the settings to run with, the world size and the
+    ranks' device type; :class:`RunError` or :class:`ManifestError` on bad input."""
+    world = settings.world_size or max(manifest.world_sizes())
+    manifest.require_world(world, str(settings.manifest), command_line=True)
+    device = _device_type(settings, world)
+    for skipped in manifest.skipped_entries(world):
+        log.warning("skipping %s: this pod has %d ranks", skipped, world)
+    require_this_world_only(settings, manifest, world, str(settings.manifest))
+    check_remote(settings)
+    return lock_backend(settings, manifest, world), world, device
+
+
+def _restore_for_ranks(
+    settings: Settings, manifest: Manifest, run_dir: Path, phases: dict[str, float]
+) -> tuple[dict[str, int], explain.Background]:
+    """The volume into the pod while the ranks import torch, then the marker they wait
+    for; ``explain`` starts on rank 0's host. Returns what the recovery cleared, and the
+    explanation under way; adds the ``restore`` phase."""
+    restoring = time.perf_counter()
+    recovered = restore(settings)  # while the ranks import torch; they wait for the marker
+    mark_restored(run_dir)
+    explaining = explain.Background(settings, manifest, run_dir)  # rank 0's host
+    phases["restore"] = time.perf_counter() - restoring
+    return recovered, explaining
 
 
 def _settle_pass(
