@@ -16,6 +16,7 @@ reason; the other models still warm.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import time
@@ -57,36 +58,20 @@ def warm_models(
     steps = Lockstep(group, timeout_s=settings.rank_timeout_s)
     for model in models:
         started = time.perf_counter()
-        try:
-            key: ModelKey | None = model_key(model)
-        except Exception as e:  # an unreadable source, a parent package that raises
-            key, error = None, _one_line(e)
+        key, error = _key(model)
         with contextlib.ExitStack() as held:
-            restored: dict[str, Any] | None = None
-            if rank == 0 and key:
-                restored = _restore_under_lock(held, model, key, settings, fingerprint, remote)
+            stored = _Artifacts(model, key, settings, fingerprint, remote) if key else None
+            restored = stored.restore_under_lock(held) if rank == 0 and stored else None
             steps.barrier(what=f"model {model.name}: restore")
-            learned = steps.broadcast(  # rank 0's list: every rank warms the same shapes
-                learned_dims(settings.paths.learned, model) if steps.leader else [],
-                what=f"model {model.name}: learned shapes",
-            )
+            learned = _learned_shapes(steps, settings, model)
             result = (
                 _compile_and_run(model, device, steps, learned) if key else _failed(model, error)
             )
             # any rank's compile (or a restore that was not whole) means: store again
-            [compiled] = steps.max_over_ranks(
-                [
-                    float(
-                        result.counts.get("inductor_compiles", 0)
-                        + result.counts.get("kernel_compiles", 0)
-                    )
-                ],
-                what=f"model {model.name}: compiles",
-            )
+            compiled = _compiled_on_any_rank(steps, model, result)
             whole = restored is not None and restored["restore"] == "hit"
-            if rank == 0 and key and not result.failed and (compiled or not whole):
-                saved = _save(model, key, settings, fingerprint, remote)
-                result = result.model_copy(update=saved)
+            if rank == 0 and stored and not result.failed and (compiled or not whole):
+                result = result.model_copy(update=stored.save())
         if restored is not None:
             result = result.model_copy(update=restored)
         if key is not None:
@@ -94,132 +79,145 @@ def warm_models(
         yield result.model_copy(update={"rank": rank, "seconds": time.perf_counter() - started})
 
 
-def _restore_under_lock(
-    held: contextlib.ExitStack,
-    model: ModelEntry,
-    key: ModelKey,
-    settings: Settings,
-    fingerprint: Fingerprint,
-    remote: RemoteTier | None,
-) -> dict[str, Any]:
-    """Rank 0: the stored artifacts restored; on a miss, the fleet lock taken (the other
-    ranks wait at the next barrier: within half the rank timeout, what restoring left of
-    it) and a look again, for what the holder stored meanwhile."""
-    started = time.monotonic()
-    restored = _restore(model, key, settings, fingerprint, remote)
-    wait_s = min(settings.lock_timeout_s, 0.5 * settings.rank_timeout_s) - (
-        time.monotonic() - started
-    )
-    if restored["restore"].startswith("miss") and _fleet_lock(
-        held, model, key, settings, fingerprint, wait_s
-    ):
-        restored = _restore(model, key, settings, fingerprint, remote)
-    return restored
-
-
-def _fleet_lock(
-    held: contextlib.ExitStack,
-    model: ModelEntry,
-    key: ModelKey,
-    settings: Settings,
-    fingerprint: Fingerprint,
-    wait_s: float,
-) -> bool:
-    """Take the fleet's lock on compiling ``model`` at this key and fingerprint (held
-    until ``held`` closes); False when it could not be had in ``wait_s``: compile anyway."""
-    name = f"model:{model.name}:{key.digest[:16]}:{fingerprint.digest()[:16]}"
-    if wait_s <= 0:
-        log.warning("model %s: compiled without the fleet lock: no time left to wait", model.name)
-        return False
+def _key(model: ModelEntry) -> tuple[ModelKey | None, str]:
+    """The model's key, or None and why it has none."""
     try:
-        held.enter_context(
-            lock(
-                name,
-                ttl=settings.lock_ttl_s,
-                timeout=wait_s,
-                backend=backend_from_url(settings.lock_url),
-                outage_s=settings.lock_outage_s,
+        return model_key(model), ""
+    except Exception as e:  # an unreadable source, a parent package that raises
+        return None, _one_line(e)
+
+
+def _learned_shapes(steps: Lockstep, settings: Settings, model: ModelEntry) -> list[dict[str, int]]:
+    """The shapes the fleet learned for ``model``: rank 0's list, so that every rank
+    warms the same shapes."""
+    learned: list[dict[str, int]] = steps.broadcast(
+        learned_dims(settings.paths.learned, model) if steps.leader else [],
+        what=f"model {model.name}: learned shapes",
+    )
+    return learned
+
+
+def _compiled_on_any_rank(steps: Lockstep, model: ModelEntry, result: ModelResult) -> bool:
+    """Whether any rank compiled while warming ``model``: Inductor graphs or Triton kernels."""
+    compiles = result.counts.get("inductor_compiles", 0) + result.counts.get("kernel_compiles", 0)
+    [most] = steps.max_over_ranks([float(compiles)], what=f"model {model.name}: compiles")
+    return bool(most)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Artifacts:
+    """One model's Inductor artifacts (rank 0's business): stored under its key and the
+    pod's fingerprint on the volume, and on the registry's remote tier when there is one."""
+
+    model: ModelEntry
+    key: ModelKey
+    settings: Settings
+    fingerprint: Fingerprint
+    remote: RemoteTier | None
+
+    def restore_under_lock(self, held: contextlib.ExitStack) -> dict[str, Any]:
+        """The stored artifacts restored; on a miss, the fleet lock taken (the other ranks
+        wait at the next barrier: within half the rank timeout, what restoring left of it)
+        and a look again, for what the holder stored meanwhile."""
+        started, settings = time.monotonic(), self.settings
+        restored = self.restore()
+        wait_s = min(settings.lock_timeout_s, 0.5 * settings.rank_timeout_s) - (
+            time.monotonic() - started
+        )
+        if restored["restore"].startswith("miss") and self.fleet_lock(held, wait_s):
+            restored = self.restore()
+        return restored
+
+    def fleet_lock(self, held: contextlib.ExitStack, wait_s: float) -> bool:
+        """Take the fleet's lock on compiling the model at this key and fingerprint (held
+        until ``held`` closes); False when it could not be had in ``wait_s``: compile anyway."""
+        model, settings = self.model, self.settings
+        name = f"model:{model.name}:{self.key.digest[:16]}:{self.fingerprint.digest()[:16]}"
+        if wait_s <= 0:
+            log.warning(
+                "model %s: compiled without the fleet lock: no time left to wait", model.name
             )
-        )
-    except (LockTimeout, RegistryError) as e:  # unreachable server included
-        log.warning("model %s: compiled without the fleet lock: %s", model.name, e)
-        return False
-    return True
+            return False
+        try:
+            held.enter_context(
+                lock(
+                    name,
+                    ttl=settings.lock_ttl_s,
+                    timeout=wait_s,
+                    backend=backend_from_url(settings.lock_url),
+                    outage_s=settings.lock_outage_s,
+                )
+            )
+        except (LockTimeout, RegistryError) as e:  # unreachable server included
+            log.warning("model %s: compiled without the fleet lock: %s", model.name, e)
+            return False
+        return True
 
-
-def _restore(
-    model: ModelEntry,
-    key: ModelKey,
-    settings: Settings,
-    fingerprint: Fingerprint,
-    remote: RemoteTier | None,
-) -> dict[str, Any]:
-    """The volume's artifacts restored into the pod's cache; on a miss there, the remote
-    tier's, fetched into the volume first."""
-    root = settings.paths.inductor
-    where: dict[str, Any] = {
-        "model": model.name,
-        "key_digest": key.digest,
-        "fingerprint": fingerprint,
-    }
-    look = functools.partial(inductor_cache.restore, root, settings.inductor_cache_dir, **where)
-    try:
-        done = look()
-        if done.index is None and remote is not None and remote_models.fetch(remote, root, **where):
+    def restore(self) -> dict[str, Any]:
+        """The volume's artifacts restored into the pod's cache; on a miss there, the remote
+        tier's, fetched into the volume first."""
+        model, remote, settings = self.model, self.remote, self.settings
+        root = settings.paths.inductor
+        where: dict[str, Any] = {
+            "model": model.name,
+            "key_digest": self.key.digest,
+            "fingerprint": self.fingerprint,
+        }
+        look = functools.partial(inductor_cache.restore, root, settings.inductor_cache_dir, **where)
+        try:
             done = look()
-    except Exception as e:  # rank 0 must reach the barrier: a bad store costs a compile
-        log.warning("model %s: stored artifacts not restored: %s", model.name, _one_line(e))
-        return {"restore": f"failed: {_one_line(e)}"}
-    if done.index is None:
-        log.info("model %s: nothing to restore: %s", model.name, done.why_not)
-        return {"restore": f"miss: {done.why_not}"}
-    log.info(
-        "model %s: restored %d artifacts (%d already there, %d quarantined, %d missing)",
-        model.name,
-        done.copied,
-        done.present,
-        done.quarantined,
-        done.missing,
-    )
-    broken = done.quarantined + done.missing
-    return {"restore": "hit" + (f" ({broken} artifacts recompiled)" if broken else "")}
-
-
-def _save(
-    model: ModelEntry,
-    key: ModelKey,
-    settings: Settings,
-    fingerprint: Fingerprint,
-    remote: RemoteTier | None,
-) -> dict[str, Any]:
-    try:
-        saved = inductor_cache.save(
-            settings.inductor_cache_dir,
-            settings.paths.inductor,
-            model=model.name,
-            key_digest=key.digest,
-            key=key.parts,
-            fingerprint=fingerprint,
+            missed = done.index is None
+            if missed and remote is not None and remote_models.fetch(remote, root, **where):
+                done = look()
+        except Exception as e:  # rank 0 must reach the barrier: a bad store costs a compile
+            log.warning("model %s: stored artifacts not restored: %s", model.name, _one_line(e))
+            return {"restore": f"failed: {_one_line(e)}"}
+        if done.index is None:
+            log.info("model %s: nothing to restore: %s", model.name, done.why_not)
+            return {"restore": f"miss: {done.why_not}"}
+        log.info(
+            "model %s: restored %d artifacts (%d already there, %d quarantined, %d missing)",
+            model.name,
+            done.copied,
+            done.present,
+            done.quarantined,
+            done.missing,
         )
-    except Exception as e:  # the pod is warm; the next one compiles again
-        log.warning("model %s: artifacts not stored: %s", model.name, _one_line(e))
-        return {}
-    log.info(
-        "model %s: stored %d artifacts (%d new, %d bytes)",
-        model.name,
-        saved.files,
-        saved.new_blobs,
-        saved.bytes,
-    )
-    if remote is not None:
-        remote_models.publish(
-            remote,
-            settings.paths.inductor,
-            model=model.name,
-            key_digest=key.digest,
-            fingerprint=fingerprint,
+        broken = done.quarantined + done.missing
+        return {"restore": "hit" + (f" ({broken} artifacts recompiled)" if broken else "")}
+
+    def save(self) -> dict[str, Any]:
+        """The pod's Inductor cache stored (then published to the remote tier); what the
+        model's result says of it: nothing when storing failed."""
+        model, settings = self.model, self.settings
+        try:
+            saved = inductor_cache.save(
+                settings.inductor_cache_dir,
+                settings.paths.inductor,
+                model=model.name,
+                key_digest=self.key.digest,
+                key=self.key.parts,
+                fingerprint=self.fingerprint,
+            )
+        except Exception as e:  # the pod is warm; the next one compiles again
+            log.warning("model %s: artifacts not stored: %s", model.name, _one_line(e))
+            return {}
+        log.info(
+            "model %s: stored %d artifacts (%d new, %d bytes)",
+            model.name,
+            saved.files,
+            saved.new_blobs,
+            saved.bytes,
         )
-    return {"stored_artifacts": saved.files}
+        if self.remote is not None:
+            remote_models.publish(
+                self.remote,
+                settings.paths.inductor,
+                model=model.name,
+                key_digest=self.key.digest,
+                fingerprint=self.fingerprint,
+            )
+        return {"stored_artifacts": saved.files}
 
 
 def _compile_and_run(

@@ -31,9 +31,10 @@ def test_the_warm_restores_from_the_remote_tier_and_publishes_what_it_stores(
     for rel, data in FILES.items():
         (a.inductor_cache_dir / rel).parent.mkdir(parents=True, exist_ok=True)
         (a.inductor_cache_dir / rel).write_bytes(data)
-    assert warm._save(model, key, a, FP, tier(server.url)) == {"stored_artifacts": len(FILES)}
-    assert warm._restore(model, key, b, FP, None)["restore"].startswith("miss")
-    assert warm._restore(model, key, b, FP, tier(server.url)) == {"restore": "hit"}
+    stored = warm._Artifacts(model, key, a, FP, tier(server.url))
+    assert stored.save() == {"stored_artifacts": len(FILES)}
+    assert warm._Artifacts(model, key, b, FP, None).restore()["restore"].startswith("miss")
+    assert warm._Artifacts(model, key, b, FP, tier(server.url)).restore() == {"restore": "hit"}
     pod = b.inductor_cache_dir
     assert {
         p.relative_to(pod).as_posix(): p.read_bytes() for p in pod.rglob("*") if p.is_file()
