@@ -39,18 +39,18 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from registry import atomic
+from registry import atomic, redis_url
 from registry.entry import Entry, NewerSchema, canonical_key
 from registry.errors import RegistryError, Superseded, shown, why
 from registry.fingerprint import Fingerprint, MatchPolicy
-from registry.locks.redis_lock import _cause, redacted
+from registry.locks.redis_lock import _cause
+from registry.redis_url import SCHEMES, redacted
 from registry.store import MAX_ENTRY_BYTES
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 PREFIX = "triton-warmup:entry:"
-SCHEMES = ("redis://", "rediss://", "unix://")
 WATCH_TRIES = 5  # a publish that loses this many races to other writers gives up
 
 
@@ -75,14 +75,6 @@ class RemoteTier:
     """Tuned entries on a redis server, shared by pods on every node."""
 
     def __init__(self, url: str, *, timeout_s: float = 1.0, retry_after_s: float = 30.0) -> None:
-        try:
-            import redis
-            from redis.backoff import NoBackoff
-            from redis.retry import Retry
-        except ImportError:
-            raise RegistryError(
-                "The remote tier needs redis-py: pip install 'triton-warmup[redis]'."
-            ) from None
         self.url = url
         self.retry_after_s = retry_after_s
         self.stats = RemoteStats()
@@ -91,12 +83,11 @@ class RemoteTier:
         self._warned: set[tuple[str, str]] = set()
         self._unpublished: dict[tuple[str, str], tuple[Entry, str | None]] = {}
         try:
-            self.client: Any = redis.Redis.from_url(
-                url,
-                socket_timeout=timeout_s,
-                socket_connect_timeout=timeout_s,
-                retry=Retry(NoBackoff(), 0),
-            )
+            self.client: Any = redis_url.client(url, timeout_s=timeout_s)
+        except ImportError:
+            raise RegistryError(
+                "The remote tier needs redis-py: pip install 'triton-warmup[redis]'."
+            ) from None
         except ValueError as e:
             raise RegistryError(
                 f"Remote tier URL {shown(redacted(url))} is not valid: {e}"

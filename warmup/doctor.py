@@ -27,7 +27,7 @@ from registry.errors import RegistryError
 from registry.fingerprint import NVIDIA_PROC, proc_driver_version
 from registry.locks import LockServerUnreachable, backend_from_url, check_backend
 from registry.locks.file_lease import FileLeaseBackend
-from registry.locks.redis_lock import redacted
+from registry.redis_url import redacted
 from warmup.run.early import listed_gpus
 from warmup.settings import Settings
 

@@ -9,7 +9,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from registry.fingerprint import MatchPolicy
-from registry.remote import SCHEMES as REDIS_SCHEMES
+from registry.redis_url import is_redis
 from registry.remote import RemoteTier, remote_tier
 from registry.store import Store
 from registry.volume import Volume, existing_folder
@@ -194,7 +194,7 @@ class Settings(BaseSettings):
     @field_validator("remote_url")
     @classmethod
     def _a_redis_url(cls, value: str) -> str:
-        if value in ("", "off") or value.startswith(REDIS_SCHEMES):
+        if value in ("", "off") or is_redis(value):
             return value
         raise ValueError("must be redis://..., rediss://..., unix://..., '' or 'off'")
 
@@ -211,6 +211,6 @@ class Settings(BaseSettings):
         self.bundle_dir = self.bundle_dir or paths.bundles
         self.metrics_dir = self.metrics_dir or self.status_file.parent / "serving-metrics"
         if not self.remote_url:
-            self.remote_url = self.lock_url if self.lock_url.startswith(REDIS_SCHEMES) else "off"
+            self.remote_url = self.lock_url if is_redis(self.lock_url) else "off"
         self.lock_url = self.lock_url or str(paths.locks)
         return self

@@ -35,6 +35,7 @@ from typing import Protocol
 from registry.entry import now_iso
 from registry.errors import LockTimeout, RegistryError
 from registry.fingerprint import machine_name
+from registry.redis_url import is_redis
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +187,7 @@ def default_backend() -> LockBackend:
 def backend_from_url(url: str) -> LockBackend:
     """``redis://host:port/db``, ``rediss://...``, ``unix:///path.sock``: redis;
     ``file:///path`` or a plain path: a lease folder on a shared volume."""
-    if url.startswith(("redis://", "rediss://", "unix://")):
+    if is_redis(url):
         from registry.locks.redis_lock import RedisLockBackend
 
         return RedisLockBackend(url)

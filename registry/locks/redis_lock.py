@@ -17,10 +17,11 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
+from registry import redis_url
 from registry.errors import RegistryError
 from registry.locks import RETRY_CAP_S, Holder, Lease, LockServerUnreachable, backoff
+from registry.redis_url import redacted
 
 log = logging.getLogger(__name__)
 PREFIX = "triton-warmup:lock:"
@@ -156,16 +157,7 @@ class RedisLockBackend:
     def _client(self, timeout: float) -> Any:
         """One client per socket timeout, without redis-py's own retries."""
         if timeout not in self._clients:
-            import redis
-            from redis.backoff import NoBackoff
-            from redis.retry import Retry
-
-            self._clients[timeout] = redis.Redis.from_url(
-                self.url,
-                socket_timeout=timeout,
-                socket_connect_timeout=timeout,
-                retry=Retry(NoBackoff(), 0),
-            )
+            self._clients[timeout] = redis_url.client(self.url, timeout_s=timeout)
         return self._clients[timeout]
 
     def _value(self, name: str) -> Holder:
@@ -240,12 +232,3 @@ def _cause(error: Exception) -> str:
     if isinstance(inner, OSError) and inner.strerror:
         return inner.strerror
     return str(error).rstrip(".") or type(error).__name__
-
-
-def redacted(url: str) -> str:
-    """``url`` without its password."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))

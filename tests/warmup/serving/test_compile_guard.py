@@ -22,7 +22,7 @@ from warmup.serving.compile_guard import CompileGuard, RequestCompileError, guar
 from warmup.serving.metrics import ServingMetrics
 from warmup.settings import Settings
 
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).parents[3]
 COMPILES = "triton_warmup_request_compiles_total"
 AUTOTUNES = "triton_warmup_request_autotunes_total"
 

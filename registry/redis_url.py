@@ -1,0 +1,39 @@
+"""A redis server's URL, read in one place: which URLs name one, how one is shown in a
+message (never its password), and the client each user of redis makes from it."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def is_redis(url: str) -> bool:
+    """Whether ``url`` names a redis server (else: a lease folder, '' or 'off')."""
+    return url.startswith(SCHEMES)
+
+
+def redacted(url: str) -> str:
+    """``url`` without its password."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def client(url: str, *, timeout_s: float) -> Any:
+    """A redis-py client for ``url`` whose calls wait at most ``timeout_s`` (to connect,
+    and for each answer) and are never retried by redis-py: the caller decides what a
+    failure means. ``ImportError`` without redis-py; ``ValueError`` for a bad URL."""
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    return redis.Redis.from_url(
+        url,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 0),
+    )
