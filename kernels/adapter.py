@@ -25,6 +25,7 @@ from registry import KernelConfig
 BUCKET_FIELD = "M"  # the key field a serving op buckets on: the rows of one call
 TORCH_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 DTYPES = tuple(TORCH_NAMES)  # the dtypes a manifest and a layer name
+_NAMES = {torch_name: name for name, torch_name in TORCH_NAMES.items()}
 
 
 def gemm_flops(shape: Mapping[str, int]) -> float:
@@ -32,6 +33,12 @@ def gemm_flops(shape: Mapping[str, int]) -> float:
     runs each candidate the same number of times at any shape, so its cost grows with
     this (on an H100: 0.5 s to tune 17 GFLOP, 2.3 s at 240, 8 s at 962)."""
     return 2.0 * shape["M"] * shape["N"] * shape["K"]
+
+
+def dtype_name(dtype: Any) -> str | None:
+    """The name a manifest gives a torch dtype (``torch.bfloat16`` -> ``bf16``); None for
+    a dtype no kernel takes. Needs no torch import: it reads the dtype's name."""
+    return _NAMES.get(str(dtype).removeprefix("torch."))
 
 
 def torch_dtype(name: str) -> Any:

@@ -198,6 +198,27 @@ def check_inputs(
     a_shard: torch.Tensor, b: torch.Tensor, ctx: AgGemmContext, out: torch.Tensor | None = None
 ) -> tuple[int, int, int]:
     """Raise ``ValueError`` naming what is wrong; returns (M, N, K) of the gathered GEMM."""
+    _check_operands(a_shard, b, ctx)
+    m_per_rank, k = a_shard.shape
+    m = m_per_rank * ctx.world
+    if k != ctx.k or m > ctx.max_m or m_per_rank == 0:
+        raise ValueError(
+            f"ag_gemm: gathered shape [{m}, {k}] exceeds the context's "
+            f"[{ctx.max_m}, {ctx.k}] (K must match, M at most max_m)."
+        )
+    n = b.shape[1]
+    if out is not None and (
+        tuple(out.shape) != (m, n) or out.dtype != ctx.dtype or not out.is_contiguous()
+    ):
+        raise ValueError(
+            f"ag_gemm: out is {tuple(out.shape)} {out.dtype}; need a contiguous "
+            f"[{m}, {n}] {ctx.dtype}."
+        )
+    return m, n, k
+
+
+def _check_operands(a_shard: torch.Tensor, b: torch.Tensor, ctx: AgGemmContext) -> None:
+    """The operands alone: 2-D, row-major, of one K, of the context's dtype and device."""
     if a_shard.ndim != 2 or b.ndim != 2:
         raise ValueError(
             f"ag_gemm: a_shard {tuple(a_shard.shape)} and b {tuple(b.shape)} must be 2-D."
@@ -221,21 +242,6 @@ def check_inputs(
         raise ValueError(
             f"ag_gemm: tensors on {a_shard.device} and {b.device}; the context is on {ctx.device}."
         )
-    m = m_per_rank * ctx.world
-    if k != ctx.k or m > ctx.max_m or m_per_rank == 0:
-        raise ValueError(
-            f"ag_gemm: gathered shape [{m}, {k}] exceeds the context's "
-            f"[{ctx.max_m}, {ctx.k}] (K must match, M at most max_m)."
-        )
-    n = b.shape[1]
-    if out is not None and (
-        tuple(out.shape) != (m, n) or out.dtype != ctx.dtype or not out.is_contiguous()
-    ):
-        raise ValueError(
-            f"ag_gemm: out is {tuple(out.shape)} {out.dtype}; need a contiguous "
-            f"[{m}, {n}] {ctx.dtype}."
-        )
-    return m, n, k
 
 
 # The algorithms a config chooses (``KernelConfig.algorithm``); the tuner times them all

@@ -18,12 +18,11 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.adapter import LaunchPlan, Layer, gemm_flops, torch_dtype
+from kernels.adapter import LaunchPlan, Layer, dtype_name, gemm_flops, torch_dtype
 from kernels.task import ProductTask
 from registry import KernelConfig, triton_internals
 
 NAME = "matmul"
-DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
 @triton.jit(do_not_specialize=["M"])  # type: ignore[untyped-decorator]  # batch sizes vary per call: one kernel serves them all
@@ -81,7 +80,7 @@ def matmul(
     """``a @ b`` with the given config. a: [M, K], b: [K, N] -> [M, N]."""
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
         raise ValueError(f"matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} do not chain.")
-    if a.dtype != b.dtype or a.dtype not in DTYPES:
+    if a.dtype != b.dtype or dtype_name(a.dtype) is None:
         raise ValueError(f"matmul: dtypes {a.dtype}, {b.dtype}; need one of fp16/bf16/fp32.")
     if a.device != b.device:
         raise ValueError(f"matmul: a on {a.device}, b on {b.device}.")
@@ -104,7 +103,7 @@ def launch_plan(
 
 def key(a: torch.Tensor, b: torch.Tensor) -> dict[str, Any]:
     """What a tuned config depends on: the problem size and the dtype."""
-    return {"M": a.shape[0], "N": b.shape[1], "K": a.shape[1], "dtype": DTYPES[a.dtype]}
+    return {"M": a.shape[0], "N": b.shape[1], "K": a.shape[1], "dtype": dtype_name(a.dtype)}
 
 
 def space(
