@@ -85,6 +85,8 @@ class Sidecar:
     # ---- answers -------------------------------------------------------------------
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
+        """Whether this pod is ready, and why (the JSON of /readyz): its manifest's warmup
+        completed, by the status file, and the registry loads."""
         try:
             digest = self._manifest_digest()
         except ManifestError as e:
@@ -112,6 +114,11 @@ class Sidecar:
             entries = len(self.store)  # reloads when another process changed the store
         except (OSError, RegistryError) as e:
             return self._not_ready(f"registry does not load: {e}")
+        return self._ready(status, digest, entries)
+
+    def _ready(self, status: RunStatus, digest: str, entries: int) -> tuple[bool, dict[str, Any]]:
+        """The ready answer: what the warmup of manifest ``digest`` left, and the registry's
+        ``entries``."""
         self.metrics.ready.set(1)
         self.metrics.registry_entries.set(entries)
         return (
