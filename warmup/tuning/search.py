@@ -74,17 +74,9 @@ def successive_halving(
     pinned = False  # the baseline is in ``alive`` only because it is pinned
     while True:
         result.rounds.append(list(alive))
-        passes: dict[KernelConfig, list[Measurement]] = {c: [] for c in alive}
-        per_pass = max(1, repetitions // plan.passes)
-        for index in range(plan.passes):
-            shift = index % len(alive)
-            for config in alive[shift:] + alive[:shift]:
-                failed = [m for m in passes[config] if not m.ok]
-                if not failed:  # a failure is not measured again
-                    passes[config].append(measure(config, per_pass))
-                    result.repetitions += per_pass
-        for config in alive:
-            latest[config] = _combine(config, passes[config])
+        measured, ran = _round(alive, measure, max(1, repetitions // plan.passes), plan.passes)
+        latest.update(measured)
+        result.repetitions += ran
         ranked = [m.config for m in sort_measurements([latest[c] for c in alive]) if m.ok]
         contenders = [c for c in ranked if not (pinned and c == baseline)]
         if len(contenders) <= plan.final_survivors or repetitions >= plan.max_repetitions:
@@ -96,6 +88,24 @@ def successive_halving(
         repetitions = min(plan.max_repetitions, repetitions * plan.eta)
     result.measurements = _final_order(latest, result.rounds[-1], baseline)
     return result
+
+
+def _round(
+    alive: list[KernelConfig], measure: Measure, per_pass: int, passes: int
+) -> tuple[dict[KernelConfig, Measurement], int]:
+    """One round: ``passes`` interleaved passes of ``per_pass`` repetitions each, every
+    pass starting one candidate further on. Returns each candidate's measurement (its
+    passes combined) and the repetitions run."""
+    runs: dict[KernelConfig, list[Measurement]] = {c: [] for c in alive}
+    repetitions = 0
+    for index in range(passes):
+        shift = index % len(alive)
+        for config in alive[shift:] + alive[:shift]:
+            failed = [m for m in runs[config] if not m.ok]
+            if not failed:  # a failure is not measured again
+                runs[config].append(measure(config, per_pass))
+                repetitions += per_pass
+    return {config: _combine(config, runs[config]) for config in alive}, repetitions
 
 
 def _final_order(
