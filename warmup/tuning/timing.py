@@ -65,28 +65,32 @@ def cuda_event_timer(
 
     flush = torch.empty(flush_bytes, dtype=torch.int8, device="cuda")
 
-    def one(fn: Thunk, meet: Thunk | None) -> float:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        if meet is not None:
-            meet()  # the device is idle (the last repetition was waited for): start together
-        flush.zero_()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        return float(start.elapsed_time(end))
-
     def timer(fn: Thunk, repetitions: int, *, meet: Thunk | None = None) -> list[float]:
         for _ in range(warmup):
             fn()
-        first = one(fn, meet)
+        first = _event_time(fn, meet, flush)
         if first < graph_below_ms and meet is None:
             graphed = _graph_times(fn, repetitions, graph_batch, flush)
             if graphed is not None:
                 return graphed
-        return [first] + [one(fn, meet) for _ in range(repetitions - 1)]
+        return [first] + [_event_time(fn, meet, flush) for _ in range(repetitions - 1)]
 
     return timer
+
+
+def _event_time(fn: Thunk, meet: Thunk | None, flush: Any) -> float:
+    """One launch timed by device events: ``meet`` first, then the L2 flushed."""
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    if meet is not None:
+        meet()  # the device is idle (the last repetition was waited for): start together
+    flush.zero_()
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return float(start.elapsed_time(end))
 
 
 def _graph_times(fn: Thunk, repetitions: int, batch: int, flush: Any) -> list[float] | None:
