@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from warmup.manifest import ManifestError, load_manifest
+from warmup.manifest import Manifest, ManifestError, load_manifest
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
@@ -308,6 +308,19 @@ def _validate(args: argparse.Namespace) -> int:
     manifest = load_manifest(args.manifest, find_functions=True, notes=notes)
     for note in notes:
         print(f"triton-warmup: note: {note}", file=sys.stderr)
+    rows, models = _listing(manifest)
+    if args.json:
+        print(
+            json.dumps({"digest": manifest.digest(), "entries": rows, "models": models}, indent=2)
+        )
+        return EXIT_OK
+    _print_listing(rows, models)
+    print(f"manifest {args.manifest} is valid (digest {manifest.digest()})")
+    return EXIT_OK
+
+
+def _listing(manifest: Manifest) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The manifest's kernel entries and its models, each with every shape it declares."""
     rows: list[dict[str, Any]] = [
         {
             "kernel": e.kernel,
@@ -322,11 +335,11 @@ def _validate(args: argparse.Namespace) -> int:
         {"name": m.name, "build": m.build, "world_size": m.world_size, "shapes": m.expand()}
         for m in manifest.models
     ]
-    if args.json:
-        print(
-            json.dumps({"digest": manifest.digest(), "entries": rows, "models": models}, indent=2)
-        )
-        return EXIT_OK
+    return rows, models
+
+
+def _print_listing(rows: list[dict[str, Any]], models: list[dict[str, Any]]) -> None:
+    """The listing for a person: a title and a line per shape, for each entry and model."""
     for row in rows:
         _print_shapes(
             f"{row['kernel']} {row['dtype']}, world size {row['world_size']}, "
@@ -338,8 +351,6 @@ def _validate(args: argparse.Namespace) -> int:
             f"model {model['name']} ({model['build']}), world size {model['world_size']}",
             model["shapes"],
         )
-    print(f"manifest {args.manifest} is valid (digest {manifest.digest()})")
-    return EXIT_OK
 
 
 def _print_shapes(title: str, shapes: list[dict[str, int]]) -> None:
