@@ -85,28 +85,11 @@ def create_context(
 
     ``consumer``: ``"tma"`` or ``"portable"``; by default TMA on Hopper and newer.
     """
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = _indexed(torch.device(device))
     world, rank = group_size_and_rank(group)
-    if max_m <= 0 or k <= 0 or max_m % world:
-        raise ValueError(
-            f"ag_gemm context: max_m={max_m} must be a positive multiple of the "
-            f"world size {world}, and k={k} positive."
-        )
-    if dtype not in DTYPES:
-        raise ValueError(
-            f"ag_gemm context: dtype {dtype} not supported; use one of {sorted(DTYPES.values())}."
-        )
+    _check_shape(max_m, k, dtype, world)
     limits = device_limits(device)
-    consumer = consumer or ("tma" if device.type == "cuda" and limits.is_hopper else "portable")
-    if consumer not in ("tma", "portable") or (
-        consumer == "tma" and not (device.type == "cuda" and limits.is_hopper)
-    ):
-        raise ValueError(
-            f"ag_gemm context: consumer {consumer!r} not available on {limits.name}; "
-            "use 'portable'."
-        )
+    consumer = _consumer(consumer, device, limits)
     ctx = AgGemmContext(
         group=group,
         rank=rank,
@@ -126,6 +109,41 @@ def create_context(
     elif world > 1:
         _map_shared_files(ctx)
     return ctx
+
+
+def _indexed(device: torch.device) -> torch.device:
+    """``device``, a CUDA one with its index: the current GPU's where it has none."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _check_shape(max_m: int, k: int, dtype: torch.dtype, world: int) -> None:
+    """ValueError unless ``max_m`` is a positive multiple of ``world``, ``k`` is positive
+    and ``dtype`` is one the kernel supports."""
+    if max_m <= 0 or k <= 0 or max_m % world:
+        raise ValueError(
+            f"ag_gemm context: max_m={max_m} must be a positive multiple of the "
+            f"world size {world}, and k={k} positive."
+        )
+    if dtype not in DTYPES:
+        raise ValueError(
+            f"ag_gemm context: dtype {dtype} not supported; use one of {sorted(DTYPES.values())}."
+        )
+
+
+def _consumer(consumer: str | None, device: torch.device, limits: DeviceLimits) -> str:
+    """The consumer asked for, or TMA on a Hopper or newer GPU and portable elsewhere;
+    ValueError for one that cannot run on ``device``."""
+    consumer = consumer or ("tma" if device.type == "cuda" and limits.is_hopper else "portable")
+    if consumer not in ("tma", "portable") or (
+        consumer == "tma" and not (device.type == "cuda" and limits.is_hopper)
+    ):
+        raise ValueError(
+            f"ag_gemm context: consumer {consumer!r} not available on {limits.name}; "
+            "use 'portable'."
+        )
+    return consumer
 
 
 def _map_symmetric(ctx: AgGemmContext) -> None:
