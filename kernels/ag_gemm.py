@@ -33,9 +33,8 @@ import triton.language as tl
 
 from kernels import ag_gemm_workspace as workspace
 from kernels import cublas_heuristics
-from kernels.adapter import LaunchPlan, Layer, gemm_flops, torch_dtype
+from kernels.adapter import LaunchPlan, Layer, dtype_name, gemm_flops, torch_dtype
 from kernels.ag_gemm_workspace import (
-    DTYPES,
     AgGemmContext,
     create_context,
     group_size_and_rank,
@@ -49,7 +48,7 @@ NAME = "ag_gemm"
 # Integers that change from call to call: specialised (divisible by 16, == 1) they would
 # make a new kernel for most batch sizes, so no serving call could be warm.
 M_DERIVED = ["M", "m_per_rank", "rank"]
-__all__ = ["DTYPES", "AgGemmContext", "create_context", "group_size_and_rank", "input_buffer"]
+__all__ = ["AgGemmContext", "create_context", "group_size_and_rank", "input_buffer"]
 
 
 @triton.jit  # type: ignore[untyped-decorator]
@@ -642,7 +641,7 @@ def key(a_shard: torch.Tensor, b: torch.Tensor, ctx: AgGemmContext) -> dict[str,
         "M": a_shard.shape[0] * ctx.world,
         "N": b.shape[1],
         "K": a_shard.shape[1],
-        "dtype": DTYPES[a_shard.dtype],
+        "dtype": dtype_name(a_shard.dtype),
         "world": ctx.world,
     }
 

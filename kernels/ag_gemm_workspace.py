@@ -32,9 +32,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from kernels.adapter import DTYPES, dtype_name
 from kernels.spaces import DeviceLimits, device_limits
-
-DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
 @dataclass
@@ -126,9 +125,9 @@ def _check_shape(max_m: int, k: int, dtype: torch.dtype, world: int) -> None:
             f"ag_gemm context: max_m={max_m} must be a positive multiple of the "
             f"world size {world}, and k={k} positive."
         )
-    if dtype not in DTYPES:
+    if dtype_name(dtype) is None:
         raise ValueError(
-            f"ag_gemm context: dtype {dtype} not supported; use one of {sorted(DTYPES.values())}."
+            f"ag_gemm context: dtype {dtype} not supported; use one of {sorted(DTYPES)}."
         )
 
 
