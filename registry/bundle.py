@@ -70,7 +70,7 @@ from registry import atomic, bundle_inductor, tar_stream
 from registry.entry import Entry, now_iso
 from registry.errors import BundleRejected, RegistryError, short, shown, why
 from registry.fingerprint import Fingerprint, MatchPolicy
-from registry.generations import Record
+from registry.generations import Generation, Record
 from registry.inductor_cache import MAX_INDEX_VALUES
 from registry.patterns import SHA256, TRITON_CACHE_KEY
 from registry.store import Store
@@ -880,9 +880,9 @@ def _fingerprint_check(
     return check
 
 
-def installed(store: Store) -> list[dict[str, Any]]:
+def installed(store: Store) -> list[Generation]:
     """The store's kept generations that installed or rolled back a bundle, oldest first."""
-    return [g for g in store.generations() if g.get("kind") in ("install", "rollback")]
+    return [g for g in store.generations() if g.record.kind in ("install", "rollback")]
 
 
 def _sha(data: bytes) -> str:

@@ -458,15 +458,14 @@ def _bundle_install(args: argparse.Namespace, store: Store) -> dict[str, Any]:
 def _bundle_list(args: argparse.Namespace, store: Store) -> list[dict[str, Any]]:
     rows = []
     for g in bundle.installed(store):
-        b = g.get("bundle") or {}
         rows.append(
             {
-                "generation": g["id"],
-                "kind": g["kind"],
-                "bundle": b.get("name", ""),
-                "version": b.get("version", ""),
-                "created": g["created"],
-                "current": "*" if g["current"] else "",
+                "generation": g.record.id,
+                "kind": g.record.kind,
+                "bundle": g.bundle.get("name", ""),
+                "version": g.bundle.get("version", ""),
+                "created": g.record.created,
+                "current": "*" if g.current else "",
             }
         )
     if not args.json:

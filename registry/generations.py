@@ -73,6 +73,23 @@ class Record:
         return out
 
 
+@dataclass(frozen=True)
+class Generation:
+    """A sealed generation as a store lists it: its record, and whether it is current."""
+
+    record: Record
+    current: bool = False
+
+    @property
+    def bundle(self) -> Mapping[str, Any]:
+        """What an install's record says of its bundle (name, version, sha256); {} else."""
+        about = self.record.extra.get("bundle")
+        return about if isinstance(about, dict) else {}
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.record.to_json(), "current": self.current}
+
+
 def _is_entry_path(value: object) -> bool:
     if not isinstance(value, str) or not value.endswith(".json") or "\\" in value:
         return False

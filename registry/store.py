@@ -58,6 +58,7 @@ from registry.generations import (
     CURRENT,
     GENERATION_FILE,
     STAMP_FILE,
+    Generation,
     Record,
     entry_files,
     entry_paths,
@@ -220,20 +221,20 @@ class Store:
         folder = self.root / CURRENT  # a copy tool may have made the link a folder
         return linked(self.root) or (folder if is_real_dir(folder) else fallback(self.root))
 
-    def generation_info(self, generation: Path | None = None) -> dict[str, Any]:
-        """The record of ``generation`` (default: current) as JSON; {} when unsealed."""
+    def record(self, generation: Path | None = None) -> Record | None:
+        """The record of ``generation`` (default: current); None when it is unsealed."""
         generation = generation or self.current_generation()
-        record = read_record(generation) if generation is not None else None
-        return record.to_json() if record is not None else {}
+        return read_record(generation) if generation is not None else None
 
-    def generations(self) -> list[dict[str, Any]]:
-        """Every sealed generation's record, oldest first, with ``current`` marked."""
+    def generations(self) -> list[Generation]:
+        """Every sealed generation, oldest first, the current one marked."""
         current = self.current_generation()
         out = []
         for gen in generation_dirs(self.root):
-            info = self.generation_info(gen)
-            if info:
-                out.append({**info, "current": current is not None and gen.name == current.name})
+            record = self.record(gen)
+            if record is not None:
+                is_current = current is not None and gen.name == current.name
+                out.append(Generation(record, current=is_current))
         return out
 
     def _version(self) -> tuple[object, ...]:

@@ -42,7 +42,7 @@ def test_create_verify_install_round_trip(tmp_path, built, source, h200):
     info = bundle.install(built, target, expect=h200)
     assert info["entries"] == 3 and info["bundle"]["name"] == "llama-tp2"
     assert target.lookup("ag_gemm", KEY, h200) == source.lookup("ag_gemm", KEY, h200)
-    assert [r["bundle"]["name"] for r in bundle.installed(target)] == ["llama-tp2"]
+    assert [g.bundle["name"] for g in bundle.installed(target)] == ["llama-tp2"]
 
 
 def test_the_winning_algorithm_round_trips_through_a_bundle(tmp_path, make_entry, h200):

@@ -181,6 +181,11 @@ def test_install_swaps_generations_and_rollback_undoes_only_the_bundle(tmp_path,
     assert store.lookup("ag_gemm", {**KEY, "M": 1}, h200) == before
     assert store.lookup("ag_gemm", {**KEY, "M": 2}, h200) is None
     assert store.lookup("ag_gemm", {**KEY, "M": 3}, h200) == tuned_after
+    listed = store.generations()  # typed records, oldest first, the current one marked
+    assert [g.current for g in listed] == [False] * (len(listed) - 1) + [True]
+    assert listed[-1].record == store.record() and listed[-1].record.kind == "rollback"
+    (install,) = [g for g in listed if g.record.kind == "install"]
+    assert install.bundle == {"name": "b1", "version": "1"} and install.record.changed
 
 
 def test_rollback_without_an_install_is_a_clear_error(tmp_path, make_entry):
@@ -255,7 +260,7 @@ def test_a_missing_generation_record_is_resealed_not_replaced_by_an_empty_one(tm
     assert len(Store(tmp_path)) == 10  # readers see every entry meanwhile
     store.put(make_entry(m=11))
     assert len(Store(tmp_path)) == 11  # once: 10 entries became 1
-    assert store.generation_info()["kind"] == "repair"
+    assert store.record().kind == "repair"
     store.install([make_entry(m=12)], record={"bundle": {"name": "b"}})
     store.install([make_entry(m=13)], record={"bundle": {"name": "c"}})
     assert len(Store(tmp_path)) == 13  # once: the next install deleted the old generation
@@ -267,7 +272,7 @@ def test_a_broken_generation_record_is_resealed(tmp_path, make_entry, record):
     gen = tmp_path / os.readlink(tmp_path / CURRENT)
     (gen / "GENERATION.json").write_bytes(record)
     store.put(make_entry(m=11))
-    assert len(Store(tmp_path)) == 11 and store.generation_info()["kind"] == "repair"
+    assert len(Store(tmp_path)) == 11 and store.record().kind == "repair"
     kept = [p for p in (tmp_path / QUARANTINE).iterdir() if p.suffix == ".json"]
     assert [p.read_bytes() for p in kept] == [record]  # the broken record is kept aside
 

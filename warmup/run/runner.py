@@ -346,10 +346,7 @@ def _cache_triton_autotuning() -> None:
 def _bundle_paths(store: Store) -> set[str]:
     """Entry paths that some kept bundle install wrote: a hit there counts as 'bundle'."""
     return {
-        path
-        for g in store.generations()
-        if g.get("kind") == "install"
-        for path in g.get("changed", [])
+        path for g in store.generations() if g.record.kind == "install" for path in g.record.changed
     }
 
 

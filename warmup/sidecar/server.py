@@ -228,11 +228,9 @@ class Sidecar:
                     digest = sha256_of(f)
             except OSError:
                 return None
-        for record in bundle.installed(self.store):
-            about = record.get("bundle")
-            sha = about.get("sha256") if isinstance(about, dict) else None
-            if record.get("kind") == "install" and sha == digest:
-                return str(record.get("id"))
+        for g in bundle.installed(self.store):
+            if g.record.kind == "install" and g.bundle.get("sha256") == digest:
+                return g.record.id
         return None
 
     # ---- serving -------------------------------------------------------------------

@@ -23,7 +23,7 @@ def test_restore_cleans_what_a_killed_writer_left_and_repairs_current(tmp_path, 
     (gen / "GENERATION.json").unlink()
     restore(settings)
     assert not stale.exists()
-    assert Store(settings.registry_dir).generation_info()["kind"] == "repair"
+    assert Store(settings.registry_dir).record().kind == "repair"
     assert len(Store(settings.registry_dir)) == 2
 
 
