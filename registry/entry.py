@@ -13,7 +13,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from registry.config import KernelConfig, Measurement, is_time
-from registry.errors import RegistryError, shown
+from registry.errors import RegistryError, named, shown
 from registry.fingerprint import Fingerprint, machine_name
 
 SCHEMA_VERSION = 2  # 2: a config may name its algorithm; 1: it cannot
@@ -144,7 +144,7 @@ class Entry:
             raise RegistryError("Entry is nested too deeply.") from None
         except (OverflowError, ValueError, TypeError, AttributeError, KeyError) as e:
             # a value no check above foresaw (a 400-digit time): one entry, never the store
-            raise RegistryError(f"Entry does not parse: {type(e).__name__}: {e}") from None
+            raise RegistryError(f"Entry does not parse: {named(e)}") from None
         if schema == 1 and entry.names_algorithm():  # no version wrote that: a forged file
             raise RegistryError("Entry has schema 1 but names an algorithm; schema 2 can.")
         return entry

@@ -166,7 +166,9 @@ def _guarded(args: argparse.Namespace, command: Callable[[], int]) -> int:
         code = EXIT_BAD_INPUT if bad_input else EXIT_FAILED
         if bad_input or _raised_as(e, REGISTRY_ERROR):
             return _error(str(e), code)
-        return _error(f"{type(e).__name__}: {e} (--debug shows where)", code)
+        from registry.errors import named  # here: validate imports no registry
+
+        return _error(f"{named(e)} (--debug shows where)", code)
 
 
 # Errors of the user's input or host (exit 2), and the registry's own (exit 1, its message

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from registry.errors import named
 from warmup.manifest import ModelEntry
 
 
@@ -58,7 +59,7 @@ def module_source(module_name: str) -> str:
         with _working_folder_importable():
             spec = importlib.util.find_spec(module_name)
     except (ImportError, ValueError) as e:
-        raise ValueError(f"cannot import {module_name}: {type(e).__name__}: {e}") from None
+        raise ValueError(f"cannot import {module_name}: {named(e)}") from None
     if spec is None:
         raise ValueError(f"cannot import {module_name}: no module of that name")
     if not spec.origin or not spec.origin.endswith(".py"):

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from registry import inductor_cache, remote_models
-from registry.errors import LockTimeout, RegistryError
+from registry.errors import LockTimeout, RegistryError, named
 from registry.fingerprint import Fingerprint
 from registry.locks import backend_from_url, lock
 from registry.remote import RemoteTier
@@ -308,6 +308,6 @@ def _failed(
 
 
 def _one_line(error: BaseException) -> str:
-    text = f"{type(error).__name__}: {error}".strip()
+    text = named(error).strip()
     first = text.splitlines()[0] if text else type(error).__name__
     return first[:300]

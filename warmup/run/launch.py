@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from registry import atomic
+from registry.errors import named
 from warmup import explain
 from warmup.compiled.environment import inductor_environment
 from warmup.manifest import Manifest, ManifestError
@@ -86,7 +87,7 @@ def _launch(settings: Settings, manifest: Manifest, early: EarlyRanks) -> RunSta
             predictions=predictions, recovered=recovered,
         )  # fmt: skip
     except BaseException as e:  # a status that says why; no rank outlives the run
-        errors = e.errors if isinstance(e, ManifestError) else [f"{type(e).__name__}: {e}"]
+        errors = e.errors if isinstance(e, ManifestError) else [named(e)]
         status.model_copy(
             update={"state": FAILED, "finished": time.time(), "errors": errors}
         ).write(settings.status_file)

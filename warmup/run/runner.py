@@ -25,6 +25,7 @@ import kernels
 from kernels.adapter import torch_dtype
 from kernels.task import TuneTask
 from registry import KernelConfig, RegistryError, Store, triton_internals
+from registry.errors import named
 from registry.fingerprint import Fingerprint, detect_for
 from registry.locks import backend_from_url
 from registry.remote import RemoteTier
@@ -302,7 +303,7 @@ def _checked(
             error = task.verify(task.run(config))
             _synchronize()
     except Exception as e:  # the shape failed, the run goes on
-        error = f"{type(e).__name__}: {e}"
+        error = named(e)
     return result.model_copy(
         update={
             "compile_seconds": time.perf_counter() - started,
@@ -327,7 +328,7 @@ def _warm_user_function(entry: ManifestEntry, *, device: torch.device) -> Iterat
             function(shape=dict(shape), dtype=element, device=device)
             _synchronize()
         except Exception as e:
-            error = f"{type(e).__name__}: {e}"
+            error = named(e)
         yield ShapeResult(
             kernel=entry.kernel,
             key=shape,

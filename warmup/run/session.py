@@ -29,6 +29,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from registry import RegistryError, atomic, triton_cache, triton_internals
+from registry.errors import named
 from registry.explain import Prediction
 from registry.fingerprint import Fingerprint, detect_for, detect_in_background, machine_name
 from registry.importers import import_triton_autotune
@@ -160,7 +161,7 @@ def _finish_or_fail(
             update={
                 "state": FAILED,
                 "finished": time.time(),
-                "errors": [_one_line(e)],
+                "errors": [named(e)],
             }
         )
         status.write(settings.status_file)
@@ -187,10 +188,6 @@ def running(manifest: Manifest, world: int, started: float) -> RunStatus:
         host=machine_name(),
         world_size=world,
     )
-
-
-def _one_line(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}"
 
 
 def _barrier(group: Any) -> None:

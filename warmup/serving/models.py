@@ -21,6 +21,7 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from registry.errors import named
 from warmup.compiled.counters import snapshot
 from warmup.compiled.learned import Recorder
 from warmup.compiled.warm import build_model, run_once
@@ -90,7 +91,7 @@ def build_served(
             try:
                 run_once(served.function, entry, dims, device)
             except Exception as e:
-                raise ValueError(f"at {dims}: {type(e).__name__}: {e}") from None
+                raise ValueError(f"at {dims}: {named(e)}") from None
         for dims in learned if learned is not None else []:
             try:
                 run_once(served.function, entry, dims, device)
