@@ -15,15 +15,25 @@ from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, PlainSerializer, PlainValidator
 
-from registry import Entry, KernelConfig
+from registry import Entry, KernelConfig, RegistryError
 from registry.tiered import TieredFence
 
 J = TypeVar("J")
 
 
 def _read(kind: type[J], read: Callable[[Any], J]) -> PlainValidator:
-    """A registry type's value, or one read from its JSON form (``from_json``)."""
-    return PlainValidator(lambda value: value if isinstance(value, kind) else read(value))
+    """A registry type's value, or one read from its JSON form (``from_json``); what it
+    refuses is a validation error of the payload."""
+
+    def parse(value: Any) -> J:
+        if isinstance(value, kind):
+            return value
+        try:
+            return read(value)
+        except (RegistryError, KeyError, TypeError) as e:
+            raise ValueError(f"not a {kind.__name__}: {e}") from None
+
+    return PlainValidator(parse)
 
 
 _WRITE = PlainSerializer(lambda value: value.to_json())  # a registry type's JSON form
