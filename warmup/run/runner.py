@@ -17,7 +17,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -67,10 +67,10 @@ def warm_rank(
         local = settings.store()
         store = TieredStore(local, _remote(settings) if rank == 0 else None)
     report = RankReport(rank=rank, world=world, fingerprint=fingerprint.to_json())
-    shapes = _Shapes(report, manifest.shape_count(world), progress)
+    entries = _placed(manifest.entries_for(world))
+    shapes = _Shapes(report, sum(len(placed.shapes) for placed in entries), progress)
     here = _Rank(settings, rank, group, device, fingerprint, store, clock)
     lockstep = Lockstep(group, timeout_s=settings.rank_timeout_s)
-    entries = _placed(manifest.entries_for(world))
     with clock.timing("prepare"):
         jobs, from_bundles = _kernel_setup(here, lockstep, entries)
     sharing = Sharing(lock_timeout_s=settings.lock_timeout_s)
@@ -119,27 +119,26 @@ class _Shapes:
 
 
 def _kernel_setup(
-    here: _Rank, lockstep: Lockstep, entries: list[tuple[ManifestEntry, int]]
+    here: _Rank, lockstep: Lockstep, entries: list[_Placed]
 ) -> tuple[Iterator[Job], set[str]]:
     """The kernel entries' jobs, from where this pod starts (rank 0 draws it), and the
     entry paths that bundles installed."""
-    kernel_entries = [(entry, first) for entry, first in entries if not entry.is_user_function]
+    kernel_entries = [placed for placed in entries if not placed.entry.is_user_function]
     fraction = start_fraction(lockstep)
     from_bundles = _bundle_paths(here.store.local)
     settings, store, device = here.settings, here.store, here.device
     tuners = [
-        _tuner(e, settings, store, here.fingerprint, lockstep, device) for e, _ in kernel_entries
+        _tuner(p.entry, settings, store, here.fingerprint, lockstep, device) for p in kernel_entries
     ]
     return _kernel_jobs(kernel_entries, tuners, fraction, here.group, device), from_bundles
 
 
-def _warm_user_functions(
-    entries: list[tuple[ManifestEntry, int]], device: torch.device, shapes: _Shapes
-) -> None:
+def _warm_user_functions(entries: list[_Placed], device: torch.device, shapes: _Shapes) -> None:
     """Every shape of the user function entries, in manifest order."""
-    for entry, first in entries:
+    for entry, first, entry_shapes in entries:
         if entry.is_user_function:
-            for place, shape in enumerate(_warm_user_function(entry, device=device), first):
+            warmed = _warm_user_function(entry, entry_shapes, device=device)
+            for place, shape in enumerate(warmed, first):
                 shapes.add(shape, place)
 
 
@@ -189,17 +188,26 @@ def _remote(settings: Settings) -> RemoteTier | None:
         return None
 
 
-def _placed(entries: list[ManifestEntry]) -> list[tuple[ManifestEntry, int]]:
-    """Each entry with the manifest place of its first shape."""
+class _Placed(NamedTuple):
+    """A manifest entry, its shapes (expanded once per rank), and the manifest place of
+    the first of them."""
+
+    entry: ManifestEntry
+    first: int
+    shapes: list[dict[str, int]]
+
+
+def _placed(entries: list[ManifestEntry]) -> list[_Placed]:
+    """Each entry with its shapes and the manifest place of its first."""
     placed, first = [], 0
     for entry in entries:
-        placed.append((entry, first))
-        first += len(entry.expand())
+        placed.append(_Placed(entry, first, entry.expand()))
+        first += len(placed[-1].shapes)
     return placed
 
 
 def _kernel_jobs(
-    entries: list[tuple[ManifestEntry, int]],
+    entries: list[_Placed],
     tuners: list[Tuner],
     fraction: float,
     group: Any,
@@ -210,19 +218,19 @@ def _kernel_jobs(
     order. A job's task (its workspace and inputs) is made when the first pass reaches
     it, by its entry's ``tasks``, which see the entry's shapes in that entry's order.
     Every rank plans the same order from the same costs, so their collectives match."""
-    adapters = [kernels.adapter_for(entry.kernel) for entry, _ in entries]
+    adapters = [kernels.adapter_for(placed.entry.kernel) for placed in entries]
     planned: list[tuple[float, int, int]] = []  # (cost, entry, place), costliest first
     shapes: list[list[dict[str, int]]] = []  # each entry's, in the order its jobs come
-    for i, (entry, first) in enumerate(entries):
+    for i, (_, first, entry_shapes) in enumerate(entries):
         estimate = adapters[i].tuning_cost
-        costed = [(estimate(s), place, s) for place, s in enumerate(entry.expand(), first)]
+        costed = [(estimate(s), place, s) for place, s in enumerate(entry_shapes, first)]
         order = take_order(costed, fraction, cost=lambda item: item[0])
         planned += [(c, i, place) for c, place, _ in order]
         shapes.append([shape for _, _, shape in order])
     planned.sort(key=lambda job: -job[0])  # stable: equal costs keep the entries' order
     streams = [  # generators: nothing is made before the first next()
         adapter.tasks(shapes[i], dtype=entry.dtype, group=group, device=device)
-        for i, (adapter, (entry, _)) in enumerate(zip(adapters, entries, strict=True))
+        for i, (adapter, (entry, _, _)) in enumerate(zip(adapters, entries, strict=True))
     ]
     for cost, i, place in planned:
         yield Job(next(streams[i]), tuners[i], place=place, cost=cost)
@@ -312,16 +320,18 @@ def _checked(
     )
 
 
-def _warm_user_function(entry: ManifestEntry, *, device: torch.device) -> Iterator[ShapeResult]:
+def _warm_user_function(
+    entry: ManifestEntry, shapes: list[dict[str, int]], *, device: torch.device
+) -> Iterator[ShapeResult]:
     try:
         function = resolve_user_function(entry.kernel)
     except ValueError as e:  # validated before the run: the rank's environment differs
-        for shape in entry.expand():
+        for shape in shapes:
             yield ShapeResult(kernel=entry.kernel, key=shape, source="failed", error=str(e))
         return
     _cache_triton_autotuning()
     element = torch_dtype(entry.dtype)
-    for shape in entry.expand():
+    for shape in shapes:
         started = time.perf_counter()
         error = None
         try:

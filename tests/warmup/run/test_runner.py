@@ -44,6 +44,26 @@ def test_a_cpu_rank_on_a_gpu_machine_uses_the_cpu_fingerprint(tmp_path: Path, mo
     assert [s.source for s in report.shapes] == ["user"]
 
 
+def test_a_rank_expands_each_entry_once(tmp_path: Path, monkeypatch):
+    # the report's places, the costs and the tasks all read the shapes of one expansion
+    from warmup.manifest import ManifestEntry
+
+    expanded: list[str] = []
+    expand = ManifestEntry.expand
+
+    def counted(entry: ManifestEntry) -> list[dict[str, int]]:
+        expanded.append(entry.kernel)
+        return expand(entry)
+
+    manifest = parse_manifest(ORDER_MANIFEST)
+    monkeypatch.setattr(ManifestEntry, "expand", counted)
+    monkeypatch.setenv("TEST_USER_LOG", str(tmp_path / "calls.jsonl"))
+    settings = settings_for(tmp_path)
+    report = warm_rank(manifest, settings, rank=0, world=1, group=None, device=torch.device("cpu"))
+    assert len(report.shapes) == 6
+    assert sorted(expanded) == sorted(e.kernel for e in manifest.entries)
+
+
 SHARED_MANIFEST = """
 version: 1
 entries:
@@ -116,7 +136,7 @@ def test_kernel_shapes_are_taken_costliest_first_across_entries(fraction):
     # A pod that ended on its costliest shape would keep the fleet waiting on it: the
     # first pass takes them by tuning cost, whatever the entries and the pod's rotation.
     entries = _placed(parse_manifest(ORDER_MANIFEST).entries_for(1))
-    kernel_entries = [(e, first) for e, first in entries if not e.is_user_function]
+    kernel_entries = [placed for placed in entries if not placed.entry.is_user_function]
     jobs = list(
         _kernel_jobs(kernel_entries, [None, None], fraction, None, torch.device("cpu"))  # type: ignore[list-item]
     )
@@ -143,7 +163,7 @@ def test_a_jobs_task_is_made_only_when_the_pass_reaches_it(monkeypatch):
 
     monkeypatch.setattr(matmul.MatmulAdapter, "tasks", counting)
     entries = _placed(parse_manifest(ORDER_MANIFEST).entries_for(1))
-    kernel_entries = [(e, first) for e, first in entries if not e.is_user_function]
+    kernel_entries = [placed for placed in entries if not placed.entry.is_user_function]
     jobs = _kernel_jobs(kernel_entries, [None, None], 0.0, None, torch.device("cpu"))  # type: ignore[list-item]
     assert made == []
     first = next(jobs)
