@@ -173,6 +173,14 @@ class Settings(BaseSettings):
     def paths(self) -> Volume:
         return Volume(self.volume)
 
+    def device_type(self, gpus: int) -> Literal["cpu", "cuda"]:
+        """Where this process warms, given the GPUs it sees: ``device`` auto takes a GPU
+        when there is one; cpu and cuda are what they say (a caller refuses cuda without
+        a GPU, in its own words)."""
+        if self.device == "auto":
+            return "cuda" if gpus else "cpu"
+        return self.device
+
     def store(self, *, check_interval: float = 0.0) -> Store:
         """The registry's store, as every process opens it: a put waits up to
         ``lock_timeout_s`` for the store's write lock; ``check_interval``: how often a

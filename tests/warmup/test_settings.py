@@ -64,3 +64,10 @@ def test_the_remote_tier_follows_a_redis_lock_unless_set_or_off(monkeypatch):
     assert Settings(lock_url="/locks", remote_url=other).remote_url == other
     with pytest.raises(ValidationError, match="redis://"):
         Settings(remote_url="http://cache")
+
+
+def test_where_a_process_warms_is_decided_in_one_place():
+    assert Settings().device_type(gpus=0) == "cpu"  # auto: the CPU without a GPU
+    assert Settings().device_type(gpus=2) == "cuda"  # auto: a GPU when there is one
+    assert Settings(device="cpu").device_type(gpus=8) == "cpu"
+    assert Settings(device="cuda").device_type(gpus=0) == "cuda"  # its caller refuses it

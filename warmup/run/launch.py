@@ -149,7 +149,7 @@ def _device_type(settings: Settings, world: int) -> str:
     """Where the ranks warm, checked before any rank starts. Decided without importing
     torch (seconds of start-up): the NVIDIA driver lists its GPUs in /proc."""
     gpus = visible_gpus(GPU_LIST)
-    device = settings.device if settings.device != "auto" else "cuda" if gpus else "cpu"
+    device = settings.device_type(gpus)
     if device == "cuda" and gpus < world:
         raise RunError(
             f"device cuda: {world} rank(s) need {world} GPU(s), this machine has {gpus} "

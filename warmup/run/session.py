@@ -581,8 +581,8 @@ def uses_cuda(settings: Settings) -> bool:
     it is too late."""
     import torch
 
-    cuda = torch.cuda.is_available() and settings.device != "cpu"
-    if settings.device == "cuda" and not cuda:
+    cuda = settings.device_type(torch.cuda.device_count()) == "cuda"
+    if cuda and not torch.cuda.is_available():
         raise RunError("device cuda: torch sees no CUDA GPU in this process; use device cpu")
     if cuda or triton_internals.interpreting():
         return cuda
@@ -673,8 +673,8 @@ def _rank_device(settings: Settings, rank: int) -> Any:
     """This rank's device, made current: its GPU (``LOCAL_RANK``), or the CPU."""
     import torch
 
-    cuda = settings.device != "cpu" and torch.cuda.is_available()
-    if settings.device == "cuda" and not cuda:
+    cuda = settings.device_type(torch.cuda.device_count()) == "cuda"
+    if cuda and not torch.cuda.is_available():
         raise RunError(f"rank {rank}: device cuda, and torch sees no CUDA GPU here")
     local = int(os.environ.get("LOCAL_RANK", rank))
     if cuda and local >= torch.cuda.device_count():
