@@ -11,3 +11,10 @@ def test_names_that_are_one_safe_path_component_pass():
         assert not TRITON_CACHE_KEY.fullmatch(bad)
         assert not MODEL_NAME.fullmatch(bad)
     assert not MODEL_NAME.fullmatch("Upper")  # a manifest's names are lower case
+
+
+def test_the_manifest_checks_model_names_by_the_same_pattern():
+    # warmup.manifest keeps its own copy (validate imports no registry): the two agree
+    from warmup.manifest import _MODEL_NAME
+
+    assert _MODEL_NAME.pattern == f"^{MODEL_NAME.pattern}$"
