@@ -15,6 +15,7 @@ Imports neither torch nor triton: the manifest and the sidecar use the table.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -25,7 +26,6 @@ from registry import KernelConfig
 BUCKET_FIELD = "M"  # the key field a serving op buckets on: the rows of one call
 TORCH_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 DTYPES = tuple(TORCH_NAMES)  # the dtypes a manifest and a layer name
-_NAMES = {torch_name: name for name, torch_name in TORCH_NAMES.items()}
 
 
 def gemm_flops(shape: Mapping[str, int]) -> float:
@@ -37,8 +37,16 @@ def gemm_flops(shape: Mapping[str, int]) -> float:
 
 def dtype_name(dtype: Any) -> str | None:
     """The name a manifest gives a torch dtype (``torch.bfloat16`` -> ``bf16``); None for
-    a dtype no kernel takes. Needs no torch import: it reads the dtype's name."""
-    return _NAMES.get(str(dtype).removeprefix("torch."))
+    anything else (a dtype no kernel takes, a string). One dict lookup: serving calls
+    check their inputs with it."""
+    return _by_torch_dtype().get(dtype)
+
+
+@functools.cache
+def _by_torch_dtype() -> dict[Any, str]:
+    import torch
+
+    return {getattr(torch, torch_name): name for name, torch_name in TORCH_NAMES.items()}
 
 
 def torch_dtype(name: str) -> Any:

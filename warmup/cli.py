@@ -62,7 +62,8 @@ def build_parser(settings: Settings) -> argparse.ArgumentParser:
     _add_validate(sub)
     doctor.add_parser(sub, settings)
     explain.add_parser(sub, settings)
-    cache = settings.triton_cache_dir or settings.paths.triton_cache
+    given = settings.given("triton_cache_dir")  # else the volume's, not this pod's
+    cache = settings.triton_cache_dir if given else settings.paths.triton_cache
     registry_cli.add_parser(
         sub,
         default_store=settings.registry_dir,

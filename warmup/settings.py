@@ -80,8 +80,8 @@ class Settings(BaseSettings):
     lock_timeout_s: float = Field(
         1800.0,
         ge=0,
-        description="how long a shape another pod holds is waited for (and a put for the "
-        "store's write lock)",
+        description="how long a shape another pod holds is waited for (and, in a run, a "
+        "put for the store's write lock)",
     )
     lock_outage_s: float = Field(
         30.0,
@@ -181,13 +181,15 @@ class Settings(BaseSettings):
             return "cuda" if gpus else "cpu"
         return self.device
 
-    def store(self, *, check_interval: float = 0.0) -> Store:
-        """The registry's store, as every process opens it: a put waits up to
-        ``lock_timeout_s`` for the store's write lock; ``check_interval``: how often a
-        reader looks for a new generation (0: at every read)."""
-        return Store(
-            self.registry_dir, lock_timeout=self.lock_timeout_s, check_interval=check_interval
-        )
+    def store(self, *, run: bool = False, check_interval: float = 0.0) -> Store:
+        """The registry's store, as every process opens it. A ``run``'s puts wait up to
+        ``lock_timeout_s`` for the store's write lock (an install may hold it), others
+        the store's own default; ``check_interval``: how often a reader looks for a new
+        generation (0: at every read)."""
+        if run:
+            wait = self.lock_timeout_s
+            return Store(self.registry_dir, lock_timeout=wait, check_interval=check_interval)
+        return Store(self.registry_dir, check_interval=check_interval)
 
     def remote(self, *, timeout_s: float = 1.0) -> RemoteTier | None:
         """The registry's remote tier (each call's socket timeouts: ``timeout_s``); None
@@ -210,15 +212,28 @@ class Settings(BaseSettings):
     def _resolve_defaults(self) -> Settings:
         """Each setting has one name: an unset path or an empty URL becomes its default
         here, so that ``settings.registry_dir`` is the registry wherever it is read, and
-        a dump read back (the ranks' ``settings.json``) is the same settings."""
+        a dump read back (the ranks' ``settings.json``) is the same settings. What was
+        derived stays out of ``model_fields_set`` (:meth:`given` tells them apart)."""
         paths = Volume(self.volume)
-        self.triton_cache_dir = self.triton_cache_dir or self.work_dir / "triton-cache"
-        self.inductor_cache_dir = self.inductor_cache_dir or self.work_dir / "inductor-cache"
-        self.registry_dir = self.registry_dir or paths.registry
-        self.status_file = self.status_file or self.work_dir / "status.json"
-        self.bundle_dir = self.bundle_dir or paths.bundles
-        self.metrics_dir = self.metrics_dir or self.status_file.parent / "serving-metrics"
-        if not self.remote_url:
-            self.remote_url = self.lock_url if is_redis(self.lock_url) else "off"
-        self.lock_url = self.lock_url or str(paths.locks)
+        work = self.work_dir
+        status = self.status_file or work / "status.json"
+        self._derive("triton_cache_dir", work / "triton-cache")
+        self._derive("inductor_cache_dir", work / "inductor-cache")
+        self._derive("registry_dir", paths.registry)
+        self._derive("status_file", status)
+        self._derive("bundle_dir", paths.bundles)
+        self._derive("metrics_dir", status.parent / "serving-metrics")
+        self._derive("remote_url", self.lock_url if is_redis(self.lock_url) else "off")
+        self._derive("lock_url", str(paths.locks))
         return self
+
+    def _derive(self, name: str, default: Any) -> None:
+        """``default`` for an unset (or empty) field, written as a default is: not set."""
+        if not getattr(self, name):
+            self.__dict__[name] = default
+            self.model_fields_set.discard(name)
+
+    def given(self, name: str) -> bool:
+        """Whether the field ``name`` was given (a keyword, the environment, a dump read
+        back), not derived from the others."""
+        return name in self.model_fields_set

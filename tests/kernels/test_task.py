@@ -5,8 +5,9 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from kernels.task import ProductTask, Task, relative_error_reason
+from kernels.task import ProductTask, Task, check_contract, relative_error_reason
 from registry import KernelConfig
+from tests.warmup.tuning.fakes import FakeTask
 
 
 def test_a_plain_task_has_no_baseline_accepts_any_config_and_holds_nothing():
@@ -72,3 +73,17 @@ def test_a_collective_reference_is_never_made_inside_a_check():
 def test_relative_error_is_measured_in_at_least_fp32():
     exact = torch.ones(4, 4, dtype=torch.float64)
     assert relative_error_reason(exact.to(torch.bfloat16), exact, 2e-2) is None
+
+
+def test_a_task_without_the_whole_contract_is_refused_by_name():
+    class Bare:  # written before the contract: no baseline, accepts, drop or remake
+        kernel, kernel_hash = "bare", "0" * 64
+
+        def key(self):
+            return {}
+
+        candidates = run = verify = warmup = key
+
+    with pytest.raises(TypeError, match="no baseline, accepts, drop_inputs, remake_inputs"):
+        check_contract(Bare())
+    check_contract(FakeTask({16: 1.0}))  # a Task with the required parts has them all

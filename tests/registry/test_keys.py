@@ -51,7 +51,7 @@ def test_like_finds_each_m_of_one_layer(tmp_path):
     put(store, 16, n=32)  # another layer
     put(store, 16, dtype="fp16")  # and another
     put(store, 32, fingerprint=gpu_fingerprint("NVIDIA B200", cc="10.0", sms=148))
-    layer = store.like("k", bf16(1), gpu_fingerprint(), free="M")
+    layer = store.like("k", bf16(1), gpu_fingerprint(), MatchPolicy.EXACT, free="M")
     assert list(layer) == [8, 64, 256]  # by M; other layers and hosts left out
     assert [e.best.meta["BLOCK_M"] for e in layer.values()] == [8, 64, 256]
-    assert store.like("k", bf16(1, n=128), gpu_fingerprint(), free="M") == {}
+    assert store.like("k", bf16(1, n=128), gpu_fingerprint(), MatchPolicy.EXACT, free="M") == {}

@@ -71,3 +71,24 @@ def test_where_a_process_warms_is_decided_in_one_place():
     assert Settings().device_type(gpus=2) == "cuda"  # auto: a GPU when there is one
     assert Settings(device="cpu").device_type(gpus=8) == "cpu"
     assert Settings(device="cuda").device_type(gpus=0) == "cuda"  # its caller refuses it
+
+
+def test_a_derived_default_is_told_apart_from_a_given_value():
+    settings = Settings()
+    assert not settings.given("triton_cache_dir") and not settings.given("remote_url")
+    assert Settings(triton_cache_dir="/cache").given("triton_cache_dir")
+    assert not Settings(remote_url="").given("remote_url")  # '' is unset
+    read_back = Settings.model_validate_json(settings.model_dump_json())
+    assert read_back.given("remote_url") and read_back == settings  # a dump is all given
+
+
+def test_the_registry_cli_installs_triton_files_in_the_volume_unless_told(tmp_path):
+    from warmup.cli import build_parser
+
+    def default_cache(settings):
+        parser = build_parser(settings)
+        return parser.parse_args(["registry", "bundle", "install", "b.tar.gz"]).triton_cache
+
+    volume = tmp_path / "volume"
+    assert default_cache(Settings(volume=volume)) == volume / "triton-cache"
+    assert default_cache(Settings(volume=volume, triton_cache_dir="/c")) == Path("/c")

@@ -64,7 +64,7 @@ def warm_rank(
     clock = clock or PhaseClock()
     with clock.timing("prepare"):
         fingerprint = detect_for(device)  # the CPU's on CPU, even on a GPU machine
-        local = settings.store()
+        local = settings.store(run=True)
         store = TieredStore(local, _remote(settings) if rank == 0 else None)
     report = RankReport(rank=rank, world=world, fingerprint=fingerprint.to_json())
     entries = _placed(manifest.entries_for(world))

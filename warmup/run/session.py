@@ -216,7 +216,7 @@ def recover_store(settings: Settings) -> dict[str, int]:
     broken ``current``, within ``RECOVERY_BUDGET_S`` (the first write goes on with the
     rest). A store that cannot be written (a read-only mount) is read as is. Returns what
     was cleared, by kind (``Store.recovered``)."""
-    store = settings.store()
+    store = settings.store(run=True)
     try:
         store.recover(budget_s=RECOVERY_BUDGET_S)
     except (OSError, RegistryError) as e:
@@ -568,7 +568,7 @@ def lock_backend(settings: Settings, manifest: Manifest, world: int) -> Settings
             ) from None
         log.warning("%s: falling back to file leases in %s for this run", e, settings.paths.locks)
         files = {"lock_url": str(settings.paths.locks)}
-        if settings.remote_url == settings.lock_url:  # the tier that followed the lock server
+        if not settings.given("remote_url"):  # the tier that followed the lock server
             files["remote_url"] = "off"
         return settings.model_copy(update=files)
     return settings
@@ -581,7 +581,7 @@ def uses_cuda(settings: Settings) -> bool:
     it is too late."""
     import torch
 
-    cuda = settings.device_type(torch.cuda.device_count()) == "cuda"
+    cuda = settings.device_type(_usable_gpus()) == "cuda"
     if cuda and not torch.cuda.is_available():
         raise RunError("device cuda: torch sees no CUDA GPU in this process; use device cpu")
     if cuda or triton_internals.interpreting():
@@ -673,7 +673,7 @@ def _rank_device(settings: Settings, rank: int) -> Any:
     """This rank's device, made current: its GPU (``LOCAL_RANK``), or the CPU."""
     import torch
 
-    cuda = settings.device_type(torch.cuda.device_count()) == "cuda"
+    cuda = settings.device_type(_usable_gpus()) == "cuda"
     if cuda and not torch.cuda.is_available():
         raise RunError(f"rank {rank}: device cuda, and torch sees no CUDA GPU here")
     local = int(os.environ.get("LOCAL_RANK", rank))
@@ -684,6 +684,14 @@ def _rank_device(settings: Settings, rank: int) -> Any:
     device = torch.device("cuda", local)
     torch.cuda.set_device(device)
     return device
+
+
+def _usable_gpus() -> int:
+    """The GPUs torch can run on here: none when CUDA does not start (a driver that
+    lists GPUs its runtime cannot use), so that device auto takes the CPU."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 if __name__ == "__main__":

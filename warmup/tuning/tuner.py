@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from kernels.task import TuneTask
+from kernels.task import TuneTask, check_contract
 from registry import (
     Entry,
     KernelConfig,
@@ -187,6 +187,7 @@ class Tuner:
 
     def _get(self, task: TuneTask, give_up_at: float | None) -> TuneOutcome | Deferred:
         """``give_up_at`` None: wait for a held lock (``get``); else ``try_get``'s."""
+        check_contract(task)  # every rank alike, before any collective
         started = time.perf_counter()
         fingerprint = self.fingerprint.with_kernel(task.kernel_hash)
         key = task.key()
@@ -494,6 +495,7 @@ class Tuner:
 
     def tune(self, task: TuneTask) -> TuneOutcome:
         """Search the task's candidates in lockstep; no registry involved."""
+        check_contract(task)
         started = time.perf_counter()
         mine = Candidates(configs=task.candidates()) if self.lockstep.leader else None
         candidates = self.lockstep.share(mine, Candidates, what="candidate list").configs

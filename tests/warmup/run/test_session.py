@@ -54,6 +54,11 @@ def test_a_lock_server_that_does_not_answer_is_one_clear_error_or_a_fallback(tmp
     fallback = settings.model_copy(update={"lock_fallback": "file"})
     chosen = lock_backend(fallback, load_manifest(manifest), 1)
     assert chosen.lock_url == str(settings.paths.locks)
+    assert chosen.remote_url == "off"  # the tier that followed the lock server goes with it
+    given = settings_for(
+        tmp_path, manifest=manifest, lock_url=NOBODY, remote_url=NOBODY, lock_fallback="file"
+    )
+    assert lock_backend(given, load_manifest(manifest), 1).remote_url == NOBODY  # as given
 
 
 def test_warm_in_process_checks_the_lock_server_before_warming(tmp_path):
