@@ -150,12 +150,14 @@ class Lockstep:
     def share(
         self, value: P | None, kind: type[P], *, what: str, timeout_s: float | None = None
     ) -> P:
-        """Rank 0's ``value`` on every rank, as a ``kind`` (the others pass None)."""
-        if not self.active:
-            assert value is not None, "one process: rank 0's value is the value"
-            return value
-        sent = value.model_dump(mode="json") if self.leader and value is not None else None
-        return kind.model_validate(self.broadcast(sent, what=what, timeout_s=timeout_s))
+        """Rank 0's ``value`` on every rank, as a ``kind`` (the others pass None); rank 0
+        keeps its own object, the others validate what it sent."""
+        if not self.leader:
+            return kind.model_validate(self.broadcast(None, what=what, timeout_s=timeout_s))
+        assert value is not None, "rank 0 shares a value"
+        if self.active:
+            self.broadcast(value.model_dump(mode="json"), what=what, timeout_s=timeout_s)
+        return value
 
     def max_over_ranks(self, values: list[float], *, what: str) -> list[float]:
         """Element-wise max over ranks: a candidate is as slow as its slowest rank, and

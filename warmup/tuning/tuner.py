@@ -300,16 +300,17 @@ class Tuner:
         """Rank 0 runs ``work`` and every rank gets its result, or every rank raises the
         same :class:`TuneError` when it failed: one shape fails on all ranks alike and the
         next collective still matches."""
-        mine = None
+        mine, result = None, None
         if self.lockstep.leader:
             try:
-                mine = Answer(value=work().model_dump(mode="json"))
+                result = work()
+                mine = Answer(value=result.model_dump(mode="json"))
             except Exception as e:  # a store that cannot be read, a lock server gone, ...
                 mine = Answer(error=f"{failed}: {_named(e)}")
         agreed = self.lockstep.share(mine, Answer, what=what, timeout_s=timeout_s)
         if agreed.error is not None:
             raise TuneError(agreed.error)
-        return kind.model_validate(agreed.value)
+        return result if result is not None else kind.model_validate(agreed.value)
 
     def _store_wait(self) -> float:
         """How long the other ranks wait for rank 0's registry read or write: a quarantine
