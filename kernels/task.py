@@ -70,31 +70,20 @@ class TuneTask(Protocol):
         ...
 
 
-CONTRACT = (
-    "kernel",
-    "kernel_hash",
-    "key",
-    "candidates",
-    "run",
-    "verify",
-    "warmup",
-    "baseline",
-    "accepts",
-    "drop_inputs",
-    "remake_inputs",
-)
-
-
 def check_contract(task: object) -> None:
     """``TypeError`` naming what ``task`` lacks of :class:`TuneTask`: a task written
     before the contract had its optional parts (baseline, accepts, drop_inputs,
     remake_inputs) takes them from :class:`Task` as a base."""
-    missing = [name for name in CONTRACT if not hasattr(task, name)]
+    missing = [name for name in _CONTRACT if not hasattr(task, name)]
     if missing:
         raise TypeError(
             f"{type(task).__name__} is not a tune task: it has no {', '.join(missing)} "
             "(kernels.task.TuneTask; subclass kernels.task.Task for the optional parts)"
         )
+
+
+# what TuneTask declares, read from it: its attributes, then its methods
+_CONTRACT = (*TuneTask.__annotations__, *(n for n in vars(TuneTask) if not n.startswith("_")))
 
 
 class Task:
