@@ -579,11 +579,7 @@ def uses_cuda(settings: Settings) -> bool:
     it, cuda requires it (:class:`RunError`). On CPU, Triton kernels run only in its
     interpreter, which Triton picks when it is imported: this turns it on, or says why
     it is too late."""
-    import torch
-
-    cuda = settings.device_type(_usable_gpus()) == "cuda"
-    if cuda and not torch.cuda.is_available():
-        raise RunError("device cuda: torch sees no CUDA GPU in this process; use device cpu")
+    cuda = _on_gpu(settings, "device cuda: torch sees no CUDA GPU in this process; use device cpu")
     if cuda or triton_internals.interpreting():
         return cuda
     try:
@@ -673,9 +669,7 @@ def _rank_device(settings: Settings, rank: int) -> Any:
     """This rank's device, made current: its GPU (``LOCAL_RANK``), or the CPU."""
     import torch
 
-    cuda = settings.device_type(_usable_gpus()) == "cuda"
-    if cuda and not torch.cuda.is_available():
-        raise RunError(f"rank {rank}: device cuda, and torch sees no CUDA GPU here")
+    cuda = _on_gpu(settings, f"rank {rank}: device cuda, and torch sees no CUDA GPU here")
     local = int(os.environ.get("LOCAL_RANK", rank))
     if cuda and local >= torch.cuda.device_count():
         raise RunError(f"rank {rank} needs GPU {local}; torch sees {torch.cuda.device_count()}")
@@ -686,12 +680,17 @@ def _rank_device(settings: Settings, rank: int) -> Any:
     return device
 
 
-def _usable_gpus() -> int:
-    """The GPUs torch can run on here: none when CUDA does not start (a driver that
-    lists GPUs its runtime cannot use), so that device auto takes the CPU."""
+def _on_gpu(settings: Settings, refused: str) -> bool:
+    """Whether this process warms on a GPU (:meth:`Settings.device_type` of the GPUs torch
+    can run on: none when CUDA does not start, a driver that lists GPUs its runtime
+    cannot use); :class:`RunError` saying ``refused`` when device cuda finds none."""
     import torch
 
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    usable = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    cuda = settings.device_type(usable) == "cuda"
+    if cuda and not usable:
+        raise RunError(refused)
+    return cuda
 
 
 if __name__ == "__main__":
