@@ -214,24 +214,40 @@ class Settings(BaseSettings):
         here, so that ``settings.registry_dir`` is the registry wherever it is read, and
         a dump read back (the ranks' ``settings.json``) is the same settings. What was
         derived stays out of ``model_fields_set`` (:meth:`given` tells them apart)."""
-        paths = Volume(self.volume)
-        work = self.work_dir
-        status = self.status_file or work / "status.json"
-        self._derive("triton_cache_dir", work / "triton-cache")
-        self._derive("inductor_cache_dir", work / "inductor-cache")
-        self._derive("registry_dir", paths.registry)
-        self._derive("status_file", status)
-        self._derive("bundle_dir", paths.bundles)
-        self._derive("metrics_dir", status.parent / "serving-metrics")
-        self._derive("remote_url", self.lock_url if is_redis(self.lock_url) else "off")
-        self._derive("lock_url", str(paths.locks))
+        for name, default in self._defaults().items():
+            self._derive(name, default)
         return self
+
+    def _defaults(self) -> dict[str, Any]:
+        """What each derived setting is when unset, from the settings it follows."""
+        paths, work = Volume(self.volume), self.work_dir
+        status = self.status_file or work / "status.json"
+        return {
+            "triton_cache_dir": work / "triton-cache",
+            "inductor_cache_dir": work / "inductor-cache",
+            "registry_dir": paths.registry,
+            "status_file": status,
+            "bundle_dir": paths.bundles,
+            "metrics_dir": status.parent / "serving-metrics",
+            "remote_url": self.lock_url if is_redis(self.lock_url) else "off",
+            "lock_url": str(paths.locks),
+        }
 
     def _derive(self, name: str, default: Any) -> None:
         """``default`` for an unset (or empty) field, written as a default is: not set."""
         if not getattr(self, name):
             self.__dict__[name] = default
             self.model_fields_set.discard(name)
+
+    def updated(self, **changes: Any) -> Settings:
+        """These settings with ``changes``, and every default derived again from them
+        (``model_copy`` would keep the defaults derived from the old values); '' unsets
+        a path or URL. Reads no environment: what it gave is already given here."""
+        derived = self._defaults().keys() - self.model_fields_set
+        kept = {
+            name: getattr(self, name) for name in type(self).model_fields if name not in derived
+        }
+        return type(self).model_validate({**kept, **changes})
 
     def given(self, name: str) -> bool:
         """Whether the field ``name`` was given (a keyword, the environment, a dump read

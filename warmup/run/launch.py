@@ -68,7 +68,7 @@ def _launch(settings: Settings, manifest: Manifest, early: EarlyRanks) -> RunSta
     # this process's start, imports and the checks above: until the last rank starts
     phases["imports"] = early.started_s if len(early) == world else process_age()
     # The ranks run this launcher's decision on the device, not one of their own.
-    ranks = settings.model_copy(update={"device": device})
+    ranks = settings.updated(device=device)
     procs: list[subprocess.Popen[bytes]] = []
     try:
         procs = _spawn_ranks(ranks, manifest, world, run_dir, early)

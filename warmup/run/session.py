@@ -567,10 +567,7 @@ def lock_backend(settings: Settings, manifest: Manifest, world: int) -> Settings
                 "or set TRITON_WARMUP_LOCK_FALLBACK=file"
             ) from None
         log.warning("%s: falling back to file leases in %s for this run", e, settings.paths.locks)
-        files = {"lock_url": str(settings.paths.locks)}
-        if not settings.given("remote_url"):  # the tier that followed the lock server
-            files["remote_url"] = "off"
-        return settings.model_copy(update=files)
+        return settings.updated(lock_url="")  # <volume>/locks, and the tier derived again
     return settings
 
 
