@@ -27,11 +27,14 @@ import os
 import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from registry import atomic
 from registry.patterns import MODEL_NAME
 from warmup.manifest import Manifest, ModelEntry
+
+if TYPE_CHECKING:
+    from warmup.collectives import Lockstep
 
 log = logging.getLogger(__name__)
 MAX_LEARNED = 64  # learned dims a model (each one more shape to warm at start)
@@ -154,3 +157,12 @@ def _read(path: Path) -> dict[str, list[Any]]:
     if not isinstance(models, dict):
         return {}
     return {k: v for k, v in models.items() if isinstance(k, str) and isinstance(v, list)}
+
+
+def shared_dims(steps: Lockstep, root: Path, entry: ModelEntry) -> list[dict[str, int]]:
+    """:func:`learned_dims` as rank 0 reads them, on every rank (a harvest may write the
+    file between two ranks' reads), so that every rank warms the same shapes."""
+    from warmup.collectives import LearnedDims
+
+    mine = LearnedDims(dims=learned_dims(root, entry)) if steps.leader else None
+    return steps.share(mine, LearnedDims, what=f"model {entry.name}: learned shapes").dims

@@ -32,7 +32,7 @@ from warmup.collectives import Lockstep
 from warmup.compiled.counters import CompileCounts, snapshot
 from warmup.compiled.inputs import grad_mode, make_inputs
 from warmup.compiled.key import ModelKey, model_key
-from warmup.compiled.learned import learned_dims
+from warmup.compiled.learned import shared_dims
 from warmup.manifest import ModelEntry, resolve_model_builder
 from warmup.results import ModelResult
 from warmup.settings import Settings
@@ -63,7 +63,7 @@ def warm_models(
             stored = _Artifacts(model, key, settings, fingerprint, remote) if key else None
             restored = stored.restore_under_lock(held) if rank == 0 and stored else None
             steps.barrier(what=f"model {model.name}: restore")
-            learned = _learned_shapes(steps, settings, model)
+            learned = shared_dims(steps, settings.paths.learned, model)
             result = (
                 _compile_and_run(model, device, steps, learned) if key else _failed(model, error)
             )
@@ -85,16 +85,6 @@ def _key(model: ModelEntry) -> tuple[ModelKey | None, str]:
         return model_key(model), ""
     except Exception as e:  # an unreadable source, a parent package that raises
         return None, _one_line(e)
-
-
-def _learned_shapes(steps: Lockstep, settings: Settings, model: ModelEntry) -> list[dict[str, int]]:
-    """The shapes the fleet learned for ``model``: rank 0's list, so that every rank
-    warms the same shapes."""
-    learned: list[dict[str, int]] = steps.broadcast(
-        learned_dims(settings.paths.learned, model) if steps.leader else [],
-        what=f"model {model.name}: learned shapes",
-    )
-    return learned
 
 
 def _compiled_on_any_rank(steps: Lockstep, model: ModelEntry, result: ModelResult) -> bool:

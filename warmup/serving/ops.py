@@ -448,15 +448,12 @@ class Serving:
         rank (a harvest may write the file between two ranks' reads)."""
         import torch.distributed as dist
 
-        from warmup.collectives import LearnedDims, Lockstep
-        from warmup.compiled.learned import learned_dims
+        from warmup.collectives import Lockstep
+        from warmup.compiled.learned import shared_dims
 
         group = dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
         steps = Lockstep(group, timeout_s=self.settings.rank_timeout_s)
-        mine = None
-        if steps.leader:
-            mine = LearnedDims(dims=learned_dims(self.settings.paths.learned, entry))
-        return steps.share(mine, LearnedDims, what=f"model {entry.name}: learned shapes").dims
+        return shared_dims(steps, self.settings.paths.learned, entry)
 
     def declare_warm(self) -> None:
         """From now on every Triton compile or autotune run in this process is counted

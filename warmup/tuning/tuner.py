@@ -191,7 +191,7 @@ class Tuner:
         started = time.perf_counter()
         fingerprint = self.fingerprint.with_kernel(task.kernel_hash)
         key = task.key()
-        found = self._agreed_lookup(task, key, fingerprint, what="registry lookup")
+        found = self._agreed_lookup(task, key, fingerprint)
         if found is not None:
             self.stats.hits += 1
             entry, source = found
@@ -232,19 +232,15 @@ class Tuner:
         task: TuneTask,
         key: Mapping[str, Any],
         fingerprint: Fingerprint,
-        *,
-        what: str,
-        timeout_s: float | None = None,
-        remote_now: bool = False,
     ) -> tuple[Entry, Found] | None:
         """Rank 0 looks (the local tier, then the remote one); every rank follows its
         answer (never mismatched collectives)."""
         answer = self._on_leader(
-            lambda: Lookup(found=self._look(task, key, fingerprint, remote_now=remote_now)),
+            lambda: Lookup(found=self._look(task, key, fingerprint, remote_now=False)),
             Lookup,
-            what=what,
+            what="registry lookup",
             failed=f"{task.kernel} at {dict(key)}: registry lookup failed",
-            timeout_s=max(timeout_s or 0.0, self._store_wait()),
+            timeout_s=self._store_wait(),
         )
         return _found(answer.found)
 
