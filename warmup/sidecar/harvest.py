@@ -94,6 +94,7 @@ class Harvester(FileSystemEventHandler):
         remote: RemoteTier | None = None,
         limits: Limits | None = None,
         status: Callable[[], RunStatus | None] | None = None,
+        store: Store | None = None,
     ) -> None:
         self.settings = settings
         self.metrics = metrics
@@ -107,7 +108,9 @@ class Harvester(FileSystemEventHandler):
         self._inductor_due: float | None = None
         self._wake = threading.Condition()
         self._stopped = False
-        self._store: Store | None = None  # the registry autotune results go to (the worker's)
+        # the registry autotune results go to: the sidecar's own (it cleared the debris
+        # at start), else one opened at the first import
+        self._store = store
         self._sent: list[float] = []  # when the last minute's entries were harvested
         self._unpublished: OrderedDict[tuple[str, str], bytes] = OrderedDict()  # remote retries
         self._done: OrderedDict[str, Stat] = OrderedDict()  # harvested: path -> its stat key

@@ -72,7 +72,13 @@ class Sidecar:
             on_scan=self.metrics.bundle_scans.inc,
         )
         self.harvester = (
-            Harvester(settings, self.metrics, remote=_remote(settings), status=self._status)
+            Harvester(
+                settings,
+                self.metrics,
+                remote=_remote(settings),
+                status=self._status,
+                store=self.store,
+            )
             if settings.harvest
             else None
         )
