@@ -18,10 +18,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from kernels.task import TuneTask
 from registry import KernelConfig
+
+if TYPE_CHECKING:
+    from kernels.task import TuneTask
 
 BUCKET_FIELD = "M"  # the key field a serving op buckets on: the rows of one call
 TORCH_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}

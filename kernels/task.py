@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from kernels.adapter import dtype_name
 from registry import KernelConfig
 
 # The relative error (in norm) a run may have against a wider-precision reference.
-TOLERANCE = {"float32": 2e-3, "float16": 1e-2, "bfloat16": 2e-2}
+TOLERANCE = {"fp32": 2e-3, "fp16": 1e-2, "bf16": 2e-2}  # by kernels.adapter.DTYPES name
 
 
 class TuneTask(Protocol):
@@ -124,16 +125,14 @@ class ProductTask(Task):
         """The product to check a run against, in a wider precision than the inputs'."""
         raise NotImplementedError
 
-    def dtype_name(self) -> str:
-        """The torch name of the output's dtype (e.g. ``bfloat16``): its tolerance."""
-        return str(self.a.dtype).removeprefix("torch.")
-
     def verify(self, output: Any) -> str | None:
         if self._expected is None:
             if self.collective_reference:
                 raise RuntimeError(f"{type(self).__name__}: no reference made with the inputs")
             self._expected = self.reference()
-        return relative_error_reason(output, self._expected, TOLERANCE[self.dtype_name()])
+        name = dtype_name(self.a.dtype)
+        assert name is not None, f"{type(self).__name__}: no kernel takes {self.a.dtype}"
+        return relative_error_reason(output, self._expected, TOLERANCE[name])
 
     def drop_inputs(self) -> None:
         if self.inputs is None:
