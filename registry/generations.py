@@ -86,9 +86,6 @@ class Generation:
         about = self.record.extra.get("bundle")
         return about if isinstance(about, dict) else {}
 
-    def to_json(self) -> dict[str, Any]:
-        return {**self.record.to_json(), "current": self.current}
-
 
 def _is_entry_path(value: object) -> bool:
     if not isinstance(value, str) or not value.endswith(".json") or "\\" in value:

@@ -37,3 +37,12 @@ def client(url: str, *, timeout_s: float) -> Any:
         socket_connect_timeout=timeout_s,
         retry=Retry(NoBackoff(), 0),
     )
+
+
+def cause(error: Exception) -> str:
+    """Why a redis call failed, in the operating system's words where there are some
+    ("Connection refused")."""
+    inner = error.__context__
+    if isinstance(inner, OSError) and inner.strerror:
+        return inner.strerror
+    return str(error).rstrip(".") or type(error).__name__

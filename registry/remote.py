@@ -43,8 +43,7 @@ from registry import atomic, redis_url
 from registry.entry import Entry, NewerSchema, canonical_key
 from registry.errors import RegistryError, Superseded, shown, why
 from registry.fingerprint import Fingerprint, MatchPolicy
-from registry.locks.redis_lock import _cause
-from registry.redis_url import SCHEMES, redacted
+from registry.redis_url import SCHEMES, is_redis, redacted
 from registry.store import MAX_ENTRY_BYTES
 
 log = logging.getLogger(__name__)
@@ -378,7 +377,9 @@ class RemoteTier:
 
         self.stats.errors += 1
         self._retry_at = time.monotonic() + self.retry_after_s
-        cause = _cause(error) if isinstance(error, redis.exceptions.RedisError) else why(error)
+        cause = (
+            redis_url.cause(error) if isinstance(error, redis.exceptions.RedisError) else why(error)
+        )
         if self._down_since is not None:
             log.debug("registry remote tier %s still unreachable (%s)", self.describe(), cause)
             return
@@ -469,7 +470,7 @@ def remote_tier(url: str, *, timeout_s: float = 1.0) -> RemoteTier | None:
     "" or "off"."""
     if url.strip() in ("", "off"):
         return None
-    if not url.startswith(SCHEMES):
+    if not is_redis(url):
         raise RegistryError(
             f"Remote tier URL {shown(redacted(url))} is not valid: "
             f"use {', '.join(SCHEMES)} or 'off'."

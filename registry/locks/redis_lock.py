@@ -21,7 +21,7 @@ from typing import Any
 from registry import redis_url
 from registry.errors import RegistryError
 from registry.locks import RETRY_CAP_S, Holder, Lease, LockServerUnreachable, backoff
-from registry.redis_url import redacted
+from registry.redis_url import cause, redacted
 
 log = logging.getLogger(__name__)
 PREFIX = "triton-warmup:lock:"
@@ -135,7 +135,7 @@ class RedisLockBackend:
             (log.debug if lost else log.warning)(
                 "lock %s not released (%s): it expires within %g s",
                 handle.lease.name,
-                _cause(e),
+                cause(e),
                 handle.lease.ttl,
             )
 
@@ -189,7 +189,7 @@ class RedisLockBackend:
         except redis.exceptions.LockError:
             raise
         except redis.exceptions.RedisError as e:
-            raise LockServerUnreachable(redacted(self.url), _cause(e)) from e
+            raise LockServerUnreachable(redacted(self.url), cause(e)) from e
 
 
 def _renew(lock: Any, lease: Lease, stop: threading.Event) -> None:
@@ -215,7 +215,7 @@ def _renew(lock: Any, lease: Lease, stop: threading.Event) -> None:
                 log.warning(
                     "lock %s could not be renewed (%s): retrying for %.1f s",
                     lease.name,
-                    _cause(e),
+                    cause(e),
                     lease.remaining(),
                 )
             pause = max(0.0, min(backoff(failures, min(every / 2, RETRY_CAP_S)), lease.remaining()))
@@ -224,11 +224,3 @@ def _renew(lock: Any, lease: Lease, stop: threading.Event) -> None:
         if failures:
             log.info("lock %s renewed again after %d failed tries", lease.name, failures)
         pause, failures = every, 0
-
-
-def _cause(error: Exception) -> str:
-    """The operating system's words where there are some ("Connection refused")."""
-    inner = error.__context__
-    if isinstance(inner, OSError) and inner.strerror:
-        return inner.strerror
-    return str(error).rstrip(".") or type(error).__name__
