@@ -59,6 +59,20 @@ def nearest(
     return best[1] if best else None
 
 
+def best_fit(
+    candidates: Mapping[str, Entry], fingerprint: Fingerprint, policy: MatchPolicy
+) -> Entry | None:
+    """Of one key's entries (by fingerprint digest): the exact fingerprint's, else the one
+    ``policy`` allows that differs in the fewest fields (then by identity); None if none."""
+    exact = candidates.get(fingerprint.digest())
+    if exact is not None:
+        return exact
+    matching = [e for e in candidates.values() if not fingerprint.mismatches(e.fingerprint, policy)]
+    if not matching:
+        return None
+    return min(matching, key=lambda e: (len(fingerprint.diff(e.fingerprint)), e.identity()))
+
+
 def without(key: Mapping[str, Any], field: str) -> dict[str, Any]:
     """``key`` less one field: what the keys of one layer share, whatever its M."""
     return {name: value for name, value in key.items() if name != field}

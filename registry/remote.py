@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from registry import atomic, redis_url
+from registry import atomic, keys, redis_url
 from registry.entry import Entry, NewerSchema, canonical_key
 from registry.errors import RegistryError, Superseded, shown, why
 from registry.fingerprint import Fingerprint, MatchPolicy
@@ -163,7 +163,7 @@ class RemoteTier:
             entry = self._decode(name, field.decode(errors="replace"), raw)
             if entry is not None:
                 candidates[entry.fingerprint.digest()] = entry
-        return _best(candidates, fingerprint, policy)
+        return keys.best_fit(candidates, fingerprint, policy)
 
     def _decode(self, name: str, field: str, raw: bytes) -> Entry | None:
         """The entry ``raw`` holds, if it is one filed under its own fingerprint."""
@@ -450,19 +450,6 @@ def _parse(raw: bytes) -> Entry:
     except ValueError as e:
         raise RegistryError(f"not JSON: {e}") from None
     return Entry.from_json(data)
-
-
-def _best(
-    candidates: Mapping[str, Entry], fingerprint: Fingerprint, policy: MatchPolicy
-) -> Entry | None:
-    """As ``Store.lookup`` picks: the exact fingerprint, else the closest one allowed."""
-    exact = candidates.get(fingerprint.digest())
-    if exact is not None:
-        return exact
-    matching = [e for e in candidates.values() if not fingerprint.mismatches(e.fingerprint, policy)]
-    if not matching:
-        return None
-    return min(matching, key=lambda e: (len(fingerprint.diff(e.fingerprint)), e.identity()))
 
 
 def remote_tier(url: str, *, timeout_s: float = 1.0) -> RemoteTier | None:

@@ -149,15 +149,7 @@ class Store:
         """The entry for ``kernel`` at ``key`` valid for ``fingerprint``, or None (a miss)."""
         self.refresh()
         candidates = self._loaded.by_slot.get((kernel, canonical_key(key)), {})
-        exact = candidates.get(fingerprint.digest())
-        if exact is not None:
-            return exact
-        matching = [
-            e for e in candidates.values() if not fingerprint.mismatches(e.fingerprint, policy)
-        ]
-        if not matching:
-            return None
-        return min(matching, key=lambda e: (len(fingerprint.diff(e.fingerprint)), e.identity()))
+        return keys.best_fit(candidates, fingerprint, policy)
 
     def explain_miss(
         self, kernel: str, key: Mapping[str, Any], fingerprint: Fingerprint
@@ -178,15 +170,17 @@ class Store:
         self, kernel: str, key: Key, fingerprint: Fingerprint, policy: MatchPolicy, *, free: str
     ) -> dict[Any, Entry]:
         """The entry :meth:`lookup` finds for each stored value of the ``free`` field, among
-        the keys equal to ``key`` but for it: one layer's tuned Ms, by M."""
-        wanted = keys.without(key, free)
-        values = {
-            e.key[free]
-            for e in self.entries()
-            if e.kernel == kernel and free in e.key and keys.without(e.key, free) == wanted
-        }
-        found = {v: self.lookup(kernel, {**key, free: v}, fingerprint, policy) for v in values}
-        return {v: entry for v, entry in sorted(found.items()) if entry is not None}
+        the keys equal to ``key`` but for it: one layer's tuned Ms, by M. Read from one
+        loaded generation."""
+        self.refresh()
+        wanted, found = keys.without(key, free), {}
+        for (slot_kernel, _), candidates in self._loaded.by_slot.items():
+            held = next(iter(candidates.values())).key  # a slot's entries share one key
+            if slot_kernel == kernel and free in held and keys.without(held, free) == wanted:
+                entry = keys.best_fit(candidates, fingerprint, policy)
+                if entry is not None:
+                    found[held[free]] = entry
+        return dict(sorted(found.items()))
 
     def entries(self) -> list[Entry]:
         """Every loaded entry, in path order."""
