@@ -38,6 +38,11 @@ from registry.fingerprint import machine_name
 from registry.redis_url import is_redis
 
 log = logging.getLogger(__name__)
+# A lease that ended while its work went on, as each backend says it (name, why).
+LOST = (
+    "lock %s lost while held (%s): another worker may duplicate this work; "
+    "the store keeps whichever result is stored first"
+)
 
 DEFAULT_TTL = 60.0
 DEFAULT_TIMEOUT = 600.0
@@ -101,12 +106,7 @@ class Lease:
         with self._mutex:
             first, self._lost = self._lost is None, self._lost or reason
         if first:
-            log.warning(
-                "lock %s lost while held (%s): another worker may duplicate this work; "
-                "the store keeps whichever result is stored first",
-                self.name,
-                reason,
-            )
+            log.warning(LOST, self.name, reason)
 
     def end(self) -> None:
         """The ``with`` block is over: ``lost`` keeps its last answer."""

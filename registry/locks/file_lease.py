@@ -14,7 +14,7 @@ from filelock import LeaseCompromise, LeaseSettingsMismatch, SoftFileLease
 from filelock import Timeout as FileLockTimeout
 
 from registry import atomic
-from registry.locks import Holder, lock_file_name
+from registry.locks import LOST, Holder, lock_file_name
 
 log = logging.getLogger(__name__)
 
@@ -93,11 +93,6 @@ class FileLeaseBackend:
 
 def _warn_lost(name: str):  # type: ignore[no-untyped-def]
     def warn(compromise: LeaseCompromise) -> None:
-        log.warning(
-            "lock %s lost while held (%s): another worker may duplicate this work; "
-            "the store keeps whichever result is stored first",
-            name,
-            compromise.reason,
-        )
+        log.warning(LOST, name, compromise.reason)
 
     return warn
