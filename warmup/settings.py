@@ -242,12 +242,13 @@ class Settings(BaseSettings):
     def updated(self, **changes: Any) -> Settings:
         """These settings with ``changes``, and every default derived again from them
         (``model_copy`` would keep the defaults derived from the old values); '' unsets
-        a path or URL. Reads no environment: what it gave is already given here."""
-        derived = self._defaults().keys() - self.model_fields_set
-        kept = {
-            name: getattr(self, name) for name in type(self).model_fields if name not in derived
-        }
-        return type(self).model_validate({**kept, **changes})
+        a path or URL. Reads no environment, as ``model_copy`` does not."""
+        copy = self.model_copy(update=changes)
+        for name in self._defaults().keys() - self.model_fields_set - changes.keys():
+            copy.__dict__[name] = "" if isinstance(getattr(self, name), str) else None
+        for name, default in copy._defaults().items():
+            copy._derive(name, default)
+        return copy
 
     def given(self, name: str) -> bool:
         """Whether the field ``name`` was given (a keyword, the environment, a dump read

@@ -97,7 +97,9 @@ def test_the_registry_cli_installs_triton_files_in_the_volume_unless_told(tmp_pa
 def test_an_update_derives_the_defaults_again_and_reads_no_environment(monkeypatch, tmp_path):
     settings = Settings(work_dir=tmp_path / "a", lock_url="redis://cache:6379/0")
     monkeypatch.setenv("TRITON_WARMUP_VOLUME", str(tmp_path / "elsewhere"))  # read once
+    monkeypatch.setenv("TRITON_WARMUP_LOCK_URL", "redis://other:6379/0")  # not even for a default
     moved = settings.updated(work_dir=tmp_path / "b", lock_url="")
     assert moved.triton_cache_dir == tmp_path / "b" / "triton-cache"  # follows the new folder
     assert moved.lock_url == str(settings.paths.locks) and moved.remote_url == "off"
     assert moved.volume == settings.volume
+    assert moved.updated(device="cpu").lock_url == moved.lock_url  # derived, not the variable
