@@ -197,7 +197,6 @@ class Tuner:
             entry, source = found
             return TuneOutcome(entry.best, source, entry, time.perf_counter() - started)
         if self.options.policy == "fallback":
-            self.stats.misses += 1
             return self._fallback(task, fingerprint, started)
         if self.options.policy == "fail":
             self.stats.misses += 1
@@ -465,6 +464,9 @@ class Tuner:
         )
 
     def _fallback(self, task: TuneTask, fingerprint: Fingerprint, started: float) -> TuneOutcome:
+        """A miss under policy 'fallback': the nearest stored entry's config, else the
+        space's first; counted as a miss and a fallback."""
+        self.stats.misses += 1
         self.stats.fallbacks += 1
         mine = None
         if self.lockstep.leader:
