@@ -262,6 +262,9 @@ def _delayed(function: Any, rng: random.Random) -> Any:
     return late
 
 
+_LANDINGS: list[threading.Thread] = []  # joined before the rank exits (see protocol)
+
+
 def _signal_before_data(ctx: Any, a_shard: torch.Tensor, at: Any) -> None:
     """A broken push: the flag first, the rows only once the reader has moved on (it
     armed its flags for its next call, or 2 s passed: the last call). The reader reads
@@ -269,9 +272,9 @@ def _signal_before_data(ctx: Any, a_shard: torch.Tensor, at: Any) -> None:
     reader find them landed."""
     for peer_rows, peer_flag in at.pushes:
         workspace.signal(ctx, peer_flag)
-        threading.Thread(
-            target=_land_late, args=(peer_rows, peer_flag, a_shard), daemon=True
-        ).start()
+        landing = threading.Thread(target=_land_late, args=(peer_rows, peer_flag, a_shard))
+        landing.start()
+        _LANDINGS.append(landing)
 
 
 def _land_late(rows: torch.Tensor, flag: torch.Tensor, shard: torch.Tensor) -> None:
@@ -304,6 +307,10 @@ def protocol(world: int, rank: int, variant: str = "") -> dict[str, object]:
         expected = a.double() @ b.double()
         error = float((out.double() - expected).norm() / expected.norm())
         errors.append({"algorithm": ag_gemm.algorithm_of(config), "rel_error": error})
+    # A landing still in torch code when the interpreter finalises aborts the rank
+    # ("terminate called without an active exception"): every one ends here, within 2 s.
+    for landing in _LANDINGS:
+        landing.join()
     return {"rank": rank, "results": errors}
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 import torch
@@ -163,18 +163,37 @@ def test_a_layer_with_no_entry_is_an_error_or_a_counted_fallback(settings, store
         assert op.calls == [0, 0, 1]
 
 
+def _within(seconds: float, done: Callable[[], bool]) -> bool:
+    """Whether ``done()`` holds within ``seconds``, checked every 20 ms."""
+    deadline = time.monotonic() + seconds
+    while not done():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 def test_a_new_generation_reaches_a_running_op(settings, store):
     with Serving(settings.model_copy(update={"serving_refresh_s": 0.05})) as serving:
         op = serving.op("matmul", n=N, k=K, dtype="fp32", max_m=100, device="cpu")
         assert op.config_for(30) == config(16)
         store.install([entry(32, 64)], record={"bundle": "b1"})  # a hot-reloaded bundle
-        deadline = time.monotonic() + 10
-        while op.config_for(30) != config(64) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert op.table.buckets == (16, 32, 64) and op.config_for(30) == config(64)
+        assert _within(10, lambda: op.table.buckets == (16, 32, 64))  # the follower's swap
+        assert op.config_for(30) == config(64)
         a, b = inputs(30)
         torch.testing.assert_close(op(a, b), a @ b, rtol=1e-3, atol=1e-3)
         assert op.calls[TUNED] == 0 and op.calls[NEAREST] == 1
+        store.rollback()
+        assert _within(10, lambda: op.table.buckets == (16, 64))  # a rollback reaches it too
+        assert serving.refresh() == 0  # the follower left nothing to swap
+
+
+def test_a_manual_refresh_swaps_each_new_generation_once(settings, store):
+    with Serving(settings, follow=False) as serving:
+        op = serving.op("matmul", n=N, k=K, dtype="fp32", max_m=100, device="cpu")
+        store.install([entry(32, 64)], record={"bundle": "b1"})
+        assert op.table.buckets == (16, 64)  # no follower: nothing swaps by itself
+        assert serving.refresh() == 1 and op.table.buckets == (16, 32, 64)
         store.rollback()
         assert serving.refresh() == 1 and op.table.buckets == (16, 64)
         assert serving.refresh() == 0  # nothing changed: no swap
