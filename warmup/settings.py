@@ -214,13 +214,17 @@ class Settings(BaseSettings):
         here, so that ``settings.registry_dir`` is the registry wherever it is read, and
         a dump read back (the ranks' ``settings.json``) is the same settings. What was
         derived stays out of ``model_fields_set`` (:meth:`given` tells them apart)."""
+        return self._fill_defaults()
+
+    def _fill_defaults(self) -> Settings:
+        """Every unset derived field given its default; ``self``."""
         for name, default in self._defaults().items():
             self._derive(name, default)
         return self
 
     def _defaults(self) -> dict[str, Any]:
         """What each derived setting is when unset, from the settings it follows."""
-        paths, work = Volume(self.volume), self.work_dir
+        paths, work = self.paths, self.work_dir
         status = self.status_file or work / "status.json"
         return {
             "triton_cache_dir": work / "triton-cache",
@@ -246,9 +250,7 @@ class Settings(BaseSettings):
         copy = self.model_copy(update=changes)
         for name in self._defaults().keys() - self.model_fields_set - changes.keys():
             copy.__dict__[name] = "" if isinstance(getattr(self, name), str) else None
-        for name, default in copy._defaults().items():
-            copy._derive(name, default)
-        return copy
+        return copy._fill_defaults()
 
     def given(self, name: str) -> bool:
         """Whether the field ``name`` was given (a keyword, the environment, a dump read

@@ -45,7 +45,6 @@ import kernels
 from kernels.adapter import BUCKET_FIELD, Layer, Served
 from registry import KernelConfig, Store, keys, triton_internals
 from registry.fingerprint import Fingerprint, detect_for
-from registry.keys import log_distance
 from warmup.compiled.learned import Recorder
 from warmup.serving.compile_guard import guard_from_settings
 from warmup.serving.metrics import ServingMetrics
@@ -346,7 +345,7 @@ def _nearest(m: int, below: int | None, above: int | None) -> int:
     the larger."""
     if below is None or above is None:
         return above if below is None else below  # type: ignore[return-value]
-    return below if log_distance(m, below) < log_distance(above, m) else above
+    return below if keys.log_distance(m, below) < keys.log_distance(above, m) else above
 
 
 class Serving:
