@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from bench.plots import PlotError, need
-from bench.targets import FUSED
+from bench.targets import FIRST_OVER_STEADY, FUSED, ratio
 
 Drawing = Callable[[Any], dict[str, Figure]]
 GREY = "#b0b0b0"
@@ -114,10 +114,17 @@ def ag_gemm(result: dict[str, Any]) -> dict[str, Figure]:
     fig = _figure(9.5, 4.0, left=0.55, right=2.5, top=0.55, bottom=0.75)
     times, ratios = fig.subplots(1, 2, gridspec_kw={"wspace": 0.22})
     for key, _, colour in AG_OPS:
-        _ag_series(times, rows, families, colour, lambda us, k=key: us.get(k))
+        _ag_series(times, rows, families, colour, lambda row, k=key: row["us"].get(k))
     for key, _, colour in AG_OPS[1:]:
-        _ag_series(ratios, rows, families, colour, lambda us, k=key: _over(us, k))
-    graph = _ag_series(ratios, rows, families, "C2", _graph_ratio, dashed=True)
+        _ag_series(ratios, rows, families, colour, lambda row, k=key: ratio(row, "nccl_cublas", k))
+    graph = _ag_series(
+        ratios,
+        rows,
+        families,
+        "C2",
+        lambda row: ratio(row, "graph nccl_cublas", "graph fused"),
+        dashed=True,
+    )
     ratios.axhline(1.0, color="black", linewidth=0.8, linestyle=":")
     times.set_yscale("log")
     times.set(title="median µs (max over ranks, L2 flushed)", xlabel="M (rows in all)")
@@ -138,22 +145,12 @@ def ag_gemm(result: dict[str, Any]) -> dict[str, Figure]:
     return {"by_m": fig}
 
 
-def _over(us: dict[str, float], key: str) -> float | None:
-    return us["nccl_cublas"] / us[key] if key in us else None
-
-
-def _graph_ratio(us: dict[str, float]) -> float | None:
-    if "graph fused" not in us or "graph nccl_cublas" not in us:
-        return None
-    return us["graph nccl_cublas"] / us["graph fused"]
-
-
 def _ag_series(
     ax: Axes,
     rows: list[dict[str, Any]],
     families: list[tuple[int, ...]],
     colour: str,
-    value: Callable[[dict[str, float]], float | None],
+    value: Callable[[dict[str, Any]], float | None],
     *,
     dashed: bool = False,
 ) -> bool:
@@ -161,9 +158,9 @@ def _ag_series(
     drawn = False
     for family, marker in zip(families, MARKERS, strict=False):
         points = sorted(
-            (row["shape"][0], value(row["us"]))
+            (row["shape"][0], value(row))
             for row in rows
-            if tuple(row["shape"][1:]) == family and value(row["us"]) is not None
+            if tuple(row["shape"][1:]) == family and value(row) is not None
         )
         if points:
             ms, ys = zip(*points, strict=True)
@@ -274,14 +271,15 @@ def compiled_model(rows: list[dict[str, Any]]) -> dict[str, Figure]:
     for i, row in enumerate(servers):
         need(row, "model", "phases", "counts", where=f"server row {i} ({row['case']})")
         need(row["phases"], "import", "first_calls", where=f"server row {i}.phases")
-    for model, cases in _by_model(servers).items():
+    models = _by_model(servers)
+    for model, cases in models.items():
         named = [row["case"] for row in cases]
         if len(set(named)) < len(named):
             raise PlotError(f"{model}: a case twice in {named}; join only runs of other cases")
     order = list(CASE_LABELS)
     return {
         model: _server_bars(model, sorted(cases, key=lambda r: order.index(r["case"])))
-        for model, cases in _by_model(servers).items()
+        for model, cases in models.items()
     }
 
 
@@ -439,7 +437,8 @@ def serving(result: dict[str, Any]) -> dict[str, Figure]:
         for x, value in zip(xs, values, strict=True):
             said = f"{value:,.0f}" if value >= 100 else f"{value:.2f}"
             ax.annotate(said, (x, value), ha="center", va="bottom")
-    ax.axhline(2.0, color="black", linestyle="--", linewidth=0.8, label="target: 2x")
+    target = f"target: {FIRST_OVER_STEADY:g}x"
+    ax.axhline(FIRST_OVER_STEADY, color="black", linestyle="--", linewidth=0.8, label=target)
     noise = result["serve"].get("repeat_over_steady", {}).get("max")
     if noise is not None:
         ax.axhline(noise, color="C2", linestyle=":", label="largest repeat call (noise floor)")

@@ -70,7 +70,7 @@ def _per_shape(
     return Verdict(target, measured, met, tuple(misses))
 
 
-def _ratio(row: dict[str, Any], over: str, under: str) -> float | None:
+def ratio(row: dict[str, Any], over: str, under: str) -> float | None:
     """``row["us"][over] / row["us"][under]``, or None where either was not timed."""
     times = row.get("us", {})
     if over not in times or under not in times or not times[under]:
@@ -100,7 +100,7 @@ def ag_gemm(result: dict[str, Any]) -> list[Verdict]:
         _per_shape(
             f"[2.4] tuned op >= {TUNED_OVER_BASELINE}x NCCL + cuBLAS at every shape",
             rows,
-            lambda r: _ratio(r, "nccl_cublas", "tuned"),
+            lambda r: ratio(r, "nccl_cublas", "tuned"),
             lambda x: x >= TUNED_OVER_BASELINE,
             label=lambda r: f" ({r.get('algorithm', '?')})",
         ),
@@ -120,13 +120,13 @@ def ag_gemm(result: dict[str, Any]) -> list[Verdict]:
             f"[2.5] graph-replayed fused >= 1.0x the graph-replayed baseline from "
             f"{GRAPH_FROM_ROWS} rows",
             graphed,
-            lambda r: _ratio(r, "graph nccl_cublas", "graph fused"),
+            lambda r: ratio(r, "graph nccl_cublas", "graph fused"),
             lambda x: x >= 1.0,
         ),
         _per_shape(
             "[2.5] fused faster than torch's fused op at every shape",
             rows,
-            lambda r: _ratio(r, "torch_fused", FUSED),
+            lambda r: ratio(r, "torch_fused", FUSED),
             lambda x: x > 1.0,
         ),
     ]
