@@ -101,11 +101,11 @@ def limits(metadata: list[Any]) -> str:
 def default_text(field: Any) -> str:
     if field.default_factory is not None:
         return "derived"  # from other settings: the description says how
+    if field.is_required():
+        return "required"
     value = field.default
     if value is None:
         return "unset"
-    if type(value).__name__ == "PydanticUndefinedType":
-        return "required"
     if isinstance(value, enum.Enum):
         value = value.value
     if isinstance(value, bool):
@@ -250,13 +250,13 @@ def metrics_table(registry: Any, instance: object) -> str:
 
 
 def declared_labels(instance: object) -> dict[str, tuple[str, ...]]:
-    """Label names of the metrics an object holds, by family name (a labelled metric with
-    no child yet has no sample to read them from)."""
-    from prometheus_client.metrics import MetricWrapperBase
+    """Label names of the metrics an object's class declares (``MetricField``), by name:
+    a labelled metric with no child yet has no sample to read them from."""
+    from warmup.metrics import MetricField
 
-    found = {}
-    for value in vars(instance).values():
-        if isinstance(value, MetricWrapperBase):
-            for family in value.describe():
-                found[family.name] = tuple(value._labelnames)  # client_python's own field
-    return found
+    return {
+        field.name: field.labels
+        for klass in type(instance).__mro__
+        for field in vars(klass).values()
+        if isinstance(field, MetricField)
+    }

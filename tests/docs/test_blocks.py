@@ -36,8 +36,6 @@ def is_manifest(block: Block) -> bool:
 
 
 MANIFESTS = [b for b in BLOCKS if is_manifest(b)]
-# Pages whose command blocks their owner has still to mark: not run, reported as xfail.
-AWAITING_MARKS: dict[str, str] = {}  # page -> why its unmarked blocks are not run yet
 BIN = Path(sys.executable).parent  # the venv's: python and triton-warmup
 SEPARATOR = "\n@@ end of command @@\n"
 
@@ -128,16 +126,7 @@ def check_transcript(block: Block, cwd: Path, env: dict[str, str]) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "block",
-    [
-        pytest.param(b, marks=pytest.mark.xfail(run=False, reason=AWAITING_MARKS[b.page]))
-        if b.page in AWAITING_MARKS
-        else b
-        for b in RUN
-    ],
-    ids=lambda b: b.name,
-)
+@pytest.mark.parametrize("block", RUN, ids=lambda b: b.name)
 def test_the_block_runs_as_written(block: Block, workspace: tuple[Path, dict[str, str]]):
     run_block(block, *workspace)
 
