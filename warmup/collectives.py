@@ -45,7 +45,7 @@ FenceJSON = Annotated[TieredFence, _read(TieredFence, TieredFence.from_json), _W
 class Payload(BaseModel):
     """What rank 0 sends every rank in one collective."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 P = TypeVar("P", bound=Payload)

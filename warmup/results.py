@@ -283,6 +283,10 @@ class RunStatus(_Record):
         left unwarmed (the ``degraded`` policy of ``other_world_sizes``): the probe says so."""
         return self.ready and bool(self.skipped_entries)
 
+    def failed(self, errors: list[str]) -> RunStatus:
+        """This status, ended now as failed for ``errors``."""
+        return self.model_copy(update={"state": FAILED, "finished": time.time(), "errors": errors})
+
     def write(self, path: Path) -> RunStatus:
         """Atomically replace the status file (a reader sees the old one or the new one)."""
         atomic.write_bytes(path, self.model_dump_json(indent=1).encode())

@@ -21,7 +21,7 @@ from registry.errors import named
 from warmup import explain
 from warmup.compiled.environment import inductor_environment
 from warmup.manifest import Manifest, ManifestError
-from warmup.results import FAILED, RankFailure, RankReport, RunStatus
+from warmup.results import RankFailure, RankReport, RunStatus
 from warmup.run.early import GPU_LIST, EarlyRanks, visible_gpus
 from warmup.run.phases import process_age
 from warmup.run.session import (
@@ -88,9 +88,7 @@ def _launch(settings: Settings, manifest: Manifest, early: EarlyRanks) -> RunSta
         )  # fmt: skip
     except BaseException as e:  # a status that says why; no rank outlives the run
         errors = e.errors if isinstance(e, ManifestError) else [named(e)]
-        status.model_copy(
-            update={"state": FAILED, "finished": time.time(), "errors": errors}
-        ).write(settings.status_file)
+        status.failed(errors).write(settings.status_file)
         raise
     finally:
         _stop(procs)

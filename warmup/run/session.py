@@ -157,15 +157,7 @@ def _finish_or_fail(
     try:
         return finish(settings, manifest, run_dir, world, started, recovered=recovered)
     except Exception as e:  # said in the status, and told to every rank
-        status = running(manifest, world, started).model_copy(
-            update={
-                "state": FAILED,
-                "finished": time.time(),
-                "errors": [named(e)],
-            }
-        )
-        status.write(settings.status_file)
-        return status
+        return running(manifest, world, started).failed([named(e)]).write(settings.status_file)
 
 
 def _shared_status(status: RunStatus | None, group: Any) -> RunStatus | None:
@@ -176,7 +168,7 @@ def _shared_status(status: RunStatus | None, group: Any) -> RunStatus | None:
 
     holder = [status.model_dump(mode="json") if status else None]
     dist.broadcast_object_list(holder, src=0, group=group)
-    return RunStatus.model_validate(holder[0])
+    return status if status is not None else RunStatus.model_validate(holder[0])  # rank 0's own
 
 
 def running(manifest: Manifest, world: int, started: float) -> RunStatus:

@@ -299,7 +299,8 @@ class Tuner:
         if self.lockstep.leader:
             try:
                 result = work()
-                mine = Answer(value=result.model_dump(mode="json"))
+                sent = result.model_dump(mode="json") if self.lockstep.active else None
+                mine = Answer(value=sent)  # one process: rank 0 keeps ``result``, sends none
             except Exception as e:  # a store that cannot be read, a lock server gone, ...
                 mine = Answer(error=f"{failed}: {_named(e)}")
         agreed = self.lockstep.share(mine, Answer, what=what, timeout_s=timeout_s)
