@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from registry.errors import RegistryError
+
 SCHEMES = ("redis://", "rediss://", "unix://")
 
 
@@ -23,13 +25,17 @@ def redacted(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-def client(url: str, *, timeout_s: float) -> Any:
+def client(url: str, *, timeout_s: float, user: str = "A redis client") -> Any:
     """A redis-py client for ``url`` whose calls wait at most ``timeout_s`` (to connect,
     and for each answer) and are never retried by redis-py: the caller decides what a
-    failure means. ``ImportError`` without redis-py; ``ValueError`` for a bad URL."""
-    import redis
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
+    failure means. :class:`RegistryError` saying that ``user`` needs redis-py when it is
+    not installed; ``ValueError`` for a bad URL."""
+    try:
+        import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+    except ImportError:
+        raise RegistryError(f"{user} needs redis-py: pip install 'triton-warmup[redis]'.") from None
 
     return redis.Redis.from_url(
         url,

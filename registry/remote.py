@@ -82,11 +82,7 @@ class RemoteTier:
         self._warned: set[tuple[str, str]] = set()
         self._unpublished: dict[tuple[str, str], tuple[Entry, str | None]] = {}
         try:
-            self.client: Any = redis_url.client(url, timeout_s=timeout_s)
-        except ImportError:
-            raise RegistryError(
-                "The remote tier needs redis-py: pip install 'triton-warmup[redis]'."
-            ) from None
+            self.client: Any = redis_url.client(url, timeout_s=timeout_s, user="The remote tier")
         except ValueError as e:
             raise RegistryError(
                 f"Remote tier URL {shown(redacted(url))} is not valid: {e}"

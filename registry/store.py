@@ -175,8 +175,10 @@ class Store:
         self.refresh()
         wanted, found = keys.without(key, free), {}
         for (slot_kernel, _), candidates in self._loaded.by_slot.items():
+            if slot_kernel != kernel:
+                continue
             held = next(iter(candidates.values())).key  # a slot's entries share one key
-            if slot_kernel == kernel and free in held and keys.without(held, free) == wanted:
+            if free in held and keys.without(held, free) == wanted:
                 entry = keys.best_fit(candidates, fingerprint, policy)
                 if entry is not None:
                     found[held[free]] = entry

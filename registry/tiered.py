@@ -68,7 +68,7 @@ class TieredStore:
         kernel: str,
         key: Mapping[str, Any],
         fingerprint: Fingerprint,
-        policy: MatchPolicy = MatchPolicy.EXACT,
+        policy: MatchPolicy = EXACT,
         *,
         remote_now: bool = False,
         keep: Callable[[Entry], bool] | None = None,

@@ -19,7 +19,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from registry import redis_url
-from registry.errors import RegistryError
 from registry.locks import RETRY_CAP_S, Holder, Lease, LockServerUnreachable, backoff
 from registry.redis_url import cause, redacted
 
@@ -64,12 +63,6 @@ class RedisLockBackend:
     """Locks as keys ``triton-warmup:lock:<name>`` on the redis server at ``url``."""
 
     def __init__(self, url: str) -> None:
-        try:
-            import redis  # noqa: F401
-        except ImportError:
-            raise RegistryError(
-                "The redis lock backend needs redis-py: pip install 'triton-warmup[redis]'."
-            ) from None
         self.url = url
         self._clients: dict[float, Any] = {}
         self._unanswered: dict[str, tuple[Holder, float]] = {}  # name -> (SET value, sent at)
@@ -157,7 +150,9 @@ class RedisLockBackend:
     def _client(self, timeout: float) -> Any:
         """One client per socket timeout, without redis-py's own retries."""
         if timeout not in self._clients:
-            self._clients[timeout] = redis_url.client(self.url, timeout_s=timeout)
+            self._clients[timeout] = redis_url.client(
+                self.url, timeout_s=timeout, user="The redis lock backend"
+            )
         return self._clients[timeout]
 
     def _value(self, name: str) -> Holder:

@@ -1,5 +1,7 @@
 """A redis URL read in one place: what names a server, how it is shown, its client."""
 
+import sys
+
 import pytest
 
 from registry import redis_url
@@ -25,3 +27,15 @@ def test_a_client_waits_its_timeout_and_never_retries():
     assert kwargs["retry"].get_retries() == 0
     with pytest.raises(ValueError):
         redis_url.client("http://cache", timeout_s=1.0)
+
+
+def test_each_user_of_redis_says_it_needs_redis_py_when_it_is_missing(monkeypatch):
+    from registry import RegistryError
+    from registry.locks.redis_lock import RedisLockBackend
+    from registry.remote import RemoteTier
+
+    for module in ("redis", "redis.backoff", "redis.retry"):
+        monkeypatch.setitem(sys.modules, module, None)  # import fails: not installed
+    for make, user in ((RedisLockBackend, "redis lock backend"), (RemoteTier, "remote tier")):
+        with pytest.raises(RegistryError, match=f"The {user} needs redis-py: pip install"):
+            make("redis://cache:6379/0")
