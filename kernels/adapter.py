@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from registry import KernelConfig
 
 if TYPE_CHECKING:
+    import torch
+
     from kernels.task import TuneTask
 
 BUCKET_FIELD = "M"  # the key field a serving op buckets on: the rows of one call
@@ -56,6 +58,17 @@ def torch_dtype(name: str) -> Any:
     import torch
 
     return getattr(torch, TORCH_NAMES[name])
+
+
+def indexed_device(device: torch.device | str) -> torch.device:
+    """``device`` (a torch device or its name) as a torch device; a CUDA one with its
+    index: the current GPU's where it names none (imports torch)."""
+    import torch
+
+    place = torch.device(device)
+    if place.type == "cuda" and place.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return place
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from kernels.adapter import DTYPES, dtype_name
+from kernels.adapter import DTYPES, dtype_name, indexed_device
 from kernels.spaces import DeviceLimits, device_limits
 
 
@@ -84,7 +84,7 @@ def create_context(
 
     ``consumer``: ``"tma"`` or ``"portable"``; by default TMA on Hopper and newer.
     """
-    device = _indexed(torch.device(device))
+    device = indexed_device(device)
     world, rank = group_size_and_rank(group)
     _check_shape(max_m, k, dtype, world)
     limits = device_limits(device)
@@ -108,13 +108,6 @@ def create_context(
     elif world > 1:
         _map_shared_files(ctx)
     return ctx
-
-
-def _indexed(device: torch.device) -> torch.device:
-    """``device``, a CUDA one with its index: the current GPU's where it has none."""
-    if device.type == "cuda" and device.index is None:
-        return torch.device("cuda", torch.cuda.current_device())
-    return device
 
 
 def _check_shape(max_m: int, k: int, dtype: torch.dtype, world: int) -> None:

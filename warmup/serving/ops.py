@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import kernels
-from kernels.adapter import BUCKET_FIELD, Layer, Served
+from kernels.adapter import BUCKET_FIELD, Layer, Served, indexed_device
 from registry import KernelConfig, Store, keys, triton_internals
 from registry.fingerprint import Fingerprint, detect_for
 from warmup.compiled.learned import Recorder
@@ -571,10 +571,7 @@ def _device(device: Any) -> Any:
     import torch
 
     if device is not None:
-        device = torch.device(device)
-        if device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-        return device
+        return indexed_device(device)
     if torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
