@@ -34,6 +34,12 @@ VARIANTS = {
     "triton-remote-cache": {
         "lock": {"backend": "redis", "redisUrl": "redis://redis.ml:6379/0", "tritonCache": True}
     },
+    "own-warmup-image": {
+        "warmup": {
+            "image": {"repository": "ghcr.io/triton-warmup/triton-warmup", "tag": "0.1.0"},
+            "command": ["python3", "-m", "warmup"],
+        }
+    },
 }
 # The ServiceMonitor is a CRD, not in Kubernetes' schemas: checked against its core shape.
 SERVICE_MONITOR = {
@@ -210,6 +216,82 @@ def test_the_server_gets_everything_to_reuse_the_warm_state(chart):
     assert env(strict["server"])["TRITON_WARMUP_COMPILE_GUARD"] == "strict"
 
 
+SERVER_IMAGE = {"repository": "my/server", "tag": "1.2", "pullPolicy": "Always"}
+
+
+def image(values: dict) -> str:
+    return f"{values['repository']}:{values['tag']}"
+
+
+def console_scripts() -> dict[str, str]:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    project = tomllib.loads((CHART.parents[2] / "pyproject.toml").read_text())["project"]
+    return project["scripts"]
+
+
+def test_the_warmup_runs_in_the_servers_image_by_default(chart):
+    by_name, _ = containers(render(chart, {"server": {"image": SERVER_IMAGE}})[0])
+    warm, server, sidecar = by_name["warmup"], by_name["server"], by_name["warmup-sidecar"]
+    assert warm["image"] == server["image"] == image(SERVER_IMAGE)
+    assert warm["imagePullPolicy"] == server["imagePullPolicy"] == "Always"
+    # the package's console script, installed into the server's Python, runs the warmup
+    assert warm["command"] == ["triton-warmup"] and warm["args"] == ["run"]
+    assert console_scripts()["triton-warmup"] == "warmup.program:entry"
+    # the sidecar imports no torch: it keeps this project's slim image
+    defaults = chart.merge_values({})
+    assert sidecar["image"] == image(defaults["sidecar"]["image"]) != server["image"]
+    assert sidecar["args"][0] == "serve" and "command" not in sidecar
+    assert env(warm)["TRITON_WARMUP_DEVICE"] == "cuda"  # the server's image does not say so
+    cpu, _ = containers(render(chart, {"gpus": 0})[0])
+    assert "TRITON_WARMUP_DEVICE" not in env(cpu["warmup"])
+
+
+def test_an_explicit_warmup_image_is_used(chart):
+    values = {**VARIANTS["own-warmup-image"], "server": {"image": SERVER_IMAGE}}
+    objects, out = render(chart, values)
+    by_name, _ = containers(objects)
+    warm, server = by_name["warmup"], by_name["server"]
+    own = values["warmup"]["image"]
+    assert warm["image"] == image(own) and server["image"] == image(SERVER_IMAGE)
+    assert warm["imagePullPolicy"] == "IfNotPresent"  # not the server's: another image
+    assert warm["command"] == ["python3", "-m", "warmup"] and warm["args"] == ["run"]
+    assert (CHART.parents[2] / "warmup" / "__main__.py").is_file()  # what `-m warmup` runs
+    defaults = chart.merge_values({})
+    assert by_name["warmup-sidecar"]["image"] == image(defaults["sidecar"]["image"])
+    notes = out["triton-warmup/templates/NOTES.txt"]
+    assert image(own) in notes and "refuses" in notes
+    pinned = {"warmup": {"image": {**own, "pullPolicy": "Never"}}}
+    assert containers(render(chart, pinned)[0])[0]["warmup"]["imagePullPolicy"] == "Never"
+    _, default_out = render(chart, {"server": {"image": SERVER_IMAGE}})
+    assert "server's image, my/server:1.2" in default_out["triton-warmup/templates/NOTES.txt"]
+
+
+# Settings only the warmup run reads: the server takes its world and device from torch.
+RUN_ONLY = {
+    "TRITON_WARMUP_RANK_TIMEOUT_S",
+    "TRITON_WARMUP_RUN_TIMEOUT_S",
+    "TRITON_WARMUP_WORLD_SIZE",
+    "TRITON_WARMUP_DEVICE",
+}
+
+
+@pytest.mark.parametrize("variant", ["default", "redis-lock", "triton-remote-cache"])
+def test_the_server_reads_the_settings_the_warmup_ran_with(chart, variant):
+    by_name, _ = containers(render(chart, VARIANTS[variant])[0])
+    warm, server = env(by_name["warmup"]), env(by_name["server"])
+    shared = {k: v for k, v in warm.items() if k.startswith("TRITON_WARMUP_")}
+    assert shared.keys() - RUN_ONLY - server.keys() == set()
+    assert {k: server[k] for k in shared.keys() - RUN_ONLY} == {
+        k: v for k, v in shared.items() if k not in RUN_ONLY
+    }
+    # the init's status and work folder, mounted where the settings say, read-only
+    for key in ("TRITON_WARMUP_STATUS_FILE", "TRITON_WARMUP_WORK_DIR"):
+        held = mount_under(by_name["server"], server[key])
+        assert held["name"] == "warmup-work" and held.get("readOnly") is True
+    names = [e["name"] for e in by_name["server"]["env"]]
+    assert len(names) == len(set(names)), "an env var set twice"
+
+
 def test_gpus_only_on_the_init_container_and_the_server(chart):
     objects, _ = render(chart, {"gpus": 4})
     by_name, _ = containers(objects)
@@ -332,6 +414,12 @@ def test_service_monitor_and_statefulset(chart):
         ({"server": {"compileGuard": "loud"}}, "compileGuard"),
         ({"lock": {"backend": "file", "tritonCache": True}}, "lock/backend"),
         ({"lock": {"backend": "redis", "redisUrl": "r", "tritonCacheTimeoutSeconds": 0}}, "Time"),
+        ({"warmup": {"image": {"repository": "my/warmup"}}}, "tag"),
+        ({"warmup": {"image": {"tag": "1.2"}}}, "repository"),
+        ({"warmup": {"image": {"pullPolicy": "Sometimes"}}}, "pullPolicy"),
+        ({"warmup": {"image": {"repository": "my/warmup", "tag": "1", "digest": "x"}}}, "digest"),
+        ({"warmup": {"command": []}}, "command"),
+        ({"warmup": {"command": "triton-warmup"}}, "command"),
     ],
 )
 def test_the_schema_rejects_bad_values(chart, values, needle):

@@ -40,6 +40,21 @@ app.kubernetes.io/part-of: triton-warmup
 {{- .Values.manifest.existingConfigMap | default (printf "%s-manifest" (include "triton-warmup.fullname" .)) -}}
 {{- end -}}
 
+{{/* The warmup init container's image: warmup.image when set, else the server's own
+(this package installed in it), so that the warmup compiles with the server's torch,
+Triton and model code. */}}
+{{- define "triton-warmup.warmupImage" -}}
+{{- $own := .Values.warmup.image | default dict -}}
+{{- $image := ternary $own .Values.server.image (not (empty $own.repository)) -}}
+{{- printf "%s:%s" $image.repository $image.tag -}}
+{{- end -}}
+
+{{- define "triton-warmup.warmupPullPolicy" -}}
+{{- $own := .Values.warmup.image | default dict -}}
+{{- $inherited := ternary "IfNotPresent" .Values.server.image.pullPolicy (not (empty $own.repository)) -}}
+{{- $own.pullPolicy | default $inherited | default "IfNotPresent" -}}
+{{- end -}}
+
 {{/* Paths every container agrees on. */}}
 {{- define "triton-warmup.volumePath" -}}/var/lib/triton-warmup{{- end -}}
 {{- define "triton-warmup.tritonCachePath" -}}/var/cache/triton{{- end -}}
