@@ -24,9 +24,10 @@ class _Subfolder:
 @dataclass(frozen=True)
 class Volume:
     """``<root>/registry`` (the store), ``<root>/triton-cache`` (compile artifacts),
-    ``<root>/inductor`` (compiled models' artifacts), ``<root>/locks`` (file leases),
-    ``<root>/bundles`` (archives to install), ``<root>/learned`` (compiled models' shapes
-    met under traffic)."""
+        ``<root>/inductor`` (compiled models' artifacts), ``<root>/locks`` (file leases),
+        ``<root>/bundles`` (archives to install), ``<root>/learned`` (compiled models' shapes
+        met under traffic), ``<root>/hosts`` (what warm runs learned of each kind of host:
+    ``registry.hosts``)."""
 
     root: Path
 
@@ -36,6 +37,7 @@ class Volume:
     locks = _Subfolder("locks")
     bundles = _Subfolder("bundles")
     learned = _Subfolder("learned")
+    hosts = _Subfolder("hosts")
 
 
 class MissingFolder(ValueError):

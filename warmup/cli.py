@@ -239,6 +239,8 @@ def summary(status: RunStatus) -> str:
         f"({sources or 'none'}), {status.benchmark_runs} benchmark runs, "
         f"{status.duration_s or 0:.1f} s"
     )
+    if status.full_hit:
+        line += "; a full hit: caches restored for the server, no rank started"
     models = [f"\n  {m.describe()}" for m in status.models if m.rank == 0 and not m.failed]
     return line + "".join(models) + "".join(f"\n  FAILED {f}" for f in status.failures)
 

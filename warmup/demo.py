@@ -3,8 +3,9 @@
 2 ranks on gloo, Triton's interpreter, the three small AllGather-GEMM shapes and the
 small compiled model (:func:`compiled_mlp`, Inductor's CPU backend) of
 ``examples/demo.yaml``, ``./demo-volume`` as the volume, file locks. The first run tunes
-the misses and compiles the model, and stores both; the second, in fresh processes and
-a fresh work folder, finds everything stored: it tunes nothing and compiles nothing.
+the misses and compiles the model, and stores both; the second, a new pod (a fresh
+work folder), finds everything stored for this host: a full hit, it restores the caches
+for the server and exits without starting a rank or importing torch.
 Then the sidecar starts and answers the readiness probe and /metrics.
 """
 
@@ -54,7 +55,7 @@ def main() -> int:
     )
     for label in (
         "first run (empty registry: misses are tuned)",
-        "second run (fresh processes and work folder, same volume: all hits)",
+        "second run (a new pod: fresh work folder, same volume: a full hit)",
     ):
         print(f"\n== {label}")
         shutil.rmtree(settings.work_dir, ignore_errors=True)  # a new pod: only the volume stays

@@ -82,7 +82,7 @@ class ShapeResult(_Record):
         return f"{self.kernel} {shape or self.key}".strip()
 
 
-ModelPhase = Literal["warm", "failed"]
+ModelPhase = Literal["warm", "restored", "failed"]  # restored: the init's full hit
 
 
 class ModelResult(_Record):
@@ -104,9 +104,12 @@ class ModelResult(_Record):
 
     @property
     def failed(self) -> bool:
-        return self.error is not None or self.phase != "warm"
+        return self.error is not None or self.phase not in ("warm", "restored")
 
     def describe(self) -> str:
+        if self.phase == "restored":
+            took = f"{self.seconds:.2f} s"
+            return f"model {self.name}: restored for the server in {took} ({self.restore})"
         compiled = self.counts.get("inductor_compiles", 0)
         hits = self.counts.get("fxgraph_hits", 0)
         what = f"{len(self.shapes)} shapes, {compiled} graphs compiled, {hits} cache hits"
@@ -236,6 +239,7 @@ class RunStatus(_Record):
     remote: RemoteCounts | None = None  # the registry's remote tier; None: not used
     shapes: list[ShapeResult] = []
     models: list[ModelResult] = []  # every rank's, by model then rank
+    full_hit: bool = False  # warmup.run.full_hit: restored and exited, no rank started
 
     @model_validator(mode="before")
     @classmethod

@@ -103,6 +103,12 @@ class Settings(BaseSettings):
         "to this many fresh rank processes, until one compiles nothing (warmup.run.settle)",
     )
     run_timeout_s: float = Field(3600.0, gt=0, description="the whole run, all ranks")
+    full_hit_exit: bool = Field(
+        True,
+        description="run: when every declared shape and model is stored for a host like "
+        "this one (registry.hosts), restore the caches and exit without starting ranks "
+        "(warmup.run.full_hit); false: always warm in rank processes",
+    )
     world_size: int | None = Field(None, ge=1, le=8, description="None: from the manifest")
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="where ranks run; auto: cuda when a GPU is visible, else cpu"

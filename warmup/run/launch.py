@@ -16,12 +16,13 @@ import sys
 import time
 from pathlib import Path
 
-from registry import atomic
+from registry import atomic, hosts
 from registry.errors import named
 from warmup import explain
 from warmup.compiled.environment import inductor_environment
 from warmup.manifest import Manifest, ManifestError
 from warmup.results import RankFailure, RankReport, RunStatus
+from warmup.run import full_hit
 from warmup.run.early import GPU_LIST, EarlyRanks, visible_gpus
 from warmup.run.phases import process_age
 from warmup.run.session import (
@@ -61,6 +62,17 @@ def _launch(settings: Settings, manifest: Manifest, early: EarlyRanks) -> RunSta
     started = time.time() - process_age()  # time to ready counts from the process's start
     phases: dict[str, float] = {}
     settings, world, device = _checked(settings, manifest)
+    found = hosts.probe(device, visible_gpus(GPU_LIST))
+    hit = full_hit.look(settings, manifest, world, found) if settings.full_hit_exit else None
+    if isinstance(hit, full_hit.FullHit):
+        early.stop()  # no rank is needed: the server primes on what is restored
+        log.info("full hit: every declared shape and model is stored for this host")
+        phases["imports"] = process_age()
+        return full_hit.restore_and_finish(
+            settings, manifest, world, hit, started=started, phases=phases
+        )
+    if hit is not None:
+        log.info("warming in rank processes: %s", hit)
     run_dir = settings.work_dir / "run"
     clear_run_dir(run_dir)
     status = running(manifest, world, started).write(settings.status_file)
@@ -82,10 +94,12 @@ def _launch(settings: Settings, manifest: Manifest, early: EarlyRanks) -> RunSta
                 settings, manifest, run_dir, functools.partial(_settle_pass, ranks, world, deadline)
             )
         predictions = explaining.result()
-        return finish(
+        status = finish(
             settings, manifest, run_dir, world, started, failures, errors, phases, ended,
             predictions=predictions, recovered=recovered,
         )  # fmt: skip
+        full_hit.record_host(settings, manifest, world, found, status)
+        return status
     except BaseException as e:  # a status that says why; no rank outlives the run
         errors = e.errors if isinstance(e, ManifestError) else [named(e)]
         status.failed(errors).write(settings.status_file)

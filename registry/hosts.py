@@ -1,0 +1,268 @@
+"""What a host is known by before torch is imported, and what a warm run learned of it.
+
+The init container must decide in about a second whether a pod has anything to do: on a
+full hit it restores the caches and exits, and the server primes on them. Detecting the
+real fingerprint (``registry.fingerprint.detect``) imports torch and Triton (seconds), so
+the decision reads a :class:`Probe` instead: the facts that fix the fingerprint and can be
+read from files alone (the installed packages' metadata and file lists, the GPUs and the
+driver that the NVIDIA kernel module lists, the Python version, the knobs in the
+environment, the kernels' source). A run that detected the real fingerprint on a host with
+that probe leaves a :class:`HostRecord` on the volume, under the probe's digest: the
+fingerprint, each kernel's source hash, and the key each declared shape was stored at.
+Another pod with the same probe (another node, the same image and GPU model) reads it.
+
+The record is a shortcut, never an authority: the server's priming proves every hit
+(it compiles what is not there, counted and logged), and a probe that differs in any
+fact is a record not found, which runs the full warm.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from registry import atomic
+from registry.errors import RegistryError, named
+from registry.fingerprint import NVIDIA_PROC, Fingerprint, proc_driver_version
+
+VERSION = 1
+MAX_RECORD_BYTES = 4 * 2**20  # a record lists keys, not artifacts: 4 MiB is ~40,000 shapes
+# Their builds fix the fingerprint's software: each by its distribution names (a Triton
+# built by PyTorch's own release is ``pytorch-triton``).
+PACKAGES = {"torch": ("torch",), "triton": ("triton", "pytorch-triton")}
+KERNELS_PACKAGE = "kernels"  # its sources fix every kernel's source hash
+# Knobs read from the environment that enter Triton's or Inductor's keys; folders do not
+# (paths never enter a key), nor this project's own settings.
+KNOB_PREFIXES = ("TRITON_", "TORCHINDUCTOR_", "TORCH_COMPILE_")
+NOT_KNOBS = ("TRITON_WARMUP_", "TRITON_CACHE_DIR", "TRITON_HOME", "TRITON_DUMP_DIR")
+NOT_KNOB_SUFFIXES = ("_DIR", "_PATH")
+
+
+@dataclass(frozen=True)
+class Probe:
+    """The facts of a host that fix its fingerprint, read without importing torch."""
+
+    device: str  # "cpu" or "cuda": where the ranks would warm
+    gpus: tuple[str, ...] = ()  # the models of the GPUs the driver lists, sorted
+    visible_gpus: int = 0
+    driver: str = "none"
+    python: str = ""
+    packages: Mapping[str, str] = field(default_factory=dict)  # name -> version and build
+    kernels: str = ""  # digest of the kernels package's sources
+    knobs: Mapping[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["gpus"] = list(self.gpus)
+        return data
+
+    def digest(self) -> str:
+        blob = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":")).encode()
+        return hashlib.sha256(blob).hexdigest()[:32]
+
+    def differences(self, other: Mapping[str, Any]) -> list[str]:
+        """The fields in which a recorded probe (its JSON) differs from this one."""
+        mine = self.to_json()
+        return sorted(k for k in mine.keys() | other.keys() if mine.get(k) != other.get(k))
+
+
+def probe(device: str, visible_gpus: int, *, proc: Path = NVIDIA_PROC) -> Probe:
+    """This host's :class:`Probe` for ranks on ``device`` (``cpu`` or ``cuda``) with
+    ``visible_gpus`` GPUs visible. Files only: no torch, no subprocess."""
+    on_gpu = device == "cuda"
+    return Probe(
+        device=device,
+        gpus=tuple(sorted(gpu_models(proc))) if on_gpu else (),
+        visible_gpus=visible_gpus if on_gpu else 0,
+        driver=(proc_driver_version(proc) or "unknown") if on_gpu else "none",
+        python=".".join(map(str, sys.version_info[:3])),
+        packages={name: package_build(*names) for name, names in PACKAGES.items()},
+        kernels=sources_digest(KERNELS_PACKAGE),
+        knobs=knobs(os.environ),
+    )
+
+
+def gpu_models(proc: Path = NVIDIA_PROC) -> list[str]:
+    """The model name of each GPU the NVIDIA kernel module lists (``Model:`` of each
+    ``gpus/<bus>/information``); "" for one whose file cannot be read."""
+    try:
+        folders = sorted((proc / "gpus").iterdir())
+    except OSError:
+        return []
+    return [_model_of(folder / "information") for folder in folders]
+
+
+def _model_of(information: Path) -> str:
+    try:
+        text = atomic.read_bounded(information, 64 * 1024, follow_links=True).decode()
+    except (OSError, ValueError, UnicodeDecodeError):
+        return ""
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() == "Model":
+            return value.strip()
+    return ""
+
+
+def package_build(*names: str) -> str:
+    """The first installed distribution of ``names``: its name, version and a digest of
+    its file list (the RECORD, which hashes every file it installed: two builds of one
+    version differ there); "none" when none is installed."""
+    for name in names:
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        listed = dist.read_text("RECORD") or ""
+        return f"{name} {dist.version} {hashlib.sha256(listed.encode()).hexdigest()[:16]}"
+    return "none"
+
+
+def sources_digest(package: str) -> str:
+    """A digest of a package's ``.py`` sources (names and bytes), found without importing
+    it; "" when it cannot be found."""
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return ""
+    folders = list(spec.submodule_search_locations or []) if spec else []
+    digest = hashlib.sha256()
+    for folder in folders:
+        for path in sorted(Path(folder).rglob("*.py")):
+            with contextlib.suppress(OSError):
+                digest.update(path.relative_to(folder).as_posix().encode() + b"\0")
+                digest.update(path.read_bytes())
+    return digest.hexdigest()[:32] if folders else ""
+
+
+def knobs(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables of ``environ`` that may enter Triton's or Inductor's keys."""
+    return {
+        name: value
+        for name, value in sorted(environ.items())
+        if name.startswith(KNOB_PREFIXES)
+        and not name.startswith(NOT_KNOBS)
+        and not name.endswith(NOT_KNOB_SUFFIXES)
+    }
+
+
+def item_id(kernel: str, dtype: str, world: int, shape: Mapping[str, int]) -> str:
+    """One declared kernel shape, as the record names it."""
+    fields_ = {"kernel": kernel, "dtype": dtype, "world": world, "shape": dict(shape)}
+    return json.dumps(fields_, sort_keys=True, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class HostRecord:
+    """What runs on a host of this probe detected and stored: the fingerprint (no kernel
+    hash), Triton's key knobs, each kernel's source hash, and the key each declared shape
+    (:func:`item_id`) was stored at."""
+
+    probe: Mapping[str, Any]
+    fingerprint: Fingerprint
+    triton_env: Mapping[str, str] = field(default_factory=dict)
+    kernel_hashes: Mapping[str, str] = field(default_factory=dict)
+    items: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": VERSION,
+            "probe": dict(self.probe),
+            "fingerprint": self.fingerprint.to_json(),
+            "triton_env": dict(self.triton_env),
+            "kernel_hashes": dict(self.kernel_hashes),
+            "items": {k: dict(v) for k, v in sorted(self.items.items())},
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> HostRecord:
+        """The record :meth:`to_json` wrote; :class:`RegistryError` for anything else."""
+        if not isinstance(data, dict) or data.get("version") != VERSION:
+            raise RegistryError("host record: not a version 1 record")
+        parts: dict[str, dict[str, Any]] = {}
+        for name in ("probe", "triton_env", "kernel_hashes", "items"):
+            value = data.get(name)
+            if not isinstance(value, dict):
+                kind = type(value).__name__
+                raise RegistryError(f"host record: '{name}' is {kind}, not an object")
+            parts[name] = value
+        items = parts["items"]
+        if not all(isinstance(v, dict) and isinstance(v.get("key"), dict) for v in items.values()):
+            raise RegistryError("host record: an item without its key")
+        return cls(
+            probe=parts["probe"],
+            fingerprint=Fingerprint.from_json(data.get("fingerprint")),
+            triton_env={str(k): str(v) for k, v in parts["triton_env"].items()},
+            kernel_hashes={str(k): str(v) for k, v in parts["kernel_hashes"].items()},
+            items=items,
+        )
+
+    def merged(self, older: HostRecord | None) -> HostRecord:
+        """This record with the items of ``older`` it does not list, when both were
+        detected as one fingerprint (another fingerprint's keys are dropped)."""
+        if older is None or older.fingerprint != self.fingerprint:
+            return self
+        return HostRecord(
+            self.probe,
+            self.fingerprint,
+            self.triton_env,
+            self.kernel_hashes,
+            {**older.items, **self.items},
+        )
+
+
+def record_path(folder: Path, found: Probe) -> Path:
+    return folder / f"{found.digest()}.json"
+
+
+def read_record(folder: Path, found: Probe) -> HostRecord | None:
+    """The record of hosts like ``found`` in ``folder``; None when there is none. A record
+    that is unreadable, foreign or too big raises :class:`RegistryError`."""
+    path = record_path(folder, found)
+    try:
+        data = atomic.read_bounded(path, MAX_RECORD_BYTES)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise RegistryError(f"host record {path.name}: {named(e)}") from None
+    try:
+        record = HostRecord.from_json(atomic.loads(data))
+    except ValueError as e:  # RegistryError included
+        raise RegistryError(f"host record {path.name}: {e}") from None
+    differing = found.differences(record.probe)
+    if differing:  # a digest collision, or a hand-edited file
+        raise RegistryError(f"host record {path.name}: its probe differs in {differing}")
+    return record
+
+
+def write_record(folder: Path, found: Probe, record: HostRecord) -> Path:
+    """Merge ``record`` into the one stored for ``found`` (atomic: a reader sees one or
+    the other; two writers at once lose at most the other's new items, which the next
+    full run adds again)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        older = read_record(folder, found)
+    except RegistryError:
+        older = None  # replaced by one that reads
+    path = record_path(folder, found)
+    atomic.write_json(path, record.merged(older).to_json())
+    return path
+
+
+def items_of(
+    shapes: Iterable[tuple[str, str, int, Mapping[str, int], Mapping[str, Any]]],
+) -> dict[str, dict[str, Any]]:
+    """Record items from ``(kernel, dtype, world, manifest shape, stored key)``."""
+    return {
+        item_id(kernel, dtype, world, shape): {"kernel": kernel, "key": dict(key)}
+        for kernel, dtype, world, shape, key in shapes
+    }

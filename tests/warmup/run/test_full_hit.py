@@ -1,0 +1,195 @@
+"""The init container on a full hit: restore, a ready status, exit; no rank, no torch."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from registry import Entry, KernelConfig, hosts, inductor_cache
+from registry.fingerprint import cpu_fingerprint
+from registry.hosts import HostRecord, Probe
+from tests.conftest import ROOT, settings_for, write_manifest
+from warmup.compiled.key import model_key
+from warmup.manifest import load_manifest
+from warmup.results import READY, RunStatus, ShapeResult
+from warmup.run import full_hit
+
+MANIFEST = """version: 1
+entries:
+  - kernel: ag_gemm
+    dtype: fp32
+    world_size: 2
+    shapes: [{M: 32, N: 32, K: 32}, {M: 64, N: 48, K: 32}]
+  - kernel: "tests.warmup.user_functions:record_call"
+    dtype: fp32
+    world_size: 2
+    shapes: [{M: 8, N: 8, K: 8}]
+models:
+  - name: mlp
+    build: warmup.demo:compiled_mlp
+    world_size: 2
+    dims: {batch: [1, 8]}
+    inputs:
+      - {shape: [batch, 64], dtype: fp32}
+"""
+PROBE = Probe(device="cpu", python="3.11.0", kernels="k1")
+HASH = "h" * 16
+
+
+def key_of(shape):
+    return {**shape, "dtype": "fp32", "world": 2}
+
+
+def shapes_of(manifest):
+    return [(e.kernel, e.dtype, 2, s) for e in manifest.entries for s in e.expand()]
+
+
+@pytest.fixture
+def warm_volume(tmp_path):
+    """A volume as a ready full run leaves it: entries, the model's artifacts, a record."""
+    settings = settings_for(tmp_path, manifest=write_manifest(tmp_path / "m.yaml", MANIFEST))
+    settings.paths.registry.mkdir(parents=True)
+    manifest = load_manifest(settings.manifest)
+    fingerprint = cpu_fingerprint()
+    store = settings.store()
+    for kernel, _, _, shape in shapes_of(manifest):
+        if kernel == "ag_gemm":
+            best = KernelConfig.make({"BLOCK_M": shape["M"]})
+            store.put(Entry.make(kernel, key_of(shape), fingerprint.with_kernel(HASH), best))
+    cache = tmp_path / "made-by-pod-a"
+    (cache / "fxgraph").mkdir(parents=True)
+    (cache / "fxgraph" / "graph.bin").write_bytes(b"compiled")
+    key = model_key(manifest.model("mlp"))
+    inductor_cache.save(
+        cache, settings.paths.inductor, model="mlp", key_digest=key.digest, key=key.parts,
+        fingerprint=fingerprint,
+    )  # fmt: skip
+    items = hosts.items_of((*item, key_of(item[3])) for item in shapes_of(manifest))
+    record = HostRecord(PROBE.to_json(), fingerprint, {}, {"ag_gemm": HASH}, items)
+    hosts.write_record(settings.paths.hosts, PROBE, record)
+    return settings, manifest
+
+
+def test_every_declared_shape_and_model_stored_is_a_full_hit(warm_volume):
+    settings, manifest = warm_volume
+    hit = full_hit.look(settings, manifest, 2, PROBE)
+    assert isinstance(hit, full_hit.FullHit)
+    assert [(s.source, s.key["M"]) for s in hit.shapes] == [
+        ("registry", 32),
+        ("registry", 64),
+        ("user", 8),
+    ]
+    assert hit.shapes[0].config == KernelConfig.make({"BLOCK_M": 32}).to_json()
+    assert [model.name for model, _ in hit.models] == ["mlp"]
+
+
+def test_each_miss_is_named_in_one_line(warm_volume, tmp_path):
+    settings, manifest = warm_volume
+    other_host = Probe(device="cpu", python="3.12.0", kernels="k1")
+    assert "no warm run has recorded" in full_hit.look(settings, manifest, 2, other_host)
+    grown = MANIFEST.replace(
+        "{M: 64, N: 48, K: 32}", "{M: 64, N: 48, K: 32}, {M: 128, N: 48, K: 32}"
+    )
+    wider = load_manifest(write_manifest(tmp_path / "wider.yaml", grown))
+    assert full_hit.look(settings, wider, 2, PROBE) == (
+        "ag_gemm fp32 M=128 N=48 K=32 was never warmed on a host like this one"
+    )
+    recorded = hosts.read_record(settings.paths.hosts, PROBE)
+    edited = HostRecord(
+        recorded.probe, recorded.fingerprint, {}, {"ag_gemm": "edited"}, recorded.items
+    )
+    hosts.record_path(settings.paths.hosts, PROBE).write_text(json.dumps(edited.to_json()))
+    assert full_hit.look(settings, manifest, 2, PROBE) == (
+        "ag_gemm fp32 M=32 N=32 K=32 is not stored for this host's fingerprint"
+    )
+    hosts.record_path(settings.paths.hosts, PROBE).write_text(json.dumps(recorded.to_json()))
+    renamed = load_manifest(
+        write_manifest(tmp_path / "r.yaml", MANIFEST.replace("name: mlp", "name: other"))
+    )
+    assert full_hit.look(settings, renamed, 2, PROBE) == (
+        "model other is not stored for this host's fingerprint"
+    )
+    hosts.record_path(settings.paths.hosts, PROBE).write_text("{}")
+    assert full_hit.look(settings, manifest, 2, PROBE).startswith("the host record is unusable")
+
+
+def test_a_full_hit_restores_and_writes_a_ready_status_with_its_metrics(warm_volume):
+    settings, manifest = warm_volume
+    hit = full_hit.look(settings, manifest, 2, PROBE)
+    status = full_hit.restore_and_finish(
+        settings, manifest, 2, hit, started=0.0, phases={"imports": 0.3}
+    )
+    assert status.state == READY and status.full_hit and status.failures == []
+    assert RunStatus.read(settings.status_file) == status
+    assert [(m.name, m.phase, m.restore) for m in status.models] == [("mlp", "restored", "hit")]
+    assert (settings.inductor_cache_dir / "fxgraph" / "graph.bin").read_bytes() == b"compiled"
+    assert set(status.phases) == {"imports", "restore"}
+    assert status.fingerprint == cpu_fingerprint().to_json()
+    families = {
+        f.name for f in text_string_to_metric_families(settings.run_metrics_file.read_text())
+    }
+    assert "triton_warmup_configs" in families
+
+
+def ready_status(manifest, shapes):
+    return RunStatus(
+        state=READY, manifest_digest=manifest.digest(), started=0.0, world_size=2,
+        fingerprint=cpu_fingerprint().with_kernel(HASH).to_json(), shapes=shapes,
+    )  # fmt: skip
+
+
+def test_a_ready_full_run_records_its_host_and_keys(warm_volume, tmp_path):
+    settings, manifest = warm_volume
+    found = Probe(device="cpu", python="3.11.0", kernels="new")
+    results = [
+        ShapeResult(kernel=kernel, key=key_of(shape), rank=rank, source="tuned")
+        for rank in (1, 0)
+        for kernel, _, _, shape in shapes_of(manifest)
+    ]
+    full_hit.record_host(settings, manifest, 2, found, ready_status(manifest, results))
+    record = hosts.read_record(settings.paths.hosts, found)
+    assert record.fingerprint == cpu_fingerprint()  # the kernel hash is per kernel
+    assert record.kernel_hashes["ag_gemm"]  # the adapter's own source hash
+    assert len(record.items) == 3
+    item = hosts.item_id("ag_gemm", "fp32", 2, {"M": 64, "N": 48, "K": 32})
+    assert record.items[item]["key"] == key_of({"M": 64, "N": 48, "K": 32})
+
+
+def test_a_status_that_does_not_pair_with_the_manifest_records_nothing(warm_volume, caplog):
+    settings, manifest = warm_volume
+    found = Probe(device="cpu", kernels="none-yet")
+    one = [ShapeResult(kernel="ag_gemm", key=key_of({"M": 32, "N": 32, "K": 32}), source="tuned")]
+    full_hit.record_host(settings, manifest, 2, found, ready_status(manifest, one))
+    failed = ready_status(manifest, []).failed(["a rank died"])
+    full_hit.record_host(settings, manifest, 2, found, failed)
+    assert hosts.read_record(settings.paths.hosts, found) is None
+    assert "rank 0 reported other shapes than declared" in caplog.text
+
+
+@pytest.mark.slow
+def test_the_second_run_of_a_warm_volume_exits_without_ranks_or_torch(tmp_path):
+    """Two runs of the program: the first warms in ranks and records the host; the
+    second, in a new work folder, is a full hit that never imports torch."""
+    env_root = tmp_path
+    code = (
+        "import sys, json; from warmup.cli import main; "
+        "code = main(['run', '--manifest', sys.argv[1], '--volume', sys.argv[2], "
+        "'--create-volume', '--device', 'cpu']); "
+        "print(json.dumps({'code': code, 'torch': 'torch' in sys.modules}))"
+    )
+    manifest = ROOT / "tests" / "kernels_demo.yaml"
+    outs = []
+    for work in ("pod-a", "pod-b"):
+        env = {"TRITON_WARMUP_WORK_DIR": str(env_root / work), "PATH": "/usr/bin:/bin"}
+        done = subprocess.run(
+            [sys.executable, "-c", code, str(manifest), str(env_root / "volume")],
+            capture_output=True, text=True, timeout=600, env=env, cwd=ROOT,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        outs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert outs[0] == {"code": 0, "torch": True}
+    assert outs[1] == {"code": 0, "torch": False}
+    second = RunStatus.read(env_root / "pod-b" / "status.json")
+    assert second.full_hit and second.sources == {"registry": 3}

@@ -1,0 +1,243 @@
+"""The init container does only what the server cannot: on a full hit, restore and exit.
+
+When every kernel shape the manifest declares for this pod's world size is stored for
+this host's fingerprint, and every declared model's Inductor artifacts are, there is
+nothing for rank processes to do that the server will not do anyway: the server's
+priming (``Serving.op``, ``Serving.model``) loads the same configs and artifacts. So
+``triton-warmup run`` then restores the caches, writes a ready status and exits, without
+importing torch or Triton: the host's fingerprint is the one a warm run recorded for a
+host with the same probe (``registry.hosts``), read in milliseconds.
+
+Anything that misses (a shape never tuned here, a model not stored, a host never seen,
+another kernel source) runs the full warm in rank processes, which records the host for
+the next pod. The server proves every hit: what its priming compiles anyway is counted
+and logged (``warmup.serving``). ``TRITON_WARMUP_FULL_HIT_EXIT=false`` turns this off.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kernels import ADAPTERS
+from registry import hosts, inductor_cache
+from registry.errors import RegistryError, named
+from registry.fingerprint import machine_name
+from registry.hosts import HostRecord, Probe
+from warmup.compiled.key import ModelKey, model_key
+from warmup.manifest import Manifest, ModelEntry
+from warmup.results import READY, ModelResult, RunStatus, ShapeResult
+from warmup.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FullHit:
+    """Everything the manifest declares for this pod, found stored for this host."""
+
+    record: HostRecord
+    shapes: list[ShapeResult]
+    models: list[tuple[ModelEntry, ModelKey]] = field(default_factory=list)
+
+
+def look(settings: Settings, manifest: Manifest, world: int, found: Probe) -> FullHit | str:
+    """A :class:`FullHit` for this host (``found``), or one line saying what misses."""
+    try:
+        record = hosts.read_record(settings.paths.hosts, found)
+    except RegistryError as e:
+        return f"the host record is unusable: {e}"
+    if record is None:
+        return "no warm run has recorded a host with this software, GPUs, driver and kernels"
+    shapes = _stored_shapes(settings, manifest, world, record)
+    if isinstance(shapes, str):
+        return shapes
+    models = _stored_models(settings, manifest.models_for(world), record)
+    if isinstance(models, str):
+        return models
+    return FullHit(record, shapes, models)
+
+
+def _stored_shapes(
+    settings: Settings, manifest: Manifest, world: int, record: HostRecord
+) -> list[ShapeResult] | str:
+    """Each declared kernel shape as the store holds it for the recorded fingerprint."""
+    store, shapes = settings.store(), []
+    for entry in manifest.entries_for(world):
+        for shape in entry.expand():
+            item = record.items.get(hosts.item_id(entry.kernel, entry.dtype, world, shape))
+            where = f"{entry.kernel} {entry.dtype} " + " ".join(
+                f"{k}={v}" for k, v in shape.items()
+            )
+            if item is None:
+                return f"{where} was never warmed on a host like this one"
+            key = dict(item["key"])
+            if entry.kernel not in ADAPTERS:  # a user function: its kernels are in the cache
+                shapes.append(ShapeResult(kernel=entry.kernel, key=key, source="user"))
+                continue
+            kernel_hash = record.kernel_hashes.get(entry.kernel, "")
+            fingerprint = record.fingerprint.with_kernel(kernel_hash)
+            stored = store.lookup(entry.kernel, key, fingerprint, settings.match_policy)
+            if stored is None:
+                return f"{where} is not stored for this host's fingerprint"
+            config = stored.best.to_json()
+            shapes.append(
+                ShapeResult(kernel=entry.kernel, key=key, source="registry", config=config)
+            )
+    return shapes
+
+
+def _stored_models(
+    settings: Settings, models: list[ModelEntry], record: HostRecord
+) -> list[tuple[ModelEntry, ModelKey]] | str:
+    """Each declared model with its key, when its artifacts are stored for this host."""
+    found = []
+    for model in models:
+        try:
+            key = model_key(model)
+        except ValueError as e:
+            return f"model {model.name} has no key: {e}"
+        index = inductor_cache.index_path(
+            settings.paths.inductor, model.name, key.digest, record.fingerprint
+        )
+        if not index.is_file():
+            return f"model {model.name} is not stored for this host's fingerprint"
+        found.append((model, key))
+    return found
+
+
+def restore_and_finish(
+    settings: Settings,
+    manifest: Manifest,
+    world: int,
+    hit: FullHit,
+    *,
+    started: float,
+    phases: Mapping[str, float],
+) -> RunStatus:
+    """The volume restored into this pod (registry recovery, Triton's cache, each model's
+    artifacts), the run's metrics and a ready status written; the status."""
+    from warmup.run.session import restore  # the registry's recovery and Triton's cache
+
+    restoring = time.perf_counter()
+    recovered = restore(settings)
+    models = [_restored(settings, hit, model, key) for model, key in hit.models]
+    run = {**phases, "restore": time.perf_counter() - restoring}
+    duration = time.time() - started
+    _write_metrics(settings, hit.shapes, models, duration, run, recovered)
+    status = RunStatus(
+        state=READY,
+        manifest_digest=manifest.digest(),
+        started=started,
+        finished=time.time(),
+        duration_s=duration,
+        host=machine_name(),
+        world_size=world,
+        fingerprint=hit.record.fingerprint.to_json(),
+        triton_env=dict(hit.record.triton_env),
+        skipped_entries=manifest.skipped_entries(world),
+        phases=run,
+        shapes=hit.shapes,
+        models=models,
+        full_hit=True,
+    )
+    return status.write(settings.status_file)
+
+
+def _restored(settings: Settings, hit: FullHit, model: ModelEntry, key: ModelKey) -> ModelResult:
+    """One model's artifacts copied into the pod's Inductor cache; a part that could not
+    be is compiled by the server, which says so."""
+    clock = time.perf_counter()
+    try:
+        done = inductor_cache.restore(
+            settings.paths.inductor,
+            settings.inductor_cache_dir,
+            model=model.name,
+            key_digest=key.digest,
+            fingerprint=hit.record.fingerprint,
+        )
+    except (OSError, RegistryError) as e:
+        restore = f"failed: {named(e)}"
+    else:
+        broken = done.quarantined + done.missing
+        restore = "hit" + (f" ({broken} artifacts to compile in the server)" if broken else "")
+        if done.index is None:
+            restore = f"miss: {done.why_not}"
+    log.info("model %s: restored for the server (%s)", model.name, restore)
+    return ModelResult(
+        name=model.name,
+        phase="restored",
+        seconds=time.perf_counter() - clock,
+        restore=restore,
+        key_digest=key.digest,
+    )
+
+
+def _write_metrics(
+    settings: Settings,
+    shapes: list[ShapeResult],
+    models: list[ModelResult],
+    duration: float,
+    run: dict[str, float],
+    recovered: Mapping[str, int],
+) -> None:
+    from warmup.metrics import RunMetrics
+
+    metrics = RunMetrics()
+    metrics.record(shapes)
+    metrics.record_models(models)
+    metrics.record_run(0, duration, run, None)
+    metrics.record_recovered(recovered)
+    metrics.write(settings.run_metrics_file)
+
+
+def record_host(
+    settings: Settings, manifest: Manifest, world: int, found: Probe, status: RunStatus
+) -> None:
+    """After a ready full run: what it detected and stored, recorded for hosts like this
+    one (``registry.hosts``), so that the next pod's init can find its full hit. A
+    failure costs the next pod a full run, never this one."""
+    try:
+        record = _record_of(manifest, world, found, status)
+        if record is not None:
+            hosts.write_record(settings.paths.hosts, found, record)
+    except Exception as e:  # the pod is warm
+        log.warning("host record not written: %s", named(e))
+
+
+def _record_of(
+    manifest: Manifest, world: int, found: Probe, status: RunStatus
+) -> HostRecord | None:
+    """The record of a ready status: rank 0's shapes paired with the declared shapes,
+    in manifest order (the report's order); None when they do not pair."""
+    if not status.ready or status.fingerprint is None:
+        return None
+    declared = [
+        (entry.kernel, entry.dtype, world, shape)
+        for entry in manifest.entries_for(world)
+        for shape in entry.expand()
+    ]
+    ranked = [shape for shape in status.shapes if shape.rank == 0]
+    kernels = [item[0] for item in declared]
+    if [s.kernel for s in ranked] != kernels or any(s.failed for s in ranked):
+        log.warning("host record not written: rank 0 reported other shapes than declared")
+        return None
+    from warmup.explain import kernel_hashes  # imports the kernels: the launcher did already
+
+    paired = [(*item, result.key) for item, result in zip(declared, ranked, strict=True)]
+    return HostRecord(
+        probe=found.to_json(),
+        fingerprint=_without_kernel(status.fingerprint),
+        triton_env=status.triton_env,
+        kernel_hashes=kernel_hashes(manifest),
+        items=hosts.items_of(paired),
+    )
+
+
+def _without_kernel(data: Mapping[str, Any]) -> Any:
+    from registry.fingerprint import Fingerprint
+
+    return Fingerprint.from_json(data).with_kernel("")
