@@ -19,7 +19,10 @@ class CompileCounts:
     autograd_hits: int = 0  # AOTAutograd's cache
     autograd_misses: int = 0
     kernel_compiles: int = 0  # Triton compiles in this process (its disk cache missed)
-    autotune_runs: int = 0  # max-autotune and coordinate-descent benchmarks
+    autotune_runs: int = 0  # every benchmark below, plus combo kernels' (the guard's label)
+    gemm_autotunes: int = 0  # max-autotune's GEMM choices benchmarked (select_algorithm)
+    coordesc_benchmarks: int = 0  # coordinate-descent tuning's benchmarks of one config
+    config_benchmarks: int = 0  # a Triton kernel's configs benchmarked at its first call
 
     def __sub__(self, other: CompileCounts) -> CompileCounts:
         return CompileCounts(
@@ -82,12 +85,25 @@ def snapshot() -> CompileCounts:
         autograd_hits=int(autograd["autograd_cache_hit"]),
         autograd_misses=int(autograd["autograd_cache_miss"]),
         kernel_compiles=_triton.compiled,
-        autotune_runs=int(
-            inductor["select_algorithm_autotune"]
-            + inductor["coordesc_tuning_bench"]
-            + inductor["combo_autotune_bench"]
-        ),
+        **_autotunes(inductor),
     )
+
+
+# Runtime autotuning has no counter of its own: dynamo_timed records each run under this key.
+_BENCHMARK_ALL_CONFIGS = "CachingAutotuner.benchmark_all_configs"
+
+
+def _autotunes(inductor: Any) -> dict[str, int]:
+    """Inductor's benchmarks, by kind (torch 2.11 to 2.13 name them alike), and their sum."""
+    from torch._dynamo.utils import compilation_time_metrics
+
+    kinds = {
+        "gemm_autotunes": int(inductor["select_algorithm_autotune"]),
+        "coordesc_benchmarks": int(inductor["coordesc_tuning_bench"]),
+        "config_benchmarks": len(compilation_time_metrics.get(_BENCHMARK_ALL_CONFIGS, ())),
+    }
+    combo = int(inductor["combo_autotune_bench"])
+    return {**kinds, "autotune_runs": sum(kinds.values()) + combo}
 
 
 REQUEST_COSTS = (

@@ -3,8 +3,10 @@ dtypes on the rank's device, the same on every rank and every run (seeded by sha
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+from collections.abc import Iterator
 from typing import Any
 
 from warmup.manifest import ModelEntry
@@ -38,13 +40,14 @@ def make_inputs(model: ModelEntry, dims: dict[str, int], device: Any) -> list[An
     return tensors
 
 
-def grad_mode(model: ModelEntry) -> Any:
-    """The autograd mode the model is called under, as the server calls it: Dynamo
-    guards on it, so warming under another one would compile again on a request."""
+@contextlib.contextmanager
+def grad_mode(model: ModelEntry) -> Iterator[None]:
+    """The autograd mode the model is called under, warmed, primed and served alike:
+    Dynamo guards on grad mode and on inference mode, so a call under another one would
+    compile again. Both are set, whatever the caller's: ``no_grad`` and ``grad`` also
+    leave an enclosing ``torch.inference_mode()``."""
     import torch
 
-    return {
-        "no_grad": torch.no_grad,
-        "inference_mode": torch.inference_mode,
-        "grad": torch.enable_grad,
-    }[model.mode]()
+    inference, grad = model.mode == "inference_mode", model.mode == "grad"
+    with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+        yield

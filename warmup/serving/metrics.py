@@ -54,6 +54,21 @@ class ServingMetrics:
         "(graphs), kernel_compiles (Triton kernels), autotune_runs.",
         ["model", "what", "rank"],
     )
+    model_primes = MetricField(
+        Counter,
+        "triton_warmup_model_primes",
+        "Compiled models primed by the server (Serving.model), by outcome: restored "
+        "(nothing compiled: the warmup's artifacts hit) or compiled (FX-graph misses, "
+        "Triton compiles or autotune benchmarks while priming; the log says why).",
+        ["model", "outcome", "rank"],
+    )
+    warmup_mismatches = MetricField(
+        Counter,
+        "triton_warmup_serving_warmup_mismatches",
+        "Serving.model calls whose init container's status fingerprint differs from this "
+        "process, by factor (torch, triton, gpu_name): its artifacts miss here.",
+        ["factor", "rank"],
+    )
     generation_swaps = MetricField(
         Counter,
         "triton_warmup_serving_generation_swaps",

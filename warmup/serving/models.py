@@ -12,31 +12,90 @@ miss, a Triton kernel, an autotune benchmark) is counted per model by the compil
 (``triton_warmup_model_request_compiles``), and refused in strict mode. The counters are
 the process's: a compile on another thread during the call (another model's, a kernel's
 JIT) is charged to this call too.
+
+Every call runs under the model's declared ``mode`` (``no_grad``, ``inference_mode``,
+``grad``), the one it was warmed and primed in, whatever the caller's context. Priming
+runs each shape until it is steady (:data:`PRIME_CALLS`: CUDA graphs recorded and
+replayed), then logs whether the model was ``restored`` or ``compiled`` and why (the init
+container's status file); a status whose torch, Triton or GPU differ from this process's
+is logged and counted, not refused: its artifacts just miss.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
 from registry.errors import named
-from warmup.compiled.counters import snapshot
+from warmup.compiled.counters import CompileCounts, snapshot
+from warmup.compiled.inputs import grad_mode, make_inputs
 from warmup.compiled.learned import Recorder
-from warmup.compiled.warm import build_model, run_once
+from warmup.compiled.warm import build_model
 from warmup.manifest import Manifest, ModelEntry, load_manifest
+from warmup.results import RunStatus
 from warmup.settings import Settings
 
 if TYPE_CHECKING:
     from warmup.serving.compile_guard import CompileGuard
+    from warmup.serving.metrics import ServingMetrics
 
 log = logging.getLogger(__name__)
 
+PRIME_CALLS = 3
+"""Calls per shape at most while priming. Inductor's CUDA-graph trees (``reduce-overhead``,
+``max-autotune``) run a new shape eagerly once (warm-up), record its graph on the next
+call and replay it from the third: three calls put the recording before any request. A
+shape stops sooner once a call compiled nothing and no graph is warming up or recording
+(on CPU, or without CUDA graphs: the second call)."""
+
+FACTORS = {
+    "torch": ("software", "torch"),
+    "triton": ("software", "triton"),
+    "gpu_name": ("hardware", "gpu_name"),
+}
+"""What the server compares with the init container's fingerprint: where each factor sits
+in ``registry.fingerprint.Fingerprint.to_json()``. Bounded: they are metric labels."""
+MAX_FACTOR = 80  # a value read from the status file, shown in one log line
+
+Outcome = Literal["restored", "compiled"]
+
+
+@dataclass(frozen=True)
+class Primed:
+    """What priming a model cost in the server: ``restored`` when it compiled nothing
+    (the warmup's artifacts hit; Dynamo's tracing, paid by every process, aside), else
+    ``compiled`` with the ``cause`` the init container's status gives."""
+
+    outcome: Outcome
+    seconds: float
+    counts: CompileCounts  # over the build and every priming call
+    cause: str  # why it compiled; "" when restored
+    calls: int  # priming calls, every shape's
+
+    def describe(self, name: str) -> str:
+        """One log line: ``model blocks: restored (3 FX-graph hits, 0 compiles) in 1.20 s``."""
+        c = self.counts
+        if self.outcome == "restored":
+            return (
+                f"model {name}: restored ({c.fxgraph_hits} FX-graph hits, 0 compiles) "
+                f"in {self.seconds:.2f} s"
+            )
+        tuned = f", {c.autotune_runs} autotune benchmarks" if c.autotune_runs else ""
+        return (
+            f"model {name}: compiled ({c.fxgraph_misses} FX-graph misses, "
+            f"{c.kernel_compiles} Triton compiles{tuned}) in {self.seconds:.2f} s: {self.cause}"
+        )
+
 
 class ServedModel:
-    """A declared model's callable; calls pass through, counted once the guard is armed.
-    A call that compiled has its dims recorded (``recorder``) for the next pods to warm."""
+    """A declared model's callable; calls run under the model's declared mode (whatever
+    the caller's: Dynamo guards on it), counted once the guard is armed. A call that
+    compiled has its dims recorded (``recorder``) for the next pods to warm. ``primed``:
+    what priming cost (None when not primed)."""
 
     def __init__(
         self,
@@ -47,6 +106,7 @@ class ServedModel:
     ) -> None:
         self.entry, self.function, self.guard = entry, function, guard
         self.recorder = recorder
+        self.primed: Primed | None = None
 
     @property
     def name(self) -> str:
@@ -54,9 +114,11 @@ class ServedModel:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.guard is None or not self.guard.armed:
-            return self.function(*args, **kwargs)
+            with grad_mode(self.entry):
+                return self.function(*args, **kwargs)
         before = snapshot()
-        output = self.function(*args, **kwargs)
+        with grad_mode(self.entry):
+            output = self.function(*args, **kwargs)
         costs = (snapshot() - before).request_costs()
         if costs:
             if self.recorder is not None:
@@ -75,29 +137,173 @@ def build_served(
     prime: bool = True,
     recorder: Recorder | None = None,
     learned: list[dict[str, int]] | None = None,
+    metrics: ServingMetrics | None = None,
 ) -> ServedModel:
     """The model declared as ``name`` in ``manifest`` (default: the settings' manifest),
     built on ``device`` with torch.compile reading the pod's Inductor cache, and with
-    ``prime`` called once at every declared shape, then at each of ``learned`` (the
-    shapes the fleet learned, ``warmup.compiled.learned``: the same list on every rank,
-    a failure logged, not fatal). KeyError when the manifest declares no such model,
-    ValueError when it cannot be built or fails at a shape."""
+    ``prime`` run to its steady state (:func:`prime_shape`) at every declared shape, then
+    at each of ``learned`` (the shapes the fleet learned, ``warmup.compiled.learned``: the
+    same list on every rank, a failure logged, not fatal). The init container's status
+    (``settings.status_file``) is compared with this process first (:func:`mismatches`)
+    and says why a prime compiled; the outcome is logged, counted in ``metrics`` and kept
+    as ``served.primed``. KeyError when the manifest declares no such model, ValueError
+    when it cannot be built or fails at a shape."""
     manifest = manifest or load_manifest(settings.manifest)
     entry = manifest.model(name)
+    status = RunStatus.read(settings.status_file)
+    differ = mismatches(status, device)
+    _report_mismatches(name, differ, metrics)
     use_inductor_cache(settings)
+    started, before = time.perf_counter(), snapshot()
     served = ServedModel(entry, build_model(entry, device), guard, recorder)
-    if prime:
-        for dims in entry.expand():
-            try:
-                run_once(served.function, entry, dims, device)
-            except Exception as e:
-                raise ValueError(f"at {dims}: {named(e)}") from None
-        for dims in learned if learned is not None else []:
-            try:
-                run_once(served.function, entry, dims, device)
-            except Exception as e:  # a learned shape is a bonus: its first request pays
-                log.warning("model %s: learned shape %s not primed: %s", name, dims, e)
+    if not prime:
+        return served
+    calls = _prime_all(served, learned or [], device)
+    counts = snapshot() - before
+    compiled = _compiled(counts)
+    served.primed = Primed(
+        outcome="compiled" if compiled else "restored",
+        seconds=time.perf_counter() - started,
+        counts=counts,
+        cause=_cause(status, name, differ) if compiled else "",
+        calls=calls,
+    )
+    log.info("%s", served.primed.describe(name))
+    if metrics is not None:
+        metrics.model_primes.labels(name, served.primed.outcome, metrics.rank).inc()
     return served
+
+
+def _prime_all(served: ServedModel, learned: list[dict[str, int]], device: Any) -> int:
+    """Every declared shape primed (ValueError naming the one that failed), then every
+    learned one (a failure logged); returns the calls made."""
+    entry, calls = served.entry, 0
+    for dims in entry.expand():
+        try:
+            calls += prime_shape(served.function, entry, dims, device)
+        except Exception as e:
+            raise ValueError(f"at {dims}: {named(e)}") from None
+    for dims in learned:
+        try:
+            calls += prime_shape(served.function, entry, dims, device)
+        except Exception as e:  # a learned shape is a bonus: its first request pays
+            log.warning("model %s: learned shape %s not primed: %s", entry.name, dims, e)
+    return calls
+
+
+def prime_shape(
+    function: Callable[..., Any], entry: ModelEntry, dims: dict[str, int], device: Any
+) -> int:
+    """Call ``function`` at ``dims`` under the model's mode until it is steady: a call
+    that compiled nothing, with no CUDA graph warming up or recording; at most
+    :data:`PRIME_CALLS` calls. Returns how many it made."""
+    import torch
+
+    inputs = make_inputs(entry, dims, device)
+    cuda = getattr(device, "type", device) == "cuda"
+    for call in range(1, PRIME_CALLS + 1):
+        before = snapshot()
+        with grad_mode(entry):
+            function(*inputs)
+        if cuda:
+            torch.cuda.synchronize(device)
+        if not (snapshot() - before).request_costs() and not _graph_pending(device):
+            return call
+    log.info("model %s: %s still not steady after %d calls", entry.name, dims, PRIME_CALLS)
+    return PRIME_CALLS
+
+
+def _graph_pending(device: Any) -> bool:
+    """Whether Inductor's CUDA-graph trees on ``device`` ended the last call warming up
+    or recording (the next call records or replays); False without CUDA graphs."""
+    if getattr(device, "type", device) != "cuda":
+        return False
+    from torch._inductor import cudagraph_trees
+
+    try:
+        manager = cudagraph_trees.get_manager(device.index or 0, create_if_none_exists=False)
+    except Exception:  # another torch's internals: the fixed number of calls decides
+        return True
+    state = getattr(manager, "path_state", None)
+    return manager is not None and getattr(state, "name", "") != "EXECUTION"
+
+
+def _compiled(counts: CompileCounts) -> bool:
+    """Whether priming made anything the warmup should have restored (Dynamo's tracing
+    is paid by every new process: not counted)."""
+    c = counts
+    return bool(c.fxgraph_misses or c.inductor_compiles or c.kernel_compiles or c.autotune_runs)
+
+
+def mismatches(status: RunStatus | None, device: Any) -> dict[str, tuple[str, str]]:
+    """The factors of :data:`FACTORS` in which the init container's fingerprint (its
+    status) differs from this process on ``device``: ``{factor: (init's, server's)}``;
+    empty without a status or a fingerprint in it."""
+    found = status.fingerprint if status is not None else None
+    if not isinstance(found, dict):
+        return {}
+    here = server_factors(device)
+    differ = {}
+    for factor, (part, field) in FACTORS.items():
+        section = found.get(part)
+        theirs = section.get(field) if isinstance(section, dict) else None
+        if theirs is not None and str(theirs) != here[factor]:
+            differ[factor] = (str(theirs)[:MAX_FACTOR], here[factor])
+    return differ
+
+
+def server_factors(device: Any) -> dict[str, str]:
+    """This process's torch and Triton versions and the GPU name (``cpu`` off CUDA), as
+    ``registry.fingerprint`` writes them, read without detecting the whole fingerprint."""
+    import torch
+
+    try:
+        import triton
+
+        triton_version = str(triton.__version__)
+    except ImportError:
+        triton_version = "none"
+    cuda = getattr(device, "type", device) == "cuda"
+    gpu = torch.cuda.get_device_name(device) if cuda else "cpu"
+    return {"torch": str(torch.__version__), "triton": triton_version, "gpu_name": gpu}
+
+
+def _report_mismatches(
+    name: str, differ: dict[str, tuple[str, str]], metrics: ServingMetrics | None
+) -> None:
+    if not differ:
+        return
+    shown = "; ".join(f"{f} {init} (init) vs {here} (server)" for f, (init, here) in differ.items())
+    log.warning(
+        "model %s: the init container warmed with another %s: %s; its artifacts will miss "
+        "here (run the warmup in the server's image)",
+        name,
+        " and ".join(differ),
+        shown,
+    )
+    if metrics is not None:
+        for factor in differ:
+            metrics.warmup_mismatches.labels(factor, metrics.rank).inc()
+
+
+def _cause(status: RunStatus | None, name: str, differ: dict[str, tuple[str, str]]) -> str:
+    """Why priming compiled, from the init container's status: its restore of the model
+    (``hit`` or ``miss: ...``), its failure, and the factors that differ."""
+    if status is None:
+        return "no warmup status"
+    records = [m for m in status.models if m.name == name]
+    if not records:
+        why = f"the warmup status has no model {name}"
+    else:
+        record = next((m for m in records if m.restore), records[0])  # rank 0 restores
+        why = (
+            f"the warmup failed it: {record.error or record.phase}"
+            if record.failed
+            else f"warmup restore: {record.restore or 'unknown'}"
+        )
+    if differ:
+        why += "; init vs server " + ", ".join(f"{f} {a} vs {b}" for f, (a, b) in differ.items())
+    return why
 
 
 def use_inductor_cache(settings: Settings) -> None:

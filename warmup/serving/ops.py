@@ -415,8 +415,11 @@ class Serving:
         """The compiled model the manifest declares as ``name``, built by its own
         function on this process's device (``device``: default, its current GPU or the
         CPU) with torch.compile reading the pod's Inductor cache, which the warmup
-        filled; with ``prime``, called once at every declared shape, so that Dynamo's
-        tracing (which no cache spares a new process) is paid here, not by a request.
+        filled; with ``prime``, run at every declared shape until steady (CUDA graphs
+        recorded), so that Dynamo's tracing (which no cache spares a new process) and
+        graph recording are paid here, not by a request; whether it was restored or
+        compiled, and why, is logged, counted and kept as ``primed``. Calls run under
+        the model's declared mode.
         Raises :class:`ServingError` when the manifest declares no such model or it
         cannot be built or run. Once :meth:`declare_warm` is called, its compiles are
         counted."""
@@ -436,6 +439,7 @@ class Serving:
                     manifest=manifest,
                     recorder=self.learned,
                     learned=learned,
+                    metrics=self.metrics,
                 )
         except KeyError as e:
             raise ServingError(str(e.args[0])) from None

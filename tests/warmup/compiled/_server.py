@@ -1,7 +1,8 @@
 """A server process for the tests: ``python -m tests.warmup.compiled._server NAME
 [DIMS_JSON...]`` builds the declared model through the serving API (settings from the
 environment; it primes the declared shapes), declares itself warm, calls it at every
-declared shape and at each ``DIMS_JSON`` given, and prints what compiled after warm."""
+declared shape and at each ``DIMS_JSON`` given (in the caller's grad mode, not the
+model's: the served model sets its own), and prints what compiled after warm."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import sys
 import time
 
 from warmup.compiled.counters import snapshot
-from warmup.compiled.inputs import grad_mode, make_inputs
+from warmup.compiled.inputs import make_inputs
 from warmup.serving import Serving
 
 
@@ -23,9 +24,8 @@ def main(name: str, extra: list[dict[str, int]]) -> None:
         before = snapshot()
         error = None
         try:
-            for dims in [*model.entry.expand(), *extra]:
-                with grad_mode(model.entry):
-                    model(*make_inputs(model.entry, dims, "cpu"))
+            for dims in [*model.entry.expand(), *extra]:  # in grad mode: the model sets its own
+                model(*make_inputs(model.entry, dims, "cpu"))
         except Exception as e:  # strict mode: the test reads the refusal
             error = f"{type(e).__name__}: {e}"
         counts = (snapshot() - before).to_json()
@@ -40,6 +40,7 @@ def main(name: str, extra: list[dict[str, int]]) -> None:
                 "error": error,
                 "build_s": built - started,
                 "calls_s": time.perf_counter() - built,
+                "primed": model.primed.outcome if model.primed else None,
             }
         )
     )

@@ -93,3 +93,51 @@ def tunes_at_first_call(device: Any) -> Any:
         return compiled(*inputs)
 
     return forward
+
+
+def traced(device: Any) -> Any:
+    """The MLP under Dynamo alone (``backend="eager"``): guarded and recompiled as under
+    Inductor, with no C++ compile, so a test takes a second."""
+    torch.manual_seed(0)
+    return torch.compile(_Mlp().to(device).eval(), backend="eager", dynamic=False)
+
+
+class Counting:
+    """A callable that keeps the input shapes of its calls, then calls ``function``."""
+
+    def __init__(self, function: Any) -> None:
+        self.function = function
+        self.calls: list[tuple[int, ...]] = []
+
+    def __call__(self, *inputs: torch.Tensor) -> Any:
+        self.calls.append(tuple(inputs[0].shape))
+        return self.function(*inputs)
+
+
+def counted(device: Any) -> Any:
+    """:func:`traced`, counting its calls by shape."""
+    return Counting(traced(device))
+
+
+def counted_plain(device: Any) -> Any:
+    """The MLP uncompiled, counting its calls by shape: no call of it ever compiles."""
+    torch.manual_seed(0)
+    return Counting(_Mlp().to(device).eval())
+
+
+def misses_at_first_call(device: Any) -> Any:
+    """:func:`traced`, with what an Inductor FX-graph cache miss and a coordinate-descent
+    benchmark leave in the counters at the process's first call (a compiled prime)."""
+    from torch._dynamo.utils import counters
+
+    compiled = traced(device)
+    first = [True]
+
+    def forward(*inputs: torch.Tensor) -> torch.Tensor:
+        if first[0]:
+            counters["inductor"]["fxgraph_cache_miss"] += 1
+            counters["inductor"]["coordesc_tuning_bench"] += 1
+            first[0] = False
+        return compiled(*inputs)
+
+    return forward

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from tests.conftest import ROOT, env_without_interpreter, settings_for
-from warmup.compiled.counters import CompileCounts
+from warmup.compiled.counters import CompileCounts, snapshot
 from warmup.compiled.environment import inductor_environment
 
 
@@ -33,6 +33,27 @@ def test_request_costs_name_only_what_happened():
     counts = CompileCounts(dynamo_frames=2, fxgraph_hits=2, kernel_compiles=1)
     assert counts.request_costs() == {"dynamo_frames": 2, "kernel_compiles": 1}
     assert (counts - counts).request_costs() == {}
+
+
+def test_each_inductor_benchmark_is_an_autotune_run_and_a_request_cost():
+    from torch._dynamo.utils import compilation_time_metrics, counters
+
+    before = snapshot()
+    counters["inductor"]["coordesc_tuning_bench"] += 2
+    counters["inductor"]["select_algorithm_autotune"] += 1
+    counters["inductor"]["combo_autotune_bench"] += 1
+    runs = compilation_time_metrics.setdefault("CachingAutotuner.benchmark_all_configs", [])
+    runs.append(0.1)
+    try:
+        counts = snapshot() - before
+    finally:
+        runs.pop()
+    assert (counts.coordesc_benchmarks, counts.gemm_autotunes, counts.config_benchmarks) == (
+        2,
+        1,
+        1,
+    )
+    assert counts.request_costs() == {"autotune_runs": 5}
 
 
 def test_the_cuda_jit_cache_lives_in_the_inductor_cache(tmp_path):

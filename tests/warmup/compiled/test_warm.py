@@ -95,6 +95,7 @@ def test_the_server_at_yet_another_path_compiles_nothing(pods):
     served = serve(pods[2] / "work", pods[2] / "manifest.yaml", "mlp")
     assert served["error"] is None and served["guarded"] == {}
     assert not any(served["counts"].values()), served["counts"]  # Dynamo's too: primed
+    assert served["primed"] == "restored"  # FX-graph hits only, from the restored cache
 
 
 def test_a_shape_outside_the_manifest_is_counted_per_model_and_refused_when_strict(pods):

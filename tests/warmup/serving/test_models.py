@@ -1,0 +1,183 @@
+"""A compiled model in the server, on CPU under Dynamo: called under its declared mode
+whatever the caller's, primed until steady, its prime's outcome logged and counted, and
+an init container of other versions named."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+from prometheus_client import CollectorRegistry
+
+from tests.conftest import settings_for, write_manifest
+from warmup.compiled.counters import snapshot
+from warmup.compiled.inputs import make_inputs
+from warmup.results import ModelResult, RunStatus
+from warmup.serving import Serving, models
+from warmup.serving.compile_guard import CompileGuard
+from warmup.serving.metrics import ServingMetrics
+from warmup.serving.models import PRIME_CALLS, build_served, server_factors
+
+SHAPES = [(1, 3, 32), (2, 3, 32)]
+
+
+def manifest(build: str, mode: str = "no_grad") -> str:
+    """One model ``m`` of the MLP's inputs, built by ``build`` in tests.warmup.compiled.models."""
+    return (
+        "version: 1\nmodels:\n  - name: m\n"
+        f"    build: tests.warmup.compiled.models:{build}\n    mode: {mode}\n"
+        "    dims: {batch: [1, 2], seq: 3}\n    inputs:\n"
+        "      - {shape: [batch, seq, 32], dtype: fp32}\n"
+        "      - {shape: [batch], dtype: int64, high: 3}\n"
+    )
+
+
+@pytest.fixture(autouse=True)
+def environment():
+    """build_served points this process's Inductor env at the test's folder: put it back.
+    Dynamo forgets the other tests' frames (every test's MLP shares one code object)."""
+    torch._dynamo.reset()
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def served(tmp_path, build, mode="no_grad", **extra):
+    path = write_manifest(tmp_path / "manifest.yaml", manifest(build, mode))
+    settings = settings_for(tmp_path, manifest=path)
+    return build_served("m", settings, device=torch.device("cpu"), guard=None, **extra), settings
+
+
+def write_status(settings, *, restore="", fingerprint=None):
+    model = ModelResult(name="m", phase="warm", restore=restore)
+    RunStatus(
+        state="ready",
+        manifest_digest="d",
+        started=time.time(),
+        world_size=1,
+        fingerprint=fingerprint,
+        models=[model] if restore else [],
+    ).write(settings.status_file)
+
+
+def costs_of(call):
+    before = snapshot()
+    call()
+    return (snapshot() - before).request_costs()
+
+
+@pytest.mark.parametrize(
+    ("mode", "callers"),
+    [
+        ("no_grad", [torch.enable_grad, torch.inference_mode]),
+        ("inference_mode", [torch.enable_grad, torch.no_grad]),
+        ("grad", [torch.no_grad, torch.inference_mode]),
+    ],
+)
+def test_a_call_from_another_mode_runs_in_the_declared_one_and_compiles_nothing(
+    tmp_path, mode, callers
+):
+    model, _ = served(tmp_path, "traced", mode)
+    inputs = make_inputs(model.entry, {"batch": 2, "seq": 3}, "cpu")
+    for caller in callers:
+        with caller():
+            assert costs_of(lambda: model(*inputs)) == {}, caller
+    with callers[0]():  # the bare function, from the caller's mode, compiles again
+        assert costs_of(lambda: model.function(*inputs))["dynamo_frames"] >= 1
+
+
+def test_priming_calls_each_shape_until_a_call_compiles_nothing(tmp_path):
+    model, _ = served(tmp_path, "counted")
+    # the first call at a shape traces it; the second compiles nothing: steady
+    assert model.function.calls == [SHAPES[0]] * 2 + [SHAPES[1]] * 2
+    assert model.primed is not None and model.primed.calls == 4
+    for dims in ({"batch": 1, "seq": 3}, {"batch": 2, "seq": 3}):
+        inputs = make_inputs(model.entry, dims, "cpu")
+        assert costs_of(lambda inputs=inputs: model(*inputs)) == {}
+
+
+def test_a_function_that_never_compiles_is_primed_once_per_shape(tmp_path):
+    model, _ = served(tmp_path, "counted_plain")
+    assert model.function.calls == SHAPES
+
+
+def test_priming_goes_on_while_a_cuda_graph_warms_up_or_records(tmp_path, monkeypatch):
+    # each shape: warm-up, recording, then replay (as cudagraph trees report them)
+    states = iter([True, True, False] * 2)
+    monkeypatch.setattr(models, "_graph_pending", lambda device: next(states))
+    model, _ = served(tmp_path, "counted_plain")
+    assert model.function.calls == [SHAPES[0]] * 3 + [SHAPES[1]] * 3
+    monkeypatch.setattr(models, "_graph_pending", lambda device: True)  # never steady
+    (tmp_path / "again").mkdir()
+    model, _ = served(tmp_path / "again", "counted_plain")
+    assert model.function.calls == [SHAPES[0]] * PRIME_CALLS + [SHAPES[1]] * PRIME_CALLS
+
+
+def test_a_prime_that_compiled_nothing_is_logged_and_counted_restored(tmp_path, caplog):
+    metrics = ServingMetrics(CollectorRegistry())
+    with caplog.at_level("INFO", "warmup.serving.models"):
+        model, _ = served(tmp_path, "traced", metrics=metrics)
+    assert model.primed is not None and model.primed.outcome == "restored"
+    assert model.primed.cause == "" and model.primed.counts.dynamo_frames == 2
+    assert "model m: restored (0 FX-graph hits, 0 compiles) in " in caplog.text
+    labels = {"model": "m", "outcome": "restored", "rank": "0"}
+    assert metrics.registry.get_sample_value("triton_warmup_model_primes_total", labels) == 1
+
+
+def test_a_prime_that_compiled_says_why_from_the_warmup_status(tmp_path, caplog):
+    metrics = ServingMetrics(CollectorRegistry())
+    with caplog.at_level("INFO", "warmup.serving.models"):
+        model, settings = served(tmp_path, "misses_at_first_call", metrics=metrics)
+    assert model.primed is not None and model.primed.outcome == "compiled"
+    assert model.primed.cause == "no warmup status"
+    assert model.primed.counts.coordesc_benchmarks == 1
+    assert "model m: compiled (1 FX-graph misses, 0 Triton compiles, 1 autotune" in caplog.text
+    labels = {"model": "m", "outcome": "compiled", "rank": "0"}
+    assert metrics.registry.get_sample_value("triton_warmup_model_primes_total", labels) == 1
+    write_status(settings, restore="miss: no artifacts of model m")
+    again = build_served("m", settings, device=torch.device("cpu"), guard=None)
+    assert again.primed is not None
+    assert again.primed.cause == "warmup restore: miss: no artifacts of model m"
+
+
+def test_an_init_container_of_another_torch_is_named_counted_and_not_refused(tmp_path, caplog):
+    here = server_factors(torch.device("cpu"))
+    fingerprint = {
+        "software": {"torch": "2.0.0+other", "triton": here["triton"]},
+        "hardware": {"gpu_name": "cpu"},
+    }
+    path = write_manifest(tmp_path / "manifest.yaml", manifest("misses_at_first_call"))
+    settings = settings_for(tmp_path, manifest=path)
+    write_status(settings, restore="hit", fingerprint=fingerprint)
+    with caplog.at_level("INFO", "warmup"), Serving(settings, follow=False) as serving:
+        model = serving.model("m", device="cpu")
+        value = serving.metrics.registry.get_sample_value
+        name = "triton_warmup_serving_warmup_mismatches_total"
+        assert value(name, {"factor": "torch", "rank": "0"}) == 1
+        assert value(name, {"factor": "triton", "rank": "0"}) is None
+    [warning] = [r.getMessage() for r in caplog.records if "init container" in r.getMessage()]
+    assert f"torch 2.0.0+other (init) vs {torch.__version__} (server)" in warning
+    assert "triton" not in warning and "gpu_name" not in warning
+    assert model.primed is not None
+    why = f"warmup restore: hit; init vs server torch 2.0.0+other vs {torch.__version__}"
+    assert model.primed.cause == why
+
+
+def test_an_autotune_benchmark_in_a_request_is_a_request_cost(tmp_path):
+    guard = CompileGuard()
+    model, _ = served(tmp_path, "traced")
+    model.guard = guard
+    inputs = make_inputs(model.entry, {"batch": 1, "seq": 3}, "cpu")
+    from torch._dynamo.utils import counters
+
+    def tuned(*args, function=model.function):
+        counters["inductor"]["coordesc_tuning_bench"] += 3
+        return function(*args)
+
+    model.function = tuned
+    with guard:
+        model(*inputs)
+    assert guard.models == {("m", "autotune_runs"): 3}
