@@ -82,7 +82,10 @@ class ShapeResult(_Record):
         return f"{self.kernel} {shape or self.key}".strip()
 
 
-ModelPhase = Literal["warm", "restored", "failed"]  # restored: the init's full hit
+# restored: its artifacts copied for the server (a full hit, or models_on_miss=server);
+# deferred: none stored, the server compiles it (models_on_miss=server)
+ModelPhase = Literal["warm", "restored", "deferred", "failed"]
+PRIMED_BY_THE_SERVER = ("restored", "deferred")
 
 
 class ModelResult(_Record):
@@ -104,12 +107,14 @@ class ModelResult(_Record):
 
     @property
     def failed(self) -> bool:
-        return self.error is not None or self.phase not in ("warm", "restored")
+        return self.error is not None or self.phase not in ("warm", *PRIMED_BY_THE_SERVER)
 
     def describe(self) -> str:
-        if self.phase == "restored":
-            took = f"{self.seconds:.2f} s"
-            return f"model {self.name}: restored for the server in {took} ({self.restore})"
+        if self.phase in PRIMED_BY_THE_SERVER:
+            took, what = f"{self.seconds:.2f} s", self.restore or "nothing stored"
+            if self.phase == "deferred":
+                return f"model {self.name}: left to the server to compile in {took} ({what})"
+            return f"model {self.name}: restored for the server in {took} ({what})"
         compiled = self.counts.get("inductor_compiles", 0)
         hits = self.counts.get("fxgraph_hits", 0)
         what = f"{len(self.shapes)} shapes, {compiled} graphs compiled, {hits} cache hits"

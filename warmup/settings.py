@@ -103,6 +103,19 @@ class Settings(BaseSettings):
         "to this many fresh rank processes, until one compiles nothing (warmup.run.settle)",
     )
     run_timeout_s: float = Field(3600.0, gt=0, description="the whole run, all ranks")
+    models_on_miss: Literal["init", "server"] = Field(
+        "init",
+        description="run: the declared models are compiled and run in the init "
+        "container's ranks (init); or only restored there, a model not stored being left "
+        "to the server's priming (server: the fleet's first pod compiles once, in its "
+        "server, and the sidecar's harvest stores it for the next pods)",
+    )
+    serving_preload: bool = Field(
+        True,
+        description="Serving(): when the manifest declares a compiled model, start "
+        "Dynamo's and Inductor's imports on a thread at once, beside the server's own "
+        "start (warmup.serving.preload); Serving.model waits for them",
+    )
     full_hit_exit: bool = Field(
         True,
         description="run: when every declared shape and model is stored for a host like "

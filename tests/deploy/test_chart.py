@@ -12,8 +12,10 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
+from warmup.compiled.environment import inductor_environment
 from warmup.metrics import RunMetrics, ServeMetrics
 from warmup.serving.metrics import ServingMetrics
+from warmup.settings import Settings
 
 CHART = Path(__file__).parents[2] / "deploy" / "helm" / "triton-warmup"
 KUBE = "1.33.0"
@@ -192,6 +194,9 @@ def test_the_server_gets_everything_to_reuse_the_warm_state(chart):
     assert not mount_under(sidecar, inductor).get("readOnly")
     assert serve["CUDA_CACHE_PATH"] == env(init)["CUDA_CACHE_PATH"] == inductor + "/cuda-jit"
     assert serve["TORCHINDUCTOR_FX_GRAPH_CACHE"] == serve["TORCHINDUCTOR_AUTOGRAD_CACHE"] == "1"
+    # the static launcher enters the FX graph's key: off in both, as the warmup's ranks have it
+    static = "TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER"
+    assert serve[static] == env(init)[static] == inductor_environment(Settings())[static]
     # the manifest, so that Serving.model(name) builds what the warmup warmed
     assert serve["TRITON_WARMUP_MANIFEST"] == env(init)["TRITON_WARMUP_MANIFEST"]
     assert mount_under(server, serve["TRITON_WARMUP_MANIFEST"])["name"] == "manifest"
@@ -259,7 +264,7 @@ def test_an_explicit_warmup_image_is_used(chart):
     defaults = chart.merge_values({})
     assert by_name["warmup-sidecar"]["image"] == image(defaults["sidecar"]["image"])
     notes = out["triton-warmup/templates/NOTES.txt"]
-    assert image(own) in notes and "refuses" in notes
+    assert image(own) in notes and "logs each differing factor" in notes
     pinned = {"warmup": {"image": {**own, "pullPolicy": "Never"}}}
     assert containers(render(chart, pinned)[0])[0]["warmup"]["imagePullPolicy"] == "Never"
     _, default_out = render(chart, {"server": {"image": SERVER_IMAGE}})
@@ -272,6 +277,7 @@ RUN_ONLY = {
     "TRITON_WARMUP_RUN_TIMEOUT_S",
     "TRITON_WARMUP_WORLD_SIZE",
     "TRITON_WARMUP_DEVICE",
+    "TRITON_WARMUP_MODELS_ON_MISS",
 }
 
 
@@ -420,6 +426,7 @@ def test_service_monitor_and_statefulset(chart):
         ({"warmup": {"image": {"repository": "my/warmup", "tag": "1", "digest": "x"}}}, "digest"),
         ({"warmup": {"command": []}}, "command"),
         ({"warmup": {"command": "triton-warmup"}}, "command"),
+        ({"warmup": {"modelsOnMiss": "sidecar"}}, "modelsOnMiss"),
     ],
 )
 def test_the_schema_rejects_bad_values(chart, values, needle):
@@ -481,3 +488,11 @@ def test_notes_tell_how_to_watch_and_publish(chart):
     _, out = render(chart, VARIANTS["configmap-bundles"])
     notes = out["triton-warmup/templates/NOTES.txt"]
     assert "/readyz" in notes and "registry bundle create" in notes and "fleet-bundles" in notes
+
+
+def test_models_that_miss_are_left_to_the_server_which_the_harvest_stores(chart):
+    by_name, _ = containers(render(chart, {})[0])
+    assert env(by_name["warmup"])["TRITON_WARMUP_MODELS_ON_MISS"] == "server"
+    assert env(by_name["warmup-sidecar"])["TRITON_WARMUP_HARVEST"] == "true"
+    by_name, _ = containers(render(chart, {"warmup": {"modelsOnMiss": "init"}})[0])
+    assert env(by_name["warmup"])["TRITON_WARMUP_MODELS_ON_MISS"] == "init"

@@ -59,6 +59,11 @@ def warm_models(
     for model in models:
         started = time.perf_counter()
         key, error = _key(model)
+        if key is not None and settings.models_on_miss == "server":
+            artifacts = _Artifacts(model, key, settings, fingerprint, remote)
+            result = _left_to_the_server(artifacts, steps, rank)
+            yield result.model_copy(update={"seconds": time.perf_counter() - started})
+            continue
         with contextlib.ExitStack() as held:
             stored = _Artifacts(model, key, settings, fingerprint, remote) if key else None
             restored = stored.restore_under_lock(held) if rank == 0 and stored else None
@@ -77,6 +82,28 @@ def warm_models(
         if key is not None:
             result = result.model_copy(update={"key_digest": key.digest})
         yield result.model_copy(update={"rank": rank, "seconds": time.perf_counter() - started})
+
+
+def _left_to_the_server(stored: _Artifacts, steps: Lockstep, rank: int) -> ModelResult:
+    """``models_on_miss=server``: rank 0 restores the stored artifacts for the server's
+    priming, and nothing is built or run here. A miss is ``deferred``: the server
+    compiles it once (the fleet's first pod pays a cold server, not an init container's
+    compile and then the server's load) and the sidecar's harvest stores it."""
+    model = stored.model
+    restored = stored.restore() if rank == 0 else None
+    hit = steps.broadcast(
+        restored is not None and restored["restore"].startswith("hit"),
+        what=f"model {model.name}: restore",
+    )
+    if rank == 0 and not hit:
+        log.info("model %s: left to the server's priming (%s)", model.name, restored)
+    return ModelResult(
+        name=model.name,
+        rank=rank,
+        phase="restored" if hit else "deferred",
+        key_digest=stored.key.digest,
+        **(restored or {}),
+    )
 
 
 def _key(model: ModelEntry) -> tuple[ModelKey | None, str]:

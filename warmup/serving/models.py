@@ -138,6 +138,7 @@ def build_served(
     recorder: Recorder | None = None,
     learned: list[dict[str, int]] | None = None,
     metrics: ServingMetrics | None = None,
+    before_prime: Callable[[], None] | None = None,
 ) -> ServedModel:
     """The model declared as ``name`` in ``manifest`` (default: the settings' manifest),
     built on ``device`` with torch.compile reading the pod's Inductor cache, and with
@@ -146,8 +147,10 @@ def build_served(
     same list on every rank, a failure logged, not fatal). The init container's status
     (``settings.status_file``) is compared with this process first (:func:`mismatches`)
     and says why a prime compiled; the outcome is logged, counted in ``metrics`` and kept
-    as ``served.primed``. KeyError when the manifest declares no such model, ValueError
-    when it cannot be built or fails at a shape."""
+    as ``served.primed``. ``before_prime``: called once the model is built (the
+    compiler's imports, ``warmup.serving.preload``, waited for). KeyError when the
+    manifest declares no such model, ValueError when it cannot be built or fails at a
+    shape."""
     manifest = manifest or load_manifest(settings.manifest)
     entry = manifest.model(name)
     status = RunStatus.read(settings.status_file)
@@ -156,6 +159,8 @@ def build_served(
     use_inductor_cache(settings)
     started, before = time.perf_counter(), snapshot()
     served = ServedModel(entry, build_model(entry, device), guard, recorder)
+    if before_prime is not None:
+        before_prime()
     if not prime:
         return served
     calls = _prime_all(served, learned or [], device)
@@ -308,7 +313,8 @@ def _cause(status: RunStatus | None, name: str, differ: dict[str, tuple[str, str
 
 def use_inductor_cache(settings: Settings) -> None:
     """Point torch.compile in this process at the pod's Inductor cache (where the warmup
-    restored and wrote the artifacts), with its FX graph and AOTAutograd caches on."""
+    restored and wrote the artifacts), with its FX graph and AOTAutograd caches on and
+    the static CUDA launcher off, as in the warmup's ranks."""
     from warmup.compiled.environment import inductor_environment
 
     wanted = inductor_environment(settings)
@@ -328,6 +334,17 @@ def use_inductor_cache(settings: Settings) -> None:
             jit,
         )
     os.environ.update({**wanted, "CUDA_CACHE_PATH": jit})
+    _static_launcher_off()
+
+
+def _static_launcher_off() -> None:
+    """Inductor reads its knobs from the environment when its config is first imported,
+    which a server may have done already: the static launcher is turned off there too
+    (``warmup.compiled.environment.STATIC_LAUNCHER``: the warmup compiled without it)."""
+    from torch._inductor import config
+
+    if hasattr(config, "use_static_cuda_launcher"):
+        config.use_static_cuda_launcher = False
 
 
 def _cuda_started() -> bool:

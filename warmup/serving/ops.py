@@ -48,6 +48,7 @@ from registry.fingerprint import Fingerprint, detect_for
 from warmup.compiled.learned import Recorder
 from warmup.serving.compile_guard import guard_from_settings
 from warmup.serving.metrics import ServingMetrics
+from warmup.serving.preload import Preload, declares_models
 from warmup.settings import Settings
 
 if TYPE_CHECKING:
@@ -348,6 +349,13 @@ def _nearest(m: int, below: int | None, above: int | None) -> int:
     return below if keys.log_distance(m, below) < keys.log_distance(above, m) else above
 
 
+def _preload(settings: Settings) -> Preload | None:
+    """The compiler's imports started now, when the manifest declares a model to serve."""
+    if settings.serving_preload and declares_models(settings.manifest):
+        return Preload(settings)
+    return None
+
+
 class Serving:
     """One per serving process: the registry, this machine's fingerprint, the metrics
     file, the compile guard, and the follower thread of every op it made."""
@@ -369,6 +377,7 @@ class Serving:
         self._lock = threading.RLock()  # ops list and table swaps: the follower vs op()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.preload = _preload(self.settings)  # the compiler's imports, beside the server's
         _warn_if_autotune_results_are_not_cached()
         if follow:
             self._thread = threading.Thread(target=self._follow, name="triton-warmup-follower")
@@ -440,6 +449,7 @@ class Serving:
                     recorder=self.learned,
                     learned=learned,
                     metrics=self.metrics,
+                    before_prime=self.preload.wait if self.preload else None,
                 )
         except KeyError as e:
             raise ServingError(str(e.args[0])) from None

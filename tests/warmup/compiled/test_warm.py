@@ -108,3 +108,33 @@ def test_a_shape_outside_the_manifest_is_counted_per_model_and_refused_when_stri
     assert strict["error"].startswith("RequestCompileError: model 'mlp'")
     # the first server left batch 5's graph in the pod's cache: a Dynamo compile only
     assert set(strict["guarded"]) == {"mlp/dynamo_frames"}
+
+
+def test_a_first_pod_leaves_its_models_to_the_server_and_the_next_pod_is_a_full_hit(
+    tmp_path, monkeypatch
+):
+    """``models_on_miss=server``: the first pod's init compiles nothing (the model is
+    deferred), its server compiles once while priming, the sidecar's harvest stores what
+    it compiled; the next pod's init is a full hit, and its server compiles nothing."""
+    from prometheus_client import CollectorRegistry
+
+    from warmup.metrics import ServeMetrics
+    from warmup.sidecar.harvest import Harvester
+
+    settings, first = warm(tmp_path, MLP, monkeypatch, models_on_miss="server")
+    assert first.ready and not first.full_hit, first.failures
+    [model] = first.models
+    assert model.phase == "deferred" and model.counts == {}  # nothing built or run here
+    assert model.restore.startswith("miss: no artifacts of model mlp")
+    served = serve(settings.work_dir, settings.manifest, "mlp")
+    assert served["primed"] == "compiled"
+    assert (
+        Harvester(settings, ServeMetrics(CollectorRegistry())).harvest(
+            "inductor", settings.inductor_cache_dir
+        )
+        == "harvested"
+    )
+    nxt = settings.updated(work_dir=tmp_path / "next-pod")
+    status = run(nxt, load_manifest(settings.manifest))
+    assert status.full_hit and [m.phase for m in status.models] == ["restored"]
+    assert serve(nxt.work_dir, settings.manifest, "mlp")["primed"] == "restored"

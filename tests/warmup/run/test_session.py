@@ -90,6 +90,7 @@ def test_warm_and_a_torchrun_rank_make_no_volume_nobody_asked_for(tmp_path, monk
     for name in ("TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_FX_GRAPH_CACHE"):
         monkeypatch.setenv(name, "")
     monkeypatch.setenv("TORCHINDUCTOR_AUTOGRAD_CACHE", "")
+    monkeypatch.setenv("TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER", "")
     assert main() == 2
     err = capsys.readouterr().err
     assert "volume" in err and "TRITON_WARMUP_CREATE_VOLUME=true" in err

@@ -1,0 +1,71 @@
+"""The compiler's imports started by Serving() when the manifest declares a model, the
+pod's Inductor environment set first, and waited for before the first prime."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+from tests.conftest import DEMO, ROOT, settings_for, write_manifest
+from tests.warmup.serving.test_models import manifest
+from warmup.serving import Serving
+from warmup.serving.models import build_served
+from warmup.serving.preload import Preload, declares_models
+
+
+@pytest.fixture(autouse=True)
+def environment():
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def test_the_environment_is_set_before_the_imports_and_a_failure_is_kept(tmp_path, monkeypatch):
+    package = tmp_path / "preload_probe_mod.py"
+    package.write_text("import os\nSEEN = os.environ.get('TORCHINDUCTOR_CACHE_DIR')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    settings = settings_for(tmp_path)
+    preload = Preload(settings, ("preload_probe_mod", "no_such_module_here", "json"))
+    preload.wait()
+    assert str(settings.inductor_cache_dir.resolve()) == sys.modules["preload_probe_mod"].SEEN
+    assert preload.error.startswith("no_such_module_here: ModuleNotFoundError")
+    assert os.environ["TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER"] == "0"
+    from torch._inductor import config
+
+    assert config.use_static_cuda_launcher is False
+
+
+def test_serving_preloads_only_for_a_manifest_that_declares_models(tmp_path):
+    models = write_manifest(tmp_path / "models.yaml", manifest("traced"))
+    assert declares_models(models) and not declares_models(DEMO)
+    assert not declares_models(tmp_path / "missing.yaml")
+    assert declares_models(ROOT / "examples" / "demo.yaml")
+    with Serving(settings_for(tmp_path, manifest=models), follow=False) as serving:
+        assert serving.preload is not None
+        serving.preload.wait()
+        assert serving.preload.error is None and serving.preload.seconds > 0
+    off = settings_for(tmp_path, manifest=models, serving_preload=False)
+    with Serving(off, follow=False) as serving:
+        assert serving.preload is None
+    with Serving(settings_for(tmp_path, manifest=DEMO), follow=False) as serving:
+        assert serving.preload is None  # kernels only: nothing compiles in this process
+
+
+def test_the_first_prime_waits_for_the_preload_after_the_build(tmp_path):
+    path = write_manifest(tmp_path / "m.yaml", manifest("traced"))
+    events = []
+
+    def waited():
+        events.append(("waited", torch._dynamo.utils.counters["frames"]["ok"]))
+
+    before = torch._dynamo.utils.counters["frames"]["ok"]
+    build_served(
+        "m", settings_for(tmp_path, manifest=path), device=torch.device("cpu"), guard=None,
+        before_prime=waited,
+    )  # fmt: skip
+    assert events == [("waited", before)]  # nothing traced before it returned
+    assert torch._dynamo.utils.counters["frames"]["ok"] > before
