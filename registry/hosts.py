@@ -23,16 +23,22 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import json
+import logging
 import os
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from registry import atomic
 from registry.errors import RegistryError, named
 from registry.fingerprint import NVIDIA_PROC, Fingerprint, proc_driver_version
+
+if TYPE_CHECKING:
+    from registry.remote import RemoteTier
+
+log = logging.getLogger(__name__)
 
 VERSION = 1
 MAX_RECORD_BYTES = 4 * 2**20  # a record lists keys, not artifacts: 4 MiB is ~40,000 shapes
@@ -236,7 +242,7 @@ def read_record(folder: Path, found: Probe) -> HostRecord | None:
         raise RegistryError(f"host record {path.name}: {named(e)}") from None
     try:
         record = HostRecord.from_json(atomic.loads(data))
-    except ValueError as e:  # RegistryError included
+    except (ValueError, RegistryError) as e:
         raise RegistryError(f"host record {path.name}: {e}") from None
     differing = found.differences(record.probe)
     if differing:  # a digest collision, or a hand-edited file
@@ -266,3 +272,46 @@ def items_of(
         item_id(kernel, dtype, world, shape): {"kernel": kernel, "key": dict(key)}
         for kernel, dtype, world, shape, key in shapes
     }
+
+
+# ---- on the registry's remote tier: pods on nodes without a shared volume ---------------
+
+REMOTE_PREFIX = "triton-warmup:host:"
+
+
+def remote_key(found: Probe) -> str:
+    return f"{REMOTE_PREFIX}{found.digest()}"
+
+
+def publish_record(tier: RemoteTier, found: Probe, record: HostRecord) -> bool:
+    """``record`` on the remote tier under the probe's key (a later writer replaces it:
+    records of one probe name one fingerprint); False when the tier did not take it."""
+    data = atomic.dumps(record.to_json()).encode()
+    return tier.call(lambda client: bool(client.set(remote_key(found), data))) is True
+
+
+def fetch_record(tier: RemoteTier, found: Probe) -> HostRecord | None:
+    """The record the remote tier holds for hosts like ``found``: its length asked first,
+    read only within :data:`MAX_RECORD_BYTES`; None when there is none, the tier does not
+    answer, or what it holds is not a record of this probe (logged)."""
+    name = remote_key(found)
+    size = tier.call(lambda client: int(client.strlen(name)))
+    if not size:
+        return None
+    if size > MAX_RECORD_BYTES:
+        log.warning(
+            "host record %s on the remote tier: %d bytes; limit %d", name, size, MAX_RECORD_BYTES
+        )
+        return None
+    raw = tier.call(lambda client: client.get(name) or b"")
+    try:
+        if raw is None or len(raw) > MAX_RECORD_BYTES:
+            raise ValueError("gone, or grown past its limit since its length was read")
+        record = HostRecord.from_json(atomic.loads(raw))
+        differing = found.differences(record.probe)
+        if differing:
+            raise ValueError(f"its probe differs in {differing}")
+    except (ValueError, RegistryError) as e:
+        log.warning("host record %s on the remote tier not used: %s", name, e)
+        return None
+    return record

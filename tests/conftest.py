@@ -7,6 +7,7 @@ import getpass
 import itertools
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -248,3 +249,46 @@ def make_entry() -> Callable[..., Entry]:
         )
 
     return make
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory):
+    """A redis-server of the test module's own, on a unix socket: its URL."""
+    from registry.locks import backend_from_url
+
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.skip("redis-server is not installed (make test installs it where apt-get works)")
+    folder = tmp_path_factory.mktemp("redis")
+    sock = folder / "redis.sock"
+    proc = subprocess.Popen(
+        [
+            server,
+            "--port",
+            "0",
+            "--unixsocket",
+            str(sock),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(folder),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"unix://{sock}"
+    deadline = time.time() + 15
+    while time.time() < deadline:
+        try:
+            if backend_from_url(url).client.ping():
+                break
+        except Exception:
+            time.sleep(0.05)
+    else:
+        proc.kill()
+        pytest.fail("redis-server did not start")
+    yield url
+    proc.terminate()
+    proc.wait()

@@ -159,3 +159,32 @@ def test_an_item_names_kernel_dtype_world_and_shape():
     assert one == hosts.item_id("ag_gemm", "bf16", 2, {"K": 32, "N": 16, "M": 8})
     assert json.loads(one)["shape"] == {"M": 8, "N": 16, "K": 32}
     assert one != hosts.item_id("ag_gemm", "bf16", 4, {"M": 8, "N": 16, "K": 32})
+
+
+def test_a_record_travels_by_the_remote_tier_read_within_its_bound(redis_url, monkeypatch):
+    from registry.remote import RemoteTier
+
+    tier = RemoteTier(redis_url)
+    found = Probe(device="cpu", python="3.11.7")
+    assert hosts.fetch_record(tier, found) is None
+    written = record(found=found)
+    assert hosts.publish_record(tier, found, written)
+    assert hosts.fetch_record(tier, found) == written
+    other = Probe(device="cuda", python="3.11.7")
+    tier.client.set(hosts.remote_key(other), tier.client.get(hosts.remote_key(found)))
+    assert hosts.fetch_record(tier, other) is None  # another probe's record at its key
+    monkeypatch.setattr(hosts, "MAX_RECORD_BYTES", 64)
+    assert hosts.fetch_record(tier, found) is None  # over the bound: not read
+    tier.client.set(hosts.remote_key(found), b"[1, 2]")
+    monkeypatch.setattr(hosts, "MAX_RECORD_BYTES", 4096)
+    assert hosts.fetch_record(tier, found) is None  # not a record
+
+
+def test_a_remote_tier_that_is_down_has_no_record():
+    from registry.remote import RemoteTier
+    from tests.conftest import free_port
+
+    tier = RemoteTier(f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.3)
+    found = Probe(device="cpu")
+    assert hosts.fetch_record(tier, found) is None
+    assert not hosts.publish_record(tier, found, record(found=found))

@@ -2,7 +2,6 @@ import json
 import logging
 import multiprocessing
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,46 +17,6 @@ from tests.conftest import free_port
 from tests.registry import _workers
 
 ROOT = Path(__file__).parents[2]
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory):
-    server = shutil.which("redis-server")
-    if server is None:
-        pytest.skip("redis-server is not installed (make test installs it where apt-get works)")
-    folder = tmp_path_factory.mktemp("redis")
-    sock = folder / "redis.sock"
-    proc = subprocess.Popen(
-        [
-            server,
-            "--port",
-            "0",
-            "--unixsocket",
-            str(sock),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(folder),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"unix://{sock}"
-    deadline = time.time() + 15
-    while time.time() < deadline:
-        try:
-            if backend_from_url(url).client.ping():
-                break
-        except Exception:
-            time.sleep(0.05)
-    else:
-        proc.kill()
-        pytest.fail("redis-server did not start")
-    yield url
-    proc.terminate()
-    proc.wait()
 
 
 @pytest.fixture(params=["file", "redis"])

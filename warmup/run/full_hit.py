@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kernels import ADAPTERS
-from registry import hosts, inductor_cache
+from registry import hosts, inductor_cache, remote_models
 from registry.errors import RegistryError, named
 from registry.fingerprint import machine_name
 from registry.hosts import HostRecord, Probe
+from registry.remote import RemoteTier
 from warmup.compiled.key import ModelKey, model_key
 from warmup.manifest import Manifest, ModelEntry
 from warmup.results import READY, ModelResult, RunStatus, ShapeResult
@@ -44,12 +45,41 @@ class FullHit:
     models: list[tuple[ModelEntry, ModelKey]] = field(default_factory=list)
 
 
-def look(settings: Settings, manifest: Manifest, world: int, found: Probe) -> FullHit | str:
-    """A :class:`FullHit` for this host (``found``), or one line saying what misses."""
+def look(
+    settings: Settings,
+    manifest: Manifest,
+    world: int,
+    found: Probe,
+    remote: RemoteTier | None = None,
+) -> FullHit | str:
+    """A :class:`FullHit` for this host (``found``), or one line saying what misses.
+    ``remote``: the registry's remote tier, asked when the volume misses (a pod on a node
+    without the fleet's volume): its record of such hosts, then what the volume lacks of
+    the shapes and models that record names, fetched into the volume."""
     try:
         record = hosts.read_record(settings.paths.hosts, found)
     except RegistryError as e:
         return f"the host record is unusable: {e}"
+    local = _look(settings, manifest, world, record)
+    if isinstance(local, FullHit) or remote is None:
+        return local
+    record = record or hosts.fetch_record(remote, found)
+    if record is None:
+        return local
+    try:
+        _pull(settings, manifest, world, record, remote)
+    except Exception as e:  # the full warm fetches what it can, and says why not
+        log.warning("the remote tier's artifacts not fetched: %s", named(e))
+        return local
+    pulled = _look(settings, manifest, world, record)
+    if isinstance(pulled, FullHit):
+        hosts.write_record(settings.paths.hosts, found, record)
+    return pulled
+
+
+def _look(
+    settings: Settings, manifest: Manifest, world: int, record: HostRecord | None
+) -> FullHit | str:
     if record is None:
         return "no warm run has recorded a host with this software, GPUs, driver and kernels"
     shapes = _stored_shapes(settings, manifest, world, record)
@@ -59,6 +89,40 @@ def look(settings: Settings, manifest: Manifest, world: int, found: Probe) -> Fu
     if isinstance(models, str):
         return models
     return FullHit(record, shapes, models)
+
+
+def _pull(
+    settings: Settings, manifest: Manifest, world: int, record: HostRecord, remote: RemoteTier
+) -> None:
+    """What the remote tier holds of the record's shapes and the declared models, and the
+    volume lacks, fetched into the volume (each stops at the first miss: one is enough
+    to need the full warm)."""
+    store = settings.store(run=True)
+    for entry in manifest.entries_for(world):
+        if entry.kernel not in ADAPTERS:
+            continue
+        fingerprint = record.fingerprint.with_kernel(record.kernel_hashes.get(entry.kernel, ""))
+        for shape in entry.expand():
+            item = record.items.get(hosts.item_id(entry.kernel, entry.dtype, world, shape))
+            if item is None:
+                return
+            if store.lookup(entry.kernel, item["key"], fingerprint, settings.match_policy):
+                continue
+            fetched = remote.fetch(entry.kernel, item["key"], fingerprint, settings.match_policy)
+            if fetched is None:
+                return
+            store.put(fetched)
+    root = settings.paths.inductor
+    for model in manifest.models_for(world):
+        key = model_key(model)
+        if not inductor_cache.index_path(
+            root, model.name, key.digest, record.fingerprint
+        ).is_file():
+            fingerprint = record.fingerprint
+            if not remote_models.fetch(
+                remote, root, model=model.name, key_digest=key.digest, fingerprint=fingerprint
+            ):
+                return
 
 
 def _stored_shapes(
@@ -198,12 +262,17 @@ def record_host(
     settings: Settings, manifest: Manifest, world: int, found: Probe, status: RunStatus
 ) -> None:
     """After a ready full run: what it detected and stored, recorded for hosts like this
-    one (``registry.hosts``), so that the next pod's init can find its full hit. A
-    failure costs the next pod a full run, never this one."""
+    one (``registry.hosts``) on the volume and on the remote tier, so that the next
+    pod's init can find its full hit. A failure costs the next pod a full run, never
+    this one."""
     try:
         record = _record_of(manifest, world, found, status)
-        if record is not None:
-            hosts.write_record(settings.paths.hosts, found, record)
+        if record is None:
+            return
+        hosts.write_record(settings.paths.hosts, found, record)
+        remote = settings.remote()
+        if remote is not None:
+            hosts.publish_record(remote, found, record)
     except Exception as e:  # the pod is warm
         log.warning("host record not written: %s", named(e))
 

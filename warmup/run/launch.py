@@ -63,7 +63,11 @@ def _launch(settings: Settings, manifest: Manifest, early: EarlyRanks) -> RunSta
     phases: dict[str, float] = {}
     settings, world, device = _checked(settings, manifest)
     found = hosts.probe(device, visible_gpus(GPU_LIST))
-    hit = full_hit.look(settings, manifest, world, found) if settings.full_hit_exit else None
+    hit = (
+        full_hit.look(settings, manifest, world, found, settings.remote())
+        if settings.full_hit_exit
+        else None
+    )
     if isinstance(hit, full_hit.FullHit):
         early.stop()  # no rank is needed: the server primes on what is restored
         log.info("full hit: every declared shape and model is stored for this host")

@@ -7,7 +7,7 @@ import sys
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from registry import Entry, KernelConfig, hosts, inductor_cache
+from registry import Entry, KernelConfig, hosts, inductor_cache, remote_models
 from registry.fingerprint import cpu_fingerprint
 from registry.hosts import HostRecord, Probe
 from tests.conftest import ROOT, settings_for, write_manifest
@@ -166,6 +166,48 @@ def test_a_status_that_does_not_pair_with_the_manifest_records_nothing(warm_volu
     full_hit.record_host(settings, manifest, 2, found, failed)
     assert hosts.read_record(settings.paths.hosts, found) is None
     assert "rank 0 reported other shapes than declared" in caplog.text
+
+
+def test_a_pod_on_an_empty_volume_finds_its_full_hit_on_the_remote_tier(
+    warm_volume, tmp_path, redis_url
+):
+    from registry.remote import RemoteTier
+
+    settings, manifest = warm_volume
+    tier = RemoteTier(redis_url)
+    for entry in settings.store().entries():
+        assert tier.publish(entry)
+    key = model_key(manifest.model("mlp"))
+    fingerprint = cpu_fingerprint()
+    where = {"model": "mlp", "key_digest": key.digest, "fingerprint": fingerprint}
+    assert remote_models.publish(tier, settings.paths.inductor, **where)
+    empty = settings.updated(volume=tmp_path / "other-node")
+    empty.paths.registry.mkdir(parents=True)
+    assert "no warm run has recorded" in full_hit.look(empty, manifest, 2, PROBE, tier)
+    record = hosts.read_record(settings.paths.hosts, PROBE)
+    assert hosts.publish_record(tier, PROBE, record)
+    hit = full_hit.look(empty, manifest, 2, PROBE, tier)
+    assert isinstance(hit, full_hit.FullHit), hit
+    assert len(empty.store().entries()) == 2  # fetched into this volume
+    assert inductor_cache.index_path(empty.paths.inductor, **where).is_file()
+    assert hosts.read_record(empty.paths.hosts, PROBE) == record  # the next pod reads it here
+    status = full_hit.restore_and_finish(empty, manifest, 2, hit, started=0.0, phases={})
+    assert [m.restore for m in status.models] == ["hit"]
+
+
+def test_a_remote_tier_missing_a_shape_leaves_the_full_warm(warm_volume, tmp_path, redis_url):
+    from registry.remote import RemoteTier
+
+    settings, manifest = warm_volume
+    tier = RemoteTier(redis_url)
+    tier.client.flushall()
+    hosts.publish_record(tier, PROBE, hosts.read_record(settings.paths.hosts, PROBE))
+    empty = settings.updated(volume=tmp_path / "other-node")
+    empty.paths.registry.mkdir(parents=True)
+    assert full_hit.look(empty, manifest, 2, PROBE, tier) == (
+        "ag_gemm fp32 M=32 N=32 K=32 is not stored for this host's fingerprint"
+    )
+    assert not empty.paths.hosts.exists()  # no record of a host that was not a hit
 
 
 @pytest.mark.slow
