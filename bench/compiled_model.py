@@ -61,21 +61,51 @@ AG_LAYERS = [("ag_gemm", 8192, 2048), ("ag_gemm", 2048, 8192)]  # (kernel, N, K)
 KERNELS = {"ag_mlp": AG_LAYERS, "ag_mlp_max_autotune": AG_LAYERS}
 
 
-def manifest_text(name: str, build: str, batches: list[int], seq: int | None, dtype: str) -> str:
+def ag_layers(world: int) -> list[tuple[str, int, int]]:
+    """The AllGather-GEMM MLP's serving-op layers at ``world`` ranks
+    (``bench.compiled_models.ag_mlp``): both GEMMs at world 1; at more, the up
+    projection alone, each rank 1/world of the hidden width (N per rank)."""
+    if world == 1:
+        return AG_LAYERS
+    [(kernel, n, k), _] = AG_LAYERS
+    return [(kernel, n // world, k)]
+
+
+def manifest_text(
+    name: str, build: str, batches: list[int], seq: int | None, dtype: str, *, world: int = 1
+) -> str:
+    """The manifest of model ``name`` built by ``build``, with the kernel entries its
+    serving ops read; at ``world`` ranks (``bench/pod_ready.py``), M counts every rank's
+    rows: each rank's input is one batch of the declared shape."""
     width = WIDTH[name]
     dims = f"{{batch: {batches}" + (f", seq: {seq}}}" if seq else "}")
     shape = f"[batch, seq, {width}]" if seq else f"[batch, {width}]"
-    ms = sorted({b * (seq or 1) for b in batches})
-    entries = "".join(  # the kernels a model's serving ops take their configs from
-        f"  - {{kernel: {kernel}, dtype: {dtype}, world_size: 1, "
-        f"shapes: [{{M: {ms}, N: {n}, K: {k}}}]}}\n"
-        for kernel, n, k in KERNELS.get(name, [])
-    )
+    layers = ag_layers(world) if name in KERNELS else []
+    entries = kernel_entries(layers, batches, seq, dtype, world)
+    ranks = f"    world_size: {world}\n" if world > 1 else ""
     return (
         "version: 1\n"
         + (f"entries:\n{entries}" if entries else "")
-        + f"models:\n  - name: {name.replace('_', '-')}\n    build: {build}\n"
+        + f"models:\n  - name: {name.replace('_', '-')}\n    build: {build}\n{ranks}"
         f"    dims: {dims}\n    inputs:\n      - {{shape: {shape}, dtype: {dtype}}}\n"
+    )
+
+
+def kernel_entries(
+    layers: list[tuple[str, int, int]],
+    batches: list[int],
+    seq: int | None,
+    dtype: str,
+    world: int = 1,
+) -> str:
+    """Manifest entries for ``layers`` ((kernel, N, K) each) at the Ms of ``batches``
+    tokens per rank (x ``seq``): the kernels a model's serving ops take their configs
+    from, or a kernels-only manifest's."""
+    ms = sorted({b * (seq or 1) * world for b in batches})
+    return "".join(
+        f"  - {{kernel: {kernel}, dtype: {dtype}, world_size: {world}, "
+        f"shapes: [{{M: {ms}, N: {n}, K: {k}}}]}}\n"
+        for kernel, n, k in layers
     )
 
 

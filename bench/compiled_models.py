@@ -54,9 +54,14 @@ def blocks4_eager(device: Any) -> Any:
 
 
 def small_mlp(device: Any) -> Any:
+    return torch.compile(small_mlp_eager(device), dynamic=False)
+
+
+def small_mlp_eager(device: Any) -> Any:
+    """:func:`small_mlp` uncompiled (``bench/pod_ready.py``'s eager case on a CPU)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 64))
-    return torch.compile(model.to(device).eval(), dynamic=False)
+    return model.to(device).eval()
 
 
 AG_K, AG_N = 2048, 8192  # the MLP's model width and hidden width
@@ -66,8 +71,9 @@ _serving: Any = None
 
 def ag_mlp(device: Any) -> Any:
     """A compiled MLP block whose two GEMMs are the fused AllGather-GEMM's serving ops
-    (world 1 here), registered custom ops inside the graph: RMSNorm, up, SiLU, down,
-    residual. Its layers' configs come from the registry the warmup filled."""
+    (world 1), registered custom ops inside the graph: RMSNorm, up, SiLU, down,
+    residual. Its layers' configs come from the registry the warmup filled. In a process
+    group of more ranks, sequence parallel: up alone is the op (``_ag_mlp_parallel``)."""
     return _ag_mlp(device)
 
 
@@ -76,14 +82,38 @@ def ag_mlp_max_autotune(device: Any) -> Any:
     return _ag_mlp(device, mode="max-autotune")
 
 
-def _ag_mlp(device: Any, **options: Any) -> Any:
+def ag_mlp_eager(device: Any) -> Any:
+    """:func:`ag_mlp` uncompiled: the same serving ops called from Python."""
+    return _ag_mlp(device, compiled=False)
+
+
+def _ag_mlp(device: Any, *, compiled: bool = True, **options: Any) -> Any:
+    world = _world()
+    forward = _ag_mlp_parallel(device, world) if world > 1 else _ag_mlp_one(device)
+    if not compiled:
+        return forward
+    return torch.compile(forward, dynamic=False, fullgraph=True, **options)
+
+
+def _world() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _server() -> Any:
+    """This process's ``Serving``, made once."""
     global _serving
     from warmup.serving import Serving
 
     if _serving is None:
         _serving = Serving(follow=False)
+    return _serving
+
+
+def _ag_mlp_one(device: Any) -> Any:
     ops = [
-        _serving.op(
+        _server().op(
             "ag_gemm", n=n, k=k, dtype="fp16", max_m=AG_MAX_M, device=device, on_missing="fallback"
         )
         for n, k in ((AG_N, AG_K), (AG_K, AG_N))
@@ -100,4 +130,37 @@ def _ag_mlp(device: Any, **options: Any) -> Any:
         hidden = F.silu(up(norm(tokens), w_up))  # [M, AG_N]
         return (tokens + down(hidden, w_down)).view_as(x)
 
-    return torch.compile(forward, dynamic=False, fullgraph=True, **options)
+    return forward
+
+
+def _ag_mlp_parallel(device: Any, world: int) -> Any:
+    """The MLP at ``world`` ranks, sequence parallel (``bench.compiled_model.ag_layers``):
+    each rank holds its own tokens and 1/world of the hidden width; up is the
+    AllGather-GEMM's serving op (every rank's tokens, this rank's columns), down a local
+    GEMM whose partial sums a reduce-scatter adds up and hands back to each rank."""
+    import torch.distributed as dist
+    from torch.distributed import _functional_collectives as funcol
+
+    width, rank = AG_N // world, dist.get_rank()
+    group: Any = dist.group.WORLD
+    op = _server().op(
+        "ag_gemm", n=width, k=AG_K, dtype="fp16", max_m=AG_MAX_M * world, device=device,
+        on_missing="fallback",
+    )  # fmt: skip
+    up = op.in_graph()
+    torch.manual_seed(0)  # the same full weights on every rank; each keeps its slice
+    w_up = torch.randn(AG_K, AG_N, device=device, dtype=torch.float16) / AG_K**0.5
+    w_down = torch.randn(AG_N, AG_K, device=device, dtype=torch.float16) / AG_N**0.5
+    mine = slice(rank * width, (rank + 1) * width)
+    w_up, w_down = w_up[:, mine].contiguous(), w_down[mine].contiguous()
+    norm = nn.RMSNorm(AG_K).to(device=device, dtype=torch.float16)
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        # x: [batch, seq, AG_K], this rank's tokens -> [m, AG_K]
+        tokens = x.reshape(-1, AG_K)
+        hidden = F.silu(up(norm(tokens), w_up))  # [world * m, width]: every rank's tokens
+        partial = hidden @ w_down  # [world * m, AG_K]: this rank's share of each sum
+        mixed: torch.Tensor = funcol.reduce_scatter_tensor(partial, "sum", 0, group)  # [m, AG_K]
+        return (tokens + mixed).view_as(x)
+
+    return forward

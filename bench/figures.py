@@ -318,6 +318,73 @@ def _compiled(row: dict[str, Any]) -> str:
     )
 
 
+# ---- bench/pod_ready.py -----------------------------------------------------------------
+
+POD_CASES = {
+    "cold": "cold: no warmup,\nempty caches",
+    "persisted": "Inductor + Triton dirs\npersisted (best of 3)",
+    "first_pod": "first pod of a fleet\n(empty volume)",
+    "warm_fleet": "warm fleet (volume\ncopied, another path)",
+    "remote_only": "remote tier only\n(empty volume)",
+    "eager": "uncompiled (eager)",
+}
+POD_PARTS = [  # (label, the phases it adds up: a name, or a prefix ending in a space; colour)
+    ("init container (triton-warmup run)", ("init",), "C0"),
+    ("server: Python start", ("python",), "#c7c7c7"),
+    ("import torch", ("import_torch",), "#9edae5"),
+    ("process group", ("process_group",), "#ff7f0e"),
+    ("Serving()", ("serving",), "#9467bd"),
+    ("serving ops made", ("op ",), "#2ca02c"),
+    ("models built and primed", ("model ",), "C3"),
+    ("declare_warm, ranks ready", ("declare_warm", "ready_barrier"), "#bcbd22"),
+]
+
+
+def pod_ready(result: dict[str, Any]) -> dict[str, Figure]:
+    """Each case's pod, start to ready, one bar: the init container, then the server's
+    phases (rank 0's), then what no phase holds (process launches); one figure per
+    model. A case skipped or failed has no bar."""
+    need(result, "pods", "setup", where="bench/pod_ready.py result")
+    timed = [row for row in result["pods"] if row.get("ready_s") is not None]
+    if not timed:
+        raise PlotError("bench/pod_ready.py result has no timed pod (every case skipped or failed)")
+    for i, row in enumerate(timed):
+        need(row, "model", "case", "phases", where=f"timed pod {i}")
+    order = list(POD_CASES)
+    return {
+        model: _pod_bars(model, sorted(rows, key=lambda r: order.index(r["case"])), result["setup"])
+        for model, rows in _by_model(timed).items()
+    }
+
+
+def _pod_bars(model: str, rows: list[dict[str, Any]], setup: dict[str, Any]) -> Figure:
+    fig = _figure(9.0, 0.7 * len(rows) + 1.5, left=1.9, right=0.25, top=0.35, bottom=1.1)
+    ax = fig.subplots()
+    bars, texts = {}, {}
+    for row in rows:
+        phases = {**row["phases"], "init": row.get("init", {}).get("wall_s", 0.0)}
+        widths = [_phases_sum(phases, names) for _, names, _ in POD_PARTS]
+        label = POD_CASES.get(row["case"], row["case"])
+        bars[label] = [*widths, max(0.0, row["ready_s"] - sum(widths))]
+        texts[label] = f"{row['ready_s']:.1f} s"
+    parts = [(part, colour) for part, _, colour in POD_PARTS]
+    _stacked(ax, bars, [*parts, ("other (process launches)", PHASE_COLOURS["other"])], texts=texts)
+    ax.set_xlabel("seconds from the pod's start to every rank ready (rank 0's phases)")
+    fig.legend(loc="lower center", ncols=4)
+    where = f"{setup.get('world', '?')} x {setup.get('gpu') or setup.get('device', '?')}"
+    fig.suptitle(f"{model}: a pod's time to ready, init container and server, on {where}")
+    return fig
+
+
+def _phases_sum(phases: dict[str, float], names: tuple[str, ...]) -> float:
+    """The phases named, a name ending in a space standing for every phase it starts."""
+    return sum(
+        float(value)
+        for phase, value in phases.items()
+        if any(phase == n or (n.endswith(" ") and phase.startswith(n)) for n in names)
+    )
+
+
 # ---- bench/tuning_cost.py ---------------------------------------------------------------
 
 SCENARIOS = {  # result key: (label, colour)
@@ -504,6 +571,7 @@ DRAWINGS: dict[str, Drawing] = {
     "cold_start": cold_start,
     "compiled_model": compiled_model,
     "fleet_learns": fleet_learns,
+    "pod_ready": pod_ready,
     "serving": serving,
     "triton_remote_cache": triton_remote_cache,
     "tuning_cost": tuning_cost,

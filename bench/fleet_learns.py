@@ -246,7 +246,14 @@ class Pod:
             for line in done.stderr.splitlines()
             if "explain: " in line
         ]
-        return {"seconds": time.perf_counter() - start, "explain": explained}
+        status = Path(self.env["TRITON_WARMUP_WORK_DIR"]) / "status.json"
+        written = json.loads(status.read_text()) if status.exists() else {}
+        # a full hit (warmup.run.full_hit) starts no rank, and so predicts nothing
+        return {
+            "seconds": time.perf_counter() - start,
+            "explain": explained,
+            "full_hit": bool(written.get("full_hit")),
+        }
 
     def serve(self, device: str, seed: int, steady_s: float) -> dict[str, Any]:
         args = [

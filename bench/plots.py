@@ -67,6 +67,7 @@ FIGURES: dict[str, tuple[str, ...]] = {
         "cold_start_2xH200_2026-11-21",
         "cold_start_1xH100_2026-11-23_run10_why",
         "serving_2xH200_2026-11-23_run3",
+        "pod_ready_smallmlp_cpu_2026-11-28_smoke",
     ),
 }
 

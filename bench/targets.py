@@ -2,8 +2,9 @@
 
     PYTHONPATH=. python bench/targets.py ag_gemm.json serving.json fleet-4x1.json ...
 
-Reads what ``bench/ag_gemm.py``, ``bench/serving.py`` and ``bench/fleet.py`` write to
-``--out`` (the kind is told by the file's content) and prints one markdown table per file:
+Reads what ``bench/ag_gemm.py``, ``bench/serving.py``, ``bench/fleet.py`` and
+``bench/pod_ready.py`` write to ``--out`` (the kind is told by the file's content) and
+prints one markdown table per file:
 target, the measured figures (per shape where the target is per shape), met or not. A
 target none of whose shapes was measured (no row in its range, a column the run did not
 time) is "not measured", never met. Exits 1 if a file cannot be judged. The AllGather-GEMM
@@ -26,6 +27,14 @@ FLOOR_LARGE = 1.05  # [2.5]: fused <= 1.05x the floor at >= 4096 rows
 FLOOR_MEDIUM = 1.15  # [2.5]: fused <= 1.15x the floor at 1024-4095 rows
 GRAPH_FROM_ROWS = 256  # [2.5]: graph-replayed fused >= 1.0x the graph-replayed baseline
 FIRST_OVER_STEADY = 2.0  # [2.7]: a served first call <= 2x its M's steady latency
+WARM_OVER_PERSISTED = 0.9  # [4.1]: a warm fleet's pod <= 0.9x the persisted-dir server
+WARM_OVER_COLD = 0.45  # [4.1]: ... and <= 0.45x a cold server, end to end
+WARM_OVER_EAGER = 2.5  # [4.1] stretch: ... and <= 2.5x the model uncompiled
+INIT_ON_HIT_S = 1.5  # [4.1]: the init container on a full hit, process start to exit
+FIRST_POD_OVER_COLD = 1.15  # [4.1]: a fleet's first pod <= 1.15x a cold server
+POD_FIRST_OVER_STEADY = 1.5  # [4.1]: first request after ready <= 1.5x steady, every shape
+PRIMING_COSTS = ("fxgraph_misses", "inductor_compiles", "kernel_compiles", "autotune_runs")
+READY_COSTS = ("dynamo_frames", *PRIMING_COSTS)  # after ready a Dynamo trace is a compile too
 
 
 @dataclass(frozen=True)
@@ -200,15 +209,103 @@ def fleet(result: dict[str, Any]) -> list[Verdict]:
     return verdicts
 
 
+def pod_ratios(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per model of a ``bench/pod_ready.py`` run: the warm fleet's end to end over each
+    anchor's, its init container's seconds, the first pod's over cold (None: a case
+    not measured)."""
+    ratios = []
+    for model in dict.fromkeys(row["model"] for row in pods):
+        ready = {
+            row["case"]: row["ready_s"]
+            for row in pods
+            if row["model"] == model and row.get("ready_s") is not None
+        }
+        warm = next((r for r in pods if r["model"] == model and r["case"] == "warm_fleet"), {})
+        ratios.append(
+            {
+                "model": model,
+                "world": pods[0].get("world"),
+                "warm_over_persisted": _over(ready, "warm_fleet", "persisted"),
+                "warm_over_cold": _over(ready, "warm_fleet", "cold"),
+                "warm_over_eager": _over(ready, "warm_fleet", "eager"),
+                "first_pod_over_cold": _over(ready, "first_pod", "cold"),
+                "init_on_hit_s": _init_s(warm),
+            }
+        )
+    return ratios
+
+
+def _init_s(pod: dict[str, Any]) -> float | None:
+    """A pod's init container seconds, where the pod got ready."""
+    return pod.get("init", {}).get("wall_s") if pod.get("ready_s") is not None else None
+
+
+def _over(ready: dict[str, float], over: str, under: str) -> float | None:
+    if over not in ready or not ready.get(under):
+        return None
+    return ready[over] / ready[under]
+
+
+def pod_ready(result: dict[str, Any]) -> list[Verdict]:
+    """[4.1] on one ``bench/pod_ready.py`` run, each target over its models: the warm
+    fleet against the anchors, the init container on a full hit, the first pod against
+    cold, and the warm fleet's server: no compile while priming (Dynamo's traces, which
+    no cache spares a new process, shown beside) or after ready, and every first
+    request within the bound of its steady time."""
+    rows = [{**r, "shape": [f"{r['model']} w{r['world']}"]} for r in result["ratios"]]
+    warm = [
+        {**r, "shape": [f"{r['model']} w{r['world']}"]}
+        for r in result["pods"]
+        if r["case"] == "warm_fleet" and r.get("ready_s") is not None
+    ]
+
+    def bound(key: str, limit: float, what: str) -> Verdict:
+        return _per_shape(f"[4.1] {what} <= {limit}", rows, lambda r: r[key], lambda x: x <= limit)
+
+    return [
+        bound(
+            "warm_over_persisted", WARM_OVER_PERSISTED, "warm fleet ÷ persisted dirs (best of 3)"
+        ),
+        bound("warm_over_cold", WARM_OVER_COLD, "warm fleet ÷ cold"),
+        bound("warm_over_eager", WARM_OVER_EAGER, "stretch: warm fleet ÷ eager"),
+        bound("init_on_hit_s", INIT_ON_HIT_S, "init container on a full hit, s"),
+        bound("first_pod_over_cold", FIRST_POD_OVER_COLD, "first pod ÷ cold"),
+        _per_shape(
+            f"[4.1] warm fleet's server priming: 0 of {', '.join(PRIMING_COSTS)}",
+            warm,
+            lambda r: float(sum(r["counts"]["priming"].get(k, 0) for k in PRIMING_COSTS)),
+            lambda x: x == 0,
+            label=lambda r: f" (Dynamo frames {r['counts']['priming'].get('dynamo_frames', 0)})",
+        ),
+        _per_shape(
+            f"[4.1] warm fleet's server after ready: 0 of {', '.join(READY_COSTS)}",
+            warm,
+            lambda r: float(sum(r["counts"]["after_ready"].get(k, 0) for k in READY_COSTS)),
+            lambda x: x == 0,
+        ),
+        _per_shape(
+            f"[4.1] warm fleet: first request ÷ steady <= {POD_FIRST_OVER_STEADY} at every shape",
+            warm,
+            lambda r: max((s["ratio"] for s in r["shapes"].values()), default=None),
+            lambda x: x <= POD_FIRST_OVER_STEADY,
+            label=lambda r: " (the worst shape's)",
+        ),
+    ]
+
+
 def judge(result: dict[str, Any]) -> tuple[str, list[Verdict]]:
     """The bench a result came from, and its verdicts."""
+    if result.get("bench") == "pod_ready":
+        return "pod_ready", pod_ready(result)
     if "modes" in result:
         return "fleet", fleet(result)
     if "serve" in result:
         return "serving", serving(result)
     if "rows" in result:
         return "ag_gemm", ag_gemm(result)
-    raise ValueError("not a result of bench/ag_gemm.py, bench/serving.py or bench/fleet.py")
+    raise ValueError(
+        "not a result of bench/ag_gemm.py, bench/serving.py, bench/fleet.py or bench/pod_ready.py"
+    )
 
 
 def device_line(result: dict[str, Any]) -> str:
@@ -216,6 +313,8 @@ def device_line(result: dict[str, Any]) -> str:
     gpu, world = setup.get("gpu"), setup.get("world")
     if "modes" in result:
         return f"{result['device']}, GPUs {result.get('gpus')}"
+    if result.get("bench") == "pod_ready":
+        return f"world {world}, {gpu or setup.get('device', '?')}"
     return f"{world} x {gpu}" if gpu else "?"
 
 

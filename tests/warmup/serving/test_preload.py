@@ -56,6 +56,7 @@ def test_serving_preloads_only_for_a_manifest_that_declares_models(tmp_path):
 
 
 def test_the_first_prime_waits_for_the_preload_after_the_build(tmp_path):
+    torch._dynamo.reset()  # another test may have traced the same code in this process
     path = write_manifest(tmp_path / "m.yaml", manifest("traced"))
     events = []
 
