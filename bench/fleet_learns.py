@@ -253,6 +253,11 @@ class Pod:
             "seconds": time.perf_counter() - start,
             "explain": explained,
             "full_hit": bool(written.get("full_hit")),
+            "warmed_because": [
+                line.partition("warming in rank processes: ")[2]
+                for line in done.stderr.splitlines()
+                if "warming in rank processes: " in line
+            ],
         }
 
     def serve(self, device: str, seed: int, steady_s: float) -> dict[str, Any]:

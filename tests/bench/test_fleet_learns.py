@@ -41,7 +41,8 @@ def test_what_pod_a_compiled_under_traffic_pod_b_does_not_compile(tmp_path):
     assert any("inductor" in k and v > 0 for k, v in harvested.items()), result["harvest"]
     # B's init finds everything stored for its host (what A's server compiled included):
     # a full hit, which restores for the server and predicts nothing
-    assert result["B_init"]["full_hit"] and result["B_init"]["explain"] == []
+    assert result["B_init"]["full_hit"], result["B_init"]["warmed_because"]
+    assert result["B_init"]["explain"] == []
     assert not result["A_init"]["full_hit"]
     assert any(
         line.startswith("inductor: EMPTY") or "MISS" in line
