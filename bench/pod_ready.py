@@ -156,6 +156,11 @@ def manifests(
 
 @dataclass(frozen=True)
 class PodDirs:
+    """A pod's folders, at the one path every pod's containers see them at (the chart
+    mounts them at fixed paths: Triton's keys of the kernels Inductor generates hold
+    their source file's path), made empty for each pod; :meth:`retire` moves a finished
+    pod's folders aside. The persisted anchor's caches are one folder of their own."""
+
     work: Path
     home: Path
     triton: Path
@@ -163,12 +168,22 @@ class PodDirs:
 
     @classmethod
     def under(cls, root: Path, pod: Pod) -> PodDirs:
-        own = root / "pods" / pod.name
+        own = root / "pod"
         caches = root / "caches" / pod.caches if pod.caches else own
         dirs = cls(own / "work", own / "home", caches / "triton-cache", caches / "inductor-cache")
         for folder in (dirs.work, dirs.home, dirs.triton, dirs.inductor):
             folder.mkdir(parents=True, exist_ok=True)
         return dirs
+
+    @staticmethod
+    def retire(root: Path, pod: Pod) -> Path:
+        """The pod's folders moved to ``pods/<name>`` (kept for reading), out of the next
+        pod's way."""
+        kept = root / "pods" / pod.name
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(kept, ignore_errors=True)
+        (root / "pod").rename(kept)
+        return kept
 
 
 def pod_env(
@@ -372,6 +387,7 @@ def run_pod(pod: Pod, ctx: Context) -> dict[str, Any]:
         if sidecar is not None:
             _end(sidecar)
             row["sidecar_rc"] = sidecar.returncode
+        PodDirs.retire(ctx.root, pod)
     return row
 
 

@@ -57,16 +57,27 @@ def test_the_persisted_anchor_fills_its_dirs_then_reuses_them(tmp_path):
     pods = plan(["persisted"])
     assert [p.case for p in pods] == [None] + ["persisted"] * REUSES
     assert not any(p.init for p in pods)
-    fill, reuse = (PodDirs.under(tmp_path, p) for p in pods[:2])
+    fill = PodDirs.under(tmp_path, pods[0])
+    (fill.inductor / "graph").write_text("kept")
+    (fill.work / "status.json").write_text("{}")
+    PodDirs.retire(tmp_path, pods[0])
+    reuse = PodDirs.under(tmp_path, pods[1])
     assert (fill.triton, fill.inductor) == (reuse.triton, reuse.inductor)  # the same path
-    assert fill.work != reuse.work and fill.home != reuse.home
+    assert (reuse.inductor / "graph").read_text() == "kept"  # and what the fill left there
+    assert not (reuse.work / "status.json").exists()  # its own work folder, empty
 
 
 def test_server_only_cases_have_no_init_and_their_own_dirs(tmp_path):
     cold, eager = plan(["eager", "cold"])  # the plan's order, not the caller's
     assert (cold.case, eager.case, eager.eager, cold.eager) == ("cold", "eager", True, False)
     assert not cold.init and not eager.init
-    assert PodDirs.under(tmp_path, cold).triton != PodDirs.under(tmp_path, eager).triton
+    first = PodDirs.under(tmp_path, cold)
+    (first.triton / "kernel").write_text("cold's")
+    assert PodDirs.retire(tmp_path, cold) == tmp_path / "pods" / "cold"
+    second = PodDirs.under(tmp_path, eager)
+    assert second.triton == first.triton  # one mount path, as in every pod of the chart
+    assert not (second.triton / "kernel").exists()  # but its own, empty
+    assert (tmp_path / "pods" / "cold" / "triton-cache" / "kernel").is_file()
 
 
 def test_the_remote_case_uses_the_remote_tier_and_two_empty_volumes():
