@@ -71,6 +71,17 @@ class Probe:
         data["gpus"] = list(self.gpus)
         return data
 
+    @classmethod
+    def from_json(cls, data: Any) -> Probe:
+        """The probe :meth:`to_json` wrote; :class:`RegistryError` for anything else."""
+        try:
+            found = cls(**{**data, "gpus": tuple(data.get("gpus", ()))})
+        except (TypeError, AttributeError) as e:
+            raise RegistryError(f"host probe: not a probe ({e})") from None
+        if found.to_json() != data:
+            raise RegistryError("host probe: a field of the wrong type")
+        return found
+
     def digest(self) -> str:
         blob = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":")).encode()
         return hashlib.sha256(blob).hexdigest()[:32]

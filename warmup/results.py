@@ -185,6 +185,14 @@ class RankHost(_Record):
         return path
 
     @classmethod
+    def read(cls, folder: Path) -> RankHost | None:
+        """The file in ``folder``; None when there is none or it is unreadable."""
+        try:
+            return cls.model_validate_json(atomic.read_bounded(folder / cls.FILE, MAX_STATUS_BYTES))
+        except (OSError, ValidationError, ValueError):
+            return None
+
+    @classmethod
     def wait(cls, run_dir: Path, timeout_s: float, stop: threading.Event) -> RankHost | None:
         """The file once rank 0 wrote it; None when unreadable, or not written within
         ``timeout_s`` or before ``stop`` is set."""
@@ -245,6 +253,9 @@ class RunStatus(_Record):
     shapes: list[ShapeResult] = []
     models: list[ModelResult] = []  # every rank's, by model then rank
     full_hit: bool = False  # warmup.run.full_hit: restored and exited, no rank started
+    # registry.hosts: this host's probe, when no rank detected its fingerprint (the
+    # server's does, and the harvest records the host under this probe for the next pod)
+    probe: dict[str, Any] | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -30,7 +30,7 @@ from registry.hosts import HostRecord, Probe
 from registry.remote import RemoteTier
 from warmup.compiled.key import ModelKey, model_key
 from warmup.manifest import Manifest, ModelEntry
-from warmup.results import READY, ModelResult, RunStatus, ShapeResult
+from warmup.results import FAILED, READY, ModelResult, RunStatus, ShapeResult
 from warmup.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -256,6 +256,80 @@ def _write_metrics(
     metrics.record_run(0, duration, run, None)
     metrics.record_recovered(recovered)
     metrics.write(settings.run_metrics_file)
+
+
+def nothing_for_ranks(settings: Settings, manifest: Manifest, world: int) -> bool:
+    """Whether rank processes have nothing to do that the server will not: no kernel
+    shape to tune or check, and the models left to the server's priming
+    (``models_on_miss=server``)."""
+    return settings.models_on_miss == "server" and not manifest.entries_for(world)
+
+
+def leave_to_the_server(
+    settings: Settings,
+    manifest: Manifest,
+    world: int,
+    found: Probe,
+    *,
+    started: float,
+    phases: Mapping[str, float],
+) -> RunStatus:
+    """Models only, and not all stored for this host: what is stored is restored (when
+    a warm run recorded such a host), the rest left to the server, which compiles it
+    once (the fleet's first pod: no rank, no torch here). The status carries the probe:
+    the server tells its fingerprint (``warmup.serving.models``) and the harvest records
+    the host under it, so that the next pod's init is a full hit."""
+    from warmup.run.session import restore
+
+    restoring = time.perf_counter()
+    recovered = restore(settings)
+    try:
+        record = hosts.read_record(settings.paths.hosts, found)
+    except RegistryError:
+        record = None
+    models = [
+        _model_for_the_server(settings, record, model) for model in manifest.models_for(world)
+    ]
+    run = {**phases, "restore": time.perf_counter() - restoring}
+    duration = time.time() - started
+    _write_metrics(settings, [], models, duration, run, recovered)
+    status = RunStatus(
+        state=FAILED if any(m.failed for m in models) else READY,
+        manifest_digest=manifest.digest(),
+        started=started,
+        finished=time.time(),
+        duration_s=duration,
+        host=machine_name(),
+        world_size=world,
+        fingerprint=record.fingerprint.to_json() if record else None,
+        triton_env=dict(record.triton_env) if record else {},
+        skipped_entries=manifest.skipped_entries(world),
+        phases=run,
+        models=models,
+        probe=found.to_json(),
+    )
+    return status.write(settings.status_file)
+
+
+def _model_for_the_server(
+    settings: Settings, record: HostRecord | None, model: ModelEntry
+) -> ModelResult:
+    """The model restored when such a host stored it, else deferred to the server."""
+    try:
+        key = model_key(model)
+    except ValueError as e:
+        return ModelResult(name=model.name, phase="failed", error=str(e))
+    if record is not None:
+        restored = _restored(settings, FullHit(record, []), model, key)
+        if restored.restore.startswith("hit"):
+            return restored
+    log.info("model %s: left to the server's priming (nothing stored for this host)", model.name)
+    return ModelResult(
+        name=model.name,
+        phase="deferred",
+        restore="miss: nothing stored for this host",
+        key_digest=key.digest,
+    )
 
 
 def record_host(

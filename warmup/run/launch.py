@@ -75,6 +75,13 @@ def _launch(settings: Settings, manifest: Manifest, early: EarlyRanks) -> RunSta
         return full_hit.restore_and_finish(
             settings, manifest, world, hit, started=started, phases=phases
         )
+    if hit is not None and full_hit.nothing_for_ranks(settings, manifest, world):
+        early.stop()
+        log.info("no rank needed: the server compiles what is not stored (%s)", hit)
+        phases["imports"] = process_age()
+        return full_hit.leave_to_the_server(
+            settings, manifest, world, found, started=started, phases=phases
+        )
     if hit is not None:
         log.info("warming in rank processes: %s", hit)
     run_dir = settings.work_dir / "run"

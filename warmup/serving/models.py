@@ -36,7 +36,7 @@ from warmup.compiled.inputs import grad_mode, make_inputs
 from warmup.compiled.learned import Recorder
 from warmup.compiled.warm import build_model
 from warmup.manifest import Manifest, ModelEntry, load_manifest
-from warmup.results import RunStatus
+from warmup.results import RankHost, RunStatus
 from warmup.settings import Settings
 
 if TYPE_CHECKING:
@@ -176,7 +176,26 @@ def build_served(
     log.info("%s", served.primed.describe(name))
     if metrics is not None:
         metrics.model_primes.labels(name, served.primed.outcome, metrics.rank).inc()
+    if compiled and status is not None and status.fingerprint is None:
+        _tell_host(settings, device, metrics.rank if metrics is not None else 0)
     return served
+
+
+def _tell_host(settings: Settings, device: Any, rank: object) -> None:
+    """The init container started no rank to detect this host (``leave_to_the_server``):
+    rank 0 writes what it detects beside its metrics, where the sidecar's harvest reads
+    it to store what this process compiled, and to record the host for the next pod."""
+    if str(rank) != "0":
+        return
+    from registry.fingerprint import detect_for
+    from registry.triton_internals import cache_env
+
+    try:
+        host = RankHost(fingerprint=detect_for(device).to_json(), triton_env=cache_env())
+        settings.metrics_dir.mkdir(parents=True, exist_ok=True)
+        host.write(settings.metrics_dir)
+    except Exception as e:  # the harvest goes without: the next pod compiles again
+        log.warning("this host's fingerprint not written for the harvest: %s", named(e))
 
 
 def _prime_all(served: ServedModel, learned: list[dict[str, int]], device: Any) -> int:

@@ -48,7 +48,15 @@ from watchdog.events import (
 from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver
 
-from registry import atomic, importers, inductor_cache, remote_models, remote_triton, triton_cache
+from registry import (
+    atomic,
+    hosts,
+    importers,
+    inductor_cache,
+    remote_models,
+    remote_triton,
+    triton_cache,
+)
 from registry.errors import RegistryError
 from registry.fingerprint import Fingerprint
 from registry.patterns import TRITON_CACHE_KEY
@@ -58,7 +66,7 @@ from registry.triton_cache import GROUP_PREFIX, MAX_GROUP_BYTES, Origin
 from warmup.compiled import learned
 from warmup.manifest import ManifestError, load_manifest
 from warmup.metrics import ServeMetrics
-from warmup.results import RunStatus
+from warmup.results import RankHost, RunStatus
 from warmup.settings import Settings
 from warmup.sidecar.watcher import Stat, stat_key
 
@@ -202,8 +210,22 @@ class Harvester(FileSystemEventHandler):
             return False
         self._ready_checked = now
         status = self._status()
-        self._was_ready = status is not None and status.ready and bool(status.fingerprint)
+        self._was_ready = status is not None and self._host(status) is not None
         return self._was_ready
+
+    def _host(self, status: RunStatus) -> tuple[Fingerprint, dict[str, str]] | None:
+        """The fingerprint and Triton knobs what the server compiles is stored under:
+        the warmup's (its ranks detected them), or, when the init container started no
+        rank (``warmup.run.full_hit.leave_to_the_server``), what the server's rank 0
+        detected; None while the pod is not ready or neither is known yet."""
+        if not status.ready:
+            return None
+        if status.fingerprint:
+            return Fingerprint.from_json(status.fingerprint), dict(status.triton_env)
+        told = RankHost.read(self.learned_dir)
+        if told is None:
+            return None
+        return Fingerprint.from_json(told.fingerprint), dict(told.triton_env)
 
     def _run(self) -> None:
         _yield_the_cpu()
@@ -246,13 +268,14 @@ class Harvester(FileSystemEventHandler):
         """Check and publish one entry now; its result (harvested, deduplicated,
         refused, waiting: the pod is not ready yet)."""
         status = self._status()
-        if status is None or not status.ready or not status.fingerprint:
+        host = self._host(status) if status is not None else None
+        if status is None or host is None:
             return "waiting"
         stamp = stat_key(path) if kind != "inductor" else None
         if stamp is not None and self._done.get(str(path)) == stamp:
             return "seen"  # another event of an entry harvested already
-        fingerprint = Fingerprint.from_json(status.fingerprint)
-        origin = Origin.of(fingerprint, status.triton_env)
+        fingerprint, triton_env = host
+        origin = Origin.of(fingerprint, triton_env)
         try:
             if kind == "kernel":
                 result, size = self._kernel(path.parent, path.name, origin)
@@ -441,7 +464,26 @@ class Harvester(FileSystemEventHandler):
                     key_digest=model.key_digest,
                     fingerprint=fingerprint,
                 )
+        self._record_host(status, fingerprint)
         return ("harvested" if new_files else "deduplicated"), new_bytes
+
+    def _record_host(self, status: RunStatus, fingerprint: Fingerprint) -> None:
+        """A host whose init container started no rank (its status has the probe, not the
+        fingerprint): recorded under that probe (``registry.hosts``) once its models are
+        stored, so that the next pod's init finds its full hit."""
+        if status.fingerprint or not status.probe:
+            return
+        try:
+            found = hosts.Probe.from_json(status.probe)
+            told = RankHost.read(self.learned_dir)
+            record = hosts.HostRecord(
+                found.to_json(), fingerprint.with_kernel(""), told.triton_env if told else {}
+            )
+            hosts.write_record(self.settings.paths.hosts, found, record)
+            if self.remote is not None:
+                hosts.publish_record(self.remote, found, record)
+        except (OSError, ValueError, RegistryError) as e:
+            log.warning("harvest: this host not recorded for the next pod: %s", e)
 
     # ---- metrics ------------------------------------------------------------------------
 

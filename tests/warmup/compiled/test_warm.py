@@ -110,18 +110,29 @@ def test_a_shape_outside_the_manifest_is_counted_per_model_and_refused_when_stri
     assert set(strict["guarded"]) == {"mlp/dynamo_frames"}
 
 
+# a kernel entry beside the model: its ranks must start (a user function, cheap on CPU)
+WITH_A_KERNEL = MLP.replace(
+    "version: 1\n",
+    "version: 1\nentries:\n  - {kernel: 'tests.warmup.user_functions:record_call', "
+    "dtype: fp32, world_size: 1, shapes: [{M: 8, N: 8, K: 8}]}\n",
+)
+
+
 def test_a_first_pod_leaves_its_models_to_the_server_and_the_next_pod_is_a_full_hit(
     tmp_path, monkeypatch
 ):
-    """``models_on_miss=server``: the first pod's init compiles nothing (the model is
-    deferred), its server compiles once while priming, the sidecar's harvest stores what
-    it compiled; the next pod's init is a full hit, and its server compiles nothing."""
+    """``models_on_miss=server`` with a kernel entry: the first pod's ranks tune, and
+    compile no model (it is deferred); its server compiles once while priming, the
+    sidecar's harvest stores what it compiled; the next pod's init is a full hit, and
+    its server compiles nothing."""
     from prometheus_client import CollectorRegistry
 
     from warmup.metrics import ServeMetrics
     from warmup.sidecar.harvest import Harvester
 
-    settings, first = warm(tmp_path, MLP, monkeypatch, models_on_miss="server")
+    monkeypatch.setenv("TEST_USER_LOG", str(tmp_path / "calls.jsonl"))
+    settings, first = warm(tmp_path, WITH_A_KERNEL, monkeypatch, models_on_miss="server")
+    assert "rank_start" in first.phases  # the kernel entry's ranks ran
     assert first.ready and not first.full_hit, first.failures
     [model] = first.models
     assert model.phase == "deferred" and model.counts == {}  # nothing built or run here
@@ -134,6 +145,38 @@ def test_a_first_pod_leaves_its_models_to_the_server_and_the_next_pod_is_a_full_
         )
         == "harvested"
     )
+    nxt = settings.updated(work_dir=tmp_path / "next-pod")
+    status = run(nxt, load_manifest(settings.manifest))
+    assert status.full_hit and [m.phase for m in status.models] == ["restored"]
+    assert serve(nxt.work_dir, settings.manifest, "mlp")["primed"] == "restored"
+
+
+def test_a_first_pod_of_models_only_starts_no_rank_and_its_server_tells_the_host(
+    tmp_path, monkeypatch
+):
+    """Models only, ``models_on_miss=server``, a host never recorded: the init starts no
+    rank (nothing to detect the fingerprint with); the server, which compiled, writes
+    what it detected beside its metrics; the harvest stores its artifacts under it and
+    records the host under the init's probe; the next pod's init is a full hit."""
+    from prometheus_client import CollectorRegistry
+
+    from registry import hosts
+    from warmup.metrics import ServeMetrics
+    from warmup.results import RankHost
+    from warmup.sidecar.harvest import Harvester
+
+    settings, first = warm(tmp_path, MLP, monkeypatch, models_on_miss="server")
+    assert first.ready and first.fingerprint is None and first.probe, first.failures
+    assert set(first.phases) == {"imports", "restore"}  # no rank was started
+    assert [m.phase for m in first.models] == ["deferred"]
+    harvester = Harvester(settings, ServeMetrics(CollectorRegistry()))
+    assert harvester.harvest("inductor", settings.inductor_cache_dir) == "waiting"
+    assert serve(settings.work_dir, settings.manifest, "mlp")["primed"] == "compiled"
+    told = RankHost.read(settings.metrics_dir)
+    assert told is not None and told.fingerprint["hardware"]["gpu_name"] == "cpu"
+    assert harvester.harvest("inductor", settings.inductor_cache_dir) == "harvested"
+    probe = hosts.Probe.from_json(first.probe)
+    assert hosts.read_record(settings.paths.hosts, probe).fingerprint.to_json() == told.fingerprint
     nxt = settings.updated(work_dir=tmp_path / "next-pod")
     status = run(nxt, load_manifest(settings.manifest))
     assert status.full_hit and [m.phase for m in status.models] == ["restored"]

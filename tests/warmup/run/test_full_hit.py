@@ -235,3 +235,25 @@ def test_the_second_run_of_a_warm_volume_exits_without_ranks_or_torch(tmp_path):
     assert outs[1] == {"code": 0, "torch": False}
     second = RunStatus.read(env_root / "pod-b" / "status.json")
     assert second.full_hit and second.sources == {"registry": 3}
+
+
+def test_models_only_are_left_to_the_server_without_a_rank(warm_volume, tmp_path):
+    settings, manifest = warm_volume
+    server = settings.updated(models_on_miss="server")
+    models_only = manifest.model_copy(update={"entries": []})
+    assert full_hit.nothing_for_ranks(server, models_only, 2)
+    assert not full_hit.nothing_for_ranks(server, manifest, 2)  # its kernels need ranks
+    assert not full_hit.nothing_for_ranks(settings, models_only, 2)  # init compiles them
+    status = full_hit.leave_to_the_server(server, models_only, 2, PROBE, started=0.0, phases={})
+    assert status.ready and status.probe == PROBE.to_json()
+    assert [(m.phase, m.restore) for m in status.models] == [("restored", "hit")]  # recorded
+    assert status.fingerprint == cpu_fingerprint().to_json()
+    unseen = Probe(device="cpu", python="0.0.0")
+    status = full_hit.leave_to_the_server(server, models_only, 2, unseen, started=0.0, phases={})
+    assert status.ready and status.fingerprint is None  # the server tells it
+    assert [m.phase for m in status.models] == ["deferred"]
+    broken = MANIFEST.replace("warmup.demo:compiled_mlp", "no_such_module_here:build")
+    bad = load_manifest(write_manifest(tmp_path / "bad.yaml", broken))
+    bad = bad.model_copy(update={"entries": []})
+    status = full_hit.leave_to_the_server(server, bad, 2, PROBE, started=0.0, phases={})
+    assert status.state == "failed" and "no_such_module_here" in status.failures[0]
