@@ -157,6 +157,8 @@ def build_served(
     differ = mismatches(status, device)
     _report_mismatches(name, differ, metrics)
     use_inductor_cache(settings)
+    if status is not None and status.fingerprint is None:  # before anything compiles
+        _tell_host(settings, device, metrics.rank if metrics is not None else 0)
     started, before = time.perf_counter(), snapshot()
     served = ServedModel(entry, build_model(entry, device), guard, recorder)
     if before_prime is not None:
@@ -176,15 +178,15 @@ def build_served(
     log.info("%s", served.primed.describe(name))
     if metrics is not None:
         metrics.model_primes.labels(name, served.primed.outcome, metrics.rank).inc()
-    if compiled and status is not None and status.fingerprint is None:
-        _tell_host(settings, device, metrics.rank if metrics is not None else 0)
     return served
 
 
 def _tell_host(settings: Settings, device: Any, rank: object) -> None:
     """The init container started no rank to detect this host (``leave_to_the_server``):
     rank 0 writes what it detects beside its metrics, where the sidecar's harvest reads
-    it to store what this process compiled, and to record the host for the next pod."""
+    it to store what this process compiles, and to record the host for the next pod.
+    Written before the first compile: the harvest takes only what is compiled after
+    it knows the host (half a second, in the fleet's first pod only)."""
     if str(rank) != "0":
         return
     from registry.fingerprint import detect_for

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import settings_for, write_manifest
+from tests.conftest import settings_for, wait_for, write_manifest
 from tests.warmup.compiled.models import manifest
 from warmup.cli import main
 from warmup.manifest import load_manifest
@@ -163,6 +163,7 @@ def test_a_first_pod_of_models_only_starts_no_rank_and_its_server_tells_the_host
     from registry import hosts
     from warmup.metrics import ServeMetrics
     from warmup.results import RankHost
+    from warmup.sidecar import harvest
     from warmup.sidecar.harvest import Harvester
 
     settings, first = warm(tmp_path, MLP, monkeypatch, models_on_miss="server")
@@ -171,11 +172,16 @@ def test_a_first_pod_of_models_only_starts_no_rank_and_its_server_tells_the_host
     assert [m.phase for m in first.models] == ["deferred"]
     harvester = Harvester(settings, ServeMetrics(CollectorRegistry()))
     assert harvester.harvest("inductor", settings.inductor_cache_dir) == "waiting"
-    assert serve(settings.work_dir, settings.manifest, "mlp")["primed"] == "compiled"
-    told = RankHost.read(settings.metrics_dir)
-    assert told is not None and told.fingerprint["hardware"]["gpu_name"] == "cpu"
-    assert harvester.harvest("inductor", settings.inductor_cache_dir) == "harvested"
-    probe = hosts.Probe.from_json(first.probe)
+    monkeypatch.setattr(harvest, "INDUCTOR_QUIET_S", 0.5)
+    harvester.start()  # the sidecar's: it hears what the server compiles as it does
+    try:
+        assert serve(settings.work_dir, settings.manifest, "mlp")["primed"] == "compiled"
+        told = RankHost.read(settings.metrics_dir)
+        assert told is not None and told.fingerprint["hardware"]["gpu_name"] == "cpu"
+        probe = hosts.Probe.from_json(first.probe)
+        assert wait_for(lambda: hosts.read_record(settings.paths.hosts, probe), timeout=60)
+    finally:
+        harvester.stop()
     assert hosts.read_record(settings.paths.hosts, probe).fingerprint.to_json() == told.fingerprint
     nxt = settings.updated(work_dir=tmp_path / "next-pod")
     status = run(nxt, load_manifest(settings.manifest))
