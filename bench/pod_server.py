@@ -25,36 +25,14 @@ from typing import Any
 from warmup.run.phases import process_age  # no torch
 
 
-class TritonCompiles:
-    """Triton's compiles in this process that its disk cache missed, from Triton's
-    compilation listener (chained): counted without importing Dynamo, which a server
-    with no compiled model never imports."""
-
-    def __init__(self) -> None:
-        self.compiled = 0
-
-    def install(self) -> TritonCompiles:
-        from triton import knobs
-
-        previous = knobs.compilation.listener
-
-        def listener(**event: Any) -> None:
-            if not event.get("cache_hit", True):
-                self.compiled += 1
-            if previous is not None:
-                previous(**event)
-
-        knobs.compilation.listener = listener
-        return self
-
-
-def counts(triton: TritonCompiles) -> dict[str, int]:
+def counts() -> dict[str, int]:
     """Dynamo's and Inductor's counters now (zero while Dynamo is not imported: its
-    counters start with it), with this process's Triton compiles."""
-    from warmup.compiled.counters import CompileCounts, snapshot
+    counters start with it), with this process's Triton compiles (counted without
+    Dynamo, which a server with no compiled model never imports)."""
+    from warmup.compiled.counters import CompileCounts, snapshot, triton_compiles
 
     now = snapshot() if "torch._dynamo" in sys.modules else CompileCounts()
-    return {**now.to_json(), "kernel_compiles": triton.compiled}
+    return {**now.to_json(), "kernel_compiles": triton_compiles()}
 
 
 def _delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
@@ -112,8 +90,7 @@ def serve(args: argparse.Namespace) -> dict[str, Any]:
     serving = Serving()
     manifest = load_manifest(serving.settings.manifest)
     phases["serving"] = lap()
-    triton = TritonCompiles().install()
-    before = counts(triton)
+    before = counts()
     ops = []
     for layer in op_layers(manifest, world):
         op = serving.op(
@@ -132,9 +109,9 @@ def serve(args: argparse.Namespace) -> dict[str, Any]:
     dist.barrier()
     phases["ready_barrier"] = lap()
     ready_at = time.time()
-    at_ready = counts(triton)
+    at_ready = counts()
     shapes = _requests(ops, models, world, device, args.iters)
-    after = counts(triton)
+    after = counts()
     report = {
         "rank": rank,
         "started_at": started_at,

@@ -303,6 +303,31 @@ class RunStatus(_Record):
         left unwarmed (the ``degraded`` policy of ``other_world_sizes``): the probe says so."""
         return self.ready and bool(self.skipped_entries)
 
+    @classmethod
+    def ended(
+        cls,
+        *,
+        ready: bool,
+        manifest_digest: str,
+        world: int,
+        started: float,
+        duration: float,
+        **fields: Any,
+    ) -> RunStatus:
+        """The status of a run that ends now on this host, ready or failed."""
+        from registry.fingerprint import machine_name
+
+        return cls(
+            state=READY if ready else FAILED,
+            manifest_digest=manifest_digest,
+            started=started,
+            finished=time.time(),
+            duration_s=duration,
+            host=machine_name(),
+            world_size=world,
+            **fields,
+        )
+
     def failed(self, errors: list[str]) -> RunStatus:
         """This status, ended now as failed for ``errors``."""
         return self.model_copy(update={"state": FAILED, "finished": time.time(), "errors": errors})

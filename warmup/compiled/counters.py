@@ -69,6 +69,13 @@ class _TritonCompiles:
 _triton = _TritonCompiles()
 
 
+def triton_compiles() -> int:
+    """Triton's compiles in this process that its disk cache missed, since this was
+    first called (the listener is installed then); imports neither torch nor Dynamo."""
+    _triton.install()
+    return _triton.compiled
+
+
 def snapshot() -> CompileCounts:
     """The counters now (torch imported here: the caller compiles anyway)."""
     from torch._dynamo.utils import counters

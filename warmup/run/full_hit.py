@@ -25,12 +25,11 @@ from typing import Any
 from kernels import ADAPTERS
 from registry import hosts, inductor_cache, remote_models
 from registry.errors import RegistryError, named
-from registry.fingerprint import machine_name
 from registry.hosts import HostRecord, Probe
 from registry.remote import RemoteTier
 from warmup.compiled.key import ModelKey, model_key
 from warmup.manifest import Manifest, ModelEntry
-from warmup.results import FAILED, READY, ModelResult, RunStatus, ShapeResult
+from warmup.results import ModelResult, RunStatus, ShapeResult
 from warmup.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -192,23 +191,37 @@ def restore_and_finish(
     run = {**phases, "restore": time.perf_counter() - restoring}
     duration = time.time() - started
     _write_metrics(settings, hit.shapes, models, duration, run, recovered)
-    status = RunStatus(
-        state=READY,
-        manifest_digest=manifest.digest(),
-        started=started,
-        finished=time.time(),
-        duration_s=duration,
-        host=machine_name(),
-        world_size=world,
+    status = _ended(
+        manifest, world, started, duration, run,
         fingerprint=hit.record.fingerprint.to_json(),
         triton_env=dict(hit.record.triton_env),
-        skipped_entries=manifest.skipped_entries(world),
-        phases=run,
         shapes=hit.shapes,
         models=models,
         full_hit=True,
-    )
+    )  # fmt: skip
     return status.write(settings.status_file)
+
+
+def _ended(
+    manifest: Manifest,
+    world: int,
+    started: float,
+    duration: float,
+    run: dict[str, float],
+    **fields: Any,
+) -> RunStatus:
+    """The status of a run that started no rank, ended now: ready unless a model failed."""
+    models: list[ModelResult] = fields.get("models", [])
+    return RunStatus.ended(
+        ready=not any(m.failed for m in models),
+        manifest_digest=manifest.digest(),
+        world=world,
+        started=started,
+        duration=duration,
+        skipped_entries=manifest.skipped_entries(world),
+        phases=run,
+        **fields,
+    )
 
 
 def _restored(settings: Settings, hit: FullHit, model: ModelEntry, key: ModelKey) -> ModelResult:
@@ -293,21 +306,13 @@ def leave_to_the_server(
     run = {**phases, "restore": time.perf_counter() - restoring}
     duration = time.time() - started
     _write_metrics(settings, [], models, duration, run, recovered)
-    status = RunStatus(
-        state=FAILED if any(m.failed for m in models) else READY,
-        manifest_digest=manifest.digest(),
-        started=started,
-        finished=time.time(),
-        duration_s=duration,
-        host=machine_name(),
-        world_size=world,
+    status = _ended(
+        manifest, world, started, duration, run,
         fingerprint=record.fingerprint.to_json() if record else None,
         triton_env=dict(record.triton_env) if record else {},
-        skipped_entries=manifest.skipped_entries(world),
-        phases=run,
         models=models,
         probe=found.to_json(),
-    )
+    )  # fmt: skip
     return status.write(settings.status_file)
 
 

@@ -40,8 +40,6 @@ from warmup import logs
 from warmup.compiled.environment import inductor_environment
 from warmup.manifest import Manifest, ManifestError, load_manifest
 from warmup.results import (
-    FAILED,
-    READY,
     RUNNING,
     ModelResult,
     RankFailure,
@@ -273,14 +271,12 @@ def _status(
     saved: _Saved,
 ) -> RunStatus:
     """The finished run's status: ready only when the tally found nothing wrong."""
-    return RunStatus(
-        state=READY if tally.ready else FAILED,
+    return RunStatus.ended(
+        ready=tally.ready,
         manifest_digest=manifest.digest(),
+        world=world,
         started=started,
-        finished=time.time(),
-        duration_s=duration,
-        host=machine_name(),
-        world_size=world,
+        duration=duration,
         fingerprint=saved.fingerprint,
         triton_env=saved.triton_env,
         errors=tally.errors,
