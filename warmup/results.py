@@ -212,6 +212,39 @@ class RankHost(_Record):
 RankEnd = Literal["exited", "stopped", "silent", "timeout"]
 
 
+class ServerWarm(_Record):
+    """A server rank that primed and declared itself warm (``Serving.declare_warm``),
+    written beside its metrics for the sidecar's readiness; its rank removes it when it
+    starts again or closes."""
+
+    rank: str  # the serving process's rank label
+    manifest_digest: str  # what it primed: the manifest it read
+    declared: float  # time.time()
+
+    PREFIX: ClassVar[str] = "warm-rank"
+
+    def write(self, folder: Path) -> Path:
+        folder.mkdir(parents=True, exist_ok=True)
+        path = self.path(folder, self.rank)
+        atomic.write_bytes(path, self.model_dump_json().encode())
+        return path
+
+    @classmethod
+    def path(cls, folder: Path, rank: object) -> Path:
+        return folder / f"{cls.PREFIX}{rank}.json"
+
+    @classmethod
+    def read_all(cls, folder: Path, limit: int = 64) -> list[ServerWarm]:
+        """The records in ``folder`` (at most ``limit`` read), the unreadable left out."""
+        found = []
+        for path in sorted(folder.glob(f"{cls.PREFIX}*.json"))[:limit]:
+            try:
+                found.append(cls.model_validate_json(atomic.read_bounded(path, 4096)))
+            except (OSError, ValidationError, ValueError):
+                continue
+        return found
+
+
 class RankFailure(_Record):
     """A rank process that did not finish its work: one per rank, the first cause."""
 

@@ -116,6 +116,14 @@ class Settings(BaseSettings):
         "Dynamo's and Inductor's imports on a thread at once, beside the server's own "
         "start (warmup.serving.preload); Serving.model waits for them",
     )
+    ready_after_server: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="serve: /readyz also waits for this many server ranks to have primed "
+        "and declared themselves warm (Serving.declare_warm, for this manifest); 0: the "
+        "init container's status alone decides",
+    )
     full_hit_exit: bool = Field(
         True,
         description="run: when every declared shape and model is stored for a host like "

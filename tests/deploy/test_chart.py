@@ -427,6 +427,7 @@ def test_service_monitor_and_statefulset(chart):
         ({"warmup": {"command": []}}, "command"),
         ({"warmup": {"command": "triton-warmup"}}, "command"),
         ({"warmup": {"modelsOnMiss": "sidecar"}}, "modelsOnMiss"),
+        ({"sidecar": {"readyAfterServer": "yes"}}, "readyAfterServer"),
     ],
 )
 def test_the_schema_rejects_bad_values(chart, values, needle):
@@ -496,3 +497,14 @@ def test_models_that_miss_are_left_to_the_server_which_the_harvest_stores(chart)
     assert env(by_name["warmup-sidecar"])["TRITON_WARMUP_HARVEST"] == "true"
     by_name, _ = containers(render(chart, {"warmup": {"modelsOnMiss": "init"}})[0])
     assert env(by_name["warmup"])["TRITON_WARMUP_MODELS_ON_MISS"] == "init"
+
+
+def test_readiness_follows_the_servers_ranks_when_asked(chart):
+    by_name, _ = containers(render(chart, {})[0])
+    assert "TRITON_WARMUP_READY_AFTER_SERVER" not in env(by_name["warmup-sidecar"])
+    asked = {"gpus": 4, "sidecar": {"readyAfterServer": True}}
+    by_name, _ = containers(render(chart, asked)[0])
+    assert env(by_name["warmup-sidecar"])["TRITON_WARMUP_READY_AFTER_SERVER"] == "4"
+    cpu = {"gpus": 0, "sidecar": {"readyAfterServer": True}}
+    by_name, _ = containers(render(chart, cpu)[0])
+    assert env(by_name["warmup-sidecar"])["TRITON_WARMUP_READY_AFTER_SERVER"] == "1"

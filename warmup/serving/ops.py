@@ -46,6 +46,8 @@ from kernels.adapter import BUCKET_FIELD, Layer, Served, indexed_device
 from registry import KernelConfig, Store, keys, triton_internals
 from registry.fingerprint import Fingerprint, detect_for
 from warmup.compiled.learned import Recorder
+from warmup.manifest import ManifestError, load_manifest
+from warmup.results import ServerWarm
 from warmup.serving.compile_guard import guard_from_settings
 from warmup.serving.metrics import ServingMetrics
 from warmup.serving.preload import Preload, declares_models
@@ -377,6 +379,8 @@ class Serving:
         self._lock = threading.RLock()  # ops list and table swaps: the follower vs op()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # a server started again in the same pod is not warm until it says so again
+        ServerWarm.path(self.settings.metrics_dir, self.metrics.rank).unlink(missing_ok=True)
         self.preload = _preload(self.settings)  # the compiler's imports, beside the server's
         _warn_if_autotune_results_are_not_cached()
         if follow:
@@ -432,7 +436,6 @@ class Serving:
         Raises :class:`ServingError` when the manifest declares no such model or it
         cannot be built or run. Once :meth:`declare_warm` is called, its compiles are
         counted."""
-        from warmup.manifest import load_manifest
         from warmup.serving.models import build_served
 
         manifest = load_manifest(self.settings.manifest)
@@ -470,10 +473,17 @@ class Serving:
 
     def declare_warm(self) -> None:
         """From now on every Triton compile or autotune run in this process is counted
-        (``compile_guard=count``) or raises (``strict``)."""
+        (``compile_guard=count``) or raises (``strict``); the sidecar's readiness is told
+        this rank is warm (``ServerWarm``, with ``ready_after_server``)."""
         if self.guard is not None:
             self.guard.arm()
         self.flush_metrics()
+        try:
+            digest = load_manifest(self.settings.manifest).digest()
+        except (ManifestError, OSError):
+            digest = ""  # a server without a manifest: its ops only
+        warm = ServerWarm(rank=str(self.metrics.rank), manifest_digest=digest, declared=time.time())
+        warm.write(self.settings.metrics_dir)
 
     def refresh(self) -> int:
         """Check the registry now and swap in every op's new table that this rank may
@@ -523,7 +533,9 @@ class Serving:
             log.warning("could not write the serving metrics file: %s", e)
 
     def close(self) -> None:
-        """Stop the follower, write the metrics a last time, disarm the guard."""
+        """Stop the follower, write the metrics a last time, disarm the guard; this rank
+        is no longer warm."""
+        ServerWarm.path(self.settings.metrics_dir, self.metrics.rank).unlink(missing_ok=True)
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)

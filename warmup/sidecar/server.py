@@ -32,7 +32,7 @@ from registry.remote import RemoteTier
 from warmup.compiled.reload import restore_installed
 from warmup.manifest import ManifestError, load_manifest
 from warmup.metrics import ServeMetrics, TextFileCollector, TextFolderCollector
-from warmup.results import RunStatus
+from warmup.results import RunStatus, ServerWarm
 from warmup.settings import Settings
 from warmup.sidecar.harvest import Harvester
 from warmup.sidecar.probe_server import Answer, Limits, Pool, ProbeServer, SidecarError
@@ -116,11 +116,27 @@ class Sidecar:
             return self._not_ready(f"warmup is {status.state}", failures=status.failures[:20])
         if not status.shapes and not status.models:  # written by hand or an older writer
             return self._not_ready("the last warmup warmed no shape")
+        waiting = self._server_not_warm(digest)
+        if waiting:
+            return self._not_ready(waiting)
         try:
             entries = len(self.store)  # reloads when another process changed the store
         except (OSError, RegistryError) as e:
             return self._not_ready(f"registry does not load: {e}")
         return self._ready(status, digest, entries)
+
+    def _server_not_warm(self, digest: str) -> str:
+        """Why the server is not warm yet ('' when it is, or when readiness does not
+        wait for it): fewer than ``ready_after_server`` of its ranks declared themselves
+        warm for this manifest."""
+        wanted = self.settings.ready_after_server
+        if not wanted:
+            return ""
+        warm = ServerWarm.read_all(self.settings.metrics_dir)
+        ranks = {w.rank for w in warm if w.manifest_digest == digest}
+        if len(ranks) >= wanted:
+            return ""
+        return f"the server has not declared itself warm ({len(ranks)} of {wanted} ranks)"
 
     def _ready(self, status: RunStatus, digest: str, entries: int) -> tuple[bool, dict[str, Any]]:
         """The ready answer: what the warmup of manifest ``digest`` left, and the registry's

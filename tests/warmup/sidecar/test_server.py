@@ -25,7 +25,7 @@ from registry import Entry, KernelConfig, RegistryError, Store, bundle, cpu_fing
 from tests.conftest import free_port, gpu_fingerprint, wait_for
 from warmup.manifest import load_manifest
 from warmup.metrics import RunMetrics
-from warmup.results import ModelResult, RunStatus, ShapeResult
+from warmup.results import ModelResult, RunStatus, ServerWarm, ShapeResult
 from warmup.serving.metrics import ServingMetrics
 from warmup.settings import Settings
 from warmup.sidecar.server import Sidecar
@@ -115,6 +115,52 @@ def test_a_run_of_compiled_models_alone_is_ready_and_names_them(sidecar, setting
     ready_status(settings, shapes=[], models=[model, model.model_copy(update={"rank": 1})])
     code, body = get(sidecar.url + "/readyz")
     assert code == 200 and json.loads(body)["models"] == ["blocks"]
+
+
+def test_readiness_can_follow_the_servers_declared_warm_ranks(settings):
+    """``ready_after_server``: the init's status, then every server rank primed and
+    declared warm (``Serving.declare_warm``) for this manifest; a rank that starts
+    again is not warm until it says so again."""
+    from warmup.serving import Serving
+
+    settings = settings.updated(ready_after_server=2)
+    ready_status(settings)
+    with running(settings) as car:
+        code, body = get(car.url + "/readyz")
+        assert code == 503
+        assert json.loads(body)["reason"] == (
+            "the server has not declared itself warm (0 of 2 ranks)"
+        )
+        with Serving(settings, rank=0, follow=False) as rank0:
+            rank0.declare_warm()
+            stale = ServerWarm(rank="1", manifest_digest="another manifest", declared=0.0)
+            stale.write(settings.metrics_dir)
+            assert "(1 of 2 ranks)" in wait_for_reason(car)
+            with Serving(settings, rank=1, follow=False) as rank1:  # it starts again
+                assert not ServerWarm.path(settings.metrics_dir, 1).exists()
+                rank1.declare_warm()
+                assert wait_for_code(car, 200)
+            assert wait_for_code(car, 503)  # rank 1 closed: no longer warm
+
+
+def wait_for_reason(car):
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        _, body = get(car.url + "/readyz")
+        reason = json.loads(body).get("reason", "")
+        if "0 of" not in reason:
+            return reason
+        time.sleep(0.05)
+    return reason
+
+
+def wait_for_code(car, code):
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if get(car.url + "/readyz")[0] == code:
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def test_a_failed_model_is_not_ready_and_named(sidecar, settings):
