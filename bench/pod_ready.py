@@ -169,6 +169,7 @@ class PodDirs:
     @classmethod
     def under(cls, root: Path, pod: Pod) -> PodDirs:
         own = root / "pod"
+        shutil.rmtree(own, ignore_errors=True)  # what a pod killed before retire() left
         caches = root / "caches" / pod.caches if pod.caches else own
         dirs = cls(own / "work", own / "home", caches / "triton-cache", caches / "inductor-cache")
         for folder in (dirs.work, dirs.home, dirs.triton, dirs.inductor):

@@ -27,7 +27,7 @@ import logging
 import os
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,7 +50,10 @@ KERNELS_PACKAGE = "kernels"  # its sources fix every kernel's source hash
 # (paths never enter a key), nor this project's own settings.
 KNOB_PREFIXES = ("TRITON_", "TORCHINDUCTOR_", "TORCH_COMPILE_")
 NOT_KNOBS = ("TRITON_WARMUP_", "TRITON_CACHE_DIR", "TRITON_HOME", "TRITON_DUMP_DIR")
-NOT_KNOB_SUFFIXES = ("_DIR", "_PATH")
+NOT_KNOB_SUFFIXES = ("_DIR",)  # a tool's path (TRITON_PTXAS_PATH) is a knob: it picks ptxas
+# Where GPUs are MIG instances, the container's list of devices names them "MIG-...":
+# a MIG slice has other SMs and memory than the GPU model /proc names.
+DEVICE_LISTS = ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,7 @@ class Probe:
     packages: Mapping[str, str] = field(default_factory=dict)  # name -> version and build
     kernels: str = ""  # digest of the kernels package's sources
     knobs: Mapping[str, str] = field(default_factory=dict)
+    mig: bool = False  # the visible GPUs are MIG instances
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -105,6 +109,7 @@ def probe(device: str, visible_gpus: int, *, proc: Path = NVIDIA_PROC) -> Probe:
         packages={name: package_build(*names) for name, names in PACKAGES.items()},
         kernels=sources_digest(KERNELS_PACKAGE),
         knobs=knobs(os.environ),
+        mig=on_gpu and any("MIG-" in os.environ.get(name, "") for name in DEVICE_LISTS),
     )
 
 
@@ -189,10 +194,12 @@ class HostRecord:
     triton_env: Mapping[str, str] = field(default_factory=dict)
     kernel_hashes: Mapping[str, str] = field(default_factory=dict)
     items: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    ambiguous: bool = False  # hosts of this probe detected different fingerprints
 
     def to_json(self) -> dict[str, Any]:
         return {
             "version": VERSION,
+            "ambiguous": self.ambiguous,
             "probe": dict(self.probe),
             "fingerprint": self.fingerprint.to_json(),
             "triton_env": dict(self.triton_env),
@@ -221,19 +228,22 @@ class HostRecord:
             triton_env={str(k): str(v) for k, v in parts["triton_env"].items()},
             kernel_hashes={str(k): str(v) for k, v in parts["kernel_hashes"].items()},
             items=items,
+            ambiguous=data.get("ambiguous") is True,
         )
 
     def merged(self, older: HostRecord | None) -> HostRecord:
-        """This record with the items of ``older`` it does not list, when both were
-        detected as one fingerprint (another fingerprint's keys are dropped)."""
-        if older is None or older.fingerprint != self.fingerprint:
+        """This record with what ``older`` holds that it does not (items, kernels' hashes).
+        Hosts of one probe that detected another fingerprint (a topology, a MIG profile,
+        a tool the probe cannot see) make the record ``ambiguous``: no full hit is taken
+        from it again, and the full warm runs."""
+        if older is None:
             return self
-        return HostRecord(
-            self.probe,
-            self.fingerprint,
-            self.triton_env,
-            self.kernel_hashes,
-            {**older.items, **self.items},
+        if older.ambiguous or older.fingerprint != self.fingerprint:
+            return replace(self, items={}, ambiguous=True)
+        return replace(
+            self,
+            kernel_hashes={**older.kernel_hashes, **self.kernel_hashes},
+            items={**older.items, **self.items},
         )
 
 
@@ -288,6 +298,7 @@ def items_of(
 # ---- on the registry's remote tier: pods on nodes without a shared volume ---------------
 
 REMOTE_PREFIX = "triton-warmup:host:"
+REMOTE_TTL_S = 30 * 24 * 3600  # a record no pod has written for a month goes
 
 
 def remote_key(found: Probe) -> str:
@@ -295,10 +306,15 @@ def remote_key(found: Probe) -> str:
 
 
 def publish_record(tier: RemoteTier, found: Probe, record: HostRecord) -> bool:
-    """``record`` on the remote tier under the probe's key (a later writer replaces it:
-    records of one probe name one fingerprint); False when the tier did not take it."""
-    data = atomic.dumps(record.to_json()).encode()
-    return tier.call(lambda client: bool(client.set(remote_key(found), data))) is True
+    """``record`` merged into the one the remote tier holds under the probe's key (two
+    writers at once lose at most the other's new items), kept for :data:`REMOTE_TTL_S`;
+    False when the tier did not take it."""
+    data = atomic.dumps(record.merged(fetch_record(tier, found)).to_json()).encode()
+
+    def put(client: Any) -> bool:
+        return bool(client.set(remote_key(found), data, ex=REMOTE_TTL_S))
+
+    return tier.call(put) is True
 
 
 def fetch_record(tier: RemoteTier, found: Probe) -> HostRecord | None:
@@ -314,10 +330,11 @@ def fetch_record(tier: RemoteTier, found: Probe) -> HostRecord | None:
             "host record %s on the remote tier: %d bytes; limit %d", name, size, MAX_RECORD_BYTES
         )
         return None
-    raw = tier.call(lambda client: client.get(name) or b"")
+    # never more than the bound, even if the value grew since its length was read
+    raw = tier.call(lambda client: client.getrange(name, 0, MAX_RECORD_BYTES) or b"")
     try:
         if raw is None or len(raw) > MAX_RECORD_BYTES:
-            raise ValueError("gone, or grown past its limit since its length was read")
+            raise ValueError(f"grown past {MAX_RECORD_BYTES} bytes since its length was read")
         record = HostRecord.from_json(atomic.loads(raw))
         differing = found.differences(record.probe)
         if differing:

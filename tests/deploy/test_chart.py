@@ -371,7 +371,8 @@ def test_the_sidecar_harvests_from_the_servers_caches(chart):
     assert env(sidecar)["TRITON_WARMUP_HARVEST"] == "true"
     assert env(sidecar)["TRITON_WARMUP_HARVEST_MAX_PER_MINUTE"] == "600"
     assert env(sidecar)["TRITON_WARMUP_TRITON_CACHE_DIR"] == mounts(server)["triton-cache"]
-    off, _ = containers(render(chart, {"sidecar": {"harvest": {"enabled": False}}})[0])
+    values = {"sidecar": {"harvest": {"enabled": False}}, "warmup": {"modelsOnMiss": "init"}}
+    off, _ = containers(render(chart, values)[0])
     assert env(off["warmup-sidecar"])["TRITON_WARMUP_HARVEST"] == "false"
 
 
@@ -508,3 +509,11 @@ def test_readiness_follows_the_servers_ranks_when_asked(chart):
     cpu = {"gpus": 0, "sidecar": {"readyAfterServer": True}}
     by_name, _ = containers(render(chart, cpu)[0])
     assert env(by_name["warmup-sidecar"])["TRITON_WARMUP_READY_AFTER_SERVER"] == "1"
+
+
+def test_models_left_to_the_server_need_the_harvest(chart):
+    with pytest.raises(Exception, match=r"modelsOnMiss=server needs sidecar\.harvest\.enabled"):
+        render(chart, {"sidecar": {"harvest": {"enabled": False}}})
+    off = {"sidecar": {"harvest": {"enabled": False}}, "warmup": {"modelsOnMiss": "init"}}
+    by_name, _ = containers(render(chart, off)[0])
+    assert env(by_name["warmup"])["TRITON_WARMUP_MODELS_ON_MISS"] == "init"

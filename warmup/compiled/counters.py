@@ -111,7 +111,10 @@ def _autotunes(inductor: Any) -> dict[str, int]:
 
     kinds = {
         "gemm_autotunes": sum(
-            len(runs) for name, runs in timed.items() if name.endswith(_TEMPLATE_AUTOTUNING)
+            # a copy: another thread's compile may add a name meanwhile
+            len(runs)
+            for name, runs in list(timed.items())
+            if name.endswith(_TEMPLATE_AUTOTUNING)
         ),
         "coordesc_benchmarks": len(timed.get(_COORDESC, ())),
         "config_benchmarks": len(timed.get(_BENCHMARK_ALL_CONFIGS, ())),

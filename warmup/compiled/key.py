@@ -52,12 +52,16 @@ def model_key(model: ModelEntry) -> ModelKey:
 
 
 def module_source(module_name: str) -> str:
-    """The source text of ``module_name``, found as an import would find it."""
-    from warmup.manifest import _working_folder_importable
+    """The source text of ``module_name``, found as an import would find it, without
+    running its packages' ``__init__`` (which may import torch: the init container's
+    full hit keys models without it); a package whose ``__init__`` adds the submodule
+    to its path is imported as a last resort."""
+    from warmup.manifest import _find_spec, _working_folder_importable
 
     try:
         with _working_folder_importable():
-            spec = importlib.util.find_spec(module_name)
+            found = _find_spec(module_name)
+            spec = importlib.util.find_spec(module_name) if isinstance(found, str) else found
     except (ImportError, ValueError) as e:
         raise ValueError(f"cannot import {module_name}: {named(e)}") from None
     if spec is None:

@@ -16,6 +16,7 @@ and logged (``warmup.serving``). ``TRITON_WARMUP_FULL_HIT_EXIT=false`` turns thi
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Mapping
@@ -27,7 +28,7 @@ from registry import hosts, inductor_cache, remote_models
 from registry.errors import RegistryError, named
 from registry.hosts import HostRecord, Probe
 from registry.remote import RemoteTier
-from warmup.compiled.key import ModelKey, model_key
+from warmup.compiled.key import ModelKey, model_key, module_source
 from warmup.manifest import Manifest, ModelEntry
 from warmup.results import ModelResult, RunStatus, ShapeResult
 from warmup.settings import Settings
@@ -54,7 +55,18 @@ def look(
     """A :class:`FullHit` for this host (``found``), or one line saying what misses.
     ``remote``: the registry's remote tier, asked when the volume misses (a pod on a node
     without the fleet's volume): its record of such hosts, then what the volume lacks of
-    the shapes and models that record names, fetched into the volume."""
+    the shapes and models that record names, fetched into the volume (and the record
+    kept there: what is not a hit is left to the server or warmed). Never raises: what
+    cannot be read is a miss, and the full warm runs."""
+    try:
+        return _looked(settings, manifest, world, found, remote)
+    except Exception as e:  # a shortcut, never an authority
+        return f"the stored state could not be read ({named(e)})"
+
+
+def _looked(
+    settings: Settings, manifest: Manifest, world: int, found: Probe, remote: RemoteTier | None
+) -> FullHit | str:
     try:
         record = hosts.read_record(settings.paths.hosts, found)
     except RegistryError as e:
@@ -63,17 +75,15 @@ def look(
     if isinstance(local, FullHit) or remote is None:
         return local
     record = record or hosts.fetch_record(remote, found)
-    if record is None:
+    if record is None or record.ambiguous:
         return local
     try:
         _pull(settings, manifest, world, record, remote)
     except Exception as e:  # the full warm fetches what it can, and says why not
         log.warning("the remote tier's artifacts not fetched: %s", named(e))
         return local
-    pulled = _look(settings, manifest, world, record)
-    if isinstance(pulled, FullHit):
-        hosts.write_record(settings.paths.hosts, found, record)
-    return pulled
+    hosts.write_record(settings.paths.hosts, found, record)
+    return _look(settings, manifest, world, record)
 
 
 def _look(
@@ -81,6 +91,11 @@ def _look(
 ) -> FullHit | str:
     if record is None:
         return "no warm run has recorded a host with this software, GPUs, driver and kernels"
+    if record.ambiguous:
+        return (
+            "hosts with this probe detected different fingerprints (a GPU topology, a MIG "
+            "profile or a tool it cannot see): its fingerprint must be detected"
+        )
     shapes = _stored_shapes(settings, manifest, world, record)
     if isinstance(shapes, str):
         return shapes
@@ -139,6 +154,9 @@ def _stored_shapes(
                 return f"{where} was never warmed on a host like this one"
             key = dict(item["key"])
             if entry.kernel not in ADAPTERS:  # a user function: its kernels are in the cache
+                source = user_source(entry.kernel)
+                if not source or item.get("source") != source:
+                    return f"{where}: its function's module changed since it was warmed"
                 shapes.append(ShapeResult(kernel=entry.kernel, key=key, source="user"))
                 continue
             kernel_hash = record.kernel_hashes.get(entry.kernel, "")
@@ -376,13 +394,26 @@ def _record_of(
     from warmup.explain import kernel_hashes  # imports the kernels: the launcher did already
 
     paired = [(*item, result.key) for item, result in zip(declared, ranked, strict=True)]
+    items = hosts.items_of(paired)
+    for item in items.values():  # a user function's kernels: as its module's source was
+        if item["kernel"] not in ADAPTERS:
+            item["source"] = user_source(item["kernel"])
     return HostRecord(
         probe=found.to_json(),
         fingerprint=_without_kernel(status.fingerprint),
         triton_env=status.triton_env,
         kernel_hashes=kernel_hashes(manifest),
-        items=hosts.items_of(paired),
+        items=items,
     )
+
+
+def user_source(function: str) -> str:
+    """A digest of the source of a user function's module (``module:function``), read
+    without importing it; "" when it cannot be read (then it is never a full hit)."""
+    try:
+        return hashlib.sha256(module_source(function.partition(":")[0]).encode()).hexdigest()
+    except ValueError:
+        return ""
 
 
 def _without_kernel(data: Mapping[str, Any]) -> Any:

@@ -147,8 +147,9 @@ def build_served(
     same list on every rank, a failure logged, not fatal). The init container's status
     (``settings.status_file``) is compared with this process first (:func:`mismatches`)
     and says why a prime compiled; the outcome is logged, counted in ``metrics`` and kept
-    as ``served.primed``. ``before_prime``: called once the model is built (the
-    compiler's imports, ``warmup.serving.preload``, waited for). KeyError when the
+    as ``served.primed``. ``before_prime``: called before the model is built (the
+    compiler's imports, ``warmup.serving.preload``, waited for: a build that imports
+    Dynamo while the preload's thread does could get a module half made). KeyError when the
     manifest declares no such model, ValueError when it cannot be built or fails at a
     shape."""
     manifest = manifest or load_manifest(settings.manifest)
@@ -158,11 +159,11 @@ def build_served(
     _report_mismatches(name, differ, metrics)
     use_inductor_cache(settings)
     if status is not None and status.fingerprint is None:  # before anything compiles
-        _tell_host(settings, device, metrics.rank if metrics is not None else 0)
+        _tell_host(settings, device)
     started, before = time.perf_counter(), snapshot()
-    served = ServedModel(entry, build_model(entry, device), guard, recorder)
-    if before_prime is not None:
+    if before_prime is not None:  # no import of Dynamo by two threads at once
         before_prime()
+    served = ServedModel(entry, build_model(entry, device), guard, recorder)
     if not prime:
         return served
     calls = _prime_all(served, learned or [], device)
@@ -181,14 +182,13 @@ def build_served(
     return served
 
 
-def _tell_host(settings: Settings, device: Any, rank: object) -> None:
+def _tell_host(settings: Settings, device: Any) -> None:
     """The init container started no rank to detect this host (``leave_to_the_server``):
-    rank 0 writes what it detects beside its metrics, where the sidecar's harvest reads
+    every rank writes what it detects (one host: the same file) beside its metrics,
+    before it compiles anything, where the sidecar's harvest reads
     it to store what this process compiles, and to record the host for the next pod.
     Written before the first compile: the harvest takes only what is compiled after
     it knows the host (half a second, in the fleet's first pod only)."""
-    if str(rank) != "0":
-        return
     from registry.fingerprint import detect_for
     from registry.triton_internals import cache_env
 

@@ -4,8 +4,10 @@ A server's first ``torch.compile`` call imports Dynamo and Inductor (seconds on 
 cache: 8.7 to 11.7 s of a 15 s ready time went to that first call, imports and tracing,
 in issue [4.1]'s measurement). Nothing about those imports depends on the model, so
 ``Serving()`` starts them on a thread when the manifest declares a compiled model, and
-they run beside what the server does next (its ops, its model's weights);
-``Serving.model`` waits for them before its first call. The pod's Inductor environment
+they run beside what the server does next (its ops, its own weights); ``Serving.model``
+waits for them before it builds the model: two threads importing Dynamo at once can
+see it half made, so a server's own code that imports it first calls
+``serving.preload.wait()``. The pod's Inductor environment
 (``warmup.serving.models.use_inductor_cache``) is set first, since Inductor reads its
 knobs when its config is imported.
 """

@@ -211,7 +211,25 @@ class Harvester(FileSystemEventHandler):
         self._ready_checked = now
         status = self._status()
         self._was_ready = status is not None and self._host(status) is not None
+        if self._was_ready and status is not None and not status.fingerprint:
+            self._catch_up()
         return self._was_ready
+
+    def _catch_up(self) -> None:
+        """The host was told by the server (its init started no rank): what the server
+        compiled before this harvest knew it was dropped, so the Triton cache is offered
+        once as it is now, and the Inductor cache's save is due."""
+        try:
+            folders = sorted(p for p in self.triton_dir.iterdir() if p.is_dir())
+        except OSError:
+            folders = []
+        for folder in folders:
+            with contextlib.suppress(OSError):
+                for path in sorted(folder.iterdir()):
+                    kind = self._kind(path)
+                    if kind is not None:
+                        self.offer(kind, path)
+        self.offer("inductor", self.inductor_dir)
 
     def _host(self, status: RunStatus) -> tuple[Fingerprint, dict[str, str]] | None:
         """The fingerprint and Triton knobs what the server compiles is stored under:

@@ -91,3 +91,22 @@ def test_a_models_key_changes_with_what_its_artifacts_depend_on_and_not_with_pat
     assert base.digest not in digests and len(digests) == len(changed)
     assert model_key(parse_manifest(text.replace("name: m", "name: n")).models[0]) == base
     assert str(tmp_path) not in str(base.parts) and "/" not in base.parts["module_sha"]
+
+
+def test_a_models_key_runs_none_of_its_packages_code(tmp_path, monkeypatch):
+    """The init container keys models without importing torch: a package's ``__init__``
+    (which may import it) is not run to find the build function's module."""
+    from warmup.compiled.key import model_key
+    from warmup.manifest import parse_manifest
+
+    package = tmp_path / "keyed_pkg_x"
+    package.mkdir()
+    (package / "__init__.py").write_text("raise RuntimeError('the package ran')\n")
+    (package / "model.py").write_text("def build(device):\n    return None\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    text = (
+        "version: 1\nmodels:\n  - name: m\n    build: keyed_pkg_x.model:build\n"
+        "    dims: {batch: [1]}\n    inputs: [{shape: [batch, 4], dtype: fp32}]\n"
+    )
+    key = model_key(parse_manifest(text).models[0])
+    assert key.parts["build"] == "keyed_pkg_x.model:build" and "keyed_pkg_x" not in sys.modules

@@ -67,6 +67,9 @@ def warm_volume(tmp_path):
         fingerprint=fingerprint,
     )  # fmt: skip
     items = hosts.items_of((*item, key_of(item[3])) for item in shapes_of(manifest))
+    for item in items.values():
+        if item["kernel"] != "ag_gemm":  # a user function, as its module's source is
+            item["source"] = full_hit.user_source(item["kernel"])
     record = HostRecord(PROBE.to_json(), fingerprint, {}, {"ag_gemm": HASH}, items)
     hosts.write_record(settings.paths.hosts, PROBE, record)
     return settings, manifest
@@ -85,7 +88,7 @@ def test_every_declared_shape_and_model_stored_is_a_full_hit(warm_volume):
     assert [model.name for model, _ in hit.models] == ["mlp"]
 
 
-def test_each_miss_is_named_in_one_line(warm_volume, tmp_path):
+def test_each_miss_is_named_in_one_line(warm_volume, tmp_path, monkeypatch):
     settings, manifest = warm_volume
     other_host = Probe(device="cpu", python="3.12.0", kernels="k1")
     assert "no warm run has recorded" in full_hit.look(settings, manifest, 2, other_host)
@@ -113,6 +116,27 @@ def test_each_miss_is_named_in_one_line(warm_volume, tmp_path):
     )
     hosts.record_path(settings.paths.hosts, PROBE).write_text("{}")
     assert full_hit.look(settings, manifest, 2, PROBE).startswith("the host record is unusable")
+    # what cannot be read (an index a stat fails on): a miss, never the init's failure
+    hosts.record_path(settings.paths.hosts, PROBE).write_text(json.dumps(recorded.to_json()))
+
+    def unreadable(*args):
+        raise PermissionError(13, "Permission denied", "models/mlp")
+
+    monkeypatch.setattr(full_hit, "_stored_models", unreadable)
+    assert full_hit.look(settings, manifest, 2, PROBE) == (
+        "the stored state could not be read (PermissionError: [Errno 13] Permission denied: "
+        "'models/mlp')"
+    )
+
+
+def test_a_user_functions_module_that_changed_is_not_a_hit(warm_volume, monkeypatch):
+    settings, manifest = warm_volume
+    assert isinstance(full_hit.look(settings, manifest, 2, PROBE), full_hit.FullHit)
+    monkeypatch.setattr(full_hit, "user_source", lambda function: "edited")
+    assert full_hit.look(settings, manifest, 2, PROBE) == (
+        "tests.warmup.user_functions:record_call fp32 M=8 N=8 K=8: its function's module "
+        "changed since it was warmed"
+    )
 
 
 def test_a_full_hit_restores_and_writes_a_ready_status_with_its_metrics(warm_volume):
@@ -153,6 +177,11 @@ def test_a_ready_full_run_records_its_host_and_keys(warm_volume, tmp_path):
     assert record.fingerprint == cpu_fingerprint()  # the kernel hash is per kernel
     assert record.kernel_hashes["ag_gemm"]  # the adapter's own source hash
     assert len(record.items) == 3
+    user = hosts.item_id(
+        "tests.warmup.user_functions:record_call", "fp32", 2, {"M": 8, "N": 8, "K": 8}
+    )
+    assert record.items[user]["source"] == full_hit.user_source(record.items[user]["kernel"])
+    assert len(record.items[user]["source"]) == 64
     item = hosts.item_id("ag_gemm", "fp32", 2, {"M": 64, "N": 48, "K": 32})
     assert record.items[item]["key"] == key_of({"M": 64, "N": 48, "K": 32})
 
@@ -207,7 +236,8 @@ def test_a_remote_tier_missing_a_shape_leaves_the_full_warm(warm_volume, tmp_pat
     assert full_hit.look(empty, manifest, 2, PROBE, tier) == (
         "ag_gemm fp32 M=32 N=32 K=32 is not stored for this host's fingerprint"
     )
-    assert not empty.paths.hosts.exists()  # no record of a host that was not a hit
+    # the record is kept on this volume: what is stored is restored, the rest warmed
+    assert hosts.read_record(empty.paths.hosts, PROBE) is not None
 
 
 @pytest.mark.slow

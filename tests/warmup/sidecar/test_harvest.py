@@ -315,6 +315,32 @@ def test_events_before_ready_are_not_queued_nor_spend_the_rate(pod):
         harvest.stop()
 
 
+def test_what_the_server_compiled_before_it_told_the_host_is_caught_up(pod):
+    """An init that started no rank writes no fingerprint: the server tells it
+    (``host.json`` beside its metrics). What it compiled before the harvest knew the
+    host (the events were dropped) is offered once the host is known."""
+    from warmup.results import RankHost
+
+    ready(pod, fingerprint=FP)
+    status = RunStatus.read(pod.status_file).model_copy(update={"fingerprint": None})
+    status.write(pod.status_file)
+    harvest = harvester(pod)
+    harvest.offer("kernel", group_of(pod.triton_cache_dir))  # compiled, host unknown
+    assert not harvest._pending
+    RankHost(fingerprint=FP.to_json()).write(pod.metrics_dir)
+    harvest._ready_checked = -1.0  # the next event reads the status again
+    harvest.offer("inductor", pod.inductor_cache_dir)
+    assert [kind for kind, _ in harvest._pending] == ["kernel"]  # the catch-up's
+    harvest.start()
+    try:
+        deadline = time.monotonic() + 10
+        while counted(harvest, "triton-kernels", "harvested") < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        harvest.stop()
+
+
 def test_a_folder_swapped_for_a_link_is_never_read_through(pod, tmp_path):
     folder = group_of(pod.triton_cache_dir).parent
     elsewhere = tmp_path / "secrets"
