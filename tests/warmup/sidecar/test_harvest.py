@@ -84,6 +84,18 @@ def counted(harvest: Harvester, family: str, result: str) -> float:
     return value or 0.0
 
 
+def harvested_by_its_worker(harvest: Harvester) -> None:
+    """Start the harvest's worker until it harvested one kernel (10 s at most)."""
+    harvest.start()
+    try:
+        deadline = time.monotonic() + 10
+        while counted(harvest, "triton-kernels", "harvested") < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        harvest.stop()
+
+
 def snapshot(root: Path) -> dict[str, bytes]:
     if not root.exists():
         return {}
@@ -305,14 +317,7 @@ def test_events_before_ready_are_not_queued_nor_spend_the_rate(pod):
     ready(pod)
     harvest._ready_checked = -1.0  # the next event reads the status again
     harvest.offer("kernel", group_of(pod.triton_cache_dir))
-    harvest.start()
-    try:
-        deadline = time.monotonic() + 10
-        while counted(harvest, "triton-kernels", "harvested") < 1:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-    finally:
-        harvest.stop()
+    harvested_by_its_worker(harvest)
 
 
 def test_what_the_server_compiled_before_it_told_the_host_is_caught_up(pod):
@@ -331,14 +336,7 @@ def test_what_the_server_compiled_before_it_told_the_host_is_caught_up(pod):
     harvest._ready_checked = -1.0  # the next event reads the status again
     harvest.offer("inductor", pod.inductor_cache_dir)
     assert [kind for kind, _ in harvest._pending] == ["kernel"]  # the catch-up's
-    harvest.start()
-    try:
-        deadline = time.monotonic() + 10
-        while counted(harvest, "triton-kernels", "harvested") < 1:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-    finally:
-        harvest.stop()
+    harvested_by_its_worker(harvest)
 
 
 def test_a_folder_swapped_for_a_link_is_never_read_through(pod, tmp_path):
