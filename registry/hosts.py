@@ -285,6 +285,16 @@ def write_record(folder: Path, found: Probe, record: HostRecord) -> Path:
     return path
 
 
+def keep_record(
+    folder: Path, found: Probe, record: HostRecord, remote: RemoteTier | None = None
+) -> None:
+    """``record`` merged into the volume's (``folder``) and, when there is one, the remote
+    tier's record of hosts like ``found``."""
+    write_record(folder, found, record)
+    if remote is not None:
+        publish_record(remote, found, record)
+
+
 def items_of(
     shapes: Iterable[tuple[str, str, int, Mapping[str, int], Mapping[str, Any]]],
 ) -> dict[str, dict[str, Any]]:

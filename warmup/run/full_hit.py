@@ -19,15 +19,18 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from kernels import ADAPTERS
 from registry import hosts, inductor_cache, remote_models
 from registry.errors import RegistryError, named
+from registry.fingerprint import Fingerprint
 from registry.hosts import HostRecord, Probe
 from registry.remote import RemoteTier
+from registry.tiered import TieredStore
 from warmup.compiled.key import ModelKey, model_key, module_source
 from warmup.manifest import Manifest, ModelEntry
 from warmup.results import ModelResult, RunStatus, ShapeResult
@@ -71,24 +74,10 @@ def _looked(
         record = hosts.read_record(settings.paths.hosts, found)
     except RegistryError as e:
         return f"the host record is unusable: {e}"
-    local = _look(settings, manifest, world, record)
-    if isinstance(local, FullHit) or remote is None:
-        return local
-    record = record or hosts.fetch_record(remote, found)
-    if record is None or record.ambiguous:
-        return local
-    try:
-        _pull(settings, manifest, world, record, remote)
-    except Exception as e:  # the full warm fetches what it can, and says why not
-        log.warning("the remote tier's artifacts not fetched: %s", named(e))
-        return local
-    hosts.write_record(settings.paths.hosts, found, record)
-    return _look(settings, manifest, world, record)
-
-
-def _look(
-    settings: Settings, manifest: Manifest, world: int, record: HostRecord | None
-) -> FullHit | str:
+    if record is None and remote is not None:
+        record = hosts.fetch_record(remote, found)
+        if record is not None and not record.ambiguous:  # kept: what misses is warmed
+            hosts.write_record(settings.paths.hosts, found, record)
     if record is None:
         return "no warm run has recorded a host with this software, GPUs, driver and kernels"
     if record.ambiguous:
@@ -96,54 +85,25 @@ def _look(
             "hosts with this probe detected different fingerprints (a GPU topology, a MIG "
             "profile or a tool it cannot see): its fingerprint must be detected"
         )
-    shapes = _stored_shapes(settings, manifest, world, record)
+    shapes = _stored_shapes(settings, manifest, world, record, remote)
     if isinstance(shapes, str):
         return shapes
-    models = _stored_models(settings, manifest.models_for(world), record)
+    models = _stored_models(settings, manifest.models_for(world), record, remote)
     if isinstance(models, str):
         return models
     return FullHit(record, shapes, models)
 
 
-def _pull(
-    settings: Settings, manifest: Manifest, world: int, record: HostRecord, remote: RemoteTier
-) -> None:
-    """What the remote tier holds of the record's shapes and the declared models, and the
-    volume lacks, fetched into the volume (each stops at the first miss: one is enough
-    to need the full warm)."""
-    store = settings.store(run=True)
-    for entry in manifest.entries_for(world):
-        if entry.kernel not in ADAPTERS:
-            continue
-        fingerprint = record.fingerprint.with_kernel(record.kernel_hashes.get(entry.kernel, ""))
-        for shape in entry.expand():
-            item = record.items.get(hosts.item_id(entry.kernel, entry.dtype, world, shape))
-            if item is None:
-                return
-            if store.lookup(entry.kernel, item["key"], fingerprint, settings.match_policy):
-                continue
-            fetched = remote.fetch(entry.kernel, item["key"], fingerprint, settings.match_policy)
-            if fetched is None:
-                return
-            store.put(fetched)
-    root = settings.paths.inductor
-    for model in manifest.models_for(world):
-        key = model_key(model)
-        if not inductor_cache.index_path(
-            root, model.name, key.digest, record.fingerprint
-        ).is_file():
-            fingerprint = record.fingerprint
-            if not remote_models.fetch(
-                remote, root, model=model.name, key_digest=key.digest, fingerprint=fingerprint
-            ):
-                return
-
-
 def _stored_shapes(
-    settings: Settings, manifest: Manifest, world: int, record: HostRecord
+    settings: Settings,
+    manifest: Manifest,
+    world: int,
+    record: HostRecord,
+    remote: RemoteTier | None,
 ) -> list[ShapeResult] | str:
-    """Each declared kernel shape as the store holds it for the recorded fingerprint."""
-    store, shapes = settings.store(), []
+    """Each declared kernel shape as the store holds it for the recorded fingerprint: the
+    volume's, else the remote tier's (filed in the volume: ``TieredStore``)."""
+    store, shapes = TieredStore(settings.store(run=True), remote), []
     for entry in manifest.entries_for(world):
         for shape in entry.expand():
             item = record.items.get(hosts.item_id(entry.kernel, entry.dtype, world, shape))
@@ -172,22 +132,31 @@ def _stored_shapes(
 
 
 def _stored_models(
-    settings: Settings, models: list[ModelEntry], record: HostRecord
+    settings: Settings, models: list[ModelEntry], record: HostRecord, remote: RemoteTier | None
 ) -> list[tuple[ModelEntry, ModelKey]] | str:
-    """Each declared model with its key, when its artifacts are stored for this host."""
-    found = []
+    """Each declared model with its key, when its artifacts are stored for this host:
+    on the volume, else on the remote tier (fetched into the volume)."""
+    found, root, fingerprint = [], settings.paths.inductor, record.fingerprint
     for model in models:
         try:
             key = model_key(model)
         except ValueError as e:
             return f"model {model.name} has no key: {e}"
-        index = inductor_cache.index_path(
-            settings.paths.inductor, model.name, key.digest, record.fingerprint
-        )
-        if not index.is_file():
+        if not _model_stored(root, model.name, key.digest, fingerprint, remote):
             return f"model {model.name} is not stored for this host's fingerprint"
         found.append((model, key))
     return found
+
+
+def _model_stored(
+    root: Path, name: str, digest: str, fingerprint: Fingerprint, remote: RemoteTier | None
+) -> bool:
+    """Whether the volume holds the model's index, fetched from the remote tier if not."""
+    if inductor_cache.index_path(root, name, digest, fingerprint).is_file():
+        return True
+    return remote is not None and remote_models.fetch(
+        remote, root, model=name, key_digest=digest, fingerprint=fingerprint
+    )
 
 
 def restore_and_finish(
@@ -201,36 +170,37 @@ def restore_and_finish(
 ) -> RunStatus:
     """The volume restored into this pod (registry recovery, Triton's cache, each model's
     artifacts), the run's metrics and a ready status written; the status."""
+    fingerprint = hit.record.fingerprint
+    return _finish(
+        settings, manifest, world, hit.record,
+        lambda: [_restored(settings, fingerprint, model, key) for model, key in hit.models],
+        started=started, phases=phases, shapes=hit.shapes, full_hit=True,
+    )  # fmt: skip
+
+
+def _finish(
+    settings: Settings,
+    manifest: Manifest,
+    world: int,
+    record: HostRecord | None,
+    models_of: Callable[[], list[ModelResult]],
+    *,
+    started: float,
+    phases: Mapping[str, float],
+    **fields: Any,
+) -> RunStatus:
+    """A run that started no rank: the volume restored into this pod (the registry's
+    recovery, Triton's cache, then ``models_of``'s), its metrics and its status written
+    (ready unless a model failed; the record's fingerprint, when there is one)."""
     from warmup.run.session import restore  # the registry's recovery and Triton's cache
 
     restoring = time.perf_counter()
     recovered = restore(settings)
-    models = [_restored(settings, hit, model, key) for model, key in hit.models]
+    models = models_of()
     run = {**phases, "restore": time.perf_counter() - restoring}
     duration = time.time() - started
-    _write_metrics(settings, hit.shapes, models, duration, run, recovered)
-    status = _ended(
-        manifest, world, started, duration, run,
-        fingerprint=hit.record.fingerprint.to_json(),
-        triton_env=dict(hit.record.triton_env),
-        shapes=hit.shapes,
-        models=models,
-        full_hit=True,
-    )  # fmt: skip
-    return status.write(settings.status_file)
-
-
-def _ended(
-    manifest: Manifest,
-    world: int,
-    started: float,
-    duration: float,
-    run: dict[str, float],
-    **fields: Any,
-) -> RunStatus:
-    """The status of a run that started no rank, ended now: ready unless a model failed."""
-    models: list[ModelResult] = fields.get("models", [])
-    return RunStatus.ended(
+    _write_metrics(settings, fields.get("shapes", []), models, duration, run, recovered)
+    status = RunStatus.ended(
         ready=not any(m.failed for m in models),
         manifest_digest=manifest.digest(),
         world=world,
@@ -238,11 +208,17 @@ def _ended(
         duration=duration,
         skipped_entries=manifest.skipped_entries(world),
         phases=run,
+        fingerprint=record.fingerprint.to_json() if record else None,
+        triton_env=dict(record.triton_env) if record else {},
+        models=models,
         **fields,
     )
+    return status.write(settings.status_file)
 
 
-def _restored(settings: Settings, hit: FullHit, model: ModelEntry, key: ModelKey) -> ModelResult:
+def _restored(
+    settings: Settings, fingerprint: Fingerprint, model: ModelEntry, key: ModelKey
+) -> ModelResult:
     """One model's artifacts copied into the pod's Inductor cache; a part that could not
     be is compiled by the server, which says so."""
     clock = time.perf_counter()
@@ -252,7 +228,7 @@ def _restored(settings: Settings, hit: FullHit, model: ModelEntry, key: ModelKey
             settings.inductor_cache_dir,
             model=model.name,
             key_digest=key.digest,
-            fingerprint=hit.record.fingerprint,
+            fingerprint=fingerprint,
         )
     except (OSError, RegistryError) as e:
         restore = f"failed: {named(e)}"
@@ -310,28 +286,15 @@ def leave_to_the_server(
     once (the fleet's first pod: no rank, no torch here). The status carries the probe:
     the server tells its fingerprint (``warmup.serving.models``) and the harvest records
     the host under it, so that the next pod's init is a full hit."""
-    from warmup.run.session import restore
-
-    restoring = time.perf_counter()
-    recovered = restore(settings)
     try:
         record = hosts.read_record(settings.paths.hosts, found)
     except RegistryError:
         record = None
-    models = [
-        _model_for_the_server(settings, record, model) for model in manifest.models_for(world)
-    ]
-    run = {**phases, "restore": time.perf_counter() - restoring}
-    duration = time.time() - started
-    _write_metrics(settings, [], models, duration, run, recovered)
-    status = _ended(
-        manifest, world, started, duration, run,
-        fingerprint=record.fingerprint.to_json() if record else None,
-        triton_env=dict(record.triton_env) if record else {},
-        models=models,
-        probe=found.to_json(),
+    return _finish(
+        settings, manifest, world, record,
+        lambda: [_model_for_the_server(settings, record, m) for m in manifest.models_for(world)],
+        started=started, phases=phases, probe=found.to_json(),
     )  # fmt: skip
-    return status.write(settings.status_file)
 
 
 def _model_for_the_server(
@@ -343,7 +306,7 @@ def _model_for_the_server(
     except ValueError as e:
         return ModelResult(name=model.name, phase="failed", error=str(e))
     if record is not None:
-        restored = _restored(settings, FullHit(record, []), model, key)
+        restored = _restored(settings, record.fingerprint, model, key)
         if restored.restore.startswith("hit"):
             return restored
     log.info("model %s: left to the server's priming (nothing stored for this host)", model.name)
@@ -366,10 +329,7 @@ def record_host(
         record = _record_of(manifest, world, found, status)
         if record is None:
             return
-        hosts.write_record(settings.paths.hosts, found, record)
-        remote = settings.remote()
-        if remote is not None:
-            hosts.publish_record(remote, found, record)
+        hosts.keep_record(settings.paths.hosts, found, record, settings.remote())
     except Exception as e:  # the pod is warm
         log.warning("host record not written: %s", named(e))
 
@@ -416,7 +376,5 @@ def user_source(function: str) -> str:
         return ""
 
 
-def _without_kernel(data: Mapping[str, Any]) -> Any:
-    from registry.fingerprint import Fingerprint
-
+def _without_kernel(data: Mapping[str, Any]) -> Fingerprint:
     return Fingerprint.from_json(data).with_kernel("")

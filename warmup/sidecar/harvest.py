@@ -497,9 +497,7 @@ class Harvester(FileSystemEventHandler):
             record = hosts.HostRecord(
                 found.to_json(), fingerprint.with_kernel(""), told.triton_env if told else {}
             )
-            hosts.write_record(self.settings.paths.hosts, found, record)
-            if self.remote is not None:
-                hosts.publish_record(self.remote, found, record)
+            hosts.keep_record(self.settings.paths.hosts, found, record, self.remote)
         except (OSError, ValueError, RegistryError) as e:
             log.warning("harvest: this host not recorded for the next pod: %s", e)
 
