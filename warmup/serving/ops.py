@@ -46,7 +46,7 @@ from kernels.adapter import BUCKET_FIELD, Layer, Served, indexed_device
 from registry import KernelConfig, Store, keys, triton_internals
 from registry.fingerprint import Fingerprint, detect_for
 from warmup.compiled.learned import Recorder
-from warmup.manifest import ManifestError, load_manifest
+from warmup.manifest import Manifest, ManifestError, load_manifest
 from warmup.results import ServerWarm
 from warmup.serving.compile_guard import guard_from_settings
 from warmup.serving.metrics import ServingMetrics
@@ -381,6 +381,7 @@ class Serving:
         self._thread: threading.Thread | None = None
         # a server started again in the same pod is not warm until it says so again
         ServerWarm.path(self.settings.metrics_dir, self.metrics.rank).unlink(missing_ok=True)
+        self._manifest: Manifest | None = None
         self.preload = _preload(self.settings)  # the compiler's imports, beside the server's
         _warn_if_autotune_results_are_not_cached()
         if follow:
@@ -438,7 +439,7 @@ class Serving:
         counted."""
         from warmup.serving.models import build_served
 
-        manifest = load_manifest(self.settings.manifest)
+        manifest = self._declared()
         try:
             learned = self._learned_shapes(manifest.model(name))
             with self._exempt():
@@ -471,6 +472,13 @@ class Serving:
         steps = Lockstep(group, timeout_s=self.settings.rank_timeout_s)
         return shared_dims(steps, self.settings.paths.learned, entry)
 
+    def _declared(self) -> Manifest:
+        """The settings' manifest, read once (each model and ``declare_warm`` ask it);
+        :class:`ManifestError` or OSError while it cannot be read."""
+        if self._manifest is None:
+            self._manifest = load_manifest(self.settings.manifest)
+        return self._manifest
+
     def declare_warm(self) -> None:
         """From now on every Triton compile or autotune run in this process is counted
         (``compile_guard=count``) or raises (``strict``); the sidecar's readiness is told
@@ -479,7 +487,7 @@ class Serving:
             self.guard.arm()
         self.flush_metrics()
         try:
-            digest = load_manifest(self.settings.manifest).digest()
+            digest = self._declared().digest()
         except (ManifestError, OSError):
             digest = ""  # a server without a manifest: its ops only
         warm = ServerWarm(rank=str(self.metrics.rank), manifest_digest=digest, declared=time.time())
