@@ -117,6 +117,7 @@ class BundleWatcher(FileSystemEventHandler):
         self._digests: dict[Stat, str] = {}  # the last scan's files: stat -> sha256
         # the folder as the last scan began, and retry_on's keys if it deferred a bundle
         self._signature: tuple[Listing, object] | None = None
+        self._scanned_at = time.monotonic()  # when the last scan began
         self._scan_lock = threading.Lock()
         self._wake = threading.Condition()
         self._due: float | None = None  # when the event-driven scan runs
@@ -188,7 +189,8 @@ class BundleWatcher(FileSystemEventHandler):
 
     def signature(self) -> tuple[Listing, object]:
         """Cheap: the bundles' names and stat keys; while a bundle waits, also
-        ``retry_on``'s stat keys and the minute (a store that was busy may take it now)."""
+        ``retry_on``'s stat keys and the periods of ``DEFERRED_RETRY_S`` since the last scan
+        (a store that was busy may take it now)."""
         waiting = self._signature is not None and self._signature[1] is not None
         return self._listing(), self._retry_keys() if waiting else None
 
@@ -196,7 +198,10 @@ class BundleWatcher(FileSystemEventHandler):
         return tuple((p.name, stat_key(p)) for p in self.bundles())
 
     def _retry_keys(self) -> object:
-        return tuple(map(stat_key, self.retry_on)), int(time.monotonic() // DEFERRED_RETRY_S)
+        # periods since the last scan began, not the clock's: a minute that ends just
+        # after a bundle was deferred is no reason to try it again at once
+        periods = int((time.monotonic() - self._scanned_at) // DEFERRED_RETRY_S)
+        return tuple(map(stat_key, self.retry_on)), periods
 
     def bundles(self) -> list[Path]:
         """The folder's bundle files; hidden ones (a writer's temp files) are not."""
@@ -212,6 +217,7 @@ class BundleWatcher(FileSystemEventHandler):
             if self.on_scan is not None:
                 self.on_scan()
             listing = self._listing() if listing is None else listing  # as this scan began
+            self._scanned_at = time.monotonic()
             retry = self._retry_keys()
             results = self._scan(listing)
             self._signature = listing, retry if DEFERRED in results.values() else None
