@@ -110,6 +110,15 @@ class Settings(BaseSettings):
         "to the server's priming (server: the fleet's first pod compiles once, in its "
         "server, and the sidecar's harvest stores it for the next pods)",
     )
+    static_launcher: Literal["torch", "on", "off"] = Field(
+        "torch",
+        description="Inductor's static CUDA launcher, in the warmup's ranks and the server "
+        "alike (it enters the FX graph's cache key): torch (its own default, on from "
+        "torch 2.8: an FX-graph cache hit loads its kernels from the entry, no Triton "
+        "compile), on, or off (kernels load through Triton's cache, under keys that "
+        "differ between the process that compiled a graph and one that loads it: a "
+        "fleet's second pod compiles them again)",
+    )
     serving_preload: bool = Field(
         True,
         description="Serving(): when the manifest declares a compiled model, start "

@@ -194,9 +194,11 @@ def test_the_server_gets_everything_to_reuse_the_warm_state(chart):
     assert not mount_under(sidecar, inductor).get("readOnly")
     assert serve["CUDA_CACHE_PATH"] == env(init)["CUDA_CACHE_PATH"] == inductor + "/cuda-jit"
     assert serve["TORCHINDUCTOR_FX_GRAPH_CACHE"] == serve["TORCHINDUCTOR_AUTOGRAD_CACHE"] == "1"
-    # the static launcher enters the FX graph's key: off in both, as the warmup's ranks have it
-    static = "TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER"
-    assert serve[static] == env(init)[static] == inductor_environment(Settings())[static]
+    # the static launcher enters the FX graph's key: one choice in both (torch's default)
+    static = "TRITON_WARMUP_STATIC_LAUNCHER"
+    assert serve[static] == env(init)[static] == Settings().static_launcher == "torch"
+    assert "TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER" not in serve
+    assert "TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER" not in inductor_environment(Settings())
     # the manifest, so that Serving.model(name) builds what the warmup warmed
     assert serve["TRITON_WARMUP_MANIFEST"] == env(init)["TRITON_WARMUP_MANIFEST"]
     assert mount_under(server, serve["TRITON_WARMUP_MANIFEST"])["name"] == "manifest"
@@ -428,6 +430,7 @@ def test_service_monitor_and_statefulset(chart):
         ({"warmup": {"command": []}}, "command"),
         ({"warmup": {"command": "triton-warmup"}}, "command"),
         ({"warmup": {"modelsOnMiss": "sidecar"}}, "modelsOnMiss"),
+        ({"warmup": {"staticLauncher": "false"}}, "staticLauncher"),
         ({"sidecar": {"readyAfterServer": "yes"}}, "readyAfterServer"),
     ],
 )
@@ -498,6 +501,12 @@ def test_models_that_miss_are_left_to_the_server_which_the_harvest_stores(chart)
     assert env(by_name["warmup-sidecar"])["TRITON_WARMUP_HARVEST"] == "true"
     by_name, _ = containers(render(chart, {"warmup": {"modelsOnMiss": "init"}})[0])
     assert env(by_name["warmup"])["TRITON_WARMUP_MODELS_ON_MISS"] == "init"
+
+
+def test_the_static_launcher_is_one_choice_in_the_init_container_and_the_server(chart):
+    by_name, _ = containers(render(chart, {"warmup": {"staticLauncher": "off"}})[0])
+    choices = {env(by_name[c])["TRITON_WARMUP_STATIC_LAUNCHER"] for c in ("warmup", "server")}
+    assert choices == {"off"}
 
 
 def test_readiness_follows_the_servers_ranks_when_asked(chart):

@@ -9,11 +9,14 @@ if TYPE_CHECKING:
     from warmup.settings import Settings
 
 CUDA_JIT_CACHE = "cuda-jit"  # the CUDA driver's JIT cache, inside the Inductor cache
-# Off in the ranks and the server alike (it enters the FX graph's cache key): on an FX
-# graph cache hit, torch 2.11's static launcher path drops the coordinate-descent winners
-# (pytorch issue 172819) and looks the tuned configs up under the compiling process's own
-# paths, so a max-autotune server benchmarked again on a fully restored cache (30-36
-# benchmarks for 3 graphs on one H200); with it off, none, at the same speed.
+# Inductor's static CUDA launcher enters the FX graph's cache key: the ranks and the server
+# set it alike (``Settings.static_launcher``), or both leave torch's default. On torch 2.11
+# with it on, an FX-graph cache hit drops max-autotune's coordinate-descent winners
+# (pytorch issue 172819, fixed in 2.12): such a server benchmarks again (30-36 benchmarks
+# for 3 graphs on one H200, at the same ready time). With it off, Triton's cache keys of
+# Inductor's kernels differ between the process that compiled a graph and the ones that
+# load it from the cache (torch 2.11, Triton 3.6: 8-15 kernels compiled again, 3-5 s, in
+# every first load of a fleet's artifacts).
 STATIC_LAUNCHER = "TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER"
 
 
@@ -21,15 +24,17 @@ def inductor_environment(settings: Settings) -> dict[str, str]:
     """What makes torch.compile in a rank (or a server) read and write its artifacts in
     the pod's Inductor cache, where they are restored and stored from: the folder, the
     FX graph and AOTAutograd caches on (whatever the torch build's default), Inductor's
-    static CUDA launcher off (:data:`STATIC_LAUNCHER`), and the CUDA
-    driver's JIT cache inside it (PTX that torch's own kernels compile on a first call:
-    0.2 to 0.7 s a shape on one H100, paid again in every new home folder). The driver
-    reads ``CUDA_CACHE_PATH`` when CUDA starts: a server sets it in its environment."""
+    static CUDA launcher as :data:`STATIC_LAUNCHER` says, and the CUDA driver's JIT cache
+    inside it (PTX that torch's own kernels compile on a first call: 0.2 to 0.7 s a shape
+    on one H100, paid again in every new home folder). The driver reads
+    ``CUDA_CACHE_PATH`` when CUDA starts: a server sets it in its environment."""
     folder = settings.inductor_cache_dir.resolve()
-    return {
+    env = {
         "TORCHINDUCTOR_CACHE_DIR": str(folder),
         "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
         "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
-        STATIC_LAUNCHER: "0",
         "CUDA_CACHE_PATH": str(folder / CUDA_JIT_CACHE),
     }
+    if settings.static_launcher != "torch":
+        env[STATIC_LAUNCHER] = "1" if settings.static_launcher == "on" else "0"
+    return env

@@ -335,7 +335,7 @@ def _cause(status: RunStatus | None, name: str, differ: dict[str, tuple[str, str
 def use_inductor_cache(settings: Settings) -> None:
     """Point torch.compile in this process at the pod's Inductor cache (where the warmup
     restored and wrote the artifacts), with its FX graph and AOTAutograd caches on and
-    the static CUDA launcher off, as in the warmup's ranks."""
+    the static CUDA launcher as in the warmup's ranks."""
     from warmup.compiled.environment import inductor_environment
 
     wanted = inductor_environment(settings)
@@ -355,17 +355,18 @@ def use_inductor_cache(settings: Settings) -> None:
             jit,
         )
     os.environ.update({**wanted, "CUDA_CACHE_PATH": jit})
-    _static_launcher_off()
+    if settings.static_launcher != "torch":
+        _static_launcher(settings.static_launcher == "on")
 
 
-def _static_launcher_off() -> None:
+def _static_launcher(on: bool) -> None:
     """Inductor reads its knobs from the environment when its config is first imported,
-    which a server may have done already: the static launcher is turned off there too
-    (``warmup.compiled.environment.STATIC_LAUNCHER``: the warmup compiled without it)."""
+    which a server may have done already: the static launcher is set there too
+    (``warmup.compiled.environment.STATIC_LAUNCHER``: as the warmup compiled)."""
     from torch._inductor import config
 
     if hasattr(config, "use_static_cuda_launcher"):
-        config.use_static_cuda_launcher = False
+        config.use_static_cuda_launcher = on
 
 
 def _cuda_started() -> bool:

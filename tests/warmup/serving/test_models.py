@@ -182,3 +182,34 @@ def test_an_autotune_benchmark_in_a_request_is_a_request_cost(tmp_path):
     with guard:
         model(*inputs)
     assert guard.models == {("m", "autotune_runs"): 3}
+
+
+@pytest.mark.parametrize(("choice", "on"), [("off", False), ("on", True)])
+def test_a_chosen_static_launcher_is_set_in_the_environment_and_in_inductors_config(
+    tmp_path, monkeypatch, choice, on
+):
+    from torch._inductor import config
+
+    from warmup.serving.models import use_inductor_cache
+
+    for name in ("TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER", "TORCHINDUCTOR_CACHE_DIR"):
+        monkeypatch.setenv(name, "")  # put back after the test
+    monkeypatch.setenv("CUDA_CACHE_PATH", "")
+    with config.patch(use_static_cuda_launcher=not on):  # imported and set before
+        use_inductor_cache(settings_for(tmp_path, static_launcher=choice))
+        assert os.environ["TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER"] == str(int(on))
+        assert config.use_static_cuda_launcher is on
+
+
+def test_torchs_own_static_launcher_is_left_as_it_is(tmp_path, monkeypatch):
+    from torch._inductor import config
+
+    from warmup.serving.models import use_inductor_cache
+
+    monkeypatch.delenv("TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER", raising=False)
+    for name in ("TORCHINDUCTOR_CACHE_DIR", "CUDA_CACHE_PATH"):
+        monkeypatch.setenv(name, "")
+    with config.patch(use_static_cuda_launcher=False):
+        use_inductor_cache(settings_for(tmp_path))
+        assert "TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER" not in os.environ
+        assert config.use_static_cuda_launcher is False

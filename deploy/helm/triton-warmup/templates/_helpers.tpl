@@ -132,8 +132,8 @@ before the process starts (the CUDA driver reads its cache path when CUDA starts
   value: "1"
 - name: TORCHINDUCTOR_AUTOGRAD_CACHE
   value: "1"
-- name: TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER
-  value: "0"
+- name: TRITON_WARMUP_STATIC_LAUNCHER
+  value: {{ .Values.warmup.staticLauncher | default "torch" | quote }}
 - name: CUDA_CACHE_PATH
   value: {{ printf "%s/cuda-jit" (include "triton-warmup.inductorCachePath" .) | quote }}
 {{- end -}}
