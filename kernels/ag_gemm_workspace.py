@@ -71,6 +71,14 @@ def group_size_and_rank(group: Any) -> tuple[int, int]:
     return dist.get_world_size(group), dist.get_rank(group)
 
 
+def _named(group: Any) -> Any:
+    """``group``, or the default group for None once torch.distributed is initialized
+    (symmetric memory rendezvous by the group's name)."""
+    if group is None and dist.is_available() and dist.is_initialized():
+        return dist.group.WORLD
+    return group
+
+
 def create_context(
     group: Any,
     *,
@@ -85,6 +93,7 @@ def create_context(
     ``consumer``: ``"tma"`` or ``"portable"``; by default TMA on Hopper and newer.
     """
     device = indexed_device(device)
+    group = _named(group)
     world, rank = group_size_and_rank(group)
     _check_shape(max_m, k, dtype, world)
     limits = device_limits(device)

@@ -54,7 +54,9 @@ def correctness(world: int, rank: int) -> dict[str, object]:
                     "rel_error": rel,
                 }
             )
-    return {"rank": rank, "results": errors}
+    # no group given: the default one, named (symmetric memory rendezvous by its name)
+    named = ctx.group is dist.group.WORLD and bool(ctx.group.group_name)
+    return {"rank": rank, "results": errors, "default_group_named": named}
 
 
 def algorithms(world: int, rank: int) -> dict[str, object]:

@@ -28,6 +28,7 @@ def test_matches_float64_reference_at_odd_shapes(world, tmp_path):
             assert row["written"], f"rank {result['rank']} left unwritten outputs: {row}"
             assert row["rel_error"] < 1e-5, row
         assert [r["calls"] for r in result["results"]] == [1, 2] * 3
+        assert result["default_group_named"]
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
