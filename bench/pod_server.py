@@ -179,6 +179,7 @@ def _requests(
             label = f"{entry.name} " + " ".join(f"{k}{v}" for k, v in dims.items())
             calls[label] = [functools.partial(model, *s) for s in inputs]
     timed_ms(_no_request(device), device)  # the timer's own first use is no request's
+    _in_step(device)  # a request reaches every rank at once: no rank's set-up is timed
     first = {label: timed_ms(each[0], device) for label, each in calls.items()}
     shapes = {}
     for label, each in calls.items():
@@ -202,6 +203,17 @@ def _op_inputs(layer: OpLayer, m: int, world: int, device: Any, seed: int) -> tu
     a_shard = torch.randn(m // world, layer.k, generator=generator, dtype=dtype)
     b = torch.randn(layer.k, layer.n, generator=generator, dtype=dtype) / layer.k**0.5
     return a_shard.to(device), b.to(device)
+
+
+def _in_step(device: Any) -> None:
+    """Every rank here, its device idle: the ranks start the first requests together
+    (the ops are collectives: a rank still making its inputs would be timed otherwise)."""
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+    _synchronize(torch, device)
 
 
 def _no_request(device: Any) -> Callable[[], Any]:

@@ -207,7 +207,8 @@ def _prime_all(served: ServedModel, learned: list[dict[str, int]], device: Any) 
     for dims in entry.expand():
         try:
             calls += prime_shape(served.function, entry, dims, device)
-        except Exception as e:
+        except Exception as e:  # the traceback in the log: the error names the shape
+            log.error("model %s: priming at %s failed", entry.name, dims, exc_info=True)
             raise ValueError(f"at {dims}: {named(e)}") from None
     for dims in learned:
         try:

@@ -10,14 +10,21 @@ see it half made, so a server's own code that imports it first calls
 ``serving.preload.wait()``. The pod's Inductor environment
 (``warmup.serving.models.use_inductor_cache``) is set first, since Inductor reads its
 knobs when its config is imported.
+
+Inductor's CUDA-graph trees keep their state per thread, made when their module is
+imported: on torch 2.11 a thread that did not import it fails a bare ``assert`` at its
+first CUDA graph (``max-autotune``, ``reduce-overhead``). That module is imported, or
+its state made, on the thread that waits (:data:`GRAPH_TREES`).
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
+import sys
 import threading
 import time
+from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,8 +38,8 @@ MODULES = (
     "torch._dynamo",
     "torch._inductor.compile_fx",
     "torch._inductor.codecache",
-    "torch._inductor.cudagraph_trees",
 )
+GRAPH_TREES = "torch._inductor.cudagraph_trees"  # per-thread state: see the module's doc
 
 
 class Preload:
@@ -64,11 +71,37 @@ class Preload:
         self.seconds = time.perf_counter() - started
 
     def wait(self, timeout_s: float = 300.0) -> None:
-        """Until the imports are done (never raises: a failed import is the compile's
-        to report)."""
+        """Until the imports are done, then the CUDA-graph trees' state made for the
+        calling thread (never raises: a failed import is the compile's to report)."""
         self._thread.join(timeout_s)
         if self.error:
             log.debug("compiler preload stopped at %s", self.error)
+        if not self._thread.is_alive():
+            try:
+                graph_trees_here()
+            except Exception as e:  # another torch's internals: its first graph says why
+                log.debug("CUDA-graph trees' state not made here: %s", e)
+
+
+def graph_trees_here() -> None:
+    """Import :data:`GRAPH_TREES` on this thread, or, when another thread imported it
+    first (a preloaded module of another torch may), make its per-thread state here as
+    its import does (torch 2.11 asserts where it is missing; later ones make it)."""
+    module = importlib.import_module(GRAPH_TREES)
+    local = getattr(module, "local", None)
+    if local is None or hasattr(local, "tree_manager_containers"):
+        return
+    initialize = getattr(module, "_initialize_tls", None)
+    if initialize is not None:
+        initialize(local)
+        return
+    torch = sys.modules["torch"]
+    if torch._C._is_key_in_tls("tree_manager_containers"):
+        return  # handed over to this thread (autograd's threads are)
+    local.tree_manager_containers = {}
+    local.tree_manager_locks = defaultdict(threading.Lock)
+    torch._C._stash_obj_in_tls("tree_manager_containers", local.tree_manager_containers)
+    torch._C._stash_obj_in_tls("tree_manager_locks", local.tree_manager_locks)
 
 
 def declares_models(manifest: Path) -> bool:

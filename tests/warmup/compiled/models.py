@@ -59,6 +59,14 @@ def fails_at_batch_3(device: Any) -> Any:
     return forward
 
 
+def asserts_at_batch_2(device: Any) -> Any:
+    def forward(x: torch.Tensor, _ids: torch.Tensor) -> torch.Tensor:
+        assert x.shape[0] != 2  # a bare assert, as deep in a compiler: no message
+        return x * 2
+
+    return forward
+
+
 def no_device() -> Any:  # a builder a warmup cannot call: it takes no device
     return None
 

@@ -213,3 +213,12 @@ def test_torchs_own_static_launcher_is_left_as_it_is(tmp_path, monkeypatch):
         use_inductor_cache(settings_for(tmp_path))
         assert "TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER" not in os.environ
         assert config.use_static_cuda_launcher is False
+
+
+def test_a_prime_that_fails_names_its_shape_and_logs_where_it_failed(tmp_path, caplog):
+    with pytest.raises(ValueError, match=r"at \{'batch': 2, 'seq': 3\}: AssertionError") as error:
+        served(tmp_path, "asserts_at_batch_2")
+    assert error.value.__cause__ is None  # one line for the caller
+    logged = [r for r in caplog.records if "priming at {'batch': 2" in r.getMessage()]
+    assert logged and logged[0].exc_info is not None  # the traceback, for the operator
+    assert "asserts_at_batch_2" in caplog.text or "x.shape[0] != 2" in caplog.text

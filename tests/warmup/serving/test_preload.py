@@ -68,3 +68,39 @@ def test_the_first_prime_waits_for_the_preload_after_the_build(tmp_path):
     )  # fmt: skip
     assert events == [("waited", before)]  # nothing traced before it returned
     assert torch._dynamo.utils.counters["frames"]["ok"] > before
+
+
+GRAPH_TREES_PROBE = """
+import sys, threading
+import torch
+from tests.conftest import settings_for
+from pathlib import Path
+from warmup.serving import preload
+
+def strict_get_obj(local, name):  # torch 2.11's: a thread without the state asserts
+    if hasattr(local, name):
+        return getattr(local, name)
+    assert torch._C._is_key_in_tls(name)
+    return torch._C._get_obj_in_tls(name)
+
+loader = preload.Preload(settings_for(Path(sys.argv[1])), (preload.GRAPH_TREES,))
+loader._thread.join()  # imported on the preload thread, as another torch's modules may
+trees = sys.modules[preload.GRAPH_TREES]
+trees.get_obj = strict_get_obj
+if sys.argv[2] == "as-2.11" and hasattr(trees, "_initialize_tls"):
+    del trees._initialize_tls
+loader.wait()
+trees.get_container(0)  # this thread's first CUDA graph would start here
+print("made")
+"""
+
+
+@pytest.mark.parametrize("torch_like", ["as-2.11", "as-installed"])
+def test_the_thread_that_waits_has_the_cuda_graph_trees_state(tmp_path, torch_like):
+    import subprocess
+
+    probe = subprocess.run(
+        [sys.executable, "-c", GRAPH_TREES_PROBE, str(tmp_path), torch_like],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert probe.returncode == 0 and "made" in probe.stdout, probe.stderr[-2000:]
