@@ -68,8 +68,8 @@ FIGURES: dict[str, tuple[str, ...]] = {
         "cold_start_1xH100_2026-11-23_run10_why",
         "serving_2xH200_2026-11-23_run3",
         "pod_ready_smallmlp_cpu_2026-11-28_smoke",
-        "pod_ready_2xH200_2026-11-28_run2_w1",
-        "pod_ready_2xH200_2026-11-28_run3_w1_fleet",
+        "pod_ready_2xH200_2026-11-28_run4_w1",
+        "pod_ready_2xH200_2026-11-28_run4_w2",
     ),
 }
 
