@@ -110,14 +110,14 @@ class Settings(BaseSettings):
         "to the server's priming (server: the fleet's first pod compiles once, in its "
         "server, and the sidecar's harvest stores it for the next pods)",
     )
-    static_launcher: Literal["torch", "on", "off"] = Field(
-        "torch",
-        description="Inductor's static CUDA launcher, in the warmup's ranks and the server "
-        "alike (it enters the FX graph's cache key): torch (its own default, on from "
-        "torch 2.8: an FX-graph cache hit loads its kernels from the entry, no Triton "
-        "compile), on, or off (kernels load through Triton's cache, under keys that "
-        "differ between the process that compiled a graph and one that loads it: a "
-        "fleet's second pod compiles them again)",
+    static_launcher: Literal["on", "off"] = Field(
+        "on",
+        description="Inductor's static CUDA launcher, set alike in the warmup's ranks and "
+        "the server whatever their environments say (it enters the FX graph's cache "
+        "key): on (torch's own default from 2.8: an FX-graph cache hit loads its "
+        "kernels from the entry, no Triton compile) or off (kernels load through "
+        "Triton's cache, under keys that differ between the process that compiled a "
+        "graph and one that loads it: a fleet's second pod compiles them again)",
     )
     serving_preload: bool = Field(
         True,

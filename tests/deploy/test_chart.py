@@ -196,9 +196,8 @@ def test_the_server_gets_everything_to_reuse_the_warm_state(chart):
     assert serve["TORCHINDUCTOR_FX_GRAPH_CACHE"] == serve["TORCHINDUCTOR_AUTOGRAD_CACHE"] == "1"
     # the static launcher enters the FX graph's key: one choice in both (torch's default)
     static = "TRITON_WARMUP_STATIC_LAUNCHER"
-    assert serve[static] == env(init)[static] == Settings().static_launcher == "torch"
-    assert "TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER" not in serve
-    assert "TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER" not in inductor_environment(Settings())
+    assert serve[static] == env(init)[static] == Settings().static_launcher == "on"
+    assert inductor_environment(Settings())["TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER"] == "1"
     # the manifest, so that Serving.model(name) builds what the warmup warmed
     assert serve["TRITON_WARMUP_MANIFEST"] == env(init)["TRITON_WARMUP_MANIFEST"]
     assert mount_under(server, serve["TRITON_WARMUP_MANIFEST"])["name"] == "manifest"
@@ -504,7 +503,7 @@ def test_models_that_miss_are_left_to_the_server_which_the_harvest_stores(chart)
 
 
 def test_the_static_launcher_is_one_choice_in_the_init_container_and_the_server(chart):
-    by_name, _ = containers(render(chart, {"warmup": {"staticLauncher": "off"}})[0])
+    by_name, _ = containers(render(chart, {"warmup": {"staticLauncher": False}})[0])
     choices = {env(by_name[c])["TRITON_WARMUP_STATIC_LAUNCHER"] for c in ("warmup", "server")}
     assert choices == {"off"}
 

@@ -10,7 +10,7 @@ if TYPE_CHECKING:
 
 CUDA_JIT_CACHE = "cuda-jit"  # the CUDA driver's JIT cache, inside the Inductor cache
 # Inductor's static CUDA launcher enters the FX graph's cache key: the ranks and the server
-# set it alike (``Settings.static_launcher``), or both leave torch's default. On torch 2.11
+# set it alike (``Settings.static_launcher``), whatever their environments hold. On torch 2.11
 # with it on, an FX-graph cache hit drops max-autotune's coordinate-descent winners
 # (pytorch issue 172819, fixed in 2.12): such a server benchmarks again (30-36 benchmarks
 # for 3 graphs on one H200, at the same ready time). With it off, Triton's cache keys of
@@ -29,12 +29,10 @@ def inductor_environment(settings: Settings) -> dict[str, str]:
     on one H100, paid again in every new home folder). The driver reads
     ``CUDA_CACHE_PATH`` when CUDA starts: a server sets it in its environment."""
     folder = settings.inductor_cache_dir.resolve()
-    env = {
+    return {
         "TORCHINDUCTOR_CACHE_DIR": str(folder),
         "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
         "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
+        STATIC_LAUNCHER: "1" if settings.static_launcher == "on" else "0",
         "CUDA_CACHE_PATH": str(folder / CUDA_JIT_CACHE),
     }
-    if settings.static_launcher != "torch":
-        env[STATIC_LAUNCHER] = "1" if settings.static_launcher == "on" else "0"
-    return env

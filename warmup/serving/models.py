@@ -356,8 +356,7 @@ def use_inductor_cache(settings: Settings) -> None:
             jit,
         )
     os.environ.update({**wanted, "CUDA_CACHE_PATH": jit})
-    if settings.static_launcher != "torch":
-        _static_launcher(settings.static_launcher == "on")
+    _static_launcher(settings.static_launcher == "on")
 
 
 def _static_launcher(on: bool) -> None:

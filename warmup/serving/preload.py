@@ -76,7 +76,13 @@ class Preload:
         self._thread.join(timeout_s)
         if self.error:
             log.debug("compiler preload stopped at %s", self.error)
-        if not self._thread.is_alive():
+        if self._thread.is_alive():
+            log.warning(
+                "the compiler's imports still run after %.0f s: a first CUDA graph on this "
+                "thread may fail on torch 2.11 (its per-thread state is made at import)",
+                timeout_s,
+            )
+        else:
             try:
                 graph_trees_here()
             except Exception as e:  # another torch's internals: its first graph says why

@@ -201,18 +201,20 @@ def test_a_chosen_static_launcher_is_set_in_the_environment_and_in_inductors_con
         assert config.use_static_cuda_launcher is on
 
 
-def test_torchs_own_static_launcher_is_left_as_it_is(tmp_path, monkeypatch):
+def test_the_servers_own_static_launcher_variable_gives_way_to_the_setting(tmp_path, monkeypatch):
+    """A server's container may hold another value than the init container's: the
+    setting decides in both, as the FX graph's key needs."""
     from torch._inductor import config
 
     from warmup.serving.models import use_inductor_cache
 
-    monkeypatch.delenv("TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER", raising=False)
+    monkeypatch.setenv("TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER", "0")
     for name in ("TORCHINDUCTOR_CACHE_DIR", "CUDA_CACHE_PATH"):
         monkeypatch.setenv(name, "")
     with config.patch(use_static_cuda_launcher=False):
-        use_inductor_cache(settings_for(tmp_path))
-        assert "TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER" not in os.environ
-        assert config.use_static_cuda_launcher is False
+        use_inductor_cache(settings_for(tmp_path))  # the default: on
+        assert os.environ["TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER"] == "1"
+        assert config.use_static_cuda_launcher is True
 
 
 def test_a_prime_that_fails_names_its_shape_and_logs_where_it_failed(tmp_path, caplog):

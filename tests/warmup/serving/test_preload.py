@@ -33,8 +33,7 @@ def test_the_environment_is_set_before_the_imports_and_a_failure_is_kept(tmp_pat
     preload.wait()
     assert str(settings.inductor_cache_dir.resolve()) == sys.modules["preload_probe_mod"].SEEN
     assert preload.error.startswith("no_such_module_here: ModuleNotFoundError")
-    # torch's own default for the static launcher: neither the variable nor the knob set
-    assert "TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER" not in os.environ
+    assert os.environ["TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER"] == "1"  # the default: on
 
 
 def test_serving_preloads_only_for_a_manifest_that_declares_models(tmp_path):

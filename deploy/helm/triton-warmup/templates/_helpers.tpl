@@ -133,7 +133,7 @@ before the process starts (the CUDA driver reads its cache path when CUDA starts
 - name: TORCHINDUCTOR_AUTOGRAD_CACHE
   value: "1"
 - name: TRITON_WARMUP_STATIC_LAUNCHER
-  value: {{ .Values.warmup.staticLauncher | default "torch" | quote }}
+  value: {{ ternary "on" "off" (ne .Values.warmup.staticLauncher false) | quote }}
 - name: CUDA_CACHE_PATH
   value: {{ printf "%s/cuda-jit" (include "triton-warmup.inductorCachePath" .) | quote }}
 {{- end -}}
