@@ -282,7 +282,7 @@ def run_server(
     command += ["--device", args.device, "--iters", str(args.iters)]
     commands = [[*command, "--report", str(work / f"server-{rank}.json")] for rank in ranks]
     logs = [work / f"server-{rank}.log" for rank in ranks]
-    codes = _run_all(commands, envs, logs, args.timeout)
+    codes = _run_all(commands, envs, logs, args.timeout, dump=True)
     return [_report(work, rank, code) for rank, code in zip(ranks, codes, strict=True)]
 
 
@@ -290,12 +290,18 @@ GRACE_S = 30.0  # after one rank fails, how long the others have (they may wait 
 
 
 def _run_all(
-    commands: list[list[str]], envs: list[dict[str, str]], logs: list[Path], timeout_s: float
+    commands: list[list[str]],
+    envs: list[dict[str, str]],
+    logs: list[Path],
+    timeout_s: float,
+    *,
+    dump: bool = False,
 ) -> list[int | None]:
     """Run the commands together, each in a session of its own (so that ending one ends
     what it started: a launcher's ranks, a compiler's workers), output to its log; each
     exit code (negative: ended by a signal, ours at the time limit or after a peer
-    failed)."""
+    failed). ``dump``: a command still running at the end is asked for its threads'
+    stacks first (``bench.pod_server.DUMP_SIGNAL``), into its log."""
     procs = []
     try:
         for command, env, log in zip(commands, envs, logs, strict=True):
@@ -312,9 +318,22 @@ def _run_all(
                 deadline = min(deadline, time.monotonic() + GRACE_S)
             time.sleep(0.01)  # the init's wall time is read to 10 ms
     finally:
+        if dump:
+            _dump_stacks(procs)
         for proc in procs:
             _end(proc)
     return [proc.returncode for proc in procs]  # negative: ended by that signal
+
+
+def _dump_stacks(procs: list[subprocess.Popen[bytes]]) -> None:
+    from bench.pod_server import DUMP_SIGNAL
+
+    running = [p for p in procs if p.poll() is None]
+    for proc in running:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, DUMP_SIGNAL)
+    if running:
+        time.sleep(1.0)  # faulthandler writes at once; a second is ample
 
 
 def _end(proc: subprocess.Popen[bytes]) -> None:

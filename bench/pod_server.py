@@ -12,8 +12,10 @@ every declared shape, and writes its report as JSON.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import functools
 import os
+import signal
 import statistics
 import sys
 import time
@@ -23,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from warmup.run.phases import process_age  # no torch
+
+DUMP_SIGNAL = signal.SIGUSR1  # pod_ready sends it to a rank past its time limit
 
 
 def counts() -> dict[str, int]:
@@ -269,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--report", required=True)
     args = parser.parse_args(argv)
+    faulthandler.register(DUMP_SIGNAL, all_threads=True)  # the bench's time limit: a stack dump
     from registry import atomic
 
     atomic.write_json(Path(args.report), serve(args))

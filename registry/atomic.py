@@ -14,30 +14,34 @@ from typing import Any, BinaryIO
 TEMP_PREFIX = ".tmp-"
 
 
-def write_bytes(path: Path, data: bytes, *, mode: int = 0o644) -> None:
+def write_bytes(path: Path, data: bytes, *, mode: int = 0o644, durable: bool = True) -> None:
     """Replace ``path`` with ``data`` so that a reader sees the old file or the new one, whole."""
-    with replacing(path, mode=mode) as f:
+    with replacing(path, mode=mode, durable=durable) as f:
         f.write(data)
 
 
 @contextlib.contextmanager
-def replacing(path: Path, *, mode: int = 0o644) -> Iterator[BinaryIO]:
+def replacing(path: Path, *, mode: int = 0o644, durable: bool = True) -> Iterator[BinaryIO]:
     """A file to write that replaces ``path`` when the block ends, whole (temp file beside
-    it, fsync, ``os.replace``, fsync of the folder); on an error ``path`` stays as it was."""
+    it, fsync, ``os.replace``, fsync of the folder); on an error ``path`` stays as it was.
+    ``durable=False`` leaves out the fsyncs: still whole for every reader, but a power
+    loss may lose it (for a pod's own scratch caches, which a restart refills)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, suffix=f"-{path.name}", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)
 
 
 def write_json(path: Path, value: Any) -> None:
@@ -89,9 +93,9 @@ def _refuse_constant(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
 
 
-def copy_file(src: Path, dst: Path) -> None:
+def copy_file(src: Path, dst: Path, *, durable: bool = True) -> None:
     """Copy ``src`` onto ``dst`` atomically, keeping its permission bits."""
-    write_bytes(dst, src.read_bytes(), mode=src.stat().st_mode & 0o777)
+    write_bytes(dst, src.read_bytes(), mode=src.stat().st_mode & 0o777, durable=durable)
 
 
 def fsync_dir(folder: Path) -> None:

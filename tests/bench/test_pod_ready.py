@@ -356,6 +356,25 @@ def test_a_failed_rank_ends_its_peers_and_a_hung_one_ends_at_the_limit(tmp_path,
     assert code is not None and code < 0 and time.monotonic() - clock < 20
 
 
+def test_a_server_rank_past_its_limit_leaves_its_stacks_in_its_log(tmp_path):
+    from bench import pod_ready
+
+    hang = (
+        "import faulthandler, time\n"
+        "from bench.pod_server import DUMP_SIGNAL\n"
+        "faulthandler.register(DUMP_SIGNAL, all_threads=True)\n"
+        "def stuck_in_a_call():\n"
+        "    time.sleep(60)\n"
+        "print('started', flush=True)\n"
+        "stuck_in_a_call()\n"
+    )
+    log = tmp_path / "server-0.log"
+    env = {"PYTHONPATH": str(pod_ready.ROOT)}
+    [code] = pod_ready._run_all([[sys.executable, "-c", hang]], [env], [log], 3.0, dump=True)
+    assert code is not None and code < 0
+    assert "stuck_in_a_call" in log.read_text()
+
+
 def test_append_keeps_what_this_run_does_not_measure_again(tmp_path):
     import argparse
 

@@ -142,3 +142,22 @@ def test_a_child_path_that_names_a_folder_is_dropped(tmp_path):
     assert triton_cache.relocate(tmp_path) == 1
     moved = json.loads(group.read_text())["child_paths"]
     assert moved == {"k.cubin": str(tmp_path / "abc" / "k.cubin")}
+
+
+def test_restore_writes_many_files_whole_without_fsync_and_save_keeps_them(tmp_path, monkeypatch):
+    source = tmp_path / "volume"
+    for g in range(20):
+        folder = source / f"{g:052x}"
+        folder.mkdir(parents=True)
+        (folder / "k.cubin").write_bytes(bytes([g]) * (100 + g))
+        (folder / "k.json").write_text(json.dumps({"g": g}))
+    synced = []
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd))
+    sync = triton_cache.restore(source, tmp_path / "cache")
+    assert (sync.copied, len(sync.folders), synced) == (40, 20, [])  # a pod's scratch
+    for g in range(20):
+        assert (tmp_path / "cache" / f"{g:052x}" / "k.cubin").read_bytes() == bytes([g]) * (100 + g)
+    assert not list((tmp_path / "cache").glob("*/.tmp-*"))
+    assert triton_cache.restore(source, tmp_path / "cache").present == 40
+    triton_cache.save(tmp_path / "cache", tmp_path / "other")
+    assert synced  # the volume's copies are durable

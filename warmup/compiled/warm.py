@@ -29,6 +29,7 @@ from registry.fingerprint import Fingerprint
 from registry.locks import backend_from_url, lock
 from registry.remote import RemoteTier
 from warmup.collectives import Lockstep
+from warmup.compiled import coordesc
 from warmup.compiled.counters import CompileCounts, snapshot
 from warmup.compiled.inputs import grad_mode, make_inputs
 from warmup.compiled.key import ModelKey, model_key
@@ -282,6 +283,7 @@ def _all_went_on(steps: Lockstep, error: str | None, what: str) -> bool:
 
 def build_model(model: ModelEntry, device: Any) -> Callable[..., Any]:
     """The callable ``model.build(device=...)`` returns; ValueError saying why there is none."""
+    coordesc.install()  # a graph this rank loads from the cache keeps its tuned kernels
     build = resolve_model_builder(model.build)
     try:
         function = build(device=device)
