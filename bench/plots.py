@@ -70,6 +70,9 @@ FIGURES: dict[str, tuple[str, ...]] = {
         "pod_ready_smallmlp_cpu_2026-11-28_smoke",
         "pod_ready_2xH200_2026-11-28_run4_w1",
         "pod_ready_2xH200_2026-11-28_run4_w2",
+        "pod_ready_2xH200_2026-11-28_run7_w1_maxautotune",
+        "pod_ready_2xH200_2026-11-28_run7_w2_kernels",
+        "pod_ready_2xH200_2026-11-28_run8_w2_blocks4",
     ),
 }
 
