@@ -10,13 +10,12 @@ if TYPE_CHECKING:
 
 CUDA_JIT_CACHE = "cuda-jit"  # the CUDA driver's JIT cache, inside the Inductor cache
 # Inductor's static CUDA launcher enters the FX graph's cache key: the ranks and the server
-# set it alike (``Settings.static_launcher``), whatever their environments hold. On torch 2.11
-# with it on, an FX-graph cache hit drops max-autotune's coordinate-descent winners
-# (pytorch issue 172819, fixed in 2.12): such a server benchmarks again (30-36 benchmarks
-# for 3 graphs on one H200, at the same ready time). With it off, Triton's cache keys of
-# Inductor's kernels differ between the process that compiled a graph and the ones that
-# load it from the cache (torch 2.11, Triton 3.6: 8-15 kernels compiled again, 3-5 s, in
-# every first load of a fleet's artifacts).
+# set it alike (``Settings.static_launcher``), whatever their environments hold. With it on,
+# torch before 2.12 drops max-autotune's coordinate-descent winners on an FX-graph cache hit
+# (pytorch issue 172819), which ``warmup.compiled.coordesc`` mends. With it off, Triton's
+# cache keys of Inductor's kernels differ between the process that compiled a graph and the
+# ones that load it from the cache (torch 2.11, Triton 3.6: 8-15 kernels compiled again,
+# 3-5 s, in every first load of a fleet's artifacts).
 STATIC_LAUNCHER = "TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER"
 
 
