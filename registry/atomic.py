@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 TEMP_PREFIX = ".tmp-"
+CHUNK_BYTES = 2**20  # what a streaming reader holds at once
 
 
 def write_bytes(path: Path, data: bytes, *, mode: int = 0o644, durable: bool = True) -> None:
@@ -54,6 +55,10 @@ def dumps(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True, allow_nan=False) + "\n"
 
 
+class TooBig(ValueError):
+    """A file past the limit its reader gives: by its size when opened, or as it grew."""
+
+
 def read_bounded(
     path: Path, limit: int, *, follow_links: bool = False, dir_fd: int | None = None
 ) -> bytes:
@@ -61,17 +66,42 @@ def read_bounded(
     does not block), never a GiB, and a link only with ``follow_links`` (OSError ELOOP).
     ``dir_fd``: ``path`` is a name in that open folder (no folder swapped for a link
     meanwhile can lead the read elsewhere)."""
+    with open_bounded(path, limit, follow_links=follow_links, dir_fd=dir_fd) as f:
+        size = os.fstat(f.fileno()).st_size
+        data = f.read(size + 1)  # what it holds, not the limit: read(n) allocates n bytes
+        if len(data) > limit:
+            raise TooBig(f"{path.name} is over {limit} bytes")
+        if len(data) > size:  # it grows while we read: on in pieces, up to the limit
+            data += b"".join(chunks(f, limit - len(data), path.name))
+    return data
+
+
+@contextlib.contextmanager
+def open_bounded(
+    path: Path, limit: int, *, follow_links: bool = False, dir_fd: int | None = None
+) -> Iterator[BinaryIO]:
+    """``path`` open for reading, checked as :func:`read_bounded` checks it before it reads
+    (a regular file of at most ``limit`` bytes now); read it with :func:`chunks`, which
+    keeps the bound while the file grows."""
     flags = os.O_RDONLY | os.O_NONBLOCK | (0 if follow_links else os.O_NOFOLLOW)
     with os.fdopen(os.open(path, flags, dir_fd=dir_fd), "rb") as f:
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode):
             raise ValueError(f"{path.name} is not a regular file")
         if st.st_size > limit:
-            raise ValueError(f"{path.name} is {st.st_size} bytes; limit {limit}")
-        data = f.read(limit + 1)
-    if len(data) > limit:  # it grew while we read
-        raise ValueError(f"{path.name} is over {limit} bytes")
-    return data
+            raise TooBig(f"{path.name} is {st.st_size} bytes; limit {limit}")
+        yield f
+
+
+def chunks(file: BinaryIO, limit: int, name: str) -> Iterator[bytes]:
+    """What is left of ``file``, in pieces of at most :data:`CHUNK_BYTES`; :class:`TooBig`
+    instead of the piece that takes it past ``limit`` bytes (a file that grew)."""
+    left = limit + 1  # one byte past the limit is enough to know
+    while piece := file.read(min(CHUNK_BYTES, left)):
+        left -= len(piece)
+        if not left:
+            raise TooBig(f"{name} is over {limit} bytes")
+        yield piece
 
 
 def loads(data: bytes | str) -> Any:
@@ -93,9 +123,19 @@ def _refuse_constant(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
 
 
-def copy_file(src: Path, dst: Path, *, durable: bool = True) -> None:
-    """Copy ``src`` onto ``dst`` atomically, keeping its permission bits."""
-    write_bytes(dst, src.read_bytes(), mode=src.stat().st_mode & 0o777, durable=durable)
+def copy_file(src: Path, dst: Path, *, limit: int, durable: bool = True) -> int:
+    """Copy the regular file ``src`` onto ``dst`` atomically, keeping its permission bits,
+    in pieces (never whole in memory); the bytes copied. :class:`TooBig` past ``limit``,
+    even when ``src`` grows while copied (``dst`` then stays as it was); a link is not
+    followed (OSError ELOOP)."""
+    size = 0
+    with open_bounded(src, limit) as f:
+        mode = os.fstat(f.fileno()).st_mode & 0o777
+        with replacing(dst, mode=mode, durable=durable) as out:
+            for piece in chunks(f, limit, src.name):
+                out.write(piece)
+                size += len(piece)
+    return size
 
 
 def fsync_dir(folder: Path) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -40,6 +41,7 @@ log = logging.getLogger(__name__)
 
 PREFIX = "inductor/"
 RECORD_KEY = "inductor_indexes"
+MAX_BUNDLE_FILES = 4 * inductor_cache.MAX_FILES  # files all of a bundle's indexes restore
 
 
 @dataclass
@@ -124,6 +126,39 @@ def check_index(name: str, text: bytes, listed: Mapping[str, tuple[str, int]]) -
                 f"{name}: gives {file} {size} bytes; its blob has {listed[blob][1]}"
             )
     return index
+
+
+class Restores:
+    """What a bundle's indexes restore together, counted as each one comes: each distinct
+    (path, blob) is a file written at the blob's size, so one blob named under many paths
+    counts once a path, and a path two indexes give the same blob counts once. Held as
+    keyed 8-byte digests (no bundle can choose paths that collide), ``max_files`` at most."""
+
+    def __init__(self, max_bytes: int, max_files: int | None = None) -> None:
+        self.max_bytes = max_bytes
+        self.max_files = MAX_BUNDLE_FILES if max_files is None else max_files
+        self.bytes = 0
+        self._seen: set[bytes] = set()
+        self._key = os.urandom(16)
+
+    def add(self, name: str, index: Mapping[str, Any]) -> None:
+        """Count the files of the index member ``name``; :class:`RegistryError` naming it
+        and the limit once the bundle's indexes so far restore more than the limits."""
+        for rel, (sha, size) in index["files"].items():
+            mark = hashlib.blake2b(f"{rel}\0{sha}".encode(), digest_size=8, key=self._key).digest()
+            if mark not in self._seen:
+                self._seen.add(mark)
+                self.bytes += size
+            if len(self._seen) > self.max_files:
+                raise RegistryError(
+                    f"{name}: the bundle's indexes up to it restore {len(self._seen)} "
+                    f"files; limit {self.max_files}"
+                )
+        if self.bytes > self.max_bytes:
+            raise RegistryError(
+                f"{name}: the bundle's indexes up to it restore {self.bytes} bytes (each path "
+                f"counted); limit {self.max_bytes}"
+            )
 
 
 def check_blobs(listed: Mapping[str, tuple[str, int]], named: set[str]) -> str | None:

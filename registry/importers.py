@@ -7,54 +7,155 @@
   "func": ..., "deps": {...}, "timestamp": ...}``.
 
 Neither file says what hardware it was tuned on, so the caller names the fingerprint.
+
+Nothing read is trusted: each file is bounded (bytes, then JSON values, then depth)
+before it is parsed, what the store would quarantine (an entry over its
+:data:`~registry.store.MAX_ENTRY_BYTES`) is refused here, and a bad file is skipped with
+its reason while the others import. No link is followed, to a file or to a folder: an
+import reads what lies in its folder and nothing else.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import math
-from collections.abc import Iterable, Mapping
+import os
+import stat
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from registry import atomic
 from registry.config import KernelConfig, Measurement, Scalar
 from registry.entry import Entry, sort_measurements
 from registry.errors import RegistryError
 from registry.fingerprint import Fingerprint, triton_source_hash
+from registry.store import MAX_ENTRY_BYTES
+
+MAX_FILE_BYTES = 8 * 2**20  # a file of Triton's: ~250 bytes a config, the entry ~1/3 of it
+MAX_FILE_VALUES = 2**17  # JSON values of one file, counted before parsing: ~12 a config
+MAX_TOTAL_BYTES = 16 * 2**20  # the entries of one import together, as the store writes them
+Parse = Callable[[Path, Any, Fingerprint], Entry]
 
 
 @dataclass
 class ImportResult:
     entries: list[Entry] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # "path: reason" per file skipped
+    files: int = 0  # files imported (one entry each)
 
 
 def import_triton_autotune(root: Path, fingerprint: Fingerprint) -> ImportResult:
     """Every ``*.autotune.json`` under ``root`` (a TRITON_CACHE_DIR) as entries."""
-    return _import_files(sorted(root.rglob("*.autotune.json")), fingerprint, _from_triton)
+    found = _walk(root, lambda depth, name: name.endswith(".autotune.json"))
+    return _import_files(found, fingerprint, _from_triton)
 
 
 def import_triton_autotune_files(paths: Iterable[Path], fingerprint: Fingerprint) -> ImportResult:
-    """The ``*.autotune.json`` files ``paths`` as entries."""
-    return _import_files(paths, fingerprint, _from_triton)
+    """The ``*.autotune.json`` files ``paths`` as entries (a link among them is skipped)."""
+    return _import_files((_Found(p) for p in paths), fingerprint, _from_triton)
 
 
 def import_triton_dist(root: Path, fingerprint: Fingerprint) -> ImportResult:
     """Every ``<fn>/<hash>.json`` under ``root`` (``~/.triton_dist/autotune``) as entries."""
-    return _import_files(sorted(root.glob("*/*.json")), fingerprint, _from_triton_dist)
+    found = _walk(root, lambda depth, name: depth == 1 and name.endswith(".json"), depth=1)
+    return _import_files(found, fingerprint, _from_triton_dist)
 
 
-def _import_files(paths: Iterable[Path], fingerprint: Fingerprint, parse: Any) -> ImportResult:
+@dataclass(frozen=True)
+class _Found:
+    path: Path
+    dir_fd: int | None = None  # the open folder ``path`` is a name in, read at it
+    refused: str = ""  # why it is skipped unread
+
+
+def _walk(
+    root: Path, wanted: Callable[[int, str], bool], depth: int | None = None
+) -> Iterator[_Found]:
+    """Each file under ``root`` that ``wanted(level, name)`` takes, in order, at most
+    ``depth`` folders down, to be read at its open folder (one swapped for a link
+    meanwhile leads nowhere). A link to a folder is never followed: it is found refused.
+    ``root`` itself may be a link (the user named it); a missing one holds nothing."""
+    if not root.is_dir():
+        return
+    if root.is_symlink():
+        root = root.resolve()
+    for folder, dirs, names, fd in os.fwalk(root):  # never descends through a link
+        here = Path(folder)
+        level = len(here.relative_to(root).parts)
+        deeper = depth is None or level < depth
+        links = {d for d in dirs if stat.S_ISLNK(os.lstat(d, dir_fd=fd).st_mode)}
+        dirs[:] = sorted(set(dirs) - links) if deeper else []
+        for name in sorted(links) if deeper else []:
+            yield _Found(here / name, refused="a link to a folder, not followed")
+        for name in sorted(names):
+            if wanted(level, name):
+                yield _Found(here / name, fd)
+
+
+def _import_files(found: Iterable[_Found], fingerprint: Fingerprint, parse: Parse) -> ImportResult:
+    """Each file as an entry, or its line in ``errors``; the entries together at most
+    :data:`MAX_TOTAL_BYTES` as stored (the files past it are skipped: import them apart)."""
     result = ImportResult()
-    for path in paths:
+    total = 0
+    for each in found:
         try:
-            data = json.loads(path.read_text())
-            result.entries.append(parse(path, data, fingerprint))
-        except (OSError, ValueError, RegistryError, KeyError, TypeError) as e:
-            result.errors.append(f"{path}: {e}")
+            if each.refused:
+                raise RegistryError(each.refused)
+            entry, size = _import_file(each, fingerprint, parse)
+            if total + size > MAX_TOTAL_BYTES:
+                raise RegistryError(
+                    f"the entries so far and this one come to {total + size} bytes; limit "
+                    f"{MAX_TOTAL_BYTES} an import (import the rest apart)"
+                )
+        except (OSError, ValueError, RegistryError, LookupError, TypeError, AttributeError) as e:
+            result.errors.append(f"{each.path}: {_reason(e)}")
+            continue
+        except RecursionError:  # a nest the parser took but the entry's code does not
+            result.errors.append(f"{each.path}: nested too deeply")
+            continue
+        total += size
+        result.entries.append(entry)
+        result.files += 1
     return result
+
+
+def _import_file(found: _Found, fingerprint: Fingerprint, parse: Parse) -> tuple[Entry, int]:
+    """The entry in one file and its size as the store writes it: the file bounded in
+    bytes and in JSON values before it is parsed, its depth by the parser, and the entry
+    refused where the store would quarantine it."""
+    path = found.path
+    name = Path(path.name) if found.dir_fd is not None else path
+    raw = atomic.read_bounded(name, MAX_FILE_BYTES, dir_fd=found.dir_fd)
+    values = atomic.json_values(raw)
+    if values > MAX_FILE_VALUES:
+        raise RegistryError(f"{values} JSON values; limit {MAX_FILE_VALUES}")
+    try:
+        data = json.loads(raw)  # Triton writes a failed config's time as Infinity
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+    entry = parse(path, data, fingerprint)
+    stored = atomic.dumps(entry.to_json()).encode()
+    if len(stored) > MAX_ENTRY_BYTES:
+        raise RegistryError(
+            f"its entry ({len(entry.measurements)} configs) would be {len(stored)} bytes; "
+            f"the store's limit is {MAX_ENTRY_BYTES} (it would quarantine it)"
+        )
+    Entry.from_json(atomic.loads(stored))  # what the store's reader does with it
+    return entry, len(stored)
+
+
+def _reason(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.errno == errno.ELOOP:
+        return "a link, not followed"
+    if isinstance(e, OSError):
+        return e.strerror or str(e)
+    if isinstance(e, KeyError):
+        return f"no {e} field"
+    return str(e)
 
 
 def _from_triton(path: Path, data: Mapping[str, Any], fingerprint: Fingerprint) -> Entry:

@@ -35,7 +35,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, BinaryIO
 
 from registry import atomic
 from registry.entry import now_iso
@@ -123,11 +123,18 @@ def _store_blobs(cache_dir: Path, root: Path, saved: Saved) -> dict[str, list[An
         except RegistryError as e:
             saved.skipped.append(str(e))
             continue
-        size = path.stat().st_size
-        if size > MAX_FILE_BYTES or total + size > MAX_MODEL_BYTES or len(files) >= MAX_FILES:
+        limit = min(MAX_FILE_BYTES, MAX_MODEL_BYTES - total)
+        size = path.lstat().st_size
+        if size > limit or len(files) >= MAX_FILES:
             saved.skipped.append(f"{rel}: {size} bytes, past the family's limits")
             continue
-        sha, new = _store_blob(root, path)
+        try:
+            sha, size, new = _store_blob(root, path, limit)  # the size is what was stored
+        except FileNotFoundError:  # removed since listed: nothing to keep
+            continue
+        except (ValueError, OSError) as e:  # grown past the limit, changed, now a link
+            saved.skipped.append(f"{rel}: {e}")
+            continue
         files[rel] = [sha, size]
         total += size
         saved.new_blobs += new
@@ -190,30 +197,75 @@ def restore(
 
 
 def _restore_file(root: Path, dst: Path, sha: str, size: int, done: Restored) -> None:
-    if dst.is_file() and dst.stat().st_size == size and file_sha(dst) == sha:
+    """Copy the blob ``sha`` onto ``dst``, in pieces, hashed on the way and never past the
+    ``size`` the index gives it (what a restore writes is what its index declares)."""
+    if dst.is_file() and dst.stat().st_size == size and file_sha(dst, size) == sha:
         done.present += 1
         return
     blob = blob_path(root, sha)
     try:
-        data = blob.read_bytes()  # read once: hashed, then written
+        with atomic.open_bounded(blob, size) as src:
+            try:
+                copied = _copy_blob(src, dst, sha, size)
+            except OSError as e:  # something in the way in the cache folder: it recompiles
+                log.warning("inductor artifact %s not restored: %s", dst, e)
+                done.missing += 1
+                return
     except FileNotFoundError:
         done.missing += 1
         return
-    except OSError as e:  # a folder, a file that cannot be read
+    except atomic.TooBig as e:  # over what the index gives it: which of the two is wrong?
+        if not _is_named_by_its_bytes(blob, sha):
+            _quarantine_blob(root, blob, "its bytes no longer hash to its name")
+            done.quarantined += 1
+            return
+        log.warning(
+            "inductor artifact %s not restored: blob %s holds more than its index gives (%s)",
+            dst,
+            sha[:16],
+            e,
+        )
+        done.missing += 1
+        return
+    except (OSError, ValueError) as e:  # a folder or a link in its place, unreadable
         _quarantine_blob(root, blob, f"unreadable: {e}")
         done.quarantined += 1
         return
-    if hashlib.sha256(data).hexdigest() != sha:
+    if copied:
+        done.copied += 1
+    else:
         _quarantine_blob(root, blob, "its bytes no longer hash to its name")
         done.quarantined += 1
-        return
+
+
+def _is_named_by_its_bytes(blob: Path, sha: str) -> bool:
+    """Whether ``blob`` hashes to its name (read in pieces, never past the family's limit)."""
     try:
-        atomic.write_bytes(dst, data, mode=blob.stat().st_mode & 0o777)  # a .so keeps its bits
-    except OSError as e:  # the cache folder has something in the way: that file recompiles
-        log.warning("inductor artifact %s not restored: %s", dst, e)
-        done.missing += 1
-        return
-    done.copied += 1
+        return file_sha(blob) == sha
+    except (OSError, ValueError):
+        return False
+
+
+def _copy_blob(src: BinaryIO, dst: Path, sha: str, size: int) -> bool:
+    """Copy what is left of the open blob ``src`` onto ``dst`` in pieces, keeping its
+    permission bits (a ``.so`` stays executable): at most ``size`` bytes
+    (:class:`atomic.TooBig` past it), and ``dst`` is replaced only when they hash to
+    ``sha`` (False, ``dst`` as it was, when they do not)."""
+    digest = hashlib.sha256()
+    try:
+        with atomic.replacing(dst, mode=os.fstat(src.fileno()).st_mode & 0o777) as out:
+            for piece in atomic.chunks(src, size, dst.name):
+                digest.update(piece)
+                out.write(piece)
+            if digest.hexdigest() != sha:
+                raise _NotItsHash
+    except _NotItsHash:
+        return False
+    return True
+
+
+class _NotItsHash(Exception):
+    """A copy whose bytes do not hash to the name it was made under: the copy is dropped."""
 
 
 def _relocate_triton_groups(cache_dir: Path) -> int:
@@ -297,6 +349,7 @@ def parse_index(data: bytes, label: str) -> dict[str, Any]:
         raise RegistryError(f"{label}: 'files' is not an object")
     if len(files) > MAX_FILES:
         raise RegistryError(f"{label}: lists {len(files)} files; limit {MAX_FILES}")
+    total = 0  # each path is a file a restore writes, however many paths share a blob
     for rel, value in files.items():
         check_relative(rel)
         ok = isinstance(value, list) and len(value) == 2 and isinstance(value[0], str)
@@ -304,6 +357,9 @@ def parse_index(data: bytes, label: str) -> dict[str, Any]:
             raise RegistryError(f"{label}: file {rel!r} is not [sha256, size]")
         if isinstance(value[1], bool) or not 0 <= value[1] <= MAX_FILE_BYTES:
             raise RegistryError(f"{label}: file {rel!r} has size {value[1]!r}")
+        total += value[1]
+    if total > MAX_MODEL_BYTES:
+        raise RegistryError(f"{label}: its files restore {total} bytes; limit {MAX_MODEL_BYTES}")
     model, key_digest = index.get("model"), index.get("key_digest")
     if not isinstance(model, str) or not isinstance(key_digest, str):
         raise RegistryError(f"{label}: 'model' and 'key_digest' are not strings")
@@ -359,18 +415,34 @@ def blob_path(root: Path, sha: str) -> Path:
     return root / blob_relpath(sha)
 
 
-def file_sha(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as file:
-        for piece in iter(lambda: file.read(1 << 20), b""):
-            digest.update(piece)
-    return digest.hexdigest()
+def file_sha(path: Path, limit: int = MAX_FILE_BYTES) -> str:
+    """The sha256 of a regular file of at most ``limit`` bytes, read in pieces
+    (:class:`atomic.TooBig` past it, even while it grows; ValueError for no regular file)."""
+    with atomic.open_bounded(path, limit) as file:
+        return _sha_and_size(file, limit, path.name)[0]
 
 
-def _store_blob(root: Path, path: Path) -> tuple[str, bool]:
-    """The file's sha256 and whether it was stored now."""
-    data = path.read_bytes()  # read once: hashed, then written
-    return put_blob(root, data, mode=path.stat().st_mode & 0o777)
+def _sha_and_size(file: BinaryIO, limit: int, name: str) -> tuple[str, int]:
+    digest, size = hashlib.sha256(), 0
+    for piece in atomic.chunks(file, limit, name):
+        digest.update(piece)
+        size += len(piece)
+    return digest.hexdigest(), size
+
+
+def _store_blob(root: Path, path: Path, limit: int) -> tuple[str, int, bool]:
+    """The file's sha256, its size and whether it was stored now: hashed in pieces, then
+    (when new) copied in pieces and hashed again; :class:`atomic.TooBig` past ``limit``
+    bytes (even while it grows), ValueError when it changed between the two reads."""
+    with atomic.open_bounded(path, limit) as src:
+        sha, size = _sha_and_size(src, limit, path.name)
+        blob = blob_path(root, sha)
+        if blob.is_file() and blob.stat().st_size == size:
+            return sha, size, False
+        src.seek(0)
+        if not _copy_blob(src, blob, sha, size):
+            raise ValueError("it changed while it was stored")
+    return sha, size, True
 
 
 def put_blob(root: Path, data: bytes, *, mode: int = 0o644) -> tuple[str, bool]:

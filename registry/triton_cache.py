@@ -9,6 +9,7 @@ the folder it now lives in, so the relocated cache hits.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -35,6 +36,7 @@ ORIGINS = ".origins"  # beside the kernels' folders: what each was compiled with
 MAX_ORIGIN_BYTES = 16 * 2**20
 MAX_ORIGIN_FOLDERS = 200_000
 MAX_METADATA_BYTES = 2**20
+MAX_FILE_BYTES = 256 * 2**20  # one artifact, as a bundle member: a cubin or .so is MiBs
 
 
 @dataclass
@@ -42,6 +44,7 @@ class CacheSync:
     copied: int = 0  # files written
     present: int = 0  # files already there with the same size
     relocated: int = 0  # group files rewritten to the new folder
+    skipped: list[str] = field(default_factory=list)  # files not copied, with the reason
     folders: set[str] = field(default_factory=set)  # cache folders a file was written to
 
 
@@ -99,7 +102,9 @@ def save(cache_dir: Path, target: Path, origin: Origin | None = None) -> CacheSy
     sync = CacheSync()
     remove_stale_temp_files(target)
     for rel, src in cache_files(cache_dir):
-        _copy_if_new(src, target / rel, sync)
+        if _is_new(src, target / rel, sync) and _copied(src, target / rel, sync, durable=True):
+            sync.copied += 1
+            sync.folders.add(rel.parent.name)
     if origin is not None and sync.folders:
         record_origin(target, origin, sync.folders)
     log.info(
@@ -122,10 +127,10 @@ def restore(source: Path, cache_dir: Path) -> CacheSync:
     copies = [(src, cache_dir / rel) for rel, src in cache_files(source)]
     copies = [(src, dst) for src, dst in copies if _is_new(src, dst, sync)]
     with ThreadPoolExecutor(RESTORE_THREADS) as pool:
-        for _ in pool.map(lambda job: atomic.copy_file(*job, durable=False), copies):
-            pass
-    sync.copied += len(copies)
-    sync.folders.update(dst.parent.name for _, dst in copies)
+        done = list(pool.map(lambda job: _copied(job[0], job[1], sync, durable=False), copies))
+    copied = [dst for (_, dst), ok in zip(copies, done, strict=True) if ok]
+    sync.copied += len(copied)
+    sync.folders.update(dst.parent.name for dst in copied)
     sync.relocated = relocate(cache_dir)
     log.info(
         "restored triton cache %s -> %s: %d new, %d present, %d groups relocated",
@@ -218,11 +223,23 @@ def _is_artifact(name: str) -> bool:
     return name != "lock" and not name.startswith((".", "tmp.", atomic.TEMP_PREFIX))
 
 
-def _copy_if_new(src: Path, dst: Path, sync: CacheSync) -> None:
-    if _is_new(src, dst, sync):
-        atomic.copy_file(src, dst)
-        sync.copied += 1
-        sync.folders.add(dst.parent.name)
+def _copied(src: Path, dst: Path, sync: CacheSync, *, durable: bool) -> bool:
+    """Copy one artifact, read in pieces and at most :data:`MAX_FILE_BYTES` even while it
+    grows; one too big or no longer a plain file is skipped and listed, not the others."""
+    try:
+        atomic.copy_file(src, dst, limit=MAX_FILE_BYTES, durable=durable)
+    except ValueError as e:  # too big, grown past the limit, not a regular file
+        sync.skipped.append(f"{src}: {e}")
+        log.warning("triton cache file %s not copied: %s", src, e)
+        return False
+    except FileNotFoundError:  # removed since listed: nothing to copy
+        return False
+    except OSError as e:
+        if e.errno != errno.ELOOP:  # a link put in its place since listed: never followed
+            raise
+        sync.skipped.append(f"{src}: a link, not followed")
+        return False
+    return True
 
 
 def _is_new(src: Path, dst: Path, sync: CacheSync) -> bool:

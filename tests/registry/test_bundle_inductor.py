@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from registry import BundleRejected, Store, bundle, inductor_cache
+from registry import BundleRejected, Store, bundle, bundle_inductor, inductor_cache
 from registry.bundle_inductor import RECORD_KEY
 from registry.errors import RegistryError
 from registry.fingerprint import cpu_fingerprint
@@ -57,7 +57,9 @@ def test_a_model_travels_by_bundle_to_a_family_at_another_path(tmp_path, packed)
     assert len(verified.indexes) == 1 and len(verified.blobs) == len(FILES)
     assert verified.manifest["fingerprints"][0]["digest"] == FP.digest()
     target = tmp_path / "elsewhere" / "volume" / "inductor"
-    info = bundle.install(packed, Store(tmp_path / "store"), expect=FP, inductor=target)
+    info = bundle.install(
+        packed, Store(tmp_path / "store", create=True), expect=FP, inductor=target
+    )
     assert info["models"] == 1 and list(info[RECORD_KEY]) == verified.indexes
     assert restored(target, tmp_path / "cache") == FILES
     assert not list(target.glob(".bundle-*"))  # the staging folder is gone
@@ -65,7 +67,7 @@ def test_a_model_travels_by_bundle_to_a_family_at_another_path(tmp_path, packed)
 
 def test_rollback_puts_back_the_index_the_install_replaced(tmp_path, packed):
     target = family(tmp_path / "t" / "inductor", {"old/file": b"before the bundle"})
-    store = Store(tmp_path / "store")
+    store = Store(tmp_path / "store", create=True)
     bundle.install(packed, store, expect=FP, inductor=target)
     assert restored(target, tmp_path / "new") == FILES
     bundle.rollback(store, inductor=target)
@@ -73,7 +75,7 @@ def test_rollback_puts_back_the_index_the_install_replaced(tmp_path, packed):
 
 
 def test_rollback_removes_an_index_that_was_not_there_before(tmp_path, packed):
-    target, store = tmp_path / "t" / "inductor", Store(tmp_path / "store")
+    target, store = tmp_path / "t" / "inductor", Store(tmp_path / "store", create=True)
     bundle.install(packed, store, expect=FP, inductor=target)
     bundle.rollback(store, inductor=target)
     done = inductor_cache.restore(
@@ -83,7 +85,7 @@ def test_rollback_removes_an_index_that_was_not_there_before(tmp_path, packed):
 
 
 def test_rollback_without_the_family_leaves_its_indexes_and_says_so(tmp_path, packed, caplog):
-    target, store = tmp_path / "t" / "inductor", Store(tmp_path / "store")
+    target, store = tmp_path / "t" / "inductor", Store(tmp_path / "store", create=True)
     bundle.install(packed, store, expect=FP, inductor=target)
     bundle.rollback(store)
     assert "indexes stay" in caplog.text
@@ -97,9 +99,9 @@ def test_an_index_for_another_machine_rejects_unless_forced(tmp_path):
     bundle.create(out, name="m", version="1", entries=[], inductor=source)
     target = tmp_path / "t"
     with pytest.raises(BundleRejected, match=r"compiled model index .* another platform"):
-        bundle.install(out, Store(tmp_path / "s"), expect=FP, inductor=target)
+        bundle.install(out, Store(tmp_path / "s", create=True), expect=FP, inductor=target)
     assert not target.exists()
-    bundle.install(out, Store(tmp_path / "s"), expect=FP, inductor=target, force=True)
+    bundle.install(out, Store(tmp_path / "s", create=True), expect=FP, inductor=target, force=True)
     assert len(list(target.glob("models/*/*/*/*.json"))) == 1
 
 
@@ -215,7 +217,7 @@ def test_install_refuses_a_faulty_model_bundle_and_changes_nothing(
     bad = _rebuild(packed, tmp_path / "bad.tgz", **fault(packed))
     target = family(tmp_path / "t" / "inductor", {"old/file": b"kept"})
     before = sorted(p.relative_to(target) for p in target.rglob("*"))
-    store = Store(tmp_path / "store")
+    store = Store(tmp_path / "store", create=True)
     with pytest.raises(BundleRejected, match=expected):
         bundle.install(bad, store, expect=FP, inductor=target)
     assert sorted(p.relative_to(target) for p in target.rglob("*")) == before
@@ -224,7 +226,7 @@ def test_install_refuses_a_faulty_model_bundle_and_changes_nothing(
 
 def test_install_without_a_family_refuses_a_bundle_that_carries_models(tmp_path, packed):
     with pytest.raises(BundleRejected, match="no inductor folder"):
-        bundle.install(packed, Store(tmp_path / "s"), expect=FP)
+        bundle.install(packed, Store(tmp_path / "s", create=True), expect=FP)
 
 
 def test_size_bounds_hold_for_indexes_and_blobs(tmp_path, packed):
@@ -265,7 +267,10 @@ def test_an_interrupted_writers_temporary_index_is_no_index(tmp_path):
 
 
 def test_two_installs_of_one_index_roll_back_one_at_a_time(tmp_path):
-    store, target = Store(tmp_path / "store"), family(tmp_path / "t", {"v0": b"before"})
+    store, target = (
+        Store(tmp_path / "store", create=True),
+        family(tmp_path / "t", {"v0": b"before"}),
+    )
     for version in (1, 2):
         source = family(tmp_path / f"s{version}", {f"v{version}": b"x" * version})
         out = tmp_path / f"v{version}.tgz"
@@ -290,6 +295,56 @@ def test_an_index_whose_file_did_not_move_in_is_left_out(tmp_path, packed, monke
 
     monkeypatch.setattr(os, "replace", replace)
     target = tmp_path / "t"
-    bundle.install(packed, Store(tmp_path / "s"), expect=FP, inductor=target)
+    bundle.install(packed, Store(tmp_path / "s", create=True), expect=FP, inductor=target)
     monkeypatch.setattr(os, "replace", real)
     assert not list(inductor_cache.index_files(target / "models"))
+
+
+def _copies(count: int, size: int = 64 * 2**10) -> dict[str, bytes]:
+    """``count`` paths of one content: one blob, ``count`` files a restore writes."""
+    return {f"fxgraph/c{i}/entry": b"\x01" * size for i in range(count)}
+
+
+def test_one_blob_under_many_paths_counts_once_a_path_against_the_total(tmp_path):
+    family(tmp_path / "a" / "inductor", _copies(40))
+    out = tmp_path / "many.tgz"
+    bundle.create(out, name="m", version="1", entries=[], inductor=tmp_path / "a" / "inductor")
+    assert out.stat().st_size < 64 * 2**10  # 40 files of 64 KiB, carried as one blob
+    limit = 2**20  # the members come to 64 KiB and an index; the files to 2.5 MiB
+    with pytest.raises(
+        BundleRejected, match=rf"inductor/models/mlp/.*restore {40 * 2**16} bytes.*limit {limit}"
+    ):
+        bundle.verify(out, max_total_bytes=limit)
+    target = family(tmp_path / "t" / "inductor", {"old/file": b"kept"})
+    before = sorted(p.relative_to(target) for p in target.rglob("*"))
+    with pytest.raises(BundleRejected, match=f"limit {limit}"):
+        bundle.install(
+            out,
+            Store(tmp_path / "s", create=True),
+            expect=FP,
+            inductor=target,
+            max_total_bytes=limit,
+        )
+    assert sorted(p.relative_to(target) for p in target.rglob("*")) == before
+    assert len(bundle.verify(out).indexes) == 1  # within the default total
+
+
+def test_a_path_two_indexes_give_the_same_blob_counts_once(tmp_path):
+    root = tmp_path / "a" / "inductor"
+    family(root, _copies(10), model="mlp")
+    family(root, _copies(10), model="other")
+    out = tmp_path / "two.tgz"
+    bundle.create(out, name="m", version="1", entries=[], inductor=root)
+    verified = bundle.verify(out, max_total_bytes=10 * 2**16 + 2**16)  # not 20 files' worth
+    assert len(verified.indexes) == 2
+    with pytest.raises(BundleRejected, match="restore"):
+        bundle.verify(out, max_total_bytes=10 * 2**16 - 1)
+
+
+def test_the_files_all_indexes_restore_are_bounded_in_count(tmp_path, monkeypatch):
+    family(tmp_path / "a" / "inductor", _copies(5, size=1))
+    out = tmp_path / "count.tgz"
+    bundle.create(out, name="m", version="1", entries=[], inductor=tmp_path / "a" / "inductor")
+    monkeypatch.setattr(bundle_inductor, "MAX_BUNDLE_FILES", 4)
+    with pytest.raises(BundleRejected, match="restore 5 files; limit 4"):
+        bundle.verify(out)

@@ -4,6 +4,7 @@ The real compile-and-hit path is ``tests/warmup/compiled/test_warm.py``."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from registry import inductor_cache
+from registry import atomic, inductor_cache
 from registry.errors import RegistryError
 from registry.fingerprint import cpu_fingerprint
 
@@ -167,3 +168,75 @@ def test_a_folder_where_a_blob_should_be_is_quarantined_too(tmp_path):
     blob.mkdir()
     done = restore(tmp_path / "family", tmp_path / "b")
     assert (done.copied, done.quarantined) == (3, 1) and not blob.exists()
+
+
+def _grows_once_opened(monkeypatch, path: Path, by: int) -> None:
+    """``path`` grows by ``by`` bytes right after the family's reader has checked it."""
+    real = atomic.open_bounded
+
+    @contextlib.contextmanager
+    def opened(src, limit, **kwargs):
+        with real(src, limit, **kwargs) as f:
+            if Path(src) == path:
+                with open(path, "ab") as more:
+                    more.write(b"g" * by)
+            yield f
+
+    monkeypatch.setattr(atomic, "open_bounded", opened)
+
+
+def _index(family: Path) -> dict:
+    (path,) = inductor_cache.index_files(family / "models")
+    return json.loads(path.read_text())
+
+
+def test_a_file_that_grows_past_the_limit_while_saved_is_skipped_the_others_kept(
+    tmp_path, monkeypatch, caplog
+):
+    source = cache(tmp_path / "a", FILES)
+    monkeypatch.setattr(inductor_cache, "MAX_FILE_BYTES", 2**20)
+    _grows_once_opened(monkeypatch, source / "ab/cabc.py", 4 * 2**20)
+    saved = save(source, tmp_path / "family")
+    assert saved.files == 3 and len(saved.skipped) == 1 and "ab/cabc.py" in saved.skipped[0]
+    assert "not stored" in caplog.text
+    files = _index(tmp_path / "family")["files"]
+    assert "ab/cabc.py" not in files
+    for sha, size in files.values():  # each size the index gives is the blob's
+        assert inductor_cache.blob_path(tmp_path / "family", sha).stat().st_size == size
+    blobs = [p for p in (tmp_path / "family" / "blobs").rglob("*") if p.is_file()]
+    assert len(blobs) == 3 and all(p.stat().st_size < 2**20 for p in blobs)
+
+
+def test_a_file_that_grows_within_the_limit_is_stored_with_the_size_stored(tmp_path, monkeypatch):
+    source = cache(tmp_path / "a", {"ab/cabc.py": b"0123456789"})
+    _grows_once_opened(monkeypatch, source / "ab/cabc.py", 1000)
+    save(source, tmp_path / "family")
+    sha, size = _index(tmp_path / "family")["files"]["ab/cabc.py"]
+    assert size == 1010 == inductor_cache.blob_path(tmp_path / "family", sha).stat().st_size
+
+
+def test_a_restore_writes_no_more_than_its_index_declares(tmp_path):
+    save(cache(tmp_path / "a", FILES), tmp_path / "family")
+    (path,) = inductor_cache.index_files(tmp_path / "family" / "models")
+    index = json.loads(path.read_text())
+    index["files"]["ab/cabc.py"][1] = 2  # the blob holds 4 bytes, whose hash is its name
+    path.write_text(json.dumps(index))
+    done = restore(tmp_path / "family", tmp_path / "b")
+    assert (done.copied, done.missing, done.quarantined) == (3, 1, 0)
+    assert not (tmp_path / "b" / "ab/cabc.py").exists()
+
+
+def test_an_index_that_restores_more_than_a_model_may_is_refused(tmp_path):
+    save(cache(tmp_path / "a", FILES), tmp_path / "family")
+    (path,) = inductor_cache.index_files(tmp_path / "family" / "models")
+    index = json.loads(path.read_text())
+    sha = index["files"]["ab/cabc.py"][0]
+    count = inductor_cache.MAX_MODEL_BYTES // inductor_cache.MAX_FILE_BYTES + 1
+    for i in range(count):  # one blob under many paths: each path is a file written
+        index["files"][f"copies/{i}"] = [sha, inductor_cache.MAX_FILE_BYTES]
+    path.write_text(json.dumps(index))
+    with pytest.raises(RegistryError, match=f"limit {inductor_cache.MAX_MODEL_BYTES}"):
+        inductor_cache.read_index(path)
+    done = restore(tmp_path / "family", tmp_path / "b")
+    assert done.index is None and "quarantined" in done.why_not and done.copied == 0
+    assert not (tmp_path / "b").exists()

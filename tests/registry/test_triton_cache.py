@@ -1,3 +1,4 @@
+import contextlib
 import json
 import os
 import shutil
@@ -6,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from registry import triton_cache
+from registry import atomic, triton_cache
 from tests.conftest import env_without_interpreter, last_json, run_python
 
 pytestmark = pytest.mark.slow
@@ -161,3 +162,33 @@ def test_restore_writes_many_files_whole_without_fsync_and_save_keeps_them(tmp_p
     assert triton_cache.restore(source, tmp_path / "cache").present == 40
     triton_cache.save(tmp_path / "cache", tmp_path / "other")
     assert synced  # the volume's copies are durable
+
+
+def test_a_file_over_the_limit_or_growing_past_it_is_skipped_the_others_copied(
+    tmp_path, monkeypatch, caplog
+):
+    work = tmp_path / "work" / "HASH"
+    work.mkdir(parents=True)
+    (work / "k.cubin").write_bytes(b"\x7fELF" + b"k" * 100)
+    (work / "big.ptx").write_bytes(b"p" * 5000)
+    (work / "grows.ttir").write_bytes(b"t" * 10)
+    monkeypatch.setattr(triton_cache, "MAX_FILE_BYTES", 4096)
+    real = atomic.open_bounded
+
+    @contextlib.contextmanager
+    def opened(src, limit, **kwargs):
+        with real(src, limit, **kwargs) as f:
+            if src.name == "grows.ttir":  # grows after its size was checked
+                with open(src, "ab") as more:
+                    more.write(b"t" * 10_000)
+            yield f
+
+    monkeypatch.setattr(atomic, "open_bounded", opened)
+    saved = triton_cache.save(tmp_path / "work", tmp_path / "volume")
+    assert saved.copied == 1 and len(saved.skipped) == 2
+    assert sorted(p.name for p in (tmp_path / "volume" / "HASH").iterdir()) == ["k.cubin"]
+    assert "big.ptx" in caplog.text and "grows.ttir" in caplog.text
+    (tmp_path / "volume" / "HASH" / "big.ptx").write_bytes(b"p" * 5000)
+    restored = triton_cache.restore(tmp_path / "volume", tmp_path / "cache")
+    assert restored.copied == 1 and "big.ptx" in restored.skipped[0]
+    assert sorted(p.name for p in (tmp_path / "cache" / "HASH").iterdir()) == ["k.cubin"]

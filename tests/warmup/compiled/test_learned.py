@@ -4,6 +4,8 @@ process, merged into the volume by the harvest, nothing untrusted kept."""
 from __future__ import annotations
 
 import json
+import os
+import tracemalloc
 
 import pytest
 import torch
@@ -104,3 +106,57 @@ def test_an_unreadable_file_is_skipped(tmp_path, manifest):
     (root / "mlp.json").write_bytes(b"\x00" * 10)
     assert learned.merge(folder, root, manifest) == 0
     assert learned.learned_dims(root, manifest.model("mlp")) == []
+
+
+def _learned_file(folder, name, dims, **extra):
+    folder.mkdir(exist_ok=True)
+    (folder / name).write_text(json.dumps({"models": {"mlp": dims, **extra}}))
+
+
+def test_a_merge_reads_at_most_the_newest_files(tmp_path, manifest, monkeypatch):
+    folder, root = tmp_path / "metrics", tmp_path / "learned"
+    for i, batch in enumerate((3, 4, 5, 6)):
+        _learned_file(folder, f"learned-0-{i}.json", [{"batch": batch, "seq": 8}])
+        os.utime(folder / f"learned-0-{i}.json", (1000 + i, 1000 + i))
+    monkeypatch.setattr(learned, "MAX_FILES", 2)
+    assert learned.merge(folder, root, manifest) == 2
+    assert learned.learned_dims(root, manifest.model("mlp")) == [
+        {"batch": 5, "seq": 8},
+        {"batch": 6, "seq": 8},
+    ]
+
+
+def test_a_file_of_too_many_values_is_skipped_unparsed_and_the_others_merge(
+    tmp_path, manifest, caplog
+):
+    folder, root = tmp_path / "metrics", tmp_path / "learned"
+    junk = [{"batch": 3, "seq": 8}] + [[0]] * learned.MAX_FILE_VALUES  # small, but many
+    _learned_file(folder, "learned-0-1.json", junk)
+    _learned_file(folder, "learned-0-2.json", [{"batch": 4, "seq": 8}])
+    assert learned.merge(folder, root, manifest) == 1
+    assert learned.learned_dims(root, manifest.model("mlp")) == [{"batch": 4, "seq": 8}]
+    assert f"limit {learned.MAX_FILE_VALUES}" in caplog.text
+
+
+def test_a_merge_keeps_its_memory_small_whatever_the_files_hold(tmp_path, manifest):
+    folder, root = tmp_path / "metrics", tmp_path / "learned"
+    many = [{"batch": 3, "seq": 8}] * (learned.MAX_FILE_VALUES // 20)  # under the bounds
+    for i in range(30):
+        other = {f"model{j}": many for j in range(2)}  # models the manifest lacks
+        _learned_file(folder, f"learned-0-{i}.json", many, **other)
+    tracemalloc.start()
+    try:
+        new = learned.merge(folder, root, manifest)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert new == 1 and peak < 16 * 2**20  # what it kept: one dims, not 30 files' lists
+
+
+def test_a_merge_reads_a_bounded_total(tmp_path, manifest, monkeypatch):
+    folder, root = tmp_path / "metrics", tmp_path / "learned"
+    for i, batch in enumerate((3, 4, 5)):
+        _learned_file(folder, f"learned-0-{i}.json", [{"batch": batch, "seq": 8}])
+    size = (folder / "learned-0-0.json").stat().st_size
+    monkeypatch.setattr(learned, "MAX_READ_BYTES", 2 * size)
+    assert learned.merge(folder, root, manifest) == 2
