@@ -83,6 +83,7 @@ class Stored(Payload):
 
     entry: EntryJSON
     superseded: bool = False
+    unstored: str | None = None  # tuned, not stored: why (its lock lost)
 
 
 class Chosen(Payload):

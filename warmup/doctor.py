@@ -25,7 +25,7 @@ from typing import Literal
 from registry import triton_internals
 from registry.errors import RegistryError
 from registry.fingerprint import NVIDIA_PROC, proc_driver_version
-from registry.locks import LockServerUnreachable, backend_from_url, check_backend
+from registry.locks import LockServerUnreachable, check_backend
 from registry.locks.file_lease import FileLeaseBackend
 from registry.redis_url import redacted
 from warmup.run.early import listed_gpus
@@ -256,7 +256,7 @@ def check_lock(settings: Settings, host: Host) -> Result:
     """The lock backend answers: redis answers PING, a lease folder is writable."""
     url = settings.lock_url
     try:
-        backend = backend_from_url(url)
+        backend = settings.lock_backend(url)
     except RegistryError as e:  # redis-py is not installed
         return Result("lock", "MISSING", str(e), "pip install 'triton-warmup[redis]'")
     except ValueError as e:  # redis-py refuses the URL

@@ -21,8 +21,10 @@ choice, as anyone who can write to the volume can; host code (Triton's ``.so`` l
 stubs) is never shared, and each process builds its own.
 
 Redis down or slow: each call waits at most ``TRITON_WARMUP_TRITON_REMOTE_TIMEOUT_S``
-(0.2 s), then the tier is skipped for 30 s and Triton compiles locally. Nothing here
-raises into Triton.
+(0.2 s) for the whole call (a server that trickles its answer included; a blob's call
+also has the time its bytes take), then the tier is skipped for 30 s and Triton
+compiles locally. Values are read only within their limits (``registry.remote_triton``).
+Nothing here raises into Triton.
 """
 
 from __future__ import annotations

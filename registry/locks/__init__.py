@@ -11,7 +11,10 @@ duplicated work, never a second write.
 
 A lock server that stops answering is waited out: waiters retry until their timeout, a
 holder's heartbeat retries until its lease ends by its own clock, and then the holder
-says it lost the lock (``Holder.lost``) rather than claim it on.
+says it lost the lock (``Holder.lost``) rather than claim it on. A lock server that
+answers that the key is gone or another's ends the lease at once. A holder about to do
+what only one holder should (the tuner's write) asks ``Holder.confirm()`` first, which
+also asks the server where the backend can, and does not do it once the lease is lost.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import re
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -83,6 +86,7 @@ class Lease:
         self._lost: str | None = None
         self._ended = False
         self._mutex = threading.Lock()
+        self._confirm: Callable[[], None] | None = None
 
     @property
     def lost(self) -> bool:
@@ -90,6 +94,23 @@ class Lease:
         if self._lost is None and not self._ended and self.remaining() <= 0:
             self.lose(f"not renewed for {self.ttl - self.margin:.1f} s of its {self.ttl:g} s ttl")
         return self._lost is not None
+
+    @property
+    def reason(self) -> str | None:
+        """Why the lease was lost; None while it holds."""
+        return self._lost if self.lost else None
+
+    def confirm_with(self, ask: Callable[[], None]) -> None:
+        """The backend's way to ask its server now (a renewal that marks the lease lost
+        when the key is gone or another's), for :meth:`confirm`."""
+        self._confirm = ask
+
+    def confirm(self) -> bool:
+        """Whether this holder still holds the lock, asked of the server now where the
+        backend can; a server that does not answer leaves it to this holder's clock."""
+        if self._confirm is not None and not self.lost and not self._ended:
+            self._confirm()
+        return not self.lost
 
     def remaining(self) -> float:
         """Seconds left by this holder's clock."""
@@ -133,6 +154,14 @@ class Holder:
     def lost(self) -> bool:
         """True once this holder may no longer claim the lock (its backend tracks a lease)."""
         return self.lease is not None and self.lease.lost
+
+    def confirm(self) -> str | None:
+        """Before a write only one holder may make: None while this holder holds the
+        lock (asked of the server now where the backend can: :meth:`Lease.confirm`),
+        else why it lost it."""
+        if self.lease is None or self.lease.confirm():
+            return None
+        return self.lease.reason or "lost"
 
     def to_text(self) -> str:
         fields = {"host": self.host, "pid": self.pid, "since": self.since, "token": self.token}
@@ -184,13 +213,14 @@ def default_backend() -> LockBackend:
     return backend_from_url(str(Path(tempfile.gettempdir()) / "triton-warmup-locks"))
 
 
-def backend_from_url(url: str) -> LockBackend:
-    """``redis://host:port/db``, ``rediss://...``, ``unix:///path.sock``: redis;
-    ``file:///path`` or a plain path: a lease folder on a shared volume."""
+def backend_from_url(url: str, *, password: str | None = None) -> LockBackend:
+    """``redis://host:port/db``, ``rediss://...``, ``unix:///path.sock``: redis (with
+    ``password`` where the URL has none); ``file:///path`` or a plain path: a lease
+    folder on a shared volume."""
     if is_redis(url):
         from registry.locks.redis_lock import RedisLockBackend
 
-        return RedisLockBackend(url)
+        return RedisLockBackend(url, password=password)
     from registry.locks.file_lease import FileLeaseBackend
 
     return FileLeaseBackend(Path(url.removeprefix("file://")))

@@ -1,10 +1,16 @@
 """Locks in redis: redis-py's Lock (the release checks the token), renewed by a
 heartbeat thread while held, so the TTL only expires for a holder that went silent.
 
-Through outages: every call has socket timeouts well inside the ttl and no retries of
-its own (redis-py's would outlast a short lease). A waiter's calls that fail are retried
-by ``registry.locks``; a renewal that fails is retried here, with backoff, until it
+Through outages: every call ends within a deadline well inside the ttl (for the whole
+call: a server that trickles its answer is cut there too) and has no retries of its own
+(redis-py's would outlast a short lease). A waiter's calls that fail are retried by
+``registry.locks``; a renewal that fails is retried here, with backoff, until it
 succeeds or the lease has ended by the holder's own clock, which then marks it lost.
+
+A renewal that finds the key gone (a restart that lost it, an eviction) or another
+holder's ends the lease at once, and the heartbeat stops: the holder, asking
+``Holder.confirm()`` before its write, learns it and does not write. ``confirm`` also
+renews once itself, so that a loss between two heartbeats is seen too.
 """
 
 from __future__ import annotations
@@ -28,8 +34,10 @@ POLL_S = 0.05  # a waiter's pause between tries while the lock is held
 RENEWALS_PER_TTL = 10  # renewed every ttl/10: a 6 s lease outlives a 4 s outage
 IO_TIMEOUT_CAP_S = 2.0
 ETERNAL = -1  # PTTL of a key without an expiry
-# A lock key's remaining ms and its value (nil unless a string); one without an expiry
-# is deleted in the same step, so a holder's key (always set with one) is never touched.
+HOLDER_BYTES = 4096  # a lock key's value (a Holder's JSON) is ~100 bytes; longer: not read
+# A lock key's remaining ms and its value (nil unless a string of at most ARGV[1] bytes);
+# one without an expiry is deleted in the same step, so a holder's key (always set with
+# one) is never touched.
 LOOK = """
 redis.replicate_commands()
 local ttl = redis.call('pttl', KEYS[1])
@@ -38,6 +46,9 @@ if ttl == -1 then
   return {ttl, false}
 end
 if redis.call('type', KEYS[1]).ok ~= 'string' then
+  return {ttl, false}
+end
+if redis.call('strlen', KEYS[1]) > tonumber(ARGV[1]) then
   return {ttl, false}
 end
 return {ttl, redis.call('get', KEYS[1])}
@@ -62,8 +73,9 @@ class _Held:
 class RedisLockBackend:
     """Locks as keys ``triton-warmup:lock:<name>`` on the redis server at ``url``."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, password: str | None = None) -> None:
         self.url = url
+        self._password = password
         self._clients: dict[float, Any] = {}
         self._unanswered: dict[str, tuple[Holder, float]] = {}  # name -> (SET value, sent at)
         self.client = self._client(IO_TIMEOUT_CAP_S)
@@ -74,11 +86,12 @@ class RedisLockBackend:
 
     def ping(self) -> None:
         """:class:`LockServerUnreachable` unless the server answers PING."""
-        with self._reaching():
+        with self._reaching(IO_TIMEOUT_CAP_S):
             self.client.ping()
 
     def try_acquire(self, name: str, ttl: float, wait: float) -> _Held | None:
-        lock = self._client(io_timeout(ttl)).lock(PREFIX + name, timeout=ttl, thread_local=False)
+        io_s = io_timeout(ttl)
+        lock = self._client(io_s).lock(PREFIX + name, timeout=ttl, thread_local=False)
         deadline = time.monotonic() + wait
         self.holder(name)  # a key without an expiry would fail every try: deleted first
         while True:
@@ -86,7 +99,7 @@ class RedisLockBackend:
             holder = self._value(name)
             text = holder.to_text()
             try:
-                with self._reaching():
+                with self._reaching(io_s):
                     if self._landed(lock, name, text):
                         sent = self._unanswered[name][1]  # the key's TTL may have started then
                         break
@@ -100,6 +113,7 @@ class RedisLockBackend:
             time.sleep(POLL_S)
         self._unanswered.pop(name, None)
         lease = Lease(name, ttl, sent)
+        lease.confirm_with(lambda: _confirm(lock, lease))
         holder = replace(holder, lease=lease)
         stop = threading.Event()
         thread = threading.Thread(
@@ -119,7 +133,8 @@ class RedisLockBackend:
         handle.lease.end()
         lost = handle.lease.lost
         try:
-            handle.lock.release()
+            with redis_url.deadline(io_timeout(handle.lease.ttl)):
+                handle.lock.release()
         except redis.exceptions.LockError as e:
             (log.debug if lost else log.warning)(
                 "lock %s not ours at release: %s", handle.lease.name, e
@@ -136,8 +151,8 @@ class RedisLockBackend:
         """Who holds ``name``; None for a value that names nobody. A key without an
         expiry is deleted first: every lock this backend sets expires, so such a key was
         put there by hand or by something else, and would block the lock for ever."""
-        with self._reaching():
-            ttl, value = self._look(keys=[PREFIX + name])
+        with self._reaching(IO_TIMEOUT_CAP_S):
+            ttl, value = self._look(keys=[PREFIX + name], args=[HOLDER_BYTES])
         if ttl == ETERNAL:
             log.warning(
                 "lock %s: deleted a key without an expiry at %s (not a lock this tool sets)",
@@ -151,7 +166,7 @@ class RedisLockBackend:
         """One client per socket timeout, without redis-py's own retries."""
         if timeout not in self._clients:
             self._clients[timeout] = redis_url.client(
-                self.url, timeout_s=timeout, user="The redis lock backend"
+                self.url, timeout_s=timeout, password=self._password, user="The redis lock backend"
             )
         return self._clients[timeout]
 
@@ -168,29 +183,76 @@ class RedisLockBackend:
         if name not in self._unanswered:
             return False
         token = lock.redis.get_encoder().encode(text)
-        if lock.redis.get(lock.name) != token:
+        if _value_of(lock) != token:
             return False
         lock.local.token = token  # what redis-py's extend and release check
         return True
 
     @contextlib.contextmanager
-    def _reaching(self) -> Iterator[None]:
-        """Any answer but a lock's own (a failover's READONLY, a timeout, a refused
-        connection) as :class:`LockServerUnreachable`: a waiter retries those."""
+    def _reaching(self, within_s: float) -> Iterator[None]:
+        """A call that ends within ``within_s``; any answer but a lock's own (a failover's
+        READONLY, a timeout, a refused connection) as :class:`LockServerUnreachable`: a
+        waiter retries those."""
         import redis
 
         try:
-            yield
+            with redis_url.deadline(within_s):
+                yield
         except redis.exceptions.LockError:
             raise
         except redis.exceptions.RedisError as e:
             raise LockServerUnreachable(redacted(self.url), cause(e)) from e
 
 
+def _value_of(lock: Any) -> bytes | None:
+    """The lock key's value, unless over :data:`HOLDER_BYTES` (then None)."""
+    found = redis_url.answer(redis_url.get(lock.redis, lock.name, HOLDER_BYTES))
+    return found if isinstance(found, bytes) else None
+
+
+def _extend(lock: Any, lease: Lease) -> bool:
+    """One renewal: True when it went; False, the lease lost, when the key is gone or
+    another holder's; redis-py's errors for an outage."""
+    import redis
+
+    with redis_url.deadline(io_timeout(lease.ttl)):
+        try:
+            lock.extend(lease.ttl, replace_ttl=True)
+            return True
+        except redis.exceptions.LockNotOwnedError:
+            pass
+        why = "its key is gone (the server restarted or evicted it)"
+        with contextlib.suppress(redis.exceptions.RedisError):
+            held = redis_url.answer(redis_url.get(lock.redis, lock.name, HOLDER_BYTES))
+            other = Holder.parse(held) if isinstance(held, bytes) else None
+            if other is not None:
+                why = f"its key is held by {other.describe()}"
+            elif held is not None:
+                why = "its key holds another value"
+    lease.lose(why)
+    return False
+
+
+def _confirm(lock: Any, lease: Lease) -> None:
+    """A renewal now, for a holder about to write: a loss since the last heartbeat is
+    seen; an outage leaves the answer to the lease's clock."""
+    import redis
+
+    sent = time.monotonic()
+    try:
+        if _extend(lock, lease):
+            lease.renewed(sent)
+    except redis.exceptions.RedisError as e:
+        left = lease.remaining()
+        log.debug(
+            "lock %s not confirmed (%s): %.1f s of its lease left", lease.name, cause(e), left
+        )
+
+
 def _renew(lock: Any, lease: Lease, stop: threading.Event) -> None:
     """Extend the key every ttl/RENEWALS_PER_TTL. A failed renewal is retried with
-    backoff until one succeeds or the lease ends by this holder's clock; the key owned
-    by another token (redis-py's LockNotOwnedError) ends it at once."""
+    backoff until one succeeds or the lease ends by this holder's clock; the key gone
+    or owned by another token ends it at once, and the heartbeat with it."""
     import redis
 
     every = lease.ttl / RENEWALS_PER_TTL
@@ -200,10 +262,8 @@ def _renew(lock: Any, lease: Lease, stop: threading.Event) -> None:
             return
         sent = time.monotonic()
         try:
-            lock.extend(lease.ttl, replace_ttl=True)
-        except redis.exceptions.LockNotOwnedError:
-            lease.lose("the key is no longer this holder's")
-            return
+            if not _extend(lock, lease):
+                return
         except redis.exceptions.RedisError as e:
             failures, lease.retries = failures + 1, lease.retries + 1
             if failures == 1:

@@ -33,14 +33,14 @@ def write_entries(root: str, worker: int, count: int, start: float) -> None:
     """Each worker writes its own keys one by one, plus one shared key with its own config."""
     while time.time() < start:
         time.sleep(0.001)
-    store = Store(root)
+    store = Store(root, create=True)
     for i in range(count):
         store.put(entry(worker * 1000 + i, 64))
     store.put(entry(SHARED_M, worker + 1, created=f"2026-11-21T10:00:{worker:02d}+00:00"))
 
 
 def write_forever(root: str) -> None:
-    store = Store(root)
+    store = Store(root, create=True)
     i = 0
     while True:
         store.put(entry(i, 64))
@@ -78,7 +78,7 @@ def hang_in(root: str, what: str, ready: str) -> None:
         time.sleep(3600)
 
     registry.atomic.os.replace = hang  # type: ignore[assignment]
-    store = Store(root)
+    store = Store(root, create=True)
     if what == "put":
         store.put(entry(77, 64))
     else:
@@ -107,8 +107,8 @@ class _Solo:
 class LoggedStore(Store):
     """A store that notes every put of a tuning in its own file: landed or refused."""
 
-    def __init__(self, root: str, log: str) -> None:
-        super().__init__(root)
+    def __init__(self, root: str, log: str, *, create: bool = False) -> None:
+        super().__init__(root, create=create)
         self.log = Path(log)
 
     def put(self, entry, **fence):  # type: ignore[no-untyped-def]
@@ -132,7 +132,7 @@ def chaos_tuner(root: str, lock_url: str, log: str, phases: str, gate: str, peri
     shape whose lock another holds is deferred), a fake tuning that sleeps, and note
     each put and settled shape in ``log``. Says "ready" there, then waits for the file
     ``gate`` to hold the start time; phase ``i`` starts ``i * period`` s after it."""
-    store, locks = LoggedStore(root, log), backend_from_url(lock_url)
+    store, locks = LoggedStore(root, log, create=True), backend_from_url(lock_url)
     _note(store.log, {"ready": True, "t": time.time()})
     while not Path(gate).exists() or not Path(gate).read_text():
         time.sleep(0.005)
@@ -173,6 +173,9 @@ def _tune_phase(store: LoggedStore, locks: Any, shapes: list[int]) -> None:
                 "source": outcome.source if outcome else None,
                 "block": outcome.config.meta["BLOCK"] if outcome else None,
                 "error": str(settled.error) if settled.error else None,
+                "unstored": any(n.startswith("not stored") for n in outcome.notes)
+                if outcome
+                else False,
                 "t": time.time(),
             },
         )

@@ -110,8 +110,8 @@ def test_a_fenced_publish_kept_back_in_an_outage_is_refused_when_it_comes_late(
 
 
 def test_a_tiered_put_refused_locally_publishes_nothing(server, tmp_path, make_entry, h200):
-    mine = TieredStore(Store(tmp_path / "volume"), RemoteTier(server.url))
-    theirs = TieredStore(Store(tmp_path / "volume"), RemoteTier(server.url))
+    mine = TieredStore(Store(tmp_path / "volume", create=True), RemoteTier(server.url))
+    theirs = TieredStore(Store(tmp_path / "volume", create=True), RemoteTier(server.url))
     fence = mine.fence("ag_gemm", KEY, h200)
     theirs.put(make_entry(block_m=64), fence=theirs.fence("ag_gemm", KEY, h200))
     with pytest.raises(Superseded):
@@ -121,7 +121,7 @@ def test_a_tiered_put_refused_locally_publishes_nothing(server, tmp_path, make_e
 
 def _tuner(root, task, lock_url, **options):
     return Tuner(
-        Store(root),
+        Store(root, create=True),
         cpu_fingerprint(),
         timer=fake_timer(task),
         lock_backend=backend_from_url(lock_url),
@@ -208,8 +208,8 @@ def test_a_field_fenced_while_redis_did_not_answer_takes_no_second_tuning(
     proxy, tmp_path, make_entry, h200
 ):
     # pods that share only redis: B fences while redis restarts, A publishes first
-    a = TieredStore(Store(tmp_path / "a"), RemoteTier(proxy.url, timeout_s=0.2))
-    b = TieredStore(Store(tmp_path / "b"), RemoteTier(proxy.url, timeout_s=0.2))
+    a = TieredStore(Store(tmp_path / "a", create=True), RemoteTier(proxy.url, timeout_s=0.2))
+    b = TieredStore(Store(tmp_path / "b", create=True), RemoteTier(proxy.url, timeout_s=0.2))
     a_fence = a.fence("ag_gemm", KEY, h200)
     proxy.down()
     b_fence = b.fence("ag_gemm", KEY, h200)
@@ -225,8 +225,8 @@ def test_a_field_fenced_while_redis_did_not_answer_takes_no_second_tuning(
 def test_a_fenced_publish_while_redis_answers_takes_the_entry_published_first(
     proxy, tmp_path, make_entry, h200
 ):
-    a = TieredStore(Store(tmp_path / "a"), RemoteTier(proxy.url, timeout_s=0.2))
-    b = TieredStore(Store(tmp_path / "b"), RemoteTier(proxy.url, timeout_s=0.2))
+    a = TieredStore(Store(tmp_path / "a", create=True), RemoteTier(proxy.url, timeout_s=0.2))
+    b = TieredStore(Store(tmp_path / "b", create=True), RemoteTier(proxy.url, timeout_s=0.2))
     a_fence, b_fence = a.fence("ag_gemm", KEY, h200), b.fence("ag_gemm", KEY, h200)
     landed = a.put(make_entry(block_m=64), fence=a_fence)
     with pytest.raises(Superseded) as refused:

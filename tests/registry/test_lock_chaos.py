@@ -163,13 +163,16 @@ def test_chaos_on_the_lock_server_lands_one_tuning_per_shape(server, tmp_path):
     shapes = sorted(m for phase in PHASES for m in phase)
     print(
         f"chaos: {len(puts)} puts, {len(refused)} refused, "
+        f"{sum(1 for line in settled if line.get('unstored'))} not stored (lock lost), "
         f"{time.monotonic() - started:.1f} s in all"
     )
     assert landed == shapes  # exactly one tuning of each shape landed
-    assert refused, "chaos never made two holders tune one shape: the test tested nothing"
+    # a holder that learnt of its loss stores nothing; one that did not is refused
+    unstored = [line for line in settled if line.get("unstored")]
+    assert refused or unstored, "chaos never made two holders tune one shape: tested nothing"
     assert [line["error"] for line in settled] == [None] * (WORKERS * len(shapes))
     assert {(line["m"], line["block"]) for line in settled} == {(m, BEST) for m in shapes}
-    store = Store(root)
+    store = Store(root, create=True)
     fingerprint = gpu_fingerprint().with_kernel("f" * 64)
     for m in shapes:
         entry = store.lookup("fake_gemm", {"M": m, "dtype": "bf16"}, fingerprint)

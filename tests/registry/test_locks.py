@@ -12,9 +12,11 @@ import pytest
 
 import registry.locks
 from registry import LockTimeout, RegistryError, lock
-from registry.locks import backend_from_url, lock_file_name
-from tests.conftest import free_port
+from registry.locks import Holder, backend_from_url, lock_file_name
+from registry.locks.redis_lock import PREFIX
+from tests.conftest import free_port, wait_for
 from tests.registry import _workers
+from tests.registry._trickle import trickling, within
 
 ROOT = Path(__file__).parents[2]
 
@@ -202,3 +204,65 @@ def test_a_foreign_key_with_an_expiry_is_waited_for_like_a_holder(redis_url):
         pass
     assert backend.client.type(key) == b"hash"  # left alone: it ends by itself
     backend.client.delete(key)
+
+
+# ---- a holder that lost its key learns it; every call has a deadline --------------------
+
+
+@pytest.mark.parametrize("how", ["deleted", "flushed", "taken"])
+def test_a_holder_whose_key_is_gone_or_taken_learns_it_and_stops_renewing(redis_url, how):
+    backend = backend_from_url(redis_url)
+    with lock("tune/vanish", ttl=1.0, timeout=5, backend=backend) as me:
+        assert me.confirm() is None
+        if how == "deleted":
+            backend.client.delete(PREFIX + "tune/vanish")
+        elif how == "flushed":  # a restart that lost every key
+            backend.client.flushall()
+        else:
+            other = Holder("other-pod", 7, "2026-01-01T00:00:00+00:00", "t0k3n")
+            backend.client.set(PREFIX + "tune/vanish", other.to_text(), px=60_000)
+        assert wait_for(lambda: me.lost, 3.0)  # the heartbeat (every 0.1 s) saw it
+        renewals = me.lease.renewals
+        time.sleep(0.3)
+        assert me.lease.renewals == renewals  # and stopped
+        why = me.confirm()
+        assert why is not None and ("other-pod" if how == "taken" else "gone") in why
+
+
+def test_a_holder_about_to_write_sees_a_loss_before_the_next_heartbeat(redis_url):
+    backend = backend_from_url(redis_url)
+    with lock("tune/between", ttl=60, timeout=5, backend=backend) as me:  # beats every 6 s
+        backend.client.delete(PREFIX + "tune/between")
+        assert not me.lost
+        assert "gone" in (me.confirm() or "") and me.lost
+
+
+def test_a_lock_value_over_its_limit_is_never_read(redis_url):
+    backend = backend_from_url(redis_url)
+    backend.client.flushall()
+    backend.client.setrange(PREFIX + "big", 32 * 2**20, b"!")
+    backend.client.pexpire(PREFIX + "big", 60_000)
+    assert backend.holder("big") is None
+
+
+@pytest.mark.parametrize("kind", ["tcp", "unix", "tls"])
+def test_a_trickling_lock_server_is_unreachable_within_the_deadline(tmp_path, kind):
+    import redis
+
+    from registry.locks import Lease, LockServerUnreachable
+    from registry.locks.redis_lock import IO_TIMEOUT_CAP_S, RedisLockBackend, _extend, io_timeout
+
+    with trickling(kind, tmp_path) as hostile:
+        backend = RedisLockBackend(hostile.url)
+        unreachable = pytest.raises(LockServerUnreachable)
+        with (
+            within(1.0 + IO_TIMEOUT_CAP_S + 0.5),
+            unreachable,
+            lock("x", ttl=2.0, timeout=1.0, backend=backend),
+        ):
+            pass
+        held = backend._client(io_timeout(2.0)).lock(PREFIX + "x", timeout=2.0)
+        held.local.token = b"mine"
+        lease = Lease("x", 2.0, time.monotonic())
+        with within(io_timeout(2.0) + 0.5), pytest.raises(redis.exceptions.RedisError):
+            _extend(held, lease)  # one heartbeat

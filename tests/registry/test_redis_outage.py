@@ -323,7 +323,7 @@ def test_an_outage_longer_than_the_ttl_loses_the_lock_and_both_results_are_kept(
     redis, proxy, contenders, tmp_path, caplog
 ):
     ttl = 1.5
-    store = Store(tmp_path / "registry")
+    store = Store(tmp_path / "registry", create=True)
     with (
         caplog.at_level(logging.WARNING, logger="registry.locks"),
         lock(LOCK, ttl=ttl, timeout=5, backend=backend_from_url(proxy.url)) as me,

@@ -13,7 +13,7 @@ KEY = {"M": 4096, "N": 6656, "K": 16384, "dtype": "bf16", "world": 2}
 
 
 def _pod(root, url: str) -> TieredStore:
-    return TieredStore(Store(root), RemoteTier(url, timeout_s=0.5, retry_after_s=0.3))
+    return TieredStore(Store(root, create=True), RemoteTier(url, timeout_s=0.5, retry_after_s=0.3))
 
 
 def test_a_local_hit_does_not_ask_the_remote_tier(tmp_path, server, make_entry, h200):

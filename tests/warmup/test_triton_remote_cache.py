@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from registry import remote_models, remote_triton, triton_cache
 from registry.remote import RemoteTier
 from tests.conftest import env_without_interpreter
+from tests.registry._trickle import trickling, within
 from tests.registry.test_redis_outage import Proxy, redis  # noqa: F401
 from warmup import triton_remote_cache
 from warmup.serving.metrics import ServingMetrics
@@ -197,3 +198,23 @@ def test_a_dump_or_override_manager_stays_local(tmp_path, server, monkeypatch):
     TieredCacheManager("KEY1", dump=True).put(b"x", "k.ttir")
     assert server.client.keys("*") == []
     triton_remote_cache.process_tier.cache_clear()
+
+
+@pytest.mark.parametrize("kind", ["tcp", "unix"])
+def test_a_trickling_server_is_a_local_compile_within_the_deadline(tmp_path, monkeypatch, kind):
+    with trickling(kind, tmp_path) as hostile:
+        monkeypatch.setenv("TRITON_WARMUP_REMOTE_URL", hostile.url)
+        monkeypatch.setenv("TRITON_WARMUP_TRITON_REMOTE_TIMEOUT_S", "0.5")
+        monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
+        monkeypatch.setattr(triton_remote_cache, "stats", triton_remote_cache.RemoteCacheStats())
+        triton_remote_cache.process_tier.cache_clear()
+        try:
+            manager = TieredCacheManager("KEY1")
+            assert manager.remote is not None
+            with within(1.0):  # one call of 0.5 s, then the tier is skipped
+                assert manager.get_file("k.cubin") is None
+                assert manager.get_group("k.json") is None
+            with within(1.0):
+                assert RemoteBackend("KEY2").get(["k.cubin"]) == {}
+        finally:
+            triton_remote_cache.process_tier.cache_clear()

@@ -26,7 +26,7 @@ from typing import Any
 from registry import inductor_cache, remote_models
 from registry.errors import LockTimeout, RegistryError, named
 from registry.fingerprint import Fingerprint
-from registry.locks import backend_from_url, lock
+from registry.locks import lock
 from registry.remote import RemoteTier
 from warmup.collectives import Lockstep
 from warmup.compiled import coordesc
@@ -162,7 +162,7 @@ class _Artifacts:
                     name,
                     ttl=settings.lock_ttl_s,
                     timeout=wait_s,
-                    backend=backend_from_url(settings.lock_url),
+                    backend=settings.lock_backend(),
                     outage_s=settings.lock_outage_s,
                 )
             )

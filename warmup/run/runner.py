@@ -27,7 +27,6 @@ from kernels.task import TuneTask
 from registry import KernelConfig, RegistryError, Store, triton_internals
 from registry.errors import named
 from registry.fingerprint import Fingerprint, detect_for
-from registry.locks import backend_from_url
 from registry.remote import RemoteTier
 from registry.tiered import TieredStore
 from warmup.collectives import Lockstep
@@ -261,7 +260,7 @@ def _tuner(
         fingerprint,
         timer=timer,
         lockstep=lockstep,
-        lock_backend=backend_from_url(settings.lock_url),
+        lock_backend=settings.lock_backend(),
         options=options,
     )
 

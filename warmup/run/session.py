@@ -33,7 +33,7 @@ from registry.errors import named
 from registry.explain import Prediction
 from registry.fingerprint import Fingerprint, detect_for, detect_in_background, machine_name
 from registry.importers import import_triton_autotune
-from registry.locks import LockServerUnreachable, backend_from_url, check_backend
+from registry.locks import LockServerUnreachable, check_backend
 from registry.triton_internals import cache_env
 from registry.volume import MissingFolder
 from warmup import logs
@@ -547,7 +547,7 @@ def lock_backend(settings: Settings, manifest: Manifest, world: int) -> Settings
     if not any(e.policy == "tune" and not e.is_user_function for e in manifest.entries_for(world)):
         return settings  # nothing will be tuned: no lock taken
     try:
-        check_backend(backend_from_url(settings.lock_url))
+        check_backend(settings.lock_backend())
     except LockServerUnreachable as e:
         if settings.lock_fallback != "file":
             raise RunError(

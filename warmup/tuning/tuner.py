@@ -21,6 +21,10 @@ entry: one tuning per shape lands, and every pod ends with it. Pods that share o
 redis fence its field too: a refused publish (this pod's volume took the tuning) hands
 back the published entry, which this pod takes and files in its volume.
 
+A holder that learns it lost its lock (the heartbeat found the key gone or another's,
+or ``Holder.confirm`` just before the put does) does not store at all: the shape is
+left to whoever holds the lock now, and this run uses its own tuning.
+
 The timer is injected (``warmup.tuning.timing``), so tests run the search with a fake.
 """
 
@@ -50,7 +54,7 @@ from registry import (
 )
 from registry.errors import Superseded, named
 from registry.fingerprint import Fingerprint
-from registry.locks import LockBackend, LockServerUnreachable, silent_for
+from registry.locks import Holder, LockBackend, LockServerUnreachable, silent_for
 from registry.tiered import TieredFence, TieredStore
 from warmup.collectives import (
     Answer,
@@ -121,6 +125,7 @@ class Taken:
 
     waited: float
     unreachable: str | None = None  # None: locked
+    holder: Holder | None = None  # rank 0's, while it holds the lock
 
 
 @dataclass(frozen=True)
@@ -220,7 +225,7 @@ class Tuner:
             task.remake_inputs()  # a shape put aside (warmup.tuning.sharing), tuned at last
             outcome = self.tune(task)
             outcome.lock_wait_s, outcome.unlocked = taken.waited, taken.unreachable is not None
-            self._store(task, fingerprint, key, outcome, started, fence)
+            self._store(task, fingerprint, key, outcome, started, fence, taken.holder)
         outcome.seconds = time.perf_counter() - started
         self.stats.tuned += 1
         self.stats.tuning_seconds += outcome.seconds
@@ -328,8 +333,9 @@ class Tuner:
         another past the timeout fails this shape on every rank alike, so the next
         collective still matches."""
         started = time.perf_counter()
+        got: list[Holder] = []  # rank 0's holder, for the check before its put
         decided = self._on_leader(
-            functools.partial(self._take_lock, held, kernel, key, give_up_at),
+            functools.partial(self._take_lock, held, kernel, key, give_up_at, got),
             LockDecision,
             what="lock outcome",
             failed=f"{kernel} at {dict(key)}",
@@ -339,7 +345,7 @@ class Tuner:
             return Deferred(decided.deferred)
         waited = time.perf_counter() - started
         self.stats.lock_wait_seconds += waited
-        return Taken(waited, unreachable=decided.unlocked)
+        return Taken(waited, unreachable=decided.unlocked, holder=got[0] if got else None)
 
     def _take_lock(
         self,
@@ -347,8 +353,10 @@ class Tuner:
         kernel: str,
         key: Mapping[str, Any],
         give_up_at: float | None,
+        got: list[Holder],
     ) -> LockDecision:
-        """Rank 0's side of :meth:`_lock`: the lock entered into ``held``, or why not."""
+        """Rank 0's side of :meth:`_lock`: the lock entered into ``held`` (its holder
+        into ``got``), or why not."""
         waits = give_up_at is None
 
         def given_up() -> bool:  # asked when the lock was not taken, not before
@@ -364,7 +372,7 @@ class Tuner:
                 backend=self.lock_backend,
                 outage_s=options.lock_outage_s,
             )
-            held.enter_context(taken)
+            got.append(held.enter_context(taken))
         except LockServerUnreachable as e:
             silent = silent_for(self.lock_backend)
             if waits or given_up() or silent >= options.lock_outage_s:
@@ -399,10 +407,12 @@ class Tuner:
         outcome: TuneOutcome,
         started: float,
         fence: TieredFence,
+        holder: Holder | None = None,
     ) -> None:
         """Rank 0 stores the tuning with its fence; every rank's ``outcome`` gets the
         stored entry: this tuning's, or, when another holder stored the shape first,
-        that one (its config included)."""
+        that one (its config included). A ``holder`` that lost the lock stores nothing
+        (module docstring)."""
         assert outcome.search is not None
         search = outcome.search
 
@@ -416,6 +426,18 @@ class Tuner:
                 tuning_seconds=time.perf_counter() - started,
                 source="tuned",
             )
+            lost = holder.confirm() if holder is not None else None
+            if holder is not None and lost is not None:
+                name = holder.lease.name if holder.lease is not None else "?"
+                log.warning(
+                    "%s at %s: tuned, not stored: lock %s lost (%s); the shape is left to "
+                    "whoever holds the lock now",
+                    task.kernel,
+                    dict(key),
+                    name,
+                    lost,
+                )
+                return Stored(entry=entry, unstored=f"lock {name} lost ({lost})")
             return self._put_fenced(task, key, fingerprint, entry, fence)
 
         stored = self._on_leader(
@@ -426,6 +448,8 @@ class Tuner:
             timeout_s=self._store_wait(),
         )
         outcome.entry = stored.entry
+        if stored.unstored is not None:
+            outcome.notes.append(f"not stored: {stored.unstored}")
         if stored.superseded:
             self.stats.superseded += 1
             outcome.superseded, outcome.config = True, outcome.entry.best

@@ -1,5 +1,8 @@
 """The tuner with a fake timer: search, registry flow, policies, failures."""
 
+import logging
+import time
+
 import pytest
 
 from registry import Store, cpu_fingerprint
@@ -12,7 +15,7 @@ TIMINGS = {16: 3.0, 32: 1.2, 64: 0.9, 128: 1.1, 256: 2.5}
 
 
 def tuner_for(task, tmp_path, **options):
-    store = Store(tmp_path / "registry")
+    store = Store(tmp_path / "registry", create=True)
     return Tuner(
         store,
         cpu_fingerprint(),
@@ -165,3 +168,38 @@ def test_the_compile_pool_shares_the_pods_cpus_among_its_ranks(
     tuner = tuner_for(FakeTask({16: 1.0}), tmp_path, compile_workers=set_to)
     monkeypatch.setattr(tuner.lockstep, "world", world)
     assert tuner._compile_workers() == workers
+
+
+@pytest.mark.parametrize("seen_by", ["heartbeat", "confirm"])
+def test_a_holder_that_lost_its_lock_while_tuning_stores_nothing(
+    tmp_path, redis_url, caplog, seen_by
+):
+    # a redis restart lost the lock key while rank 0 tuned: another pod may hold it now
+    backend = backend_from_url(redis_url)
+    backend.client.flushall()  # type: ignore[attr-defined]
+    task = FakeTask(dict(TIMINGS))
+    ttl = 1.0 if seen_by == "heartbeat" else 60.0  # beats every 0.1 s, or not before the put
+    store = Store(tmp_path / "registry", create=True)
+    tuner = Tuner(
+        store,
+        cpu_fingerprint(),
+        timer=fake_timer(task),
+        lock_backend=backend,
+        options=TuneOptions(parallel_compile=False, lock_ttl_s=ttl),
+    )
+    tuned = tuner.tune
+
+    def tune_and_lose_the_key(t):
+        backend.client.flushall()  # type: ignore[attr-defined]
+        if seen_by == "heartbeat":
+            time.sleep(0.5)
+        return tuned(t)
+
+    tuner.tune = tune_and_lose_the_key
+    with caplog.at_level(logging.WARNING, logger="warmup.tuning.tuner"):
+        outcome = tuner.get(task)
+    assert outcome.source == "tuned" and outcome.config.meta["BLOCK"] == 64  # used here
+    assert store.entries() == []  # left to the lock's holder now
+    assert any(note.startswith("not stored: lock tune/fake_gemm/") for note in outcome.notes)
+    [line] = [r.getMessage() for r in caplog.records if r.name == "warmup.tuning.tuner"]
+    assert "not stored: lock tune/fake_gemm/" in line and "its key is gone" in line

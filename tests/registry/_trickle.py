@@ -1,0 +1,122 @@
+"""A hostile redis server for deadline tests: it accepts connections and answers each
+with ``payload``, one byte every ``every_s`` seconds, for ever (an answer that never
+ends, or bytes that are no answer at all), so that no single ``recv`` ever times out."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import ssl
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+SLOW_BULK = b"$100000000\r\n" + b"x" * 10_000  # valid RESP: a 100 MB string, never done
+GARBAGE = b"\x00\x01?" * 10_000  # not RESP: nothing to parse until it ends
+TLS_RECORD = b"\x16\x03\x03\x40\x00" + b"\x00" * 10_000  # a TLS handshake record, trickled
+
+
+class Trickle:
+    """The server on ``url``: TCP (``redis://``), TLS (``rediss://``: with ``cert``
+    the handshake completes, then the payload trickles; without, the handshake itself
+    trickles) or a unix socket."""
+
+    def __init__(
+        self,
+        kind: str,
+        folder: Path,
+        payload: bytes = SLOW_BULK,
+        every_s: float = 0.5,
+        cert: tuple[Path, Path] | None = None,
+    ) -> None:
+        self.payload, self.every_s, self._closed = payload, every_s, False
+        self._context: ssl.SSLContext | None = None
+        if cert is not None:
+            self._context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            self._context.load_cert_chain(*cert)
+        if kind == "unix":
+            path = folder / "trickle.sock"
+            self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.listener.bind(str(path))
+            self.listener.listen()
+            self.url = f"unix://{path}"
+        else:
+            self.listener = socket.create_server(("127.0.0.1", 0))
+            port = self.listener.getsockname()[1]
+            scheme = "rediss" if kind == "tls" else "redis"
+            query = "?ssl_cert_reqs=none" if kind == "tls" else ""
+            self.url = f"{scheme}://127.0.0.1:{port}/0{query}"
+        self.listener.settimeout(0.1)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                conn, _ = self.listener.accept()
+            except (TimeoutError, OSError):
+                continue
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with contextlib.suppress(OSError, ssl.SSLError), conn:
+            conn.settimeout(None)
+            if self._context is not None:
+                conn = self._context.wrap_socket(conn, server_side=True)
+            for byte in self.payload:
+                if self._closed:
+                    return
+                conn.sendall(bytes([byte]))
+                time.sleep(self.every_s)
+
+    def close(self) -> None:
+        self._closed = True
+        self.listener.close()
+
+
+def self_signed(folder: Path) -> tuple[Path, Path]:
+    """A certificate and its key for localhost, made by openssl."""
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key
+
+
+@contextlib.contextmanager
+def trickling(kind: str, folder: Path, payload: bytes = SLOW_BULK) -> Iterator[Trickle]:
+    """A :class:`Trickle` of ``kind``: "tcp", "unix", "tls-handshake" or "tls"."""
+    cert = self_signed(folder) if kind == "tls" else None
+    payload = TLS_RECORD if kind == "tls-handshake" else payload
+    server = Trickle("tls" if kind.startswith("tls") else kind, folder, payload, cert=cert)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@contextlib.contextmanager
+def within(seconds: float) -> Iterator[None]:
+    """The block ends within ``seconds`` (asserted)."""
+    started = time.monotonic()
+    yield
+    took = time.monotonic() - started
+    assert took <= seconds, f"took {took:.2f} s; limit {seconds:.2f} s"
