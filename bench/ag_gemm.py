@@ -260,7 +260,7 @@ def tune(task: ag_gemm.AgGemmTask) -> dict[str, Any]:
 
     with tempfile.TemporaryDirectory() as unused_store:
         tuner = Tuner(
-            Store(Path(unused_store)),
+            Store(Path(unused_store), create=True),
             cpu_fingerprint(),
             timer=cuda_event_timer(),
             lockstep=Lockstep(dist.group.WORLD),

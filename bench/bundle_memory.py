@@ -58,7 +58,8 @@ except OSError:
 idle = status_kib("VmRSS")
 start = time.perf_counter()
 try:
-    info = bundle.install(path, Store(work / "store"), expect=None, triton_cache=work / "cache")
+    store = Store(work / "store", create=True)
+    info = bundle.install(path, store, expect=None, triton_cache=work / "cache")
     outcome = f"installed: {info['entries']} entries, {info['artifacts']} artifacts"
 except RegistryError as e:
     outcome = "rejected: " + getattr(e, "reason", str(e))

@@ -116,7 +116,7 @@ def scenario_ours(registry: Path, cache_dir: Path) -> dict[str, Any]:
     fingerprint = detect()
     detect_seconds = time.perf_counter() - started
     tuner = Tuner(
-        Store(registry),
+        Store(registry, create=True),
         fingerprint,
         timer=cuda_event_timer(),
         lock_backend=backend_from_url(str(registry.parent / "locks")),
@@ -301,7 +301,7 @@ def ag_gemm_tuning(args: argparse.Namespace) -> None:
     world, rank = dist.get_world_size(), dist.get_rank()
     root = Path(args.registry or tempfile.mkdtemp(prefix="ag-registry-"))
     tuner = Tuner(
-        Store(root),
+        Store(root, create=True),
         detect(),
         timer=cuda_event_timer(),
         lockstep=Lockstep(dist.group.WORLD),

@@ -110,11 +110,26 @@ class Fence:
         return cls(str(data["relpath"]), str(data["seen"]))
 
 
+def _check_root(root: Path) -> None:
+    """:class:`RegistryError` unless ``root`` is a folder, saying how to create a store."""
+    if root.is_dir():
+        return
+    state = "is not a folder" if root.exists() else "does not exist"
+    raise RegistryError(
+        f"Store '{root}' {state}; check the path, or create the store: "
+        "Store(path, create=True), or the CLI's --create-store."
+    )
+
+
 class Store:
     """Tuned configs on disk; lookups are dict accesses after a load.
 
     Readers call :meth:`lookup`, which reloads when another process changed the store
     (one ``readlink`` and one ``stat``, at most every ``check_interval`` seconds).
+
+    ``root`` must be a folder (:class:`RegistryError` otherwise: a mistyped path must
+    neither read as an empty store nor start a new one), unless ``create``: then its
+    first write makes it, and until then it reads as empty.
     """
 
     def __init__(
@@ -125,8 +140,12 @@ class Store:
         check_interval: float = 0.0,
         keep_generations: int = KEEP_GENERATIONS,
         recovery_budget_s: float = RECOVERY_BUDGET_S,
+        create: bool = False,
     ) -> None:
         self.root = Path(root)
+        self.create = create
+        if not create:
+            _check_root(self.root)
         self.lock_timeout = lock_timeout
         self.check_interval = check_interval
         self.keep_generations = max(2, keep_generations)
@@ -589,7 +608,10 @@ class Store:
 
     @contextlib.contextmanager
     def _locked(self, timeout: float | None = None) -> Iterator[None]:
-        self.root.mkdir(parents=True, exist_ok=True)
+        if self.create:
+            self.root.mkdir(parents=True, exist_ok=True)
+        else:
+            _check_root(self.root)  # removed since it was opened: not made again unasked
         wait = self.lock_timeout if timeout is None else timeout
         lock_file = Path(self._lock.lock_file)
         aside = self._lock_folder_aside(lock_file)

@@ -30,10 +30,33 @@ ROOT = Path(__file__).parents[1]
 DEMO = ROOT / "tests" / "kernels_demo.yaml"  # examples/demo.yaml without its compiled model
 
 
+_SESSION_TMP: list[Path] = []  # this process's temp folder, removed at its end
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # Kernels run on CPU tensors through Triton's interpreter, which Triton reads when a
     # kernel module is imported; subprocesses that compile for a GPU target drop it.
     os.environ["TRITON_INTERPRET"] = "1"
+    _use_session_temp_folder()
+
+
+def _use_session_temp_folder() -> None:
+    """Whatever the tests and their subprocesses write to the temp folder goes to one
+    folder of this session's, removed at its end: Inductor writes its default cache
+    (``torchinductor_<user>``: compiled ``.so`` files) and its precompiled C++ headers
+    (whatever TORCHINDUCTOR_CACHE_DIR says) in ``tempfile.gettempdir()``. pytest's own
+    folders stay where they were, kept after a failure (PYTEST_DEBUG_TEMPROOT)."""
+    system = tempfile.gettempdir()
+    os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", system)
+    folder = Path(tempfile.mkdtemp(prefix=f"triton-warmup-tests-{getpass.getuser()}-"))
+    _SESSION_TMP.append(folder)
+    os.environ["TMPDIR"] = str(folder)  # subprocesses, and (tempdir reset) this one
+    tempfile.tempdir = None
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for folder in _SESSION_TMP:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
@@ -55,7 +78,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     the per-user folder once no older run is left."""
     if exitstatus != 0 or session.config.option.basetemp:
         return
-    root = Path(tempfile.gettempdir()) / f"pytest-of-{getpass.getuser()}"
+    system = os.environ.get("PYTEST_DEBUG_TEMPROOT") or tempfile.gettempdir()
+    root = Path(system) / f"pytest-of-{getpass.getuser()}"
     for current in root.glob("*current"):
         if current.is_symlink() and not current.exists():
             current.unlink()

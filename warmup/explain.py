@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from registry.explain import Differences, Prediction, fingerprint_differences, p
 from registry.fingerprint import Fingerprint, MatchPolicy, cpu_fingerprint
 from registry.remote import RemoteTier
 from registry.triton_cache import Origin
+from registry.volume import Volume
 from warmup.manifest import Manifest, load_manifest
 from warmup.results import RankHost
 from warmup.settings import Settings
@@ -237,8 +239,14 @@ def add_parser(
 
 
 def run(settings: Settings, args: argparse.Namespace) -> int:
-    """Print the predictions; 0 whatever they are (a miss is information, not an error)."""
-    manifest = load_manifest(settings.manifest) if settings.manifest.is_file() else None
+    """Print the predictions; 0 whatever they are (a miss is information, not an error).
+    A manifest given (``--manifest``, TRITON_WARMUP_MANIFEST) must be readable
+    (:class:`warmup.manifest.ManifestError`: exit 2); a volume that is no volume is
+    predicted all the same, with a warning on stderr that says so."""
+    manifest = _manifest(settings)
+    problem = volume_problem(settings.volume)
+    if problem:
+        print(f"triton-warmup: warning: {problem}", file=sys.stderr)
     predictions = explain(
         settings,
         manifest,
@@ -250,6 +258,29 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     else:
         print("\n".join(p.line() for p in predictions))
     return 0
+
+
+def _manifest(settings: Settings) -> Manifest | None:
+    """The manifest; None when none was given and the default one is not there."""
+    if settings.given("manifest") or settings.manifest.exists():
+        return load_manifest(settings.manifest)  # a missing or unreadable one: bad input
+    return None
+
+
+def volume_problem(volume: Path) -> str:
+    """What makes ``volume`` read as empty though it may be a mistyped path: "" when it
+    holds any of a volume's folders."""
+    fix = "every family reads as empty; check --volume (TRITON_WARMUP_VOLUME)"
+    if not volume.exists():
+        return f"volume '{volume}' does not exist: {fix}"
+    if not volume.is_dir():
+        return f"volume '{volume}' is not a folder: {fix}"
+    paths = Volume(volume)
+    held = (paths.registry, paths.triton_cache, paths.inductor, paths.bundles)
+    if any(folder.is_dir() for folder in held):
+        return ""
+    names = ", ".join(f"{folder.name}/" for folder in held)
+    return f"volume '{volume}' holds none of {names} (not a volume, or nothing stored yet): {fix}"
 
 
 def log_predictions(predictions: Iterable[Prediction]) -> None:

@@ -166,7 +166,7 @@ def tuned(world: int, rank: int) -> dict[str, object]:
     ]
     task = ag_gemm.AgGemmTask(shard, b, ctx, configs=space)
     tuner = Tuner(
-        Store(root),
+        Store(root, create=True),
         cpu_fingerprint(),
         timer=wall_clock_timer(),
         lockstep=Lockstep(dist.group.WORLD, timeout_s=60),
@@ -235,7 +235,7 @@ def fake_clock(world: int, rank: int, winner: str) -> dict[str, object]:
         return [ms] * repetitions
 
     tuner = Tuner(
-        Store(root),
+        Store(root, create=True),
         cpu_fingerprint(),
         timer=timer,
         lockstep=Lockstep(dist.group.WORLD, timeout_s=60),

@@ -18,7 +18,7 @@ KEY = {"M": 4096, "N": 6656, "K": 16384, "dtype": "bf16", "world": 2}
 
 @pytest.fixture
 def source(tmp_path, make_entry):
-    store = Store(tmp_path / "source")
+    store = Store(tmp_path / "source", create=True)
     store.put_many([make_entry(m=m) for m in (1024, 2048, 4096)])
     return store
 
@@ -38,7 +38,7 @@ def test_create_verify_install_round_trip(tmp_path, built, source, h200):
         {"digest": h200.digest(), "gpu": h200.gpu_slug(), "software": h200.software_slug()}
     ]
     assert all(len(m["sha256"]) == 64 for m in manifest["members"].values())
-    target = Store(tmp_path / "target")
+    target = Store(tmp_path / "target", create=True)
     info = bundle.install(built, target, expect=h200)
     assert info["entries"] == 3 and info["bundle"]["name"] == "llama-tp2"
     assert target.lookup("ag_gemm", KEY, h200) == source.lookup("ag_gemm", KEY, h200)
@@ -54,13 +54,13 @@ def test_the_winning_algorithm_round_trips_through_a_bundle(tmp_path, make_entry
         replace(make_entry(m=8192), best=overlap, measurements=(Measurement(overlap, 1.4),)),
         make_entry(m=4096),  # written before algorithms: no algorithm, schema 1
     ]
-    source = Store(tmp_path / "source")
+    source = Store(tmp_path / "source", create=True)
     source.put_many(chosen)
     out = tmp_path / "algorithms.tgz"
     bundle.create(out, name="tp2", version="1", entries=source.entries())
     schemas = {json.loads(data)["schema"] for name, data in _members(out).items() if "/" in name}
     assert schemas == {1, 2}
-    target = Store(tmp_path / "target")
+    target = Store(tmp_path / "target", create=True)
     bundle.install(out, target, expect=h200)
     for m, algorithm in ((256, "nccl_cublas"), (8192, "overlap_cublas"), (4096, None)):
         found = target.lookup("ag_gemm", {**KEY, "M": m}, h200)
@@ -69,7 +69,7 @@ def test_the_winning_algorithm_round_trips_through_a_bundle(tmp_path, make_entry
 
 
 def test_install_then_rollback_restores_the_previous_generation(tmp_path, built, h200, make_entry):
-    target = Store(tmp_path / "target")
+    target = Store(tmp_path / "target", create=True)
     mine = target.put(make_entry(m=1, block_m=16))
     bundle.install(built, target, expect=h200)
     assert len(target) == 4
@@ -78,7 +78,7 @@ def test_install_then_rollback_restores_the_previous_generation(tmp_path, built,
 
 
 def test_fingerprint_mismatch_rejects_unless_forced(tmp_path, built):
-    target = Store(tmp_path / "target")
+    target = Store(tmp_path / "target", create=True)
     a100 = gpu_fingerprint("NVIDIA A100", cc="8.0", sms=108)
     with pytest.raises(BundleRejected, match="compute_capability"):
         bundle.install(built, target, expect=a100)
@@ -88,7 +88,7 @@ def test_fingerprint_mismatch_rejects_unless_forced(tmp_path, built):
         bundle.install(built, target, expect=h100)
     bundle.install(built, target, expect=h100, policy=MatchPolicy.SAME_ARCH)
     assert len(target) == 3
-    bundle.install(built, Store(tmp_path / "forced"), expect=a100, force=True)
+    bundle.install(built, Store(tmp_path / "forced", create=True), expect=a100, force=True)
     assert len(Store(tmp_path / "forced")) == 3
 
 
@@ -187,7 +187,7 @@ def test_install_refuses_bad_archives_and_installs_nothing(tmp_path, built, h200
         _write(bad, [_file(n, d) for n, d in _members(built).items() if n != "MANIFEST.json"])
     else:
         _rebuild(built, bad, **faults[fault])
-    target = Store(tmp_path / "target")
+    target = Store(tmp_path / "target", create=True)
     target.put(Store(tmp_path / "source").entries()[0])
     before = os.readlink(tmp_path / "target" / CURRENT)
     with pytest.raises(BundleRejected, match=expected):
@@ -226,12 +226,14 @@ def test_bundle_carries_triton_artifacts_and_relocates_them(tmp_path, source, h2
     bundle.create(out, name="b", version="1", entries=source.entries(), triton_cache=cache.parent)
     assert len(bundle.verify(out).artifacts) == 2
     target_cache = tmp_path / "vol" / "triton-cache"
-    info = bundle.install(out, Store(tmp_path / "t"), expect=h200, triton_cache=target_cache)
+    info = bundle.install(
+        out, Store(tmp_path / "t", create=True), expect=h200, triton_cache=target_cache
+    )
     assert info["artifacts"] == 2
     group = json.loads((target_cache / "HASH1" / "__grp__k.json").read_text())
     assert group["child_paths"]["k.cubin"] == str(target_cache / "HASH1" / "k.cubin")
     with pytest.raises(BundleRejected, match="no cache folder"):
-        bundle.install(out, Store(tmp_path / "t2"), expect=h200)
+        bundle.install(out, Store(tmp_path / "t2", create=True), expect=h200)
 
 
 def test_create_refuses_an_empty_or_nameless_bundle(tmp_path):

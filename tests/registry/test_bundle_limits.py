@@ -22,7 +22,7 @@ MIB = 2**20
 
 @pytest.fixture
 def source(tmp_path, make_entry):
-    store = Store(tmp_path / "source")
+    store = Store(tmp_path / "source", create=True)
     store.put_many([make_entry(m=m) for m in (1024, 2048)])
     return store
 
@@ -128,7 +128,9 @@ def test_member_data_is_hashed_and_staged_in_chunks_never_held(tmp_path, source,
 
     def verify_and_install():
         bundle.verify(out)
-        return bundle.install(out, Store(tmp_path / "t"), expect=h200, triton_cache=target)
+        return bundle.install(
+            out, Store(tmp_path / "t", create=True), expect=h200, triton_cache=target
+        )
 
     info, peak = _peak(verify_and_install)
     assert not isinstance(info, Exception), info
@@ -289,7 +291,9 @@ def test_a_corrupt_or_truncated_gzip_is_rejected_never_a_traceback(tmp_path, sou
         bad = tmp_path / "bad.tgz"
         bad.write_bytes(data)
         try:
-            bundle.install(bad, Store(tmp_path / "t"), expect=h200, triton_cache=tmp_path / "c")
+            bundle.install(
+                bad, Store(tmp_path / "t", create=True), expect=h200, triton_cache=tmp_path / "c"
+            )
         except BundleRejected:
             pass
         except Exception as e:
@@ -303,7 +307,7 @@ def test_the_cli_reports_a_malformed_bundle_as_rejected(capsys, isolated, tmp_pa
     path = _tar(tmp_path / "b.tgz", _artifacts(1), raw_manifest=deep)
     code = main(["registry", "bundle", "verify", str(path)])
     err = capsys.readouterr().err
-    assert code == 1 and "rejected: MANIFEST.json is not JSON" in err, err
+    assert code == 2 and "rejected: MANIFEST.json is not JSON" in err, err
 
 
 def _with_entry(path: Path, built: Path, change) -> Path:
@@ -353,7 +357,13 @@ def test_a_malformed_entry_is_rejected_never_a_traceback(tmp_path, with_cache, h
     cache = tmp_path / "vol" / "triton-cache"
     for force in (False, True):
         with pytest.raises(BundleRejected):
-            bundle.install(bad, Store(tmp_path / "t"), expect=h200, force=force, triton_cache=cache)
+            bundle.install(
+                bad,
+                Store(tmp_path / "t", create=True),
+                expect=h200,
+                force=force,
+                triton_cache=cache,
+            )
         assert _tree(cache) == {} and _tree(tmp_path / "t") == {}
 
 
@@ -371,7 +381,7 @@ def test_forced_install_of_an_int_compute_capability_leaves_no_cubin(tmp_path, w
     cache = tmp_path / "vol" / "triton-cache"
     (cache / "OLD").mkdir(parents=True)
     (cache / "OLD" / "a.cubin").write_bytes(b"old")
-    target = Store(tmp_path / "t")
+    target = Store(tmp_path / "t", create=True)
     target.put(Store(tmp_path / "source").entries()[0])
     before = _tree(cache), _tree(tmp_path / "t")
     with pytest.raises(BundleRejected):
@@ -387,9 +397,11 @@ class FailingStore(Store):
 def test_artifacts_reach_the_cache_only_after_the_store_installed(tmp_path, with_cache, h200):
     cache = tmp_path / "vol" / "triton-cache"
     with pytest.raises(RegistryError, match="disk full"):
-        bundle.install(with_cache, FailingStore(tmp_path / "t"), expect=h200, triton_cache=cache)
+        bundle.install(
+            with_cache, FailingStore(tmp_path / "t", create=True), expect=h200, triton_cache=cache
+        )
     assert _tree(cache) == {} and not cache.exists()
-    bundle.install(with_cache, Store(tmp_path / "t"), expect=h200, triton_cache=cache)
+    bundle.install(with_cache, Store(tmp_path / "t", create=True), expect=h200, triton_cache=cache)
     assert sorted(_tree(cache)) == ["HASH1", "HASH1/__grp__k.json", "HASH1/k.cubin"]
 
 
@@ -404,7 +416,7 @@ def test_a_bad_artifact_after_staging_leaves_the_cache_as_it_was(tmp_path, with_
     (cache / "HASH1" / "k.cubin").write_bytes(b"mine")
     before = _tree(cache)
     with pytest.raises(BundleRejected, match="checksum mismatch"):
-        bundle.install(bad, Store(tmp_path / "t"), expect=h200, triton_cache=cache)
+        bundle.install(bad, Store(tmp_path / "t", create=True), expect=h200, triton_cache=cache)
     assert _tree(cache) == before
 
 
@@ -448,7 +460,9 @@ def test_an_artifact_bundle_round_trips_with_its_fingerprints(tmp_path, with_cac
     a100 = gpu_fingerprint("NVIDIA A100", cc="8.0", sms=108)
     cache = tmp_path / "vol" / "triton-cache"
     with pytest.raises(BundleRejected, match="compute_capability"):
-        bundle.install(with_cache, Store(tmp_path / "t"), expect=a100, triton_cache=cache)
+        bundle.install(
+            with_cache, Store(tmp_path / "t", create=True), expect=a100, triton_cache=cache
+        )
     assert not cache.exists() and not os.path.exists(tmp_path / "t" / CURRENT)
 
 
@@ -503,7 +517,7 @@ def test_install_relocates_only_the_group_files_it_brought(tmp_path, with_cache,
     other.parent.mkdir(parents=True)
     other.write_text(json.dumps({"child_paths": {"x.cubin": "/elsewhere/x.cubin"}}))
     before = other.read_bytes()
-    bundle.install(with_cache, Store(tmp_path / "t"), expect=h200, triton_cache=cache)
+    bundle.install(with_cache, Store(tmp_path / "t", create=True), expect=h200, triton_cache=cache)
     group = json.loads((cache / "HASH1" / "__grp__k.json").read_text())
     assert group == {"child_paths": {"k.cubin": str(cache / "HASH1" / "k.cubin")}}
     assert other.read_bytes() == before
@@ -521,14 +535,18 @@ def test_artifacts_reach_the_cache_right_after_the_swap_before_garbage_collectio
             seen.append(((self.root / CURRENT).exists(), files))
             return super()._collect_garbage()
 
-    bundle.install(with_cache, Watching(tmp_path / "t"), expect=h200, triton_cache=cache)
+    bundle.install(
+        with_cache, Watching(tmp_path / "t", create=True), expect=h200, triton_cache=cache
+    )
     assert seen[-1] == (True, ["HASH1", "HASH1/__grp__k.json", "HASH1/k.cubin"])
 
 
 def test_a_failure_while_staging_is_a_rejection(tmp_path, with_cache, h200):
     cache = tmp_path.joinpath(*["d" * 250] * 20)  # longer than PATH_MAX: each stat fails
     with pytest.raises(BundleRejected, match="cannot stage artifact"):
-        bundle.install(with_cache, Store(tmp_path / "t"), expect=h200, triton_cache=cache)
+        bundle.install(
+            with_cache, Store(tmp_path / "t", create=True), expect=h200, triton_cache=cache
+        )
     assert not (tmp_path / "t" / CURRENT).exists()
 
 
@@ -542,7 +560,9 @@ def test_a_failure_moving_artifacts_after_the_swap_is_logged_not_raised(
             (cache / "HASH1").write_bytes(b"in the way")  # the artifacts are staged by now
             return super().install(entries, record=record, **hooks)
 
-    info = bundle.install(with_cache, Obstructed(tmp_path / "t"), expect=h200, triton_cache=cache)
+    info = bundle.install(
+        with_cache, Obstructed(tmp_path / "t", create=True), expect=h200, triton_cache=cache
+    )
     assert info["artifacts"] == 2 and len(Store(tmp_path / "t")) == 2
     assert "2 of 2 artifacts not moved into the cache" in caplog.text and "HASH1/" in caplog.text
     assert [p.name for p in cache.iterdir()] == ["HASH1"]  # the staging folder is gone

@@ -25,10 +25,10 @@ SCRIPT = textwrap.dedent("""
 
     root = Path(sys.argv[1])
     fp = cpu_fingerprint("k")
-    store = Store(root / "reg")
+    store = Store(root / "reg", create=True)
     store.put(Entry.make("ag_gemm", {"M": 8}, fp, KernelConfig.make({"BLOCK_M": 16})))
     bundle.create(root / "b.tgz", name="b", version="1", entries=store.entries())
-    bundle.install(root / "b.tgz", Store(root / "other"), expect=fp)
+    bundle.install(root / "b.tgz", Store(root / "other", create=True), expect=fp)
     with lock("x", ttl=5, timeout=5, backend=backend_from_url(str(root / "locks"))):
         pass
     assert main(["registry", "--store", str(root / "other"), "ls"]) == 0

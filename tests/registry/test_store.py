@@ -204,9 +204,37 @@ def test_old_generations_are_collected_but_current_kept(tmp_path, make_entry):
     assert len(store) == 6
 
 
-def test_empty_or_missing_store_reads_as_empty(tmp_path, h200):
-    assert Store(tmp_path / "nowhere").lookup("ag_gemm", KEY, h200) is None
-    assert Store(tmp_path / "nowhere").entries() == []
+def test_empty_store_reads_as_empty(tmp_path, h200):
+    assert Store(tmp_path).lookup("ag_gemm", KEY, h200) is None
+    assert Store(tmp_path).entries() == []
+
+
+def test_a_missing_store_is_an_error_naming_the_path_and_creates_nothing(tmp_path):
+    missing = tmp_path / "nowhere" / "registry"
+    with pytest.raises(RegistryError, match=r"nowhere/registry' does not exist.*create=True"):
+        Store(missing)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(RegistryError, match="is not a folder"):
+        Store(tmp_path / "file")
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_create_makes_the_store_at_its_first_write_only(tmp_path, make_entry, h200):
+    root = tmp_path / "new" / "registry"
+    store = Store(root, create=True)
+    assert store.entries() == [] and not (tmp_path / "new").exists()  # a read makes nothing
+    store.put(make_entry())
+    assert len(Store(root)) == 1
+
+
+def test_a_store_removed_after_opening_is_not_made_again(tmp_path, make_entry):
+    root = tmp_path / "registry"
+    root.mkdir()
+    store = Store(root)
+    root.rmdir()
+    with pytest.raises(RegistryError, match="does not exist"):
+        store.put(make_entry())
+    assert not root.exists()
 
 
 def test_entry_kernel_name_validation_guards_the_path(make_entry):
@@ -216,7 +244,7 @@ def test_entry_kernel_name_validation_guards_the_path(make_entry):
 
 
 def _ten_entries(root, make_entry):
-    store = Store(root)
+    store = Store(root, create=True)
     store.put_many([make_entry(m=m) for m in range(1, 11)])
     return store
 

@@ -27,7 +27,7 @@ CASES = 2000
 @pytest.fixture(scope="module")
 def healthy(tmp_path_factory, make_entry) -> tuple[Path, list]:
     root = tmp_path_factory.mktemp("healthy")
-    store = Store(root)
+    store = Store(root, create=True)
     store.put_many([make_entry(m=m) for m in range(1, 7)])
     store.install([make_entry(m=m) for m in (7, 8)], record={"bundle": {"name": "b"}})
     return root, store.entries()
@@ -99,7 +99,7 @@ def _check(root: Path, entries: list, touched: str, make_entry, *, heavy: bool) 
         and touched.endswith(".json")
         and (not touched.endswith(GENERATION_FILE))
     )
-    reader = Store(root)
+    reader = Store(root, create=True)
     survivors = [e for e in entries if not (spoiled_entry and touched.endswith(e.relpath().name))]
     for entry in entries:
         found = reader.lookup(entry.kernel, entry.key, entry.fingerprint)
@@ -110,6 +110,6 @@ def _check(root: Path, entries: list, touched: str, make_entry, *, heavy: bool) 
     if heavy:
         reader.install([make_entry(m=1001)], record={"bundle": {"name": "fuzz"}})
         reader.recover()
-    again = Store(root)
+    again = Store(root, create=True)
     for entry in [*survivors, extra]:
         assert again.lookup(entry.kernel, entry.key, entry.fingerprint) == entry

@@ -18,7 +18,13 @@ from registry.fingerprint import MatchPolicy, cpu_fingerprint
 from registry.remote import RemoteTier
 from registry.store import Store
 from registry.triton_cache import Origin
-from tests.conftest import env_without_interpreter, gpu_fingerprint, settings_for, write_manifest
+from tests.conftest import (
+    env_without_interpreter,
+    error_line,
+    gpu_fingerprint,
+    settings_for,
+    write_manifest,
+)
 from tests.registry.test_explain import FINGERPRINT_FACTORS
 from tests.registry.test_redis_outage import redis  # noqa: F401
 from tests.registry.test_triton_cache import compile_in
@@ -49,7 +55,7 @@ def server(redis):  # noqa: F811
 @pytest.mark.parametrize(("change", "factor"), FINGERPRINT_FACTORS)
 def test_tuned_configs_name_the_software_factor_that_differs(tmp_path, make_entry, change, factor):
     settings = settings_for(tmp_path)
-    Store(settings.registry_dir).put(make_entry(fp=FP.with_kernel("k" * 64)))
+    Store(settings.registry_dir, create=True).put(make_entry(fp=FP.with_kernel("k" * 64)))
     mine = host(replace(FP, software=replace(FP.software, **change)), ag_gemm="k" * 64)
     got = explain.tuned_configs(settings, mine, [], None)
     assert (got.outcome, got.factor) == ("miss", factor)
@@ -58,7 +64,7 @@ def test_tuned_configs_name_the_software_factor_that_differs(tmp_path, make_entr
 
 def test_tuned_configs_name_the_gpu_the_arch_and_the_kernel_source(tmp_path, make_entry):
     settings = settings_for(tmp_path)
-    Store(settings.registry_dir).put(make_entry(fp=FP.with_kernel("k" * 64)))
+    Store(settings.registry_dir, create=True).put(make_entry(fp=FP.with_kernel("k" * 64)))
     h100 = gpu_fingerprint("NVIDIA H100 80GB HBM3", sms=132).with_kernel("")
     assert explain.tuned_configs(settings, host(h100, ag_gemm="k" * 64), [], None).factor == (
         "GPU model"
@@ -232,7 +238,7 @@ def test_a_declared_model_is_looked_up_at_its_own_key(tmp_path):
 
 def test_the_command_prints_one_line_per_family_and_json_for_machines(tmp_path, make_entry):
     settings = settings_for(tmp_path)
-    Store(settings.registry_dir).put(make_entry(fp=gpu_fingerprint(driver="1.0")))
+    Store(settings.registry_dir, create=True).put(make_entry(fp=gpu_fingerprint(driver="1.0")))
     env = {"TRITON_WARMUP_VOLUME": str(settings.volume), "TRITON_WARMUP_WORK_DIR": str(tmp_path)}
     done = subprocess.run(
         [sys.executable, "-m", "warmup", "explain", "--device", "cpu", "--json"],
@@ -248,3 +254,46 @@ def test_the_command_prints_one_line_per_family_and_json_for_machines(tmp_path, 
     tuned = predictions[0]
     assert (tuned["outcome"], tuned["stored"]) == ("miss", "2.11.0")  # the CPU's torch differs
     assert tuned["line"].startswith("tuned-configs: MISS: 0 of 1 stored usable; torch differs")
+
+
+def _explain(capsys, monkeypatch, *args: str) -> tuple[int, str, str]:
+    from warmup.cli import main
+
+    monkeypatch.setenv("TRITON_WARMUP_REMOTE_URL", "off")
+    code = main(["explain", "--device", "cpu", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_a_missing_or_unreadable_manifest_is_bad_input(isolated, capsys, monkeypatch):
+    (isolated / "volume").mkdir()
+    code, out, err = _explain(capsys, monkeypatch, "--manifest", "missing.yaml")
+    assert code == 2 and out == ""
+    assert "missing.yaml: cannot read" in error_line(err)
+    (isolated / "folder.yaml").mkdir()
+    code, out, err = _explain(capsys, monkeypatch, "--manifest", "folder.yaml")
+    assert code == 2 and "folder.yaml" in error_line(err)
+
+
+@pytest.mark.parametrize("kind", ["missing", "file", "not a volume"])
+def test_a_mistyped_volume_is_warned_of_and_left_as_it_is(isolated, capsys, monkeypatch, kind):
+    volume = isolated / "volumee"
+    if kind == "file":
+        volume.write_text("x")
+    elif kind == "not a volume":
+        (volume / "photos").mkdir(parents=True)
+    before = sorted(p.relative_to(isolated) for p in isolated.rglob("*"))
+    code, out, err = _explain(capsys, monkeypatch, "--volume", str(volume))
+    assert code == 0 and out.count("EMPTY") == 4  # predicted all the same
+    (warning,) = err.strip().splitlines()
+    assert warning.startswith(f"triton-warmup: warning: volume '{volume}' ")
+    assert {"missing": "does not exist", "file": "not a folder", "not a volume": "holds none"}[
+        kind
+    ] in warning
+    assert sorted(p.relative_to(isolated) for p in isolated.rglob("*")) == before  # nothing made
+
+
+def test_a_volume_holding_a_store_gets_no_warning(isolated, capsys, monkeypatch, make_entry):
+    Store(isolated / "volume" / "registry", create=True).put(make_entry())
+    code, out, err = _explain(capsys, monkeypatch)
+    assert code == 0 and err == "" and out.startswith("tuned-configs: MISS")

@@ -15,7 +15,7 @@ from warmup.run.session import RunError, lock_backend, main, restore
 
 def test_restore_cleans_what_a_killed_writer_left_and_repairs_current(tmp_path, make_entry):
     settings = settings_for(tmp_path)
-    store = Store(settings.registry_dir)
+    store = Store(settings.registry_dir, create=True)
     store.put_many([make_entry(m=m) for m in (1, 2)])
     gen = settings.registry_dir / os.readlink(settings.registry_dir / CURRENT)
     stale = gen / "ag_gemm" / ".tmp-123-x.json"

@@ -77,7 +77,7 @@ def settings(tmp_path):
 
 @pytest.fixture
 def store(settings):
-    store = Store(settings.registry_dir)
+    store = Store(settings.registry_dir, create=True)
     store.put_many([entry(16, 16), entry(64, 32)])
     # another layer and another kernel's entries must not leak into this op's table
     other = Entry.make(
@@ -507,7 +507,9 @@ def test_two_ranks_take_a_change_of_algorithm_together_at_sync(tmp_path):
     from tests.warmup.serving._serving_ranks import entry as ag_entry
 
     settings = settings_for(tmp_path)
-    Store(settings.registry_dir).put_many([ag_entry(16, BASELINE), ag_entry(48, FUSED)])
+    Store(settings.registry_dir, create=True).put_many(
+        [ag_entry(16, BASELINE), ag_entry(48, FUSED)]
+    )
     args = [str(tmp_path / "init"), str(settings.volume), str(settings.work_dir), "sync"]
     ranks = run_rank_processes("tests.warmup.serving._serving_ranks", 2, *args, timeout=300)
     assert ranks[1]["refreshed"] == 0 and ranks[1]["pending"] is True  # its follower waits

@@ -86,11 +86,11 @@ def main() -> None:
     start_together(work, pod * ranks + rank, pods * ranks, 0.0)
     lockstep = Lockstep(dist.group.WORLD, timeout_s=60)
     if redis_url:
-        local = Store(work / f"volume-{pod}" / "registry")
+        local = Store(work / f"volume-{pod}" / "registry", create=True)
         store = TieredStore(local, remote_tier(redis_url) if rank == 0 else None)
         locks = backend_from_url(redis_url)
     else:
-        store = TieredStore(Store(work / "volume" / "registry"))
+        store = TieredStore(Store(work / "volume" / "registry", create=True))
         locks = backend_from_url(str(work / "volume" / "locks"))
     # killed: pod 0 takes the first shape and is killed mid-tuning, holding its lock, a
     # second after the other pods started on the same shape list and found that lock held

@@ -22,7 +22,7 @@ from warmup.tuning.tuner import TuneOptions, Tuner
 
 def make_tuner(task: FakeTask, store_root: Path, work: Path, lockstep: Lockstep) -> Tuner:
     return Tuner(
-        Store(store_root),
+        Store(store_root, create=True),
         cpu_fingerprint(),
         timer=fake_timer(task),
         lockstep=lockstep,
@@ -53,7 +53,7 @@ def disagree(world: int, rank: int, work: Path) -> dict[str, object]:
     task = FakeTask({16: 1.0, 32: 0.5})
     if rank > 0:
         fingerprint = cpu_fingerprint().with_kernel(task.kernel_hash)
-        Store(root).put(
+        Store(root, create=True).put(
             Entry.make(task.kernel, task.key(), fingerprint, KernelConfig.make({"BLOCK": 16}))
         )
     tuner = make_tuner(task, root, work, Lockstep(dist.group.WORLD, timeout_s=15))
@@ -78,7 +78,7 @@ def killed(world: int, rank: int, work: Path) -> dict[str, object]:
             "rank": rank,
             "error": str(e),
             "seconds": time.monotonic() - started,
-            "stored": len(Store(work / "registry")),
+            "stored": len(Store(work / "registry", create=True)),  # none if nothing landed
         }
 
 

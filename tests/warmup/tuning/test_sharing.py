@@ -52,7 +52,7 @@ def test_the_costliest_shapes_come_first_and_equal_costs_keep_the_rotation():
 def _job(tmp_path: Path, m: int, *, lock_timeout_s: float = 30.0) -> Job:
     task = FakeTask({16: 1.0, 32: 0.5}, m=m)
     tuner = Tuner(
-        Store(tmp_path / "registry"),
+        Store(tmp_path / "registry", create=True),
         cpu_fingerprint(),
         timer=fake_timer(task),
         lock_backend=backend_from_url(str(tmp_path / "locks")),
@@ -82,7 +82,7 @@ class OtherPod(threading.Thread):
                 fingerprint = cpu_fingerprint().with_kernel(self.job.task.kernel_hash)
                 config = KernelConfig.make({"BLOCK": 16})
                 entry = Entry.make(self.job.task.kernel, self.job.task.key(), fingerprint, config)
-                Store(self.folder / "registry").put(entry)
+                Store(self.folder / "registry", create=True).put(entry)
 
 
 @pytest.mark.parametrize("holder_stores", [True, False])
@@ -137,7 +137,7 @@ def _redis_job(tmp_path: Path, m: int, url: str, *, outage_s: float) -> Job:
     task = FakeTask({16: 1.0, 32: 0.5}, m=m)
     options = TuneOptions(lock_timeout_s=60, lock_ttl_s=5, lock_outage_s=outage_s)
     tuner = Tuner(
-        Store(tmp_path / "registry"),
+        Store(tmp_path / "registry", create=True),
         cpu_fingerprint(),
         timer=fake_timer(task),
         lock_backend=backend_from_url(url),

@@ -97,13 +97,124 @@ restores and fills it, the server's torch.compile reads it. */}}
   value: {{ .Values.warmup.logFormat | quote }}
 {{- if eq .Values.lock.backend "redis" }}
 - name: TRITON_WARMUP_LOCK_URL
-  value: {{ .Values.lock.redisUrl | quote }}
+  value: {{ include "triton-warmup.redisUrl" . | quote }}
+{{- include "triton-warmup.redisPasswordEnv" . }}
 - name: TRITON_WARMUP_LOCK_FALLBACK
   value: {{ .Values.lock.fallback | default "none" | quote }}
 {{- if eq (toString .Values.lock.remoteTier) "false" }}
 - name: TRITON_WARMUP_REMOTE_URL
   value: "off"
 {{- end }}
+{{- end }}
+{{- include "triton-warmup.trustEnv" . }}
+{{- end -}}
+
+{{/* The Redis URL the containers use: lock.redisUrl, refused when it carries a password
+(that comes from a Secret: redisPasswordSecret), with the CA's path (redisCa) added as
+redis-py's ssl_ca_certs. */}}
+{{- define "triton-warmup.redisUrl" -}}
+{{- $url := .Values.lock.redisUrl | default "" -}}
+{{- if or (regexMatch "^[a-z]+://[^/?#@]*:[^/?#@]*@" $url) (regexMatch "[?&]password=" $url) -}}
+{{- fail "lock.redisUrl carries a password: give the URL without it and the password in a Secret (lock.redisPasswordSecret.name and .key)" -}}
+{{- end -}}
+{{- if include "triton-warmup.redisCaVolume" . -}}
+{{- if not (hasPrefix "rediss://" $url) -}}
+{{- fail "lock.redisCa is for TLS: lock.redisUrl must start with rediss://" -}}
+{{- end -}}
+{{- $url = printf "%s%sssl_ca_certs=%s/%s" $url (ternary "&" "?" (contains "?" $url)) (include "triton-warmup.redisCaPath" .) .Values.lock.redisCa.key -}}
+{{- end -}}
+{{- $url -}}
+{{- end -}}
+
+{{- define "triton-warmup.redisPasswordEnv" -}}
+{{- $secret := .Values.lock.redisPasswordSecret | default dict -}}
+{{- if $secret.name }}
+- name: TRITON_WARMUP_REDIS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ $secret.name | quote }}
+      key: {{ $secret.key | default "password" | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* The Redis server's CA (rediss://): a volume of the pod, mounted by every container
+that reaches Redis. */}}
+{{- define "triton-warmup.redisCaPath" -}}/etc/triton-warmup/redis-ca{{- end -}}
+{{- define "triton-warmup.redisCaVolume" -}}
+{{- $ca := .Values.lock.redisCa | default dict -}}
+{{- if and (eq .Values.lock.backend "redis") $ca.secretName -}}
+secret:
+  secretName: {{ $ca.secretName | quote }}
+{{- else if and (eq .Values.lock.backend "redis") $ca.configMapName -}}
+configMap:
+  name: {{ $ca.configMapName | quote }}
+{{- end -}}
+{{- end -}}
+
+{{/* Trust: the fleet's trusted public keys in every container that reads bundles or the
+Redis tier; the signing key where a container publishes to the Redis tier (see
+triton-warmup.signs); neither with trust.allowUnsigned. */}}
+{{- define "triton-warmup.trustedKeysPath" -}}/etc/triton-warmup/trusted-keys{{- end -}}
+{{- define "triton-warmup.signingPath" -}}/etc/triton-warmup/signing{{- end -}}
+{{- define "triton-warmup.trustEnv" -}}
+{{- if .Values.trust.allowUnsigned }}
+- name: TRITON_WARMUP_ALLOW_UNSIGNED
+  value: "true"
+{{- else }}
+{{- if not .Values.trust.publicKeysSecret }}
+{{- fail "trust.publicKeysSecret is empty: name the Secret of trusted public keys (docs/kubernetes.md), or set trust.allowUnsigned=true to accept unsigned bundles and Redis values" }}
+{{- end }}
+- name: TRITON_WARMUP_TRUSTED_KEYS
+  value: {{ include "triton-warmup.trustedKeysPath" . | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* Non-empty when the pod signs what it publishes: a signing key is named, trust is on
+and the remote tier is on (lock.backend=redis, lock.remoteTier). */}}
+{{- define "triton-warmup.signs" -}}
+{{- if and .Values.trust.signingKeySecret (not .Values.trust.allowUnsigned) (eq .Values.lock.backend "redis") (ne (toString .Values.lock.remoteTier) "false") -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{- define "triton-warmup.signingEnv" -}}
+{{- if include "triton-warmup.signs" . }}
+- name: TRITON_WARMUP_SIGNING_KEY
+  value: {{ printf "%s/signing.key" (include "triton-warmup.signingPath" .) | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* The mounts of trust and of the Redis CA; "signing": also the signing key. */}}
+{{- define "triton-warmup.securityMounts" -}}
+{{- $root := .root -}}
+{{- if not $root.Values.trust.allowUnsigned }}
+- {name: trusted-keys, mountPath: {{ include "triton-warmup.trustedKeysPath" $root }}, readOnly: true}
+{{- end }}
+{{- if and .signing (include "triton-warmup.signs" $root) }}
+- {name: signing-key, mountPath: {{ include "triton-warmup.signingPath" $root }}, readOnly: true}
+{{- end }}
+{{- if include "triton-warmup.redisCaVolume" $root }}
+- {name: redis-ca, mountPath: {{ include "triton-warmup.redisCaPath" $root }}, readOnly: true}
+{{- end }}
+{{- end -}}
+
+{{- define "triton-warmup.securityVolumes" -}}
+{{- if not .Values.trust.allowUnsigned }}
+- name: trusted-keys
+  secret:
+    secretName: {{ .Values.trust.publicKeysSecret | quote }}
+{{- end }}
+{{- if include "triton-warmup.signs" . }}
+- name: signing-key
+  secret:
+    secretName: {{ .Values.trust.signingKeySecret | quote }}
+    defaultMode: 0440           # read by the pod's group (fsGroup) only
+    items:
+      - {key: signing.key, path: signing.key}
+{{- end }}
+{{- with include "triton-warmup.redisCaVolume" . }}
+- name: redis-ca
+  {{- . | nindent 2 }}
 {{- end }}
 {{- end -}}
 
@@ -117,7 +228,7 @@ another pod compiled is loaded instead of compiled, in the warmup and in the ser
 - name: TRITON_CACHE_MANAGER
   value: warmup.triton_remote_cache:TieredCacheManager
 - name: TRITON_WARMUP_REMOTE_URL
-  value: {{ .Values.lock.redisUrl | quote }}
+  value: {{ include "triton-warmup.redisUrl" . | quote }}
 - name: TRITON_WARMUP_TRITON_REMOTE_TIMEOUT_S
   value: {{ .Values.lock.tritonCacheTimeoutSeconds | default 0.2 | quote }}
 {{- end }}
