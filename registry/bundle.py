@@ -1,13 +1,20 @@
 """Bundles: one archive of registry entries and, optionally, Triton compile artifacts.
 
-Archive (tar, gzip) members, MANIFEST.json first::
+Archive (tar, gzip) members, MANIFEST.json first (after SIGNATURE.json, if signed)::
 
+    SIGNATURE.json                    Ed25519 signature of MANIFEST.json's bytes: bundle_signature
     MANIFEST.json                     format, schema, name, version, created,
                                       fingerprints covered, sha256 and size of every member
     entries/<kernel>/<gpu>/<software>/<shape>.json
     triton-cache/<hash>/<artifact>
     inductor/models/<model>/<gpu>/<software>/<key>.json    compiled models: bundle_inductor
     inductor/blobs/<sha[:2]>/<sha256>
+
+Trust (:class:`registry.signing.Trust`): where trusted keys are configured, ``verify``
+and ``install`` refuse a bundle that is unsigned, signed by an unknown key, or whose
+signature does not verify, as soon as MANIFEST.json is read, before it is parsed and
+before any other member is read. The signature covers MANIFEST.json, which lists the
+sha256 of every other member, so it vouches for every byte installed.
 
 ``verify`` and ``install`` read the archive once, as a stream, in bounded memory
 (:mod:`registry.tar_stream`): each limit is checked before the bytes it guards are read
@@ -66,13 +73,14 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
-from registry import atomic, bundle_inductor, tar_stream
+from registry import atomic, bundle_inductor, bundle_signature, tar_stream
 from registry.entry import Entry, now_iso
 from registry.errors import BundleRejected, RegistryError, short, shown, why
 from registry.fingerprint import Fingerprint, MatchPolicy
 from registry.generations import Generation, Record
 from registry.inductor_cache import MAX_INDEX_VALUES
 from registry.patterns import SHA256, TRITON_CACHE_KEY
+from registry.signing import Signature, SigningKey, Trust, Untrusted
 from registry.store import Store
 from registry.tar_stream import CHUNK
 from registry.triton_cache import MAX_GROUP_BYTES, STAGING_PREFIX, cache_files, is_group, relocate
@@ -122,6 +130,8 @@ class Bundle:
     indexes: list[str] = field(default_factory=list)  # compiled models': "models/..."
     blobs: list[str] = field(default_factory=list)  # the files they name: "blobs/..."
     sha256: str = ""
+    manifest_sha256: str = ""  # what it holds: the same whether signed or not
+    signed_by: str | None = None  # the key id of its signature, checked or not
 
     @property
     def name(self) -> str:
@@ -144,10 +154,11 @@ def create(
     triton_cache: Path | None = None,
     inductor: Path | None = None,
     model: str | None = None,
+    signer: SigningKey | None = None,
 ) -> dict[str, Any]:
     """Write a bundle of ``entries`` (and the artifacts in ``triton_cache``, and the
     compiled models stored in the family at ``inductor``, of ``model`` only if given)
-    to ``out``.
+    to ``out``, signed by ``signer`` if given.
 
     Artifacts are hashed, then copied, in pieces; they must not change meanwhile."""
     if not name or not version:
@@ -166,8 +177,20 @@ def create(
         "fingerprints": [fingerprints[k] for k in sorted(fingerprints)],
         "members": listed,
     }
-    _write_archive(out, atomic.dumps(manifest).encode(), members, listed)
+    text = atomic.dumps(manifest).encode()
+    signature = None if signer is None else signer.sign(bundle_signature.DOMAIN, text)
+    _write_archive(out, text, members, listed, signature)
     return manifest
+
+
+def sign(path: Path, key: SigningKey, *, out: Path | None = None) -> Bundle:
+    """Verify the unsigned bundle at ``path``, then sign it with ``key`` into ``out``
+    (default: in place); the signed bundle, verified against ``key``."""
+    verify(path)
+    target = out or path
+    bundle_signature.sign(path, target, key, MANIFEST, Limits().max_manifest_bytes)
+    public = {key.key_id: key.public_key()}
+    return verify(target, trust=Trust(public))
 
 
 def _gather(
@@ -222,13 +245,20 @@ def _summary(src: bytes | Path) -> dict[str, Any]:
 
 
 def _write_archive(
-    out: Path, manifest: bytes, members: dict[str, bytes | Path], listed: dict[str, Any]
+    out: Path,
+    manifest: bytes,
+    members: dict[str, bytes | Path],
+    listed: dict[str, Any],
+    signature: Signature | None,
 ) -> None:
     """Stream the archive into a temp file beside ``out``, then rename it into place."""
     with (
         atomic.replacing(out) as f,
         tarfile.open(fileobj=f, mode="w:gz", format=tarfile.PAX_FORMAT, compresslevel=6) as tar,
     ):
+        if signature is not None:
+            text = bundle_signature.encode(signature)
+            _add(tar, bundle_signature.SIGNATURE, io.BytesIO(text), len(text))
         _add(tar, MANIFEST, io.BytesIO(manifest), len(manifest))
         for name, src in sorted(members.items()):
             with io.BytesIO(src) if isinstance(src, bytes) else src.open("rb") as data:
@@ -244,11 +274,13 @@ def _add(tar: tarfile.TarFile, name: str, data: BinaryIO, size: int) -> None:
 # ---- verify --------------------------------------------------------------------------
 
 
-def verify(path: Path, **limits: int) -> Bundle:
+def verify(path: Path, *, trust: Trust | None = None, **limits: int) -> Bundle:
     """Read and check the whole bundle; raise :class:`BundleRejected` naming the first fault.
 
-    ``limits``: fields of :class:`Limits` to change, e.g. ``max_member_bytes=2**20``."""
-    return _read(path, Limits(**limits), stage=None, installing=False)
+    ``trust``: the keys it must be signed by (default: trust not configured, any
+    signature is only decoded). ``limits``: fields of :class:`Limits` to change, e.g.
+    ``max_member_bytes=2**20``."""
+    return _read(path, Limits(**limits), stage=None, installing=False, trust=trust)
 
 
 def _read(
@@ -259,6 +291,7 @@ def _read(
     installing: bool,
     check: Callable[[str, Fingerprint], None] | None = None,
     inductor: _Stage | None = None,
+    trust: Trust | None = None,
 ) -> Bundle:
     """Stream the archive once through every check; artifacts go to ``stage`` and
     compiled models' to ``inductor``, where given."""
@@ -280,6 +313,7 @@ def _read(
         reader = _Reader(
             label, limits, stage, installing=installing, check=check, inductor=inductor
         )
+        reader.trust = trust or Trust()
         try:
             for info in tar_stream.members(gz, limits.max_header_bytes):
                 reader.add(info, functools.partial(tar_stream.chunks, gz, info.name))
@@ -287,7 +321,9 @@ def _read(
             sha256 = hashed.hexdigest()
         except tar_stream.TarRejected as e:
             raise BundleRejected(label, e.reason) from None
-        return reader.finish(path, sha256)
+        bundle = reader.finish(path, sha256)
+        bundle.manifest_sha256, bundle.signed_by = reader.manifest_sha256, reader.signed_by
+        return bundle
 
 
 def _max_file_bytes(limits: Limits) -> int:
@@ -324,6 +360,11 @@ class _Reader:
         self.indexes: list[str] = []
         self.blobs: list[str] = []
         self.named: set[str] = set()  # blob members the indexes so far name
+        self.restores = bundle_inductor.Restores(limits.max_total_bytes)  # what indexes write
+        self.trust = Trust()
+        self.signature: Signature | None = None
+        self.signed_by: str | None = None
+        self.manifest_sha256 = ""
 
     def add(self, info: tarfile.TarInfo, data: Callable[[int], Iterator[bytes]]) -> None:
         """Check one member, then read its data through ``data(size)``."""
@@ -338,7 +379,10 @@ class _Reader:
         if info.isdir():
             return
         if self.manifest is None:
-            self._read_manifest(info, data)
+            if info.name == bundle_signature.SIGNATURE and self.count == 1:
+                self._read_signature(info, data)
+            else:
+                self._read_manifest(info, data)
             return
         sha, size = self._expected(info)
         if info.name.startswith(f"{ENTRIES}/"):
@@ -374,11 +418,33 @@ class _Reader:
         if digest.hexdigest() != sha:
             raise self._reject(f"checksum mismatch for '{name}'")
 
-    # -- the manifest
+    # -- the signature and the manifest
+
+    def _read_signature(
+        self, info: tarfile.TarInfo, data: Callable[[int], Iterator[bytes]]
+    ) -> None:
+        if info.size > bundle_signature.MAX_BYTES:
+            raise self._reject(
+                f"{bundle_signature.SIGNATURE} is {info.size} bytes; "
+                f"limit {bundle_signature.MAX_BYTES}"
+            )
+        self.signature = bundle_signature.decode(self.label, b"".join(data(info.size)))
+        self.signed_by = self.signature.key_id
+
+    def _check_signature(self, text: bytes) -> None:
+        """Before MANIFEST.json is parsed: refuse it unless the trust accepts its signature."""
+        try:
+            self.trust.check(MANIFEST, bundle_signature.DOMAIN, text, self.signature)
+        except Untrusted as e:
+            raise self._reject(e.reason) from None
+        self.manifest_sha256 = _sha(text)
 
     def _read_manifest(self, info: tarfile.TarInfo, data: Callable[[int], Iterator[bytes]]) -> None:
         if info.name != MANIFEST:
-            raise self._reject(f"no {MANIFEST} as the first member (found '{info.name}')")
+            raise self._reject(
+                f"no {MANIFEST} as the first member, or the second after "
+                f"{bundle_signature.SIGNATURE} (found '{info.name}')"
+            )
         limit = min(self.limits.max_manifest_bytes, self.limits.max_member_bytes)
         if info.size > limit:  # a negative size never gets here: tar_stream refuses it
             raise self._reject(f"{MANIFEST} is {info.size} bytes; limit {limit}")
@@ -387,6 +453,7 @@ class _Reader:
                 f"members add up to more than the total limit {self.limits.max_total_bytes} bytes"
             )
         text = b"".join(data(info.size))
+        self._check_signature(text)
         values = atomic.json_values(text)
         if values > self.limits.max_manifest_values:
             raise self._reject(
@@ -443,6 +510,7 @@ class _Reader:
             )
         try:
             index = bundle_inductor.check_index(name, text, self.listed)
+            self.restores.add(name, index)  # bounded like the members: each path counted
         except RegistryError as e:
             raise self._reject(str(e)) from None
         fingerprint = Fingerprint.from_json(index["fingerprint"])
@@ -756,15 +824,19 @@ def install(
     force: bool = False,
     triton_cache: Path | None = None,
     inductor: Path | None = None,
+    trust: Trust | None = None,
     **limits: int,
 ) -> dict[str, Any]:
     """Verify ``path``, then merge it into ``store`` as one new generation: all or nothing.
+    A bundle whose manifest the current generation installed already makes none: its
+    info is that generation's, with ``unchanged`` true.
 
     ``expect``: the fingerprint of the machines this store serves; entries and indexes
     that do not match it under ``policy`` reject the bundle unless ``force``. ``None``
     skips the check. Artifacts go to ``triton_cache`` (the volume's copy of
     TRITON_CACHE_DIR), compiled models' to ``inductor`` (the volume's family), only
-    after the store install succeeded. ``limits``: fields of :class:`Limits` to change.
+    after the store install succeeded. ``trust``: the keys it must be signed by (see
+    :func:`verify`). ``limits``: fields of :class:`Limits` to change.
     """
     checked = Limits(**limits)
     stages = {
@@ -775,7 +847,7 @@ def install(
     if expect is not None and not force:
         check = _fingerprint_check(str(path), expect, policy)
     try:
-        info = _merge(path, store, checked, stages, check)
+        info = _merge(path, store, checked, stages, check, trust)
     except BaseException:
         _discard(stages, failed=True)
         raise
@@ -791,6 +863,7 @@ def _merge(
     limits: Limits,
     stages: dict[str, _Stage | None],
     check: Callable[[str, Fingerprint], None] | None,
+    trust: Trust | None,
 ) -> dict[str, Any]:
     """Read the bundle at ``path`` into ``stages``, then install its entries in ``store``
     as one generation; the staged files move in after the swap."""
@@ -801,7 +874,11 @@ def _merge(
         installing=True,
         check=check,
         inductor=stages["inductor"],
+        trust=trust,
     )
+    same = _installed_already(store, bundle)
+    if same is not None:
+        return same
     previous = None
     inductor = stages["inductor"]
     if inductor is not None and bundle.indexes:  # under the store's lock
@@ -848,12 +925,25 @@ def rollback(store: Store, *, inductor: Path | None = None) -> dict[str, Any]:
     return store.rollback(after_swap=undo)
 
 
+def _installed_already(store: Store, bundle: Bundle) -> dict[str, Any] | None:
+    """The current generation's info if it is the install of ``bundle``'s manifest."""
+    record = store.record()
+    if record is None or record.kind != "install":
+        return None
+    if Generation(record).bundle.get("manifest_sha256") != bundle.manifest_sha256:
+        return None
+    log.info("bundle %s is installed already as %s: no new generation", bundle.path, record.id)
+    return {**record.to_json(), "unchanged": True}
+
+
 def _record(bundle: Bundle) -> dict[str, Any]:
     return {
         "bundle": {
             "name": bundle.name,
             "version": bundle.version,
             "sha256": bundle.sha256,
+            "manifest_sha256": bundle.manifest_sha256,
+            "signed_by": bundle.signed_by,
             "file": bundle.path.name,
         },
         "entries": len(bundle.entries),

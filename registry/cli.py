@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from registry import bundle, bundle_inductor, importers
+from registry import atomic, bundle, bundle_inductor, importers, signing
 from registry.entry import Entry
 from registry.errors import RegistryError
 from registry.fingerprint import Fingerprint, MatchPolicy, cpu_fingerprint
@@ -18,6 +18,7 @@ from registry.store import Store
 from registry.volume import MissingFolder, Volume, existing_folder
 
 EXIT_BAD_INPUT = 2  # as argparse's usage errors; a registry failure exits 1
+MAX_FINGERPRINT_BYTES = 64 * 2**10  # a fingerprint's JSON is ~1 KiB
 IMPORTS = {  # format -> (importer, what its source folder holds)
     "triton-autotune": (
         importers.import_triton_autotune,
@@ -35,9 +36,16 @@ class BadInput(Exception):
 
 
 def add_parser(
-    subparsers: Any, *, default_store: Path, default_cache: Path, default_inductor: Path
+    subparsers: Any,
+    *,
+    default_store: Path,
+    default_cache: Path,
+    default_inductor: Path,
+    default_trust: tuple[Path | None, bool] = (None, False),
 ) -> None:
-    """Register ``registry`` and its commands on the top-level CLI."""
+    """Register ``registry`` and its commands on the top-level CLI. ``default_trust``:
+    the trusted keys folder and the opt-out (TRITON_WARMUP_TRUSTED_KEYS,
+    TRITON_WARMUP_ALLOW_UNSIGNED) that ``bundle verify`` and ``install`` use unless told."""
     top = subparsers.add_parser("registry", help="inspect and move tuned configs")
     _store_options(top, default_store)
     common = [_json_flag()]
@@ -51,10 +59,42 @@ def add_parser(
     _add_bundle_create(bcmds, common)
     ver = bcmds.add_parser("verify", help="check an archive without installing it", parents=common)
     ver.add_argument("file", type=Path)
+    _trust_options(ver, default_trust)
     ver.set_defaults(handler=_bundle_verify)
-    _add_bundle_install(bcmds, common, default_cache=default_cache, inductor=default_inductor)
+    ins = _add_bundle_install(bcmds, common, default_cache=default_cache, inductor=default_inductor)
+    _trust_options(ins, default_trust)
+    sig = bcmds.add_parser("sign", help="sign a bundle with an Ed25519 key", parents=common)
+    sig.add_argument("file", type=Path)
+    sig.add_argument("--key", type=Path, required=True, help="the private key (PEM)")
+    sig.add_argument("--out", type=Path, help="the signed bundle (default: FILE, replaced)")
+    sig.set_defaults(handler=_bundle_sign)
     lst = bcmds.add_parser("list", help="bundles installed in the store", parents=common)
     lst.set_defaults(handler=_bundle_list)
+    keys = cmds.add_parser("keys", help="signing keys", parents=common)
+    kcmds = keys.add_subparsers(dest="keys_cmd", required=True, metavar="COMMAND")
+    gen = kcmds.add_parser(
+        "generate", help="write a new Ed25519 key pair: NAME.key and NAME.pub", parents=common
+    )
+    gen.add_argument("--out", type=Path, required=True, help="the folder to write them in")
+    gen.add_argument("--name", default="signing", help="the files' name (default signing)")
+    gen.set_defaults(handler=_keys_generate)
+
+
+def _trust_options(parser: argparse.ArgumentParser, defaults: tuple[Path | None, bool]) -> None:
+    folder, allow = defaults
+    parser.add_argument(
+        "--trusted-keys",
+        type=Path,
+        default=folder,
+        help="a folder of trusted public keys (*.pub): the bundle must be signed by one "
+        f"(default TRITON_WARMUP_TRUSTED_KEYS: {folder or 'unset, signatures not required'})",
+    )
+    parser.add_argument(
+        "--allow-unsigned",
+        action="store_true",
+        default=allow,
+        help="accept an unsigned bundle even with --trusted-keys (TRITON_WARMUP_ALLOW_UNSIGNED)",
+    )
 
 
 def _store_options(top: argparse.ArgumentParser, default_store: Path) -> None:
@@ -125,6 +165,7 @@ def _add_bundle_create(
         help="also carry the compiled models stored in this family (<volume>/inductor)",
     )
     create.add_argument("--model", help="with --inductor: only this model")
+    create.add_argument("--sign-key", type=Path, help="sign it with this private key (PEM)")
     create.set_defaults(handler=_bundle_create)
 
 
@@ -134,7 +175,7 @@ def _add_bundle_install(
     *,
     default_cache: Path,
     inductor: Path,
-) -> None:
+) -> argparse.ArgumentParser:
     """``bundle install``: how strictly to check, and where artifacts and compiled models go."""
     ins = bcmds.add_parser(
         "install", help="verify, then merge into the store atomically", parents=common
@@ -153,6 +194,7 @@ def _add_bundle_install(
     _inductor_option(ins, inductor, "where compiled models' artifacts go")
     _fingerprint_option(ins, allow_none=True)
     ins.set_defaults(handler=_bundle_install)
+    return ins
 
 
 def _inductor_option(parser: argparse.ArgumentParser, default: Path, what: str) -> None:
@@ -175,7 +217,8 @@ def run(args: argparse.Namespace) -> int:
     :class:`RegistryError` propagates to the caller, which exits 1."""
     handler: Callable[[argparse.Namespace, Store], Any] = args.handler
     try:
-        result = handler(args, Store(_store_root(args)))
+        # _store_root refused every store the command may not make; a write makes the rest
+        result = handler(args, Store(_store_root(args), create=True))
     except BadInput as e:
         print(f"triton-warmup: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -235,9 +278,12 @@ def _resolve_fingerprint(spec: str) -> Fingerprint:
                 "(from 'registry fingerprint --json' on a GPU node)."
             ) from None
     try:
-        return Fingerprint.from_json(json.loads(Path(spec).read_text()))
+        text = atomic.read_bounded(Path(spec), MAX_FINGERPRINT_BYTES, follow_links=True)
+        return Fingerprint.from_json(atomic.loads(text))
     except (OSError, ValueError, RegistryError) as e:
         reason = e.strerror if isinstance(e, OSError) else "not a fingerprint JSON object"
+        if isinstance(e, atomic.TooBig):
+            reason = f"over {MAX_FINGERPRINT_BYTES} bytes"
         raise BadInput(
             f"--fingerprint '{spec}' is unusable ({reason}); expected 'detect', 'cpu', "
             "or a JSON file from 'registry fingerprint --json'."
@@ -341,23 +387,36 @@ def _ms(value: float | None) -> str:
 
 
 def _import(args: argparse.Namespace, store: Store) -> dict[str, Any]:
+    """Import each good file, skip each bad one with one line on stderr; exit 0 when
+    every file imported, 2 (bad input) when any was skipped, after the good ones."""
     load, holds = IMPORTS[args.format]
     source = _existing(args.source, folder=True, what="import source", expected=holds)
     _creatable(store.root, folder=True, what="--store")
     result = load(source, _resolve_fingerprint(args.fingerprint))
     for error in result.errors:
         print(f"skipped {error}", file=sys.stderr)
-    if not result.entries and result.errors:
-        raise RegistryError(f"Nothing imported from {source}: {len(result.errors)} bad files.")
     if result.entries:
         store.put_many(result.entries)
-    if not args.json:
+    skipped = len(result.errors)
+    report = {"imported": len(result.entries), "files": result.files, "errors": result.errors}
+    if args.json:
+        if skipped:  # run() prints it on success only
+            print(json.dumps(report, indent=2, sort_keys=True))
+    elif result.entries or skipped:
+        names = ", ".join(e.split(": ", 1)[0].rsplit("/", 1)[-1] for e in result.errors[:5])
+        more = f" and {skipped - 5} more" if skipped > 5 else ""
         print(
-            f"imported {len(result.entries)} entries from {source} into {store.root}"
-            if result.entries
-            else f"nothing to import from {source}: expected {holds}; store unchanged"
+            f"imported {len(result.entries)} entries from {result.files} files in {source} "
+            f"into {store.root}" + (f"; skipped {skipped} files: {names}{more}" if skipped else "")
         )
-    return {"imported": len(result.entries), "errors": result.errors}
+    else:
+        print(f"nothing to import from {source}: expected {holds}; store unchanged")
+    if skipped:
+        raise BadInput(
+            f"{skipped} files in {source} skipped (each named above), "
+            f"{len(result.entries)} entries imported."
+        )
+    return report
 
 
 def _fingerprint(args: argparse.Namespace, store: Store) -> dict[str, Any]:
@@ -392,6 +451,9 @@ def _bundle_create(args: argparse.Namespace, store: Store) -> dict[str, Any]:
             _existing(path, folder=True, what=flag, expected=expected)
     if args.model is not None and args.inductor is None:
         raise BadInput("--model picks among the compiled models of --inductor; give --inductor.")
+    signer = None
+    if args.sign_key is not None:
+        signer = signing.SigningKey.load(_key_file(args.sign_key))
     entries = _select(store, args.kernel)
     manifest = bundle.create(
         args.out,
@@ -401,6 +463,7 @@ def _bundle_create(args: argparse.Namespace, store: Store) -> dict[str, Any]:
         triton_cache=args.triton_cache,
         inductor=args.inductor,
         model=args.model,
+        signer=signer,
     )
     if not args.json:
         members = list(manifest["members"])
@@ -410,21 +473,62 @@ def _bundle_create(args: argparse.Namespace, store: Store) -> dict[str, Any]:
         print(
             f"wrote {args.out}: {len(entries)} entries, {artifacts} artifacts, "
             f"{models} compiled model indexes ({blobs} files)"
+            + (f", signed by key {signer.key_id}" if signer else "")
         )
     return manifest
 
 
 def _bundle_verify(args: argparse.Namespace, store: Store) -> dict[str, Any]:
-    verified = bundle.verify(_bundle_file(args.file))
+    trust = _trust(args)
+    verified = bundle.verify(_bundle_file(args.file), trust=trust)
     if not args.json:
         print(
             f"{args.file}: OK  {verified.name} {verified.version}  {len(verified.entries)} "
             f"entries  {len(verified.artifacts)} artifacts  {len(verified.indexes)} compiled "
             f"model indexes ({len(verified.blobs)} files)  sha256 {verified.sha256[:16]}"
         )
+        print(f"  {_signed(verified.signed_by, trust)}")
         for fp in verified.manifest.get("fingerprints", []):
             print(f"  covers {fp.get('gpu')} / {fp.get('software')}")
-    return verified.manifest
+    return {**verified.manifest, "signed_by": verified.signed_by}
+
+
+def _trust(args: argparse.Namespace) -> signing.Trust:
+    folder = args.trusted_keys
+    if folder is not None:
+        _existing(folder, folder=True, what="--trusted-keys", expected="a folder of *.pub keys")
+    return signing.Trust.load(folder, allow_unsigned=args.allow_unsigned)
+
+
+def _signed(key: str | None, trust: signing.Trust) -> str:
+    if key is None:
+        return "unsigned (" + trust.describe() + ")"
+    if key in trust.keys:
+        return f"signed by trusted key {key}"
+    return f"signed by key {key}, not checked ({trust.describe()})"
+
+
+def _key_file(path: Path) -> Path:
+    return _existing(path, folder=False, what="key file", expected="an Ed25519 key (PEM)")
+
+
+def _bundle_sign(args: argparse.Namespace, store: Store) -> dict[str, Any]:
+    key = signing.SigningKey.load(_key_file(args.key))
+    source = _bundle_file(args.file)
+    if args.out is not None:
+        _creatable(args.out, folder=False, what="--out")
+    signed = bundle.sign(source, key, out=args.out)
+    if not args.json:
+        print(f"signed {signed.path} ({signed.name} {signed.version}) with key {key.key_id}")
+    return {"file": str(signed.path), "key": key.key_id, "sha256": signed.sha256}
+
+
+def _keys_generate(args: argparse.Namespace, store: Store) -> dict[str, Any]:
+    private, public = signing.generate(args.out, args.name)
+    key = signing.SigningKey.load(private)
+    if not args.json:
+        print(f"wrote {private} (private: keep it in a Secret) and {public} (key {key.key_id})")
+    return {"private": str(private), "public": str(public), "key": key.key_id}
 
 
 def _bundle_file(path: Path) -> Path:
@@ -437,16 +541,20 @@ def _bundle_install(args: argparse.Namespace, store: Store) -> dict[str, Any]:
     _creatable(store.root, folder=True, what="--store")
     _creatable(args.triton_cache, folder=True, what="--triton-cache")
     _creatable(args.inductor, folder=True, what="--inductor")
+    trust = _trust(args)
     info = bundle.install(
         path,
         store,
+        trust=trust,
         expect=None if args.fingerprint == "none" else _resolve_fingerprint(args.fingerprint),
         policy=args.policy,
         force=args.force,
         triton_cache=args.triton_cache,
         inductor=args.inductor,
     )
-    if not args.json:
+    if not args.json and info.get("unchanged"):
+        print(f"{path} is installed already as generation {info['id']}: nothing changed")
+    elif not args.json:
         print(
             f"installed {info['bundle']['name']} {info['bundle']['version']} as generation "
             f"{info['id']}: {info['entries']} entries, {info['artifacts']} artifacts, "

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from registry import atomic
+from registry import atomic, remote_signature
 from registry.errors import RegistryError, named
 from registry.fingerprint import NVIDIA_PROC, Fingerprint, proc_driver_version
 
@@ -319,7 +319,10 @@ def publish_record(tier: RemoteTier, found: Probe, record: HostRecord) -> bool:
     """``record`` merged into the one the remote tier holds under the probe's key (two
     writers at once lose at most the other's new items), kept for :data:`REMOTE_TTL_S`;
     False when the tier did not take it."""
-    data = atomic.dumps(record.merged(fetch_record(tier, found)).to_json()).encode()
+    if not tier.may_publish():
+        return False
+    payload = atomic.dumps(record.merged(fetch_record(tier, found)).to_json()).encode()
+    data = remote_signature.seal(tier.trust, remote_key(found), "", payload)
 
     def put(client: Any) -> bool:
         return bool(client.set(remote_key(found), data, ex=REMOTE_TTL_S))
@@ -335,16 +338,20 @@ def fetch_record(tier: RemoteTier, found: Probe) -> HostRecord | None:
     size = tier.call(lambda client: int(client.strlen(name)))
     if not size:
         return None
-    if size > MAX_RECORD_BYTES:
-        log.warning(
-            "host record %s on the remote tier: %d bytes; limit %d", name, size, MAX_RECORD_BYTES
-        )
+    most = MAX_RECORD_BYTES + remote_signature.OVERHEAD
+    if size > most:
+        log.warning("host record %s on the remote tier: %d bytes; limit %d", name, size, most)
         return None
     # never more than the bound, even if the value grew since its length was read
-    raw = tier.call(lambda client: client.getrange(name, 0, MAX_RECORD_BYTES) or b"")
+    value = tier.call(lambda client: client.getrange(name, 0, most) or b"")
+    if value is None:
+        return None
+    raw = tier.opened(name, "", value)  # None: refused, one warning naming the key
     try:
-        if raw is None or len(raw) > MAX_RECORD_BYTES:
-            raise ValueError(f"grown past {MAX_RECORD_BYTES} bytes since its length was read")
+        if raw is None:
+            return None
+        if len(value) > most:
+            raise ValueError(f"grown past {most} bytes since its length was read")
         record = HostRecord.from_json(atomic.loads(raw))
         differing = found.differences(record.probe)
         if differing:

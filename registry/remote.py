@@ -6,14 +6,25 @@ Layout: one hash per slot, a field per fingerprint, the value an entry file's JS
     triton-warmup:entry:<kernel>:<sha256(canonical key)[:24]>
         <fingerprint digest>  ->  {"schema": 1, "kernel": ..., "fingerprint": ..., ...}
 
-A fetch is one round trip (HGET of the exact field; HGETALL where the policy forgives a
+A fetch is one round trip (the exact field; every field where the policy forgives a
 differing fingerprint) and picks as ``Store.lookup`` does. A publish merges into the
 field under WATCH, as a local put merges into its file: an identical value writes
-nothing, a newer version's entry is left alone. Nothing read is trusted: a value that
-is too big, no entry, or not the entry of its slot is skipped with one warning.
+nothing, a newer version's entry is left alone. Nothing read is trusted: a value is
+read only once its length is known to be within :data:`MAX_VALUE_BYTES` (one atomic
+step on the server, ``registry.redis_url``), and a value that is too big, no entry, or
+not the entry of its slot is skipped with one warning. A field's value is read by
+:func:`read_field` / :func:`read_fields` and written by :func:`write_field` alone.
 
-Outages: every call has socket timeouts and no retries of its own. A call that fails
-logs one warning for the outage, then the tier is skipped (no network) for
+Signatures (``trust``, :mod:`registry.remote_signature`): a value is the entry's JSON
+in an envelope signed by the publishing pod's key, over the slot, the field and the
+JSON. With trusted keys configured, a value unsigned, signed by an unknown key or not
+verifying is refused before it is parsed (one warning naming the slot, the field and the
+key; counted in ``stats.refused``): a miss, which costs a tuning, never the warm. A pod
+without a signing key then publishes nothing (its values would be refused).
+
+Outages: every call ends within its deadline (``timeout_s``, for the whole call: a
+server that trickles its answer is cut there too) and has no retries of its own. A call
+that fails logs one warning for the outage, then the tier is skipped (no network) for
 ``retry_after_s`` and tried again; the local tier works alone meanwhile. Two calls do
 not wait for the skip to end: a lookup that decides whether to tune (``now=True``: one
 call against minutes of tuning) and :meth:`RemoteTier.flush`. An entry not published
@@ -39,18 +50,25 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from registry import atomic, keys, redis_url
+from registry import atomic, keys, redis_url, remote_signature
 from registry.entry import Entry, NewerSchema, canonical_key
 from registry.errors import RegistryError, Superseded, shown, why
 from registry.fingerprint import Fingerprint, MatchPolicy
 from registry.redis_url import SCHEMES, is_redis, redacted
+from registry.signing import Trust, Untrusted
 from registry.store import MAX_ENTRY_BYTES
+
+MAX_VALUE_BYTES = MAX_ENTRY_BYTES + remote_signature.OVERHEAD  # an entry in its envelope
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 PREFIX = "triton-warmup:entry:"
 WATCH_TRIES = 5  # a publish that loses this many races to other writers gives up
+SLOT_BYTES = 8 * 2**20  # a slot's fields read together (policies other than exact)
+SLOT_FIELDS = 256  # a slot holds one field per fingerprint: a few
+SAMPLE_BYTES = 8 * 2**20  # what ``sample`` reads in all, for explain
+SAMPLE_BATCH = 8  # slots asked for in one pipeline by ``sample``
 
 
 @dataclass
@@ -63,6 +81,7 @@ class RemoteStats:
     errors: int = 0  # calls that failed
     skipped: int = 0  # calls not made while the tier is down
     superseded: int = 0  # fenced publishes refused: another pod stored the entry first
+    refused: int = 0  # values not used: unsigned, an unknown key, a signature that fails
 
 
 def slot_name(kernel: str, key_json: str) -> str:
@@ -73,8 +92,18 @@ def slot_name(kernel: str, key_json: str) -> str:
 class RemoteTier:
     """Tuned entries on a redis server, shared by pods on every node."""
 
-    def __init__(self, url: str, *, timeout_s: float = 1.0, retry_after_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float = 1.0,
+        retry_after_s: float = 30.0,
+        password: str | None = None,
+        trust: Trust | None = None,
+    ) -> None:
         self.url = url
+        self.trust = trust or Trust()  # what a value read must be signed by; who signs ours
+        self.timeout_s = timeout_s
         self.retry_after_s = retry_after_s
         self.stats = RemoteStats()
         self._retry_at = 0.0  # monotonic: calls are skipped until then
@@ -82,7 +111,9 @@ class RemoteTier:
         self._warned: set[tuple[str, str]] = set()
         self._unpublished: dict[tuple[str, str], tuple[Entry, str | None]] = {}
         try:
-            self.client: Any = redis_url.client(url, timeout_s=timeout_s, user="The remote tier")
+            self.client: Any = redis_url.client(
+                url, timeout_s=timeout_s, password=password, user="The remote tier"
+            )
         except ValueError as e:
             raise RegistryError(
                 f"Remote tier URL {shown(redacted(url))} is not valid: {e}"
@@ -96,15 +127,18 @@ class RemoteTier:
         """False while the tier is skipped after a failed call."""
         return time.monotonic() >= self._retry_at
 
-    def call(self, fn: Callable[[Any], T], *, now: bool = False) -> T | None:
+    def call(
+        self, fn: Callable[[Any], T], *, now: bool = False, deadline_s: float | None = None
+    ) -> T | None:
         """``fn(client)``'s answer, for a family of its own on this tier (compiled models:
         ``registry.remote_models``); None when the tier is skipped, the call fails (an
-        outage, handled as every call's) or a key holds another type. ``fn`` answers a
-        value that is never None. Never raises."""
+        outage, handled as every call's; the call, all of ``fn``, ends within
+        ``deadline_s``, by default ``timeout_s``) or a key holds another type. ``fn``
+        answers a value that is never None. Never raises."""
         if not now and not self._ready():
             return None
         try:
-            with self._unless_wrong_type("a key of another type"):
+            with self._unless_wrong_type("a key of another type"), self._deadline(deadline_s):
                 answer = fn(self.client)
                 self._answered()
                 return answer
@@ -134,7 +168,8 @@ class RemoteTier:
         if not now and not self._ready():
             return None
         try:
-            found = self._fetch(slot_name(kernel, key_json), fingerprint, policy)
+            with self._deadline():
+                found = self._fetch(slot_name(kernel, key_json), fingerprint, policy)
         except Exception as e:
             self._failed(e)
             return None
@@ -150,10 +185,10 @@ class RemoteTier:
         values: dict[bytes, bytes] = {}  # stays empty for a string at the slot's name
         with self._unless_wrong_type(name):
             if policy is MatchPolicy.EXACT:  # only the exact field can match
-                raw = self.client.hget(name, digest)
-                values = {} if raw is None else {digest.encode(): raw}
+                raw = read_field(self.client, name, digest)
+                values = self._readable(name, {digest.encode(): raw})
             else:
-                values = self.client.hgetall(name)
+                values = self._within_limits(name, read_fields(self.client, name))
         candidates = {}
         for field, raw in values.items():
             entry = self._decode(name, field.decode(errors="replace"), raw)
@@ -161,10 +196,46 @@ class RemoteTier:
                 candidates[entry.fingerprint.digest()] = entry
         return keys.best_fit(candidates, fingerprint, policy)
 
+    def _readable(self, name: str, read: Mapping[bytes, redis_url.Read]) -> dict[bytes, bytes]:
+        """The values read; one too big to read is skipped, with one warning."""
+        values = {}
+        for field, raw in read.items():
+            if isinstance(raw, redis_url.Oversized):
+                self._too_big(name, field, raw.size)
+            elif raw is not None:
+                values[field] = raw
+        return values
+
+    def _within_limits(self, name: str, read: redis_url.Fields) -> dict[bytes, bytes]:
+        """The fields read; those left out (too big, past the slot's budget) warned about."""
+        too_big = {f: size for f, size in read.oversized.items() if size > MAX_VALUE_BYTES}
+        for field, size in too_big.items():
+            self._too_big(name, field, size)
+        if read.skipped > len(too_big):
+            self._warn_once(
+                name,
+                "",
+                "%d fields not read: over %d bytes each, or past the slot's limits "
+                "(%d bytes, %d fields)",
+                read.skipped - len(too_big),
+                MAX_VALUE_BYTES,
+                SLOT_BYTES,
+                SLOT_FIELDS,
+            )
+        return read.values
+
+    def _too_big(self, name: str, field: bytes, size: int) -> None:
+        text = field.decode(errors="replace")
+        self._warn_once(name, text, "skipping a value of %d bytes; limit %d", size, MAX_VALUE_BYTES)
+
     def _decode(self, name: str, field: str, raw: bytes) -> Entry | None:
-        """The entry ``raw`` holds, if it is one filed under its own fingerprint."""
+        """The entry ``raw`` holds, if it is signed as the trust requires and is one
+        filed under its own fingerprint."""
+        payload = self.opened(name, field, raw)
+        if payload is None:
+            return None
         try:
-            entry = _parse(raw)
+            entry = _parse(payload)
         except NewerSchema as e:
             self._warn_once(name, field, "skipping a newer version's entry (%s)", e)
             return None
@@ -177,21 +248,26 @@ class RemoteTier:
         return entry
 
     def sample(self, limit: int = 500) -> list[Entry]:
-        """Up to ``limit`` slots' entries (SCAN, then HGETALL in one pipeline), for
-        ``explain``; asked even while the tier is skipped; [] when it fails."""
+        """Up to ``limit`` slots' entries (SCAN, then their fields, a few slots to a
+        pipeline, :data:`SAMPLE_BYTES` in all), for ``explain``; asked even while the
+        tier is skipped; [] when it fails."""
 
         def read(client: Any) -> list[Entry]:
             names = scan_names(client, f"{PREFIX}*", limit, type="hash")
-            with client.pipeline(transaction=False) as pipe:
-                for name in names:
-                    pipe.hgetall(name)
-                answers = pipe.execute()
-            found = []
-            for name, values in zip(names, answers, strict=True):
-                for field, raw in values.items():
-                    entry = self._decode(name, field.decode(errors="replace"), raw)
-                    if entry is not None:
-                        found.append(entry)
+            found: list[Entry] = []
+            left = SAMPLE_BYTES
+            for start in range(0, len(names), SAMPLE_BATCH):
+                batch = names[start : start + SAMPLE_BATCH]
+                budget = min(SLOT_BYTES, left // len(batch))
+                for name, fields in zip(batch, read_slots(client, batch, budget), strict=True):
+                    values = self._within_limits(name, fields)
+                    left -= sum(len(raw) for raw in values.values())
+                    for field, raw in values.items():
+                        entry = self._decode(name, field.decode(errors="replace"), raw)
+                        if entry is not None:
+                            found.append(entry)
+                if left < MAX_VALUE_BYTES:
+                    break
             return found
 
         return self.call(read, now=True) or []
@@ -209,7 +285,7 @@ class RemoteTier:
         except RegistryError:
             return ""
         field = fingerprint.digest()
-        return self.call(lambda client: digest(client.hget(name, field)), now=True) or ""
+        return self.call(lambda client: digest(read_field(client, name, field)), now=True) or ""
 
     # ---- writing -------------------------------------------------------------------
 
@@ -227,11 +303,14 @@ class RemoteTier:
         with the entry the field holds (``held``), so the writer can take it. While the
         tier is skipped it is kept back with its fence, as any publish (:meth:`flush`
         tries it, fenced, at the end)."""
+        if not self.may_publish():
+            return False
         if not self._ready():
             self._keep_back(entry, seen)
             return False
         try:
-            stored = self._publish(entry, seen)
+            with self._deadline():
+                stored = self._publish(entry, seen)
         except Superseded:
             self._answered()
             raise
@@ -271,7 +350,8 @@ class RemoteTier:
         tier is up again once they all went."""
         for field, (entry, seen) in list(self._unpublished.items()):
             try:
-                self._publish(entry, seen)
+                with self._deadline():
+                    self._publish(entry, seen)
             except Superseded:
                 pass  # counted and logged: another pod's entry stays
             except Exception as e:
@@ -296,17 +376,17 @@ class RemoteTier:
             for _ in range(WATCH_TRIES):
                 try:
                     pipe.watch(name)
-                    held = pipe.hget(name, field)
+                    held = read_field(pipe, name, field)
                     if seen is not None and digest(held) != seen:
                         pipe.unwatch()
                         self._superseded(name, field)
-                        raise Superseded(f"{name} {field[:12]}", held=self._held(name, held))
+                        raise Superseded(f"{name} {field[:12]}", held=self._held(name, field, held))
                     data = self._merged(name, field, held, entry)
                     if data is None or data == held:  # refused, or already there
                         pipe.unwatch()
                         return data is not None
                     pipe.multi()
-                    pipe.hset(name, field, data)
+                    write_field(pipe, name, field, data)
                     pipe.execute()
                     self.stats.published += 1
                     return True
@@ -315,12 +395,13 @@ class RemoteTier:
         log.warning("remote tier: %s not published, %d writers raced", name, WATCH_TRIES)
         return False
 
-    def _held(self, name: str, raw: bytes | None) -> Entry | None:
-        """The entry ``raw`` holds, if it is one of the slot ``name``."""
-        if raw is None:
+    def _held(self, name: str, field: str, raw: redis_url.Read) -> Entry | None:
+        """The entry ``raw`` holds, if it is trusted and one of the slot ``name``."""
+        payload = self.opened(name, field, raw) if isinstance(raw, bytes) else None
+        if payload is None:
             return None
         try:
-            entry = _parse(raw)
+            entry = _parse(payload)
         except RegistryError:  # NewerSchema included
             return None
         return entry if slot_name(entry.kernel, entry.key_json) == name else None
@@ -333,13 +414,15 @@ class RemoteTier:
             field[:12],
         )
 
-    def _merged(self, name: str, field: str, held: bytes | None, entry: Entry) -> bytes | None:
+    def _merged(self, name: str, field: str, held: redis_url.Read, entry: Entry) -> bytes | None:
         """The value to store: ``entry`` merged with what ``held`` holds; None to write
         nothing (a newer version's entry, an entry too big to read back)."""
         merged = entry
         if held is not None:
             try:
-                stored = _parse(held)
+                if isinstance(held, redis_url.Oversized):
+                    raise RegistryError(f"{held.size} bytes; limit {MAX_VALUE_BYTES}")
+                stored = _parse(remote_signature.unseal(self.trust, name, field, held))
                 if slot_name(stored.kernel, stored.key_json) != name:
                     raise RegistryError("an entry of another slot")
                 merged = stored.merge(entry)  # RegistryError for another fingerprint's
@@ -357,7 +440,32 @@ class RemoteTier:
         if len(data) > MAX_ENTRY_BYTES:
             log.warning("remote tier: %s is %d bytes; limit %d", name, len(data), MAX_ENTRY_BYTES)
             return None
-        return data
+        return remote_signature.seal(self.trust, name, field, data)
+
+    # ---- trust ---------------------------------------------------------------------
+
+    def opened(self, name: str, field: str, raw: bytes) -> bytes | None:
+        """The payload of the value ``raw`` read at ``name`` (``field``) if the trust
+        accepts its signature; else None, counted and warned once, naming the key."""
+        try:
+            return remote_signature.unseal(self.trust, name, field, raw)
+        except Untrusted as e:
+            self.stats.refused += 1
+            self._warn_once(name, field, "refused: %s", e.reason)
+            return None
+
+    def may_publish(self) -> bool:
+        """Whether what this pod publishes can be used: not when signatures are required
+        and it has no key to sign with (its values would be refused), said once."""
+        if not self.trust.required or self.trust.signer is not None:
+            return True
+        self._warn_once(
+            self.describe(),
+            "",
+            "publishing nothing: signatures are required and this pod has no signing key "
+            "(TRITON_WARMUP_SIGNING_KEY)",
+        )
+        return False
 
     # ---- outages -------------------------------------------------------------------
 
@@ -396,6 +504,10 @@ class RemoteTier:
         if self._unpublished:
             self._publish_kept()
 
+    def _deadline(self, seconds: float | None = None) -> contextlib.AbstractContextManager[float]:
+        """The deadline of one call: every command it makes, its reconnects included."""
+        return redis_url.deadline(self.timeout_s if seconds is None else seconds)
+
     @contextlib.contextmanager
     def _unless_wrong_type(self, name: str) -> Iterator[None]:
         """Redis's WRONGTYPE answer (someone stored a string at a slot's name) passes as a
@@ -427,14 +539,45 @@ def scan_names(client: Any, pattern: str, limit: int, *, type: str | None = None
     return names
 
 
-def digest(raw: bytes | None) -> str:
-    """What a fence notes of a field's value: a digest of its bytes, "" for none."""
+def digest(raw: redis_url.Read) -> str:
+    """What a fence notes of a field's value: a digest of its bytes, "" for none; a
+    value too big to read, by its size (no entry is that big: a publish replaces it)."""
+    if isinstance(raw, redis_url.Oversized):
+        return f"oversized:{raw.size}"
     return "" if raw is None else hashlib.sha256(raw).hexdigest()[:32]
 
 
-def getter(keys: list[str]) -> Callable[[Any], list[bytes | None]]:
-    """A :meth:`RemoteTier.call` function: the values of ``keys`` (MGET)."""
-    return lambda client: list(client.mget(keys))
+# ---- the values of the tier: each read and written in one place ------------------------
+
+
+def read_field(client: Any, name: str, field: str) -> redis_url.Read:
+    """The entry's JSON in the field ``field`` of the slot ``name``, unless over
+    :data:`MAX_VALUE_BYTES` (then its size); immediate under WATCH."""
+    return redis_url.answer(redis_url.hget(client, name, field, MAX_VALUE_BYTES))
+
+
+def read_fields(client: Any, name: str) -> redis_url.Fields:
+    """The fields of the slot ``name`` within :data:`MAX_VALUE_BYTES` each,
+    :data:`SLOT_BYTES` and :data:`SLOT_FIELDS` together."""
+    reply = redis_url.hgetall(
+        client, name, limit=MAX_VALUE_BYTES, budget=SLOT_BYTES, most=SLOT_FIELDS
+    )
+    return redis_url.fields(reply)
+
+
+def read_slots(client: Any, names: list[str], budget: int) -> list[redis_url.Fields]:
+    """:func:`read_fields` of several slots in one pipeline, each within ``budget``."""
+    with client.pipeline(transaction=False) as pipe:
+        for name in names:
+            redis_url.hgetall(
+                pipe, name, limit=min(MAX_VALUE_BYTES, budget), budget=budget, most=SLOT_FIELDS
+            )
+        return [redis_url.fields(reply) for reply in pipe.execute()]
+
+
+def write_field(pipe: Any, name: str, field: str, data: bytes) -> None:
+    """Store ``data`` (an entry's JSON) in the field ``field`` of the slot ``name``."""
+    pipe.hset(name, field, data)
 
 
 def _parse(raw: bytes) -> Entry:
@@ -448,9 +591,12 @@ def _parse(raw: bytes) -> Entry:
     return Entry.from_json(data)
 
 
-def remote_tier(url: str, *, timeout_s: float = 1.0) -> RemoteTier | None:
-    """The remote tier at ``url`` (each call's socket timeouts: ``timeout_s``); None for
-    "" or "off"."""
+def remote_tier(
+    url: str, *, timeout_s: float = 1.0, password: str | None = None, trust: Trust | None = None
+) -> RemoteTier | None:
+    """The remote tier at ``url`` (each call's deadline: ``timeout_s``; ``password``
+    where the URL has none; ``trust``: what values must be signed by, and this pod's
+    key); None for "" or "off"."""
     if url.strip() in ("", "off"):
         return None
     if not is_redis(url):
@@ -458,4 +604,4 @@ def remote_tier(url: str, *, timeout_s: float = 1.0) -> RemoteTier | None:
             f"Remote tier URL {shown(redacted(url))} is not valid: "
             f"use {', '.join(SCHEMES)} or 'off'."
         )
-    return RemoteTier(url, timeout_s=timeout_s)
+    return RemoteTier(url, timeout_s=timeout_s, password=password, trust=trust)

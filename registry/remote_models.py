@@ -10,9 +10,17 @@ Keys::
 An index is published as the volume holds it, plus ``modes`` (sha256 -> file mode: a
 compiled kernel's ``.so`` keeps its bits). Blobs go first, each only if the server lacks
 it, then the index: a reader that finds an index finds its blobs, unless the server
-evicted one, which reads as a miss. Nothing read is trusted: an index must parse
+evicted one, which reads as a miss. An index is signed by the publishing pod
+(:mod:`registry.remote_signature`); with trusted keys configured one unsigned or not
+signed by a trusted key is refused before it is parsed, and the blobs it names are
+checked against it. Nothing read is trusted: an index must parse
 (``parse_index``), name this model, key and fingerprint, and stay within the family's
-limits; a blob must hash to its name. Fetched blobs and index are written into the
+limits; a blob must hash to its name. Every value is read only once the server found it
+within its limit (an index within :data:`MAX_VALUE_BYTES`, a blob within the size its
+index gives: ``registry.redis_url``), and each kind is read and written by one function
+here (:func:`read_index`, :func:`write_index`, :func:`read_blobs`, :func:`write_blob`).
+Each call ends within the tier's deadline, plus the time its bytes take at
+:data:`MIN_BYTES_PER_S`. Fetched blobs and index are written into the
 volume's family (blobs first, each atomically); the caller then restores from there as
 from any volume. Both calls are made even while the tier is skipped after a failure:
 one round of calls against minutes of compiling. Neither raises.
@@ -24,11 +32,11 @@ import functools
 import hashlib
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from registry import atomic, inductor_cache
+from registry import atomic, inductor_cache, redis_url, remote_signature
 from registry.errors import RegistryError
 from registry.fingerprint import Fingerprint
 from registry.inductor_cache import (
@@ -39,14 +47,16 @@ from registry.inductor_cache import (
     blob_path,
     index_path,
 )
-from registry.remote import RemoteTier, getter, scan_names
+from registry.remote import RemoteTier, scan_names
 
 log = logging.getLogger(__name__)
 
 INDEX_PREFIX = "triton-warmup:model:"
 BLOB_PREFIX = "triton-warmup:blob:"
-BATCH_BYTES = 64 * 2**20  # blobs asked for in one MGET, by their sizes (STRLEN first)
+BATCH_BYTES = 16 * 2**20  # blobs asked for in one round trip, by their sizes
 BATCH_KEYS = 256
+MAX_VALUE_BYTES = MAX_INDEX_BYTES + remote_signature.OVERHEAD  # an index in its envelope
+MIN_BYTES_PER_S = 32 * 2**20  # a call moving bytes has this long for them beyond its deadline
 
 
 def index_key(model: str, key_digest: str, fingerprint: Fingerprint) -> str:
@@ -75,11 +85,21 @@ def _fetch(
     tier: RemoteTier, root: Path, model: str, key_digest: str, fingerprint: Fingerprint
 ) -> bool:
     name = index_key(model, key_digest, fingerprint)
-    answer = tier.call(lambda client: [client.get(name)], now=True)
+    answer = tier.call(lambda client: [read_index(client, name)], now=True)
     if answer is None or answer[0] is None:
         tier.stats.misses += answer is not None
         return False
-    raw: bytes = answer[0]
+    value = answer[0]
+    if isinstance(value, redis_url.Oversized):
+        log.warning(
+            "remote tier: %s skipped: %d bytes; limit %d", name, value.size, MAX_VALUE_BYTES
+        )
+        tier.stats.misses += 1
+        return False
+    raw = tier.opened(name, "", value)
+    if raw is None:  # refused: unsigned, or a key this pod does not trust
+        tier.stats.misses += 1
+        return False
     index = _trusted_index(name, raw, model, key_digest, fingerprint)
     if index is None or not _fetch_blobs(tier, root, name, index):
         tier.stats.misses += 1
@@ -124,19 +144,30 @@ def _fetch_blobs(tier: RemoteTier, root: Path, name: str, index: Mapping[str, An
     modes: dict[str, Any] = given if isinstance(given, dict) else {}
     wanted = [sha for sha in sorted(sizes) if not _present(root, sha, sizes[sha])]
     for batch in batches(wanted, sizes):
-        keys = [blob_key(sha) for sha in batch]
-        held = tier.call(functools.partial(_lengths, keys=keys), now=True)
-        if held is None or held != [sizes[sha] for sha in batch]:  # never read a surprise
-            if held is not None:
-                log.warning("remote tier: %s names blobs the server lacks or holds otherwise", name)
-            return False
-        values = tier.call(getter(keys), now=True)
+        limits = [(blob_key(sha), sizes[sha]) for sha in batch]
+        values = tier.call(
+            functools.partial(read_blobs, limits=limits),
+            now=True,
+            deadline_s=call_deadline(tier, sum(size for _, size in limits)),
+        )
         if values is None:
             return False
         for sha, data in zip(batch, values, strict=True):
-            if data is None or len(data) != sizes[sha] or hashlib.sha256(data).hexdigest() != sha:
-                why = "gone (evicted?)" if data is None else "not the bytes of its name"
-                log.warning("remote tier: %s names blob %s, which is %s", name, sha[:16], why)
+            if not isinstance(data, bytes) or len(data) != sizes[sha]:  # never read a surprise
+                held = len(data) if isinstance(data, bytes) else getattr(data, "size", 0)
+                log.warning(
+                    "remote tier: %s names blob %s of %d bytes, which the server holds %s%s",
+                    name,
+                    sha[:16],
+                    sizes[sha],
+                    "no longer (evicted?)" if data is None else "otherwise",
+                    "" if data is None else f" ({held} bytes; limit {sizes[sha]})",
+                )
+                return False
+            if hashlib.sha256(data).hexdigest() != sha:
+                log.warning(
+                    "remote tier: %s names blob %s, not the bytes of its name", name, sha[:16]
+                )
                 return False
             mode = modes.get(sha)
             executable = mode & 0o111 if isinstance(mode, int) and 0 <= mode <= 0o777 else 0
@@ -181,6 +212,8 @@ def publish(
 def _publish(
     tier: RemoteTier, root: Path, model: str, key_digest: str, fingerprint: Fingerprint
 ) -> bool:
+    if not tier.may_publish():
+        return False
     path = index_path(root, model, key_digest, fingerprint)
     try:
         index = inductor_cache.read_index(path)
@@ -205,22 +238,52 @@ def _publish(
         if hashlib.sha256(data).hexdigest() != sha:
             log.warning("model %s: not published: blob %s is missing or damaged", model, sha[:16])
             return False
-        if tier.call(_setter(blob_key(sha), data), now=True) is None:
+        write = functools.partial(write_blob, key=blob_key(sha), data=data)
+        if tier.call(write, now=True, deadline_s=call_deadline(tier, len(data))) is None:
             return False
-    value = json.dumps({**index, "modes": modes}, sort_keys=True).encode()
     name = index_key(model, key_digest, fingerprint)
-    if tier.call(_setter(name, value), now=True) is None:
+    payload = json.dumps({**index, "modes": modes}, sort_keys=True).encode()
+    value = remote_signature.seal(tier.trust, name, "", payload)
+    write = functools.partial(write_index, key=name, value=value)
+    if tier.call(write, now=True, deadline_s=call_deadline(tier, len(value))) is None:
         return False
     tier.stats.published += 1
     log.info("model %s: published to the remote tier (%d files)", model, len(shas))
     return True
 
 
-def _lengths(client: Any, keys: list[str]) -> list[int]:
+def call_deadline(tier: RemoteTier, size: int) -> float:
+    """The deadline of a call that moves ``size`` bytes."""
+    return tier.timeout_s + size / MIN_BYTES_PER_S
+
+
+# ---- the values of the family: each read and written in one place ----------------------
+
+
+def read_index(client: Any, key: str) -> redis_url.Read:
+    """The index at ``key`` in its envelope, unless over :data:`MAX_VALUE_BYTES` (then
+    its size)."""
+    return redis_url.answer(redis_url.get(client, key, MAX_VALUE_BYTES))
+
+
+def _read_one_index(client: Any, key: str) -> list[redis_url.Read]:
+    return [read_index(client, key)]
+
+
+def write_index(client: Any, key: str, value: bytes) -> list[Any]:
+    return [client.set(key, value)]
+
+
+def read_blobs(client: Any, limits: Sequence[tuple[str, int]]) -> list[redis_url.Read]:
+    """The blobs at the keys of ``limits``, each unless over its limit (one round trip)."""
     with client.pipeline(transaction=False) as pipe:
-        for key in keys:
-            pipe.strlen(key)
-        return [int(n) for n in pipe.execute()]
+        for key, limit in limits:
+            redis_url.get(pipe, key, limit)
+        return [redis_url.answer(reply) for reply in pipe.execute()]
+
+
+def write_blob(client: Any, key: str, data: bytes) -> list[Any]:
+    return [client.set(key, data)]
 
 
 def _exists(client: Any, keys: list[str]) -> list[bool]:
@@ -228,10 +291,6 @@ def _exists(client: Any, keys: list[str]) -> list[bool]:
         for key in keys:
             pipe.exists(key)
         return [bool(n) for n in pipe.execute()]
-
-
-def _setter(key: str, value: bytes) -> Callable[[Any], list[Any]]:
-    return lambda client: [client.set(key, value)]
 
 
 def stored_fingerprints(
@@ -242,12 +301,12 @@ def stored_fingerprints(
     holds only other keys of the model: its code or shapes changed); None when it holds
     none of the model or does not answer."""
 
-    def read(client: Any) -> tuple[bool, list[bytes | None], bool]:
+    def read(client: Any) -> tuple[bool, list[str], bool]:
         if client.exists(index_key(model, key_digest, fingerprint)):
             return True, [], True
         names = scan_names(client, f"{INDEX_PREFIX}{model}:*:{key_digest}", limit)
         if names:
-            return False, list(client.mget(names)), True
+            return False, names, True
         return False, [], bool(scan_names(client, f"{INDEX_PREFIX}{model}:*", 1))
 
     answer = tier.call(read, now=True)
@@ -255,12 +314,16 @@ def stored_fingerprints(
         return None
     if answer[0]:
         return [fingerprint]
-    found = []
-    for raw in answer[1]:
-        if raw is None or len(raw) > MAX_INDEX_BYTES:
+    found: list[Fingerprint] = []
+    for name in answer[1]:  # one index at a time: each up to MAX_INDEX_BYTES
+        raw = tier.call(functools.partial(_read_one_index, key=name), now=True)
+        if raw is None:
+            return found
+        payload = tier.opened(name, "", raw[0]) if isinstance(raw[0], bytes) else None
+        if payload is None:
             continue
         try:
-            index = inductor_cache.parse_index(raw, model)
+            index = inductor_cache.parse_index(payload, model)
             found.append(Fingerprint.from_json(index["fingerprint"]))
         except (RegistryError, KeyError):
             continue

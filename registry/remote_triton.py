@@ -14,29 +14,40 @@ by content: N pods publishing the same kernel write its blob once (``SET NX``) a
 name the same value. The blob goes before its name in one pipeline, so a name never
 points at a blob not yet written; a name whose blob is gone (evicted) or whose bytes do
 not hash to it reads as a miss, and the next publish points it at a blob again.
+Values are read only within their limits (a name within :data:`POINTER_BYTES`, a blob
+within the size its name gives; ``registry.redis_url``), each kind by one function here
+(:func:`read_pointers`, ``remote_models.read_blobs``, :func:`write_file`), and every
+call ends within the tier's deadline (plus the time its bytes take).
+A name's pointer is signed by the publishing pod (:mod:`registry.remote_signature`, over
+the name and the pointer); with trusted keys configured a pointer that is unsigned or
+not signed by a trusted key is refused (one warning naming the key), and the blob it
+names is read only to be checked against the pointer's sha256: a writer to redis
+without a key cannot hand a cubin to a pod.
 Nothing here raises: a failure is an outage of the tier
 (:class:`registry.remote.RemoteTier`), and the caller compiles.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from registry import atomic
+from registry import atomic, redis_url, remote_signature
 from registry.patterns import TRITON_CACHE_KEY
-from registry.remote import RemoteTier, getter, scan_names
-from registry.remote_models import batches, blob_key
+from registry.remote import RemoteTier, scan_names
+from registry.remote_models import batches, blob_key, call_deadline, read_blobs
 from registry.triton_cache import MAX_GROUP_BYTES
 
 log = logging.getLogger(__name__)
 
 NAME_PREFIX = "triton-warmup:triton:"
 MAX_FILE_BYTES = 64 * 2**20  # one cache file: a kernel's cubin is KiBs to a few MiB
+POINTER_BYTES = 128  # a name's value: "<sha256> <size>"
 _FILE = re.compile(r"[^/\\\x00]{1,255}")
 _POINTER = re.compile(rb"([0-9a-f]{64}) ([0-9]{1,12})")
 
@@ -70,11 +81,13 @@ def fetch(tier: RemoteTier, cache_key: str, filenames: Sequence[str]) -> dict[st
     names = list(dict.fromkeys(names))
     if not names:
         return {}
-    pointers = tier.call(getter([name_key(cache_key, f) for f in names]))
+    keys = [name_key(cache_key, f) for f in names]
+    pointers = tier.call(functools.partial(read_pointers, keys=keys))
     if pointers is None:
         return {}
     wanted: dict[str, tuple[str, int]] = {}
-    for filename, raw in zip(names, pointers, strict=True):
+    for filename, key, value in zip(names, keys, pointers, strict=True):
+        raw = tier.opened(key, "", value) if isinstance(value, bytes) else None
         found = _POINTER.fullmatch(raw) if raw is not None else None
         if found and int(found[2]) <= MAX_FILE_BYTES:
             wanted[filename] = (found[1].decode(), int(found[2]))
@@ -87,12 +100,20 @@ def _blobs(
     got: dict[str, bytes] = {}
     sizes = {filename: size for filename, (_, size) in wanted.items()}
     for batch in batches(list(wanted), sizes):
-        values = tier.call(getter([blob_key(wanted[filename][0]) for filename in batch]))
+        limits = [(blob_key(wanted[filename][0]), sizes[filename]) for filename in batch]
+        values = tier.call(
+            functools.partial(read_blobs, limits=limits),
+            deadline_s=call_deadline(tier, sum(size for _, size in limits)),
+        )
         if values is None:
             return {}  # the tier failed mid-way: nothing half-fetched is used
         for filename, data in zip(batch, values, strict=True):
             sha, size = wanted[filename]
-            if data is not None and len(data) == size and hashlib.sha256(data).hexdigest() == sha:
+            if (
+                isinstance(data, bytes)
+                and len(data) == size
+                and hashlib.sha256(data).hexdigest() == sha
+            ):
                 got[filename] = data
             elif data is not None:
                 log.warning("remote triton cache: %s/%s is damaged; compiling", cache_key, filename)
@@ -117,9 +138,12 @@ def publish(tier: RemoteTier, cache_key: str, filename: str, data: bytes) -> boo
             MAX_FILE_BYTES,
         )
         return False
-    sha = hashlib.sha256(data).hexdigest()
-    pointer = f"{sha} {len(data)}".encode()
-    answer = tier.call(_writer(blob_key(sha), data, name_key(cache_key, filename), pointer))
+    if not tier.may_publish():
+        return False
+    sha, name = hashlib.sha256(data).hexdigest(), name_key(cache_key, filename)
+    pointer = remote_signature.seal(tier.trust, name, "", f"{sha} {len(data)}".encode())
+    write = functools.partial(write_file, blob=blob_key(sha), data=data, name=name, pointer=pointer)
+    answer = tier.call(write, deadline_s=call_deadline(tier, len(data)))
     if answer is None:
         return False
     if answer[0]:
@@ -127,14 +151,21 @@ def publish(tier: RemoteTier, cache_key: str, filename: str, data: bytes) -> boo
     return True
 
 
-def _writer(blob: str, data: bytes, name: str, pointer: bytes) -> Callable[[Any], list[Any]]:
-    def write(client: Any) -> list[Any]:
-        with client.pipeline(transaction=False) as pipe:
-            pipe.set(blob, data, nx=True)  # the blob first: a name never points at nothing
-            pipe.set(name, pointer)
-            return list(pipe.execute())
+def read_pointers(client: Any, keys: list[str]) -> list[redis_url.Read]:
+    """The values of the names ``keys`` (a pointer in its envelope), each unless over
+    :data:`POINTER_BYTES` and the envelope."""
+    with client.pipeline(transaction=False) as pipe:
+        for key in keys:
+            redis_url.get(pipe, key, POINTER_BYTES + remote_signature.OVERHEAD)
+        return [redis_url.answer(reply) for reply in pipe.execute()]
 
-    return write
+
+def write_file(client: Any, blob: str, data: bytes, name: str, pointer: bytes) -> list[Any]:
+    """Store a file's bytes at ``blob`` (unless there) and its name's ``pointer``."""
+    with client.pipeline(transaction=False) as pipe:
+        pipe.set(blob, data, nx=True)  # the blob first: a name never points at nothing
+        pipe.set(name, pointer)
+        return list(pipe.execute())
 
 
 def sample_metadata(tier: RemoteTier, limit: int = 200) -> dict[str, bytes]:

@@ -69,6 +69,7 @@ def build_parser(settings: Settings) -> argparse.ArgumentParser:
         default_store=settings.registry_dir,
         default_cache=cache,
         default_inductor=settings.paths.inductor,
+        default_trust=(settings.trusted_keys, settings.allow_unsigned),
     )
     return parser
 
@@ -180,6 +181,8 @@ BAD_INPUT = (
     ("warmup.run.session", "RunError"),
     ("warmup.sidecar.probe_server", "SidecarError"),
     ("registry.volume", "MissingFolder"),
+    ("registry.errors", "BundleRejected"),
+    ("registry.signing", "KeyFileError"),
 )
 REGISTRY_ERROR = ("registry.errors", "RegistryError")
 

@@ -6,16 +6,26 @@ small compiled model (:func:`compiled_mlp`, Inductor's CPU backend) of
 the misses and compiles the model, and stores both; the second, a new pod (a fresh
 work folder), finds everything stored for this host: a full hit, it restores the caches
 for the server and exits without starting a rank or importing torch.
-Then the sidecar starts and answers the readiness probe and /metrics.
+Then the sidecar starts and answers the readiness probe and /metrics, and hot-reloads
+a bundle of the registry signed by the demo's own key (``demo-volume/keys``, made on
+the first run, the only key the demo trusts), while an unsigned copy is refused.
+
+Nothing is left in the system's temp folder: the demo and its ranks take
+``demo-work/tmp`` as theirs (TMPDIR), where Inductor also puts what it writes outside
+its cache folder (its precompiled C++ header, 155 MB, under
+``<temp>/torchinductor_<user>``, whatever TORCHINDUCTOR_CACHE_DIR says).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 from warmup import logs
@@ -43,7 +53,7 @@ def main() -> int:
     # A fresh checkout has no ./demo-volume: the demo asks for it, as a user would with
     # --create-volume (a volume that is not there is otherwise an error).
     settings = Settings(device="cpu", create_volume=True)
-    settings.existing_volume()
+    settings = trusting_its_own_key(settings, settings.existing_volume() / "keys")
     logs.configure(settings.log_format, level=30)  # the demo prints its own story
     manifest = load_manifest(settings.manifest)
     shapes = sum(len(e.expand()) for e in manifest.entries)
@@ -53,12 +63,14 @@ def main() -> int:
         f"digest {manifest.digest()}; "
         f"volume {settings.volume.resolve()}"
     )
+    print(f"trust: {settings.trust().describe()}")
     for label in (
         "first run (empty registry: misses are tuned)",
         "second run (a new pod: fresh work folder, same volume: a full hit)",
     ):
         print(f"\n== {label}")
         shutil.rmtree(settings.work_dir, ignore_errors=True)  # a new pod: only the volume stays
+        use_temp_folder(settings.work_dir / "tmp")
         started = time.time()
         status = run(settings, manifest)
         print(summary(status) + f"  [wall {time.time() - started:.1f} s]")
@@ -67,6 +79,8 @@ def main() -> int:
     print("\n== the sidecar")
     from warmup.sidecar.server import Sidecar
 
+    for name in DEMO_BUNDLES:  # an earlier demo's: not scanned again at the start
+        (settings.bundle_dir / name).unlink(missing_ok=True)
     sidecar = Sidecar(settings)
     port = sidecar.start(host="127.0.0.1", port=0)
     try:
@@ -76,9 +90,66 @@ def main() -> int:
         for line in text.splitlines():
             if line.startswith(KEY_METRICS):
                 print(f"  {line}")
+        print("\n== signed bundles (hot reload)")
+        hot_reload_signed(settings, port)
     finally:
         sidecar.stop()
     return 0
+
+
+DEMO_BUNDLES = ("demo-unsigned.tgz", "demo-signed.tgz")
+
+
+def trusting_its_own_key(settings: Settings, keys: Path) -> Settings:
+    """``settings`` signing with the demo's key and trusting only it; the key pair is
+    made in ``keys`` on the first run."""
+    from registry import signing
+
+    if not (keys / "demo.key").exists():
+        signing.generate(keys, "demo")
+    return settings.updated(trusted_keys=keys, signing_key=keys / "demo.key")
+
+
+def hot_reload_signed(settings: Settings, port: int) -> None:
+    """Drop an unsigned bundle of the registry, then the same signed, into the sidecar's
+    bundle folder; print what the sidecar did with each."""
+    from registry import bundle
+    from registry.signing import SigningKey
+    from registry.store import Store
+
+    assert settings.signing_key is not None
+    key = SigningKey.load(settings.signing_key)
+    entries = Store(settings.registry_dir).entries()
+    made = settings.work_dir / "bundles"
+    made.mkdir(parents=True, exist_ok=True)
+    version = time.strftime("%Y%m%d%H%M%S")
+    for file, signer in zip(DEMO_BUNDLES, (None, key), strict=True):
+        path = made / file
+        bundle.create(path, name="demo", version=version, entries=entries, signer=signer)
+        expected = "rejected" if signer is None else "installed"
+        before = _reloads(port, expected)
+        shutil.copy(path, settings.bundle_dir / file)
+        deadline = time.monotonic() + 15.0
+        while _reloads(port, expected) == before and time.monotonic() < deadline:
+            time.sleep(0.2)
+        done = expected if _reloads(port, expected) > before else f"not {expected} within 15 s"
+        by = f"signed by key {key.key_id}" if signer else "unsigned"
+        print(f"{file} ({by}): {done}")
+
+
+def _reloads(port: int, result: str) -> float:
+    """The sidecar's count of bundles that ended as ``result``."""
+    metric = f'triton_warmup_bundle_reloads_total{{result="{result}"}}'
+    _, text = _get(f"http://127.0.0.1:{port}/metrics")
+    found = [line.split()[-1] for line in text.splitlines() if line.startswith(metric)]
+    return float(found[0]) if found else 0.0
+
+
+def use_temp_folder(folder: Path) -> None:
+    """Make ``folder`` the temp folder of this process and of those it starts."""
+    folder.mkdir(parents=True, exist_ok=True)
+    os.environ["TMPDIR"] = str(folder.resolve())  # read by the ranks' tempfile (and torch)
+    tempfile.tempdir = None  # this process's: found again, from TMPDIR, at its next use
 
 
 def compiled_mlp(device: Any) -> Any:

@@ -5,12 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from registry.fingerprint import MatchPolicy
+from registry.locks import LockBackend, backend_from_url
 from registry.redis_url import is_redis
 from registry.remote import RemoteTier, remote_tier
+from registry.signing import Trust
 from registry.store import Store
 from registry.volume import Volume, existing_folder
 
@@ -73,6 +75,11 @@ class Settings(BaseSettings):
         description="the registry's remote tier (redis://..., rediss://..., unix://...): "
         "entries tuned anywhere in the fleet; unset or '': the lock server when it is redis, "
         "else off; 'off': none",
+    )
+    redis_password: SecretStr | None = Field(
+        None,
+        description="the password of the redis servers (lock server, remote tier) whose URL "
+        "carries none; set it from a Kubernetes Secret; never logged",
     )
     lock_ttl_s: float = Field(
         60.0, gt=0, description="a fleet lock's lease: a holder silent this long loses it"
@@ -194,6 +201,22 @@ class Settings(BaseSettings):
     serving_refresh_s: float = Field(
         1.0, gt=0, description="how often a serving op checks the registry for a new generation"
     )
+    trusted_keys: Path | None = Field(
+        None,
+        description="a folder of trusted Ed25519 public keys (*.pub, PEM): bundles and "
+        "remote-tier values must be signed by one of them (unset: trust not configured, "
+        "everything accepted with a warning)",
+    )
+    signing_key: Path | None = Field(
+        None,
+        description="this pod's Ed25519 private key (PEM): what it publishes to the remote "
+        "tier is signed with it (unset: nothing is signed)",
+    )
+    allow_unsigned: bool = Field(
+        False,
+        description="the explicit opt-out for local use: unsigned bundles and remote values "
+        "are accepted even with trusted keys set (logged at start)",
+    )
 
     def existing_volume(self, fix: str | None = None) -> Path:
         """The volume's folder, made first with ``create_volume``;
@@ -222,15 +245,38 @@ class Settings(BaseSettings):
         ``lock_timeout_s`` for the store's write lock (an install may hold it), others
         the store's own default; ``check_interval``: how often a reader looks for a new
         generation (0: at every read)."""
+        # The volume's own store: existing_volume guards the volume; its first write makes it.
         if run:
             wait = self.lock_timeout_s
-            return Store(self.registry_dir, lock_timeout=wait, check_interval=check_interval)
-        return Store(self.registry_dir, check_interval=check_interval)
+            return Store(
+                self.registry_dir, lock_timeout=wait, check_interval=check_interval, create=True
+            )
+        return Store(self.registry_dir, check_interval=check_interval, create=True)
 
     def remote(self, *, timeout_s: float = 1.0) -> RemoteTier | None:
-        """The registry's remote tier (each call's socket timeouts: ``timeout_s``); None
+        """The registry's remote tier (each call's deadline: ``timeout_s``); None
         when it is off; :class:`registry.RegistryError` for a URL it cannot use."""
-        return remote_tier(self.remote_url, timeout_s=timeout_s)
+        return remote_tier(
+            self.remote_url,
+            timeout_s=timeout_s,
+            password=self.redis_secret(),
+            trust=self.trust(),
+        )
+
+    def lock_backend(self, url: str | None = None) -> LockBackend:
+        """The lock backend at ``url`` (by default ``lock_url``), with the redis password."""
+        return backend_from_url(self.lock_url if url is None else url, password=self.redis_secret())
+
+    def redis_secret(self) -> str | None:
+        """``redis_password`` itself, for a redis client (never for a message)."""
+        return None if self.redis_password is None else self.redis_password.get_secret_value()
+
+    def trust(self) -> Trust:
+        """What this process accepts and signs with (:class:`registry.signing.Trust`);
+        :class:`registry.signing.KeyFileError` for a key folder or file it cannot use."""
+        return Trust.load(
+            self.trusted_keys, signing_key=self.signing_key, allow_unsigned=self.allow_unsigned
+        )
 
     @property
     def run_metrics_file(self) -> Path:

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.usefixtures("isolated")
 
 @pytest.fixture
 def store(tmp_path, make_entry):
-    store = Store(tmp_path / "reg")
+    store = Store(tmp_path / "reg", create=True)
     store.put_many([make_entry(m=m) for m in (1024, 2048)])
     return store
 
@@ -74,7 +74,7 @@ def test_install_with_the_wrong_fingerprint_fails_with_one_line(capsys, store, t
     bundle.create(out_file, name="tp2", version="1", entries=store.entries())
     install = ["--create-store", "bundle", "install", str(out_file), "--fingerprint", "cpu"]
     code, _, err = cli(capsys, tmp_path / "t", *install)
-    assert code == 1 and err.startswith("triton-warmup: error: Bundle") and "gpu_name" in err
+    assert code == 2 and err.startswith("triton-warmup: error: Bundle") and "gpu_name" in err
     assert len(err.strip().splitlines()) == 1 and "--force" in err
     code, _, _ = cli(capsys, tmp_path / "t", *install, "--force")
     assert code == 0 and len(Store(tmp_path / "t")) == 2
@@ -106,7 +106,7 @@ def test_errors_exit_nonzero_with_a_reason(capsys, tmp_path):
     bad = tmp_path / "bad.tgz"
     bad.write_text("nope")
     code, _, err = run(capsys, "registry", "bundle", "verify", str(bad))
-    assert code == 1 and "rejected" in err
+    assert code == 2 and "rejected" in err
     with pytest.raises(SystemExit) as exit_info:
         main(["registry", "bogus"])
     assert exit_info.value.code == 2
@@ -135,7 +135,44 @@ def test_import_of_nothing_creates_no_store(capsys, tmp_path):
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "k.autotune.json").write_text("not json")
     code, _, err = import_cpu(capsys, tmp_path / "s", "triton-autotune", tmp_path / "bad")
-    assert code == 1 and "Nothing imported" in err and not (tmp_path / "s").exists()
+    assert code == 2 and "skipped" in err and "k.autotune.json" in err  # bad input
+    assert "0 entries imported" in err and not (tmp_path / "s").exists()
+
+
+def _autotune_file(folder, name, configs=1):
+    """A Triton ``<name>.autotune.json`` of ``configs`` configs in ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    timings = [[{"kwargs": {"B": i}, "num_warps": 4}, [1, 1, 1]] for i in range(configs)]
+    path = folder / f"{name}.autotune.json"
+    path.write_text(json.dumps({"key": [1], "configs_timings": timings}))
+    return path
+
+
+def test_an_import_skips_each_bad_file_with_its_reason_and_imports_the_others(capsys, tmp_path):
+    source = tmp_path / "cache"
+    _autotune_file(source / "A", "good")
+    _autotune_file(source / "B", "huge", configs=8_000)  # the store would quarantine it
+    nested = source / "C" / "deep.autotune.json"
+    nested.parent.mkdir()
+    nested.write_text("[" * 100_000 + "]" * 100_000)
+    outside = _autotune_file(tmp_path / "outside", "linked")
+    (source / "D").mkdir()
+    (source / "D" / "linked.autotune.json").symlink_to(outside)
+    (source / "E").symlink_to(outside.parent, target_is_directory=True)
+    args = ["import", "triton-autotune", str(source), "--fingerprint", "cpu"]
+    code, out, err = cli(capsys, tmp_path / "s", "--create-store", *args)
+    assert code == 2  # bad input, after the good file imported
+    assert "imported 1 entries from 1 files" in out and "skipped 4 files" in out
+    lines = [line for line in err.splitlines() if line.startswith("skipped ")]
+    assert len(lines) == 4
+    reasons = {line.split(": ", 1)[0].removeprefix("skipped "): line for line in lines}
+    assert "store's limit" in reasons[str(source / "B" / "huge.autotune.json")]
+    assert "nested too deeply" in reasons[str(nested)]
+    assert "link" in reasons[str(source / "D" / "linked.autotune.json")]
+    assert "link to a folder" in reasons[str(source / "E")]
+    assert [e.kernel for e in Store(tmp_path / "s").entries()] == ["good"]
+    code, out, _ = cli(capsys, tmp_path / "s", "--json", *args)
+    assert code == 2 and json.loads(out)["imported"] == 1 and len(json.loads(out)["errors"]) == 4
 
 
 @pytest.mark.parametrize(
@@ -172,7 +209,7 @@ def test_json_after_a_bundle_command(capsys, store, tmp_path):
 
 def test_times_are_numbers_in_json_and_text_in_tables(capsys, tmp_path):
     failed = KernelConfig.make({"BLOCK_M": 16})
-    store = Store(tmp_path / "reg")
+    store = Store(tmp_path / "reg", create=True)
     store.put(
         Entry.make(
             "k",
@@ -277,3 +314,73 @@ def test_the_default_store_of_a_volume_with_nothing_stored_yet_is_empty(capsys, 
     (isolated / "volume").mkdir()  # a volume mounted, nothing stored on it yet
     code, out, _ = run(capsys, "registry", "ls")
     assert code == 0 and f"0 entries in {isolated / 'volume' / 'registry'}" in out
+
+
+def test_keys_sign_and_verify_with_trusted_keys(capsys, store, tmp_path):
+    keys = tmp_path / "keys"
+    code, out, _ = run(capsys, "registry", "keys", "generate", "--out", str(keys), "--name", "ci")
+    assert code == 0 and (keys / "ci.key").exists() and (keys / "ci.pub").exists()
+    key_id = out.split("(key ")[1].rstrip(")\n")
+    trusted = tmp_path / "trusted"
+    trusted.mkdir()
+    (trusted / "ci.pub").write_bytes((keys / "ci.pub").read_bytes())
+    made = tmp_path / "b.tgz"
+    assert (
+        cli(capsys, store.root, "bundle", "create", str(made), "--name", "a", "--version", "1")[0]
+        == 0
+    )
+    verify = ["registry", "bundle", "verify", "--trusted-keys", str(trusted)]
+    code, _, err = run(capsys, *verify, str(made))
+    assert code == 2 and f"Bundle '{made}' rejected: unsigned" in err
+    assert len(err.strip().splitlines()) == 1
+    code, out, _ = run(capsys, *verify, "--allow-unsigned", str(made))
+    assert code == 0 and "unsigned (unsigned artifacts allowed" in out
+    signed = tmp_path / "s.tgz"
+    args = ["registry", "bundle", "sign", str(made), "--key", str(keys / "ci.key")]
+    code, out, _ = run(capsys, *args, "--out", str(signed))
+    assert code == 0 and f"with key {key_id}" in out
+    code, out, _ = run(capsys, *verify, str(signed))
+    assert code == 0 and f"signed by trusted key {key_id}" in out
+    code, out, _ = run(capsys, "registry", "bundle", "verify", str(signed))
+    assert code == 0 and f"signed by key {key_id}, not checked" in out
+    install = ["registry", "--store", str(tmp_path / "target"), "--create-store", "bundle"]
+    install += ["install", "--fingerprint", "none", "--trusted-keys", str(trusted)]
+    assert run(capsys, *install, str(made))[0] == 2
+    assert not (tmp_path / "target" / "current").exists()
+    code, out, _ = run(capsys, *install, str(signed))
+    assert code == 0 and "installed a 1 as generation" in out
+    code, out, _ = run(capsys, *install, str(signed))
+    assert code == 0 and "is installed already as generation" in out
+
+
+def test_a_bad_key_or_keys_folder_is_bad_input(capsys, store, tmp_path):
+    made = tmp_path / "b.tgz"
+    assert (
+        cli(capsys, store.root, "bundle", "create", str(made), "--name", "a", "--version", "1")[0]
+        == 0
+    )
+    code, _, err = run(
+        capsys, "registry", "bundle", "verify", "--trusted-keys", str(tmp_path / "no"), str(made)
+    )
+    assert code == 2 and "--trusted-keys" in err and "does not exist" in err
+    (tmp_path / "junk.key").write_text("junk")
+    code, _, err = run(
+        capsys, "registry", "bundle", "sign", str(made), "--key", str(tmp_path / "junk.key")
+    )
+    assert code == 2 and "junk.key is not an unencrypted PEM private key" in err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, _, err = run(
+        capsys, "registry", "bundle", "verify", "--trusted-keys", str(empty), str(made)
+    )
+    assert code == 2 and "holds no public key" in err
+
+
+def test_a_fingerprint_file_is_read_with_a_bound(capsys, store, tmp_path):
+    big = tmp_path / "fp.json"
+    with big.open("wb") as f:
+        f.truncate(2**30)  # sparse: a GiB that a whole read would take into memory
+    code, _, err = cli(
+        capsys, store.root, "import", "triton-autotune", str(tmp_path), "--fingerprint", str(big)
+    )
+    assert code == 2 and "over 65536 bytes" in err

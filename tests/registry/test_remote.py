@@ -6,14 +6,16 @@ from __future__ import annotations
 import json
 import logging
 import time
+import tracemalloc
 
 import pytest
 
-from registry import MatchPolicy, RegistryError, atomic
+from registry import MatchPolicy, RegistryError, atomic, remote
 from registry.entry import SCHEMA_VERSION
 from registry.remote import RemoteTier, remote_tier, slot_name
 from registry.store import MAX_ENTRY_BYTES
 from tests.conftest import gpu_fingerprint
+from tests.registry._trickle import trickling, within
 
 KEY = {"M": 4096, "N": 6656, "K": 16384, "dtype": "bf16", "world": 2}
 RETRY_S = 0.3
@@ -253,3 +255,57 @@ def test_remote_tier_from_a_url():
         with pytest.raises(RegistryError, match="Remote tier URL") as info:
             remote_tier(url)
         assert "\n" not in str(info.value) and "secret" not in str(info.value)
+
+
+# ---- values bounded before they are read, calls bounded by their deadline ---------------
+
+
+def test_a_value_over_the_limit_is_never_read(server, make_entry, h200, caplog):
+    entry = make_entry()
+    name = _slot(entry)
+    server.client.hset(name, h200.digest(), b" " * (40 * 2**20))  # 40 MiB at the field
+    tier = RemoteTier(server.url)
+    tracemalloc.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="registry.remote"):
+            assert tier.fetch("ag_gemm", KEY, h200) is None
+            assert tier.fetch("ag_gemm", KEY, h200, MatchPolicy.ANY) is None
+            assert tier.sample() == []
+            assert tier.seen("ag_gemm", KEY, h200) == f"oversized:{40 * 2**20}"
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * 2**20, peak  # none of the 40 MiB came over
+    [message] = _messages(caplog)
+    assert name in message and str(remote.MAX_VALUE_BYTES) in message
+    assert tier.publish(entry)  # replaced, as a corrupt file is
+    assert tier.fetch("ag_gemm", KEY, h200) == entry
+
+
+def test_a_slots_fields_are_read_within_the_slots_budget(server, make_entry, caplog, monkeypatch):
+    monkeypatch.setattr(remote, "SLOT_FIELDS", 2)
+    tier = RemoteTier(server.url)
+    for sms in (100, 110, 120):
+        assert tier.publish(make_entry(fp=gpu_fingerprint("NVIDIA H100", sms=sms)))
+    h200 = gpu_fingerprint()
+    with caplog.at_level(logging.WARNING, logger="registry.remote"):
+        assert tier.fetch("ag_gemm", KEY, h200, MatchPolicy.ANY) is not None
+    [message] = _messages(caplog)
+    assert "1 fields not read" in message
+
+
+@pytest.mark.parametrize("kind", ["tcp", "unix", "tls"])
+def test_a_trickling_server_is_an_outage_within_the_deadline(tmp_path, kind, make_entry, h200):
+    with trickling(kind, tmp_path) as hostile:
+        tier = RemoteTier(hostile.url, timeout_s=1.0, retry_after_s=0.0)
+        with within(1.5):
+            assert tier.fetch("ag_gemm", KEY, h200, now=True) is None
+        with within(1.5):
+            assert not tier.publish(make_entry())
+        with within(1.5):
+            assert tier.seen("ag_gemm", KEY, h200) == ""
+        with within(1.5):
+            assert tier.sample() == []
+        with within(1.5):
+            assert tier.flush() == 1
+    assert tier.stats.errors == 5

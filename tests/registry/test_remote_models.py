@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import stat
+import tracemalloc
 
 import pytest
 
@@ -13,6 +14,7 @@ from registry import inductor_cache, remote_models
 from registry.fingerprint import cpu_fingerprint
 from registry.remote import RemoteTier
 from tests.conftest import gpu_fingerprint
+from tests.registry._trickle import trickling, within
 from tests.registry.test_bundle_inductor import FILES, family, restored
 
 FP = cpu_fingerprint()
@@ -144,3 +146,50 @@ def test_a_volume_that_fails_under_publish_costs_the_publish_only(tmp_path, serv
     blob.mkdir()  # a folder in its place: reading it fails
     assert not remote_models.publish(tier(server.url), source, **WHERE)
     assert "not published" in caplog.text
+
+
+# ---- values bounded before they are read, calls bounded by their deadline ---------------
+
+
+def _peak(fn):
+    tracemalloc.start()
+    try:
+        answer = fn()
+        return answer, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_an_index_over_its_limit_is_never_read(tmp_path, server, caplog):
+    name = remote_models.index_key("mlp", KEY, FP)
+    server.client.setrange(name, 100 * 2**20 - 1, b"}")  # 100 MiB on the server
+    mine = tier(server.url)
+    fetched, peak = _peak(lambda: remote_models.fetch(mine, tmp_path / "b", **WHERE))
+    assert not fetched and peak < 4 * 2**20, peak
+    assert mine.stats.misses == 1 and not (tmp_path / "b").exists()
+    assert f"{name} skipped: {100 * 2**20} bytes; limit {remote_models.MAX_VALUE_BYTES}" in (
+        caplog.text
+    )
+    found, peak = _peak(
+        lambda: remote_models.stored_fingerprints(mine, "mlp", KEY, gpu_fingerprint())
+    )
+    assert found == [] and peak < 4 * 2**20, peak
+
+
+def test_a_blob_grown_past_its_size_is_never_read(tmp_path, server, published):
+    sha = hashlib.sha256(FILES["ab/cabc.so"]).hexdigest()
+    server.client.setrange(remote_models.blob_key(sha), 64 * 2**20, b"!")
+    fetched, peak = _peak(lambda: remote_models.fetch(tier(server.url), tmp_path / "b", **WHERE))
+    assert not fetched and peak < 4 * 2**20, peak
+
+
+@pytest.mark.parametrize("kind", ["tcp", "unix"])
+def test_a_trickling_server_is_a_miss_within_the_deadline(tmp_path, kind, published):
+    with trickling(kind, tmp_path) as hostile:
+        mine = RemoteTier(hostile.url, timeout_s=1.0)
+        with within(1.5):
+            assert not remote_models.fetch(mine, tmp_path / "b", **WHERE)
+        with within(1.5):
+            assert not remote_models.publish(mine, published, **WHERE)
+        with within(1.5):
+            assert remote_models.stored_fingerprints(mine, "mlp", KEY, FP) is None

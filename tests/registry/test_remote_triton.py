@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import time
+import tracemalloc
 
 import pytest
 
 from registry import remote_triton
 from registry.remote import RemoteTier
 from registry.remote_models import blob_key
+from tests.registry._trickle import trickling, within
 
 KEY = "CZ4VKGKEWFV6MYQ5X5TRDJHUJU3GNRTX4GLYL7SUUERN3NQAXEGA"
 CUBIN = b"\x7fELF" + bytes(range(256)) * 40
@@ -104,3 +106,28 @@ def test_an_outage_between_publishes_keeps_the_first_and_a_retry_stores_once(ser
 
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+# ---- values bounded before they are read, calls bounded by their deadline ---------------
+
+
+def test_a_name_or_blob_over_its_limit_is_never_read(server):
+    assert remote_triton.publish(tier(server.url), KEY, "k.cubin", CUBIN)
+    server.client.setrange(blob_key(_sha(CUBIN)), 50 * 2**20, b"!")  # grown past its size
+    server.client.setrange(remote_triton.name_key(KEY, "k.json"), 50 * 2**20, b"!")
+    tracemalloc.start()
+    try:
+        assert remote_triton.fetch(tier(server.url), KEY, ["k.cubin", "k.json"]) == {}
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * 2**20, peak
+
+
+@pytest.mark.parametrize("kind", ["tcp", "unix", "tls"])
+def test_a_trickling_server_is_a_miss_within_the_deadline(tmp_path, kind):
+    with trickling(kind, tmp_path) as hostile:
+        with within(1.5):
+            assert remote_triton.fetch(tier(hostile.url, 1.0), KEY, ["k.cubin"]) == {}
+        with within(1.5):
+            assert not remote_triton.publish(tier(hostile.url, 1.0), KEY, "k.cubin", CUBIN)

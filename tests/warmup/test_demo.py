@@ -1,6 +1,10 @@
 """``make demo`` end to end in a scratch folder: tune, then all hits, then ready."""
 
+import os
+import secrets
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -10,10 +14,17 @@ pytestmark = pytest.mark.slow
 
 
 def test_demo_tunes_then_hits_then_is_ready(tmp_path):
+    # The system's temp folder is one of the test's own, and the user a name of its own:
+    # whatever the demo leaves in either temp folder is found, other users' files aside.
+    system_tmp, user = tmp_path / "system-tmp", f"tw-demo-{secrets.token_hex(4)}"
+    system_tmp.mkdir()
     env = {
         "PATH": "/usr/bin:/bin",
         "PYTHONPATH": str(ROOT),
         "HOME": str(tmp_path),
+        "TMPDIR": str(system_tmp),
+        "USER": user,
+        "LOGNAME": user,
         "TRITON_WARMUP_MANIFEST": str(ROOT / "examples" / "demo.yaml"),
     }
     started = time.time()
@@ -31,4 +42,17 @@ def test_demo_tunes_then_hits_then_is_ready(tmp_path):
     assert "GET /readyz -> 200" in out
     assert 'triton_warmup_cache_hits_total{kernel="ag_gemm",source="registry"} 3.0' in out
     assert (tmp_path / "demo-volume" / "registry" / "current").is_symlink()
+    # the demo trusts its own key only: its signed bundle installs, an unsigned copy is refused
+    assert "trust: signatures required (1 trusted keys: " in out
+    assert "demo-unsigned.tgz (unsigned): rejected" in out
+    assert "demo-signed.tgz (signed by key " in out and "): installed" in out
+    assert (tmp_path / "demo-volume" / "keys" / "demo.pub").is_file()
     assert time.time() - started < 180
+    assert sorted(system_tmp.iterdir()) == []  # nothing left in the temp folder it was given
+    assert _named(Path(tempfile.gettempdir()), user) == []
+    assert _named(Path("/tmp"), user) == []
+
+
+def _named(folder: Path, marker: str) -> list[str]:
+    """The names in ``folder`` that carry ``marker`` (``torchinductor_<user>``, say)."""
+    return [name for name in os.listdir(folder) if marker in name]

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from registry import atomic, hosts
 from registry.errors import named
+from registry.signing import announce
 from warmup import explain
 from warmup.compiled.environment import inductor_environment
 from warmup.manifest import Manifest, ManifestError
@@ -61,7 +62,9 @@ def _launch(settings: Settings, manifest: Manifest, early: EarlyRanks) -> RunSta
     they start, their reports summed; a failure is written into the status."""
     started = time.time() - process_age()  # time to ready counts from the process's start
     phases: dict[str, float] = {}
+    trust = settings.trust()  # a keys folder it cannot use: bad input, before any rank
     settings, world, device = _checked(settings, manifest)
+    announce(trust)  # once the input is good: a bad input's error stays one line
     found = hosts.probe(device, visible_gpus(GPU_LIST))
     hit = (
         full_hit.look(settings, manifest, world, found, settings.remote())

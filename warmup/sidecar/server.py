@@ -29,6 +29,7 @@ from registry import RegistryError, bundle, bundle_inductor, triton_cache
 from registry.errors import BundleRejected
 from registry.fingerprint import Fingerprint
 from registry.remote import RemoteTier
+from registry.signing import announce
 from warmup.compiled.reload import restore_installed
 from warmup.manifest import ManifestError, load_manifest
 from warmup.metrics import ServeMetrics, TextFileCollector, TextFolderCollector
@@ -63,6 +64,7 @@ class Sidecar:
             TextFolderCollector(settings.metrics_dir, exclude=[settings.run_metrics_file])
         )
         self.store = settings.store(check_interval=1.0)
+        self._trust = settings.trust()  # a keys folder it cannot use fails the start (exit 2)
         self.watcher = BundleWatcher(
             settings.bundle_dir,
             self.install_bundle,
@@ -208,9 +210,15 @@ class Sidecar:
             log.info("bundle %s: installed before, as %s; not again", path, done)
             return "installed"
         try:
+            trust = self.settings.trust()  # read again: a Secret's keys rotate in place
+        except RegistryError as e:
+            log.error("bundle %s deferred: the trusted keys cannot be read: %s", path, e)
+            return "deferred"
+        try:
             info = bundle.install(
                 path,
                 self.store,
+                trust=trust,
                 expect=expect,
                 policy=self.settings.match_policy,
                 triton_cache=self.settings.paths.triton_cache,
@@ -277,6 +285,7 @@ class Sidecar:
                 "TRITON_WARMUP_METRICS_PORT to a free port (0-65535; 0 picks one)"
             ) from None
         self._http.start()
+        announce(self._trust)
         self._check_manifest()
         self._recover_store()
         self.watcher.start()

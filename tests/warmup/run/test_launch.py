@@ -170,7 +170,7 @@ def test_a_killed_rank_fails_the_run_and_leaves_a_usable_registry(tmp_path):
     status = run(settings, load_manifest(manifest))
     assert status.state == "failed"
     assert any("rank 1 exited with code -9" in f for f in status.failures)
-    store = Store(settings.paths.registry)
+    store = Store(settings.paths.registry, create=True)
     assert len(store) == 1 and store.quarantined == 0  # what was tuned before the kill stays
     retry = manifest_of(tmp_path, entry("ag_gemm", 2), name="retry.yaml")
     again = run(settings.model_copy(update={"manifest": retry}), load_manifest(retry))
@@ -432,7 +432,7 @@ def test_what_a_killed_writer_left_is_cleared_at_the_start_and_counted(
     monkeypatch.setenv("TEST_USER_LOG", str(tmp_path / "calls.jsonl"))
     manifest = user_manifest(tmp_path, (1, 2))
     settings = settings_for(tmp_path, manifest=manifest, world_size=1)
-    Store(settings.registry_dir).put(make_entry())
+    Store(settings.registry_dir, create=True).put(make_entry())
     current = settings.registry_dir / "current"
     stale = current.resolve() / ".tmp-99-killed.json"  # a put killed before its rename
     stale.write_text("{")
@@ -440,3 +440,12 @@ def test_what_a_killed_writer_left_is_cleared_at_the_start_and_counted(
     assert status.ready and not stale.exists()
     counted = samples(settings.run_metrics_file)
     assert counted["triton_warmup_run_recovered_total", (("what", "temp_files"),)] == 1
+
+
+def test_a_trusted_keys_folder_that_is_not_there_stops_the_run_before_any_rank(tmp_path):
+    from registry.signing import KeyFileError
+
+    settings = settings_for(tmp_path).updated(trusted_keys=tmp_path / "typo")
+    with pytest.raises(KeyFileError, match="typo does not exist"):
+        run(settings, load_manifest(DEMO))
+    assert not (tmp_path / "work" / "run").exists()

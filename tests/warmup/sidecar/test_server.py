@@ -278,7 +278,7 @@ def test_the_sidecar_imports_no_torch(tmp_path):
 
 
 def make_bundle(tmp_path, name, m, fingerprint=None, artifacts=0):
-    store = Store(tmp_path / f"src-{name}")
+    store = Store(tmp_path / f"src-{name}", create=True)
     store.put(
         Entry.make(
             "ag_gemm",
@@ -553,7 +553,7 @@ def test_a_restarted_sidecar_neither_reinstalls_a_bundle_nor_undoes_a_rollback(s
     shutil.copy(make_bundle(tmp_path, "good", 64), settings.bundle_dir / "good.tgz")
     with running(settings) as first:
         assert wait_for(lambda: reloads(first).get("installed") == 1)
-    store = Store(settings.paths.registry)
+    store = Store(settings.paths.registry, create=True)
     store.rollback()
     generations = len(store.generations())
     with running(settings) as second:
@@ -563,7 +563,7 @@ def test_a_restarted_sidecar_neither_reinstalls_a_bundle_nor_undoes_a_rollback(s
 
 
 def test_the_sidecar_recovers_the_store_at_start_and_counts_quarantined_files(settings, tmp_path):
-    store = Store(settings.paths.registry)
+    store = Store(settings.paths.registry, create=True)
     store.put(Entry.make("ag_gemm", {"M": 8}, cpu_fingerprint(), KernelConfig.make({"B": 1})))
     gen = settings.paths.registry / os.readlink(settings.paths.registry / "current")
     stale = gen / "ag_gemm" / ".tmp-99-x.json"
@@ -761,3 +761,36 @@ def test_a_readyz_flood_still_gives_a_probe_the_last_verdict_at_once(settings, m
             release.set()
             for connection in flood:
                 connection.close()
+
+
+def test_with_trusted_keys_the_watcher_installs_only_what_a_trusted_key_signed(
+    settings, tmp_path, caplog
+):
+    from registry import signing
+
+    trusted, _ = signing.generate(tmp_path / "trusted", "fleet")
+    foreign, _ = signing.generate(tmp_path / "foreign", "stranger")
+    settings = settings.updated(trusted_keys=tmp_path / "trusted")
+    ready_status(settings)
+    unsigned = make_bundle(tmp_path, "unsigned", 32)
+    strange = bundle.sign(make_bundle(tmp_path, "strange", 48), signing.SigningKey.load(foreign))
+    good = bundle.sign(make_bundle(tmp_path, "good", 64), signing.SigningKey.load(trusted))
+    with running(settings) as car:
+        folder = settings.bundle_dir
+        shutil.copy(unsigned, folder / "unsigned.tgz")
+        shutil.copy(strange.path, folder / "strange.tgz")
+        assert wait_for(lambda: reloads(car).get("rejected") == 2)
+        assert len(car.store) == 0 and bundle.installed(car.store) == []
+        shutil.copy(good.path, folder / "good.tgz")
+        assert wait_for(lambda: reloads(car).get("installed") == 1)
+    assert [e.key["M"] for e in Store(settings.paths.registry).entries()] == [64]
+    refused = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
+    assert any("unsigned.tgz" in m and "unsigned" in m for m in refused)
+    assert any("strange.tgz" in m and f"unknown key {strange.signed_by}" in m for m in refused)
+
+
+def test_a_trusted_keys_folder_that_is_not_there_fails_the_start(settings, tmp_path):
+    from registry.signing import KeyFileError
+
+    with pytest.raises(KeyFileError, match="does not exist"):
+        Sidecar(settings.updated(trusted_keys=tmp_path / "typo"))

@@ -1,0 +1,136 @@
+"""What trust adds to a warm pod's time to ready: the same pod with signatures required
+(every value it takes from Redis verified) and with trust not configured.
+
+    .venv/bin/python bench/trust_ready.py [--repeats 3] [--redis-server PATH]
+
+On CPU, with the demo's manifest (``examples/demo.yaml``: 3 AllGather-GEMM shapes at
+world 2 and a compiled MLP) and a redis-server this bench starts:
+
+1. a first pod (its own volume) tunes and compiles everything, and publishes it to the
+   Redis tier signed by the fleet's key;
+2. ``remote``: a new pod on a new node (empty volume, empty work folder) runs
+   ``triton-warmup run`` and takes everything from Redis: tuned entries, the model's
+   index and files, the host record; its wall time from process start to exit (ready);
+3. ``volume``: the same pod again with a new work folder on the volume that step 2
+   filled: a full hit, restored without a rank.
+
+Steps 2 and 3 alternate between ``TRITON_WARMUP_TRUSTED_KEYS`` set (the fleet's public
+key: signatures required) and unset, ``--repeats`` times each; the medians and their
+ratio are printed as JSON. Both modes sign what they publish (the chart gives every pod
+the key). About 3 minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.fleet import redis_server  # noqa: E402
+from registry import signing  # noqa: E402
+
+MANIFEST = ROOT / "examples" / "demo.yaml"
+
+
+def pod_env(url: str, volume: Path, work: Path, keys: Path, *, trusted: bool) -> dict[str, str]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "TMPDIR": str(work / "tmp"),  # nothing left in /tmp; Inductor's header included
+        "TRITON_INTERPRET": "1",
+        "TRITON_WARMUP_MANIFEST": str(MANIFEST),
+        "TRITON_WARMUP_VOLUME": str(volume),
+        "TRITON_WARMUP_CREATE_VOLUME": "true",
+        "TRITON_WARMUP_WORK_DIR": str(work),
+        "TRITON_WARMUP_DEVICE": "cpu",
+        "TRITON_WARMUP_LOCK_URL": url,
+        "TRITON_WARMUP_SIGNING_KEY": str(keys / "fleet.key"),
+    }
+    env.pop("TRITON_WARMUP_TRUSTED_KEYS", None)
+    if trusted:
+        env["TRITON_WARMUP_TRUSTED_KEYS"] = str(keys / "trusted")
+    return env
+
+
+def run_pod(env: dict[str, str]) -> dict[str, Any]:
+    """``triton-warmup run`` in a new process: its wall time and what its status says."""
+    Path(env["TMPDIR"]).mkdir(parents=True, exist_ok=True)
+    began = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "warmup", "run"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=False,
+    )
+    seconds = time.perf_counter() - began
+    if done.returncode != 0:
+        raise RuntimeError(f"run exited {done.returncode}: {done.stderr[-3000:]}")
+    status = json.loads((Path(env["TRITON_WARMUP_WORK_DIR"]) / "status.json").read_text())
+    sources: dict[str, int] = {}
+    for shape in status.get("shapes", []):
+        sources[shape["source"]] = sources.get(shape["source"], 0) + 1
+    refused = sum(line.count(" refused: ") for line in done.stderr.splitlines())
+    return {
+        "seconds": seconds,
+        "full_hit": bool(status.get("full_hit")),
+        "sources": sources,
+        "refused": refused,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--redis-server", default=shutil.which("redis-server"))
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="trust-ready-"))
+    try:
+        keys = work / "keys"
+        signing.generate(keys, "fleet")
+        (keys / "trusted").mkdir()
+        shutil.copy(keys / "fleet.pub", keys / "trusted" / "fleet.pub")
+        with redis_server(args.redis_server, work / "redis") as url:
+            first = run_pod(pod_env(url, work / "v0", work / "w0", keys, trusted=True))
+            runs: dict[str, list[dict[str, Any]]] = {}
+            for i in range(args.repeats):
+                for trusted in (i % 2 == 0, i % 2 == 1):  # alternate which mode goes first
+                    mode = "trusted" if trusted else "untrusted"
+                    volume = work / f"v-{mode}-{i}"
+                    env = pod_env(url, volume, work / f"w-{mode}-{i}", keys, trusted=trusted)
+                    runs.setdefault(f"remote_{mode}", []).append(run_pod(env))
+                    env = pod_env(url, volume, work / f"w2-{mode}-{i}", keys, trusted=trusted)
+                    runs.setdefault(f"volume_{mode}", []).append(run_pod(env))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    out: dict[str, Any] = {"first_pod_s": round(first["seconds"], 2), "repeats": args.repeats}
+    for case in ("remote", "volume"):
+        medians = {
+            mode: statistics.median(r["seconds"] for r in runs[f"{case}_{mode}"])
+            for mode in ("untrusted", "trusted")
+        }
+        out[case] = {
+            "untrusted_s": round(medians["untrusted"], 3),
+            "trusted_s": round(medians["trusted"], 3),
+            "added": round(medians["trusted"] / medians["untrusted"] - 1, 4),
+            "runs": runs[f"{case}_trusted"] + runs[f"{case}_untrusted"],
+        }
+    print(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
