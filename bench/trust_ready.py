@@ -9,15 +9,18 @@ world 2 and a compiled MLP) and a redis-server this bench starts:
 1. a first pod (its own volume) tunes and compiles everything, and publishes it to the
    Redis tier signed by the fleet's key;
 2. ``remote``: a new pod on a new node (empty volume, empty work folder) runs
-   ``triton-warmup run`` and takes everything from Redis: tuned entries, the model's
-   index and files, the host record; its wall time from process start to exit (ready);
+   ``triton-warmup run`` and takes everything from Redis: the host record, tuned
+   entries, the model's index and files (a full hit from the remote tier: no rank
+   starts); its wall time from process start to exit (ready);
 3. ``volume``: the same pod again with a new work folder on the volume that step 2
    filled: a full hit, restored without a rank.
 
 Steps 2 and 3 alternate between ``TRITON_WARMUP_TRUSTED_KEYS`` set (the fleet's public
 key: signatures required) and unset, ``--repeats`` times each; the medians and their
 ratio are printed as JSON. Both modes sign what they publish (the chart gives every pod
-the key). About 3 minutes on 2 cores.
+the key). Beside them, in this process, what the trust itself costs: loading the trusted
+keys folder, and verifying one value (median of 1,000). About 2 minutes on 2 cores with
+the default 9 repeats.
 """
 
 from __future__ import annotations
@@ -64,7 +67,8 @@ def pod_env(url: str, volume: Path, work: Path, keys: Path, *, trusted: bool) ->
 
 
 def run_pod(env: dict[str, str]) -> dict[str, Any]:
-    """``triton-warmup run`` in a new process: its wall time and what its status says."""
+    """``triton-warmup run`` in a new process: its wall time and what its status says
+    (``refused``: values the pod logged as refused, which must stay 0)."""
     Path(env["TMPDIR"]).mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
     done = subprocess.run(
@@ -92,9 +96,33 @@ def run_pod(env: dict[str, str]) -> dict[str, Any]:
     }
 
 
+def trust_costs(keys: Path) -> dict[str, float]:
+    """Loading the trusted keys and verifying one signed entry-sized value, in ms."""
+    from registry.remote_signature import seal, unseal
+
+    def median_ms(fn: Any, n: int) -> float:
+        times = []
+        for _ in range(n):
+            began = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - began)
+        return statistics.median(times) * 1e3
+
+    trust = signing.Trust.load(keys / "trusted", signing_key=keys / "fleet.key")
+    value = seal(trust, "triton-warmup:entry:k:1", "f", b"x" * 4096)
+    return {
+        "load_trusted_keys_ms": round(
+            median_ms(lambda: signing.trusted_keys(keys / "trusted"), 100), 4
+        ),
+        "verify_one_value_ms": round(
+            median_ms(lambda: unseal(trust, "triton-warmup:entry:k:1", "f", value), 1000), 4
+        ),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--redis-server", default=shutil.which("redis-server"))
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="trust-ready-"))
@@ -114,9 +142,14 @@ def main() -> int:
                     runs.setdefault(f"remote_{mode}", []).append(run_pod(env))
                     env = pod_env(url, volume, work / f"w2-{mode}-{i}", keys, trusted=trusted)
                     runs.setdefault(f"volume_{mode}", []).append(run_pod(env))
+        costs = trust_costs(keys)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    out: dict[str, Any] = {"first_pod_s": round(first["seconds"], 2), "repeats": args.repeats}
+    out: dict[str, Any] = {
+        "first_pod_s": round(first["seconds"], 2),
+        "repeats": args.repeats,
+        "trust_costs": costs,
+    }
     for case in ("remote", "volume"):
         medians = {
             mode: statistics.median(r["seconds"] for r in runs[f"{case}_{mode}"])
@@ -126,7 +159,10 @@ def main() -> int:
             "untrusted_s": round(medians["untrusted"], 3),
             "trusted_s": round(medians["trusted"], 3),
             "added": round(medians["trusted"] / medians["untrusted"] - 1, 4),
-            "runs": runs[f"{case}_trusted"] + runs[f"{case}_untrusted"],
+            "full_hits": sum(r["full_hit"] for r in runs[f"{case}_trusted"]),
+            "refused": sum(r["refused"] for r in runs[f"{case}_trusted"]),
+            "seconds_trusted": [round(r["seconds"], 3) for r in runs[f"{case}_trusted"]],
+            "seconds_untrusted": [round(r["seconds"], 3) for r in runs[f"{case}_untrusted"]],
         }
     print(json.dumps(out, indent=2))
     return 0

@@ -68,7 +68,7 @@ class Sampler:
 
 
 def installs_per_bundle(store_path: Path) -> Counter[str]:
-    return Counter(g.bundle["sha256"] for g in bundle.installed(Store(store_path)))
+    return Counter(g.bundle["sha256"] for g in bundle.installed(Store(store_path, create=True)))
 
 
 def settled(predicate: Any) -> None:

@@ -186,9 +186,16 @@ def create(
 def sign(path: Path, key: SigningKey, *, out: Path | None = None) -> Bundle:
     """Verify the unsigned bundle at ``path``, then sign it with ``key`` into ``out``
     (default: in place); the signed bundle, verified against ``key``."""
-    verify(path)
+    checked = verify(path)
     target = out or path
-    bundle_signature.sign(path, target, key, MANIFEST, Limits().max_manifest_bytes)
+    bundle_signature.sign(
+        path,
+        target,
+        key,
+        MANIFEST,
+        Limits().max_manifest_bytes,
+        verified_sha256=checked.manifest_sha256,
+    )
     public = {key.key_id: key.public_key()}
     return verify(target, trust=Trust(public))
 

@@ -16,18 +16,26 @@ from __future__ import annotations
 import base64
 import binascii
 import gzip
+import hashlib
 import shutil
 import tarfile
 import time
 from pathlib import Path
 
 from registry import atomic, tar_stream
-from registry.errors import BundleRejected, RegistryError, why
-from registry.signing import ALGORITHM, KEY_ID_CHARS, SIGNATURE_BYTES, Signature, SigningKey
+from registry.errors import BundleRejected, why
+from registry.signing import (
+    ALGORITHM,
+    BUNDLE,
+    KEY_ID_CHARS,
+    SIGNATURE_BYTES,
+    Signature,
+    SigningKey,
+)
 
 SIGNATURE = "SIGNATURE.json"
 FORMAT = "triton-warmup-signature"
-DOMAIN = "bundle"  # what the signed message starts with: never valid for another use
+DOMAIN = BUNDLE  # what the signed message starts with: never valid for another use
 MAX_BYTES = 4096
 MAX_HEADER_BYTES = 8 * 2**10
 
@@ -111,14 +119,27 @@ def write_signed(path: Path, out: Path, signature: Signature) -> None:
         shutil.copyfileobj(src, f, tar_stream.CHUNK)
 
 
-def sign(path: Path, out: Path, key: SigningKey, manifest: str, max_manifest_bytes: int) -> str:
+def sign(
+    path: Path,
+    out: Path,
+    key: SigningKey,
+    manifest: str,
+    max_manifest_bytes: int,
+    *,
+    verified_sha256: str,
+) -> str:
     """Sign the unsigned bundle at ``path`` with ``key`` into ``out``; the key id.
-    RegistryError for a bundle that is signed already (sign the unsigned original)."""
+    ``verified_sha256``: the sha256 of the manifest a verify read, which the one signed
+    must be (a file swapped since is refused, never signed unread).
+    :class:`BundleRejected` for a bundle that is signed already (sign the unsigned original)."""
     signature, text = first_member(path, manifest, max_manifest_bytes)
+    if hashlib.sha256(text).hexdigest() != verified_sha256:
+        raise BundleRejected(str(path), f"its {manifest} changed since it was verified")
     if signature is not None:
-        raise RegistryError(
-            f"Bundle {path} is signed already (key {signature.key_id}); sign the unsigned "
-            "original, or make it again with `registry bundle create --sign-key`."
+        raise BundleRejected(
+            str(path),
+            f"signed already (key {signature.key_id}); sign the unsigned original, or make "
+            "it again with `registry bundle create --sign-key`",
         )
     write_signed(path, out, key.sign(DOMAIN, text))
     return key.key_id

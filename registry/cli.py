@@ -44,8 +44,9 @@ def add_parser(
     default_trust: tuple[Path | None, bool] = (None, False),
 ) -> None:
     """Register ``registry`` and its commands on the top-level CLI. ``default_trust``:
-    the trusted keys folder and the opt-out (TRITON_WARMUP_TRUSTED_KEYS,
-    TRITON_WARMUP_ALLOW_UNSIGNED) that ``bundle verify`` and ``install`` use unless told."""
+    the trusted keys folder of bundles and the opt-out (TRITON_WARMUP_TRUSTED_BUNDLE_KEYS,
+    else TRITON_WARMUP_TRUSTED_KEYS; TRITON_WARMUP_ALLOW_UNSIGNED) that ``bundle verify``
+    and ``install`` use unless told."""
     top = subparsers.add_parser("registry", help="inspect and move tuned configs")
     _store_options(top, default_store)
     common = [_json_flag()]
@@ -87,7 +88,8 @@ def _trust_options(parser: argparse.ArgumentParser, defaults: tuple[Path | None,
         type=Path,
         default=folder,
         help="a folder of trusted public keys (*.pub): the bundle must be signed by one "
-        f"(default TRITON_WARMUP_TRUSTED_KEYS: {folder or 'unset, signatures not required'})",
+        "(default TRITON_WARMUP_TRUSTED_BUNDLE_KEYS, else TRITON_WARMUP_TRUSTED_KEYS: "
+        f"{folder or 'unset, signatures not required'})",
     )
     parser.add_argument(
         "--allow-unsigned",
@@ -503,7 +505,7 @@ def _trust(args: argparse.Namespace) -> signing.Trust:
 def _signed(key: str | None, trust: signing.Trust) -> str:
     if key is None:
         return "unsigned (" + trust.describe() + ")"
-    if key in trust.keys:
+    if key in trust.keys_for(signing.BUNDLE):
         return f"signed by trusted key {key}"
     return f"signed by key {key}, not checked ({trust.describe()})"
 

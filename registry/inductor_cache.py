@@ -199,7 +199,7 @@ def restore(
 def _restore_file(root: Path, dst: Path, sha: str, size: int, done: Restored) -> None:
     """Copy the blob ``sha`` onto ``dst``, in pieces, hashed on the way and never past the
     ``size`` the index gives it (what a restore writes is what its index declares)."""
-    if dst.is_file() and dst.stat().st_size == size and file_sha(dst, size) == sha:
+    if _holds(dst, sha, size):
         done.present += 1
         return
     blob = blob_path(root, sha)
@@ -236,6 +236,15 @@ def _restore_file(root: Path, dst: Path, sha: str, size: int, done: Restored) ->
     else:
         _quarantine_blob(root, blob, "its bytes no longer hash to its name")
         done.quarantined += 1
+
+
+def _holds(dst: Path, sha: str, size: int) -> bool:
+    """Whether ``dst`` is a file of ``size`` bytes that hash to ``sha`` (a link, or one
+    that changes while it is read, is not: it is replaced)."""
+    try:
+        return dst.is_file() and dst.stat().st_size == size and file_sha(dst, size) == sha
+    except (OSError, ValueError):
+        return False
 
 
 def _is_named_by_its_bytes(blob: Path, sha: str) -> bool:

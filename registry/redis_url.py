@@ -145,6 +145,18 @@ def deadline(seconds: float) -> Iterator[float]:
         _DEADLINE.reset(token)
 
 
+@contextlib.contextmanager
+def _per_command(seconds: float) -> Iterator[None]:
+    """A command's own deadline, ``seconds``, unless the caller's :func:`deadline` is
+    set: then that one governs the whole call (a call moving a blob is given longer than
+    one command's ``timeout_s``)."""
+    if _DEADLINE.get() is not None:
+        yield
+        return
+    with deadline(seconds):
+        yield
+
+
 def time_left() -> float:
     """Seconds to the deadline of this thread's redis call; ``inf`` outside any;
     ``TimeoutError`` (``socket.timeout``) once it passed."""
@@ -260,16 +272,28 @@ def _bounded_classes() -> dict[str, Any]:
         call_s = math.inf
 
         def execute(self, *args: Any, **kwargs: Any) -> Any:
-            with deadline(self.call_s):
+            with _per_command(self.call_s):
                 return super().execute(*args, **kwargs)
 
         def immediate_execute_command(self, *args: Any, **options: Any) -> Any:
-            with deadline(self.call_s):
+            with _per_command(self.call_s):
                 return super().immediate_execute_command(*args, **options)  # type: ignore[no-untyped-call]
 
         def reset(self) -> None:  # type: ignore[override]
-            with deadline(self.call_s):  # an UNWATCH
-                super().reset()
+            """Unwatch within what is left of the call (a connection that cannot, its
+            deadline passed or its answer cut, is closed, never left half-read), then
+            return the connection to the pool, as redis-py's reset does."""
+            connection: Any = self.connection
+            if self.watching and connection is not None:
+                try:
+                    with _per_command(self.call_s):
+                        time_left()  # TimeoutError once the deadline passed
+                        connection.send_command("UNWATCH")
+                        connection.read_response()
+                except (redis.exceptions.RedisError, OSError):  # TimeoutError included
+                    connection.disconnect()
+                self.watching = False
+            super().reset()
 
     class Client(redis.Redis):  # type: ignore[misc]
         """A client whose every command ends within ``call_s`` (or the caller's
@@ -278,7 +302,7 @@ def _bounded_classes() -> dict[str, Any]:
         call_s = math.inf
 
         def execute_command(self, *args: Any, **options: Any) -> Any:
-            with deadline(self.call_s):
+            with _per_command(self.call_s):
                 return super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
 
         def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Any:

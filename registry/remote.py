@@ -457,7 +457,7 @@ class RemoteTier:
     def may_publish(self) -> bool:
         """Whether what this pod publishes can be used: not when signatures are required
         and it has no key to sign with (its values would be refused), said once."""
-        if not self.trust.required or self.trust.signer is not None:
+        if not self.trust.requires(remote_signature.DOMAIN) or self.trust.signer is not None:
             return True
         self._warn_once(
             self.describe(),

@@ -13,11 +13,11 @@ and every reader checks their sha256 against a signed pointer or index.
 
 from __future__ import annotations
 
-from registry.signing import KEY_ID_CHARS, SIGNATURE_BYTES, Signature, Trust
+from registry.signing import KEY_ID_CHARS, REMOTE, SIGNATURE_BYTES, Signature, Trust
 
 MAGIC = b"\x00tw-sig1"
 OVERHEAD = len(MAGIC) + KEY_ID_CHARS + SIGNATURE_BYTES  # what the envelope adds to a value
-DOMAIN = "remote"
+DOMAIN = REMOTE
 
 
 def _signed(key: str, field: str, payload: bytes) -> bytes:

@@ -42,6 +42,7 @@ PUBLIC_SUFFIX = ".pub"
 PRIVATE_SUFFIX = ".key"
 MAX_KEY_FILE_BYTES = 16 * 2**10  # a PEM Ed25519 key is ~120 bytes
 MAX_TRUSTED_KEYS = 256
+BUNDLE, REMOTE = "bundle", "remote"  # the domains: what a signature was made for
 
 
 class KeyFileError(RegistryError):
@@ -178,47 +179,71 @@ class Trust:
     - ``allow_unsigned``: the explicit opt-out; unsigned artifacts and unknown keys are
       accepted, a signature by a trusted key that does not verify is still refused.
     - neither: trust is not configured; everything is accepted (a warning says so once).
+    ``bundle_keys``: the keys bundles must be signed by instead (release keys), so that a
+    pod's own key, trusted for remote values, cannot sign a bundle; None: ``keys``.
     ``signer``: this pod's key for what it publishes; without one it publishes unsigned.
     """
 
     keys: Mapping[str, Ed25519PublicKey] = field(default_factory=dict)
     allow_unsigned: bool = False
     signer: SigningKey | None = None
+    bundle_keys: Mapping[str, Ed25519PublicKey] | None = None
 
     @classmethod
     def load(
         cls,
         trusted_keys_dir: Path | None,
         *,
+        bundle_keys_dir: Path | None = None,
         signing_key: Path | None = None,
         allow_unsigned: bool = False,
     ) -> Trust:
         keys = trusted_keys(trusted_keys_dir) if trusted_keys_dir is not None else {}
+        bundle_keys = trusted_keys(bundle_keys_dir) if bundle_keys_dir is not None else None
         signer = SigningKey.load(signing_key) if signing_key is not None else None
-        return cls(keys, allow_unsigned, signer)
+        return cls(keys, allow_unsigned, signer, bundle_keys)
+
+    def keys_for(self, domain: str) -> Mapping[str, Ed25519PublicKey]:
+        """The keys an artifact of ``domain`` (:data:`BUNDLE`, :data:`REMOTE`) may be
+        signed by."""
+        if domain == BUNDLE and self.bundle_keys is not None:
+            return self.bundle_keys
+        return self.keys
+
+    def requires(self, domain: str) -> bool:
+        """Whether an unsigned artifact of ``domain`` is refused."""
+        return bool(self.keys_for(domain)) and not self.allow_unsigned
 
     @property
     def required(self) -> bool:
-        """Whether an unsigned artifact is refused."""
-        return bool(self.keys) and not self.allow_unsigned
+        """Whether any artifact must be signed."""
+        return self.requires(BUNDLE) or self.requires(REMOTE)
 
     def describe(self) -> str:
         if self.required:
-            return f"signatures required ({len(self.keys)} trusted keys: {', '.join(self.keys)})"
+            bundles, remote = self.keys_for(BUNDLE), self.keys_for(REMOTE)
+            if bundles is remote:
+                return f"signatures required ({len(remote)} trusted keys: {', '.join(remote)})"
+            return (
+                f"signatures required: bundles by {len(bundles)} release keys "
+                f"({', '.join(bundles) or 'none: not required'}), remote values by "
+                f"{len(remote)} keys ({', '.join(remote) or 'none: not required'})"
+            )
         if self.allow_unsigned:
             return "unsigned artifacts allowed (TRITON_WARMUP_ALLOW_UNSIGNED)"
         return "not configured: unsigned artifacts accepted (set TRITON_WARMUP_TRUSTED_KEYS)"
 
     def check(self, what: str, domain: str, payload: bytes, signature: Signature | None) -> None:
         """Raise :class:`Untrusted` unless ``signature`` vouches for ``payload`` as this
-        trust requires; ``what`` names the artifact in the message."""
+        trust requires of ``domain``; ``what`` names the artifact in the message."""
+        required = self.requires(domain)
         if signature is None:
-            if self.required:
+            if required:
                 raise Untrusted(what, "unsigned; a signature by a trusted key is required")
             return
-        public = self.keys.get(signature.key_id)
+        public = self.keys_for(domain).get(signature.key_id)
         if public is None:
-            if self.required:
+            if required:
                 raise Untrusted(what, f"signed by unknown key {signature.key_id}")
             return
         try:

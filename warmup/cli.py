@@ -69,7 +69,10 @@ def build_parser(settings: Settings) -> argparse.ArgumentParser:
         default_store=settings.registry_dir,
         default_cache=cache,
         default_inductor=settings.paths.inductor,
-        default_trust=(settings.trusted_keys, settings.allow_unsigned),
+        default_trust=(
+            settings.trusted_bundle_keys or settings.trusted_keys,
+            settings.allow_unsigned,
+        ),
     )
     return parser
 

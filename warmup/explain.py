@@ -39,6 +39,7 @@ from registry.errors import RegistryError
 from registry.explain import Differences, Prediction, fingerprint_differences, predict
 from registry.fingerprint import Fingerprint, MatchPolicy, cpu_fingerprint
 from registry.remote import RemoteTier
+from registry.signing import Trust
 from registry.triton_cache import Origin
 from registry.volume import Volume
 from warmup.manifest import Manifest, load_manifest
@@ -97,7 +98,7 @@ def explain(
 ) -> list[Prediction]:
     """One prediction per family, in :data:`FAMILIES` order. ``local``: also what this
     pod's TRITON_CACHE_DIR holds (not while a run restores and compiles into it)."""
-    bundles = _pending_bundles(settings.bundle_dir)
+    bundles = _pending_bundles(settings.bundle_dir, settings.trust())
     return [
         tuned_configs(settings, host, bundles, remote),
         triton_family(settings, host, "kernels", remote, local=local),
@@ -209,12 +210,13 @@ def _remote_model(
     return min((fingerprint_differences(fingerprint.diff(fp)) for fp in stored), key=len)
 
 
-def _pending_bundles(folder: Path) -> list[bundle.Bundle]:
-    """The bundles waiting in the bundle folder, verified (a bad one is skipped)."""
+def _pending_bundles(folder: Path, trust: Trust) -> list[bundle.Bundle]:
+    """The bundles waiting in the bundle folder, verified as the sidecar will install
+    them (one that is bad, or that ``trust`` refuses, is skipped: it will not install)."""
     found = []
     for path in sorted({*folder.glob("*.tgz"), *folder.glob("*.tar.gz")}):
         try:
-            found.append(bundle.verify(path))
+            found.append(bundle.verify(path, trust=trust))
         except (OSError, RegistryError) as e:
             log.warning("explain: skipping bundle %s: %s", path.name, e)
     return found

@@ -207,6 +207,12 @@ class Settings(BaseSettings):
         "remote-tier values must be signed by one of them (unset: trust not configured, "
         "everything accepted with a warning)",
     )
+    trusted_bundle_keys: Path | None = Field(
+        None,
+        description="a folder of release public keys (*.pub) that bundles must be signed by "
+        "instead of TRITON_WARMUP_TRUSTED_KEYS: a pod's own key, trusted for remote-tier "
+        "values, then cannot sign a bundle (unset: bundles use TRITON_WARMUP_TRUSTED_KEYS)",
+    )
     signing_key: Path | None = Field(
         None,
         description="this pod's Ed25519 private key (PEM): what it publishes to the remote "
@@ -275,7 +281,10 @@ class Settings(BaseSettings):
         """What this process accepts and signs with (:class:`registry.signing.Trust`);
         :class:`registry.signing.KeyFileError` for a key folder or file it cannot use."""
         return Trust.load(
-            self.trusted_keys, signing_key=self.signing_key, allow_unsigned=self.allow_unsigned
+            self.trusted_keys,
+            bundle_keys_dir=self.trusted_bundle_keys,
+            signing_key=self.signing_key,
+            allow_unsigned=self.allow_unsigned,
         )
 
     @property

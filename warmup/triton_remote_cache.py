@@ -15,10 +15,13 @@ tier as Triton's remote cache plug-in (``TRITON_REMOTE_CACHE_BACKEND``), for Tri
 writes groups that Triton's file cache cannot read back, so the tiered manager is the
 one to use.
 
-Trust: what the tier holds is checked against its sha256 and its group, but anyone
-who can write to the redis server can give every pod a kernel (GPU code) of their
-choice, as anyone who can write to the volume can; host code (Triton's ``.so`` launcher
-stubs) is never shared, and each process builds its own.
+Trust: a file's name points at its bytes by sha256, and that pointer is signed by the
+publishing pod's key (``registry.remote_signature``); with trusted keys configured
+(``TRITON_WARMUP_TRUSTED_KEYS``) a pointer no trusted key signed is refused and Triton
+compiles, so a writer to the redis server without a key cannot hand a pod a kernel.
+Without trusted keys, anyone who can write to the server can, as anyone who can write
+to the volume can. Host code (Triton's ``.so`` launcher stubs) is never shared: each
+process builds its own.
 
 Redis down or slow: each call waits at most ``TRITON_WARMUP_TRITON_REMOTE_TIMEOUT_S``
 (0.2 s) for the whole call (a server that trickles its answer included; a blob's call

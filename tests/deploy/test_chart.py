@@ -46,6 +46,7 @@ VARIANTS = {
         }
     },
     "allow-unsigned": {"trust": {"allowUnsigned": True}},
+    "release-keys": {"trust": {"bundleKeysSecret": "release-keys"}},
     "own-warmup-image": {
         "warmup": {
             "image": {"repository": "ghcr.io/triton-warmup/triton-warmup", "tag": "0.1.0"},
@@ -539,6 +540,7 @@ def test_models_left_to_the_server_need_the_harvest(chart):
 
 
 TRUSTED, SIGNING = "/etc/triton-warmup/trusted-keys", "/etc/triton-warmup/signing"
+BUNDLE_KEYS = "/etc/triton-warmup/bundle-keys"
 
 
 def test_trust_is_configured_by_default_in_every_container(chart):
@@ -574,6 +576,18 @@ def test_the_signing_key_is_mounted_where_the_pod_publishes_to_redis(chart):
     by_name, pod = containers(render(chart, reader)[0])
     assert all("TRITON_WARMUP_SIGNING_KEY" not in env(c) for c in by_name.values())
     assert "signing-key" not in {v["name"] for v in pod["volumes"]}
+
+
+def test_release_keys_for_bundles_come_from_a_secret_of_their_own(chart):
+    by_name, pod = containers(render(chart, VARIANTS["release-keys"])[0])
+    for name in ("warmup-sidecar", "warmup", "server"):
+        assert env(by_name[name])["TRITON_WARMUP_TRUSTED_BUNDLE_KEYS"] == BUNDLE_KEYS
+        assert mounts(by_name[name])["bundle-keys"] == BUNDLE_KEYS
+        assert env(by_name[name])["TRITON_WARMUP_TRUSTED_KEYS"] == TRUSTED
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["bundle-keys"]["secret"]["secretName"] == "release-keys"
+    default, _ = containers(render(chart, {})[0])
+    assert all("TRITON_WARMUP_TRUSTED_BUNDLE_KEYS" not in env(c) for c in default.values())
 
 
 def test_allow_unsigned_is_explicit_and_mounts_no_key(chart):

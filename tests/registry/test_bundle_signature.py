@@ -165,3 +165,13 @@ def test_the_signature_member_is_bounded_before_it_is_read(tmp_path, entries):
     big = ("SIGNATURE.json", b" " * (bundle_signature.MAX_BYTES + 1))
     with pytest.raises(BundleRejected, match=r"SIGNATURE\.json is 4097 bytes; limit 4096"):
         bundle.verify(_rewrite(tmp_path / "big.tgz", [big, *members]))
+
+
+def test_a_manifest_that_changed_since_it_was_verified_is_never_signed(tmp_path, entries, fleet):
+    key, _ = fleet
+    path = _unsigned(tmp_path, entries)
+    with pytest.raises(BundleRejected, match="changed since it was verified"):
+        bundle_signature.sign(
+            path, tmp_path / "s.tgz", key, "MANIFEST.json", 2**23, verified_sha256="0" * 64
+        )
+    assert not (tmp_path / "s.tgz").exists()

@@ -240,3 +240,15 @@ def test_an_index_that_restores_more_than_a_model_may_is_refused(tmp_path):
     done = restore(tmp_path / "family", tmp_path / "b")
     assert done.index is None and "quarantined" in done.why_not and done.copied == 0
     assert not (tmp_path / "b").exists()
+
+
+def test_a_link_at_a_restore_destination_is_replaced_not_followed(tmp_path):
+    save(cache(tmp_path / "a", FILES), tmp_path / "family")
+    outside = tmp_path / "outside.py"
+    outside.write_bytes(b"code")  # the same size and bytes as the file it stands for
+    target = tmp_path / "b"
+    (target / "ab").mkdir(parents=True)
+    os.symlink(outside, target / "ab" / "cabc.py")
+    done = restore(tmp_path / "family", target)
+    assert done.copied == 4 and not (target / "ab" / "cabc.py").is_symlink()
+    assert (target / "ab" / "cabc.py").read_bytes() == b"code" and outside.read_bytes() == b"code"

@@ -1,6 +1,10 @@
 """A redis URL read in one place: what names a server, how it is shown, its client."""
 
+import contextlib
+import os
+import socket
 import sys
+import threading
 import time
 import tracemalloc
 
@@ -137,3 +141,74 @@ def test_a_password_from_settings_is_used_where_the_url_has_none(server, monkeyp
     finally:
         client = redis_url.client(server.url, timeout_s=1.0, password="s3cret")
         client.config_set("requirepass", "")
+
+
+def test_a_callers_longer_deadline_governs_the_whole_call(server):
+    """A call that moves a blob is given longer than one command's timeout: inside the
+    caller's deadline a steady transfer that outlasts ``timeout_s`` completes (each wait
+    for bytes is still at most ``timeout_s``)."""
+    import redis
+
+    value = os.urandom(2 * 2**20)
+    redis_url.client(server.url, timeout_s=1.0).set("blob", value)
+    with _throttled(server.port) as port:  # ~6 MiB/s: the value takes ~0.3 s
+        c = redis_url.client(f"redis://127.0.0.1:{port}/0", timeout_s=0.1)
+        with pytest.raises(redis.exceptions.TimeoutError):
+            c.get("blob")
+        with redis_url.deadline(3.0):
+            assert c.get("blob") == value
+            with c.pipeline(transaction=False) as pipe:
+                pipe.get("blob")
+                assert pipe.execute() == [value]
+
+
+@contextlib.contextmanager
+def _throttled(upstream: int):
+    """A local TCP proxy to ``upstream`` that passes the server's bytes on in 64 KiB
+    pieces, one every 10 ms; yields its port."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def pump(src, dst, pause):
+        try:
+            while not stop.is_set() and (data := src.recv(64 * 2**10)):
+                dst.sendall(data)
+                time.sleep(pause)
+        except OSError:
+            pass
+
+    def serve():
+        while not stop.is_set():
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            up = socket.create_connection(("127.0.0.1", upstream))
+            threading.Thread(target=pump, args=(client, up, 0), daemon=True).start()
+            threading.Thread(target=pump, args=(up, client, 0.01), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        stop.set()
+        listener.close()
+
+
+def test_a_watch_whose_deadline_passed_closes_its_connection_and_returns_it(server):
+    """Leaving a WATCH after the call's deadline passed never waits on UNWATCH, never
+    hides the error, and gives the connection back (closed: no half-read answer)."""
+    import redis
+
+    c = redis_url.client(server.url, timeout_s=0.5)
+    pool = c.connection_pool
+    # WatchError: redis-py's word for an error under WATCH
+    with (
+        pytest.raises(redis.exceptions.RedisError),
+        redis_url.deadline(0.2),
+        c.pipeline() as pipe,
+    ):
+        pipe.watch("k")
+        pipe.blpop(["nothing"], timeout=1)  # immediate under WATCH: cut at 0.2 s
+    assert not pool._in_use_connections  # returned
+    assert c.ping()

@@ -114,3 +114,19 @@ def test_a_key_of_another_algorithm_is_refused(tmp_path):
     (tmp_path / "junk.key").write_text("junk")
     with pytest.raises(KeyFileError, match="not an unencrypted PEM private key"):
         SigningKey.load(tmp_path / "junk.key")
+
+
+def test_release_keys_for_bundles_keep_a_pods_key_from_signing_one(tmp_path):
+    pod_private, _ = signing.generate(tmp_path / "pods", "pod")
+    release_private, _ = signing.generate(tmp_path / "release", "release")
+    pod, release = SigningKey.load(pod_private), SigningKey.load(release_private)
+    trust = Trust.load(tmp_path / "pods", bundle_keys_dir=tmp_path / "release")
+    trust.check("v", "remote", b"x", pod.sign("remote", b"x"))
+    trust.check("b", "bundle", b"m", release.sign("bundle", b"m"))
+    with pytest.raises(Untrusted, match=f"unknown key {pod.key_id}"):
+        trust.check("b", "bundle", b"m", pod.sign("bundle", b"m"))  # a compromised pod's
+    with pytest.raises(Untrusted, match=f"unknown key {release.key_id}"):
+        trust.check("v", "remote", b"x", release.sign("remote", b"x"))
+    assert "bundles by 1 release keys" in trust.describe()
+    only_bundles = Trust.load(None, bundle_keys_dir=tmp_path / "release")
+    assert only_bundles.requires("bundle") and not only_bundles.requires("remote")

@@ -90,6 +90,25 @@ def test_tuned_configs_count_a_pending_bundles_entries(tmp_path, make_entry):
     assert (got.held, got.factor, got.stored) == (1, "driver", "580.65")
 
 
+def test_a_pending_bundle_that_trust_refuses_is_not_counted(tmp_path, make_entry, caplog):
+    from registry import signing
+
+    private, _ = signing.generate(tmp_path / "keys", "release")
+    settings = settings_for(tmp_path, trusted_keys=tmp_path / "keys")
+    settings.bundle_dir.mkdir(parents=True)
+    bundle.create(
+        settings.bundle_dir / "unsigned.tgz", name="u", version="1", entries=[make_entry()]
+    )
+    signed = settings.bundle_dir / "signed.tgz"
+    key = signing.SigningKey.load(private)
+    bundle.create(signed, name="s", version="1", entries=[make_entry()], signer=key)
+    found = explain._pending_bundles(settings.bundle_dir, settings.trust())
+    assert [b.path.name for b in found] == ["signed.tgz"]
+    assert any(
+        "unsigned.tgz" in r.getMessage() and "unsigned" in r.getMessage() for r in caplog.records
+    )
+
+
 def test_tuned_configs_on_the_remote_tier_are_sampled(tmp_path, server, make_entry):
     remote = RemoteTier(server.url, timeout_s=0.5)
     remote.publish(make_entry(fp=gpu_fingerprint(ptxas="12.4")))

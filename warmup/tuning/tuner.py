@@ -22,8 +22,10 @@ redis fence its field too: a refused publish (this pod's volume took the tuning)
 back the published entry, which this pod takes and files in its volume.
 
 A holder that learns it lost its lock (the heartbeat found the key gone or another's,
-or ``Holder.confirm`` just before the put does) does not store at all: the shape is
-left to whoever holds the lock now, and this run uses its own tuning.
+or ``Holder.confirm`` just before the put does) stops before its write: it waits for
+the lock as any waiter does, then puts with its fence, so an entry that the lock's new
+holder stored meanwhile is taken instead of this tuning; only a lock it cannot take
+again leaves the shape unstored (this run uses its own tuning).
 
 The timer is injected (``warmup.tuning.timing``), so tests run the search with a fake.
 """
@@ -411,8 +413,8 @@ class Tuner:
     ) -> None:
         """Rank 0 stores the tuning with its fence; every rank's ``outcome`` gets the
         stored entry: this tuning's, or, when another holder stored the shape first,
-        that one (its config included). A ``holder`` that lost the lock stores nothing
-        (module docstring)."""
+        that one (its config included). A ``holder`` that lost the lock takes it again
+        before it stores (module docstring)."""
         assert outcome.search is not None
         search = outcome.search
 
@@ -428,16 +430,7 @@ class Tuner:
             )
             lost = holder.confirm() if holder is not None else None
             if holder is not None and lost is not None:
-                name = holder.lease.name if holder.lease is not None else "?"
-                log.warning(
-                    "%s at %s: tuned, not stored: lock %s lost (%s); the shape is left to "
-                    "whoever holds the lock now",
-                    task.kernel,
-                    dict(key),
-                    name,
-                    lost,
-                )
-                return Stored(entry=entry, unstored=f"lock {name} lost ({lost})")
+                return self._put_relocked(task, key, fingerprint, entry, fence, lost)
             return self._put_fenced(task, key, fingerprint, entry, fence)
 
         stored = self._on_leader(
@@ -454,6 +447,39 @@ class Tuner:
             self.stats.superseded += 1
             outcome.superseded, outcome.config = True, outcome.entry.best
             outcome.notes.append("another holder stored this shape first: its entry is used")
+
+    def _put_relocked(
+        self,
+        task: TuneTask,
+        key: Mapping[str, Any],
+        fingerprint: Fingerprint,
+        entry: Entry,
+        fence: TieredFence,
+        lost: str,
+    ) -> Stored:
+        """Rank 0 lost the lock while it tuned: no write until it holds the lock again
+        (the new holder finishes first), then the fenced put takes what landed."""
+        name = f"tune/{task.kernel}/{json.dumps(key, sort_keys=True)}"
+        options = self.options
+        log.warning(
+            "%s at %s: lock %s lost while tuning (%s): not storing until it is held again",
+            task.kernel,
+            dict(key),
+            name,
+            lost,
+        )
+        try:
+            with lock(
+                name,
+                ttl=options.lock_ttl_s,
+                timeout=min(options.lock_timeout_s, options.rank_timeout_s / 2),
+                backend=self.lock_backend,
+                outage_s=options.lock_outage_s,
+            ):
+                return self._put_fenced(task, key, fingerprint, entry, fence)
+        except (LockTimeout, LockServerUnreachable) as e:
+            log.warning("%s at %s: tuned, not stored: %s", task.kernel, dict(key), e)
+            return Stored(entry=entry, unstored=f"lock {name} lost ({lost}), not taken again")
 
     def _put_fenced(
         self,

@@ -156,6 +156,7 @@ Redis tier; the signing key where a container publishes to the Redis tier (see
 triton-warmup.signs); neither with trust.allowUnsigned. */}}
 {{- define "triton-warmup.trustedKeysPath" -}}/etc/triton-warmup/trusted-keys{{- end -}}
 {{- define "triton-warmup.signingPath" -}}/etc/triton-warmup/signing{{- end -}}
+{{- define "triton-warmup.bundleKeysPath" -}}/etc/triton-warmup/bundle-keys{{- end -}}
 {{- define "triton-warmup.trustEnv" -}}
 {{- if .Values.trust.allowUnsigned }}
 - name: TRITON_WARMUP_ALLOW_UNSIGNED
@@ -166,6 +167,10 @@ triton-warmup.signs); neither with trust.allowUnsigned. */}}
 {{- end }}
 - name: TRITON_WARMUP_TRUSTED_KEYS
   value: {{ include "triton-warmup.trustedKeysPath" . | quote }}
+{{- if .Values.trust.bundleKeysSecret }}
+- name: TRITON_WARMUP_TRUSTED_BUNDLE_KEYS
+  value: {{ include "triton-warmup.bundleKeysPath" . | quote }}
+{{- end }}
 {{- end }}
 {{- end -}}
 
@@ -189,6 +194,9 @@ true
 {{- $root := .root -}}
 {{- if not $root.Values.trust.allowUnsigned }}
 - {name: trusted-keys, mountPath: {{ include "triton-warmup.trustedKeysPath" $root }}, readOnly: true}
+{{- if $root.Values.trust.bundleKeysSecret }}
+- {name: bundle-keys, mountPath: {{ include "triton-warmup.bundleKeysPath" $root }}, readOnly: true}
+{{- end }}
 {{- end }}
 {{- if and .signing (include "triton-warmup.signs" $root) }}
 - {name: signing-key, mountPath: {{ include "triton-warmup.signingPath" $root }}, readOnly: true}
@@ -203,6 +211,11 @@ true
 - name: trusted-keys
   secret:
     secretName: {{ .Values.trust.publicKeysSecret | quote }}
+{{- if .Values.trust.bundleKeysSecret }}
+- name: bundle-keys
+  secret:
+    secretName: {{ .Values.trust.bundleKeysSecret | quote }}
+{{- end }}
 {{- end }}
 {{- if include "triton-warmup.signs" . }}
 - name: signing-key
