@@ -28,6 +28,12 @@ remote_only: the same through the registry's Redis remote tier alone: a first po
              it, a pod on an empty volume restores from it (skipped without redis-server)
 eager:       the server alone, the model uncompiled
 
+``--trust signed`` (issue [4.2]): every pod trusts one fleet key and signs what it
+publishes with it (``TRITON_WARMUP_TRUSTED_KEYS``, ``TRITON_WARMUP_SIGNING_KEY``, as the
+chart gives them), so a warm pod verifies every Redis value it takes; ``off`` (the
+default): trust not configured. The same cases run both ways give signing's added time
+to ready.
+
 Each row gives the end-to-end seconds, the init container's wall time and its run's
 phases, the server's phases (rank 0; every rank's beside), per declared shape the first
 request after ready over the steady median (device events on a GPU), and what the
@@ -197,6 +203,7 @@ def pod_env(
     remote_url: str = "",
     models_on_miss: str = "server",
     base: dict[str, str] | None = None,
+    keys: Path | None = None,
 ) -> dict[str, str]:
     """The environment of a pod's processes, as the chart sets it (init and server alike):
     this environment less any ``TRITON_WARMUP_*`` of the caller's, then the pod's own."""
@@ -234,7 +241,21 @@ def pod_env(
         env.update(
             {"TRITON_WARMUP_REMOTE_URL": remote_url, "TRITON_CACHE_MANAGER": TIERED_TRITON_CACHE}
         )
+    if keys is not None:  # --trust signed: the fleet's key, trusted and signing
+        env["TRITON_WARMUP_TRUSTED_KEYS"] = str(keys / "trusted")
+        env["TRITON_WARMUP_SIGNING_KEY"] = str(keys / "fleet.key")
     return env
+
+
+def fleet_keys(root: Path) -> Path:
+    """A fleet's key pair under ``root/keys``, its public key the one trusted."""
+    from registry import signing
+
+    keys = root / "keys"
+    signing.generate(keys, "fleet")
+    (keys / "trusted").mkdir()
+    shutil.copy(keys / "fleet.pub", keys / "trusted" / "fleet.pub")
+    return keys
 
 
 def run_init(env: dict[str, str], manifest: Path, work: Path, timeout_s: float) -> dict[str, Any]:
@@ -394,6 +415,7 @@ def run_pod(pod: Pod, ctx: Context) -> dict[str, Any]:
     env = pod_env(
         dirs, volume=volume, manifest=manifest, device=ctx.args.device, world=ctx.args.world,
         remote_url=ctx.remote_url if pod.remote else "", models_on_miss=ctx.args.models_on_miss,
+        keys=ctx.args.keys,
     )  # fmt: skip
     row: dict[str, Any] = {"model": ctx.model, "world": ctx.args.world, "case": pod.case}
     row["pod"] = pod.name
@@ -589,6 +611,7 @@ def result_of(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str,
         "seq": args.seq,
         "iters": args.iters,
         "models_on_miss": args.models_on_miss,
+        "trust": getattr(args, "trust", "off"),
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
     }
     return {"bench": "pod_ready", "setup": setup, "pods": rows, "ratios": pod_ratios(rows)}
@@ -659,6 +682,7 @@ def main(argv: list[str] | None = None) -> int:
     dtype = "fp16" if args.device == "cuda" else "fp32"
     root = Path(args.keep or tempfile.mkdtemp(prefix="pod-ready-"))
     root.mkdir(parents=True, exist_ok=True)
+    args.keys = fleet_keys(root) if args.trust == "signed" else None
     rows = kept(args, args.models.split(","), cases) if args.append else []
 
     def say() -> None:  # the file holds what was measured, if the run is stopped
@@ -735,6 +759,12 @@ def _parser() -> argparse.ArgumentParser:
         help="TRITON_WARMUP_MODELS_ON_MISS of the pods (the chart's default: server)",
     )
     parser.add_argument("--keep", default="", help="a folder to keep the pods in")
+    parser.add_argument(
+        "--trust",
+        default="off",
+        choices=["off", "signed"],
+        help="signed: every pod trusts the fleet's key and signs with it (issue [4.2])",
+    )
     parser.add_argument(
         "--append",
         action="store_true",
