@@ -165,7 +165,10 @@ class RankReport(_Record):
     @classmethod
     def read_all(cls, run_dir: Path) -> list[RankReport]:
         """Every rank's report in the folder, by rank; an unreadable one is an error."""
-        reports = [cls.model_validate_json(p.read_text()) for p in run_dir.glob("rank-*.json")]
+        reports = [
+            cls.model_validate_json(atomic.read_bounded(p, MAX_STATUS_BYTES))
+            for p in run_dir.glob("rank-*.json")
+        ]
         return sorted(reports, key=lambda r: r.rank)
 
 
