@@ -364,16 +364,9 @@ class Tuner:
         def given_up() -> bool:  # asked when the lock was not taken, not before
             return give_up_at is not None and time.monotonic() >= give_up_at
 
-        name = f"tune/{kernel}/{json.dumps(key, sort_keys=True)}"
         options = self.options
         try:
-            taken = lock(
-                name,
-                ttl=options.lock_ttl_s,
-                timeout=options.lock_timeout_s if waits else 0.0,
-                backend=self.lock_backend,
-                outage_s=options.lock_outage_s,
-            )
+            taken = self._shape_lock(kernel, key, options.lock_timeout_s if waits else 0.0)
             got.append(held.enter_context(taken))
         except LockServerUnreachable as e:
             silent = silent_for(self.lock_backend)
@@ -448,6 +441,19 @@ class Tuner:
             outcome.superseded, outcome.config = True, outcome.entry.best
             outcome.notes.append("another holder stored this shape first: its entry is used")
 
+    def _shape_lock(
+        self, kernel: str, key: Mapping[str, Any], timeout: float
+    ) -> contextlib.AbstractContextManager[Holder]:
+        """The fleet lock of ``kernel`` at ``key``, waited for up to ``timeout``."""
+        options = self.options
+        return lock(
+            lock_name(kernel, key),
+            ttl=options.lock_ttl_s,
+            timeout=timeout,
+            backend=self.lock_backend,
+            outage_s=options.lock_outage_s,
+        )
+
     def _put_relocked(
         self,
         task: TuneTask,
@@ -459,8 +465,7 @@ class Tuner:
     ) -> Stored:
         """Rank 0 lost the lock while it tuned: no write until it holds the lock again
         (the new holder finishes first), then the fenced put takes what landed."""
-        name = f"tune/{task.kernel}/{json.dumps(key, sort_keys=True)}"
-        options = self.options
+        name = lock_name(task.kernel, key)
         log.warning(
             "%s at %s: lock %s lost while tuning (%s): not storing until it is held again",
             task.kernel,
@@ -468,14 +473,9 @@ class Tuner:
             name,
             lost,
         )
+        wait = min(self.options.lock_timeout_s, self.options.rank_timeout_s / 2)
         try:
-            with lock(
-                name,
-                ttl=options.lock_ttl_s,
-                timeout=min(options.lock_timeout_s, options.rank_timeout_s / 2),
-                backend=self.lock_backend,
-                outage_s=options.lock_outage_s,
-            ):
+            with self._shape_lock(task.kernel, key, wait):
                 return self._put_fenced(task, key, fingerprint, entry, fence)
         except (LockTimeout, LockServerUnreachable) as e:
             log.warning("%s at %s: tuned, not stored: %s", task.kernel, dict(key), e)
@@ -665,3 +665,8 @@ def _found(answer: Located | None) -> tuple[Entry, Found] | None:
 def _named(error: BaseException) -> str:
     """A registry error as its message (it names what failed), any other with its type."""
     return str(error) if isinstance(error, RegistryError) else named(error)
+
+
+def lock_name(kernel: str, key: Mapping[str, Any]) -> str:
+    """The fleet lock's name of ``kernel`` at ``key``: one per shape."""
+    return f"tune/{kernel}/{json.dumps(key, sort_keys=True)}"
