@@ -25,9 +25,15 @@ Every timing repetition: the ranks meet on an idle device, the L2 is flushed, de
 events bracket the op; a repetition's time is the max over ranks; ops are timed in
 rotating rounds; medians are reported. At decode-like sizes (up to 1024 rows in all)
 the fused op, the tuned op and NCCL + cuBLAS are also captured in CUDA graphs and their
-replays timed the same way. The host's cost of one call (``host_us``) is timed apart:
-calls issued back to back on the host clock; ``--host-profile`` adds where it goes.
-Prints a table last; writes every number to --out.
+replays timed the same way. The tuned op, NCCL + cuBLAS, the best fused config and
+the op through its serving layer are timed again with the host ahead (``us_ahead``):
+after the flush the device is held for a head start, as the tuner's clock does
+(``warmup.tuning.timing``), so that these columns are device time alone and the
+tuner's recorded time is compared with them. The host's cost of one call (``host_us``)
+is timed apart: calls issued back to back on the host clock; ``--host-profile`` adds
+where it goes. Prints a table last; writes every number to --out.
+
+``--shape M,N,K`` (repeatable) times shapes of your own instead of the list below.
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ import torch.distributed as dist
 from bench import plots, targets
 from kernels import ag_gemm
 from registry import KernelConfig, Store, cpu_fingerprint
+from warmup.tuning.timing import DeviceHold
 
 SHAPES = [
     (4096, 6656, 16384),
@@ -81,7 +88,16 @@ PORTABLE_CHECK = KernelConfig.make(
 )
 LIBRARY = [KernelConfig.make(algorithm=name) for name in ag_gemm.LIBRARY]
 GRAPH_ROWS = 1024  # graph columns up to here: decode batches
-HOST_TIMED = ("tuned", f"best {ag_gemm.FUSED}", "nccl_cublas", "graph fused", "graph nccl_cublas")
+HOST_TIMED = (
+    "tuned",
+    "served",
+    f"best {ag_gemm.FUSED}",
+    "nccl_cublas",
+    "graph fused",
+    "graph nccl_cublas",
+)
+AHEAD = ("tuned", "served", "nccl_cublas", f"best {ag_gemm.FUSED}")  # timed with the host ahead
+HEAD_START_US = 400.0  # the tuner's (warmup.tuning.timing.cuda_event_timer)
 Op = Callable[[], object]
 
 
@@ -156,14 +172,18 @@ def check_correctness(world: int, rank: int) -> list[dict[str, Any]]:
     return rows
 
 
-def samples(fn: Op, flush: torch.Tensor, iters: int) -> list[float]:
+def samples(fn: Op, flush: torch.Tensor, iters: int, hold: Op | None = None) -> list[float]:
     """Per-repetition times in microseconds, each the max over ranks: the ranks meet on
-    an idle device, the L2 is flushed, events bracket the op."""
+    an idle device, the L2 is flushed (with ``hold``, the device then held while the
+    host issues the op, and the ranks' streams aligned), events bracket the op."""
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     for i in range(iters):
         meet()
         flush.zero_()
+        if hold is not None:
+            hold()
+            align()
         starts[i].record()
         fn()
         ends[i].record()
@@ -175,6 +195,17 @@ def samples(fn: Op, flush: torch.Tensor, iters: int) -> list[float]:
     return times.tolist()
 
 
+PING: list[torch.Tensor] = []  # align()'s one element, made at its first use
+
+
+def align() -> None:
+    """The ranks' streams met on the devices (the host goes on): after a hold, every
+    rank's op starts within microseconds of the others', as the tuner's clock does."""
+    if not PING:
+        PING.append(torch.zeros(1, device="cuda"))
+    dist.all_reduce(PING[0])
+
+
 def meet() -> None:
     """Every rank released within microseconds, the device idle: a 1-element all-reduce,
     its completion spun on (a barrier's wait may poll at millisecond intervals)."""
@@ -184,7 +215,13 @@ def meet() -> None:
 
 
 def timed_together(
-    ops: dict[str, Op], flush: torch.Tensor, *, iters: int, warmup: int, rounds: int = 3
+    ops: dict[str, Op],
+    flush: torch.Tensor,
+    *,
+    iters: int,
+    warmup: int,
+    rounds: int = 3,
+    hold: Op | None = None,
 ) -> tuple[dict[str, float], dict[str, list[float]]]:
     """Every op in rotating rounds, so clock drift touches all columns alike: medians
     and p20/p80 by op."""
@@ -196,7 +233,7 @@ def timed_together(
     pooled: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):
         for name in names[r % len(names) :] + names[: r % len(names)]:
-            pooled[name] += samples(ops[name], flush, max(1, iters // rounds))
+            pooled[name] += samples(ops[name], flush, max(1, iters // rounds), hold)
     medians = {name: statistics.median(v) for name, v in pooled.items()}
     return medians, {name: percentiles(v) for name, v in pooled.items()}
 
@@ -255,7 +292,7 @@ def percentiles(values: list[float]) -> list[float]:
 def tune(task: ag_gemm.AgGemmTask) -> dict[str, Any]:
     """The tuner's search over every algorithm, as a warmup runs it (no registry)."""
     from warmup.collectives import Lockstep
-    from warmup.tuning.timing import cuda_event_timer
+    from warmup.tuning.timing import cuda_event_timer, cuda_host_timer
     from warmup.tuning.tuner import TuneOptions, Tuner
 
     with tempfile.TemporaryDirectory() as unused_store:
@@ -263,6 +300,7 @@ def tune(task: ag_gemm.AgGemmTask) -> dict[str, Any]:
             Store(Path(unused_store), create=True),
             cpu_fingerprint(),
             timer=cuda_event_timer(),
+            host_timer=cuda_host_timer(),
             lockstep=Lockstep(dist.group.WORLD),
             options=TuneOptions(),
         )
@@ -282,6 +320,7 @@ def tune(task: ag_gemm.AgGemmTask) -> dict[str, Any]:
         "best_of": {name: m.config for name, m in best_of.items()},
         "recorded_best_of_us": {name: m.median_ms * 1e3 for name, m in best_of.items()},
         "measured": [m.config for m in measured],
+        "notes": outcome.notes,
     }
 
 
@@ -306,7 +345,8 @@ def bench_shape(
         out = outs.setdefault(name, torch.full((m, n), float("nan"), device="cuda", dtype=DTYPE))
         return lambda: ag_gemm.ag_gemm(a_in, b, on, config, out=out)
 
-    ops: dict[str, Op] = {"tuned": ours("tuned", winner)}
+    ops: dict[str, Op] = {"tuned": ours("tuned", winner), "served": served_op(shard, b, winner)}
+    outs["served"] = ops["served"]()  # type: ignore[assignment]
     if previous is not None:
         ops["previous_winner"] = ours("previous_winner", KernelConfig.from_json(previous))
     fused_best = search["best_of"].get(ag_gemm.FUSED)
@@ -342,6 +382,10 @@ def bench_shape(
     fused_op = ops.get(f"best {ag_gemm.FUSED}")
     profile = host_profile(fused_op) if args.host_profile and fused_op is not None else None
     times, p20_p80 = timed_together(ops, flush, iters=args.iters, warmup=args.warmup)
+    ahead_ops = {name: ops[name] for name in AHEAD if name in ops}
+    ahead, ahead_p20_p80 = timed_together(
+        ahead_ops, flush, iters=args.iters, warmup=args.warmup, hold=DeviceHold(HEAD_START_US)
+    )
     exhaustive = timed_exhaustive(search["measured"], ours, flush, args) if args.exhaustive else {}
     row: dict[str, Any] = {
         "shape": [m, n, k],
@@ -352,9 +396,13 @@ def bench_shape(
         "winner": winner.to_json(),
         "algorithm": ag_gemm.algorithm_of(winner),
         "winner_label": winner.label(),
+        "us_ahead": ahead,
+        "us_ahead_p20_p80": ahead_p20_p80,
         "tuner_recorded_us": search["recorded_us"],
-        "tuner_over_bench": search["recorded_us"] / times["tuned"],
+        "tuner_over_bench": search["recorded_us"] / ahead["tuned"],
+        "tuner_over_bench_eager": search["recorded_us"] / times["tuned"],
         "tuning_seconds": search["seconds"],
+        "tuner_notes": search["notes"],
         "tuning_repetitions": search["repetitions"],
         "candidates": search["candidates"],
         "tuner_best_of_us": search["recorded_best_of_us"],
@@ -369,6 +417,8 @@ def bench_shape(
     if not args.tune_only:
         floor = max(times["cublas"], times["allgather"])
         row["speedup_vs_nccl_cublas"] = times["nccl_cublas"] / times["tuned"]
+        row["speedup_ahead"] = ahead["nccl_cublas"] / ahead["tuned"]
+        row["served_speedup_ahead"] = ahead["nccl_cublas"] / ahead["served"]
         row["tuned_over_floor"] = times["tuned"] / floor
         if fused_best is not None:
             row["fused_over_floor"] = times[f"best {ag_gemm.FUSED}"] / floor
@@ -391,6 +441,19 @@ def bench_shape(
             exhaustive[winner.label()]["us"] / exhaustive[best_label]["us"]
         )
     return row
+
+
+def served_op(shard: torch.Tensor, b: torch.Tensor, config: KernelConfig) -> Op:
+    """The op as a server calls it: the kernel's serving layer (``AgGemmServed``, on a
+    context of its own) with ``config``, as ``ServingOp`` hands it a call (its pick is
+    a list index: ``bench/serving.py`` times it), ``out`` left to the op."""
+    from kernels.adapter import Layer
+
+    world = dist.get_world_size()
+    layer = Layer(b.shape[1], b.shape[0], "bf16", shard.shape[0] * world)
+    served = ag_gemm.AgGemmServed(layer, group=dist.group.WORLD, device=shard.device)
+    served.prepare(config, [layer.max_m])
+    return lambda: served(config, shard, b)
 
 
 def gemm_core(a: torch.Tensor, b: torch.Tensor, solo_ctx: Any) -> dict[str, Any]:
@@ -420,9 +483,10 @@ def timed_exhaustive(
 
 def table(rows: list[dict[str, Any]], world: int, gpu: str) -> str:
     head = (
-        f"{world} x {gpu}, bf16, N per rank; median us (max over ranks), L2 flushed\n"
+        f"{world} x {gpu}, bf16, N per rank; median us (max over ranks), L2 flushed; "
+        "x dev and tuner/bench: with the host ahead (device time)\n"
         f"{'M,N,K':>17} {'cuBLAS':>7} {'AG':>6} {'NCCL+cuBLAS':>11} {'torch':>6} "
-        f"{'tuned':>7} {'x base':>6} {'tuner us':>8} {'tuner/bench':>11} {'fused':>7} "
+        f"{'tuned':>7} {'x base':>6} {'x dev':>6} {'tuner us':>8} {'tuner/bench':>11} {'fused':>7} "
         f"{'fused/floor':>11} {'/exh':>6}  algorithm (winner)"
     )
     lines = [head]
@@ -432,7 +496,8 @@ def table(rows: list[dict[str, Any]], world: int, gpu: str) -> str:
             f"{','.join(map(str, r['shape'])):>17} {_cell(t, 'cublas', 7)} "
             f"{_cell(t, 'allgather', 6)} {_cell(t, 'nccl_cublas', 11)} "
             f"{_cell(t, 'torch_fused', 6)} {t['tuned']:7.0f} "
-            f"{_ratio(r, 'speedup_vs_nccl_cublas', 6)} {r['tuner_recorded_us']:8.0f} "
+            f"{_ratio(r, 'speedup_vs_nccl_cublas', 6)} {_ratio(r, 'speedup_ahead', 6)} "
+            f"{r['tuner_recorded_us']:8.0f} "
             f"{r['tuner_over_bench']:11.3f} {_cell(t, 'best fused_pull', 7)} "
             f"{_ratio(r, 'fused_over_floor', 11)} {_ratio(r, 'tuned_over_exhaustive_best', 6)}  "
             f"{r['algorithm']} ({r['winner_label']})"
@@ -451,7 +516,8 @@ def fused_table(rows: list[dict[str, Any]]) -> str:
     the host's cost of a call, graph replays."""
     head = (
         f"{'M,N,K':>17} {'core':>6} {'g.cuBLAS':>8} {'ratio':>6} {'fused':>6} {'floor':>6} "
-        f"{'/floor':>6} {'torch/':>6} {'host f':>6} {'host b':>6} {'g.fused':>7} "
+        f"{'/floor':>6} {'torch/':>6} {'host f':>6} {'host b':>6} {'host t':>6} "
+        f"{'host s':>6} {'g.fused':>7} "
         f"{'g.tuned':>7} {'g.base':>6} {'g.x':>5}"
     )
     lines = [head]
@@ -465,6 +531,7 @@ def fused_table(rows: list[dict[str, Any]]) -> str:
             f"{_num(floor, 6)} {_ratio(r, 'fused_over_floor', 6)} "
             f"{_ratio(r, 'torch_fused_over_fused', 6)} "
             f"{_num(host.get(f'best {ag_gemm.FUSED}'), 6)} {_num(host.get('nccl_cublas'), 6)} "
+            f"{_num(host.get('tuned'), 6)} {_num(host.get('served'), 6)} "
             f"{_cell(t, 'graph fused', 7)} {_cell(t, 'graph tuned', 7)} "
             f"{_cell(t, 'graph nccl_cublas', 6)} {_ratio(r, 'graph_speedup_fused', 5)}"
         )
@@ -483,12 +550,27 @@ def _ratio(row: dict[str, Any], name: str, width: int) -> str:
     return f"{row[name]:{width}.3f}" if name in row else f"{'-':>{width}}"
 
 
+def parse_shape(text: str, world: int) -> tuple[int, int, int]:
+    """``M,N,K`` as three positive integers, M a multiple of the ranks; exits naming
+    what is wrong otherwise."""
+    try:
+        m, n, k = (int(part) for part in text.split(","))
+    except ValueError:
+        raise SystemExit(f"--shape {text!r}: need M,N,K (three integers)") from None
+    if min(m, n, k) <= 0 or m % world:
+        raise SystemExit(f"--shape {text!r}: need positive sizes, M a multiple of {world}")
+    return m, n, k
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--iters", type=int, default=45)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--shapes", default="all", help="'all' or indexes like 0,2")
+    parser.add_argument(
+        "--shape", action="append", default=[], help="M,N,K (N per rank); repeatable"
+    )
     parser.add_argument("--skip-checks", action="store_true")
     parser.add_argument("--exhaustive", action="store_true", help="time every candidate too")
     parser.add_argument("--tune-only", action="store_true", help="no anchors: tuned op only")
@@ -511,6 +593,8 @@ def main() -> None:
     flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")  # > L2 (60 MB)
     solos = [dist.new_group([r]) for r in range(world)]  # collective: all ranks make all
     picked = SHAPES if args.shapes == "all" else [SHAPES[int(i)] for i in args.shapes.split(",")]
+    if args.shape:
+        picked = [parse_shape(text, world) for text in args.shape]
     earlier = {}
     if args.compare is not None:
         earlier = {

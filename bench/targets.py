@@ -26,6 +26,9 @@ TUNED_OVER_BASELINE = 0.98  # [2.4]: tuned op >= 0.98x NCCL + cuBLAS at every sh
 FLOOR_LARGE = 1.05  # [2.5]: fused <= 1.05x the floor at >= 4096 rows
 FLOOR_MEDIUM = 1.15  # [2.5]: fused <= 1.15x the floor at 1024-4095 rows
 GRAPH_FROM_ROWS = 256  # [2.5]: graph-replayed fused >= 1.0x the graph-replayed baseline
+TUNER_WITHIN = 0.10  # [4.3]: the tuner's recorded time within 10% of the bench's
+FLOOR_LARGE_2 = 1.10  # [4.3] at two ranks: fused <= 1.10x the floor at >= 4096 rows
+FLOOR_MEDIUM_2 = 1.25  # [4.3] at two ranks: ... <= 1.25x at 1024-4095 rows
 FIRST_OVER_STEADY = 2.0  # [2.7]: a served first call <= 2x its M's steady latency
 WARM_OVER_PERSISTED = 0.9  # [4.1]: a warm fleet's pod <= 0.9x the persisted-dir server
 WARM_OVER_COLD = 0.45  # [4.1]: ... and <= 0.45x a cold server, end to end
@@ -79,9 +82,9 @@ def _per_shape(
     return Verdict(target, measured, met, tuple(misses))
 
 
-def ratio(row: dict[str, Any], over: str, under: str) -> float | None:
-    """``row["us"][over] / row["us"][under]``, or None where either was not timed."""
-    times = row.get("us", {})
+def ratio(row: dict[str, Any], over: str, under: str, column: str = "us") -> float | None:
+    """``row[column][over] / row[column][under]``, or None where either was not timed."""
+    times = row.get(column, {})
     if over not in times or under not in times or not times[under]:
         return None
     return float(times[over]) / float(times[under])
@@ -137,6 +140,54 @@ def ag_gemm(result: dict[str, Any]) -> list[Verdict]:
             rows,
             lambda r: ratio(r, "torch_fused", FUSED),
             lambda x: x > 1.0,
+        ),
+        *_two_ranks(rows),
+    ]
+
+
+def _two_ranks(rows: list[dict[str, Any]]) -> list[Verdict]:
+    """[4.3]: the tuned op against NCCL + cuBLAS with the host ahead (device time),
+    graph-replayed and in host time; the tuner's clock against the bench's; the fused
+    kernel against the floor (looser than [2.5]'s)."""
+    return [
+        _per_shape(
+            f"[4.3] tuned op >= {TUNED_OVER_BASELINE}x NCCL + cuBLAS, host ahead (device time)",
+            rows,
+            lambda r: ratio(r, "nccl_cublas", "tuned", column="us_ahead"),
+            lambda x: x >= TUNED_OVER_BASELINE,
+            label=lambda r: f" ({r.get('algorithm', '?')})",
+        ),
+        _per_shape(
+            f"[4.3] graph-replayed tuned op >= {TUNED_OVER_BASELINE}x graph-replayed NCCL + cuBLAS",
+            rows,
+            lambda r: ratio(r, "graph nccl_cublas", "graph tuned"),
+            lambda x: x >= TUNED_OVER_BASELINE,
+        ),
+        _per_shape(
+            f"[4.3] the tuned op's host time per call <= 1/{TUNED_OVER_BASELINE} of the "
+            "two calls made directly",
+            rows,
+            lambda r: ratio(r, "tuned", "nccl_cublas", column="host_us"),
+            lambda x: x <= 1 / TUNED_OVER_BASELINE,
+        ),
+        _per_shape(
+            f"[4.3] the tuner's recorded time within {TUNER_WITHIN:.0%} of the bench's "
+            "(host ahead)",
+            [r for r in rows if "us_ahead" in r],
+            lambda r: r.get("tuner_over_bench"),
+            lambda x: abs(x - 1.0) <= TUNER_WITHIN,
+        ),
+        _per_shape(
+            f"[4.3] fused <= {FLOOR_LARGE_2}x the floor at >= 4096 rows",
+            [r for r in rows if r["shape"][0] >= 4096],
+            _fused_over_floor,
+            lambda x: x <= FLOOR_LARGE_2,
+        ),
+        _per_shape(
+            f"[4.3] fused <= {FLOOR_MEDIUM_2}x the floor at 1024-4095 rows",
+            [r for r in rows if 1024 <= r["shape"][0] < 4096],
+            _fused_over_floor,
+            lambda x: x <= FLOOR_MEDIUM_2,
         ),
     ]
 

@@ -59,9 +59,15 @@ class AgGemmContext:
     side_stream: Any = None
     forked: Any = None  # CUDA events: the side stream starts at the barrier ...
     joined: Any = None  # ... and the caller's stream waits for its end
+    caller: Any = None  # the calling stream of the call under way (CUDA), set at its arm
     gathered: torch.Tensor | None = None  # [max_M, K]: the NCCL baseline's, on first use
+    gather: Any = None  # the group's own all-gather method and its options: see all_gather
     calls: int = 0  # calls made through this context, on this rank (host-side count)
     cache: dict[Any, Any] = field(default_factory=dict)  # per-shape launch state (ag_gemm's)
+    device_index: int = field(init=False)  # what Tensor.get_device() says on the device
+
+    def __post_init__(self) -> None:
+        self.device_index = self.device.index if self.device.type == "cuda" else -1
 
 
 def group_size_and_rank(group: Any) -> tuple[int, int]:
@@ -116,7 +122,33 @@ def create_context(
         _map_symmetric(ctx)
     elif world > 1:
         _map_shared_files(ctx)
+    if world > 1:
+        ctx.gather = _gather_method(group)
     return ctx
+
+
+def _gather_method(group: Any) -> tuple[Any, Any]:
+    """The process group's all-gather into one tensor (``all_gather_single``, named
+    ``_allgather_base`` before torch 2.13) and options for a call that the caller's
+    stream waits for, as ``dist.all_gather_into_tensor`` passes them."""
+    from torch._C._distributed_c10d import AllgatherOptions
+
+    options = AllgatherOptions()
+    if hasattr(options, "asyncOp"):  # False: NCCL runs it on the caller's stream
+        options.asyncOp = False
+    return getattr(group, "all_gather_single", None) or group._allgather_base, options
+
+
+def all_gather(ctx: AgGemmContext, out: torch.Tensor, a_shard: torch.Tensor) -> None:
+    """NCCL's (gloo's) all-gather of every rank's ``a_shard`` into ``out`` ``[M, K]``,
+    ordered on the caller's stream: what ``dist.all_gather_into_tensor`` does, through
+    the group's method without the Python wrapper around it, whose checks (of things
+    this module already checked: dense, real, a member of the group) and warnings cost
+    a call 6 to 10 us of host time (torch 2.13, one CPU core). A collective."""
+    method, options = ctx.gather
+    work = method(out, a_shard, options)
+    if work is not None:
+        work.wait()
 
 
 def _check_shape(max_m: int, k: int, dtype: torch.dtype, world: int) -> None:
@@ -263,8 +295,9 @@ def arm_and_meet(ctx: AgGemmContext, a_shard: torch.Tensor) -> Rows:
     at = rows(ctx, a_shard.shape[0])
     ctx.flags.zero_()
     if ctx.device.type == "cuda":
+        ctx.caller = caller_stream(ctx)  # looked up once a call: push_aside and join use it
         ctx.handle.barrier(channel=0)
-        ctx.forked.record(caller_stream(ctx))  # where push_aside's side stream starts
+        ctx.forked.record(ctx.caller)  # where push_aside's side stream starts
     else:
         dist.barrier(group=ctx.group)
     if at.own.data_ptr() != a_shard.data_ptr():  # read here only: off the pushes' path
@@ -294,13 +327,12 @@ def push_aside(ctx: AgGemmContext, a_shard: torch.Tensor, at: Rows) -> None:
     if ctx.side_stream is None:
         push(ctx, a_shard, at)
         return
-    caller = caller_stream(ctx)
     ctx.side_stream.wait_event(ctx.forked)
     torch.cuda.set_stream(ctx.side_stream)
     try:
         push(ctx, a_shard, at)
     finally:
-        torch.cuda.set_stream(caller)
+        torch.cuda.set_stream(ctx.caller)
 
 
 def join(ctx: AgGemmContext) -> None:
@@ -308,7 +340,7 @@ def join(ctx: AgGemmContext) -> None:
     any reuse of ``a_shard``'s memory, come after them)."""
     if ctx.side_stream is not None:
         ctx.joined.record(ctx.side_stream)
-        caller_stream(ctx).wait_event(ctx.joined)
+        ctx.caller.wait_event(ctx.joined)
 
 
 def caller_stream(ctx: AgGemmContext) -> Any:

@@ -200,6 +200,20 @@ class Lockstep:
                     f"within {self.timeout_s:g} s; a peer died or hangs"
                 )
 
+    def align(self) -> None:
+        """The ranks' current streams meet on the devices (an all-reduce of one element
+        that the stream waits for; the host goes on at once): what follows starts on
+        every device within microseconds of the others, as a collective does in service,
+        where the previous layer's collective keeps the ranks in step."""
+        if not self.active:
+            return
+        import torch
+        import torch.distributed as dist
+
+        if self._ping is None:
+            self._ping = torch.zeros(1, dtype=torch.int32, device=self._device)
+        dist.all_reduce(self._ping, group=self.group)
+
     def _run(self, op: str, tensor: Any, what: str, timeout_s: float | None) -> None:
         import torch.distributed as dist
 

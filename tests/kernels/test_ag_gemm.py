@@ -165,3 +165,20 @@ def test_the_kernel_hash_changes_with_the_algorithms(monkeypatch):
     before = ag_gemm.kernel_hash()
     monkeypatch.setattr(ag_gemm, "ALGORITHMS", (*ag_gemm.ALGORITHMS, "one_more"))
     assert ag_gemm.kernel_hash() != before
+
+
+def test_a_fused_launch_keeps_the_weights_operand_while_the_weight_is_the_same():
+    import torch
+
+    from kernels.ag_gemm import _Prepared
+
+    prepared = _Prepared(None, (), (0, 1), ([2, 2], [2, 2], [2, 2]), True, False)
+    b = torch.zeros(4, 4)
+    first = prepared.b_operand(b)
+    assert prepared.b_operand(b) is first  # the same weight: no new descriptor
+    other = torch.zeros(4, 4)
+    assert prepared.b_operand(other) is not first and prepared.b_operand(other).base is other
+    moved = prepared.b_operand(other)
+    other.set_(torch.zeros(4, 4))  # same tensor object, new memory
+    assert prepared.b_operand(other) is not moved
+    assert prepared.b_operand(b).block_shape == [2, 2]

@@ -4,9 +4,14 @@
 A repetition is timed as a call runs in serving: for a collective the tuner passes
 ``meet``, which every rank runs before every repetition, so the ranks start each one
 together and the wait for the slowest rank inside the op is part of its time; then the
-L2 is flushed (the host issues the call while the device flushes: a serving host runs
-ahead of its GPU, by about that much) and device events bracket the call, the side
-streams and events it sets up included.
+L2 is flushed and the device held for a head start (``head_start_us``: a serving host
+runs ahead of its GPU, or replays a graph), so that the host has issued the whole call
+before the device reaches it, and device events bracket the call, the side streams
+and events it sets up included. Without the head start a call whose host time is about
+the flush's device time (NCCL + cuBLAS below 1,024 rows on an H200: 40 to 130 us) was
+timed at its host's speed some repetitions and its device's others: two modes, 1.5 to
+3x apart, which no number of repetitions makes agree with another clock. The host's
+own cost of a call is measured apart (``bench/ag_gemm.py``'s ``host_us``).
 
 ``cuda_event_timer``: device events, warm-up, CUDA graph replay for single-GPU kernels
 too short to time one launch at a time. ``wall_clock_timer``: the host clock, for the CPU
@@ -24,14 +29,22 @@ Thunk = Callable[[], Any]
 
 class Timer(Protocol):
     def __call__(
-        self, fn: Thunk, repetitions: int, *, meet: Thunk | None = None
+        self, fn: Thunk, repetitions: int, *, meet: Thunk | None = None, align: Thunk | None = None
     ) -> list[float]: ...
+
+
+class HostTimer(Protocol):
+    """Host milliseconds to issue one call of ``fn`` (calls back to back, after ``meet``)."""
+
+    def __call__(self, fn: Thunk, *, meet: Thunk | None = None) -> float: ...
 
 
 def wall_clock_timer(*, warmup: int = 1) -> Timer:
     """Host time per repetition (the interpreter runs synchronously on the CPU)."""
 
-    def timer(fn: Thunk, repetitions: int, *, meet: Thunk | None = None) -> list[float]:
+    def timer(
+        fn: Thunk, repetitions: int, *, meet: Thunk | None = None, align: Thunk | None = None
+    ) -> list[float]:
         for _ in range(warmup):
             fn()
         times = []
@@ -52,9 +65,11 @@ def cuda_event_timer(
     flush_bytes: int = 256 * 2**20,
     graph_below_ms: float = 0.02,
     graph_batch: int = 20,
+    head_start_us: float = 400.0,
 ) -> Timer:
-    """Device-event timing, the L2 flushed before each repetition (see the module
-    docstring; ``meet`` runs first, on an idle device).
+    """Device-event timing, the L2 flushed and the device held for ``head_start_us``
+    before each repetition (see the module docstring; ``meet`` runs first, on an idle
+    device; 0: no hold).
 
     A single-GPU kernel whose first timed launch takes under ``graph_below_ms`` is
     captured in a CUDA graph of ``graph_batch`` launches and timed per replay (launch gaps
@@ -64,28 +79,96 @@ def cuda_event_timer(
     import torch
 
     flush = torch.empty(flush_bytes, dtype=torch.int8, device="cuda")
+    hold = DeviceHold(head_start_us)
 
-    def timer(fn: Thunk, repetitions: int, *, meet: Thunk | None = None) -> list[float]:
+    def timer(
+        fn: Thunk, repetitions: int, *, meet: Thunk | None = None, align: Thunk | None = None
+    ) -> list[float]:
         for _ in range(warmup):
             fn()
-        first = _event_time(fn, meet, flush)
+        steps = (meet, flush, hold, align)
+        first = _event_time(fn, *steps)
         if first < graph_below_ms and meet is None:
             graphed = _graph_times(fn, repetitions, graph_batch, flush)
             if graphed is not None:
                 return graphed
-        return [first] + [_event_time(fn, meet, flush) for _ in range(repetitions - 1)]
+        return [first] + [_event_time(fn, *steps) for _ in range(repetitions - 1)]
 
     return timer
 
 
-def _event_time(fn: Thunk, meet: Thunk | None, flush: Any) -> float:
-    """One launch timed by device events: ``meet`` first, then the L2 flushed."""
+def cuda_host_timer(*, calls: int = 20, passes: int = 3) -> HostTimer:
+    """Host time per call: ``calls`` calls issued back to back on the host clock, from an
+    idle device (after ``meet``), the median of ``passes``; the device is waited for
+    after each pass. ``calls`` stays well inside the launch queue: the host never waits
+    for the device."""
+    import torch
+
+    def host_ms(fn: Thunk, *, meet: Thunk | None = None) -> float:
+        per_pass = []
+        for _ in range(passes):
+            torch.cuda.synchronize()
+            if meet is not None:
+                meet()
+            started = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            per_pass.append((time.perf_counter() - started) * 1e3 / calls)
+        torch.cuda.synchronize()
+        return sorted(per_pass)[len(per_pass) // 2]
+
+    return host_ms
+
+
+class DeviceHold:
+    """Keeps the current stream busy for about ``microseconds`` (a spinning kernel of
+    one thread), so that the host issues what follows before the device reaches it.
+    Calibrated at its first use: the GPU's cycles per microsecond, from one spin timed
+    by events."""
+
+    def __init__(self, microseconds: float) -> None:
+        self.microseconds = microseconds
+        self._cycles = 0  # 0: not calibrated yet
+
+    def __call__(self) -> None:
+        import torch
+
+        if self.microseconds <= 0:
+            return
+        if not self._cycles:
+            self._cycles = max(1, int(self.microseconds * _cycles_per_us()))
+        torch.cuda._sleep(self._cycles)  # type: ignore[no-untyped-call]
+
+
+def _cycles_per_us(cycles: int = 2_000_000) -> float:
+    """The current GPU's spin cycles per microsecond (about its clock in MHz)."""
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    torch.cuda._sleep(cycles // 10)  # type: ignore[no-untyped-call]  # clocks up
+    start.record()
+    torch.cuda._sleep(cycles)  # type: ignore[no-untyped-call]
+    end.record()
+    end.synchronize()
+    return cycles / max(1.0, float(start.elapsed_time(end)) * 1e3)
+
+
+def _event_time(
+    fn: Thunk, meet: Thunk | None, flush: Any, hold: DeviceHold, align: Thunk | None
+) -> float:
+    """One launch timed by device events: ``meet`` first, then the L2 flushed, the
+    device held while the host issues the call, and (``align``) the ranks' streams met
+    on the devices, so that every rank's call starts within microseconds of the others'
+    whatever each one's flush and hold took."""
     import torch
 
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
     if meet is not None:
         meet()  # the device is idle (the last repetition was waited for): start together
     flush.zero_()
+    hold()
+    if align is not None:
+        align()
     start.record()
     fn()
     end.record()

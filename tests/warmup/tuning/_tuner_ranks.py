@@ -44,6 +44,7 @@ def agreement(world: int, rank: int, work: Path) -> dict[str, object]:
         "stored": outcome.entry.best.meta["BLOCK"] if outcome.entry else None,
         "repetitions": sum(tuner.timer.calls),  # type: ignore[attr-defined]
         "meetings": tuner.timer.meetings,  # type: ignore[attr-defined]
+        "alignments": tuner.timer.alignments,  # type: ignore[attr-defined]
     }
 
 

@@ -81,15 +81,18 @@ def fake_timer(  # type: ignore[no-untyped-def]
 ):
     """Runs the thunk once (so the task records its config), reports the known time,
     spread evenly by +-``spread[BLOCK]`` (a fraction) over the repetitions; runs ``meet``
-    before each repetition, as a real timer does, and counts it."""
+    and ``align`` before each repetition, as a real timer does, and counts them."""
     calls = []
 
-    def timer(fn, repetitions, meet=None):  # type: ignore[no-untyped-def]
+    def timer(fn, repetitions, meet=None, align=None):  # type: ignore[no-untyped-def]
         fn()
         calls.append(repetitions)
         for _ in range(repetitions if meet is not None else 0):
             meet()
             timer.meetings += 1  # type: ignore[attr-defined]
+        for _ in range(repetitions if align is not None else 0):
+            align()
+            timer.alignments += 1  # type: ignore[attr-defined]
         ms, width = task.timings[task.last] * scale, (spread or {}).get(task.last, 0.0)
         if repetitions == 1 or not width:
             return [ms] * repetitions
@@ -97,4 +100,5 @@ def fake_timer(  # type: ignore[no-untyped-def]
 
     timer.calls = calls  # type: ignore[attr-defined]
     timer.meetings = 0  # type: ignore[attr-defined]
+    timer.alignments = 0  # type: ignore[attr-defined]
     return timer

@@ -54,7 +54,7 @@ def test_ranks_agree_on_the_winner_timed_as_the_max_over_ranks(tmp_path):
     assert {r["stored"] for r in results.values()} == {32}
     assert len(Store(tmp_path / "registry")) == 1  # one writer
     for r in results.values():  # every repetition started with all ranks together
-        assert r["meetings"] == r["repetitions"] > 0, r
+        assert r["meetings"] == r["alignments"] == r["repetitions"] > 0, r
 
 
 def test_rank_zeros_view_of_hit_or_miss_wins(tmp_path):
