@@ -26,12 +26,17 @@ events bracket the op; a repetition's time is the max over ranks; ops are timed 
 rotating rounds; medians are reported. At decode-like sizes (up to 1024 rows in all)
 the fused op, the tuned op and NCCL + cuBLAS are also captured in CUDA graphs and their
 replays timed the same way. The tuned op, NCCL + cuBLAS, the best fused config and
-the op through its serving layer are timed again with the host ahead (``us_ahead``):
-after the flush the device is held for a head start, as the tuner's clock does
-(``warmup.tuning.timing``), so that these columns are device time alone and the
-tuner's recorded time is compared with them. The host's cost of one call (``host_us``)
-is timed apart: calls issued back to back on the host clock; ``--host-profile`` adds
-where it goes. Prints a table last; writes every number to --out.
+the op through its serving layer are timed twice more: with the host ahead
+(``us_ahead``): after the flush the device is held for a head start and the ranks'
+streams aligned, as the tuner's clock does (``warmup.tuning.timing``), so that these
+columns are device time alone and the tuner's recorded time is compared with them;
+and issued just in time (``us_just_in_time``): the ranks meet on an idle, flushed
+device, and the events bracket the host's issue of the call and its device work, as
+the tuner's latency guard times it. The first columns (``us``) sit between the two:
+the flush gives the host a head start of its own length (about 70 us on an H200), so
+that an op whose host time is about that long is timed in two modes. The host's cost
+of one call (``host_us``) is timed apart: calls issued back to back on the host clock;
+``--host-profile`` adds where it goes. Prints a table last; writes every number to --out.
 
 ``--shape M,N,K`` (repeatable) times shapes of your own instead of the list below.
 """
@@ -172,15 +177,23 @@ def check_correctness(world: int, rank: int) -> list[dict[str, Any]]:
     return rows
 
 
-def samples(fn: Op, flush: torch.Tensor, iters: int, hold: Op | None = None) -> list[float]:
+def samples(
+    fn: Op, flush: torch.Tensor, iters: int, hold: Op | None = None, *, just_in_time: bool = False
+) -> list[float]:
     """Per-repetition times in microseconds, each the max over ranks: the ranks meet on
     an idle device, the L2 is flushed (with ``hold``, the device then held while the
-    host issues the op, and the ranks' streams aligned), events bracket the op."""
+    host issues the op, and the ranks' streams aligned), events bracket the op. With
+    ``just_in_time`` the ranks meet after the flush instead, the device idle: the events
+    bracket the host's issue of the op as well as its device work."""
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     for i in range(iters):
-        meet()
-        flush.zero_()
+        if just_in_time:
+            flush.zero_()
+            meet()
+        else:
+            meet()
+            flush.zero_()
         if hold is not None:
             hold()
             align()
@@ -222,6 +235,7 @@ def timed_together(
     warmup: int,
     rounds: int = 3,
     hold: Op | None = None,
+    just_in_time: bool = False,
 ) -> tuple[dict[str, float], dict[str, list[float]]]:
     """Every op in rotating rounds, so clock drift touches all columns alike: medians
     and p20/p80 by op."""
@@ -233,7 +247,9 @@ def timed_together(
     pooled: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):
         for name in names[r % len(names) :] + names[: r % len(names)]:
-            pooled[name] += samples(ops[name], flush, max(1, iters // rounds), hold)
+            pooled[name] += samples(
+                ops[name], flush, max(1, iters // rounds), hold, just_in_time=just_in_time
+            )
     medians = {name: statistics.median(v) for name, v in pooled.items()}
     return medians, {name: percentiles(v) for name, v in pooled.items()}
 
@@ -292,7 +308,7 @@ def percentiles(values: list[float]) -> list[float]:
 def tune(task: ag_gemm.AgGemmTask) -> dict[str, Any]:
     """The tuner's search over every algorithm, as a warmup runs it (no registry)."""
     from warmup.collectives import Lockstep
-    from warmup.tuning.timing import cuda_event_timer, cuda_host_timer
+    from warmup.tuning.timing import cuda_event_timer, cuda_latency_timer
     from warmup.tuning.tuner import TuneOptions, Tuner
 
     with tempfile.TemporaryDirectory() as unused_store:
@@ -300,7 +316,7 @@ def tune(task: ag_gemm.AgGemmTask) -> dict[str, Any]:
             Store(Path(unused_store), create=True),
             cpu_fingerprint(),
             timer=cuda_event_timer(),
-            host_timer=cuda_host_timer(),
+            latency_timer=cuda_latency_timer(),
             lockstep=Lockstep(dist.group.WORLD),
             options=TuneOptions(),
         )
@@ -386,6 +402,9 @@ def bench_shape(
     ahead, ahead_p20_p80 = timed_together(
         ahead_ops, flush, iters=args.iters, warmup=args.warmup, hold=DeviceHold(HEAD_START_US)
     )
+    jit, jit_p20_p80 = timed_together(
+        ahead_ops, flush, iters=args.iters, warmup=args.warmup, just_in_time=True
+    )
     exhaustive = timed_exhaustive(search["measured"], ours, flush, args) if args.exhaustive else {}
     row: dict[str, Any] = {
         "shape": [m, n, k],
@@ -398,6 +417,8 @@ def bench_shape(
         "winner_label": winner.label(),
         "us_ahead": ahead,
         "us_ahead_p20_p80": ahead_p20_p80,
+        "us_just_in_time": jit,
+        "us_just_in_time_p20_p80": jit_p20_p80,
         "tuner_recorded_us": search["recorded_us"],
         "tuner_over_bench": search["recorded_us"] / ahead["tuned"],
         "tuner_over_bench_eager": search["recorded_us"] / times["tuned"],
@@ -418,6 +439,7 @@ def bench_shape(
         floor = max(times["cublas"], times["allgather"])
         row["speedup_vs_nccl_cublas"] = times["nccl_cublas"] / times["tuned"]
         row["speedup_ahead"] = ahead["nccl_cublas"] / ahead["tuned"]
+        row["speedup_just_in_time"] = jit["nccl_cublas"] / jit["tuned"]
         row["served_speedup_ahead"] = ahead["nccl_cublas"] / ahead["served"]
         row["tuned_over_floor"] = times["tuned"] / floor
         if fused_best is not None:
@@ -484,9 +506,11 @@ def timed_exhaustive(
 def table(rows: list[dict[str, Any]], world: int, gpu: str) -> str:
     head = (
         f"{world} x {gpu}, bf16, N per rank; median us (max over ranks), L2 flushed; "
-        "x dev and tuner/bench: with the host ahead (device time)\n"
+        "x dev and tuner/bench: with the host ahead (device time); x jit: issued just in "
+        "time (host and device)\n"
         f"{'M,N,K':>17} {'cuBLAS':>7} {'AG':>6} {'NCCL+cuBLAS':>11} {'torch':>6} "
-        f"{'tuned':>7} {'x base':>6} {'x dev':>6} {'tuner us':>8} {'tuner/bench':>11} {'fused':>7} "
+        f"{'tuned':>7} {'x base':>6} {'x dev':>6} {'x jit':>6} {'tuner us':>8} {'tuner/bench':>11} "
+        f"{'fused':>7} "
         f"{'fused/floor':>11} {'/exh':>6}  algorithm (winner)"
     )
     lines = [head]
@@ -497,6 +521,7 @@ def table(rows: list[dict[str, Any]], world: int, gpu: str) -> str:
             f"{_cell(t, 'allgather', 6)} {_cell(t, 'nccl_cublas', 11)} "
             f"{_cell(t, 'torch_fused', 6)} {t['tuned']:7.0f} "
             f"{_ratio(r, 'speedup_vs_nccl_cublas', 6)} {_ratio(r, 'speedup_ahead', 6)} "
+            f"{_ratio(r, 'speedup_just_in_time', 6)} "
             f"{r['tuner_recorded_us']:8.0f} "
             f"{r['tuner_over_bench']:11.3f} {_cell(t, 'best fused_pull', 7)} "
             f"{_ratio(r, 'fused_over_floor', 11)} {_ratio(r, 'tuned_over_exhaustive_best', 6)}  "

@@ -243,7 +243,10 @@ def replay(args: argparse.Namespace, calls: dict[str, Callable[..., Any]]) -> di
     for index, rows in enumerate(trace):
         for name, call in calls.items():
             shard = shards[name][:rows]
+            mallocs = _device_allocs(device)
             host, latency, out = _timed(call, shard, weights[name], device)
+            mallocs = _device_allocs(device) - mallocs
+            slowest_host, most_mallocs = _max_over_ranks([host, mallocs], device)
             first = (name, rows) not in seen
             seen.add((name, rows))
             records.append(
@@ -253,6 +256,8 @@ def replay(args: argparse.Namespace, calls: dict[str, Callable[..., Any]]) -> di
                     "host_us": host,
                     "latency_us": latency,
                     "first": first,
+                    "slowest_host_us": slowest_host,  # over ranks: a late peer holds all
+                    "device_mallocs": int(most_mallocs),  # cudaMallocs, most of any rank
                 }
             )
             if index % 16 == 0:
@@ -270,6 +275,24 @@ def replay(args: argparse.Namespace, calls: dict[str, Callable[..., Any]]) -> di
     for record in records:
         record["steady_us"] = steady[(record["layer"], record["m"])]
     return summarize(records, errors, world)
+
+
+def _device_allocs(device: Any) -> int:
+    """cudaMalloc calls of torch's caching allocator so far (0 off CUDA)."""
+    import torch
+
+    if device.type != "cuda":
+        return 0
+    return int(torch.cuda.memory_stats(device).get("num_device_alloc", 0))
+
+
+def _max_over_ranks(values: list[float], device: Any) -> list[float]:
+    import torch
+    import torch.distributed as dist
+
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return [float(v) for v in tensor.tolist()]
 
 
 def _timed(call: Callable[..., Any], shard: Any, b: Any, device: Any) -> tuple[float, float, Any]:
@@ -312,6 +335,10 @@ def summarize(records: list[dict[str, Any]], errors: list[float], world: int) ->
             "max": max(repeats, default=0.0),
         },
         "worst_first_calls": sorted(firsts, key=lambda r: -r["latency_us"] / r["steady_us"])[:5],
+        "calls_with_device_mallocs": sum(1 for r in records if r.get("device_mallocs")),
+        "first_calls_over_2x_with_device_mallocs": sum(
+            1 for r in firsts if r["latency_us"] > 2 * r["steady_us"] and r.get("device_mallocs")
+        ),
         "host_us": _stats([r["host_us"] for r in records]),
         "latency_us": _stats([r["latency_us"] for r in records]),
         "max_rel_error": max(errors) if errors else None,

@@ -163,25 +163,32 @@ def test_the_command_judges_each_file_and_fails_on_one_it_cannot(tmp_path, capsy
 
 
 def test_two_ranks_judges_device_time_graphs_host_time_and_the_tuners_clock():
-    def row(m, *, ahead, host, tuner_over_bench):
+    def row(m, *, ahead, jit, host, tuner_over_bench):
         r = _row(m, **{"graph nccl_cublas": 100.0, "graph tuned": 100.0})
-        r |= {"us_ahead": ahead, "host_us": host, "tuner_over_bench": tuner_over_bench}
-        return r
+        r |= {"us_ahead": ahead, "us_just_in_time": jit, "host_us": host}
+        return r | {"tuner_over_bench": tuner_over_bench}
 
     good = row(
         96,
         ahead={"tuned": 100.0, "nccl_cublas": 98.0},
+        jit={"tuned": 100.0, "nccl_cublas": 98.0},
         host={"tuned": 40.0, "nccl_cublas": 39.3},
         tuner_over_bench=0.91,
     )
     bad = row(
         512,
         ahead={"tuned": 100.0, "nccl_cublas": 97.0},
+        jit={"tuned": 100.0, "nccl_cublas": 97.0},
         host={"tuned": 41.0, "nccl_cublas": 40.0},
         tuner_over_bench=1.11,
     )
     verdicts = targets.ag_gemm({"rows": [good, bad]})
-    for starts in ("[4.3] tuned op", "[4.3] the tuned op's host", "[4.3] the tuner's"):
+    for starts in (
+        "[4.3] tuned op >= 0.98x NCCL + cuBLAS, host ahead",
+        "[4.3] tuned op >= 0.98x NCCL + cuBLAS, issued just in time",
+        "[4.3] the tuned op's host",
+        "[4.3] the tuner's",
+    ):
         verdict = _verdict(verdicts, starts)
         assert verdict.met is False and verdict.misses == ("512x4096x4096",), starts
     assert _verdict(verdicts, "[4.3] graph-replayed").met is True

@@ -35,7 +35,7 @@ from warmup.results import ModelResult, RankReport, RemoteCounts, ShapeResult
 from warmup.run.phases import PhaseClock
 from warmup.settings import Settings
 from warmup.tuning.sharing import Job, Settled, Sharing, start_fraction, take_order
-from warmup.tuning.timing import Timer, cuda_event_timer, cuda_host_timer, wall_clock_timer
+from warmup.tuning.timing import Timer, cuda_event_timer, cuda_latency_timer, wall_clock_timer
 from warmup.tuning.tuner import TuneOptions, Tuner
 
 log = logging.getLogger(__name__)
@@ -259,7 +259,7 @@ def _tuner(
         store,
         fingerprint,
         timer=timer,
-        host_timer=cuda_host_timer() if device.type == "cuda" else None,
+        latency_timer=cuda_latency_timer() if device.type == "cuda" else None,
         lockstep=lockstep,
         lock_backend=settings.lock_backend(),
         options=options,

@@ -11,7 +11,8 @@ and events it sets up included. Without the head start a call whose host time is
 the flush's device time (NCCL + cuBLAS below 1,024 rows on an H200: 40 to 130 us) was
 timed at its host's speed some repetitions and its device's others: two modes, 1.5 to
 3x apart, which no number of repetitions makes agree with another clock. The host's
-own cost of a call is measured apart (``bench/ag_gemm.py``'s ``host_us``).
+own cost is measured apart: ``cuda_latency_timer`` times a call issued just in time,
+host and device together (the tuner's guard against a winner that is slower so).
 
 ``cuda_event_timer``: device events, warm-up, CUDA graph replay for single-GPU kernels
 too short to time one launch at a time. ``wall_clock_timer``: the host clock, for the CPU
@@ -31,12 +32,6 @@ class Timer(Protocol):
     def __call__(
         self, fn: Thunk, repetitions: int, *, meet: Thunk | None = None, align: Thunk | None = None
     ) -> list[float]: ...
-
-
-class HostTimer(Protocol):
-    """Host milliseconds to issue one call of ``fn`` (calls back to back, after ``meet``)."""
-
-    def __call__(self, fn: Thunk, *, meet: Thunk | None = None) -> float: ...
 
 
 def wall_clock_timer(*, warmup: int = 1) -> Timer:
@@ -97,27 +92,37 @@ def cuda_event_timer(
     return timer
 
 
-def cuda_host_timer(*, calls: int = 20, passes: int = 3) -> HostTimer:
-    """Host time per call: ``calls`` calls issued back to back on the host clock, from an
-    idle device (after ``meet``), the median of ``passes``; the device is waited for
-    after each pass. ``calls`` stays well inside the launch queue: the host never waits
-    for the device."""
+def cuda_latency_timer(*, warmup: int = 2, flush_bytes: int = 256 * 2**20) -> Timer:
+    """Device-event timing of a call issued just in time: the L2 flushed, then (``meet``)
+    every rank's host released together on an idle device, and the events bracket the
+    host's issue of the call as well as the device's work: what a call costs when the
+    host is not ahead of the GPU (eager serving of one layer at a time). The tuner's
+    guard compares its winner with the baseline on this clock (``Tuner._latency_guard``)."""
     import torch
 
-    def host_ms(fn: Thunk, *, meet: Thunk | None = None) -> float:
-        per_pass = []
-        for _ in range(passes):
-            torch.cuda.synchronize()
-            if meet is not None:
-                meet()
-            started = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            per_pass.append((time.perf_counter() - started) * 1e3 / calls)
-        torch.cuda.synchronize()
-        return sorted(per_pass)[len(per_pass) // 2]
+    flush = torch.empty(flush_bytes, dtype=torch.int8, device="cuda")
 
-    return host_ms
+    def timer(
+        fn: Thunk, repetitions: int, *, meet: Thunk | None = None, align: Thunk | None = None
+    ) -> list[float]:
+        for _ in range(warmup):
+            fn()
+        times = []
+        for _ in range(repetitions):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            flush.zero_()
+            if meet is not None:
+                meet()  # after the flush: the device idle, the hosts released together
+            else:
+                torch.cuda.synchronize()  # one process: the device idle before the call
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(float(start.elapsed_time(end)))
+        return times
+
+    return timer
 
 
 class DeviceHold:

@@ -225,43 +225,43 @@ def test_a_holder_that_lost_its_lock_writes_only_once_it_holds_it_again(
         assert stored.best.meta["BLOCK"] == 64 and outcome.config.meta["BLOCK"] == 64
 
 
-def _host_timer(task, host_ms):
-    """Host ms per call by BLOCK; runs the thunk once (so the task records its config)."""
+def _latency_timer(task, latency_ms):
+    """Just-in-time latency by BLOCK; runs the thunk once (so the task records it)."""
     seen = []
 
-    def host(fn, *, meet=None):
+    def timer(fn, repetitions, meet=None, align=None):
         fn()
         seen.append(task.last)
-        return host_ms[task.last]
+        return [latency_ms[task.last]] * repetitions
 
-    host.seen = seen
-    return host
+    timer.seen = seen
+    return timer
 
 
 @pytest.mark.parametrize(
-    ("winner_host", "expected"),
-    [(0.05, 64), (0.2, 64), (0.35, 128)],  # device 0.9 vs baseline 1.1: 0.2 ms to spare
+    ("winner_latency", "expected"),
+    [(0.5, 64), (1.09, 64), (1.1, 128), (1.5, 128)],  # the baseline's: 1.1 ms
 )
-def test_the_host_guard_keeps_a_winner_only_if_its_extra_host_time_fits(
-    tmp_path, winner_host, expected
+def test_the_latency_guard_keeps_a_winner_only_if_it_is_faster_issued_just_in_time(
+    tmp_path, winner_latency, expected
 ):
-    task = FakeTask(dict(TIMINGS), baseline_block=128)
+    task = FakeTask(dict(TIMINGS), baseline_block=128)  # device: 64 at 0.9, 128 at 1.1
     tuner = tuner_for(task, tmp_path)
-    tuner.host_timer = _host_timer(task, {64: winner_host, 128: 0.05})
+    tuner.latency_timer = _latency_timer(task, {64: winner_latency, 128: 1.1})
     outcome = tuner.tune(task)
     assert outcome.config.meta["BLOCK"] == expected
-    assert tuner.host_timer.seen == [64, 128]  # the winner, then the baseline
+    assert tuner.latency_timer.seen == [64, 128, 128, 64] * 2  # interleaved passes
     assert outcome.search.best.config.meta["BLOCK"] == expected  # the recorded time's
-    assert outcome.notes and outcome.notes[0].startswith("host guard")
+    assert outcome.notes and outcome.notes[0].startswith("latency guard")
 
 
-def test_no_host_guard_without_a_host_timer_a_baseline_or_a_rival():
+def test_no_latency_guard_without_its_timer_a_baseline_or_a_rival():
     task = FakeTask(dict(TIMINGS), baseline_block=64)  # the baseline wins: nothing to check
     tuner = Tuner(
         Store.__new__(Store), cpu_fingerprint(), timer=fake_timer(task), options=TuneOptions()
     )
-    tuner.host_timer = _host_timer(task, dict.fromkeys(TIMINGS, 9.0))
-    assert tuner.tune(task).notes == [] and tuner.host_timer.seen == []
+    tuner.latency_timer = _latency_timer(task, dict.fromkeys(TIMINGS, 9.0))
+    assert tuner.tune(task).notes == [] and tuner.latency_timer.seen == []
     task = FakeTask(dict(TIMINGS))  # no baseline
-    tuner.timer, tuner.host_timer = fake_timer(task), _host_timer(task, {})
-    assert tuner.tune(task).config.meta["BLOCK"] == 64 and tuner.host_timer.seen == []
+    tuner.timer, tuner.latency_timer = fake_timer(task), _latency_timer(task, {})
+    assert tuner.tune(task).config.meta["BLOCK"] == 64 and tuner.latency_timer.seen == []
