@@ -590,7 +590,7 @@ def parse_shape(text: str, world: int) -> tuple[int, int, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--iters", type=int, default=45)
+    parser.add_argument("--iters", type=int, default=90)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--shapes", default="all", help="'all' or indexes like 0,2")
     parser.add_argument(

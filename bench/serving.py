@@ -296,14 +296,20 @@ def _max_over_ranks(values: list[float], device: Any) -> list[float]:
 
 
 def _timed(call: Callable[..., Any], shard: Any, b: Any, device: Any) -> tuple[float, float, Any]:
-    """Ranks start together (a barrier, the GPU drained); host time until the call
-    returns, latency until the GPU is done."""
+    """Ranks start together (the GPU drained, then a meeting that releases every rank
+    within microseconds: a barrier's wait can release one rank a millisecond after the
+    other, and the collective's latency would carry that skew); host time until the
+    call returns, latency until the GPU is done."""
     import torch
     import torch.distributed as dist
 
-    dist.barrier()
     if device.type == "cuda":
         torch.cuda.synchronize()
+        work = dist.all_reduce(torch.zeros(1, device=device), async_op=True)
+        while not work.is_completed():  # spun on, as bench/ag_gemm.py's meet()
+            pass
+    else:
+        dist.barrier()
     started = time.perf_counter()
     out = call(shard, b)
     returned = time.perf_counter()
