@@ -243,9 +243,10 @@ def replay(args: argparse.Namespace, calls: dict[str, Callable[..., Any]]) -> di
     for index, rows in enumerate(trace):
         for name, call in calls.items():
             shard = shards[name][:rows]
-            mallocs = _device_allocs(device)
+            mallocs, collected = _device_allocs(device), GC_PAUSES.total_ms
             host, latency, out = _timed(call, shard, weights[name], device)
             mallocs = _device_allocs(device) - mallocs
+            gc_ms = GC_PAUSES.total_ms - collected
             slowest_host, most_mallocs = _max_over_ranks([host, mallocs], device)
             first = (name, rows) not in seen
             seen.add((name, rows))
@@ -258,6 +259,7 @@ def replay(args: argparse.Namespace, calls: dict[str, Callable[..., Any]]) -> di
                     "first": first,
                     "slowest_host_us": slowest_host,  # over ranks: a late peer holds all
                     "device_mallocs": int(most_mallocs),  # cudaMallocs, most of any rank
+                    "gc_ms": gc_ms,  # Python's collections during the call, this rank
                 }
             )
             if index % 16 == 0:
@@ -275,6 +277,26 @@ def replay(args: argparse.Namespace, calls: dict[str, Callable[..., Any]]) -> di
     for record in records:
         record["steady_us"] = steady[(record["layer"], record["m"])]
     return summarize(records, errors, world)
+
+
+class _GcPauses:
+    """The time Python's collector has run in this process since it was installed."""
+
+    def __init__(self) -> None:
+        self.total_ms = 0.0
+        self._started = 0.0
+        import gc
+
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.total_ms += (time.perf_counter() - self._started) * 1e3
+
+
+GC_PAUSES = _GcPauses()
 
 
 def _device_allocs(device: Any) -> int:
@@ -342,6 +364,11 @@ def summarize(records: list[dict[str, Any]], errors: list[float], world: int) ->
         },
         "worst_first_calls": sorted(firsts, key=lambda r: -r["latency_us"] / r["steady_us"])[:5],
         "calls_with_device_mallocs": sum(1 for r in records if r.get("device_mallocs")),
+        "calls_with_gc": sum(1 for r in records if r.get("gc_ms")),
+        "first_calls_over_2x_with_gc": sum(
+            1 for r in firsts if r["latency_us"] > 2 * r["steady_us"] and r.get("gc_ms")
+        ),
+        "gc_ms_total": sum(r.get("gc_ms", 0.0) for r in records),
         "first_calls_over_2x_with_device_mallocs": sum(
             1 for r in firsts if r["latency_us"] > 2 * r["steady_us"] and r.get("device_mallocs")
         ),
