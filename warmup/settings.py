@@ -201,12 +201,6 @@ class Settings(BaseSettings):
     serving_refresh_s: float = Field(
         1.0, gt=0, description="how often a serving op checks the registry for a new generation"
     )
-    serving_gc_freeze: bool = Field(
-        True,
-        description="Serving.declare_warm() collects once and freezes Python's heap "
-        "(gc.freeze): a collection on the request path then walks the objects made since, "
-        "not the server's millions of module objects",
-    )
     trusted_keys: Path | None = Field(
         None,
         description="a folder of trusted Ed25519 public keys (*.pub, PEM): bundles and "

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import gc
 import logging
 import threading
 import time
@@ -483,15 +482,9 @@ class Serving:
     def declare_warm(self) -> None:
         """From now on every Triton compile or autotune run in this process is counted
         (``compile_guard=count``) or raises (``strict``); the sidecar's readiness is told
-        this rank is warm (``ServerWarm``, with ``ready_after_server``). With
-        ``serving_gc_freeze`` (the default) Python's heap as it stands is collected once
-        and frozen: what the start-up made (modules, compiled kernels, tables) is no
-        longer walked by the collections that requests trigger."""
+        this rank is warm (``ServerWarm``, with ``ready_after_server``)."""
         if self.guard is not None:
             self.guard.arm()
-        if self.settings.serving_gc_freeze:
-            gc.collect()
-            gc.freeze()
         self.flush_metrics()
         try:
             digest = self._declared().digest()

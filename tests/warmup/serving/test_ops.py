@@ -524,17 +524,3 @@ def test_two_ranks_take_a_change_of_algorithm_together_at_sync(tmp_path):
         assert result["guard"] == 0
     for phase in ("before", "between", "after"):  # both ranks on the same table
         assert ranks[0][phase] == ranks[1][phase]
-
-
-@pytest.mark.parametrize("freeze", [True, False])
-def test_declaring_warm_freezes_the_heap_unless_told_not_to(settings, freeze):
-    import gc
-
-    gc.unfreeze()
-    settings = settings.model_copy(update={"serving_gc_freeze": freeze})
-    try:
-        with Serving(settings, follow=False) as serving:
-            serving.declare_warm()
-            assert (gc.get_freeze_count() > 0) is freeze
-    finally:
-        gc.unfreeze()
