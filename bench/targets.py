@@ -97,6 +97,12 @@ def _floor(row: dict[str, Any]) -> float | None:
     return max(float(times["cublas"]), float(times["allgather"]))
 
 
+def _fused_ahead_over_floor(row: dict[str, Any]) -> float | None:
+    """The fused op's device time (timed with the host ahead) over the floor."""
+    floor, fused = _floor(row), row.get("us_ahead", {}).get(FUSED)
+    return None if floor is None or fused is None else float(fused) / floor
+
+
 def _fused_over_floor(row: dict[str, Any]) -> float | None:
     floor, fused = _floor(row), row.get("us", {}).get(FUSED)
     return None if floor is None or fused is None else float(fused) / floor
@@ -184,6 +190,20 @@ def _two_ranks(rows: list[dict[str, Any]]) -> list[Verdict]:
             [r for r in rows if "us_ahead" in r],
             lambda r: r.get("tuner_over_bench"),
             lambda x: abs(x - 1.0) <= TUNER_WITHIN,
+        ),
+        _per_shape(
+            f"[4.3] fused with the host ahead (device time) <= {FLOOR_LARGE_2}x the floor at "
+            ">= 4096 rows",
+            [r for r in rows if r["shape"][0] >= 4096],
+            _fused_ahead_over_floor,
+            lambda x: x <= FLOOR_LARGE_2,
+        ),
+        _per_shape(
+            f"[4.3] fused with the host ahead (device time) <= {FLOOR_MEDIUM_2}x the floor at "
+            "1024-4095 rows",
+            [r for r in rows if 1024 <= r["shape"][0] < 4096],
+            _fused_ahead_over_floor,
+            lambda x: x <= FLOOR_MEDIUM_2,
         ),
         _per_shape(
             f"[4.3] fused <= {FLOOR_LARGE_2}x the floor at >= 4096 rows",

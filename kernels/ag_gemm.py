@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -269,6 +270,9 @@ LIBRARY = (BASELINE, GATHER_FIRST, OVERLAP)  # no meta-parameters: one config ea
 BASELINE_CONFIG = KernelConfig.make(algorithm=BASELINE)
 # torch 2.13 renames all_gather_into_tensor (and warns on the old name); 2.11 has only it
 ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+# a launch then returns when its kernel ends: a consumer launched before this rank's
+# pushes would wait for them forever (see _run_fused)
+LAUNCH_BLOCKING = os.environ.get("CUDA_LAUNCH_BLOCKING", "0") not in ("", "0")
 
 
 def algorithm_of(config: KernelConfig) -> str:
@@ -310,18 +314,22 @@ def _run_fused(
     ctx: AgGemmContext, a_shard: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config: Any
 ) -> None:
     """The consumer GEMM starts on its own rows and waits tile by tile for the peers',
-    which the side stream pushes meanwhile. The consumer is launched first: its launch
-    (Triton's launcher, the TMA descriptors) is the costliest host step of a call, and
-    a call issued just in time starts its main kernel that much sooner; the pushes need
-    no SM, and the peers' rows are not read before this rank's own tiles are done. On
-    the CPU (no side stream) the pushes go first: the interpreter's consumer runs to its
-    end before the launch returns."""
+    which the side stream pushes meanwhile. On a warm call the consumer is launched
+    first: its launch (Triton's launcher, the TMA descriptors) is the costliest host
+    step of a call, and a call issued just in time starts its main kernel that much
+    sooner; the pushes need no SM and start at the barrier. The pushes go first where
+    the launch may not return before the kernel ends or may take long: on the CPU (the
+    interpreter runs the consumer to its end), under ``CUDA_LAUNCH_BLOCKING=1``, and at
+    a config's first call at a layout (it compiles or loads the kernel while the peers'
+    consumers wait for this rank's rows)."""
     at = workspace.arm_and_meet(ctx, a_shard)
-    if ctx.side_stream is None:
+    key = _fused_key(ctx, config, at.g, b, out)
+    consumer_first = key is not None and key in ctx.cache and not LAUNCH_BLOCKING
+    if not consumer_first:
         workspace.push_aside(ctx, a_shard, at)
-    with _settled_on_error(ctx, at, unpushed=a_shard if ctx.side_stream is not None else None):
-        _launch_fused(ctx, at.g, b, out, a_shard.shape[0], config)
-    if ctx.side_stream is not None:
+    with _settled_on_error(ctx, at, unpushed=a_shard if consumer_first else None):
+        _launch_fused(ctx, at.g, b, out, a_shard.shape[0], config, key=key)
+    if consumer_first:
         workspace.push_aside(ctx, a_shard, at)
     workspace.join(ctx)
 
@@ -481,17 +489,6 @@ class _Prepared:
     persistent: bool
     owns_g: bool  # g is the workspace's rows (a view per M), not the caller's shard
     rows: dict[tuple[int, int], _AtRows] = field(default_factory=dict)
-    weight: tuple[Any, ...] = (None, None, 0, None)  # the last b, shape, address, operand
-
-    def b_operand(self, b: torch.Tensor) -> Any:
-        """``b``'s operand, kept while the calls pass the same tensor with the same shape
-        and memory (a layer's weight: every call): a TMA descriptor costs the host about
-        1.3 us."""
-        last, shape, address, operand = self.weight
-        if b is not last or b.shape != shape or b.data_ptr() != address:
-            operand = _operand(b, self.blocks[1])
-            self.weight = (b, b.shape, b.data_ptr(), operand)
-        return operand
 
     @classmethod
     def of(cls, ctx: AgGemmContext, plan: LaunchPlan, g: torch.Tensor) -> _Prepared:
@@ -530,6 +527,15 @@ class _AtRows:
     g_operand: Any
 
 
+def _fused_key(
+    ctx: AgGemmContext, config: KernelConfig, g: torch.Tensor, b: torch.Tensor, out: torch.Tensor
+) -> tuple[Any, ...] | None:
+    """Where :func:`_launch_fused` keeps its :class:`_Prepared` (None off CUDA)."""
+    if ctx.device.type != "cuda":
+        return None
+    return ("fused", config, _layout(g), _layout(b), _layout(out))
+
+
 def _launch_fused(
     ctx: AgGemmContext,
     g: torch.Tensor,
@@ -537,6 +543,7 @@ def _launch_fused(
     out: torch.Tensor,
     m_per_rank: int,
     config: KernelConfig,
+    key: tuple[Any, ...] | None = None,
 ) -> None:
     """The consumer over ``g`` (the workspace's rows; one rank: the shard): on CUDA
     through what :class:`_Prepared` keeps, so a steady call makes the descriptors of
@@ -545,7 +552,7 @@ def _launch_fused(
     if ctx.device.type != "cuda":
         launch_plan(ctx, g, b, out, m_per_rank, config).launch()
         return
-    key = ("fused", config, _layout(g), _layout(b), _layout(out))
+    key = key or _fused_key(ctx, config, g, b, out)
     prepared = ctx.cache.get(key)
     if prepared is None:
         plan = launch_plan(ctx, g, b, out, m_per_rank, config)
@@ -555,7 +562,7 @@ def _launch_fused(
         at = prepared.at_rows(ctx, g, b.shape[1], m_per_rank, config)
         prepared.rows[(g.shape[0], m_per_rank)] = at
     g_operand = at.g_operand if at.g is not None else _operand(g, prepared.blocks[0])
-    b_operand, out_operand = prepared.b_operand(b), _operand(out, prepared.blocks[2])
+    b_operand, out_operand = _operand(b, prepared.blocks[1]), _operand(out, prepared.blocks[2])
     prepared.compiled[at.grid](g_operand, b_operand, out_operand, *at.tail)
 
 

@@ -41,7 +41,7 @@ def test_the_floor_bounds_apply_by_rows_and_the_floor_is_the_slower_anchor():
     assert medium.met is False and medium.misses == ("4095x4096x4096",)
     assert "512x" not in large.measured + medium.measured  # below 1024 rows: no floor bound
     fine = targets.ag_gemm({"rows": [row(4096, 80.0), row(2048, 114.0)]})
-    assert all(v.met for v in fine if "floor" in v.target)
+    assert all(v.met for v in fine if "floor" in v.target and "host ahead" not in v.target)
 
 
 def test_a_target_with_no_figure_is_not_measured_never_met():
@@ -200,3 +200,8 @@ def test_two_ranks_floor_bounds_are_looser_than_one_ranks():
     verdicts = targets.ag_gemm({"rows": rows})
     assert _verdict(verdicts, f"[4.3] fused <= {targets.FLOOR_LARGE_2}x").met is True
     assert _verdict(verdicts, f"[2.5] fused <= {targets.FLOOR_LARGE}x").met is False
+    ahead = f"[4.3] fused with the host ahead (device time) <= {targets.FLOOR_LARGE_2}x"
+    assert _verdict(verdicts, ahead).met is None  # no device-time column: not measured
+    rows[0]["us_ahead"] = {targets.FUSED: 111.0}
+    device = _verdict(targets.ag_gemm({"rows": rows}), ahead)
+    assert device.met is False and "4096x4096x4096 1.110" in device.measured

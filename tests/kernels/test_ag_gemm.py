@@ -167,18 +167,67 @@ def test_the_kernel_hash_changes_with_the_algorithms(monkeypatch):
     assert ag_gemm.kernel_hash() != before
 
 
-def test_a_fused_launch_keeps_the_weights_operand_while_the_weight_is_the_same():
+@pytest.fixture
+def fused_call(monkeypatch):
+    """``_run_fused`` on a context that says CUDA, its steps recorded in order (no GPU):
+    the workspace's steps and the consumer's launch stubbed."""
     import torch
 
-    from kernels.ag_gemm import _Prepared
+    from kernels import ag_gemm
+    from kernels import ag_gemm_workspace as workspace
+    from kernels.ag_gemm_workspace import AgGemmContext, Rows
+    from kernels.spaces import device_limits
 
-    prepared = _Prepared(None, (), (0, 1), ([2, 2], [2, 2], [2, 2]), True, False)
-    b = torch.zeros(4, 4)
-    first = prepared.b_operand(b)
-    assert prepared.b_operand(b) is first  # the same weight: no new descriptor
-    other = torch.zeros(4, 4)
-    assert prepared.b_operand(other) is not first and prepared.b_operand(other).base is other
-    moved = prepared.b_operand(other)
-    other.set_(torch.zeros(4, 4))  # same tensor object, new memory
-    assert prepared.b_operand(other) is not moved
-    assert prepared.b_operand(b).block_shape == [2, 2]
+    steps = []
+    g, b, out = torch.zeros(4, 8), torch.zeros(8, 4), torch.zeros(4, 4)
+    ctx = AgGemmContext(
+        group=None, rank=0, world=2, max_m=4, k=8, dtype=torch.float32,
+        device=torch.device("cuda", 0), limits=device_limits(torch.device("cpu")),
+        buffer=g, flags=torch.zeros(2, dtype=torch.int32), one=torch.ones(1, dtype=torch.int32),
+    )  # fmt: skip
+    rows = Rows(g, g[:2], ())
+    monkeypatch.setattr(workspace, "arm_and_meet", lambda ctx, a: steps.append("arm") or rows)
+    monkeypatch.setattr(workspace, "push_aside", lambda ctx, a, at: steps.append("push"))
+    monkeypatch.setattr(workspace, "join", lambda ctx: steps.append("join"))
+    monkeypatch.setattr(ag_gemm, "_await_rows", lambda *args: steps.append("await"))
+
+    def launch(*args, key=None):
+        steps.append("launch")
+        if ctx.cache.get("fail"):
+            raise RuntimeError("launch failed")
+
+    monkeypatch.setattr(ag_gemm, "_launch_fused", launch)
+    config = ag_gemm.BASELINE_CONFIG
+
+    def call(*, warm: bool, fail: bool = False) -> list[str]:
+        steps.clear()
+        ctx.cache.clear()
+        if warm:
+            ctx.cache[ag_gemm._fused_key(ctx, config, g, b, out)] = object()
+        ctx.cache["fail"] = fail
+        try:
+            ag_gemm._run_fused(ctx, g[:2], b, out, config)
+        except RuntimeError:
+            steps.append("raised")
+        return list(steps)
+
+    return call
+
+
+def test_a_warm_fused_call_launches_its_consumer_before_its_pushes(fused_call):
+    assert fused_call(warm=True) == ["arm", "launch", "push", "join"]
+
+
+def test_a_first_fused_call_or_a_blocking_launch_pushes_first(fused_call, monkeypatch):
+    from kernels import ag_gemm
+
+    assert fused_call(warm=False) == ["arm", "push", "launch", "join"]  # it may compile
+    monkeypatch.setattr(ag_gemm, "LAUNCH_BLOCKING", True)
+    assert fused_call(warm=True) == ["arm", "push", "launch", "join"]
+
+
+def test_a_failed_consumer_launch_still_pushes_this_ranks_rows_then_settles(fused_call):
+    # the peers are past the barrier and wait for this rank's rows: pushed, then every
+    # peer's rows awaited and the side stream joined, before the error goes up
+    assert fused_call(warm=True, fail=True) == ["arm", "launch", "push", "await", "join", "raised"]
+    assert fused_call(warm=False, fail=True) == ["arm", "push", "launch", "await", "join", "raised"]

@@ -100,17 +100,19 @@ def cuda_latency_timer(*, warmup: int = 2, flush_bytes: int = 256 * 2**20) -> Ti
     guard compares its winner with the baseline on this clock (``Tuner._latency_guard``)."""
     import torch
 
-    flush = torch.empty(flush_bytes, dtype=torch.int8, device="cuda")
+    flushes: list[Any] = []  # made at the first use: the tuner's guard needs it rarely
 
     def timer(
         fn: Thunk, repetitions: int, *, meet: Thunk | None = None, align: Thunk | None = None
     ) -> list[float]:
         for _ in range(warmup):
             fn()
+        if not flushes:
+            flushes.append(torch.empty(flush_bytes, dtype=torch.int8, device="cuda"))
         times = []
         for _ in range(repetitions):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-            flush.zero_()
+            flushes[0].zero_()
             if meet is not None:
                 meet()  # after the flush: the device idle, the hosts released together
             else:

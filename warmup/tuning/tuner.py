@@ -611,10 +611,18 @@ class Tuner:
         runs: dict[KernelConfig, list[float]] = {config: [] for config in pair}
         for index in range(LATENCY_PASSES):
             for config in pair[index % 2 :] + pair[: index % 2]:
-                times = self.latency_timer(
-                    functools.partial(task.run, config), LATENCY_REPETITIONS, **steps
-                )
+                try:
+                    times = self.latency_timer(
+                        functools.partial(task.run, config), LATENCY_REPETITIONS, **steps
+                    )
+                except RankFailure:
+                    raise
+                except Exception as e:  # every rank still takes part in the max below
+                    log.warning("%s: latency guard: %s failed: %s", task.kernel, config, e)
+                    times = [math.inf] * LATENCY_REPETITIONS
                 runs[config] += self.lockstep.max_over_ranks(times, what="latencies")
+        if any(math.isinf(t) for times in runs.values() for t in times):
+            return ["latency guard: a call failed on some rank; the search's order kept"]
         winner, kept = (statistics.median(runs[config]) * 1e3 for config in pair)
         figures = (
             f"{best.config.label()} {winner:.0f} us against the baseline's {kept:.0f} us "
@@ -721,12 +729,13 @@ LATENCY_REPETITIONS = 8  # ... and repetitions per pass
 
 
 def _takes(fn: Callable[..., Any], name: str) -> bool:
-    """Whether ``fn`` takes a keyword argument ``name`` (or any keyword)."""
+    """Whether ``fn`` names a parameter ``name`` (a ``**kwargs`` wrapper does not count:
+    it may pass the keyword on to a timer that does not take it)."""
     try:
         parameters = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):  # a builtin without a signature: assume the old one
         return False
-    return any(p.name == name or p.kind is p.VAR_KEYWORD for p in parameters)
+    return any(p.name == name and p.kind is not p.VAR_POSITIONAL for p in parameters)
 
 
 def lock_name(kernel: str, key: Mapping[str, Any]) -> str:

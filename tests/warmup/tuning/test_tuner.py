@@ -265,3 +265,33 @@ def test_no_latency_guard_without_its_timer_a_baseline_or_a_rival():
     task = FakeTask(dict(TIMINGS))  # no baseline
     tuner.timer, tuner.latency_timer = fake_timer(task), _latency_timer(task, {})
     assert tuner.tune(task).config.meta["BLOCK"] == 64 and tuner.latency_timer.seen == []
+
+
+def test_a_latency_guard_whose_call_fails_keeps_the_searchs_winner(tmp_path):
+    task = FakeTask(dict(TIMINGS), baseline_block=128)
+    tuner = tuner_for(task, tmp_path)
+
+    def failing(fn, repetitions, meet=None, align=None):
+        fn()
+        if task.last == 128:
+            raise RuntimeError("out of memory")
+        return [0.1] * repetitions
+
+    tuner.latency_timer = failing
+    outcome = tuner.tune(task)
+    assert outcome.config.meta["BLOCK"] == 64  # the device clock's winner, not the guard's
+    assert outcome.notes == ["latency guard: a call failed on some rank; the search's order kept"]
+
+
+def test_only_a_timer_that_names_align_is_given_it():
+    from warmup.tuning.tuner import _takes
+
+    def new(fn, repetitions, *, meet=None, align=None): ...
+
+    def old(fn, repetitions, meet=None): ...
+
+    def wrapper(*args, **kwargs):  # may hand align on to an old timer
+        return old(*args, **kwargs)
+
+    assert _takes(new, "align") and not _takes(old, "align")
+    assert not _takes(wrapper, "align") and not _takes(print, "align")
