@@ -317,6 +317,16 @@ def _max_over_ranks(values: list[float], device: Any) -> list[float]:
     return [float(v) for v in tensor.tolist()]
 
 
+@functools.cache
+def _lockstep() -> Any:
+    """The tuner's meeting of every rank (``warmup.collectives.Lockstep.meet``)."""
+    import torch.distributed as dist
+
+    from warmup.collectives import Lockstep
+
+    return Lockstep(dist.group.WORLD)
+
+
 def _timed(call: Callable[..., Any], shard: Any, b: Any, device: Any) -> tuple[float, float, Any]:
     """Ranks start together (the GPU drained, then a meeting that releases every rank
     within microseconds: a barrier's wait can release one rank a millisecond after the
@@ -327,9 +337,7 @@ def _timed(call: Callable[..., Any], shard: Any, b: Any, device: Any) -> tuple[f
 
     if device.type == "cuda":
         torch.cuda.synchronize()
-        work = dist.all_reduce(torch.zeros(1, device=device), async_op=True)
-        while not work.is_completed():  # spun on, as bench/ag_gemm.py's meet()
-            pass
+        _lockstep().meet(what="a call of the trace")
     else:
         dist.barrier()
     started = time.perf_counter()

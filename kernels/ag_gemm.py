@@ -296,7 +296,7 @@ def ag_gemm(
     checks of its inputs and a dict lookup (docs/benchmarks.md: what a call costs).
     """
     m, n, _ = check_inputs(a_shard, b, ctx, out)
-    run = _RUNS.get(config.algorithm or FUSED) or _run_for(config)
+    run = _RUNS.get(algorithm_of(config)) or _run_for(config)
     if out is None:
         out = torch.empty(m, n, dtype=ctx.dtype, device=ctx.device)
     ctx.calls += 1

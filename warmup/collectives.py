@@ -183,14 +183,11 @@ class Lockstep:
             return
         import time
 
-        import torch
         import torch.distributed as dist
 
-        if self._ping is None:  # made once: meet runs before every timed repetition
-            self._ping = torch.zeros(1, dtype=torch.int32, device=self._device)
         deadline = time.monotonic() + self.timeout_s
         try:
-            work = dist.all_reduce(self._ping, group=self.group, async_op=True)
+            work = dist.all_reduce(self._pinged(), group=self.group, async_op=True)
         except Exception as e:
             raise RankFailure(f"rank {self.rank}/{self.world}: {what} (meet) failed: {e}") from e
         while not work.is_completed():
@@ -207,12 +204,18 @@ class Lockstep:
         where the previous layer's collective keeps the ranks in step."""
         if not self.active:
             return
-        import torch
         import torch.distributed as dist
 
+        dist.all_reduce(self._pinged(), group=self.group)
+
+    def _pinged(self) -> Any:
+        """The one-element tensor ``meet`` and ``align`` all-reduce, made at first use
+        (they run before every timed repetition)."""
         if self._ping is None:
+            import torch
+
             self._ping = torch.zeros(1, dtype=torch.int32, device=self._device)
-        dist.all_reduce(self._ping, group=self.group)
+        return self._ping
 
     def _run(self, op: str, tensor: Any, what: str, timeout_s: float | None) -> None:
         import torch.distributed as dist

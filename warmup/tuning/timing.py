@@ -109,20 +109,10 @@ def cuda_latency_timer(*, warmup: int = 2, flush_bytes: int = 256 * 2**20) -> Ti
             fn()
         if not flushes:
             flushes.append(torch.empty(flush_bytes, dtype=torch.int8, device="cuda"))
-        times = []
-        for _ in range(repetitions):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-            flushes[0].zero_()
-            if meet is not None:
-                meet()  # after the flush: the device idle, the hosts released together
-            else:
-                torch.cuda.synchronize()  # one process: the device idle before the call
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(float(start.elapsed_time(end)))
-        return times
+        return [
+            _event_time(fn, meet, flushes[0], NO_HOLD, None, just_in_time=True)
+            for _ in range(repetitions)
+        ]
 
     return timer
 
@@ -147,6 +137,9 @@ class DeviceHold:
         torch.cuda._sleep(self._cycles)  # type: ignore[no-untyped-call]
 
 
+NO_HOLD = DeviceHold(0.0)
+
+
 def _cycles_per_us(cycles: int = 2_000_000) -> float:
     """The current GPU's spin cycles per microsecond (about its clock in MHz)."""
     import torch
@@ -161,18 +154,31 @@ def _cycles_per_us(cycles: int = 2_000_000) -> float:
 
 
 def _event_time(
-    fn: Thunk, meet: Thunk | None, flush: Any, hold: DeviceHold, align: Thunk | None
+    fn: Thunk,
+    meet: Thunk | None,
+    flush: Any,
+    hold: DeviceHold,
+    align: Thunk | None,
+    *,
+    just_in_time: bool = False,
 ) -> float:
     """One launch timed by device events: ``meet`` first, then the L2 flushed, the
     device held while the host issues the call, and (``align``) the ranks' streams met
     on the devices, so that every rank's call starts within microseconds of the others'
-    whatever each one's flush and hold took."""
+    whatever each one's flush and hold took. ``just_in_time``: the L2 flushed first,
+    then ``meet`` (one process: the device waited for), so that the call starts on an
+    idle device and the events bracket its host's issue too."""
     import torch
 
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    if just_in_time:
+        flush.zero_()
     if meet is not None:
         meet()  # the device is idle (the last repetition was waited for): start together
-    flush.zero_()
+    elif just_in_time:
+        torch.cuda.synchronize()
+    if not just_in_time:
+        flush.zero_()
     hold()
     if align is not None:
         align()
