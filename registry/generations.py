@@ -2,7 +2,8 @@
 ``current`` link or record is told apart from a healthy one.
 
 A generation is *sealed* when its ``GENERATION.json`` parses as a :class:`Record`. Only
-:class:`registry.store.Store` writes here (under its lock); this module only reads.
+:class:`registry.store.Store` writes here (under its lock, through
+:class:`registry.generation_writer.GenerationWriter`); this module only reads.
 """
 
 from __future__ import annotations
@@ -153,6 +154,13 @@ def linked(root: Path) -> Path | None:
     return gen
 
 
+def current(root: Path) -> Path | None:
+    """The generation readers see: the one ``current`` links to or, while that link is
+    missing or broken, the one a repair would restore (never an empty view)."""
+    folder = root / CURRENT  # a copy tool may have made the link a folder
+    return linked(root) or (folder if is_real_dir(folder) else fallback(root))
+
+
 def fallback(root: Path) -> Path | None:
     """The generation a broken ``current`` stands for: the sealed one written last (its
     ``.stamp`` is replaced on every write, so an install that crashed before its swap
@@ -199,6 +207,7 @@ __all__ = [
     "GENERATION_FILE",
     "STAMP_FILE",
     "Record",
+    "current",
     "entry_files",
     "entry_paths",
     "fallback",

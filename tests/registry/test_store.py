@@ -340,7 +340,7 @@ def test_recover_cleans_temp_files_and_unsealed_generations(tmp_path, make_entry
     (gen / "ag_gemm" / ".tmp-abc-x.json").write_text("{")  # what kill -9 mid-write leaves
     (tmp_path / ".tmp-77-current").symlink_to("gen-000001")
     crashed = tmp_path / "gen-000050"  # an install killed before its seal: links only
-    store._fork(gen).rename(crashed)
+    store._generations.fork(gen).rename(crashed)
     unique = tmp_path / "gen-000051"  # unsealed, holding an entry nobody else has
     (unique / "ag_gemm").mkdir(parents=True)
     (unique / "ag_gemm" / "lone.json").write_text(atomic.dumps(make_entry(m=99).to_json()))
@@ -454,8 +454,8 @@ def test_a_crashed_install_sealed_but_never_swapped_loses_to_the_generation_in_u
 ):
     store = _ten_entries(tmp_path, make_entry)
     current = tmp_path / os.readlink(tmp_path / CURRENT)
-    stale = store._fork(current)  # what a kill between seal and swap leaves
-    store._seal(stale, current, {"kind": "install", "changed": []})
+    stale = store._generations.fork(current)  # what a kill between seal and swap leaves
+    store._generations.seal(stale, current, {"kind": "install", "changed": []})
     old = time.time() - 60
     os.utime(stale / ".stamp", (old, old))
     store.put(make_entry(m=11))
@@ -485,7 +485,7 @@ def test_a_read_that_fails_fails_the_put_instead_of_overwriting(tmp_path, make_e
     def eio(*args, **kwargs):
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr("registry.store.read_entry", eio)
+    monkeypatch.setattr("registry.entry_writer.read_entry", eio)
     with pytest.raises(OSError):
         store.put(make_entry(m=1, block_m=32))
     assert path.read_bytes() == before
@@ -642,7 +642,7 @@ def test_twenty_five_unsealed_generations_are_cleared_by_one_put(
     store = _ten_entries(tmp_path, make_entry)
     current = tmp_path / os.readlink(tmp_path / CURRENT)
     for i in range(25):  # installs killed before their seal: links, and a few new entries
-        crashed = store._fork(current)
+        crashed = store._generations.fork(current)
         if i % 5 == 0:
             (crashed / "ag_gemm" / f"lone-{i}.json").write_text(
                 atomic.dumps(make_entry(m=1000 + i).to_json())
@@ -670,7 +670,7 @@ def test_clearing_debris_stops_at_its_budget_and_goes_on_at_the_next_write(
     assert not list(folder.glob(".tmp-*")) and writer.recovered == {"temp_files": 3}
     lines = _recovery_lines(caplog)
     assert len(lines) == 3 and all("the rest at the next write" in line for line in lines[:2])
-    assert len(store) == 39 and writer._debris_cleared
+    assert len(store) == 39 and writer._recovery.cleared
 
 
 @pytest.mark.parametrize(
@@ -716,10 +716,10 @@ def test_clearing_debris_checks_its_budget_per_folder_walked(tmp_path, make_entr
     writer = Store(tmp_path, recovery_budget_s=0.0)
     writer.put(make_entry(m=11))
     assert (deep / "sub4" / ".tmp-9-x.json").exists()  # not reached in the first write
-    assert not writer._debris_cleared
+    assert not writer._recovery.cleared
     for m in range(12, 30):
         writer.put(make_entry(m=m))
-    assert not (deep / "sub4" / ".tmp-9-x.json").exists() and writer._debris_cleared
+    assert not (deep / "sub4" / ".tmp-9-x.json").exists() and writer._recovery.cleared
 
 
 def test_recover_takes_a_budget_and_leaves_the_rest_to_the_next_write(tmp_path, make_entry):
@@ -731,34 +731,4 @@ def test_recover_takes_a_budget_and_leaves_the_rest_to_the_next_write(tmp_path, 
     report = store.recover(budget_s=0.0)
     assert report["unfinished"] and len(report["temp_files"]) < 3
     store.put(make_entry(m=11))  # a write goes on with the rest, unbounded here
-    assert not list(folder.glob(".tmp-*")) and store._debris_cleared
-
-
-def test_a_lock_file_is_never_moved_aside_as_a_folder(tmp_path, monkeypatch):
-    # another writer moved the folder and holds the real lock file between our check and rename
-    store = Store(tmp_path)
-    lock_file = tmp_path / ".store.lock"
-    lock_file.write_text("")
-    monkeypatch.setattr("registry.store.is_real_dir", lambda path: True)  # the check, stale
-    assert store._lock_folder_aside(lock_file) is None
-    assert lock_file.is_file()
-
-
-def test_a_kept_generation_whose_record_cannot_be_read_now_is_not_collected(
-    tmp_path, make_entry, monkeypatch
-):
-    store = Store(tmp_path)
-    store.put(make_entry(m=1))
-    parent = tmp_path / os.readlink(tmp_path / CURRENT)
-    store.install([make_entry(m=2)], record={"bundle": {"name": "b"}})
-    assert os.readlink(tmp_path / CURRENT) != parent.name
-    real = atomic.read_bounded
-
-    def eio(path, limit):
-        if Path(path).parent == parent:
-            raise OSError(errno.EIO, "Input/output error")
-        return real(path, limit)
-
-    monkeypatch.setattr(atomic, "read_bounded", eio)
-    assert store._collect_garbage() == {"removed": [], "quarantined": []}
-    assert parent.is_dir()
+    assert not list(folder.glob(".tmp-*")) and store._recovery.cleared
