@@ -1,4 +1,10 @@
-"""The registry's domain exceptions: each names the key, the value and the limit."""
+"""The project's domain exceptions: each names the key, the value and the limit.
+
+Their bases say how the command line ends on one (``warmup.cli.exit_code``): a
+:class:`BadInput` exits 2, a :class:`WorkFailed` (every :class:`RegistryError`) 1, each
+as its message alone. This module imports nothing heavy: the command line classifies by
+these classes without torch, triton or pydantic.
+"""
 
 from __future__ import annotations
 
@@ -33,7 +39,21 @@ def short(text: str) -> str:
     return text if len(text) <= 160 else f"{text[:120]}... ({len(text)} characters)"
 
 
-class RegistryError(Exception):
+class ReportedError(Exception):
+    """An error the command line reports as its message alone, on one line; its exit
+    code follows from its class (:class:`BadInput` or :class:`WorkFailed`)."""
+
+
+class BadInput(ReportedError):
+    """The user's input, settings or host cannot be used (a path, an option, a key, a
+    port): exit 2, and nothing written."""
+
+
+class WorkFailed(ReportedError):
+    """The work itself failed (a store that refused a write, a lock not acquired): exit 1."""
+
+
+class RegistryError(WorkFailed):
     """A registry operation that cannot go on: bad input, an unreadable store, a refused write."""
 
 
@@ -60,7 +80,7 @@ class Superseded(RegistryError):
         self.held = held  # the entry that holds it now, where known (the remote tier's)
 
 
-class BundleRejected(RegistryError):
+class BundleRejected(RegistryError, BadInput):
     """A bundle failed verification; nothing from it was installed."""
 
     def __init__(self, bundle: str, reason: str) -> None:

@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from registry import atomic
-from registry.errors import RegistryError, short
+from registry.errors import BadInput, RegistryError, short
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ MAX_TRUSTED_KEYS = 256
 BUNDLE, REMOTE = "bundle", "remote"  # the domains: what a signature was made for
 
 
-class KeyFileError(RegistryError):
+class KeyFileError(RegistryError, BadInput):
     """A key file or trusted keys folder that cannot be used: bad input (exit 2)."""
 
 

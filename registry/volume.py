@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import overload
 
+from registry.errors import BadInput
+
 
 class _Subfolder:
     """A read-only :class:`Volume` attribute: the folder ``name`` below its root."""
@@ -40,7 +42,7 @@ class Volume:
     hosts = _Subfolder("hosts")
 
 
-class MissingFolder(ValueError):
+class MissingFolder(BadInput, ValueError):
     """A volume or store folder that is not there and was not asked to be created: a
     mistyped path must not start an empty one (and tune everything again)."""
 

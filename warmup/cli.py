@@ -6,10 +6,11 @@ triton-warmup status    the last run: state, sources, time by phase
 triton-warmup validate  check a manifest, write nothing
 triton-warmup doctor    check this host for what a run needs
 triton-warmup explain   predict each cache family's hit or miss here, and why
-triton-warmup registry  inspect and move tuned configs
+triton-warmup registry  inspect and move tuned configs and compiled models
 
-Exit codes: 0 done, 1 the work failed (the status names why), 2 bad input or settings.
-An error is one line on stderr; ``--debug`` adds the traceback.
+Exit codes: 0 done, 1 the work failed (the status names why), 2 bad input or settings,
+chosen by the error's class (:func:`exit_code`). An error is one line on stderr;
+``--debug`` (TRITON_WARMUP_DEBUG) adds the traceback.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from registry.errors import BadInput, ReportedError, named
 from warmup.manifest import Manifest, ManifestError, load_manifest
 
 if TYPE_CHECKING:
@@ -34,8 +36,9 @@ if TYPE_CHECKING:
     from warmup.settings import Settings
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
-# Imported here: the manifest (and pydantic). ``validate`` needs nothing else, not even
-# the settings; every other command imports what it uses when it runs.
+# Imported here: the manifest (and pydantic) and the error classes (registry.errors, no
+# torch). ``validate`` needs nothing else, not even the settings; every other command
+# imports what it uses when it runs.
 
 
 def build_parser(settings: Settings) -> argparse.ArgumentParser:
@@ -57,6 +60,7 @@ def build_parser(settings: Settings) -> argparse.ArgumentParser:
     status.add_argument(
         "--file", type=Path, help=f"the status file (default {settings.status_file})"
     )
+    _work_dir_option(status, settings)
     status.add_argument("--json", action="store_true", help="the status file's JSON as it is")
 
     _add_validate(sub)
@@ -80,7 +84,12 @@ def build_parser(settings: Settings) -> argparse.ArgumentParser:
 def _top_parser() -> tuple[argparse.ArgumentParser, Any]:
     parser = argparse.ArgumentParser(prog="triton-warmup", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    parser.add_argument("--debug", action="store_true", help="tracebacks with errors")
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        default=None,  # None: not given, so TRITON_WARMUP_DEBUG stands
+        help="tracebacks with errors (TRITON_WARMUP_DEBUG)",
+    )
     return parser, parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
 
@@ -99,12 +108,24 @@ def _common(parser: argparse.ArgumentParser, settings: Settings) -> None:
         default=None,  # None: not given, so TRITON_WARMUP_CREATE_VOLUME stands
         help="make the volume's folder if it is not there (default: exit 2)",
     )
+    _work_dir_option(parser, settings)
+
+
+def _work_dir_option(parser: argparse.ArgumentParser, settings: Settings) -> None:
+    parser.add_argument(
+        "--work-dir",
+        type=Path,
+        help="this pod's scratch folder: the status file and the caches restored for the "
+        f"server lie under it unless set on their own (default {settings.work_dir})",
+    )
 
 
 OVERRIDES = {  # option -> setting
     "manifest": "manifest",
     "volume": "volume",
     "create_volume": "create_volume",
+    "work_dir": "work_dir",
+    "debug": "debug",
     "world_size": "world_size",
     "device": "device",
     "host": "metrics_host",
@@ -120,7 +141,7 @@ def main(argv: Sequence[str] | None = None, *, early: EarlyRanks | None = None) 
         parser, sub = _top_parser()
         _add_validate(sub)
         args = parser.parse_args(argv)
-        return _guarded(args, lambda: _validate(args))
+        return _guarded(bool(args.debug), lambda: _validate(args))
     return _with_settings(argv, early)
 
 
@@ -152,51 +173,34 @@ def _with_settings(argv: Sequence[str], early: EarlyRanks | None) -> int:
         return _error(settings_errors(e, options=given), EXIT_BAD_INPUT)
     quiet = args.command not in ("run", "serve")  # registry commands print their own output
     logs.configure(settings.log_format, level=10 if args.verbose else 30 if quiet else 20)
-    return _guarded(args, lambda: _dispatch(args, settings, early))
+    return _guarded(settings.debug, lambda: _dispatch(args, settings, early))
 
 
-def _guarded(args: argparse.Namespace, command: Callable[[], int]) -> int:
+def _guarded(debug: bool, command: Callable[[], int]) -> int:
     """``command``'s exit code; an exception is one line on stderr (all of a manifest's
-    lines), with its traceback under ``--debug``."""
+    lines), with its traceback before it under ``debug``."""
     try:
         return command()
     except Exception as e:
-        if args.debug:
+        if debug:
             traceback.print_exc()
+        code = exit_code(e)
         if isinstance(e, ManifestError):
             for line in e.lines():
-                _error(line, EXIT_BAD_INPUT)
-            return EXIT_BAD_INPUT
-        bad_input = _raised_as(e, *BAD_INPUT)
-        code = EXIT_BAD_INPUT if bad_input else EXIT_FAILED
-        if bad_input or _raised_as(e, REGISTRY_ERROR):
+                _error(line, code)
+            return code
+        if isinstance(e, ReportedError):  # the project's own: its message says it all
             return _error(str(e), code)
-        from registry.errors import named  # here: validate imports no registry
-
         return _error(f"{named(e)} (--debug shows where)", code)
 
 
-# Errors of the user's input or host (exit 2), and the registry's own (exit 1, its message
-# alone), by module and class: an error of one was raised by its module, so it is imported
-# already, and classifying an error imports nothing (nor fails: a broken install's
-# ImportError is one line too).
-BAD_INPUT = (
-    ("warmup.run.session", "RunError"),
-    ("warmup.sidecar.probe_server", "SidecarError"),
-    ("registry.volume", "MissingFolder"),
-    ("registry.errors", "BundleRejected"),
-    ("registry.signing", "KeyFileError"),
-)
-REGISTRY_ERROR = ("registry.errors", "RegistryError")
-
-
-def _raised_as(error: Exception, *kinds: tuple[str, str]) -> bool:
-    """Whether ``error`` is one of ``kinds`` (module, class name)."""
-    for module, name in kinds:
-        kind = getattr(sys.modules.get(module), name, None)
-        if isinstance(kind, type) and isinstance(error, kind):
-            return True
-    return False
+def exit_code(error: BaseException) -> int:
+    """The exit code a command ends with on ``error``, by its class: 2 for bad input
+    (:class:`registry.errors.BadInput`, a manifest's :class:`ManifestError`), before
+    anything else; 1 for the rest (:class:`registry.errors.WorkFailed` and any other)."""
+    if isinstance(error, (BadInput, ManifestError)):  # first: a bad bundle is both
+        return EXIT_BAD_INPUT
+    return EXIT_FAILED
 
 
 def _dispatch(args: argparse.Namespace, settings: Settings, early: EarlyRanks | None) -> int:
@@ -233,7 +237,7 @@ def _run(settings: Settings, early: EarlyRanks | None) -> int:
     settings.existing_volume()
     from warmup.run.launch import run
 
-    status = run(settings, manifest, early)
+    status = run(settings, manifest, early)  # RunError and ManifestError: bad input, exit 2
     print(summary(status))
     return EXIT_OK if status.ready else EXIT_FAILED
 

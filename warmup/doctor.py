@@ -28,6 +28,7 @@ from registry.fingerprint import NVIDIA_PROC, proc_driver_version
 from registry.locks import LockServerUnreachable, check_backend
 from registry.locks.file_lease import FileLeaseBackend
 from registry.redis_url import redacted
+from registry.store import Store
 from warmup.run.early import listed_gpus
 from warmup.settings import Settings
 
@@ -208,19 +209,24 @@ def check_work_dir(settings: Settings, host: Host) -> Result:
 
 
 def check_volume(settings: Settings, host: Host) -> Result:
-    """The volume is writable and its registry readable."""
+    """The volume is writable and its registry readable; its entries counted as
+    ``registry ls`` counts them (the current generation's, not the store's files)."""
     volume, registry = settings.volume, settings.registry_dir
     error = _unwritable(volume)
     if error:
         fix = "mount the volume writable for this user (fsGroup), or set TRITON_WARMUP_VOLUME"
         return Result("volume", "MISSING", f"{volume}: {error}", fix)
+    if not registry.exists():
+        return Result("volume", "OK", f"{volume} is writable; registry {registry}: not created yet")
     try:
-        entries = len(os.listdir(registry)) if registry.exists() else None
-    except OSError as e:
+        store = Store(registry)
+        entries = len(store.entries())
+    except (OSError, RegistryError) as e:
         fix = "make the registry readable for this user, or set TRITON_WARMUP_REGISTRY_DIR"
         return Result("volume", "MISSING", f"registry {registry}: {e}", fix)
-    seen = "not created yet" if entries is None else f"{entries} entries"
-    return Result("volume", "OK", f"{volume} is writable; registry {registry}: {seen}")
+    quarantined = f", {store.quarantined} quarantined" if store.quarantined else ""
+    detail = f"{volume} is writable; registry {registry}: {entries} entries{quarantined}"
+    return Result("volume", "OK", detail)
 
 
 def _folder_result(name: str, folder: Path, fix: str) -> Result:
@@ -308,6 +314,12 @@ def add_parser(
     )
     doctor.add_argument("--volume", type=Path, help=f"default {settings.volume}")
     doctor.add_argument(
+        "--work-dir",
+        type=Path,
+        help="checked as cache/work-dir, with the Triton cache under it unless set on its "
+        f"own (default {settings.work_dir})",
+    )
+    doctor.add_argument(
         "--only", action="append", choices=list(CHECKS), help="run only this check (repeatable)"
     )
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
@@ -315,7 +327,7 @@ def add_parser(
 
 def run(settings: Settings, args: argparse.Namespace, *, host: Host | None = None) -> int:
     """Print the report; 0 when nothing is MISSING, else 1. ``settings`` already hold
-    ``--device`` and ``--volume`` (the CLI validates options as settings)."""
+    ``--device``, ``--volume`` and ``--work-dir`` (the CLI validates options as settings)."""
     results = diagnose(settings, host or Host.current(), args.only or ())
     ok = all(r.state != "MISSING" for r in results)
     if args.json:

@@ -172,6 +172,12 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = Field(
         "text", description="log lines as text, or as one JSON object each"
     )
+    debug: bool = Field(
+        False,
+        description="tracebacks with errors (the command line's --debug): the command "
+        "prints the traceback of the error that ends it; the rank processes of a run "
+        "are given it in their settings",
+    )
     metrics_dir: Path = Field(
         default_factory=_derived,
         validate_default=False,

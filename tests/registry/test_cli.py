@@ -40,7 +40,7 @@ def test_ls_prints_a_table_and_json(capsys, store):
     assert out.splitlines()[0].split()[:3] == ["KERNEL", "SHAPE", "GPU"]
     assert "2 entries" in out and "NVIDIA-H200" in out
     code, out, _ = cli(capsys, store.root, "--json", "ls")
-    rows = json.loads(out)
+    rows = json.loads(out)["entries"]
     assert code == 0 and len(rows) == 2 and rows[0]["median_ms"] == 1.0
 
 
@@ -220,14 +220,14 @@ def test_times_are_numbers_in_json_and_text_in_tables(capsys, tmp_path):
         )
     )
     code, out, _ = cli(capsys, store.root, "ls", "--json")
-    assert code == 0 and json.loads(out)[0]["median_ms"] is None
+    assert code == 0 and json.loads(out)["entries"][0]["median_ms"] is None
     code, out, _ = cli(capsys, store.root, "ls")
     assert code == 0 and "None" not in out and " - " in out
 
 
 def test_ls_json_median_is_a_float(capsys, store):
     code, out, _ = cli(capsys, store.root, "ls", "--json")
-    medians = [row["median_ms"] for row in json.loads(out)]
+    medians = [row["median_ms"] for row in json.loads(out)["entries"]]
     assert code == 0 and medians == [1.0, 1.0]
     code, out, _ = cli(capsys, store.root, "show", "M1024", "--json")
     timings = json.loads(out)["measurements"][0]

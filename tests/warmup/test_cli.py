@@ -1,6 +1,5 @@
 """``triton-warmup``'s ordinary mistakes: one line each, the right exit code, no traceback."""
 
-import importlib
 import json
 import signal
 import socket
@@ -14,7 +13,7 @@ from filelock import FileLock
 
 import warmup.run.launch
 from tests.conftest import DEMO, ROOT, env_without_interpreter, error_line
-from warmup.cli import BAD_INPUT, REGISTRY_ERROR, main
+from warmup.cli import main
 
 
 def one_line_error(capsys) -> str:
@@ -192,9 +191,10 @@ def test_validate_lists_every_error_of_a_manifest_at_once(isolated, capsys):
 FRESH_VALIDATE = """
 import json, sys
 import warmup.program  # the console script's module
-from warmup.cli import BAD_INPUT, REGISTRY_ERROR, main
+from warmup.cli import exit_code, main
 codes = [main(["validate", path]) for path in sys.argv[1:]]
-heavy = ("torch", "triton", "warmup.demo", "tests.warmup.user_functions")
+heavy = ("torch", "triton", "warmup.demo", "tests.warmup.user_functions", "warmup.settings",
+         "pydantic_settings")
 print(json.dumps({
     "codes": codes,
     "imported": sorted(m for m in sys.modules if m.split(".")[0] in heavy or m in heavy),
@@ -259,11 +259,8 @@ def test_an_unexpected_error_is_one_line_and_debug_shows_where(isolated, capsys,
     assert "Traceback" in capsys.readouterr().err
 
 
-def test_an_error_is_classified_without_importing_anything(isolated, capsys, monkeypatch):
-    for module, name in (*BAD_INPUT, REGISTRY_ERROR):  # each kind names a real class
-        assert issubclass(getattr(importlib.import_module(module), name), Exception)
-    # a broken install: the module of an error kind cannot be imported, yet the error the
-    # command met is still one line
+def test_a_broken_install_is_one_line_too(isolated, capsys, monkeypatch):
+    # a module the command needs cannot be imported: the error it met is still one line
     monkeypatch.setitem(sys.modules, "warmup.sidecar.probe_server", None)
 
     def broken(args):

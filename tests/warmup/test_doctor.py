@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from registry import triton_internals
+from registry import Store, triton_internals
 from registry.triton_internals import c_compiler
 from tests.conftest import free_port, settings_for
 from warmup import doctor
@@ -232,11 +232,30 @@ def test_an_unreadable_registry_is_missing(tmp_path):
     assert result.state == "MISSING" and "TRITON_WARMUP_REGISTRY_DIR" in result.fix
 
 
-def test_a_readable_registry_is_counted(tmp_path):
+def test_a_readable_registry_is_counted_as_registry_ls_counts_it(
+    tmp_path, capsys, make_entry, monkeypatch
+):
+    from warmup.cli import main
+
     registry = tmp_path / "volume" / "registry"
-    (registry / "ag_gemm").mkdir(parents=True)
+    store = Store(registry, create=True)
+    store.put(make_entry(m=1024))
+    store.put(make_entry(m=1024, median=0.5))  # the same entry again: a new generation
+    store.put(make_entry(m=2048))
+    assert len(os.listdir(registry)) > 2  # generations, the current link, the lock file
     result = doctor.check_volume(settings_for(tmp_path), Host())
-    assert result.state == "OK" and result.detail.endswith("registry: 1 entries")
+    monkeypatch.setenv("TRITON_WARMUP_VOLUME", str(tmp_path / "volume"))
+    assert main(["registry", "ls"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    counted = next(line for line in listed if line.endswith(f"entries in {registry}"))
+    assert counted.startswith("2 entries")
+    assert result.state == "OK" and result.detail.endswith("registry: 2 entries")
+
+
+def test_an_empty_registry_folder_has_no_entries(tmp_path):
+    (tmp_path / "volume" / "registry").mkdir(parents=True)
+    result = doctor.check_volume(settings_for(tmp_path), Host())
+    assert result.state == "OK" and result.detail.endswith("registry: 0 entries")
 
 
 def test_redis_on_a_closed_port_is_missing_quickly(tmp_path):

@@ -29,7 +29,7 @@ from typing import ParamSpec, TypeVar, cast
 
 import h11
 
-from registry.errors import named
+from registry.errors import BadInput, named
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 
-class SidecarError(RuntimeError):
+class SidecarError(BadInput, RuntimeError):
     """The sidecar cannot start: its port is taken, its address is not this host's."""
 
 
