@@ -6,7 +6,7 @@ library's start; 0 turns it off), least recently used out first. A serving op ma
 that choice at every M its layer will be called with, off the request path
 (``AgGemmServed.prepare``): one entry per M, per layer, per alignment. Two layers of
 4096 Ms fill the default cache, and more layers overflow it: the shapes prepared first
-are then chosen again on a request (docs/benchmarks.md, "First calls at a new M").
+are then chosen again on a request (docs/benchmarks/serving.md, "First calls at a new M").
 
 :meth:`HeuristicsCache.make_room` keeps the set of GEMM shapes prepared in the process
 and, before new ones run, raises the capacity to hold them all plus :data:`RESERVE`

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from kernels.adapter import LaunchPlan, Layer, dtype_name, gemm_flops, torch_dtype
+from kernels.shapes import RULES
 from kernels.task import ProductTask
 from registry import KernelConfig, triton_internals
 
@@ -288,7 +289,8 @@ class MatmulAdapter:
         return kernel_hash()
 
     def check_shape(self, shape: Mapping[str, int], *, world_size: int) -> str | None:
-        return None  # every rank runs the whole problem: any sizes
+        """The rule :mod:`kernels.shapes` holds for this kernel (read there without torch)."""
+        return RULES[NAME].check(shape, world_size=world_size)
 
     def key(self, *, m: int, n: int, k: int, dtype: str, world: int) -> dict[str, Any]:
         return {"M": m, "N": n, "K": k, "dtype": dtype}

@@ -42,20 +42,14 @@ many more.
 
 from __future__ import annotations
 
-import ast
-import contextlib
 import hashlib
-import importlib
-import inspect
 import itertools
 import json
 import math
 import os
 import re
 import stat
-import sys
-from collections.abc import Callable, Iterator, Sequence
-from importlib.machinery import ModuleSpec
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -73,11 +67,27 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from kernels import ADAPTERS
 from kernels.shapes import RULES, check_shape
+from registry.errors import BadInput
 from warmup import plain_yaml
+from warmup.manifest_shapes import (
+    MAX_SHAPES,
+    Dim,
+    Pow2,
+    ShapeSpec,
+    Stepped,
+    TensorSpec,
+    check_dim,
+    dim_count,
+    dim_values,
+)
+from warmup.module_finder import (
+    find_function,
+    find_spec,
+    import_callable,
+    working_folder_importable,
+)
 from warmup.plain_yaml import clip, short
 
-MAX_SHAPES = 4096  # shapes of the whole manifest, duplicates counted
-MAX_DIM = 2**31 - 1  # a dimension is a positive int32
 MAX_MANIFEST_BYTES = 1 << 20
 MAX_ERRORS = 50  # error lines listed; the rest are counted
 MAX_REASONS = 5  # a kernel's reasons listed for one entry's rejected shapes; the rest counted
@@ -87,9 +97,11 @@ BUILD_KEYWORDS = ("device",)  # a model's builder is called with this (warmup an
 # Validation context keys: find the user's functions (without running them); the shapes
 # the kernels' rules may still expand in this pass; notes on functions left to the run.
 _FIND_FUNCTIONS, _SHAPES_LEFT, _NOTES = "find_functions", "shapes_left", "notes"
+# warmup.compiled.key finds a model's module, without running it, by these names
+_find_spec, _working_folder_importable = find_spec, working_folder_importable
 
 
-class ManifestError(ValueError):
+class ManifestError(BadInput, ValueError):
     """The manifest is unusable; ``errors`` holds one line per problem."""
 
     def __init__(self, source: str, errors: list[str]) -> None:
@@ -101,141 +113,11 @@ class ManifestError(ValueError):
         return [f"{self.source}: {error}" for error in self.errors]
 
 
-class Pow2(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    pow2: tuple[int, int]
-
-    @model_validator(mode="after")
-    def _bounds(self) -> Pow2:
-        lo, hi = self.pow2
-        if lo < 1 or hi < lo or lo & (lo - 1) or hi & (hi - 1) or hi > _MAX_POW2:
-            raise ValueError(
-                f"pow2 bounds {list(self.pow2)} must be powers of two, 1 <= lo <= hi <= {_MAX_POW2}"
-            )
-        return self
-
-    def count(self) -> int:
-        """How many values, without listing them."""
-        lo, hi = self.pow2
-        return len(range(lo.bit_length() - 1, hi.bit_length()))
-
-    def values(self) -> list[int]:
-        lo, hi = self.pow2
-        return [1 << e for e in range(lo.bit_length() - 1, hi.bit_length())]
-
-
-class Stepped(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    start: int = Field(ge=1)
-    stop: int = Field(ge=2)
-    step: int = Field(1, ge=1)
-
-    @model_validator(mode="after")
-    def _bounds(self) -> Stepped:
-        if self.stop <= self.start:
-            raise ValueError(
-                f"range start {self.start}, stop {self.stop}: no value (stop is exclusive "
-                "and must be greater than start)"
-            )
-        if self.stop > MAX_DIM + 1 or self.step > MAX_DIM:
-            raise ValueError(
-                f"range start {self.start}, stop {self.stop}, step {self.step}: values must "
-                f"be <= {MAX_DIM} (stop <= {MAX_DIM + 1}, step <= {MAX_DIM})"
-            )
-        return self
-
-    def count(self) -> int:
-        """How many values, without listing them (``len`` of a range is arithmetic)."""
-        return len(range(self.start, self.stop, self.step))
-
-    def values(self) -> list[int]:
-        return list(range(self.start, self.stop, self.step))
-
-
-_MAX_POW2 = 1 << (MAX_DIM.bit_length() - 1)
-Dim = int | list[int] | Pow2 | Stepped
-
-
-class ShapeSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    M: Dim
-    N: Dim
-    K: Dim
-
-    @field_validator("M", "N", "K")
-    @classmethod
-    def _in_bounds(cls, dim: Dim, info: ValidationInfo) -> Dim:
-        return _check_dim(str(info.field_name), dim)
-
-    def count(self) -> int:
-        """Shapes this line stands for (duplicates included), without listing them."""
-        return math.prod(_count(getattr(self, name)) for name in ("M", "N", "K"))
-
-    def expand(self) -> list[dict[str, int]]:
-        axes = [_values(getattr(self, name)) for name in ("M", "N", "K")]
-        return [
-            dict(zip(("M", "N", "K"), combo, strict=True)) for combo in itertools.product(*axes)
-        ]
-
-
-def _check_dim(name: str, dim: Dim) -> Dim:
-    """A dimension within the manifest's bounds; ValueError naming it otherwise."""
-    if isinstance(dim, list) and len(dim) > MAX_SHAPES:
-        raise ValueError(f"{len(dim)} values; a list holds at most {MAX_SHAPES}")
-    values = [dim] if isinstance(dim, int) else dim if isinstance(dim, list) else []
-    for value in values:  # ranges and pow2 check their own bounds
-        if not 1 <= value <= MAX_DIM:
-            limit = ">= 1" if value < 1 else f"<= {MAX_DIM}"
-            raise ValueError(f"{name}={short(value)} must be {limit}")
-    return dim
-
-
-def _count(dim: Dim) -> int:
-    if isinstance(dim, int):
-        return 1
-    if isinstance(dim, list):
-        return len(dim)
-    return dim.count()
-
-
-def _values(dim: Dim) -> list[int]:
-    if isinstance(dim, int):
-        return [dim]
-    if isinstance(dim, list):
-        return list(dim)
-    return dim.values()
-
-
+MAX_CACHES = 16  # declared folders: each is restored and saved whole
+MAX_CACHE_KEY = 256
 _MODEL_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 _DIM_NAME = re.compile(r"^[A-Za-z_]\w{0,31}$")
 MAX_INPUTS = 32  # tensors a model takes
-MAX_RANK = 8  # dimensions of one input tensor
-InputDtype = Literal["bf16", "fp16", "fp32", "int64", "int32", "bool"]
-
-
-class TensorSpec(BaseModel):
-    """One input tensor of a model: its shape (ints, or the model's dims by name) and
-    dtype; integer inputs are drawn from ``[0, high)``."""
-
-    model_config = ConfigDict(extra="forbid")
-    shape: list[int | str] = Field(max_length=MAX_RANK)
-    dtype: InputDtype
-    high: int = Field(2, ge=1, le=MAX_DIM)
-
-    @field_validator("shape")
-    @classmethod
-    def _sizes(cls, shape: list[int | str]) -> list[int | str]:
-        for size in shape:
-            if isinstance(size, int) and not 1 <= size <= MAX_DIM:
-                raise ValueError(f"size {size} must be in [1, {MAX_DIM}]")
-        return shape
-
-    def dim_names(self) -> set[str]:
-        return {size for size in self.shape if isinstance(size, str)}
-
-    def sized(self, dims: dict[str, int]) -> list[int]:
-        """The shape with each named dimension replaced by its value in ``dims``."""
-        return [dims[size] if isinstance(size, str) else size for size in self.shape]
 
 
 class ModelEntry(BaseModel):
@@ -275,7 +157,7 @@ class ModelEntry(BaseModel):
         for name, dim in dims.items():
             if not _DIM_NAME.match(name):
                 raise ValueError(f"dimension name {short(name)} is not an identifier")
-            _check_dim(name, dim)
+            check_dim(name, dim)
         return dims
 
     @model_validator(mode="after")
@@ -292,12 +174,12 @@ class ModelEntry(BaseModel):
 
     def count(self) -> int:
         """Shapes this model stands for, without listing them."""
-        return math.prod(_count(dim) for dim in self.dims.values())
+        return math.prod(dim_count(dim) for dim in self.dims.values())
 
     def expand(self) -> list[dict[str, int]]:
         """Every combination of the dims, in order (the first dim varies slowest)."""
         names = list(self.dims)
-        axes = [_values(self.dims[name]) for name in names]
+        axes = [dim_values(self.dims[name]) for name in names]
         return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*axes)]
 
 
@@ -376,11 +258,35 @@ class ManifestEntry(BaseModel):
         return list(seen.values())
 
 
+class CacheEntry(BaseModel):
+    """A folder to keep for the server (``caches:``): an engine's own cache root, stored
+    on the volume by ``name``, ``key`` and host, restored at ``path`` before the server
+    starts and saved after (``registry.families.declared``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    path: Path
+    key: str = Field(min_length=1, max_length=MAX_CACHE_KEY)
+
+    @field_validator("name")
+    @classmethod
+    def _a_name(cls, name: str) -> str:
+        return ModelEntry._a_name(name)
+
+    @field_validator("path")
+    @classmethod
+    def _a_folder(cls, path: Path) -> Path:
+        if not path.is_absolute() or path == Path(path.anchor):
+            raise ValueError(f"path {short(str(path))} must be an absolute folder other than /")
+        return path
+
+
 class Manifest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     version: Literal[1]
     entries: list[ManifestEntry] = []
     models: list[ModelEntry] = []
+    caches: list[CacheEntry] = Field([], max_length=MAX_CACHES)
 
     @model_validator(mode="after")
     def _something_to_warm(self) -> Manifest:
@@ -390,6 +296,10 @@ class Manifest(BaseModel):
         twice = sorted({name for name in names if names.count(name) > 1})
         if twice:
             raise ValueError(f"models: the name(s) {twice} are declared more than once")
+        folders = [cache.name for cache in self.caches]
+        twice = sorted({name for name in folders if folders.count(name) > 1})
+        if twice:
+            raise ValueError(f"caches: the name(s) {twice} are declared more than once")
         return self
 
     @model_validator(mode="after")
@@ -512,283 +422,13 @@ class Manifest(BaseModel):
 def resolve_user_function(spec: str) -> Callable[..., Any]:
     """``package.module:function`` -> the function, checked to take the keywords a
     warmup calls it with (``shape``, ``dtype``, ``device``); ValueError saying why not."""
-    return _callable_as(spec, WARM_KEYWORDS)
+    return import_callable(spec, WARM_KEYWORDS)
 
 
 def resolve_model_builder(spec: str) -> Callable[..., Any]:
     """``package.module:function`` -> the function that builds a model, checked to take
     the keyword a warmup and a server call it with (``device``); ValueError saying why not."""
-    return _callable_as(spec, BUILD_KEYWORDS)
-
-
-def _callable_as(spec: str, keywords: Sequence[str]) -> Callable[..., Any]:
-    """The function ``spec`` names, imported and checked to accept ``keywords``."""
-    module_name, _, name = spec.partition(":")
-    try:
-        function = _imported(module_name, name)
-        _check_callable(function, name, keywords)
-    except ValueError as e:
-        raise ValueError(f"{spec!r}: {e}") from None
-    return function
-
-
-def _imported(module_name: str, name: str) -> Callable[..., Any]:
-    """The callable ``name`` of ``module_name``, imported; ValueError saying why not."""
-    try:
-        with _working_folder_importable():
-            module = importlib.import_module(module_name)
-    except Exception as e:  # ImportError, or whatever the module raises at import
-        raise ValueError(f"cannot import {module_name}: {type(e).__name__}: {e}") from None
-    function = getattr(module, name, None)
-    if not callable(function):
-        raise ValueError(f"module {module_name} has no function {name!r}")
-    return function  # type: ignore[no-any-return]
-
-
-def _check_callable(function: Callable[..., Any], name: str, keywords: Sequence[str]) -> None:
-    try:
-        signature = inspect.signature(function)
-    except ValueError:  # no signature to read (a builtin): its call will tell
-        return
-    _check_call(name, signature, keywords)
-
-
-def _check_call(name: str, signature: inspect.Signature, keywords: Sequence[str]) -> None:
-    """ValueError when ``name{signature}`` refuses a call with ``keywords`` alone."""
-    try:
-        signature.bind(**dict.fromkeys(keywords))
-    except TypeError as e:
-        call = ", ".join(f"{keyword}=..." for keyword in keywords)
-        raise ValueError(
-            f"a warmup calls it as {name}({call}), which its signature {name}{signature} "
-            f"refuses: {e}"
-        ) from None
-
-
-def find_function(spec: str, keywords: Sequence[str]) -> str | None:
-    """Check ``package.module:function`` as :func:`resolve_user_function` does, without
-    running any of the user's code: the module is found as an import would find it (no
-    package's ``__init__`` runs) and its source read through its loader (a zip path
-    too). ValueError when its top-level package is not there, its source does not parse
-    or the ``def`` found refuses the call. What only running code could judge passes,
-    with a note saying why (None when checked): a submodule a package's ``__init__`` may
-    add (``__path__`` extended), a function imported, assigned, decorated or bound at run
-    time (``globals()``, ``setattr``, ``global``), a module without Python source. The
-    run imports it and checks it before tuning. A module imported already is asked
-    directly."""
-    module_name, _, name = spec.partition(":")
-    if module_name in sys.modules:
-        _check_callable(_imported(module_name, name), name, keywords)
-        return None
-    with _working_folder_importable():
-        found = _find_spec(module_name)
-    if isinstance(found, str):
-        return found
-    tree = _source_tree(module_name, found)
-    if tree is None:
-        return f"module {module_name} has no Python source to read"
-    if not any(name in _bound_names(node) for node in _module_scope(tree)):
-        if not _may_bind_at_run_time(ast.unparse(tree), RUN_TIME_BINDERS):
-            raise ValueError(f"module {module_name} has no attribute {name!r}")
-        return f"module {module_name} binds no {name!r} in its source (it may at run time)"
-    definition = _definition(tree, name)
-    if definition is not None:
-        _check_call(name, _signature(definition.args), keywords)
-    return None
-
-
-def _find_spec(module_name: str) -> ModuleSpec | str:
-    """The spec an import of ``module_name`` would load, from ``sys.meta_path``'s
-    finders, each parent package's ``__path__`` read from its spec, not run. ValueError
-    when the top-level package is not there; a note (str) when a submodule is not found
-    this way (its package's ``__init__`` may extend ``__path__``)."""
-    parts = module_name.split(".")
-    path: list[str] | None = None
-    for depth in range(1, len(parts) + 1):
-        name = ".".join(parts[:depth])
-        module = sys.modules.get(name)
-        spec = getattr(module, "__spec__", None) if module is not None else _find(name, path)
-        if spec is None and depth == 1:
-            raise ValueError(
-                f"cannot import {module_name}: ModuleNotFoundError: No module named {name!r}"
-            )
-        if spec is None:
-            parent = ".".join(parts[: depth - 1])
-            if not _may_bind_at_run_time(_parent_source(parent), ("__path__",)):
-                raise ValueError(
-                    f"cannot import {module_name}: ModuleNotFoundError: No module named {name!r}"
-                )
-            return f"no module {name!r} found without running its package's __init__"
-        if depth == len(parts):
-            return spec
-        path = (
-            getattr(module, "__path__", None)
-            if module is not None
-            else spec.submodule_search_locations
-        )
-        if path is None:
-            return f"{name!r} is not a package without running it"
-    raise AssertionError("unreachable: a module name has at least one part")
-
-
-# What in a module's source can bind a name, or a package's submodules, only at run time:
-# then a name its source does not bind is left to the run's import, not refused.
-RUN_TIME_BINDERS = ("globals(", "setattr(", "global ", "__getattr__", "import *", "exec(", "vars(")
-
-
-def _may_bind_at_run_time(source: str | None, markers: Sequence[str]) -> bool:
-    """Whether ``source`` (None: unreadable, so unknown) holds any of ``markers``."""
-    return source is None or any(marker in source for marker in markers)
-
-
-def _parent_source(package: str) -> str | None:
-    """The source of ``package``'s ``__init__`` (None when it has none to read: a
-    namespace package has none, and cannot extend its path, so "" is returned)."""
-    if "." in package:  # a nested package: not read here, left to the run
-        return None
-    spec = sys.modules[package].__spec__ if package in sys.modules else _find(package, None)
-    if spec is None:
-        return None
-    if spec.loader is None or spec.origin is None:  # a namespace package: no __init__
-        return ""
-    try:
-        return _loader_source(spec)
-    except (OSError, ValueError):
-        return None
-
-
-def _loader_source(spec: ModuleSpec) -> str | None:
-    """The source an import of ``spec`` would run, read through its loader as an import
-    reads it (a file, a zip archive; "" for an empty one); None when it has none (an
-    extension module, a frozen or compiled-only one). OSError or ValueError when it
-    cannot be read."""
-    get_source = getattr(spec.loader, "get_source", None)
-    if get_source is None:
-        return None
-    try:
-        source: str | None = get_source(spec.name)
-    except ImportError:  # the loader's "no source here"
-        return None
-    return source
-
-
-def _find(name: str, path: list[str] | None) -> ModuleSpec | None:
-    for finder in sys.meta_path:
-        find_spec = getattr(finder, "find_spec", None)
-        found = find_spec(name, path) if find_spec is not None else None
-        if found is not None:
-            return found  # type: ignore[no-any-return]
-    return None
-
-
-def _source_tree(module_name: str, spec: ModuleSpec) -> ast.Module | None:
-    """The module's parsed source, read through its loader as an import reads it (a
-    file, a zip archive); None when it has none to read (an extension module, a
-    namespace package, a frozen or compiled-only one)."""
-    try:
-        source = _loader_source(spec)
-    except (OSError, ValueError) as e:  # ValueError: undecodable bytes
-        raise ValueError(f"cannot import {module_name}: {type(e).__name__}: {e}") from None
-    if not source:
-        return None
-    try:
-        return ast.parse(source, spec.origin or module_name)
-    except (SyntaxError, ValueError) as e:  # ValueError: a null byte
-        raise ValueError(f"cannot import {module_name}: {type(e).__name__}: {e}") from None
-
-
-_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
-_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
-_OWN_SCOPES = (*_FUNCTIONS, ast.ClassDef, ast.Lambda, *_COMPREHENSIONS)
-
-
-def _definition(tree: ast.Module, name: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
-    """The plain ``def`` that alone binds ``name`` at the top of the module: its
-    signature is the one a call meets. None when something else binds it or may (an
-    import, an assignment, a decorator): only running the module could tell."""
-    binders = [node for node in _module_scope(tree) if name in _bound_names(node)]
-    (only, *others) = binders
-    if others or not isinstance(only, _FUNCTIONS) or only.decorator_list or only not in tree.body:
-        return None
-    return only
-
-
-def _module_scope(tree: ast.Module) -> Iterator[ast.AST]:
-    """Every node of the module's own scope: not inside a function, class, lambda or
-    comprehension (those bind their own names)."""
-    todo: list[ast.AST] = list(tree.body)
-    while todo:
-        node = todo.pop()
-        yield node
-        if not isinstance(node, _OWN_SCOPES):
-            todo.extend(ast.iter_child_nodes(node))
-
-
-def _bound_names(node: ast.AST) -> set[str]:
-    """The names ``node`` binds in the scope it is in ("*" for a star import)."""
-    if isinstance(node, (*_FUNCTIONS, ast.ClassDef)):
-        return {node.name}
-    if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-        return {node.id}
-    if isinstance(node, (ast.Import, ast.ImportFrom)):
-        return {alias.asname or alias.name.split(".")[0] for alias in node.names}
-    if isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and node.name:
-        return {node.name}
-    if isinstance(node, ast.MatchMapping) and node.rest:
-        return {node.rest}
-    return set()
-
-
-class _Source(str):
-    """A default value as its source text, shown bare in a signature."""
-
-    def __repr__(self) -> str:
-        return str(self)
-
-
-def _signature(args: ast.arguments) -> inspect.Signature:
-    """The signature a ``def``'s arguments make, defaults shown as written."""
-    kind = inspect.Parameter
-    positional = [*args.posonlyargs, *args.args]
-    defaults: list[ast.expr | None] = [None] * (len(positional) - len(args.defaults))
-    params = [
-        kind(
-            arg.arg,
-            kind.POSITIONAL_ONLY if i < len(args.posonlyargs) else kind.POSITIONAL_OR_KEYWORD,
-            default=kind.empty if default is None else _Source(ast.unparse(default)),
-        )
-        for i, (arg, default) in enumerate(
-            zip(positional, [*defaults, *args.defaults], strict=True)
-        )
-    ]
-    if args.vararg:
-        params.append(kind(args.vararg.arg, kind.VAR_POSITIONAL))
-    params += [
-        kind(
-            arg.arg,
-            kind.KEYWORD_ONLY,
-            default=kind.empty if default is None else _Source(ast.unparse(default)),
-        )
-        for arg, default in zip(args.kwonlyargs, args.kw_defaults, strict=True)
-    ]
-    if args.kwarg:
-        params.append(kind(args.kwarg.arg, kind.VAR_KEYWORD))
-    return inspect.Signature(params)
-
-
-@contextlib.contextmanager
-def _working_folder_importable() -> Iterator[None]:
-    """Import as the ranks will: they run ``python -m``, which puts the working folder
-    first on ``sys.path`` (an installed console script does not)."""
-    here = os.getcwd()
-    added = "" not in sys.path and here not in sys.path
-    if added:
-        sys.path.insert(0, here)
-    try:
-        yield
-    finally:
-        if added and here in sys.path:
-            sys.path.remove(here)
+    return import_callable(spec, BUILD_KEYWORDS)
 
 
 def load_manifest(
@@ -895,7 +535,7 @@ def _at_most(errors: list[str]) -> list[str]:
     return [*errors[:MAX_ERRORS], f"... and {len(errors) - MAX_ERRORS} more errors"]
 
 
-_UNION_MEMBERS = {"int", "list[int]", "Pow2", "Stepped"}
+_UNION_MEMBERS = {"int", "list[int]", Pow2.__name__, Stepped.__name__}  # as pydantic names them
 _DIM_HELP = "must be an int, a list of ints, {pow2: [lo, hi]} or {start, stop, step}"
 
 

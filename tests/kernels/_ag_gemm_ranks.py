@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -354,6 +355,16 @@ SCENARIOS: dict[str, Any] = {
     "fake_clock": fake_clock,  # fake_clock:ALGORITHM
     "dropped_inputs": dropped_inputs,
 }
+
+
+def run_ranks(world: int, scenario: str, tmp_path: Path, timeout: float = 600) -> list[dict]:
+    """The test's side: ``world`` ranks of this module running ``scenario``; their results."""
+    from tests.conftest import run_rank_processes  # the test process's own: no rank needs it
+
+    init = tmp_path / f"init-{scenario}-{world}"
+    return run_rank_processes(
+        "tests.kernels._ag_gemm_ranks", world, str(init), scenario, timeout=timeout
+    )
 
 
 def main() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from kernels import ag_gemm
+from kernels import ag_gemm_kernels
 from registry import triton_internals
 
 BM, BN, BK = 128, 256, 64
@@ -35,7 +35,7 @@ CONSTANTS |= {"EPILOGUE_SUBTILE": 1}
 def compiled(subtile: int) -> dict[str, object]:
     signature = {**SIGNATURE, "c_desc": f"tensordesc<bf16[{BM},{BN // subtile}]>"}
     kernel = triton_internals.compile_for(
-        ag_gemm._ag_gemm_tma_kernel,
+        ag_gemm_kernels._ag_gemm_tma_kernel,
         signature=signature,
         constexprs={**CONSTANTS, "EPILOGUE_SUBTILE": subtile},
         target=triton_internals.gpu_target(90),

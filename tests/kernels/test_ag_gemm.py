@@ -1,233 +1,49 @@
-"""The AllGather-GEMM on CPU: one process per rank over gloo, the Triton interpreter."""
-
-import json
-import subprocess
-import sys
-from pathlib import Path
+"""The AllGather-GEMM as warmup/ drives it: its adapter, its served layer, and the names
+callers import from ``kernels.ag_gemm`` whatever layer defines them."""
 
 import pytest
+import torch
 
-from tests.conftest import env_without_interpreter, run_rank_processes
+import kernels
+from kernels import ag_gemm, ag_gemm_launch, ag_gemm_tuning, ag_gemm_workspace
+from kernels.adapter import Layer
+from kernels.shapes import RULES
 
-ROOT = Path(__file__).parents[2]
-pytestmark = pytest.mark.slow
+# What the benches, the GPU tests and the serving ranks take from kernels.ag_gemm
+USED = {
+    ag_gemm_launch: ["ALGORITHMS", "ALL_GATHER", "BASELINE", "BASELINE_CONFIG", "FUSED",
+                     "ag_gemm", "algorithm_of", "launch_plan"],
+    ag_gemm_tuning: ["AgGemmTask", "candidates", "kernel_hash", "key", "library_configs",
+                     "problem", "reference", "space", "torch_fused"],
+    ag_gemm_workspace: ["AgGemmContext", "create_context", "input_buffer"],
+}  # fmt: skip
 
 
-def run_ranks(world: int, scenario: str, tmp_path: Path, timeout: float = 600) -> list[dict]:
-    init = tmp_path / f"init-{scenario}-{world}"
-    return run_rank_processes(
-        "tests.kernels._ag_gemm_ranks", world, str(init), scenario, timeout=timeout
+@pytest.mark.parametrize("layer", list(USED))
+def test_every_layers_names_that_callers_use_are_importable_from_here(layer):
+    for name in USED[layer]:
+        assert getattr(ag_gemm, name) is getattr(layer, name), name
+        assert name in ag_gemm.__all__, name
+
+
+def test_the_adapter_is_the_tables_and_its_shape_check_is_the_rule_read_without_torch():
+    assert kernels.adapter_for("ag_gemm") is ag_gemm.ADAPTER
+    assert ag_gemm.ADAPTER.check_shape({"M": 63, "N": 8, "K": 8}, world_size=2) == (
+        "M=63 is not a multiple of world_size 2"
     )
+    for m, world in [(64, 2), (63, 1), (9, 3)]:
+        shape = {"M": m, "N": 8, "K": 8}
+        assert ag_gemm.ADAPTER.check_shape(shape, world_size=world) is None
+        assert RULES["ag_gemm"].check(shape, world_size=world) is None
 
 
-@pytest.mark.parametrize("world", [1, 2, 3, 4])  # 4: the ranks of [2.7]'s GPU runs
-def test_matches_float64_reference_at_odd_shapes(world, tmp_path):
-    for result in run_ranks(world, "correctness", tmp_path):
-        assert len(result["results"]) == 6
-        for row in result["results"]:
-            assert row["written"], f"rank {result['rank']} left unwritten outputs: {row}"
-            assert row["rel_error"] < 1e-5, row
-        assert [r["calls"] for r in result["results"]] == [1, 2] * 3
-        assert result["default_group_named"]
-
-
-@pytest.mark.parametrize("world", [1, 2, 3, 4])
-def test_every_algorithm_matches_the_reference_calls_after_calls(world, tmp_path):
-    expected = {"nccl_cublas", "fused_pull"} | (
-        {"gather_cublas", "overlap_cublas"} if world > 1 else set()
-    )
-    for result in run_ranks(world, "algorithms", tmp_path):
-        assert {row["algorithm"] for row in result["results"]} == expected
-        for row in result["results"]:
-            assert row["written"], f"rank {result['rank']} left unwritten outputs: {row}"
-            assert row["rel_error"] < 1e-5, row
-
-
-@pytest.mark.parametrize("world", [2, 3, 4])
-def test_the_protocol_holds_when_ranks_drift_apart_at_every_step(world, tmp_path):
-    """Random pauses before every step on every rank, every algorithm, a new M each call:
-    the barrier and the flags alone keep each call's rows apart from the next's."""
-    for result in run_ranks(world, "protocol", tmp_path, timeout=120):  # a deadlock fails
-        assert len(result["results"]) == 12
-        for row in result["results"]:
-            assert row["rel_error"] < 1e-5, (result["rank"], row)
-
-
-def test_a_flag_raised_before_its_rows_is_caught(tmp_path):
-    """The check above can fail: a push that raises its flag before the rows land makes
-    the peers read stale rows."""
-    results = run_ranks(2, "protocol:signal_before_data", tmp_path, timeout=120)
-    worst = max(row["rel_error"] for result in results for row in result["results"])
-    assert worst > 1e-2
-
-
-def test_a_launch_failing_past_the_barrier_raises_and_leaves_the_context_working(tmp_path):
-    for result in run_ranks(2, "failed_launch", tmp_path, timeout=120):
-        assert result["error"] is not None
-        assert max(result["errors"]) < 1e-5, result
-
-
-def test_bad_inputs_raise_value_errors_and_launch_nothing(tmp_path):
-    for result in run_ranks(2, "bad_inputs", tmp_path):
-        messages = result["messages"]
-        assert all(messages.values()), messages
-        assert "context was made for torch.float32" in messages["dtype"]
-        assert "contiguous" in messages["non_contiguous"]
-        assert "must be [K=16, N]" in messages["k_mismatch"]
-        assert "exceeds the context's [16, 16]" in messages["above_max"]
-        assert "multiple of the world size 2" in messages["max_m_not_divisible"]
-        assert result["calls_after"] == 0
-
-
-def test_agrees_with_the_gather_then_matmul_reference(tmp_path):
-    for result in run_ranks(2, "reference", tmp_path):
-        assert result["max_diff"] < 1e-4
-        assert result["key"] == {"M": 16, "N": 20, "K": 24, "dtype": "fp32", "world": 2}
-        assert result["fused"] is None  # torch's fused op is CUDA-only
-
-
-def test_a_shard_written_in_place_skips_the_copy_and_stays_correct(tmp_path):
-    for result in run_ranks(3, "in_place", tmp_path):
-        assert max(result["errors"]) < 1e-5, result
-
-
-def test_hopper_consumer_compiles_for_sm90_with_its_synchronisation(tmp_path):
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.kernels._compile_tma_sm90"],
-        cwd=ROOT,
-        env=env_without_interpreter(TRITON_CACHE_DIR=str(tmp_path)),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    variants = json.loads(done.stdout.strip().splitlines()[-1])
-    for ptx in variants.values():
-        assert ptx["acquire_loads"] >= 1 and ptx["async_proxy_fence"], ptx
-        assert ptx["wgmma"] and ptx["tma_loads"]
-        assert ptx["shared"] <= 232448  # the H200's per-block limit
-    assert (variants["whole"]["tma_stores"], variants["halves"]["tma_stores"]) == (1, 2)
-
-
-def test_the_task_tunes_in_lockstep_through_the_tuner(tmp_path):
-    results = run_ranks(2, "tuned", tmp_path)
-    assert results[0]["winner"] == results[1]["winner"]
-    assert {r["source"] for r in results} == {"tuned"}
-    assert all(r["errors"] == [] for r in results)  # every candidate passed its check
-    assert results[0]["stored"] == 1
-
-
-def test_a_task_remakes_the_inputs_and_reference_it_dropped_on_every_rank(tmp_path):
-    for result in run_ranks(2, "dropped_inputs", tmp_path):
-        assert result == {
-            "rank": result["rank"],
-            "dropped": True,
-            "key_kept": True,
-            "same": True,
-            "same_reference": True,
-            "check": None,
-        }
-
-
-@pytest.mark.parametrize("winner", ["nccl_cublas", "overlap_cublas", "fused_pull"])
-def test_the_tuner_stores_the_algorithm_the_clock_finds_fastest(winner, tmp_path):
-    """The baseline is a candidate like any other: where it wins, it is what is stored."""
-    results = run_ranks(2, f"fake_clock:{winner}", tmp_path)
-    assert [r["winner"].get("algorithm") for r in results] == [winner, winner]
-    assert [c.get("algorithm") for c in results[0]["stored"]] == [winner]
-    assert results[0]["measured"] == sorted(
-        ["nccl_cublas", "gather_cublas", "overlap_cublas", "fused_pull"]
-    )
-    default = results[0]["default_candidates"]
-    assert default[:3] == ["nccl_cublas", "gather_cublas", "overlap_cublas"]  # baseline first
-    assert set(default[3:]) == {"fused_pull"} and len(default) > 4
-
-
-def test_a_config_naming_an_algorithm_this_version_lacks_is_refused_by_name():
-    import torch
-
-    from kernels import ag_gemm
-    from registry import KernelConfig
-
-    ctx = ag_gemm.create_context(None, max_m=4, k=8, dtype=torch.float32, device="cpu")
-    shard, b = torch.randn(4, 8), torch.randn(8, 4)
-    with pytest.raises(ValueError, match="names algorithm 'warp_magic'; this version runs"):
-        ag_gemm.ag_gemm(shard, b, ctx, KernelConfig.make(algorithm="warp_magic"))
-    assert ctx.calls == 0  # refused before the call counted
-    out = ag_gemm.ag_gemm(shard, b, ctx, KernelConfig.make(algorithm=ag_gemm.BASELINE))
+def test_a_served_layer_keys_as_the_adapter_and_names_a_b_of_another_layer():
+    served = ag_gemm.ADAPTER.serve(Layer(8, 16, "fp32", 4), group=None, device="cpu")
+    assert served.key(4) == ag_gemm.ADAPTER.key(m=4, n=8, k=16, dtype="fp32", world=1)
+    assert served.key(4) == {"M": 4, "N": 8, "K": 16, "dtype": "fp32", "world": 1}
+    shard, b = torch.randn(4, 16), torch.randn(16, 8)
+    assert served.rows(shard, b) == 4 and not served.collective
+    out = served(served.default_config(), shard, b)
     assert torch.allclose(out, shard @ b)
-
-
-def test_the_kernel_hash_changes_with_the_algorithms(monkeypatch):
-    """A version that adds an algorithm must tune again: its fingerprint differs."""
-    from kernels import ag_gemm
-
-    before = ag_gemm.kernel_hash()
-    monkeypatch.setattr(ag_gemm, "ALGORITHMS", (*ag_gemm.ALGORITHMS, "one_more"))
-    assert ag_gemm.kernel_hash() != before
-
-
-@pytest.fixture
-def fused_call(monkeypatch):
-    """``_run_fused`` on a context that says CUDA, its steps recorded in order (no GPU):
-    the workspace's steps and the consumer's launch stubbed."""
-    import torch
-
-    from kernels import ag_gemm
-    from kernels import ag_gemm_workspace as workspace
-    from kernels.ag_gemm_workspace import AgGemmContext, Rows
-    from kernels.spaces import device_limits
-
-    steps = []
-    g, b, out = torch.zeros(4, 8), torch.zeros(8, 4), torch.zeros(4, 4)
-    ctx = AgGemmContext(
-        group=None, rank=0, world=2, max_m=4, k=8, dtype=torch.float32,
-        device=torch.device("cuda", 0), limits=device_limits(torch.device("cpu")),
-        buffer=g, flags=torch.zeros(2, dtype=torch.int32), one=torch.ones(1, dtype=torch.int32),
-    )  # fmt: skip
-    rows = Rows(g, g[:2], ())
-    monkeypatch.setattr(workspace, "arm_and_meet", lambda ctx, a: steps.append("arm") or rows)
-    monkeypatch.setattr(workspace, "push_aside", lambda ctx, a, at: steps.append("push"))
-    monkeypatch.setattr(workspace, "join", lambda ctx: steps.append("join"))
-    monkeypatch.setattr(ag_gemm, "_await_rows", lambda *args: steps.append("await"))
-
-    def launch(*args, key=None):
-        steps.append("launch")
-        if ctx.cache.get("fail"):
-            raise RuntimeError("launch failed")
-
-    monkeypatch.setattr(ag_gemm, "_launch_fused", launch)
-    config = ag_gemm.BASELINE_CONFIG
-
-    def call(*, warm: bool, fail: bool = False) -> list[str]:
-        steps.clear()
-        ctx.cache.clear()
-        if warm:
-            ctx.cache[ag_gemm._fused_key(ctx, config, g, b, out)] = object()
-        ctx.cache["fail"] = fail
-        try:
-            ag_gemm._run_fused(ctx, g[:2], b, out, config)
-        except RuntimeError:
-            steps.append("raised")
-        return list(steps)
-
-    return call
-
-
-def test_a_warm_fused_call_launches_its_consumer_before_its_pushes(fused_call):
-    assert fused_call(warm=True) == ["arm", "launch", "push", "join"]
-
-
-def test_a_first_fused_call_or_a_blocking_launch_pushes_first(fused_call, monkeypatch):
-    from kernels import ag_gemm
-
-    assert fused_call(warm=False) == ["arm", "push", "launch", "join"]  # it may compile
-    monkeypatch.setattr(ag_gemm, "LAUNCH_BLOCKING", True)
-    assert fused_call(warm=True) == ["arm", "push", "launch", "join"]
-
-
-def test_a_failed_consumer_launch_still_pushes_this_ranks_rows_then_settles(fused_call):
-    # the peers are past the barrier and wait for this rank's rows: pushed, then every
-    # peer's rows awaited and the side stream joined, before the error goes up
-    assert fused_call(warm=True, fail=True) == ["arm", "launch", "push", "await", "join", "raised"]
-    assert fused_call(warm=False, fail=True) == ["arm", "push", "launch", "await", "join", "raised"]
+    with pytest.raises(ValueError, match=r"b is \[16, 6\]; this layer's is \[16, 8\]"):
+        served(served.default_config(), shard, torch.randn(16, 6))

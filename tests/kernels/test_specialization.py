@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import ag_gemm
+from kernels import ag_gemm_launch
 from registry import KernelConfig
 from tests.conftest import env_without_interpreter
 from tests.kernels._specialization_keys import CONFIG, K, N, context
@@ -43,7 +43,7 @@ def test_a_launch_passes_every_launch_option_of_its_config(consumer):
     ctx = context(2, consumer, 32)
     g, b = ctx.buffer[:32], torch.empty(K, N, dtype=torch.bfloat16)
     out = torch.empty(32, N, dtype=torch.bfloat16)
-    options = ag_gemm.launch_plan(ctx, g, b, out, 16, config).options
+    options = ag_gemm_launch.launch_plan(ctx, g, b, out, 16, config).options
     assert options["num_ctas"] == 1 and options["maxnreg"] == 128 and options["WORLD"] == 2
 
 
@@ -54,7 +54,7 @@ def test_a_fused_launch_prepared_at_one_m_runs_every_m_as_its_own_plan_would(
 ):
     # A served op's first call at a new M makes no launch plan: the grid and arguments of
     # the launch prepared at another M, with this M put in, must be that M's plan's.
-    monkeypatch.setattr(ag_gemm, "_compiled", lambda ctx, plan: "compiled")
+    monkeypatch.setattr(ag_gemm_launch, "_compiled", lambda ctx, plan: "compiled")
     ctx = context(world, consumer, 8192)
     b = torch.empty(K, N, dtype=torch.bfloat16)
 
@@ -63,11 +63,13 @@ def test_a_fused_launch_prepared_at_one_m_runs_every_m_as_its_own_plan_would(
         return g, torch.empty(m, N, dtype=torch.bfloat16)
 
     g, out = operands(64 * world)
-    prepared = ag_gemm._Prepared.of(ctx, ag_gemm.launch_plan(ctx, g, b, out, 64, CONFIG), g)
+    prepared = ag_gemm_launch._Prepared.of(
+        ctx, ag_gemm_launch.launch_plan(ctx, g, b, out, 64, CONFIG), g
+    )
     assert prepared.persistent is (consumer == "tma") and prepared.owns_g is (world > 1)
     for m_per_rank in (1, 7, 64, 65, 1000, 8192 // world):  # the last: more tiles than SMs
         g, out = operands(m_per_rank * world)
-        plan = ag_gemm.launch_plan(ctx, g, b, out, m_per_rank, CONFIG)
+        plan = ag_gemm_launch.launch_plan(ctx, g, b, out, m_per_rank, CONFIG)
         at = prepared.at_rows(ctx, g, N, m_per_rank, CONFIG)
         assert at.grid == (*plan.grid, 1, 1)[:3], m_per_rank
         assert at.tail == plan.full_args()[3:], m_per_rank
@@ -96,7 +98,9 @@ def test_the_fused_launch_keeps_one_preparation_and_each_m_its_own_grid_and_argu
     # included; one preparation serves every M; a new view of the rows is described anew.
     recorder = _Recorder()
     plans = []
-    monkeypatch.setattr(ag_gemm, "_compiled", lambda ctx, plan: plans.append(plan) or recorder)
+    monkeypatch.setattr(
+        ag_gemm_launch, "_compiled", lambda ctx, plan: plans.append(plan) or recorder
+    )
     ctx = dataclasses.replace(context(2, consumer, 512), device=torch.device("cuda"))
     b = torch.empty(K, N, dtype=torch.bfloat16)
     calls = [(64, ctx.buffer[:128]), (100, ctx.buffer[:200]), (64, ctx.buffer[:128])]
@@ -104,8 +108,8 @@ def test_the_fused_launch_keeps_one_preparation_and_each_m_its_own_grid_and_argu
     views[2] = views[0]  # the same view again: its operand is kept
     for (m_per_rank, _), g in zip(calls, views, strict=True):
         out = torch.empty(g.shape[0], N, dtype=torch.bfloat16)
-        ag_gemm._launch_fused(ctx, g, b, out, m_per_rank, CONFIG)
-        plan = ag_gemm.launch_plan(ctx, g, b, out, m_per_rank, CONFIG)
+        ag_gemm_launch._launch_fused(ctx, g, b, out, m_per_rank, CONFIG)
+        plan = ag_gemm_launch.launch_plan(ctx, g, b, out, m_per_rank, CONFIG)
         grid, args = recorder.launches[-1]
         assert grid == (*plan.grid, 1, 1)[:3] and args[3:] == plan.full_args()[3:]
         if consumer == "tma":  # the descriptors: the plan's shapes, strides and blocks
@@ -120,7 +124,9 @@ def test_the_fused_launch_keeps_one_preparation_and_each_m_its_own_grid_and_argu
     assert set(prepared.rows) == {(128, 64), (200, 100)}
     kept = prepared.rows[(128, 64)]
     fresh = ctx.buffer[:128]  # a new view of the same rows: not the kept one
-    ag_gemm._launch_fused(ctx, fresh, b, torch.empty(128, N, dtype=torch.bfloat16), 64, CONFIG)
+    ag_gemm_launch._launch_fused(
+        ctx, fresh, b, torch.empty(128, N, dtype=torch.bfloat16), 64, CONFIG
+    )
     assert prepared.rows[(128, 64)] is not kept and prepared.rows[(128, 64)].g is fresh
     assert recorder.launches[2][1][0] is kept.g_operand  # the same view: its operand reused
     assert recorder.launches[-1][1][0] is prepared.rows[(128, 64)].g_operand

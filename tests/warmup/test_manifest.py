@@ -1,6 +1,5 @@
 import itertools
 import json
-import re
 import sys
 
 import pytest
@@ -8,9 +7,7 @@ import pytest
 from kernels.shapes import RULES, check_shape
 from warmup.manifest import (
     MAX_SHAPES,
-    WARM_KEYWORDS,
     ManifestError,
-    find_function,
     load_manifest,
     parse_manifest,
 )
@@ -181,72 +178,6 @@ def test_the_kernels_rules_look_at_no_more_shapes_than_the_manifest_may_hold(mon
     assert len(checked) == MAX_SHAPES  # the first entry's; the others are over the limit
 
 
-MODULE = """
-import functools
-from elsewhere import imported
-from typing import *
-
-def warm(*, shape, dtype, device=None):
-    pass
-
-def two(a, /, b, *rest, c=1 + 2, **more):
-    pass
-
-@functools.cache
-def decorated(x):
-    pass
-
-assigned = warm
-if True:
-    def conditional(x):
-        pass
-"""
-
-
-@pytest.mark.parametrize(
-    "name,problem",
-    [
-        ("warm", None),
-        ("two", "which its signature two(a, /, b, *rest, c=1 + 2, **more) refuses: missing a"),
-        ("decorated", None),  # a decorator may change the signature: the run checks it
-        ("imported", None),
-        ("assigned", None),
-        ("conditional", None),
-        ("nowhere", None),  # the star import may bind it
-    ],
-)
-def test_a_function_is_found_and_its_signature_read_without_running_its_module(
-    tmp_path, monkeypatch, name, problem
-):
-    (tmp_path / "pkg").mkdir()
-    (tmp_path / "pkg" / "__init__.py").write_text("raise RuntimeError('never run')\n")
-    (tmp_path / "pkg" / "mod.py").write_text(MODULE)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    if problem is None:
-        find_function(f"pkg.mod:{name}", WARM_KEYWORDS)
-    else:
-        with pytest.raises(ValueError, match=re.escape(problem)):
-            find_function(f"pkg.mod:{name}", WARM_KEYWORDS)
-    assert "pkg" not in sys.modules and "pkg.mod" not in sys.modules
-
-
-@pytest.mark.parametrize(
-    "source,problem",
-    [
-        ("def warm(: pass\n", "cannot import plain: SyntaxError: "),
-        ("def warm(shape, dtype): pass\n", "got an unexpected keyword argument 'device'"),
-    ],
-)
-def test_a_function_that_is_not_there_or_not_callable_so_is_refused(
-    tmp_path, monkeypatch, source, problem
-):
-    (tmp_path / "plain.py").write_text(source)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(ValueError, match=re.escape(problem)):
-        find_function("plain:warm", WARM_KEYWORDS)
-    assert "plain" not in sys.modules
-
-
 def test_a_yaml_error_names_the_file_line_and_column_with_a_caret(tmp_path):
     path = tmp_path / "broken.yaml"
     path.write_text("version: 1\nentries:\n  - kernel: ag_gemm: x\n")
@@ -259,56 +190,23 @@ def test_a_yaml_error_names_the_file_line_and_column_with_a_caret(tmp_path):
     assert message.endswith("\n" + " " * (6 + 19) + "^")  # under column 20
 
 
-@pytest.mark.parametrize(
-    "files,spec",
-    [
-        # a pkgutil-style namespace package: its __init__ extends __path__ at import
-        (
-            {
-                "ns/__init__.py": (
-                    "from pkgutil import extend_path\n__path__ = extend_path(__path__, 'ns')\n"
-                ),
-                "other/ns/sub.py": "def warm(*, shape, dtype, device): pass\n",
-            },
-            "ns.sub:warm",
-        ),
-        ({"late.py": "import sys\nsetattr(sys.modules[__name__], 'warm', print)\n"}, "late:warm"),
-        ({"late.py": "def _bind():\n    global warm\n    warm = print\n_bind()\n"}, "late:warm"),
-    ],
-)
-def test_a_function_only_its_import_can_find_passes_with_a_note(tmp_path, monkeypatch, files, spec):
-    for name, text in files.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
-    monkeypatch.syspath_prepend(str(tmp_path / "other"))
+def test_the_functions_it_names_are_found_without_running_them_when_asked(tmp_path, monkeypatch):
+    (tmp_path / "user_mod.py").write_text(
+        "raise RuntimeError('never run')\ndef warm(shape, dtype): pass\ndef narrow(): pass\n"
+    )
+    (tmp_path / "late_mod.py").write_text("import sys\nsetattr(sys.modules[__name__], 'w', 1)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    note = find_function(spec, WARM_KEYWORDS)
-    assert note is not None
-    assert not {"ns", "late"} & set(sys.modules)
-
-
-@pytest.mark.parametrize(
-    ("files", "spec", "error"),
-    [
-        # a typo'd function in a module that binds nothing at run time
-        ({"late.py": "def other(*, shape, dtype, device): pass\n"}, "late:warm", "no attribute"),
-        # a typo'd submodule of a plain package: its __init__ cannot add one
-        ({"pkg/__init__.py": "", "pkg/real.py": ""}, "pkg.typo:warm", "No module named"),
-    ],
-)
-def test_a_typo_in_a_module_or_function_name_is_refused_without_importing(
-    tmp_path, monkeypatch, files, spec, error
-):
-    for name, text in files.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(ValueError, match=error):
-        find_function(spec, WARM_KEYWORDS)
-    assert not {"pkg", "late"} & set(sys.modules)
-
-
-def test_a_top_level_package_that_is_not_there_is_still_refused(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(ValueError, match="No module named 'nowhere_at_all'"):
-        find_function("nowhere_at_all.sub:warm", WARM_KEYWORDS)
+    kernel = json.loads(entry(kernel="user_mod:warm", world_size=1))["entries"][0]
+    late = {**kernel, "kernel": "late_mod:warm"}
+    model = {"name": "m", "build": "user_mod:narrow", "inputs": [{"shape": [2], "dtype": "fp32"}]}
+    text = json.dumps({"version": 1, "entries": [kernel, late], "models": [model]})
+    assert parse_manifest(text).entries[0].kernel == "user_mod:warm"  # not looked for
+    notes: list[str] = []
+    with pytest.raises(ManifestError) as info:
+        parse_manifest(text, find_functions=True, notes=notes)
+    kernel_error, model_error = info.value.errors
+    assert kernel_error.startswith("entries.0.kernel: a warmup calls it as warm(shape=..., ")
+    assert "got an unexpected keyword argument 'device'" in kernel_error
+    assert model_error.startswith("models.0.build: a warmup calls it as narrow(device=...)")
+    assert len(notes) == 1 and notes[0].startswith("late_mod:warm not checked without importing")
+    assert "user_mod" not in sys.modules and "late_mod" not in sys.modules

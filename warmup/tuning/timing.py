@@ -97,7 +97,7 @@ def cuda_latency_timer(*, warmup: int = 2, flush_bytes: int = 256 * 2**20) -> Ti
     every rank's host released together on an idle device, and the events bracket the
     host's issue of the call as well as the device's work: what a call costs when the
     host is not ahead of the GPU (eager serving of one layer at a time). The tuner's
-    guard compares its winner with the baseline on this clock (``Tuner._latency_guard``)."""
+    guard compares its winner with the baseline on this clock (``warmup.tuning.latency_guard``)."""
     import torch
 
     flushes: list[Any] = []  # made at the first use: the tuner's guard needs it rarely

@@ -34,13 +34,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import json
 import logging
 import math
-import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -51,7 +49,6 @@ from registry import (
     KernelConfig,
     LockTimeout,
     MatchPolicy,
-    Measurement,
     RegistryError,
     Store,
     lock,
@@ -62,36 +59,25 @@ from registry.locks import Holder, LockBackend, LockServerUnreachable, silent_fo
 from registry.tiered import TieredFence, TieredStore
 from warmup.collectives import (
     Answer,
-    Candidates,
     Chosen,
     Located,
     LockDecision,
     Lockstep,
     Lookup,
     P,
-    RankFailure,
     Stored,
 )
 from warmup.tuning import compile_pool
 from warmup.tuning.cpus import usable_cpus
-from warmup.tuning.search import HalvingPlan, SearchResult, successive_halving, summarize
+from warmup.tuning.measure import TuneError as TuneError  # raised here too; callers import it
+from warmup.tuning.measure import search_candidates
+from warmup.tuning.search import HalvingPlan, SearchResult
 from warmup.tuning.timing import Timer
 
 log = logging.getLogger(__name__)
 Policy = Literal["tune", "fallback", "fail"]
 Found = Literal["registry", "remote"]  # the local store (the volume), or the remote tier
 FENCED_TRIES = 3  # puts refused in a row before a shape fails: each means another landed
-
-
-class TuneError(RuntimeError):
-    """No usable config: the policy forbids tuning a miss, or every candidate failed."""
-
-
-def baseline_of(task: TuneTask, candidates: Sequence[KernelConfig]) -> KernelConfig | None:
-    """The task's baseline (:meth:`kernels.task.TuneTask.baseline`) when it is among the
-    candidates searched."""
-    found = task.baseline()
-    return found if found in candidates else None
 
 
 @dataclass(frozen=True)
@@ -548,110 +534,28 @@ class Tuner:
     # ---- the search ----------------------------------------------------------------
 
     def tune(self, task: TuneTask) -> TuneOutcome:
-        """Search the task's candidates in lockstep; no registry involved."""
-        check_contract(task)
+        """Search the task's candidates in lockstep (:mod:`warmup.tuning.measure`); no
+        registry involved."""
         started = time.perf_counter()
-        mine = Candidates(configs=task.candidates()) if self.lockstep.leader else None
-        candidates = self.lockstep.share(mine, Candidates, what="candidate list").configs
-        if not candidates:
-            raise TuneError(f"{task.kernel} at {task.key()}: the config space is empty.")
-        pool = self._compile(task, candidates)
-        before = (
-            compile_pool.cache_files(self.options.cache_dir) if self.options.cache_dir else None
+        found = search_candidates(
+            task,
+            timer=self.timer,
+            lockstep=self.lockstep,
+            plan=self.options.plan,
+            latency_timer=self.latency_timer,
+            workers=self._compile_workers if self.options.parallel_compile else None,
+            cache_dir=self.options.cache_dir,
         )
-        failures: dict[KernelConfig, str] = {}
-        search = successive_halving(
-            candidates,
-            self._measure_fn(task, failures),
-            self.options.plan,
-            baseline=baseline_of(task, candidates),
-        )
-        notes = self._latency_guard(task, search, baseline_of(task, candidates))
-        mine_best = Chosen(config=search.best.config) if self.lockstep.leader else None
-        best = self.lockstep.share(mine_best, Chosen, what="winner").config
-        if not search.best.ok:
-            reasons = "; ".join(f"{c.label()}: {r}" for c, r in list(failures.items())[:5])
-            raise TuneError(f"{task.kernel} at {task.key()}: every candidate failed ({reasons}).")
-        self._check_winner(task, best)
-        added = None
-        if before is not None and self.options.cache_dir is not None:
-            added = compile_pool.cache_files(self.options.cache_dir) - before
         return TuneOutcome(
-            best,
+            found.best,
             "tuned",
             seconds=time.perf_counter() - started,
-            benchmark_runs=search.repetitions,
-            search=search,
-            pool=pool,
-            cache_files_added_while_timing=added,
-            notes=notes,
+            benchmark_runs=found.search.repetitions,
+            search=found.search,
+            pool=found.pool,
+            cache_files_added_while_timing=found.cache_files_added,
+            notes=found.notes,
         )
-
-    def _latency_guard(
-        self, task: TuneTask, search: SearchResult, baseline: KernelConfig | None
-    ) -> list[str]:
-        """The search's winner, if it is not the baseline, against the baseline once more
-        on ``latency_timer``'s clock, a call issued just in time (every rank alike, in
-        ``LATENCY_PASSES`` interleaved passes): the device clock times a call with the
-        host ahead, but a call issued just in time (eager serving, no graph) also waits
-        for the host to issue it, and an algorithm that launches its main kernel last,
-        after more host work than the baseline's, can lose there what it wins on the
-        device. Unless the winner's median latency is below the baseline's, the baseline
-        is put first (its device time is what is recorded). On 2 H200s at 3072 x 2560 x
-        8192 the fused op's device time was 0.76x the baseline's, its host time 1.7x,
-        and the op 1.05x slower eager. Returns a note of what it decided."""
-        best = search.best
-        held = next((m for m in search.measurements if m.config == baseline and m.ok), None)
-        if self.latency_timer is None or held is None or best is held or not best.ok:
-            return []
-        steps: dict[str, Any] = {}
-        if self.lockstep.active:
-            steps["meet"] = functools.partial(self.lockstep.meet, what="latency")
-        pair = (best.config, held.config)
-        runs: dict[KernelConfig, list[float]] = {config: [] for config in pair}
-        for index in range(LATENCY_PASSES):
-            for config in pair[index % 2 :] + pair[: index % 2]:
-                try:
-                    times = self.latency_timer(
-                        functools.partial(task.run, config), LATENCY_REPETITIONS, **steps
-                    )
-                except RankFailure:
-                    raise
-                except Exception as e:  # every rank still takes part in the max below
-                    log.warning("%s: latency guard: %s failed: %s", task.kernel, config, e)
-                    times = [math.inf] * LATENCY_REPETITIONS
-                runs[config] += self.lockstep.max_over_ranks(times, what="latencies")
-        if any(math.isinf(t) for times in runs.values() for t in times):
-            return ["latency guard: a call failed on some rank; the search's order kept"]
-        winner, kept = (statistics.median(runs[config]) * 1e3 for config in pair)
-        figures = (
-            f"{best.config.label()} {winner:.0f} us against the baseline's {kept:.0f} us "
-            f"issued just in time (device time {best.median_ms * 1e3:.0f} against "
-            f"{held.median_ms * 1e3:.0f} us)"
-        )
-        if winner < kept:
-            return [f"latency guard: kept {figures}"]
-        search.measurements = [held] + [m for m in search.measurements if m is not held]
-        log.info("%s %s: latency guard: the baseline first: %s", task.kernel, task.key(), figures)
-        return [f"latency guard: the baseline first: {figures}"]
-
-    def _compile(
-        self, task: TuneTask, candidates: Sequence[KernelConfig]
-    ) -> compile_pool.PoolReport | None:
-        """Compile all candidates in parallel, then warm each in-process (a cache hit)."""
-        report = None
-        if self.options.parallel_compile:
-            try:
-                report = compile_pool.precompile(
-                    [functools.partial(task.warmup, c) for c in candidates],
-                    workers=self._compile_workers(),
-                )
-            except Exception as e:  # no driver (CPU), no fork: the warm-ups below compile
-                log.debug("parallel compile skipped: %s", e)
-        for config in candidates:
-            with contextlib.suppress(Exception):  # a failure is scored when it is measured
-                task.warmup(config)
-        return report
 
     def _compile_workers(self) -> int:
         """The pool's size on this rank: as set, else the CPUs the pod may use, shared
@@ -659,57 +563,6 @@ class Tuner:
         if self.options.compile_workers:
             return self.options.compile_workers
         return max(1, usable_cpus() // self.lockstep.world)
-
-    def _measure_fn(
-        self, task: TuneTask, failures: dict[KernelConfig, str]
-    ) -> Callable[[KernelConfig, int], Measurement]:
-        checked: set[KernelConfig] = set()
-        timed = self.timer  # one process: nobody to start with (and a timer of two arguments)
-        if self.lockstep.active:
-
-            def meet() -> None:
-                self.lockstep.meet(what="start of a repetition")
-
-            steps: dict[str, Any] = {"meet": meet}
-            if _takes(self.timer, "align"):  # a timer of before align (a user's) does without
-                steps["align"] = self.lockstep.align
-            timed = functools.partial(self.timer, **steps)
-
-        def measure(config: KernelConfig, repetitions: int) -> Measurement:
-            self.lockstep.barrier(what=f"start of {config.label()}")
-            times, reason = [math.inf] * repetitions, failures.get(config)
-            if reason is None:
-                try:
-                    if config not in checked:  # the first launch is checked
-                        reason = task.verify(task.run(config))
-                        checked.add(config)
-                    if reason is None:
-                        times = timed(lambda: task.run(config), repetitions)
-                except RankFailure:  # a peer died or hangs: no config's fault, and the
-                    raise  # ranks' collectives would no longer match
-                except Exception as e:  # compile, launch or resource failure: inf, reason kept
-                    reason = named(e)
-            flags = self.lockstep.max_over_ranks(
-                [0.0 if reason is None else 1.0, *times], what=f"times of {config.label()}"
-            )
-            if flags[0] > 0:
-                failures.setdefault(config, reason or "failed on another rank")
-                return Measurement(config, error=failures[config])
-            return summarize(config, flags[1:])
-
-        return measure
-
-    def _check_winner(self, task: TuneTask, best: KernelConfig) -> None:
-        try:
-            reason = task.verify(task.run(best))
-        except Exception as e:
-            reason = named(e)
-        flag = self.lockstep.max_over_ranks([0.0 if reason is None else 1.0], what="winner check")
-        if flag[0] > 0:
-            raise TuneError(
-                f"{task.kernel} at {task.key()}: the winner {best.label()} failed "
-                f"its check ({reason or 'on another rank'}); nothing stored."
-            )
 
 
 def _found(answer: Located | None) -> tuple[Entry, Found] | None:
@@ -722,20 +575,6 @@ def _found(answer: Located | None) -> tuple[Entry, Found] | None:
 def _named(error: BaseException) -> str:
     """A registry error as its message (it names what failed), any other with its type."""
     return str(error) if isinstance(error, RegistryError) else named(error)
-
-
-LATENCY_PASSES = 4  # the latency guard's interleaved passes over the winner and baseline
-LATENCY_REPETITIONS = 8  # ... and repetitions per pass
-
-
-def _takes(fn: Callable[..., Any], name: str) -> bool:
-    """Whether ``fn`` names a parameter ``name`` (a ``**kwargs`` wrapper does not count:
-    it may pass the keyword on to a timer that does not take it)."""
-    try:
-        parameters = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):  # a builtin without a signature: assume the old one
-        return False
-    return any(p.name == name and p.kind is not p.VAR_POSITIONAL for p in parameters)
 
 
 def lock_name(kernel: str, key: Mapping[str, Any]) -> str:

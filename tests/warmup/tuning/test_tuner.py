@@ -225,73 +225,18 @@ def test_a_holder_that_lost_its_lock_writes_only_once_it_holds_it_again(
         assert stored.best.meta["BLOCK"] == 64 and outcome.config.meta["BLOCK"] == 64
 
 
-def _latency_timer(task, latency_ms):
-    """Just-in-time latency by BLOCK; runs the thunk once (so the task records it)."""
-    seen = []
-
-    def timer(fn, repetitions, meet=None, align=None):
-        fn()
-        seen.append(task.last)
-        return [latency_ms[task.last]] * repetitions
-
-    timer.seen = seen
-    return timer
-
-
-@pytest.mark.parametrize(
-    ("winner_latency", "expected"),
-    [(0.5, 64), (1.09, 64), (1.1, 128), (1.5, 128)],  # the baseline's: 1.1 ms
-)
-def test_the_latency_guard_keeps_a_winner_only_if_it_is_faster_issued_just_in_time(
-    tmp_path, winner_latency, expected
-):
+def test_the_latency_timer_guards_the_winner_it_tunes(tmp_path):
     task = FakeTask(dict(TIMINGS), baseline_block=128)  # device: 64 at 0.9, 128 at 1.1
     tuner = tuner_for(task, tmp_path)
-    tuner.latency_timer = _latency_timer(task, {64: winner_latency, 128: 1.1})
-    outcome = tuner.tune(task)
-    assert outcome.config.meta["BLOCK"] == expected
-    assert tuner.latency_timer.seen == [64, 128, 128, 64] * 2  # interleaved passes
-    assert outcome.search.best.config.meta["BLOCK"] == expected  # the recorded time's
-    assert outcome.notes and outcome.notes[0].startswith("latency guard")
-
-
-def test_no_latency_guard_without_its_timer_a_baseline_or_a_rival():
-    task = FakeTask(dict(TIMINGS), baseline_block=64)  # the baseline wins: nothing to check
-    tuner = Tuner(
-        Store.__new__(Store), cpu_fingerprint(), timer=fake_timer(task), options=TuneOptions()
+    tuner.latency_timer = (
+        lambda fn, repetitions, meet=None, align=None: (
+            [
+                fn(),
+                1.0 if task.last == 128 else 2.0,  # the winner slower issued just in time
+            ][1:]
+            * repetitions
+        )
     )
-    tuner.latency_timer = _latency_timer(task, dict.fromkeys(TIMINGS, 9.0))
-    assert tuner.tune(task).notes == [] and tuner.latency_timer.seen == []
-    task = FakeTask(dict(TIMINGS))  # no baseline
-    tuner.timer, tuner.latency_timer = fake_timer(task), _latency_timer(task, {})
-    assert tuner.tune(task).config.meta["BLOCK"] == 64 and tuner.latency_timer.seen == []
-
-
-def test_a_latency_guard_whose_call_fails_keeps_the_searchs_winner(tmp_path):
-    task = FakeTask(dict(TIMINGS), baseline_block=128)
-    tuner = tuner_for(task, tmp_path)
-
-    def failing(fn, repetitions, meet=None, align=None):
-        fn()
-        if task.last == 128:
-            raise RuntimeError("out of memory")
-        return [0.1] * repetitions
-
-    tuner.latency_timer = failing
-    outcome = tuner.tune(task)
-    assert outcome.config.meta["BLOCK"] == 64  # the device clock's winner, not the guard's
-    assert outcome.notes == ["latency guard: a call failed on some rank; the search's order kept"]
-
-
-def test_only_a_timer_that_names_align_is_given_it():
-    from warmup.tuning.tuner import _takes
-
-    def new(fn, repetitions, *, meet=None, align=None): ...
-
-    def old(fn, repetitions, meet=None): ...
-
-    def wrapper(*args, **kwargs):  # may hand align on to an old timer
-        return old(*args, **kwargs)
-
-    assert _takes(new, "align") and not _takes(old, "align")
-    assert not _takes(wrapper, "align") and not _takes(print, "align")
+    outcome = tuner.get(task)
+    assert outcome.config.meta["BLOCK"] == 128 == outcome.entry.best.meta["BLOCK"]
+    assert outcome.notes[0].startswith("latency guard: the baseline first")
