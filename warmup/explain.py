@@ -5,16 +5,10 @@ the factor that makes a miss.
     triton-warmup explain           # one line per family
     triton-warmup explain --json    # the same, for machines
 
-The families (``registry.explain.FACTORS`` lists the factors, in the order named):
-
-tuned-configs    the registry's entries: their fingerprints under the match policy, and
-                 each adapter kernel's source hash
-triton-kernels   Triton's compiled kernels on the volume, in this pod's TRITON_CACHE_DIR
-                 and (sampled) on the remote tier: Triton's version and build, the
-                 compute capability, ptxas, the env knobs that enter Triton's key, and a
-                 group file naming another folder (a cache copied without ``restore``)
-triton-autotune  Triton's own autotune results (``*.autotune.json``): the same factors
-inductor         each declared model's artifacts: its key (code, dims) and fingerprint
+One line per cache family (``registry.families``, each module says what it compares;
+``registry.explain.FACTORS`` lists the factors, in the order named): tuned configs,
+Triton's kernels and autotune results, each declared model's Inductor artifacts, each
+declared folder.
 
 The init container runs it before it warms (``triton-warmup run``): each line is
 logged, and ``triton_warmup_cache_prediction{family,outcome}`` is 1 for each family's
@@ -29,34 +23,25 @@ import json
 import logging
 import sys
 import threading
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from pathlib import Path
 
-from registry import bundle, inductor_cache, remote_models, remote_triton, triton_cache
-from registry.entry import Entry
+from registry import bundle
 from registry.errors import RegistryError
-from registry.explain import Differences, Prediction, fingerprint_differences, predict
-from registry.fingerprint import Fingerprint, MatchPolicy, cpu_fingerprint
+from registry.explain import Prediction
+from registry.families import Host, Sources
+from registry.fingerprint import Fingerprint, cpu_fingerprint
 from registry.remote import RemoteTier
 from registry.signing import Trust
 from registry.triton_cache import Origin
 from registry.volume import Volume
+from warmup import families
 from warmup.manifest import Manifest, load_manifest
 from warmup.results import RankHost
 from warmup.settings import Settings
 
 log = logging.getLogger(__name__)
-FAMILIES = ("tuned-configs", "triton-kernels", "triton-autotune", "inductor")
-
-
-@dataclass(frozen=True)
-class Host:
-    """This host's side of every comparison."""
-
-    fingerprint: Fingerprint  # no kernel hash: each kernel's comes from kernel_hashes
-    triton: Origin
-    kernel_hashes: Mapping[str, str] = field(default_factory=dict)  # adapter -> source hash
+__all__ = ["Host", "explain"]
 
 
 def detect_host(settings: Settings, manifest: Manifest | None = None) -> Host:
@@ -96,118 +81,12 @@ def explain(
     remote: RemoteTier | None,
     local: bool = True,
 ) -> list[Prediction]:
-    """One prediction per family, in :data:`FAMILIES` order. ``local``: also what this
-    pod's TRITON_CACHE_DIR holds (not while a run restores and compiles into it)."""
+    """One prediction per cache family (``registry.families``), in their order.
+    ``local``: also what this pod's own cache folders hold (not while a run restores and
+    compiles into them)."""
     bundles = _pending_bundles(settings.bundle_dir, settings.trust())
-    return [
-        tuned_configs(settings, host, bundles, remote),
-        triton_family(settings, host, "kernels", remote, local=local),
-        triton_family(settings, host, "autotune", None, local=local),
-        inductor(settings, manifest, host, bundles, remote),
-    ]
-
-
-# ---- families ---------------------------------------------------------------------------
-
-
-def tuned_configs(
-    settings: Settings, host: Host, bundles: list[bundle.Bundle], remote: RemoteTier | None
-) -> Prediction:
-    """The registry's entries, the pending bundles' and (sampled) the remote tier's."""
-    found: dict[tuple[str, str, str], Entry] = {}
-    sources = [settings.store().entries(), *(b.entries for b in bundles)]
-    if remote is not None:
-        sources.append(remote.sample())
-    for entries in sources:
-        for entry in entries:
-            found.setdefault((entry.kernel, entry.key_json, entry.fingerprint.digest()), entry)
-    held = [_entry_differences(e, host, settings.match_policy) for e in found.values()]
-    return predict("tuned-configs", held, note=f"policy {settings.match_policy.value}")
-
-
-def _entry_differences(entry: Entry, host: Host, policy: MatchPolicy) -> Differences:
-    kernel_hash = host.kernel_hashes.get(entry.kernel, entry.fingerprint.kernel_hash)
-    mine = host.fingerprint.with_kernel(kernel_hash)
-    return fingerprint_differences(mine.mismatches(entry.fingerprint, policy))
-
-
-def triton_family(
-    settings: Settings,
-    host: Host,
-    kind: triton_cache.Kind,
-    remote: RemoteTier | None,
-    *,
-    local: bool = True,
-) -> Prediction:
-    """Triton's kernels or autotune results: on the volume (``restore`` relocates them),
-    in this pod's TRITON_CACHE_DIR (as Triton reads it), on the remote tier (sampled)."""
-    volume = settings.paths.triton_cache
-    recorded = triton_cache.origins(volume)  # read once: they also name a restored cache's
-    held, unknown = triton_cache.held_differences(volume, host.triton, kind, known=recorded)
-    if local:
-        mine, mine_unknown = triton_cache.held_differences(
-            settings.triton_cache_dir, host.triton, kind, restored=False, known=recorded
-        )
-        held.update(mine)
-        unknown = (unknown - set(held)) | mine_unknown
-    if remote is not None:
-        for cache_key, data in remote_triton.sample_metadata(remote).items():
-            try:
-                factors = triton_cache.metadata_factors(data)
-                held.setdefault(cache_key, triton_cache.compare(host.triton, factors))
-            except ValueError:
-                unknown.add(cache_key)
-    note = f"{len(unknown)} of unknown origin not predicted" if unknown else ""
-    family = "triton-kernels" if kind == "kernels" else "triton-autotune"
-    return predict(family, held.values(), note=note)
-
-
-def inductor(
-    settings: Settings,
-    manifest: Manifest | None,
-    host: Host,
-    bundles: list[bundle.Bundle],
-    remote: RemoteTier | None,
-) -> Prediction:
-    """Each declared model: the volume's, the pending bundles' and the remote tier's
-    indexes of it, against its key and this host's fingerprint."""
-    if manifest is None or not manifest.models:
-        return predict("inductor", [], note="no models declared")
-    from warmup.compiled.key import model_key
-
-    in_bundles = {name for b in bundles for name in b.indexes}
-    held: list[Differences] = []
-    missing, unreadable = 0, []
-    for model in manifest.models:
-        try:
-            key = model_key(model).digest
-        except ValueError as e:
-            unreadable.append(f"{model.name}: {e}")
-            continue
-        relpath = inductor_cache.index_relpath(model.name, key, host.fingerprint)
-        found: Differences | None = {} if relpath in in_bundles else None
-        if found is None:
-            found = inductor_cache.model_differences(
-                settings.paths.inductor, model.name, key, host.fingerprint
-            )
-        if found is None and remote is not None:
-            found = _remote_model(remote, model.name, key, host.fingerprint)
-        if found is None:
-            missing += 1
-        else:
-            held.append(found)
-    return predict("inductor", held, missing=missing, note="; ".join(unreadable))
-
-
-def _remote_model(
-    remote: RemoteTier, model: str, key: str, fingerprint: Fingerprint
-) -> Differences | None:
-    stored = remote_models.stored_fingerprints(remote, model, key, fingerprint)
-    if stored is None:
-        return None
-    if not stored:
-        return {"model code or shapes": (key[:12], "other keys")}
-    return min((fingerprint_differences(fingerprint.diff(fp)) for fp in stored), key=len)
+    sources = Sources(bundles, remote, local)
+    return families.explain(families.scope(settings, manifest), host, sources)
 
 
 def _pending_bundles(folder: Path, trust: Trust) -> list[bundle.Bundle]:
@@ -234,6 +113,11 @@ def add_parser(
     )
     parser.add_argument("--manifest", type=Path, help=f"default {settings.manifest}")
     parser.add_argument("--volume", type=Path, help=f"default {settings.volume}")
+    parser.add_argument(
+        "--work-dir",
+        type=Path,
+        help=f"whose Triton cache is read beside the volume's (default {settings.work_dir})",
+    )
     parser.add_argument(
         "--device", choices=["auto", "cpu", "cuda"], help=f"default {settings.device}"
     )

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 import triton
 
-from registry import bundle, inductor_cache, remote_models, remote_triton, triton_cache
+from registry import bundle, families, inductor_cache, remote_models, remote_triton, triton_cache
+from registry.families import Sources
+from registry.families.base import Declared
 from registry.fingerprint import MatchPolicy, cpu_fingerprint
 from registry.remote import RemoteTier
 from registry.store import Store
@@ -30,6 +32,7 @@ from tests.registry.test_redis_outage import redis  # noqa: F401
 from tests.registry.test_triton_cache import compile_in
 from tests.warmup.compiled.models import manifest as models_manifest
 from warmup import explain
+from warmup import families as warm_families
 from warmup.compiled.key import model_key
 from warmup.explain import Host
 from warmup.manifest import load_manifest
@@ -41,6 +44,16 @@ ORIGIN = Origin.of(FP, {})
 
 def host(fp=FP, env=None, **kernel_hashes) -> Host:
     return Host(fp, Origin.of(fp, env or {}), kernel_hashes)
+
+
+def predicted(family, settings, mine, bundles=(), remote=None, manifest=None):
+    """The family's prediction, as ``explain`` makes it."""
+    where = warm_families.scope(settings, manifest)
+    return families.named(family).explain(where, mine, Sources(bundles, remote))
+
+
+def remote_model(remote, model, key):
+    return families.inductor._remote(Sources(remote=remote), Declared(model, key), host())
 
 
 @pytest.fixture
@@ -57,26 +70,26 @@ def test_tuned_configs_name_the_software_factor_that_differs(tmp_path, make_entr
     settings = settings_for(tmp_path)
     Store(settings.registry_dir, create=True).put(make_entry(fp=FP.with_kernel("k" * 64)))
     mine = host(replace(FP, software=replace(FP.software, **change)), ag_gemm="k" * 64)
-    got = explain.tuned_configs(settings, mine, [], None)
+    got = predicted("tuned-configs", settings, mine, [], None)
     assert (got.outcome, got.factor) == ("miss", factor)
-    assert explain.tuned_configs(settings, host(ag_gemm="k" * 64), [], None).outcome == "hit"
+    assert predicted("tuned-configs", settings, host(ag_gemm="k" * 64), [], None).outcome == "hit"
 
 
 def test_tuned_configs_name_the_gpu_the_arch_and_the_kernel_source(tmp_path, make_entry):
     settings = settings_for(tmp_path)
     Store(settings.registry_dir, create=True).put(make_entry(fp=FP.with_kernel("k" * 64)))
     h100 = gpu_fingerprint("NVIDIA H100 80GB HBM3", sms=132).with_kernel("")
-    assert explain.tuned_configs(settings, host(h100, ag_gemm="k" * 64), [], None).factor == (
+    assert predicted("tuned-configs", settings, host(h100, ag_gemm="k" * 64), [], None).factor == (
         "GPU model"
     )
     same_arch = settings.model_copy(update={"match_policy": MatchPolicy.SAME_ARCH})
-    got = explain.tuned_configs(same_arch, host(h100, ag_gemm="k" * 64), [], None)
+    got = predicted("tuned-configs", same_arch, host(h100, ag_gemm="k" * 64), [], None)
     assert got.outcome == "hit"  # the policy forgives another GPU of the same arch
     b200 = gpu_fingerprint("NVIDIA B200", cc="10.0").with_kernel("")
-    assert explain.tuned_configs(same_arch, host(b200, ag_gemm="k" * 64), [], None).factor == (
+    assert predicted("tuned-configs", same_arch, host(b200, ag_gemm="k" * 64), [], None).factor == (
         "compute capability"
     )
-    changed = explain.tuned_configs(settings, host(ag_gemm="j" * 64), [], None)
+    changed = predicted("tuned-configs", settings, host(ag_gemm="j" * 64), [], None)
     assert (changed.factor, changed.stored) == ("kernel source", "k" * 64)
 
 
@@ -86,7 +99,7 @@ def test_tuned_configs_count_a_pending_bundles_entries(tmp_path, make_entry):
     other = replace(other, software=replace(other.software, driver="580.65"))
     path = tmp_path / "b.tgz"
     bundle.create(path, name="b", version="1", entries=[make_entry(fp=other)])
-    got = explain.tuned_configs(settings, host(ag_gemm="k" * 64), [bundle.verify(path)], None)
+    got = predicted("tuned-configs", settings, host(ag_gemm="k" * 64), [bundle.verify(path)], None)
     assert (got.held, got.factor, got.stored) == (1, "driver", "580.65")
 
 
@@ -112,7 +125,7 @@ def test_a_pending_bundle_that_trust_refuses_is_not_counted(tmp_path, make_entry
 def test_tuned_configs_on_the_remote_tier_are_sampled(tmp_path, server, make_entry):
     remote = RemoteTier(server.url, timeout_s=0.5)
     remote.publish(make_entry(fp=gpu_fingerprint(ptxas="12.4")))
-    got = explain.tuned_configs(settings_for(tmp_path), host(ag_gemm="k" * 64), [], remote)
+    got = predicted("tuned-configs", settings_for(tmp_path), host(ag_gemm="k" * 64), [], remote)
     assert (got.held, got.factor, got.stored) == (1, "ptxas", "12.4")
 
 
@@ -148,27 +161,27 @@ def test_triton_kernels_name_the_factor_of_their_key_that_differs(
 ):
     settings = saved(tmp_path, compiled)
     mine = Host(FP, replace(ORIGIN, **change))
-    got = explain.triton_family(settings, mine, "kernels", None)
+    got = predicted("triton-kernels", settings, mine, [], None)
     assert (got.outcome, got.held, got.factor) == ("miss", 1, factor)
-    assert explain.triton_family(settings, Host(FP, ORIGIN), "kernels", None).outcome == "hit"
+    assert predicted("triton-kernels", settings, Host(FP, ORIGIN)).outcome == "hit"
 
 
 def test_without_a_recorded_origin_the_kernels_own_metadata_names_the_arch(tmp_path, compiled):
     settings = saved(tmp_path, compiled, origin=None)
     mine = Host(FP, replace(ORIGIN, compute_capability="10.0", triton=triton.__version__))
-    got = explain.triton_family(settings, mine, "kernels", None)
+    got = predicted("triton-kernels", settings, mine, [], None)
     assert (got.factor, got.stored, got.mine) == ("compute capability", "9.0", "10.0")
 
 
 def test_a_cache_copied_without_restore_names_the_path_its_groups_hold(tmp_path, compiled):
     settings = saved(tmp_path, compiled)
     shutil.copytree(compiled, settings.triton_cache_dir)  # groups still name the old folder
-    got = explain.triton_family(settings, Host(FP, ORIGIN), "kernels", None)
+    got = predicted("triton-kernels", settings, Host(FP, ORIGIN))
     assert (got.outcome, got.factor) == ("miss", "path group")
     assert str(compiled) in got.stored
     shutil.rmtree(settings.triton_cache_dir)
     triton_cache.restore(settings.paths.triton_cache, settings.triton_cache_dir)
-    assert explain.triton_family(settings, Host(FP, ORIGIN), "kernels", None).outcome == "hit"
+    assert predicted("triton-kernels", settings, Host(FP, ORIGIN)).outcome == "hit"
 
 
 def test_autotune_results_are_predicted_from_their_origin_or_said_unknown(tmp_path):
@@ -180,7 +193,7 @@ def test_autotune_results_are_predicted_from_their_origin_or_said_unknown(tmp_pa
         if origin is not None:
             triton_cache.record_origin(settings.paths.triton_cache, origin, [name])
     mine = Host(FP, replace(ORIGIN, env={"TRITON_F32_DEFAULT": "ieee"}))
-    got = explain.triton_family(settings, mine, "autotune", None)
+    got = predicted("triton-autotune", settings, mine, [], None)
     assert (got.outcome, got.held, got.factor) == ("miss", 1, "env TRITON_F32_DEFAULT")
     assert got.note == "1 of unknown origin not predicted"
 
@@ -191,7 +204,7 @@ def test_kernels_on_the_remote_tier_are_sampled_from_their_metadata(tmp_path, se
         if path.is_file():
             remote_triton.publish(remote, path.parent.name, path.name, path.read_bytes())
     mine = Host(FP, replace(ORIGIN, compute_capability="8.0", triton=triton.__version__))
-    got = explain.triton_family(settings_for(tmp_path), mine, "kernels", remote)
+    got = predicted("triton-kernels", settings_for(tmp_path), mine, [], remote)
     assert (got.held, got.factor, got.stored) == (1, "compute capability", "9.0")
 
 
@@ -224,21 +237,21 @@ def test_a_models_index_on_the_remote_tier_is_found_exactly_or_its_factor_named(
         fp = replace(FP, software=replace(FP.software, driver=f"5{n:02d}.1"))
         inductor_cache.save(cache, root, model="mlp", key_digest="a" * 16, key={}, fingerprint=fp)
         remote_models.publish(remote, root, model="mlp", key_digest="a" * 16, fingerprint=fp)
-    assert explain._remote_model(remote, "mlp", "a" * 16, FP)["driver"][0] == "570.86"
+    assert remote_model(remote, "mlp", "a" * 16)["driver"][0] == "570.86"
     inductor_cache.save(cache, root, model="mlp", key_digest="a" * 16, key={}, fingerprint=FP)
     remote_models.publish(remote, root, model="mlp", key_digest="a" * 16, fingerprint=FP)
-    assert explain._remote_model(remote, "mlp", "a" * 16, FP) == {}
-    assert explain._remote_model(remote, "mlp", "b" * 16, FP) == {
+    assert remote_model(remote, "mlp", "a" * 16) == {}
+    assert remote_model(remote, "mlp", "b" * 16) == {
         "model code or shapes": ("b" * 12, "other keys")
     }
-    assert explain._remote_model(remote, "other", "a" * 16, FP) is None
+    assert remote_model(remote, "other", "a" * 16) is None
 
 
 def test_a_declared_model_is_looked_up_at_its_own_key(tmp_path):
     text = models_manifest(("mlp", "mlp", "{batch: [2], seq: [4]}"))
     path = write_manifest(tmp_path / "m.yaml", text)
     settings, manifest = settings_for(tmp_path, manifest=path), load_manifest(path)
-    got = explain.inductor(settings, manifest, host(cpu_fingerprint()), [], None)
+    got = predicted("inductor", settings, host(cpu_fingerprint()), [], None, manifest)
     assert (got.outcome, got.missing) == ("miss", 1)
     cache = tmp_path / "cache"
     (cache / "fxgraph").mkdir(parents=True)
@@ -248,7 +261,7 @@ def test_a_declared_model_is_looked_up_at_its_own_key(tmp_path):
     inductor_cache.save(
         cache, settings.paths.inductor, model="mlp", key_digest=key, key={}, fingerprint=other
     )
-    got = explain.inductor(settings, manifest, host(cpu_fingerprint()), [], None)
+    got = predicted("inductor", settings, host(cpu_fingerprint()), [], None, manifest)
     assert (got.outcome, got.factor, got.stored) == ("miss", "torch", "9")
 
 
@@ -269,7 +282,7 @@ def test_the_command_prints_one_line_per_family_and_json_for_machines(tmp_path, 
     )
     assert done.returncode == 0, done.stderr
     predictions = json.loads(done.stdout)["predictions"]
-    assert [p["family"] for p in predictions] == list(explain.FAMILIES)
+    assert [p["family"] for p in predictions] == warm_families.names()
     tuned = predictions[0]
     assert (tuned["outcome"], tuned["stored"]) == ("miss", "2.11.0")  # the CPU's torch differs
     assert tuned["line"].startswith("tuned-configs: MISS: 0 of 1 stored usable; torch differs")
@@ -303,7 +316,7 @@ def test_a_mistyped_volume_is_warned_of_and_left_as_it_is(isolated, capsys, monk
         (volume / "photos").mkdir(parents=True)
     before = sorted(p.relative_to(isolated) for p in isolated.rglob("*"))
     code, out, err = _explain(capsys, monkeypatch, "--volume", str(volume))
-    assert code == 0 and out.count("EMPTY") == 4  # predicted all the same
+    assert code == 0 and out.count("EMPTY") == len(warm_families.names())  # predicted all the same
     (warning,) = err.strip().splitlines()
     assert warning.startswith(f"triton-warmup: warning: volume '{volume}' ")
     assert {"missing": "does not exist", "file": "not a folder", "not a volume": "holds none"}[

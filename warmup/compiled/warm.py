@@ -10,7 +10,9 @@ the cache holds afterwards when anything was compiled, then lets the lock go. A 
 that cannot be had within the rank timeout (its server gone, a holder that takes too
 long) is passed by with a warning: the compile is done twice, never lost. A model that
 cannot be built, is not callable, or fails at a shape is failed with a one-line
-reason; the other models still warm.
+reason; the other models still warm. Each step (the restore, the build, every shape's
+first call, the model's end) is told to a ``progress`` callback as it ends
+(``warmup.compiled.progress``): rank 0's run shows it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from registry import inductor_cache, remote_models
@@ -34,6 +37,7 @@ from warmup.compiled.counters import CompileCounts, snapshot
 from warmup.compiled.inputs import grad_mode, make_inputs
 from warmup.compiled.key import ModelKey, model_key
 from warmup.compiled.learned import shared_dims
+from warmup.compiled.progress import Kind, ModelProgress, ModelStep
 from warmup.manifest import ModelEntry, resolve_model_builder
 from warmup.results import ModelResult
 from warmup.settings import Settings
@@ -50,28 +54,34 @@ def warm_models(
     device: Any,
     fingerprint: Fingerprint,
     remote: RemoteTier | None = None,
+    progress: ModelProgress | None = None,
 ) -> Iterator[ModelResult]:
     """Each model's result on this rank, in manifest order. The ranks agree after the
     build and after every shape whether all of them went on (a model failed on one rank
     is failed on every rank, and none waits for a peer that stopped); a failure inside
     the model's own collectives still costs the rank timeout. ``remote``: the registry's
-    remote tier (rank 0), asked on a miss of the volume and told what rank 0 stores."""
+    remote tier (rank 0), asked on a miss of the volume and told what rank 0 stores.
+    ``progress``: told each model's steps as they end (``warmup.compiled.progress``)."""
     steps = Lockstep(group, timeout_s=settings.rank_timeout_s)
     for model in models:
         started = time.perf_counter()
+        told = _Told(model, progress, started)
         key, error = _key(model)
         if key is not None and settings.models_on_miss == "server":
             artifacts = _Artifacts(model, key, settings, fingerprint, remote)
-            result = _left_to_the_server(artifacts, steps, rank)
-            yield result.model_copy(update={"seconds": time.perf_counter() - started})
+            result = _left_to_the_server(artifacts, steps, rank, told)
+            yield told.done(result.model_copy(update={"seconds": time.perf_counter() - started}))
             continue
         with contextlib.ExitStack() as held:
             stored = _Artifacts(model, key, settings, fingerprint, remote) if key else None
             restored = stored.restore_under_lock(held) if rank == 0 and stored else None
+            told.restored(restored)
             steps.barrier(what=f"model {model.name}: restore")
             learned = shared_dims(steps, settings.paths.learned, model)
             result = (
-                _compile_and_run(model, device, steps, learned) if key else _failed(model, error)
+                _compile_and_run(model, device, steps, learned, told)
+                if key
+                else _failed(model, error)
             )
             # any rank's compile (or a restore that was not whole) means: store again
             compiled = _compiled_on_any_rank(steps, model, result)
@@ -82,16 +92,65 @@ def warm_models(
             result = result.model_copy(update=restored)
         if key is not None:
             result = result.model_copy(update={"key_digest": key.digest})
-        yield result.model_copy(update={"rank": rank, "seconds": time.perf_counter() - started})
+        seconds = time.perf_counter() - started
+        yield told.done(result.model_copy(update={"rank": rank, "seconds": seconds}))
 
 
-def _left_to_the_server(stored: _Artifacts, steps: Lockstep, rank: int) -> ModelResult:
+class _Told:
+    """One model's steps as :class:`~warmup.compiled.progress.ModelStep`, told to
+    ``progress`` when there is one, timed from the model's start."""
+
+    def __init__(self, model: ModelEntry, progress: ModelProgress | None, started: float) -> None:
+        self.name, self.progress, self.started = model.name, progress, started
+        self.total = model.count()  # the declared shapes; the learned ones join before the first
+
+    def restored(self, restored: dict[str, Any] | None) -> None:
+        """Rank 0's restore (``None``: none on this rank), timed from the model's start."""
+        if restored is not None:
+            seconds = time.perf_counter() - self.started
+            self._tell("restore", seconds=seconds, what=restored["restore"])
+
+    def built(self, seconds: float) -> None:
+        """The user's build returned the model in ``seconds``."""
+        self._tell("build", seconds=seconds)
+
+    def shape(
+        self, index: int, dims: dict[str, int], seconds: float, counts: CompileCounts
+    ) -> None:
+        """Shape ``index`` (from 1) ran at ``dims`` in ``seconds``, compiling ``counts``."""
+        compiles = counts.inductor_compiles + counts.kernel_compiles
+        hits = counts.fxgraph_hits
+        self._tell(
+            "shape", index=index, dims=dims, seconds=seconds, compiles=compiles, cache_hits=hits
+        )
+
+    def done(self, result: ModelResult) -> ModelResult:
+        """The model's end (at ``result.seconds``), told; ``result`` as it is."""
+        ran, what = len(result.shapes), result.error or result.phase
+        self._tell("done", elapsed=result.seconds, index=ran, what=what, failed=result.failed)
+        return result
+
+    def _tell(self, kind: Kind, **fields: Any) -> None:
+        if self.progress is None:
+            return
+        elapsed = fields.pop("elapsed", time.perf_counter() - self.started)
+        step = ModelStep(self.name, kind, elapsed, total=self.total, **fields)
+        try:
+            self.progress(step)
+        except Exception as e:  # a display that fails (a closed stream) costs no model
+            log.warning("model progress no longer shown: %s", _one_line(e))
+            self.progress = None
+
+
+def _left_to_the_server(stored: _Artifacts, steps: Lockstep, rank: int, told: _Told) -> ModelResult:
     """``models_on_miss=server``: rank 0 restores the stored artifacts for the server's
     priming, and nothing is built or run here. A miss is ``deferred``: the server
     compiles it once (the fleet's first pod pays a cold server, not an init container's
     compile and then the server's load) and the sidecar's harvest stores it."""
     model = stored.model
     restored = stored.restore() if rank == 0 else None
+    told.restored(restored)
+    told.total = 0  # no shape runs here: the server primes them
     hit = steps.broadcast(
         restored is not None and restored["restore"].startswith("hit"),
         what=f"model {model.name}: restore",
@@ -182,17 +241,19 @@ class _Artifacts:
             "fingerprint": self.fingerprint,
         }
         look = functools.partial(inductor_cache.restore, root, settings.inductor_cache_dir, **where)
+        not_remote = ""  # why the remote tier did not fill the volume's miss
         try:
             done = look()
-            missed = done.index is None
-            if missed and remote is not None and remote_models.fetch(remote, root, **where):
-                done = look()
+            if done.index is None and remote is not None:
+                not_remote = _fetched(remote, root, where)
+                done = done if not_remote else look()
         except Exception as e:  # rank 0 must reach the barrier: a bad store costs a compile
             log.warning("model %s: stored artifacts not restored: %s", model.name, _one_line(e))
             return {"restore": f"failed: {_one_line(e)}"}
         if done.index is None:
-            log.info("model %s: nothing to restore: %s", model.name, done.why_not)
-            return {"restore": f"miss: {done.why_not}"}
+            why = done.why_not + (f"; {not_remote}" if not_remote else "")
+            log.info("model %s: nothing to restore: %s", model.name, why)
+            return {"restore": f"miss: {why}"}
         log.info(
             "model %s: restored %d artifacts (%d already there, %d quarantined, %d missing)",
             model.name,
@@ -238,41 +299,77 @@ class _Artifacts:
         return {"stored_artifacts": saved.files}
 
 
+def _fetched(remote: RemoteTier, root: Path, where: dict[str, Any]) -> str:
+    """The model's index and files fetched from the remote tier into the volume: '' when
+    they came, else why not, read from the tier's counters around the fetch."""
+    before = dataclasses.replace(remote.stats)
+    if remote_models.fetch(remote, root, **where):
+        return ""
+    after = remote.stats
+    if after.refused > before.refused:
+        return "the remote tier's copy was refused: unsigned, or not signed by a trusted key"
+    if after.errors > before.errors or after.skipped > before.skipped:
+        return "the remote tier did not answer"
+    return "none on the remote tier either"
+
+
 def _compile_and_run(
-    model: ModelEntry, device: Any, steps: Lockstep, learned: list[dict[str, int]]
+    model: ModelEntry, device: Any, steps: Lockstep, learned: list[dict[str, int]], told: _Told
 ) -> ModelResult:
     """Build, then one call per shape (declared, then learned by the fleet); after each
     step the ranks agree whether every one of them succeeded, so that all stop together."""
-    before = snapshot()
+    before, clock = snapshot(), time.perf_counter()
     error: str | None = None
     try:
         function = build_model(model, device)
+        told.built(time.perf_counter() - clock)
     except ValueError as e:
         error = str(e)
+        log.debug("model %s: build failed", model.name, exc_info=e)  # --debug: where
     shapes: list[dict[str, Any]] = []
     skipped = 0
     if _all_went_on(steps, error, f"model {model.name}: build"):
-        declared = model.expand()
-        for i, dims in enumerate([*declared, *learned]):
-            clock = time.perf_counter()
-            try:
-                run_once(function, model, dims, device)
-            except Exception as e:  # the model failed at this shape; the ranks stop together
-                error = f"at {dims}: {_one_line(e)}"
-            if not _all_went_on(steps, error, f"model {model.name}: {dims}"):
-                if i < len(declared):
-                    break
-                # a shape the fleet learned is a bonus: skipped on every rank, not fatal
-                log.warning("model %s: learned shape %s skipped: %s", model.name, dims, error)
-                error, skipped = None, skipped + 1
-                continue
-            shapes.append({"dims": dims, "seconds": round(time.perf_counter() - clock, 6)})
+        shapes, skipped, error = _run_shapes(function, model, device, steps, learned, told)
     counts = snapshot() - before
     if error is None and len(shapes) + skipped < model.count() + len(learned):
         error = "another rank failed it"
     if error is not None:
         return _failed(model, error, shapes, counts)
     return ModelResult(name=model.name, phase="warm", shapes=shapes, counts=counts.to_json())
+
+
+def _run_shapes(
+    function: Callable[..., Any],
+    model: ModelEntry,
+    device: Any,
+    steps: Lockstep,
+    learned: list[dict[str, int]],
+    told: _Told,
+) -> tuple[list[dict[str, Any]], int, str | None]:
+    """One call per shape, declared then learned, each told as it ends; the shapes that
+    ran, the learned ones skipped, and the error that stopped a declared one."""
+    declared = model.expand()
+    told.total = len(declared) + len(learned)
+    shapes: list[dict[str, Any]] = []
+    skipped, error = 0, None
+    for i, dims in enumerate([*declared, *learned]):
+        clock, counted = time.perf_counter(), snapshot()
+        try:
+            run_once(function, model, dims, device)
+        except Exception as e:  # the model failed at this shape; the ranks stop together
+            error = f"at {dims}: {_one_line(e)}"
+            log.debug("model %s failed at %s", model.name, dims, exc_info=e)  # --debug: where
+        if not _all_went_on(steps, error, f"model {model.name}: {dims}"):
+            if i < len(declared):
+                break
+            # a shape the fleet learned is a bonus: skipped on every rank, not fatal
+            log.warning("model %s: learned shape %s skipped: %s", model.name, dims, error)
+            error, skipped = None, skipped + 1
+            continue
+        seconds = time.perf_counter() - clock
+        shapes.append({"dims": dims, "seconds": round(seconds, 6)})
+        told.shape(i + 1, dims, seconds, snapshot() - counted)
+    return shapes, skipped, error
 
 
 def _all_went_on(steps: Lockstep, error: str | None, what: str) -> bool:
@@ -288,7 +385,7 @@ def build_model(model: ModelEntry, device: Any) -> Callable[..., Any]:
     try:
         function = build(device=device)
     except Exception as e:
-        raise ValueError(f"{model.build}(device=...) raised {_one_line(e)}") from None
+        raise ValueError(f"{model.build}(device=...) raised {_one_line(e)}") from e
     if not callable(function):
         raise ValueError(
             f"{model.build}(device=...) returned {type(function).__name__}, not a callable"

@@ -190,12 +190,12 @@ def _finish(
     **fields: Any,
 ) -> RunStatus:
     """A run that started no rank: the volume restored into this pod (the registry's
-    recovery, Triton's cache, then ``models_of``'s), its metrics and its status written
+    recovery, every cache family, then ``models_of``'s), its metrics and its status written
     (ready unless a model failed; the record's fingerprint, when there is one)."""
-    from warmup.run.session import restore  # the registry's recovery and Triton's cache
+    from warmup.run.session import restore  # the registry's recovery and the families
 
     restoring = time.perf_counter()
-    recovered = restore(settings)
+    recovered = restore(settings, manifest, host=record.fingerprint if record else None)
     models = models_of()
     run = {**phases, "restore": time.perf_counter() - restoring}
     duration = time.time() - started

@@ -143,7 +143,7 @@ def _restore_for_ranks(
     for; ``explain`` starts on rank 0's host. Returns what the recovery cleared, and the
     explanation under way; adds the ``restore`` phase."""
     restoring = time.perf_counter()
-    recovered = restore(settings)  # while the ranks import torch; they wait for the marker
+    recovered = restore(settings, manifest)  # while the ranks import torch; they wait for it
     mark_restored(run_dir)
     explaining = explain.Background(settings, manifest, run_dir)  # rank 0's host
     phases["restore"] = time.perf_counter() - restoring

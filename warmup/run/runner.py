@@ -30,6 +30,7 @@ from registry.fingerprint import Fingerprint, detect_for
 from registry.remote import RemoteTier
 from registry.tiered import TieredStore
 from warmup.collectives import Lockstep
+from warmup.compiled.progress import ModelProgress
 from warmup.manifest import Manifest, ManifestEntry, ModelEntry, resolve_user_function
 from warmup.results import ModelResult, RankReport, RemoteCounts, ShapeResult
 from warmup.run.phases import PhaseClock
@@ -54,11 +55,13 @@ def warm_rank(
     device: torch.device,
     progress: Progress | None = None,
     clock: PhaseClock | None = None,
+    model_progress: ModelProgress | None = None,
 ) -> RankReport:
     """Warm every shape of the manifest entries made for ``world`` ranks. The kernel
     entries' shapes are shared with the other pods of the fleet (``warmup.tuning.sharing``):
     the first pass over them, then the user functions, while other pods may finish the
-    shapes this pod put aside, then those. The report lists the shapes in manifest order."""
+    shapes this pod put aside, then those. The report lists the shapes in manifest order.
+    ``progress`` is told each kernel shape, ``model_progress`` each compiled model's steps."""
     started = time.perf_counter()
     clock = clock or PhaseClock()
     with clock.timing("prepare"):
@@ -77,7 +80,7 @@ def warm_rank(
         shapes.add(_warm_settled(settled, from_bundles, clock), settled.job.place)
     _warm_user_functions(entries, device, shapes)
     if manifest.models_for(world):  # compiled models (warmup.compiled.warm): torch.compile
-        report.models = _warm_models(here, manifest.models_for(world))
+        report.models = _warm_models(here, manifest.models_for(world), model_progress)
     for settled in sharing.come_back():
         shapes.add(_warm_settled(settled, from_bundles, clock), settled.job.place)
     shapes.sort()
@@ -141,8 +144,10 @@ def _warm_user_functions(entries: list[_Placed], device: torch.device, shapes: _
                 shapes.add(shape, place)
 
 
-def _warm_models(here: _Rank, models: list[ModelEntry]) -> list[ModelResult]:
-    """The manifest's compiled models, each logged."""
+def _warm_models(
+    here: _Rank, models: list[ModelEntry], progress: ModelProgress | None
+) -> list[ModelResult]:
+    """The manifest's compiled models, each logged, their steps told to ``progress``."""
     from warmup.compiled.warm import warm_models
 
     with here.clock.timing("models"):
@@ -156,6 +161,7 @@ def _warm_models(here: _Rank, models: list[ModelEntry]) -> list[ModelResult]:
                 device=here.device,
                 fingerprint=here.fingerprint,
                 remote=here.store.remote,
+                progress=progress,
             )
         ]
 

@@ -21,22 +21,21 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from registry import RegistryError, atomic, triton_cache, triton_internals
-from registry.errors import named
+from registry import RegistryError, atomic, triton_internals
+from registry.errors import BadInput, named
 from registry.explain import Prediction
 from registry.fingerprint import Fingerprint, detect_for, detect_in_background, machine_name
-from registry.importers import import_triton_autotune
 from registry.locks import LockServerUnreachable, check_backend
 from registry.triton_internals import cache_env
 from registry.volume import MissingFolder
-from warmup import logs
+from warmup import families, logs
 from warmup.compiled.environment import inductor_environment
 from warmup.manifest import Manifest, ManifestError, load_manifest
 from warmup.results import (
@@ -58,7 +57,7 @@ RESTORED = "restored"  # marker file: the compile cache is in place
 RECOVERY_BUDGET_S = 10.0  # the start's clearing of killed writers' debris; writes go on
 
 
-class RunError(RuntimeError):
+class RunError(BadInput, RuntimeError):
     """The run cannot start or cannot go on: no entry for the world size, no GPU, a rank
     that cannot reach its device or the restored cache."""
 
@@ -93,6 +92,7 @@ def run_session(
     ``clock`` has what this rank spent before (its start, the process group)."""
     clock = clock or PhaseClock()
     with clock.timing("rank_start"):  # the kernels and triton, imported here
+        from warmup.compiled.progress import model_progress_printer
         from warmup.run.runner import progress_printer, warm_rank
 
     recovered = _restored(settings, manifest, rank, world, group, run_dir, roles, started, clock)
@@ -105,6 +105,7 @@ def run_session(
         device=device,
         progress=progress_printer() if rank == 0 else None,
         clock=clock,
+        model_progress=model_progress_printer() if rank == 0 else None,
     )
     report.write(run_dir)
     _barrier(group)
@@ -137,7 +138,7 @@ def _restored(
         clear_run_dir(run_dir)
         running(manifest, world, started).write(settings.status_file)  # not ready
         with clock.timing("restore"):
-            recovered = restore(settings)
+            recovered = restore(settings, manifest)
     with clock.timing("rendezvous"):
         _barrier(group)
     return recovered
@@ -187,17 +188,16 @@ def _barrier(group: Any) -> None:
         dist.barrier(group=group)
 
 
-def restore(settings: Settings) -> dict[str, int]:
-    """The volume into this pod: the registry recovered first, then the compile caches.
-    Returns what the recovery cleared, by kind (the run's metrics count it)."""
+def restore(
+    settings: Settings, manifest: Manifest | None = None, *, host: Fingerprint | None = None
+) -> dict[str, int]:
+    """The volume into this pod: the registry recovered first, then every cache family
+    (those keyed by the host only when ``host``, its fingerprint, is known; declared
+    models are restored by their own warm). Returns what the recovery cleared, by kind
+    (the run's metrics count it)."""
     recovered = recover_store(settings)
-    done = triton_cache.restore(settings.paths.triton_cache, settings.triton_cache_dir)
-    log.info(
-        "restored %d compile artifacts (%d already there) into %s",
-        done.copied,
-        done.present,
-        settings.triton_cache_dir,
-    )
+    where = replace(families.scope(settings, manifest, fingerprint=host), models=())
+    families.restore(where, needing_host=None if host is not None else False)
     return recovered
 
 
@@ -380,17 +380,20 @@ class _Saved:
 
 
 def _save_caches(settings: Settings, manifest: Manifest, reports: list[RankReport]) -> _Saved:
-    """The compile cache onto the volume, and Triton's autotune choices into the registry."""
+    """Every cache family onto the volume, once the families keyed by the host (now
+    known: the first rank's fingerprint) are restored for the server."""
     saving = time.perf_counter()
     fingerprint = reports[0].fingerprint if reports else None
-    origin = triton_cache.Origin.of(Fingerprint.from_json(fingerprint)) if fingerprint else None
-    saved = triton_cache.save(settings.triton_cache_dir, settings.paths.triton_cache, origin)
-    imported = _import_autotune(settings, manifest, fingerprint)
+    host = Fingerprint.from_json(fingerprint) if fingerprint else None
+    where = replace(families.scope(settings, manifest, fingerprint=host), models=())
+    if host is not None:
+        families.restore(where, needing_host=True)
+    saved = families.save(where)
     return _Saved(
         fingerprint=fingerprint,
-        triton_env=dict(origin.env) if origin else {},
-        copied=saved.copied,
-        imported=imported,
+        triton_env=cache_env() if host is not None else {},
+        copied=sum(moved.copied for moved in saved),
+        imported=sum(moved.entries for moved in saved),
         seconds=time.perf_counter() - saving,
     )
 
@@ -435,19 +438,6 @@ def _remote_counts(reports: list[RankReport]) -> RemoteCounts | None:
     return sum(asked[1:], asked[0]) if asked else None
 
 
-def _import_autotune(
-    settings: Settings, manifest: Manifest, fingerprint: dict[str, Any] | None
-) -> int:
-    """Triton's own @triton.autotune choices (user entries) into the registry."""
-    if fingerprint is None or not any(e.is_user_function for e in manifest.entries):
-        return 0
-    result = import_triton_autotune(settings.triton_cache_dir, Fingerprint.from_json(fingerprint))
-    for error in result.errors:
-        log.warning("could not import %s", error)
-    settings.store().put_many(result.entries)
-    return len(result.entries)
-
-
 def main(*, waited_s: float = 0.0) -> int:
     """A rank process: spawned by ``triton-warmup run`` (settings and manifest as files
     in its folder, the launcher's decisions in its environment), or started by torchrun
@@ -466,7 +456,7 @@ def main(*, waited_s: float = 0.0) -> int:
             manifest = load_manifest(settings.manifest)
             run_dir = settings.work_dir / "run"
             settings = _prepare_self_started(settings, manifest, world)
-        logs.configure(settings.log_format, rank=rank)
+        logs.configure(settings.log_format, rank=rank, level=_log_level(settings))
         roles = LAUNCHED if child_of else SELF_STARTED
         return _run_rank(settings, manifest, rank, world, run_dir, roles, waited_s)
     except (ManifestError, MissingFolder, RunError, ValidationError) as e:
@@ -474,6 +464,11 @@ def main(*, waited_s: float = 0.0) -> int:
         for line in lines:
             print(f"triton-warmup: error: rank {rank}: {line}", file=sys.stderr)
         return 2
+
+
+def _log_level(settings: Settings) -> int:
+    """DEBUG with ``--debug`` (``TRITON_WARMUP_DEBUG``): a failing build's traceback too."""
+    return logging.DEBUG if settings.debug else logging.INFO
 
 
 def _prepare_self_started(settings: Settings, manifest: Manifest, world: int) -> Settings:

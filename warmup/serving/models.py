@@ -16,9 +16,12 @@ JIT) is charged to this call too.
 Every call runs under the model's declared ``mode`` (``no_grad``, ``inference_mode``,
 ``grad``), the one it was warmed and primed in, whatever the caller's context. Priming
 runs each shape until it is steady (:data:`PRIME_CALLS`: CUDA graphs recorded and
-replayed), then logs whether the model was ``restored`` or ``compiled`` and why (the init
-container's status file); a status whose torch, Triton or GPU differ from this process's
-is logged and counted, not refused: its artifacts just miss.
+replayed), then logs one line: ``restored`` (from the pod's Inductor cache, and which of
+the volume's indexes the init container restored there, with how many files) or
+``compiled`` and why (the init container's status file: no status, another key, its
+failure, its restore's miss reason, a cache this process does not share); a status whose
+torch, Triton or GPU differ from this process's is logged and counted, not refused: its
+artifacts just miss.
 """
 
 from __future__ import annotations
@@ -28,15 +31,19 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from registry.errors import named
+from registry import inductor_cache
+from registry.errors import RegistryError, named
+from registry.fingerprint import Fingerprint
 from warmup.compiled.counters import CompileCounts, snapshot
 from warmup.compiled.inputs import grad_mode, make_inputs
+from warmup.compiled.key import model_key
 from warmup.compiled.learned import Recorder
 from warmup.compiled.warm import build_model
 from warmup.manifest import Manifest, ModelEntry, load_manifest
-from warmup.results import RankHost, RunStatus
+from warmup.results import RUNNING, ModelResult, RankHost, RunStatus
 from warmup.settings import Settings
 
 if TYPE_CHECKING:
@@ -67,27 +74,35 @@ Outcome = Literal["restored", "compiled"]
 @dataclass(frozen=True)
 class Primed:
     """What priming a model cost in the server: ``restored`` when it compiled nothing
-    (the warmup's artifacts hit; Dynamo's tracing, paid by every process, aside), else
-    ``compiled`` with the ``cause`` the init container's status gives."""
+    (the warmup's artifacts hit; Dynamo's tracing, paid by every process, aside), with
+    the ``source`` of its artifacts, else ``compiled`` with the ``cause`` the init
+    container's status gives."""
 
     outcome: Outcome
     seconds: float
     counts: CompileCounts  # over the build and every priming call
     cause: str  # why it compiled; "" when restored
     calls: int  # priming calls, every shape's
+    source: str = ""  # where the artifacts came from; "" when compiled
 
     def describe(self, name: str) -> str:
-        """One log line: ``model blocks: restored (3 FX-graph hits, 0 compiles) in 1.20 s``."""
+        """One log line: ``model blocks: restored (3 FX-graph hits, 0 compiles) in 1.20 s
+        from the pod's Inductor cache ...`` or ``model blocks: compiled cold (...): why``."""
         c = self.counts
         if self.outcome == "restored":
+            source = f" from {self.source}" if self.source else ""
             return (
                 f"model {name}: restored ({c.fxgraph_hits} FX-graph hits, 0 compiles) "
-                f"in {self.seconds:.2f} s"
+                f"in {self.seconds:.2f} s{source}"
             )
+        graphs = f"{c.fxgraph_misses} FX-graph misses"
+        how = "cold"  # not one FX graph came from a cache
+        if c.fxgraph_hits:
+            graphs, how = f"{c.fxgraph_hits} FX-graph hits, {c.fxgraph_misses} misses", "in part"
         tuned = f", {c.autotune_runs} autotune benchmarks" if c.autotune_runs else ""
         return (
-            f"model {name}: compiled ({c.fxgraph_misses} FX-graph misses, "
-            f"{c.kernel_compiles} Triton compiles{tuned}) in {self.seconds:.2f} s: {self.cause}"
+            f"model {name}: compiled {how} ({graphs}, {c.kernel_compiles} Triton compiles"
+            f"{tuned}) in {self.seconds:.2f} s: {self.cause}"
         )
 
 
@@ -157,6 +172,7 @@ def build_served(
     status = RunStatus.read(settings.status_file)
     differ = mismatches(status, device)
     _report_mismatches(name, differ, metrics)
+    cache_empty = _cache_empty(settings)  # before this process writes to it
     use_inductor_cache(settings)
     if status is not None and status.fingerprint is None:  # before anything compiles
         _tell_host(settings, device)
@@ -173,8 +189,9 @@ def build_served(
         outcome="compiled" if compiled else "restored",
         seconds=time.perf_counter() - started,
         counts=counts,
-        cause=_cause(status, name, differ) if compiled else "",
+        cause=_cause(settings, status, entry, differ, cache_empty) if compiled else "",
         calls=calls,
+        source="" if compiled else _source(settings, status, name),
     )
     log.info("%s", served.primed.describe(name))
     if metrics is not None:
@@ -313,24 +330,113 @@ def _report_mismatches(
             metrics.warmup_mismatches.labels(factor, metrics.rank).inc()
 
 
-def _cause(status: RunStatus | None, name: str, differ: dict[str, tuple[str, str]]) -> str:
-    """Why priming compiled, from the init container's status: its restore of the model
-    (``hit`` or ``miss: ...``), its failure, and the factors that differ."""
+def _cause(
+    settings: Settings,
+    status: RunStatus | None,
+    entry: ModelEntry,
+    differ: dict[str, tuple[str, str]],
+    cache_empty: bool,
+) -> str:
+    """Why priming compiled, from the init container's status: none, a run not finished,
+    or what it says of the model (:func:`_warmup_said`); then the factors that differ."""
     if status is None:
-        return "no warmup status"
-    records = [m for m in status.models if m.name == name]
-    if not records:
-        why = f"the warmup status has no model {name}"
+        why = f"no warmup status at {settings.status_file}"
+    elif status.state == RUNNING:
+        why = "the warmup had not finished (its status says running)"
     else:
-        record = next((m for m in records if m.restore), records[0])  # rank 0 restores
-        why = (
-            f"the warmup failed it: {record.error or record.phase}"
-            if record.failed
-            else f"warmup restore: {record.restore or 'unknown'}"
-        )
+        why = _warmup_said(settings, _warmup_record(status, entry.name), entry, cache_empty)
     if differ:
         why += "; init vs server " + ", ".join(f"{f} {a} vs {b}" for f, (a, b) in differ.items())
     return why
+
+
+def _warmup_said(
+    settings: Settings, record: ModelResult | None, entry: ModelEntry, cache_empty: bool
+) -> str:
+    """Why priming compiled, from the warmup's record of the model: none, its failure,
+    another key (the model's code or shapes changed since), left to the server, or its
+    restore (``hit`` or ``miss: why``) and whether this process found the pod's cache."""
+    if record is None:
+        return f"the warmup status has no model {entry.name}"
+    if record.failed:
+        return f"the warmup failed it: {record.error or record.phase}"
+    mine = _key_digest(entry)
+    if record.key_digest and mine and record.key_digest != mine:
+        return (
+            f"the model's code or shapes changed since the warmup (key {mine[:12]}, "
+            f"warmed {record.key_digest[:12]})"
+        )
+    restore = record.restore or "unknown"
+    if record.phase == "deferred":
+        return f"the warmup left it to the server: {restore}"
+    why = f"warmup restore: {restore}"
+    if cache_empty:  # the warmup filled a cache folder this process does not see
+        return (
+            f"{why}; the pod's Inductor cache {settings.inductor_cache_dir} held nothing "
+            "here: not the folder the warmup filled"
+        )
+    if restore.startswith("hit") or record.phase == "warm":  # the cache held the model
+        why += (
+            "; this process missed the warmup's artifacts (an Inductor setting, the "
+            "environment or code outside the build's module differs)"
+        )
+    return why
+
+
+def _source(settings: Settings, status: RunStatus | None, name: str) -> str:
+    """Where a restored prime's artifacts came from: the pod's Inductor cache, and what
+    the init container put there (the volume's index it restored, with how many files,
+    or its own compile)."""
+    cache = f"the pod's Inductor cache {settings.inductor_cache_dir}"
+    record = _warmup_record(status, name)
+    if status is None or record is None:
+        return cache
+    restore = record.restore or "none"
+    if record.phase == "warm" and not restore.startswith("hit"):
+        return f"{cache}, where the warmup compiled it (its restore: {restore})"
+    if not restore.startswith("hit"):  # an earlier server, a bundle's reload: after the warmup
+        return f"{cache}, filled after the warmup ({record.phase}; its restore: {restore})"
+    found = _index_files(settings, status, record)
+    if found is None:
+        return f"{cache}, restored there by the warmup ({record.restore})"
+    files, index = found
+    return f"{cache}: {files} artifacts the warmup restored from {index} ({record.restore})"
+
+
+def _warmup_record(status: RunStatus | None, name: str) -> ModelResult | None:
+    """The model's record in the warmup's status: rank 0's, which restored it."""
+    records = [m for m in status.models if m.name == name] if status is not None else []
+    return next((m for m in records if m.restore), records[0] if records else None)
+
+
+def _index_files(
+    settings: Settings, status: RunStatus, record: ModelResult
+) -> tuple[int, Path] | None:
+    """The volume's index of the warmup's key and fingerprint, and how many files it
+    lists; None when it cannot be read here (no volume mounted, no fingerprint)."""
+    try:
+        fingerprint = Fingerprint.from_json(status.fingerprint)
+        root = settings.paths.inductor
+        path = inductor_cache.index_path(root, record.name, record.key_digest, fingerprint)
+        return len(inductor_cache.read_index(path)["files"]), path
+    except (OSError, RegistryError):  # the line says less: the model is served all the same
+        return None
+
+
+def _key_digest(entry: ModelEntry) -> str:
+    """The model's key here; '' when it cannot be read (then not compared)."""
+    try:
+        return model_key(entry).digest
+    except Exception:  # an unreadable source, a parent package that raises
+        return ""
+
+
+def _cache_empty(settings: Settings) -> bool:
+    """Whether the pod's Inductor cache holds no file at all (read up to the first)."""
+    try:
+        return next(inductor_cache.cache_files(settings.inductor_cache_dir), None) is None
+    except OSError:  # a file gone while listed: not empty, as far as the cause goes
+        return False
 
 
 def use_inductor_cache(settings: Settings) -> None:

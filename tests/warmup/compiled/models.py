@@ -152,3 +152,18 @@ def misses_at_first_call(device: Any) -> Any:
         return compiled(*inputs)
 
     return forward
+
+
+def misses_then_hits(device: Any) -> Any:
+    """Doubles its input, with what Inductor's counters show for a graph compiled at the
+    first call (an FX-graph cache miss) and loaded from the cache at every later one."""
+    from torch._dynamo.utils import counters
+
+    first = [True]
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        counters["inductor"]["fxgraph_cache_miss" if first[0] else "fxgraph_cache_hit"] += 1
+        first[0] = False
+        return x * 2
+
+    return forward

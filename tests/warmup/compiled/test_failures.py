@@ -61,6 +61,17 @@ def test_a_broken_model_fails_alone_with_a_one_line_reason(tmp_path, build, erro
     assert not fine.failed and len(fine.shapes) == 1
 
 
+def test_with_debug_logging_a_failure_shows_where_it_was_raised(tmp_path, caplog):
+    caplog.set_level("DEBUG", logger="warmup.compiled.warm")
+    built, ran = warm(tmp_path, manifest(f"{MODELS}:raises", f"{MODELS}:fails_at_batch_3"))
+    assert built.failed and ran.failed
+    tracebacks = [r.exc_info for r in caplog.records if r.exc_info]
+    assert len(tracebacks) == 2
+    build_error = tracebacks[0][1]
+    assert isinstance(build_error.__cause__, RuntimeError)  # the model's own, with its frame
+    assert str(tracebacks[1][1]) == "batch 3 is not supported"
+
+
 def test_the_shapes_before_a_failing_one_are_kept(tmp_path):
     [result] = warm(tmp_path, manifest(f"{MODELS}:fails_at_batch_3"))
     assert result.error == "at {'batch': 3}: ValueError: batch 3 is not supported"
@@ -116,7 +127,7 @@ def test_a_fleet_compiles_a_model_once_a_waiting_pod_restores_it(tmp_path, monke
     from warmup.compiled import warm as warm_module
 
     def fake_compile(
-        model, device, steps, learned
+        model, device, steps, learned, told
     ):  # the cache folder of the calling pod's settings
         folder = Path(os.environ[f"FAKE_CACHE_{threading.current_thread().name}"])
         artifact = folder / "fxgraph" / "entry"
@@ -189,7 +200,7 @@ def test_a_restore_that_was_not_whole_is_stored_again(tmp_path, monkeypatch):
     from registry import inductor_cache
     from warmup.compiled import warm as warm_module
 
-    def fake_compile(model, device, steps, learned):
+    def fake_compile(model, device, steps, learned, told):
         folder = Path(os.environ["FAKE_CACHE"])
         for name in ("graph", "kernel"):
             (folder / name).parent.mkdir(parents=True, exist_ok=True)

@@ -287,3 +287,22 @@ def test_models_only_are_left_to_the_server_without_a_rank(warm_volume, tmp_path
     bad = bad.model_copy(update={"entries": []})
     status = full_hit.leave_to_the_server(server, bad, 2, PROBE, started=0.0, phases={})
     assert status.state == "failed" and "no_such_module_here" in status.failures[0]
+
+
+def test_a_full_hit_restores_each_declared_folder_stored_for_the_host(warm_volume, tmp_path):
+    from warmup import families
+    from warmup.manifest import parse_manifest
+
+    settings, _ = warm_volume
+    engine = tmp_path / "engine"
+    text = MANIFEST + f'caches:\n  - {{name: vllm, path: "{engine}", key: "qwen tp2"}}\n'
+    with_caches = parse_manifest(text)
+    (engine / "kernels").mkdir(parents=True)
+    (engine / "kernels" / "k.bin").write_bytes(b"engine kernel")
+    host = families.scope(settings, with_caches, fingerprint=cpu_fingerprint())
+    families.save(host)  # as the harvest of an earlier pod left it
+    (engine / "kernels" / "k.bin").unlink()
+    hit = full_hit.look(settings, with_caches, 2, PROBE)
+    status = full_hit.restore_and_finish(settings, with_caches, 2, hit, started=0.0, phases={})
+    assert status.state == READY
+    assert (engine / "kernels" / "k.bin").read_bytes() == b"engine kernel"

@@ -380,7 +380,7 @@ def test_a_launcher_failure_stops_every_rank_and_says_why(tmp_path, monkeypatch)
         )
         return started
 
-    def volume_gone(settings):
+    def volume_gone(settings, manifest):
         raise OSError("the volume went away")
 
     monkeypatch.setattr(warmup.run.launch, "_spawn_ranks", sleepers)

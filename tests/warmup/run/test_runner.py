@@ -169,3 +169,32 @@ def test_a_jobs_task_is_made_only_when_the_pass_reaches_it(monkeypatch):
     first = next(jobs)
     assert made == [64] and first.task.key()["M"] == 64
     assert [job.task.key()["M"] for job in jobs] == [32, 16, 16, 8] and len(made) == 5
+
+
+MODEL_MANIFEST = """
+version: 1
+models:
+  - {name: m, build: "tests.warmup.compiled.models:doubles", world_size: 1,
+     dims: {batch: [1, 2]}, inputs: [{shape: [batch, 8], dtype: fp32}]}
+"""
+
+
+def test_a_rank_tells_each_compiled_models_steps_to_model_progress(tmp_path: Path):
+    told: list = []
+    report = warm_rank(
+        parse_manifest(MODEL_MANIFEST),
+        settings_for(tmp_path),
+        rank=0,
+        world=1,
+        group=None,
+        device=torch.device("cpu"),
+        model_progress=told.append,
+    )
+    assert [m.phase for m in report.models] == ["warm"]
+    assert [(s.model, s.kind, s.index) for s in told] == [
+        ("m", "restore", 0),
+        ("m", "build", 0),
+        ("m", "shape", 1),
+        ("m", "shape", 2),
+        ("m", "done", 2),
+    ]

@@ -1,6 +1,7 @@
 """What a rank session does before any rank reads: the registry is recovered first."""
 
 import os
+import shutil
 
 import pytest
 
@@ -95,3 +96,24 @@ def test_warm_and_a_torchrun_rank_make_no_volume_nobody_asked_for(tmp_path, monk
     err = capsys.readouterr().err
     assert "volume" in err and "TRITON_WARMUP_CREATE_VOLUME=true" in err
     assert not settings.volume.exists() and not settings.work_dir.exists()
+
+
+def test_the_runs_end_saves_a_declared_folder_and_restores_it_for_the_next_pod(tmp_path):
+    from types import SimpleNamespace
+
+    from registry.fingerprint import cpu_fingerprint
+    from warmup.run.session import _save_caches
+
+    engine = tmp_path / "engine"
+    text = MANIFEST + f'caches:\n  - {{name: vllm, path: "{engine}", key: "qwen tp1"}}\n'
+    manifest = load_manifest(write_manifest(tmp_path / "m.yaml", text))
+    settings = settings_for(tmp_path)
+    settings.paths.registry.mkdir(parents=True)
+    (engine / "compiled").mkdir(parents=True)
+    (engine / "compiled" / "graph.py").write_bytes(b"made by the engine")
+    report = SimpleNamespace(fingerprint=cpu_fingerprint().to_json())
+    saved = _save_caches(settings, manifest, [report])
+    assert saved.copied == 1
+    shutil.rmtree(engine)  # the next pod: a fresh folder
+    _save_caches(settings, manifest, [report])
+    assert (engine / "compiled" / "graph.py").read_bytes() == b"made by the engine"

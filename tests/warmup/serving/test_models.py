@@ -120,10 +120,13 @@ def test_priming_goes_on_while_a_cuda_graph_warms_up_or_records(tmp_path, monkey
 def test_a_prime_that_compiled_nothing_is_logged_and_counted_restored(tmp_path, caplog):
     metrics = ServingMetrics(CollectorRegistry())
     with caplog.at_level("INFO", "warmup.serving.models"):
-        model, _ = served(tmp_path, "traced", metrics=metrics)
+        model, settings = served(tmp_path, "traced", metrics=metrics)
     assert model.primed is not None and model.primed.outcome == "restored"
     assert model.primed.cause == "" and model.primed.counts.dynamo_frames == 2
     assert "model m: restored (0 FX-graph hits, 0 compiles) in " in caplog.text
+    assert caplog.text.rstrip().endswith(
+        f"s from the pod's Inductor cache {settings.inductor_cache_dir}"
+    )
     labels = {"model": "m", "outcome": "restored", "rank": "0"}
     assert metrics.registry.get_sample_value("triton_warmup_model_primes_total", labels) == 1
 
@@ -133,15 +136,18 @@ def test_a_prime_that_compiled_says_why_from_the_warmup_status(tmp_path, caplog)
     with caplog.at_level("INFO", "warmup.serving.models"):
         model, settings = served(tmp_path, "misses_at_first_call", metrics=metrics)
     assert model.primed is not None and model.primed.outcome == "compiled"
-    assert model.primed.cause == "no warmup status"
+    assert model.primed.cause == f"no warmup status at {settings.status_file}"
     assert model.primed.counts.coordesc_benchmarks == 1
-    assert "model m: compiled (1 FX-graph misses, 0 Triton compiles, 1 autotune" in caplog.text
+    assert "model m: compiled cold (1 FX-graph misses, 0 Triton compiles, 1 autotune" in caplog.text
     labels = {"model": "m", "outcome": "compiled", "rank": "0"}
     assert metrics.registry.get_sample_value("triton_warmup_model_primes_total", labels) == 1
     write_status(settings, restore="miss: no artifacts of model m")
     again = build_served("m", settings, device=torch.device("cpu"), guard=None)
     assert again.primed is not None
-    assert again.primed.cause == "warmup restore: miss: no artifacts of model m"
+    assert again.primed.cause == (
+        "warmup restore: miss: no artifacts of model m; the pod's Inductor cache "
+        f"{settings.inductor_cache_dir} held nothing here: not the folder the warmup filled"
+    )
 
 
 def test_an_init_container_of_another_torch_is_named_counted_and_not_refused(tmp_path, caplog):
@@ -163,8 +169,8 @@ def test_an_init_container_of_another_torch_is_named_counted_and_not_refused(tmp
     assert f"torch 2.0.0+other (init) vs {torch.__version__} (server)" in warning
     assert "triton" not in warning and "gpu_name" not in warning
     assert model.primed is not None
-    why = f"warmup restore: hit; init vs server torch 2.0.0+other vs {torch.__version__}"
-    assert model.primed.cause == why
+    assert model.primed.cause.startswith("warmup restore: hit; ")
+    assert model.primed.cause.endswith(f"; init vs server torch 2.0.0+other vs {torch.__version__}")
 
 
 def test_an_autotune_benchmark_in_a_request_is_a_request_cost(tmp_path):

@@ -1,0 +1,139 @@
+"""The protocol every cache family implements, and the typed values it is handed.
+
+A family is told *where* (a :class:`Scope`: the volume, this pod's cache folders, what
+the manifest declares, this host's fingerprint once known) and answers:
+
+- :meth:`Family.restore`: the volume's copy into this pod, before the server starts;
+- :meth:`Family.save`: this pod's new artifacts onto the volume, when the run ends;
+- :meth:`Family.explain`: whether this host would hit what is stored, and why not.
+
+Each returns a value that names the family, so the loops print, count and label it
+without knowing which family it was. A family that has nothing to do at a step keeps the
+default (nothing moved; an empty prediction says why).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from registry.explain import Prediction, predict
+from registry.fingerprint import Fingerprint, MatchPolicy
+from registry.triton_cache import Origin
+from registry.volume import Volume
+
+if TYPE_CHECKING:
+    from registry.bundle import Bundle
+    from registry.remote import RemoteTier
+    from registry.store import Store
+
+
+@dataclass(frozen=True)
+class Declared:
+    """One thing a manifest declares that a keyed family stores: a model or a folder.
+    ``key``: what its artifacts depend on besides the host, ``key_digest`` its hash
+    ("" with ``error`` when the key could not be made); ``folder``: where the server
+    reads it (a declared folder), None for a family's own folder."""
+
+    name: str
+    key_digest: str
+    key: Mapping[str, Any] = field(default_factory=dict)
+    folder: Path | None = None
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Where the families work for one pod: the volume, this pod's cache folders, what
+    the manifest declares, and this host's fingerprint when it is known (a run knows it
+    once a rank detected it, a full hit from the host's record)."""
+
+    volume: Volume
+    triton_cache_dir: Path
+    inductor_cache_dir: Path
+    store: Callable[[], Store]
+    match_policy: MatchPolicy = MatchPolicy.EXACT
+    models: Sequence[Declared] = ()
+    folders: Sequence[Declared] = ()
+    user_functions: bool = False  # the manifest names @triton.autotune functions
+    fingerprint: Fingerprint | None = None  # without a kernel hash
+    triton_env: Mapping[str, str] | None = None  # the env knobs in Triton's key, if known
+
+    def on(
+        self, fingerprint: Fingerprint | None, triton_env: Mapping[str, str] | None = None
+    ) -> Scope:
+        """This scope for the host of ``fingerprint`` (kernel hash dropped)."""
+        host = None if fingerprint is None else fingerprint.with_kernel("")
+        return replace(self, fingerprint=host, triton_env=triton_env)
+
+
+@dataclass(frozen=True)
+class Host:
+    """This host's side of every comparison ``explain`` makes."""
+
+    fingerprint: Fingerprint  # no kernel hash: each kernel's comes from kernel_hashes
+    triton: Origin
+    kernel_hashes: Mapping[str, str] = field(default_factory=dict)  # adapter -> source hash
+
+
+@dataclass(frozen=True)
+class Sources:
+    """What else holds artifacts besides the volume, for ``explain``: bundles waiting to
+    install, the remote tier, and whether this pod's own folders count (not while a run
+    restores and compiles into them)."""
+
+    bundles: Sequence[Bundle] = ()
+    remote: RemoteTier | None = None
+    local: bool = True
+
+
+@dataclass
+class Moved:
+    """What one family's restore or save did: files copied, files already in place,
+    registry entries made, and one note per thing it could not do."""
+
+    family: str
+    copied: int = 0
+    present: int = 0
+    entries: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def anything(self) -> bool:
+        return bool(self.copied or self.present or self.entries or self.notes)
+
+    def line(self, verb: str) -> str:
+        """One line for the log: ``triton-kernels: restored 12 files (3 already there)``."""
+        parts = [f"{verb} {self.copied} file{'' if self.copied == 1 else 's'}"]
+        if self.present:
+            parts.append(f"({self.present} already there)")
+        if self.entries:
+            parts.append(f"and {self.entries} registry entries")
+        notes = f"; {'; '.join(self.notes)}" if self.notes else ""
+        return f"{self.family}: {' '.join(parts)}{notes}"
+
+
+class Family:
+    """One cache family. Subclasses set ``name`` (its label in metrics, ``explain`` and
+    the logs) and ``order`` (where it comes in every loop), and override what applies."""
+
+    name: str = ""
+    order: int = 100
+    needs_host = False  # restored only once the host's fingerprint is known
+
+    def restore(self, scope: Scope) -> Moved:
+        """The volume's copy into this pod; nothing by default."""
+        return Moved(self.name)
+
+    def save(self, scope: Scope) -> Moved:
+        """This pod's new artifacts onto the volume; nothing by default."""
+        return Moved(self.name)
+
+    def explain(self, scope: Scope, host: Host, sources: Sources) -> Prediction:
+        """Whether ``host`` would hit what is stored; by default nothing is."""
+        return predict(self.name, [])
+
+    def __repr__(self) -> str:
+        return f"<cache family {self.name}>"

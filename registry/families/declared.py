@@ -1,0 +1,47 @@
+"""Declared folders: a cache folder the manifest names (``caches:``), such as an
+inference engine's own cache root (vLLM's ``VLLM_CACHE_ROOT``, SGLang's
+``SGLANG_CACHE_DIR``), kept on the volume at ``<volume>/caches`` by name, declared key
+and host.
+
+    caches:
+      - name: vllm
+        path: /root/.cache/vllm
+        key: "Qwen/Qwen3-8B rev 0a1b tp2 vllm 0.11"
+
+The key is what the folder's files depend on besides the host (the model and its
+revision, the engine's version, its parallelism); the host is the run's fingerprint
+(torch, Triton, GPU, CUDA, driver). A folder is restored before the server starts, for
+the same key and an equal fingerprint only, and saved when the run ends and, after
+ready, by the sidecar's harvest. Paths never enter the key: restored under another
+path, the same files hit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from registry.families.base import Declared, Scope
+from registry.families.keyed import KeyedFolders
+
+FOLDER = "caches"  # under the volume's root
+
+
+class DeclaredFolders(KeyedFolders):
+    name = "declared-folders"
+    order = 50
+    remade = "to be written again by the server"
+    nothing_declared = "no caches declared"
+
+    def root(self, scope: Scope) -> Path:
+        return scope.volume.root / FOLDER
+
+    def declared(self, scope: Scope) -> Sequence[Declared]:
+        return scope.folders
+
+    def folder(self, scope: Scope, item: Declared) -> Path:
+        assert item.folder is not None, "a declared folder has its path"
+        return item.folder
+
+
+FAMILY = DeclaredFolders()

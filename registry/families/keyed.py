@@ -1,0 +1,172 @@
+"""Keyed folders: the shared part of every family that keeps one folder's files per
+declared thing, key and host (a model's Inductor artifacts, a declared engine folder).
+
+Each declared thing (:class:`~registry.families.base.Declared`) is stored as an index
+and content-addressed blobs under the family's root on the volume
+(:mod:`registry.inductor_cache`'s layout: ``models/<name>/<gpu>/<software>/<key>.json``
+and ``blobs/``): restored only for the same key and an equal fingerprint, each file
+checked against its hash on the way. A subclass says where its root is, what it
+declares and where each thing's folder is in the pod; the rest is here.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from registry import inductor_cache
+from registry.errors import RegistryError, named
+from registry.explain import Differences, Prediction, predict
+from registry.families.base import Declared, Family, Host, Moved, Scope, Sources
+
+if TYPE_CHECKING:
+    from registry.bundle import Bundle
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ItemRestore:
+    """One declared thing's restore: "hit", "hit (N artifacts to compile ...)", "miss:
+    why" or "failed: why", and how long it took."""
+
+    outcome: str
+    seconds: float
+    copied: int = 0
+    present: int = 0
+
+    @property
+    def hit(self) -> bool:
+        return self.outcome.startswith("hit")
+
+
+class KeyedFolders(Family):
+    """A family of one folder per declared thing, key and host."""
+
+    needs_host = True
+    remade = "to make again"
+    nothing_declared = "nothing declared"  # what becomes of a file a restore could not give back
+
+    def root(self, scope: Scope) -> Path:
+        """The family's folder on the volume."""
+        raise NotImplementedError
+
+    def declared(self, scope: Scope) -> Sequence[Declared]:
+        """What the manifest declares of this family."""
+        raise NotImplementedError
+
+    def folder(self, scope: Scope, item: Declared) -> Path:
+        """Where ``item``'s files are in this pod."""
+        raise NotImplementedError
+
+    def restore(self, scope: Scope) -> Moved:
+        """Each declared thing stored for this host, into its folder (nothing before the
+        host's fingerprint is known)."""
+        moved = Moved(self.name)
+        if scope.fingerprint is None:
+            return moved
+        for item in self.declared(scope):
+            done = self.restore_one(scope, item)
+            moved.copied, moved.present = moved.copied + done.copied, moved.present + done.present
+            if not done.hit:
+                moved.notes.append(f"{item.name}: {done.outcome}")
+        return moved
+
+    def restore_one(self, scope: Scope, item: Declared) -> ItemRestore:
+        """``item``'s files for this host into its folder; never raises (a part that
+        cannot be restored is compiled or written again by its user)."""
+        clock = time.perf_counter()
+        if scope.fingerprint is None or item.error:
+            outcome = f"miss: {item.error or 'the host is not known yet'}"
+            return ItemRestore(outcome, time.perf_counter() - clock)
+        try:
+            done = inductor_cache.restore(
+                self.root(scope),
+                self.folder(scope, item),
+                model=item.name,
+                key_digest=item.key_digest,
+                fingerprint=scope.fingerprint,
+            )
+        except (OSError, RegistryError) as e:
+            outcome = f"failed: {named(e)}"
+            log.info("%s %s: restored (%s)", self.name, item.name, outcome)
+            return ItemRestore(outcome, time.perf_counter() - clock)
+        broken = done.quarantined + done.missing
+        outcome = "hit" + (f" ({broken} artifacts {self.remade})" if broken else "")
+        if done.index is None:
+            outcome = f"miss: {done.why_not}"
+        log.info("%s %s: restored (%s)", self.name, item.name, outcome)
+        return ItemRestore(outcome, time.perf_counter() - clock, done.copied, done.present)
+
+    def save(self, scope: Scope) -> Moved:
+        """Each declared thing's folder that holds files and is not stored yet for this
+        host, onto the volume (the harvest saves it again after traffic)."""
+        moved = Moved(self.name)
+        if scope.fingerprint is None:
+            return moved
+        for item in self.declared(scope):
+            folder = self.folder(scope, item)
+            if item.error or not folder.is_dir() or self.stored(scope, item):
+                continue
+            try:
+                saved = inductor_cache.save(
+                    folder,
+                    self.root(scope),
+                    model=item.name,
+                    key_digest=item.key_digest,
+                    key=item.key,
+                    fingerprint=scope.fingerprint,
+                )
+            except (OSError, RegistryError) as e:
+                moved.notes.append(f"{item.name}: not saved ({named(e)})")
+                continue
+            moved.copied += saved.new_blobs
+            moved.present += saved.files - saved.new_blobs
+        return moved
+
+    def stored(self, scope: Scope, item: Declared) -> bool:
+        """Whether the volume holds ``item``'s index for this host."""
+        assert scope.fingerprint is not None
+        return inductor_cache.index_path(
+            self.root(scope), item.name, item.key_digest, scope.fingerprint
+        ).is_file()
+
+    def explain(self, scope: Scope, host: Host, sources: Sources) -> Prediction:
+        """Each declared thing: the volume's, the pending bundles' and the remote tier's
+        indexes of it, against its key and this host's fingerprint."""
+        items = self.declared(scope)
+        if not items:
+            return predict(self.name, [], note=self.nothing_declared)
+        bundled = {rel for b in sources.bundles for rel in self.bundle_indexes(b)}
+        held: list[Differences] = []
+        missing, unreadable = 0, []
+        for item in items:
+            if item.error:
+                unreadable.append(f"{item.name}: {item.error}")
+                continue
+            found = self.differences(scope, item, host, bundled, sources)
+            if found is None:
+                missing += 1
+            else:
+                held.append(found)
+        return predict(self.name, held, missing=missing, note="; ".join(unreadable))
+
+    def differences(
+        self, scope: Scope, item: Declared, host: Host, bundled: set[str], sources: Sources
+    ) -> Differences | None:
+        """How the closest stored copy of ``item`` differs from this host ({}: a hit;
+        None: none is stored)."""
+        relpath = inductor_cache.index_relpath(item.name, item.key_digest, host.fingerprint)
+        if relpath in bundled:
+            return {}
+        return inductor_cache.model_differences(
+            self.root(scope), item.name, item.key_digest, host.fingerprint
+        )
+
+    def bundle_indexes(self, bundle: Bundle) -> Sequence[str]:
+        """The indexes of this family a verified bundle carries (none by default)."""
+        return ()
