@@ -1,6 +1,6 @@
 """The benches' plots: SVG drawn from a bench's result JSON, the same bytes every time.
 
-    PYTHONPATH=. python -m bench.plots           # the figures of docs/benchmarks.md again
+    PYTHONPATH=. python -m bench.plots           # the figures of the bench pages again
     PYTHONPATH=. python -m bench.plots --check   # exit 1 where a stored figure is stale
 
 A result file in ``docs/results/`` is named after the bench that wrote it:
@@ -8,7 +8,7 @@ A result file in ``docs/results/`` is named after the bench that wrote it:
 and ``bench.figures.DRAWINGS[<bench>]`` draws it (``result -> {name: Figure}``). A figure
 is written beside its JSON as ``<stem>_<name>.svg``: a bench does that with its ``--out``
 file when it runs (:func:`save_beside`), and this command does it for the files in
-``FIGURES``, the ones docs/benchmarks.md shows. So the docs' pictures are what the
+``FIGURES``, the ones docs/benchmarks/ shows. So the docs' pictures are what the
 benches' code draws from the stored numbers, and they sit beside the numbers.
 
 The figures are ``matplotlib.figure.Figure`` objects, never pyplot's (no global figure
@@ -46,7 +46,7 @@ def _one(*stems: str) -> dict[str, tuple[str, ...]]:
     return {stem: (f"{stem}.json",) for stem in stems}
 
 
-# What docs/benchmarks.md shows: a figure's stem -> the result files it is drawn from
+# What the bench pages (docs/benchmarks/) show: a figure's stem -> the result files it is drawn from
 # (several: their rows joined in this order, for a table the docs made of two runs).
 FIGURES: dict[str, tuple[str, ...]] = {
     **_one(

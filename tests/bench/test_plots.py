@@ -1,6 +1,7 @@
 """The benches' figures: each drawn from its stored result, the stored SVGs what the code
-draws now, every one shown in docs/benchmarks.md, and a result without a field a figure
-needs refused by that field's name."""
+draws now, every one shown on its bench's page (docs/benchmarks/<bench>.md), the results
+page (docs/benchmarks.md) showing some of them and nothing else, and a result without a
+field a figure needs refused by that field's name."""
 
 from __future__ import annotations
 
@@ -16,7 +17,17 @@ from bench import plots
 from bench.figures import DRAWINGS
 from bench.plots import FIGURES, RESULTS, PlotError
 
-BENCHMARKS = RESULTS.parent / "benchmarks.md"
+BENCHMARKS = RESULTS.parent / "benchmarks.md"  # the results page: the key figures
+BENCH_PAGES = RESULTS.parent / "benchmarks"  # one page per bench: <bench>.md
+FIGURE = re.compile(r"!\[[^\]]+\]\(((?:\.\./)?)(results/[^)]+\.svg)\)")
+
+
+def shown(page: Path, way: str) -> list[str]:
+    """The figures ``page`` shows, as ``results/<name>.svg``; every link takes ``way``
+    from the page's folder to docs/ (``""`` or ``"../"``)."""
+    found = FIGURE.findall(page.read_text())
+    assert all(prefix == way for prefix, _ in found), f"{page.name}: a link not via {way!r}"
+    return [link for _, link in found]
 
 
 @pytest.fixture(scope="module")
@@ -45,9 +56,15 @@ def test_an_svg_carries_no_date_and_a_fixed_salt(drawn):
     assert plots.STYLE["svg.hashsalt"]
 
 
-def test_docs_show_every_figure_and_link_nothing_else(drawn):
-    linked = re.findall(r"!\[[^\]]+\]\((results/[^)]+\.svg)\)", BENCHMARKS.read_text())
-    assert sorted(linked) == sorted(f"results/{path.name}" for path in drawn)
+def test_docs_show_every_figure_on_its_benchs_page_and_link_nothing_else(drawn):
+    pages = {page.stem: shown(page, "../") for page in BENCH_PAGES.glob("*.md")}
+    linked = [link for links in pages.values() for link in links]
+    assert sorted(linked) == sorted(f"results/{path.name}" for path in drawn)  # each once
+    astray = {link: stem for stem, links in pages.items() for link in links}
+    astray = {link: stem for link, stem in astray.items() if plots.bench_of(link[8:]) != stem}
+    assert not astray, f"a figure belongs on its bench's page: {astray}"
+    key = shown(BENCHMARKS, "")
+    assert key and set(key) <= set(linked), "the results page shows some of the figures, no other"
 
 
 def test_every_result_file_is_named_after_the_bench_that_wrote_it():

@@ -77,7 +77,7 @@ def test_the_committed_two_gpu_run_is_judged_as_the_benchmarks_page_reads():
         "8192x3584x8192",
         "16384x7168x8192",
         "32768x1792x8192",
-    }  # docs/benchmarks.md: "2 of 6; two more within 0.1%"
+    }  # docs/benchmarks/ag_gemm.md: "2 of 6; two more within 0.1%"
     torch_op = _verdict(verdicts, "[2.5] fused faster")
     assert torch_op.misses == ("16384x7168x8192",)  # "10 of 11"
     assert _verdict(verdicts, "[2.5] graph-replayed").met is True
