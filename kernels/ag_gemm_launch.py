@@ -124,7 +124,7 @@ def ag_gemm(
 
     a_shard: [M/world, K], b: [K, N] -> [M, N]. The config comes from the registry or
     the tuner; nothing here picks one. A call adds to its algorithm's own calls the
-    checks of its inputs and a dict lookup (docs/benchmarks.md: what a call costs).
+    checks of its inputs and a dict lookup (docs/benchmarks/ag_gemm.md: what a call costs).
     """
     m, n, _ = check_inputs(a_shard, b, ctx, out)
     run = _RUNS.get(algorithm_of(config)) or run_for(config)
@@ -380,7 +380,7 @@ def _launch_fused(
     """The consumer over ``g`` (the workspace's rows; one rank: the shard): on CUDA
     through what :class:`_Prepared` keeps, so a steady call makes the descriptors of
     ``b`` and ``out`` and launches, and the first call at an M adds only its grid and
-    arguments, never a launch plan (docs/benchmarks.md: first calls at a new M)."""
+    arguments, never a launch plan (docs/benchmarks/serving.md: first calls at a new M)."""
     if ctx.device.type != "cuda":
         launch_plan(ctx, g, b, out, m_per_rank, config).launch()
         return

@@ -30,16 +30,20 @@ def manifest(*builds: str, dims: str = "{batch: [1, 3, 4]}") -> str:
 
 
 def warm(tmp_path, text: str) -> list[ModelResult]:
-    models = parse_manifest(text).models
-    settings = settings_for(tmp_path)
+    return warm_with(settings_for(tmp_path), text)
+
+
+def warm_with(settings, text: str, progress=None) -> list[ModelResult]:
+    """Every model of ``text`` warmed on one CPU rank; ``progress`` told each step."""
     return list(
         warm_models(
-            models,
+            parse_manifest(text).models,
             settings,
             rank=0,
             group=None,
             device=torch.device("cpu"),
             fingerprint=cpu_fingerprint(),
+            progress=progress,
         )
     )
 

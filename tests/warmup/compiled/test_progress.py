@@ -8,14 +8,13 @@ import io
 import logging
 
 import pytest
-import torch
 
 from registry.fingerprint import cpu_fingerprint
 from registry.remote import RemoteStats
 from tests.conftest import settings_for
+from tests.warmup.compiled.test_failures import warm_with
 from warmup.compiled import warm
 from warmup.compiled.progress import ModelStep, model_progress_printer
-from warmup.compiled.warm import warm_models
 from warmup.manifest import parse_manifest
 
 MODELS = "tests.warmup.compiled.models"
@@ -28,25 +27,12 @@ def manifest(build: str, dims: str = "{batch: [1, 2, 3]}") -> str:
     )
 
 
-def warmed(settings, text: str, progress) -> list:
-    models = parse_manifest(text).models
-    return list(
-        warm_models(
-            models,
-            settings,
-            rank=0,
-            group=None,
-            device=torch.device("cpu"),
-            fingerprint=cpu_fingerprint(),
-            progress=progress,
-        )
-    )
-
-
 def test_every_step_of_a_compile_then_of_a_restore_is_told_as_it_ends(tmp_path):
     told: list[ModelStep] = []
     volume = tmp_path / "volume"
-    [result] = warmed(settings_for(tmp_path / "a", volume=volume), manifest("doubles"), told.append)
+    [result] = warm_with(
+        settings_for(tmp_path / "a", volume=volume), manifest("doubles"), told.append
+    )
     assert [(s.kind, s.index, s.total) for s in told] == [
         ("restore", 0, 3),
         ("build", 0, 3),
@@ -62,14 +48,14 @@ def test_every_step_of_a_compile_then_of_a_restore_is_told_as_it_ends(tmp_path):
     assert told[-1].elapsed == result.seconds
     # a second pod on the same volume: its restore hits
     again: list[ModelStep] = []
-    warmed(settings_for(tmp_path / "b", volume=volume), manifest("doubles"), again.append)
+    warm_with(settings_for(tmp_path / "b", volume=volume), manifest("doubles"), again.append)
     assert again[0].kind == "restore" and again[0].what == "hit"
     assert [s.kind for s in again] == ["restore", "build", "shape", "shape", "shape", "done"]
 
 
 def test_a_shape_says_whether_it_compiled_or_loaded_from_the_cache(tmp_path):
     told: list[ModelStep] = []
-    warmed(settings_for(tmp_path), manifest("misses_then_hits"), told.append)
+    warm_with(settings_for(tmp_path), manifest("misses_then_hits"), told.append)
     shapes = [s for s in told if s.kind == "shape"]
     assert [(s.compiles, s.cache_hits) for s in shapes] == [(1, 0), (0, 1), (0, 1)]
     assert [s.verb() for s in shapes] == ["compiled", "loaded from cache", "loaded from cache"]
@@ -77,7 +63,7 @@ def test_a_shape_says_whether_it_compiled_or_loaded_from_the_cache(tmp_path):
 
 def test_a_model_that_fails_at_a_shape_ends_failed_after_the_shapes_that_ran(tmp_path):
     told: list[ModelStep] = []
-    [result] = warmed(
+    [result] = warm_with(
         settings_for(tmp_path), manifest("fails_at_batch_3", "{batch: [1, 3, 4]}"), told.append
     )
     assert result.failed
@@ -94,7 +80,7 @@ def test_a_progress_that_raises_costs_no_model(tmp_path, caplog):
         raise BrokenPipeError("stderr is gone")
 
     with caplog.at_level(logging.WARNING, "warmup.compiled.warm"):
-        [result] = warmed(settings_for(tmp_path), manifest("doubles"), broken)
+        [result] = warm_with(settings_for(tmp_path), manifest("doubles"), broken)
     assert not result.failed and len(result.shapes) == 3
     assert len(calls) == 1  # told once, then no more
     assert "model progress no longer shown: BrokenPipeError: stderr is gone" in caplog.text
@@ -103,7 +89,7 @@ def test_a_progress_that_raises_costs_no_model(tmp_path, caplog):
 def test_a_model_left_to_the_server_tells_its_restore_and_its_end(tmp_path):
     told: list[ModelStep] = []
     settings = settings_for(tmp_path, models_on_miss="server")
-    warmed(settings, manifest("doubles"), told.append)
+    warm_with(settings, manifest("doubles"), told.append)
     assert [(s.kind, s.total) for s in told] == [("restore", 3), ("done", 0)]
     assert told[-1].what == "deferred"
     assert told[-1].describe().startswith("model m: deferred in ")
