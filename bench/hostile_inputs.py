@@ -348,7 +348,8 @@ def one_blob_many_paths(out: Path, copies: int, size: int, byte: bytes = b"\xa5"
     members in the order ``bundle create`` writes them (the blob before the index). Its
     writer (``bundle create``) refuses such an index, so the archive is made here. The
     bytes its manifest declares."""
-    from registry import bundle, bundle_inductor, inductor_cache
+    from registry import bundle, inductor_cache
+    from registry.families import named
     from registry.fingerprint import cpu_fingerprint
 
     fp = cpu_fingerprint()
@@ -368,8 +369,10 @@ def one_blob_many_paths(out: Path, copies: int, size: int, byte: bytes = b"\xa5"
         "host": "hostile",
     }
     index_text = json.dumps(index, sort_keys=True).encode()
-    index_name = bundle_inductor.PREFIX + inductor_cache.index_relpath(MODEL, KEY_DIGEST, fp)
-    blob_name = bundle_inductor.PREFIX + inductor_cache.blob_relpath(blob)
+    index_name = named("inductor").bundled.prefix + inductor_cache.index_relpath(
+        MODEL, KEY_DIGEST, fp
+    )
+    blob_name = named("inductor").bundled.prefix + inductor_cache.blob_relpath(blob)
     members = {
         blob_name: {"sha256": blob, "size": size},
         index_name: {"sha256": hashlib.sha256(index_text).hexdigest(), "size": len(index_text)},

@@ -1,7 +1,8 @@
 """The remote tier: tuned entries on a redis server, shared by pods on every node (like
 PyTorch Inductor's remote autotune cache).
 
-Layout: one hash per slot, a field per fingerprint, the value an entry file's JSON::
+Layout: one hash per slot, a field per fingerprint, the value an entry file's JSON
+(:mod:`registry.remote_values`, where each value is read and written)::
 
     triton-warmup:entry:<kernel>:<sha256(canonical key)[:24]>
         <fingerprint digest>  ->  {"schema": 1, "kernel": ..., "fingerprint": ..., ...}
@@ -12,8 +13,7 @@ field under WATCH, as a local put merges into its file: an identical value write
 nothing, a newer version's entry is left alone. Nothing read is trusted: a value is
 read only once its length is known to be within :data:`MAX_VALUE_BYTES` (one atomic
 step on the server, ``registry.redis_url``), and a value that is too big, no entry, or
-not the entry of its slot is skipped with one warning. A field's value is read by
-:func:`read_field` / :func:`read_fields` and written by :func:`write_field` alone.
+not the entry of its slot is skipped with one warning.
 
 Signatures (``trust``, :mod:`registry.remote_signature`): a value is the entry's JSON
 in an envelope signed by the publishing pod's key, over the slot, the field and the
@@ -22,14 +22,14 @@ verifying is refused before it is parsed (one warning naming the slot, the field
 key; counted in ``stats.refused``): a miss, which costs a tuning, never the warm. A pod
 without a signing key then publishes nothing (its values would be refused).
 
-Outages: every call ends within its deadline (``timeout_s``, for the whole call: a
-server that trickles its answer is cut there too) and has no retries of its own. A call
-that fails logs one warning for the outage, then the tier is skipped (no network) for
-``retry_after_s`` and tried again; the local tier works alone meanwhile. Two calls do
-not wait for the skip to end: a lookup that decides whether to tune (``now=True``: one
-call against minutes of tuning) and :meth:`RemoteTier.flush`. An entry not published
-while the tier was down is kept and published once it answers again, or by ``flush``
-at the end of a run.
+Outages (:mod:`registry.remote_calls`): every call ends within its deadline
+(``timeout_s``, for the whole call: a server that trickles its answer is cut there too)
+and has no retries of its own. A call that fails logs one warning for the outage, then
+the tier is skipped (no network) for ``retry_after_s`` and tried again; the local tier
+works alone meanwhile. Two calls do not wait for the skip to end: a lookup that decides
+whether to tune (``now=True``: one call against minutes of tuning) and
+:meth:`RemoteTier.flush`. An entry not published while the tier was down is kept and
+published once it answers again, or by ``flush`` at the end of a run.
 
 Fences: a tuner notes what its entry's field holds before it decides to tune
 (:meth:`RemoteTier.seen`), and publishes with that note: the publish is refused when
@@ -43,50 +43,44 @@ nobody published it since.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
-import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from registry import atomic, keys, redis_url, remote_signature
 from registry.entry import Entry, NewerSchema, canonical_key
-from registry.errors import RegistryError, Superseded, shown, why
+from registry.errors import RegistryError, Superseded, shown
 from registry.fingerprint import Fingerprint, MatchPolicy
 from registry.redis_url import SCHEMES, is_redis, redacted
+from registry.remote_calls import Calls, RemoteStats
+from registry.remote_values import (
+    MAX_VALUE_BYTES,
+    PREFIX,
+    SLOT_BYTES,
+    SLOT_FIELDS,
+    digest,
+    parse_entry,
+    read_field,
+    read_fields,
+    read_slots,
+    scan_names,
+    slot_name,
+    write_field,
+)
 from registry.signing import Trust, Untrusted
 from registry.store import MAX_ENTRY_BYTES
 
-MAX_VALUE_BYTES = MAX_ENTRY_BYTES + remote_signature.OVERHEAD  # an entry in its envelope
-
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+__all__ = [
+    "MAX_VALUE_BYTES", "PREFIX", "SLOT_BYTES", "SLOT_FIELDS", "RemoteStats", "RemoteTier",
+    "digest", "read_field", "read_fields", "read_slots", "remote_tier", "scan_names",
+    "slot_name", "write_field",
+]  # fmt: skip
 
-PREFIX = "triton-warmup:entry:"
 WATCH_TRIES = 5  # a publish that loses this many races to other writers gives up
-SLOT_BYTES = 8 * 2**20  # a slot's fields read together (policies other than exact)
-SLOT_FIELDS = 256  # a slot holds one field per fingerprint: a few
 SAMPLE_BYTES = 8 * 2**20  # what ``sample`` reads in all, for explain
 SAMPLE_BATCH = 8  # slots asked for in one pipeline by ``sample``
-
-
-@dataclass
-class RemoteStats:
-    """Counters the metrics read."""
-
-    hits: int = 0
-    misses: int = 0
-    published: int = 0  # values written (an identical publish writes none)
-    errors: int = 0  # calls that failed
-    skipped: int = 0  # calls not made while the tier is down
-    superseded: int = 0  # fenced publishes refused: another pod stored the entry first
-    refused: int = 0  # values not used: unsigned, an unknown key, a signature that fails
-
-
-def slot_name(kernel: str, key_json: str) -> str:
-    """The hash that holds the entries of ``kernel`` at the canonical key ``key_json``."""
-    return f"{PREFIX}{kernel}:{hashlib.sha256(key_json.encode()).hexdigest()[:24]}"
 
 
 class RemoteTier:
@@ -103,11 +97,7 @@ class RemoteTier:
     ) -> None:
         self.url = url
         self.trust = trust or Trust()  # what a value read must be signed by; who signs ours
-        self.timeout_s = timeout_s
-        self.retry_after_s = retry_after_s
         self.stats = RemoteStats()
-        self._retry_at = 0.0  # monotonic: calls are skipped until then
-        self._down_since: float | None = None
         self._warned: set[tuple[str, str]] = set()
         self._unpublished: dict[tuple[str, str], tuple[Entry, str | None]] = {}
         try:
@@ -118,6 +108,9 @@ class RemoteTier:
             raise RegistryError(
                 f"Remote tier URL {shown(redacted(url))} is not valid: {e}"
             ) from None
+        self.calls = Calls(  # the deadline of each call, and the outages
+            self.describe(), self.stats, timeout_s=timeout_s, retry_after_s=retry_after_s
+        )
 
     def describe(self) -> str:
         return f"redis at {redacted(self.url)}"
@@ -125,7 +118,17 @@ class RemoteTier:
     @property
     def up(self) -> bool:
         """False while the tier is skipped after a failed call."""
-        return time.monotonic() >= self._retry_at
+        return self.calls.up
+
+    @property
+    def timeout_s(self) -> float:
+        """Each call's deadline unless told."""
+        return self.calls.timeout_s
+
+    @property
+    def retry_after_s(self) -> float:
+        """How long the tier is skipped after a failed call."""
+        return self.calls.retry_after_s
 
     def call(
         self, fn: Callable[[Any], T], *, now: bool = False, deadline_s: float | None = None
@@ -135,15 +138,15 @@ class RemoteTier:
         outage, handled as every call's; the call, all of ``fn``, ends within
         ``deadline_s``, by default ``timeout_s``) or a key holds another type. ``fn``
         answers a value that is never None. Never raises."""
-        if not now and not self._ready():
+        if not now and not self.calls.ready():
             return None
         try:
-            with self._unless_wrong_type("a key of another type"), self._deadline(deadline_s):
+            with self._unless_wrong_type("a key of another type"), self.calls.deadline(deadline_s):
                 answer = fn(self.client)
                 self._answered()
                 return answer
         except Exception as e:
-            self._failed(e)
+            self.calls.failed(e)
         return None
 
     # ---- reading -------------------------------------------------------------------
@@ -165,13 +168,13 @@ class RemoteTier:
         except RegistryError as e:
             log.warning("remote tier: no lookup of %s: %s", kernel, e)
             return None
-        if not now and not self._ready():
+        if not now and not self.calls.ready():
             return None
         try:
-            with self._deadline():
+            with self.calls.deadline():
                 found = self._fetch(slot_name(kernel, key_json), fingerprint, policy)
         except Exception as e:
-            self._failed(e)
+            self.calls.failed(e)
             return None
         self._answered()
         if found is None:
@@ -235,7 +238,7 @@ class RemoteTier:
         if payload is None:
             return None
         try:
-            entry = _parse(payload)
+            entry = parse_entry(payload)
         except NewerSchema as e:
             self._warn_once(name, field, "skipping a newer version's entry (%s)", e)
             return None
@@ -305,17 +308,17 @@ class RemoteTier:
         tries it, fenced, at the end)."""
         if not self.may_publish():
             return False
-        if not self._ready():
+        if not self.calls.ready():
             self._keep_back(entry, seen)
             return False
         try:
-            with self._deadline():
+            with self.calls.deadline():
                 stored = self._publish(entry, seen)
         except Superseded:
             self._answered()
             raise
         except Exception as e:
-            self._failed(e)
+            self.calls.failed(e)
             self._keep_back(entry, seen)
             return False
         self._answered()
@@ -325,7 +328,7 @@ class RemoteTier:
         """Publish the entries kept back during an outage, now (even while the tier is
         skipped); the number still unpublished, warned about. Never raises."""
         if self._unpublished:
-            self._retry_at = 0.0
+            self.calls.retry_now()
             self._publish_kept()
         if self._unpublished:
             log.warning(
@@ -350,12 +353,12 @@ class RemoteTier:
         tier is up again once they all went."""
         for field, (entry, seen) in list(self._unpublished.items()):
             try:
-                with self._deadline():
+                with self.calls.deadline():
                     self._publish(entry, seen)
             except Superseded:
                 pass  # counted and logged: another pod's entry stays
             except Exception as e:
-                self._failed(e)
+                self.calls.failed(e)
                 return
             del self._unpublished[field]
             if not self._unpublished:
@@ -401,7 +404,7 @@ class RemoteTier:
         if payload is None:
             return None
         try:
-            entry = _parse(payload)
+            entry = parse_entry(payload)
         except RegistryError:  # NewerSchema included
             return None
         return entry if slot_name(entry.kernel, entry.key_json) == name else None
@@ -422,7 +425,7 @@ class RemoteTier:
             try:
                 if isinstance(held, redis_url.Oversized):
                     raise RegistryError(f"{held.size} bytes; limit {MAX_VALUE_BYTES}")
-                stored = _parse(remote_signature.unseal(self.trust, name, field, held))
+                stored = parse_entry(remote_signature.unseal(self.trust, name, field, held))
                 if slot_name(stored.kernel, stored.key_json) != name:
                     raise RegistryError("an entry of another slot")
                 merged = stored.merge(entry)  # RegistryError for another fingerprint's
@@ -467,46 +470,13 @@ class RemoteTier:
         )
         return False
 
-    # ---- outages -------------------------------------------------------------------
-
-    def _ready(self) -> bool:
-        """Whether to make a call now; a call not made is counted."""
-        if self.up:
-            return True
-        self.stats.skipped += 1
-        return False
-
-    def _failed(self, error: Exception) -> None:
-        import redis
-
-        self.stats.errors += 1
-        self._retry_at = time.monotonic() + self.retry_after_s
-        cause = (
-            redis_url.cause(error) if isinstance(error, redis.exceptions.RedisError) else why(error)
-        )
-        if self._down_since is not None:
-            log.debug("registry remote tier %s still unreachable (%s)", self.describe(), cause)
-            return
-        self._down_since = time.monotonic()
-        log.warning(
-            "registry remote tier %s unreachable (%s): using the local tier only; retrying in %g s",
-            self.describe(),
-            cause,
-            self.retry_after_s,
-        )
+    # ---- outages (registry.remote_calls) ---------------------------------------------
 
     def _answered(self) -> None:
-        self._retry_at = 0.0  # up: a call made inside the skip (``now``, ``flush``) answered
-        if self._down_since is not None:
-            down = time.monotonic() - self._down_since
-            log.info("registry remote tier %s answers again after %.1f s", self.describe(), down)
-            self._down_since = None
+        """A call answered: the outage, if any, is over; what it kept back is published."""
+        self.calls.answered()
         if self._unpublished:
             self._publish_kept()
-
-    def _deadline(self, seconds: float | None = None) -> contextlib.AbstractContextManager[float]:
-        """The deadline of one call: every command it makes, its reconnects included."""
-        return redis_url.deadline(self.timeout_s if seconds is None else seconds)
 
     @contextlib.contextmanager
     def _unless_wrong_type(self, name: str) -> Iterator[None]:
@@ -526,69 +496,6 @@ class RemoteTier:
             self._warned.add((name, field))
             where = f"{name} field {field[:12]}" if field else name
             log.warning("remote tier: %s: " + message, where, *args)
-
-
-def scan_names(client: Any, pattern: str, limit: int, *, type: str | None = None) -> list[str]:
-    """Up to ``limit`` key names matching ``pattern`` (of ``type``), by SCAN: never
-    blocks the server as KEYS would."""
-    names: list[str] = []
-    for name in client.scan_iter(match=pattern, count=1000, _type=type):
-        names.append(name.decode(errors="replace") if isinstance(name, bytes) else name)
-        if len(names) >= limit:
-            break
-    return names
-
-
-def digest(raw: redis_url.Read) -> str:
-    """What a fence notes of a field's value: a digest of its bytes, "" for none; a
-    value too big to read, by its size (no entry is that big: a publish replaces it)."""
-    if isinstance(raw, redis_url.Oversized):
-        return f"oversized:{raw.size}"
-    return "" if raw is None else hashlib.sha256(raw).hexdigest()[:32]
-
-
-# ---- the values of the tier: each read and written in one place ------------------------
-
-
-def read_field(client: Any, name: str, field: str) -> redis_url.Read:
-    """The entry's JSON in the field ``field`` of the slot ``name``, unless over
-    :data:`MAX_VALUE_BYTES` (then its size); immediate under WATCH."""
-    return redis_url.answer(redis_url.hget(client, name, field, MAX_VALUE_BYTES))
-
-
-def read_fields(client: Any, name: str) -> redis_url.Fields:
-    """The fields of the slot ``name`` within :data:`MAX_VALUE_BYTES` each,
-    :data:`SLOT_BYTES` and :data:`SLOT_FIELDS` together."""
-    reply = redis_url.hgetall(
-        client, name, limit=MAX_VALUE_BYTES, budget=SLOT_BYTES, most=SLOT_FIELDS
-    )
-    return redis_url.fields(reply)
-
-
-def read_slots(client: Any, names: list[str], budget: int) -> list[redis_url.Fields]:
-    """:func:`read_fields` of several slots in one pipeline, each within ``budget``."""
-    with client.pipeline(transaction=False) as pipe:
-        for name in names:
-            redis_url.hgetall(
-                pipe, name, limit=min(MAX_VALUE_BYTES, budget), budget=budget, most=SLOT_FIELDS
-            )
-        return [redis_url.fields(reply) for reply in pipe.execute()]
-
-
-def write_field(pipe: Any, name: str, field: str, data: bytes) -> None:
-    """Store ``data`` (an entry's JSON) in the field ``field`` of the slot ``name``."""
-    pipe.hset(name, field, data)
-
-
-def _parse(raw: bytes) -> Entry:
-    """The entry in ``raw``: NewerSchema for a newer version's, RegistryError otherwise."""
-    if len(raw) > MAX_ENTRY_BYTES:
-        raise RegistryError(f"{len(raw)} bytes; limit {MAX_ENTRY_BYTES}")
-    try:
-        data = atomic.loads(raw)
-    except ValueError as e:
-        raise RegistryError(f"not JSON: {e}") from None
-    return Entry.from_json(data)
 
 
 def remote_tier(

@@ -51,6 +51,7 @@ from registry.remote import RemoteTier, scan_names
 
 log = logging.getLogger(__name__)
 
+MODELS = "model"  # the namespace of compiled models' indexes
 INDEX_PREFIX = "triton-warmup:model:"
 BLOB_PREFIX = "triton-warmup:blob:"
 BATCH_BYTES = 16 * 2**20  # blobs asked for in one round trip, by their sizes
@@ -59,8 +60,16 @@ MAX_VALUE_BYTES = MAX_INDEX_BYTES + remote_signature.OVERHEAD  # an index in its
 MIN_BYTES_PER_S = 32 * 2**20  # a call moving bytes has this long for them beyond its deadline
 
 
-def index_key(model: str, key_digest: str, fingerprint: Fingerprint) -> str:
-    return f"{INDEX_PREFIX}{model}:{fingerprint.digest()[:32]}:{key_digest}"
+def index_key(
+    model: str, key_digest: str, fingerprint: Fingerprint, namespace: str = MODELS
+) -> str:
+    """An index's key; ``namespace``: its family's on the tier (:data:`MODELS`, or a
+    declared folder's ``caches``)."""
+    return f"{_prefix(namespace)}{model}:{fingerprint.digest()[:32]}:{key_digest}"
+
+
+def _prefix(namespace: str) -> str:
+    return f"triton-warmup:{namespace}:"
 
 
 def blob_key(sha: str) -> str:
@@ -68,23 +77,34 @@ def blob_key(sha: str) -> str:
 
 
 def fetch(
-    tier: RemoteTier, root: Path, *, model: str, key_digest: str, fingerprint: Fingerprint
+    tier: RemoteTier,
+    root: Path,
+    *,
+    model: str,
+    key_digest: str,
+    fingerprint: Fingerprint,
+    namespace: str = MODELS,
 ) -> bool:
     """Copy the model's index for this key and fingerprint, and the blobs it names that
     ``root`` lacks, from the server into the family at ``root``; True when the index is
     there now. A miss, an outage, anything untrustworthy, or a volume that cannot be
     written is False (and counted)."""
     try:
-        return _fetch(tier, root, model, key_digest, fingerprint)
+        return _fetch(tier, root, model, key_digest, fingerprint, namespace)
     except OSError as e:
         log.warning("model %s: not fetched from the remote tier: %s", model, e)
         return False
 
 
 def _fetch(
-    tier: RemoteTier, root: Path, model: str, key_digest: str, fingerprint: Fingerprint
+    tier: RemoteTier,
+    root: Path,
+    model: str,
+    key_digest: str,
+    fingerprint: Fingerprint,
+    namespace: str,
 ) -> bool:
-    name = index_key(model, key_digest, fingerprint)
+    name = index_key(model, key_digest, fingerprint, namespace)
     answer = tier.call(lambda client: [read_index(client, name)], now=True)
     if answer is None or answer[0] is None:
         tier.stats.misses += answer is not None
@@ -196,21 +216,32 @@ def batches(shas: list[str], sizes: Mapping[str, int]) -> list[list[str]]:
 
 
 def publish(
-    tier: RemoteTier, root: Path, *, model: str, key_digest: str, fingerprint: Fingerprint
+    tier: RemoteTier,
+    root: Path,
+    *,
+    model: str,
+    key_digest: str,
+    fingerprint: Fingerprint,
+    namespace: str = MODELS,
 ) -> bool:
     """Publish the model's index for this key and fingerprint from the family at
     ``root``: first each blob the server lacks (one that no longer hashes to its name
     is not published, nor is the index), then the index. True when all went; a volume
     that cannot be read is False."""
     try:
-        return _publish(tier, root, model, key_digest, fingerprint)
+        return _publish(tier, root, model, key_digest, fingerprint, namespace)
     except OSError as e:  # a blob quarantined meanwhile, a folder in its place
         log.warning("model %s: not published to the remote tier: %s", model, e)
         return False
 
 
 def _publish(
-    tier: RemoteTier, root: Path, model: str, key_digest: str, fingerprint: Fingerprint
+    tier: RemoteTier,
+    root: Path,
+    model: str,
+    key_digest: str,
+    fingerprint: Fingerprint,
+    namespace: str,
 ) -> bool:
     if not tier.may_publish():
         return False
@@ -241,7 +272,7 @@ def _publish(
         write = functools.partial(write_blob, key=blob_key(sha), data=data)
         if tier.call(write, now=True, deadline_s=call_deadline(tier, len(data))) is None:
             return False
-    name = index_key(model, key_digest, fingerprint)
+    name = index_key(model, key_digest, fingerprint, namespace)
     payload = json.dumps({**index, "modes": modes}, sort_keys=True).encode()
     value = remote_signature.seal(tier.trust, name, "", payload)
     write = functools.partial(write_index, key=name, value=value)
@@ -294,7 +325,12 @@ def _exists(client: Any, keys: list[str]) -> list[bool]:
 
 
 def stored_fingerprints(
-    tier: RemoteTier, model: str, key_digest: str, fingerprint: Fingerprint, limit: int = 50
+    tier: RemoteTier,
+    model: str,
+    key_digest: str,
+    fingerprint: Fingerprint,
+    limit: int = 50,
+    namespace: str = MODELS,
 ) -> list[Fingerprint] | None:
     """For ``explain``: ``[fingerprint]`` when the tier holds this exact index; else the
     fingerprints of up to ``limit`` indexes of ``model`` at ``key_digest`` ([] when it
@@ -302,12 +338,13 @@ def stored_fingerprints(
     none of the model or does not answer."""
 
     def read(client: Any) -> tuple[bool, list[str], bool]:
-        if client.exists(index_key(model, key_digest, fingerprint)):
+        if client.exists(index_key(model, key_digest, fingerprint, namespace)):
             return True, [], True
-        names = scan_names(client, f"{INDEX_PREFIX}{model}:*:{key_digest}", limit)
+        prefix = _prefix(namespace)
+        names = scan_names(client, f"{prefix}{model}:*:{key_digest}", limit)
         if names:
             return False, names, True
-        return False, [], bool(scan_names(client, f"{INDEX_PREFIX}{model}:*", 1))
+        return False, [], bool(scan_names(client, f"{prefix}{model}:*", 1))
 
     answer = tier.call(read, now=True)
     if answer is None or not answer[2]:

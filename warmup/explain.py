@@ -27,6 +27,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from registry import bundle
+from registry import families as registry_families
 from registry.errors import RegistryError
 from registry.explain import Prediction
 from registry.families import Host, Sources
@@ -162,7 +163,8 @@ def volume_problem(volume: Path) -> str:
     if not volume.is_dir():
         return f"volume '{volume}' is not a folder: {fix}"
     paths = Volume(volume)
-    held = (paths.registry, paths.triton_cache, paths.inductor, paths.bundles)
+    roots = (family.volume_root(paths) for family in registry_families.every())
+    held = (paths.registry, *(root for root in roots if root is not None), paths.bundles)
     if any(folder.is_dir() for folder in held):
         return ""
     names = ", ".join(f"{folder.name}/" for folder in held)

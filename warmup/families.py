@@ -14,11 +14,12 @@ import logging
 from collections.abc import Mapping
 
 from registry import families
-from registry.errors import named
+from registry.errors import RegistryError, named
 from registry.explain import Prediction, predict
 from registry.families import Family, Host, Moved, Scope, Sources
 from registry.families.base import Declared
 from registry.fingerprint import Fingerprint
+from registry.remote import RemoteTier
 from warmup.manifest import Manifest
 from warmup.settings import Settings
 
@@ -34,7 +35,9 @@ def scope(
     triton_env: Mapping[str, str] | None = None,
 ) -> Scope:
     """Where the families work for this pod: the settings' folders, what ``manifest``
-    declares (for ``world`` ranks, if given), and the host of ``fingerprint`` if known."""
+    declares (for ``world`` ranks, if given), and the host of ``fingerprint`` if known
+    (then also the registry's remote tier, for the declared folders to fetch and publish)."""
+    folders = declared_folders(manifest)
     return Scope(
         volume=settings.paths,
         triton_cache_dir=settings.triton_cache_dir,
@@ -42,11 +45,22 @@ def scope(
         store=settings.store,
         match_policy=settings.match_policy,
         models=declared_models(manifest, world),
-        folders=declared_folders(manifest),
+        folders=folders,
         user_functions=manifest is not None and any(e.is_user_function for e in manifest.entries),
         fingerprint=fingerprint,
         triton_env=triton_env,
+        remote=_remote(settings) if fingerprint is not None and folders else None,
     )
+
+
+def _remote(settings: Settings) -> RemoteTier | None:
+    """The remote tier, or None when it is off or its URL is unusable (the run's checks
+    refuse such a URL before any rank starts; here it only costs the sharing)."""
+    try:
+        return settings.remote()
+    except RegistryError as e:
+        log.warning("declared folders: the remote tier is not used: %s", e)
+        return None
 
 
 def declared_models(manifest: Manifest | None, world: int | None = None) -> tuple[Declared, ...]:

@@ -26,6 +26,7 @@ from registry.volume import Volume
 
 if TYPE_CHECKING:
     from registry.bundle import Bundle
+    from registry.bundle_parts import BundlePart
     from registry.remote import RemoteTier
     from registry.store import Store
 
@@ -60,6 +61,7 @@ class Scope:
     user_functions: bool = False  # the manifest names @triton.autotune functions
     fingerprint: Fingerprint | None = None  # without a kernel hash
     triton_env: Mapping[str, str] | None = None  # the env knobs in Triton's key, if known
+    remote: RemoteTier | None = None  # the registry's remote tier: fetched from, published to
 
     def on(
         self, fingerprint: Fingerprint | None, triton_env: Mapping[str, str] | None = None
@@ -99,6 +101,7 @@ class Moved:
     present: int = 0
     entries: int = 0
     notes: list[str] = field(default_factory=list)
+    bytes: int = 0  # of the files copied, where the family counts them
 
     @property
     def anything(self) -> bool:
@@ -122,6 +125,12 @@ class Family:
     name: str = ""
     order: int = 100
     needs_host = False  # restored only once the host's fingerprint is known
+    bundled: BundlePart | None = None  # its members in a bundle (registry.bundle_parts)
+
+    def volume_root(self, volume: Volume) -> Path | None:
+        """Its folder on the volume, where bundles take its files from and install them
+        to; None for a family with no files of its own there."""
+        return None
 
     def restore(self, scope: Scope) -> Moved:
         """The volume's copy into this pod; nothing by default."""
@@ -134,6 +143,17 @@ class Family:
     def explain(self, scope: Scope, host: Host, sources: Sources) -> Prediction:
         """Whether ``host`` would hit what is stored; by default nothing is."""
         return predict(self.name, [])
+
+    def watched(self, scope: Scope) -> list[Path]:
+        """The pod's folders the sidecar's harvest watches for this family, saved whole
+        once quiet (:meth:`harvest`); none by default (Triton's files are harvested one
+        by one, as each is finished: ``warmup.sidecar.harvest``)."""
+        return []
+
+    def harvest(self, scope: Scope) -> Moved:
+        """After ready, what the server wrote into :meth:`watched` kept on the volume and
+        shared; nothing by default."""
+        return Moved(self.name)
 
     def __repr__(self) -> str:
         return f"<cache family {self.name}>"

@@ -21,8 +21,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from registry.bundle_indexed import IndexedFiles
 from registry.families.base import Declared, Scope
 from registry.families.keyed import KeyedFolders
+from registry.fingerprint import Fingerprint
+from registry.volume import Volume
 
 FOLDER = "caches"  # under the volume's root
 
@@ -30,14 +33,20 @@ FOLDER = "caches"  # under the volume's root
 class DeclaredFolders(KeyedFolders):
     name = "declared-folders"
     order = 50
+    namespace = FOLDER  # triton-warmup:caches:<name>:<fingerprint>:<key> on the remote tier
     remade = "to be written again by the server"
     nothing_declared = "no caches declared"
+    bundled = IndexedFiles(f"{FOLDER}/", "caches_indexes", "caches", "declared folder")
 
-    def root(self, scope: Scope) -> Path:
-        return scope.volume.root / FOLDER
+    def volume_root(self, volume: Volume) -> Path:
+        return volume.root / FOLDER
 
     def declared(self, scope: Scope) -> Sequence[Declared]:
         return scope.folders
+
+    def host(self, scope: Scope) -> Fingerprint:
+        """The host's fingerprint without a kernel's hash: a folder is no kernel's."""
+        return super().host(scope).with_kernel("")
 
     def folder(self, scope: Scope, item: Declared) -> Path:
         assert item.folder is not None, "a declared folder has its path"

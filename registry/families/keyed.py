@@ -13,18 +13,20 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from registry import inductor_cache
+from registry import inductor_cache, remote_models
 from registry.errors import RegistryError, named
-from registry.explain import Differences, Prediction, predict
+from registry.explain import Differences, Prediction, fingerprint_differences, predict
 from registry.families.base import Declared, Family, Host, Moved, Scope, Sources
+from registry.fingerprint import Fingerprint
 
 if TYPE_CHECKING:
     from registry.bundle import Bundle
+    from registry.remote import RemoteTier
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +50,15 @@ class KeyedFolders(Family):
     """A family of one folder per declared thing, key and host."""
 
     needs_host = True
+    namespace = ""  # its indexes' namespace on the remote tier (remote_models)
     remade = "to make again"
     nothing_declared = "nothing declared"  # what becomes of a file a restore could not give back
 
     def root(self, scope: Scope) -> Path:
         """The family's folder on the volume."""
-        raise NotImplementedError
+        root = self.volume_root(scope.volume)
+        assert root is not None, "a keyed family has a folder on the volume"
+        return root
 
     def declared(self, scope: Scope) -> Sequence[Declared]:
         """What the manifest declares of this family."""
@@ -83,13 +88,14 @@ class KeyedFolders(Family):
         if scope.fingerprint is None or item.error:
             outcome = f"miss: {item.error or 'the host is not known yet'}"
             return ItemRestore(outcome, time.perf_counter() - clock)
+        self.fetch(scope, item)
         try:
             done = inductor_cache.restore(
                 self.root(scope),
                 self.folder(scope, item),
                 model=item.name,
                 key_digest=item.key_digest,
-                fingerprint=scope.fingerprint,
+                fingerprint=self.host(scope),
             )
         except (OSError, RegistryError) as e:
             outcome = f"failed: {named(e)}"
@@ -101,6 +107,30 @@ class KeyedFolders(Family):
             outcome = f"miss: {done.why_not}"
         log.info("%s %s: restored (%s)", self.name, item.name, outcome)
         return ItemRestore(outcome, time.perf_counter() - clock, done.copied, done.present)
+
+    def fetch(self, scope: Scope, item: Declared) -> bool:
+        """``item``'s index and blobs from the remote tier into the volume, when the
+        volume lacks them; whether the volume holds them now. Never raises."""
+        return self.stored(scope, item) or self._remote(remote_models.fetch, scope, item)
+
+    def publish(self, scope: Scope, item: Declared) -> bool:
+        """``item``'s index for this host, and the blobs the tier lacks, onto the
+        remote tier; False without one, or on any failure (never raises)."""
+        return self._remote(remote_models.publish, scope, item)
+
+    def _remote(self, call: Callable[..., bool], scope: Scope, item: Declared) -> bool:
+        """``call`` (:func:`remote_models.fetch` or ``publish``) for ``item`` on this
+        host, in the family's folder and namespace; False without a tier or a host."""
+        if scope.remote is None or scope.fingerprint is None:
+            return False
+        return call(
+            scope.remote,
+            self.root(scope),
+            model=item.name,
+            key_digest=item.key_digest,
+            fingerprint=self.host(scope),
+            namespace=self.namespace,
+        )
 
     def save(self, scope: Scope) -> Moved:
         """Each declared thing's folder that holds files and is not stored yet for this
@@ -119,20 +149,66 @@ class KeyedFolders(Family):
                     model=item.name,
                     key_digest=item.key_digest,
                     key=item.key,
-                    fingerprint=scope.fingerprint,
+                    fingerprint=self.host(scope),
                 )
             except (OSError, RegistryError) as e:
                 moved.notes.append(f"{item.name}: not saved ({named(e)})")
                 continue
             moved.copied += saved.new_blobs
             moved.present += saved.files - saved.new_blobs
+            self.publish(scope, item)
         return moved
+
+    def host(self, scope: Scope) -> Fingerprint:
+        """The fingerprint its things are stored under for this host (the scope's)."""
+        assert scope.fingerprint is not None, "the host is known"
+        return scope.fingerprint
+
+    def watched(self, scope: Scope) -> list[Path]:
+        return sorted({self.folder(scope, item) for item in self.declared(scope)})
+
+    def harvest(self, scope: Scope) -> Moved:
+        """Each declared thing's folder saved again (what traffic added to it is kept)
+        and published; the key kept is the one already stored where the scope's has
+        none (a thing known by its digest alone, as a run's status gives it)."""
+        moved = Moved(self.name)
+        if scope.fingerprint is None:
+            return moved
+        for item in self.declared(scope):
+            folder = self.folder(scope, item)
+            if item.error or not folder.is_dir():
+                continue
+            try:
+                saved = inductor_cache.save(
+                    folder,
+                    self.root(scope),
+                    model=item.name,
+                    key_digest=item.key_digest,
+                    key=item.key or self._stored_key(scope, item),
+                    fingerprint=self.host(scope),
+                )
+            except (OSError, RegistryError) as e:
+                moved.notes.append(f"{item.name}: not saved ({named(e)})")
+                continue
+            moved.copied, moved.bytes = moved.copied + saved.new_blobs, moved.bytes + saved.bytes
+            self.publish(scope, item)
+        return moved
+
+    def _stored_key(self, scope: Scope, item: Declared) -> dict[str, object]:
+        assert scope.fingerprint is not None
+        path = inductor_cache.index_path(
+            self.root(scope), item.name, item.key_digest, self.host(scope)
+        )
+        try:
+            return dict(inductor_cache.read_index(path).get("key", {}))
+        except (OSError, RegistryError):
+            return {}
 
     def stored(self, scope: Scope, item: Declared) -> bool:
         """Whether the volume holds ``item``'s index for this host."""
         assert scope.fingerprint is not None
         return inductor_cache.index_path(
-            self.root(scope), item.name, item.key_digest, scope.fingerprint
+            self.root(scope), item.name, item.key_digest, self.host(scope)
         ).is_file()
 
     def explain(self, scope: Scope, host: Host, sources: Sources) -> Prediction:
@@ -163,10 +239,27 @@ class KeyedFolders(Family):
         relpath = inductor_cache.index_relpath(item.name, item.key_digest, host.fingerprint)
         if relpath in bundled:
             return {}
-        return inductor_cache.model_differences(
+        found = inductor_cache.model_differences(
             self.root(scope), item.name, item.key_digest, host.fingerprint
         )
+        if found is None and sources.remote is not None:
+            found = self.remote_differences(sources.remote, item, host)
+        return found
+
+    def remote_differences(
+        self, remote: RemoteTier, item: Declared, host: Host
+    ) -> Differences | None:
+        """How the remote tier's closest index of ``item`` differs (None: it holds none)."""
+        fingerprint = host.fingerprint
+        stored = remote_models.stored_fingerprints(
+            remote, item.name, item.key_digest, fingerprint, namespace=self.namespace
+        )
+        if stored is None:
+            return None
+        if not stored:
+            return {"model code or shapes": (item.key_digest[:12], "other keys")}
+        return min((fingerprint_differences(fingerprint.diff(fp)) for fp in stored), key=len)
 
     def bundle_indexes(self, bundle: Bundle) -> Sequence[str]:
-        """The indexes of this family a verified bundle carries (none by default)."""
-        return ()
+        """The indexes of this family a verified bundle carries."""
+        return bundle.parts[self.name].indexes if self.name in bundle.parts else ()

@@ -9,15 +9,84 @@ key needs nothing of ours and no path enters it.
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
+
 from registry import remote_triton, triton_cache
+from registry.bundle_parts import BundlePart, Packed, PartReader
+from registry.errors import BundleRejected, shown
 from registry.explain import Prediction, predict
 from registry.families.base import Family, Host, Moved, Scope, Sources
-from registry.triton_cache import Kind, Origin
+from registry.patterns import TRITON_CACHE_KEY
+from registry.triton_cache import Kind, Origin, is_group, relocate
+from registry.volume import Volume
+
+if TYPE_CHECKING:
+    from registry.bundle import Limits
+
+log = logging.getLogger(__name__)
+
+
+class CacheFiles(BundlePart):
+    """Triton's cache files in a bundle: ``triton-cache/<hash>/<file>``."""
+
+    prefix = "triton-cache/"
+    what = "Triton artifacts"
+    counted = "artifacts"
+    option = "cache"
+
+    def pack(self, root: Path, *, only: str | None = None) -> Packed:
+        packed = Packed()
+        for rel, path in triton_cache.cache_files(root):
+            packed.members[f"{self.prefix}{rel.as_posix()}"] = path
+        return packed
+
+    def limit(self, label: str, name: str, limits: Limits) -> tuple[str, int]:
+        """A Triton cache folder name and a file that is no dot file; a group file is
+        bounded by its own limit (``relocate`` reads each whole, after the swap)."""
+        parts = PurePosixPath(name).parts
+        if len(parts) != 3:
+            raise BundleRejected(label, f"artifact '{name}' is not triton-cache/<hash>/<file>")
+        if not TRITON_CACHE_KEY.fullmatch(parts[1]):  # never .bundle-*, "." or ".."
+            raise BundleRejected(
+                label,
+                f"artifact '{name}': {shown(parts[1])} is not a Triton cache folder name "
+                f"({TRITON_CACHE_KEY.pattern})",
+            )
+        if parts[2].startswith("."):  # Triton's temp files and our own start with a dot
+            raise BundleRejected(label, f"artifact '{name}' has a file name that starts with a dot")
+        if is_group(parts[2]):
+            return "Triton group file", min(limits.max_member_bytes, limits.max_group_bytes)
+        return "member", limits.max_member_bytes
+
+    def reader(self, label: str, limits: Limits, stage: object) -> PartReader:
+        return _GroupsRelocated(self, label, limits, stage)  # type: ignore[arg-type]
+
+
+class _GroupsRelocated(PartReader):
+    def commit(self) -> None:
+        """The files in, then their group files pointed at the folder they now live in."""
+        super().commit()
+        if self.stage is None:
+            return
+        moved = self.stage.moved
+        groups = [self.stage.cache / rel for rel in moved if is_group(PurePosixPath(rel).name)]
+        try:
+            relocate(self.stage.cache, groups)
+        except OSError as e:  # after the swap: a miss costs a recompile, not the install
+            log.error(
+                "group files in %s not relocated (Triton compiles again): %s", self.stage.cache, e
+            )
 
 
 class TritonKernels(Family):
     name = "triton-kernels"
     order = 20
+    bundled = CacheFiles()
+
+    def volume_root(self, volume: Volume) -> Path:
+        return volume.triton_cache
 
     def restore(self, scope: Scope) -> Moved:
         done = triton_cache.restore(scope.volume.triton_cache, scope.triton_cache_dir)

@@ -54,7 +54,9 @@ def test_the_hostile_bundle_carries_one_blob_its_index_names_under_every_path(tm
         names[1].rsplit("/", 1)[1]
     }
     assert declared == 3000 + index_bytes
-    assert len(bundle.verify(out).indexes) == 1  # well formed: only its size is hostile
+    assert (
+        len(bundle.verify(out).parts["inductor"].indexes) == 1
+    )  # well formed: only its size is hostile
 
 
 def test_verdicts_need_the_memory_and_the_outcome():

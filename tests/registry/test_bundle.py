@@ -224,7 +224,7 @@ def test_bundle_carries_triton_artifacts_and_relocates_them(tmp_path, source, h2
     )
     out = tmp_path / "with-cache.tgz"
     bundle.create(out, name="b", version="1", entries=source.entries(), triton_cache=cache.parent)
-    assert len(bundle.verify(out).artifacts) == 2
+    assert len(bundle.verify(out).parts["triton-kernels"].files) == 2
     target_cache = tmp_path / "vol" / "triton-cache"
     info = bundle.install(
         out, Store(tmp_path / "t", create=True), expect=h200, triton_cache=target_cache

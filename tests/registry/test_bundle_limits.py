@@ -205,7 +205,7 @@ def _artifacts(count: int, size: int = 1) -> list[tuple[str, bytes]]:
             "MANIFEST.json has 6.. JSON values; limit 500",
         ),
         (_artifacts(1), {"max_manifest_bytes": 100}, "MANIFEST.json is"),
-        ([("notes.txt", b"hi")], {}, "not under entries/, triton-cache/ or inductor/"),
+        ([("notes.txt", b"hi")], {}, "not under entries/, triton-cache/, inductor/, caches/"),
         ([("triton-cache/k.bin", b"x")], {}, "not triton-cache/<hash>/<file>"),
         ([("entries/./e.json", b"{}")], {}, "not a normalised relative path"),
         ([("triton-cache/h/a\nb", b"")], {}, "has a control character"),
@@ -455,7 +455,10 @@ def test_a_fingerprint_list_that_is_not_a_list_is_rejected(tmp_path, with_cache)
 def test_an_artifact_bundle_round_trips_with_its_fingerprints(tmp_path, with_cache, h200):
     verified = bundle.verify(with_cache)
     assert [f["digest"] for f in verified.manifest["fingerprints"]] == [h200.digest()]
-    assert sorted(verified.artifacts) == ["HASH1/__grp__k.json", "HASH1/k.cubin"]
+    assert sorted(verified.parts["triton-kernels"].files) == [
+        "HASH1/__grp__k.json",
+        "HASH1/k.cubin",
+    ]
     assert verified.sha256 == hashlib.sha256(with_cache.read_bytes()).hexdigest()
     a100 = gpu_fingerprint("NVIDIA A100", cc="8.0", sms=108)
     cache = tmp_path / "vol" / "triton-cache"

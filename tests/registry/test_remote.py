@@ -1,21 +1,20 @@
-"""The remote tier on a real redis-server: sharing, merging, matching, bad values and
-outages (through the outage tests' TCP proxy)."""
+"""The remote tier on a real redis-server: sharing, merging, matching, bad values and the
+entries an outage kept back (through the outage tests' TCP proxy). Its calls' deadlines
+and outages: ``test_remote_calls``; the bounds on what is read: ``test_remote_values``."""
 
 from __future__ import annotations
 
 import json
 import logging
 import time
-import tracemalloc
 
 import pytest
 
-from registry import MatchPolicy, RegistryError, atomic, remote
+from registry import MatchPolicy, RegistryError, atomic
 from registry.entry import SCHEMA_VERSION
 from registry.remote import RemoteTier, remote_tier, slot_name
 from registry.store import MAX_ENTRY_BYTES
 from tests.conftest import gpu_fingerprint
-from tests.registry._trickle import trickling, within
 
 KEY = {"M": 4096, "N": 6656, "K": 16384, "dtype": "bf16", "world": 2}
 RETRY_S = 0.3
@@ -132,37 +131,7 @@ def test_a_string_at_a_slots_name_is_a_miss_not_an_outage(server, make_entry, h2
     assert tier.publish(make_entry(m=8))  # other slots are written
 
 
-# ---- outages -------------------------------------------------------------------------
-
-
-def test_an_outage_is_one_warning_then_skipped_until_the_retry(proxy, make_entry, h200, caplog):
-    entry = make_entry()
-    tier = RemoteTier(proxy.url, timeout_s=0.5, retry_after_s=RETRY_S)
-    assert tier.publish(entry)
-    proxy.down()
-    with caplog.at_level(logging.INFO, logger="registry.remote"):
-        assert tier.fetch("ag_gemm", KEY, h200) is None
-        assert not tier.up
-        started = time.monotonic()
-        for _ in range(100):  # skipped: no network
-            assert tier.fetch("ag_gemm", KEY, h200) is None
-            assert not tier.publish(entry)
-        assert time.monotonic() - started < 0.05
-        assert (tier.stats.errors, tier.stats.skipped) == (1, 200)
-        time.sleep(RETRY_S)
-        assert tier.fetch("ag_gemm", KEY, h200) is None  # tried again: still down
-        assert tier.stats.errors == 2
-        proxy.up()
-        time.sleep(RETRY_S)
-        assert tier.up and tier.fetch("ag_gemm", KEY, h200) == entry
-    warnings = _messages(caplog)
-    assert len(warnings) == 1  # one per outage
-    assert warnings[0] == (
-        f"registry remote tier redis at {proxy.url} unreachable (Connection refused): "
-        f"using the local tier only; retrying in {RETRY_S:g} s"
-    )
-    (recovered,) = _messages(caplog, logging.INFO)
-    assert "answers again" in recovered
+# ---- entries kept back during an outage ----------------------------------------------
 
 
 def test_entries_not_published_during_an_outage_are_published_when_it_answers(
@@ -207,42 +176,6 @@ def test_flush_publishes_what_was_kept_back_without_waiting_for_the_retry(
     assert "unreachable" in caplog.text
 
 
-def test_a_lookup_asked_now_is_made_inside_the_skip(proxy, server, make_entry, h200):
-    # before a tuning: another pod may have published the entry during the blip
-    tier = RemoteTier(proxy.url, timeout_s=0.5, retry_after_s=600)
-    proxy.down()
-    assert tier.fetch("ag_gemm", KEY, h200) is None and not tier.up
-    proxy.up()
-    entry = make_entry()
-    RemoteTier(server.url).publish(entry)
-    assert tier.fetch("ag_gemm", KEY, h200) is None  # skipped
-    assert tier.fetch("ag_gemm", KEY, h200, now=True) == entry
-    assert tier.up and tier.publish(make_entry(8))  # it answered: no longer skipped
-
-
-@pytest.mark.parametrize("call", ["fetch", "publish"])
-def test_a_hung_server_stalls_a_call_no_longer_than_the_timeout(proxy, make_entry, h200, call):
-    entry = make_entry()
-    tier = RemoteTier(proxy.url, timeout_s=0.3, retry_after_s=RETRY_S)
-    assert tier.publish(entry)  # a pooled connection, open when the server hangs
-    proxy.stall()
-    started = time.monotonic()
-    got = tier.fetch("ag_gemm", KEY, h200) if call == "fetch" else tier.publish(entry)
-    assert not got and time.monotonic() - started < 1.0
-    assert tier.stats.errors == 1 and not tier.up
-
-
-def test_the_password_is_never_logged(make_entry, h200, caplog):
-    from tests.conftest import free_port
-
-    tier = RemoteTier(f"redis://:hunter2@127.0.0.1:{free_port()}/0", timeout_s=0.3)
-    with caplog.at_level(logging.DEBUG, logger="registry.remote"):
-        assert tier.fetch("ag_gemm", KEY, h200) is None
-        assert not tier.publish(make_entry())  # skipped
-    assert "hunter2" not in caplog.text and "hunter2" not in tier.describe()
-    assert ":***@" in tier.describe() and "***" in caplog.text
-
-
 # ---- the URL -----------------------------------------------------------------------
 
 
@@ -255,57 +188,3 @@ def test_remote_tier_from_a_url():
         with pytest.raises(RegistryError, match="Remote tier URL") as info:
             remote_tier(url)
         assert "\n" not in str(info.value) and "secret" not in str(info.value)
-
-
-# ---- values bounded before they are read, calls bounded by their deadline ---------------
-
-
-def test_a_value_over_the_limit_is_never_read(server, make_entry, h200, caplog):
-    entry = make_entry()
-    name = _slot(entry)
-    server.client.hset(name, h200.digest(), b" " * (40 * 2**20))  # 40 MiB at the field
-    tier = RemoteTier(server.url)
-    tracemalloc.start()
-    try:
-        with caplog.at_level(logging.WARNING, logger="registry.remote"):
-            assert tier.fetch("ag_gemm", KEY, h200) is None
-            assert tier.fetch("ag_gemm", KEY, h200, MatchPolicy.ANY) is None
-            assert tier.sample() == []
-            assert tier.seen("ag_gemm", KEY, h200) == f"oversized:{40 * 2**20}"
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert peak < 4 * 2**20, peak  # none of the 40 MiB came over
-    [message] = _messages(caplog)
-    assert name in message and str(remote.MAX_VALUE_BYTES) in message
-    assert tier.publish(entry)  # replaced, as a corrupt file is
-    assert tier.fetch("ag_gemm", KEY, h200) == entry
-
-
-def test_a_slots_fields_are_read_within_the_slots_budget(server, make_entry, caplog, monkeypatch):
-    monkeypatch.setattr(remote, "SLOT_FIELDS", 2)
-    tier = RemoteTier(server.url)
-    for sms in (100, 110, 120):
-        assert tier.publish(make_entry(fp=gpu_fingerprint("NVIDIA H100", sms=sms)))
-    h200 = gpu_fingerprint()
-    with caplog.at_level(logging.WARNING, logger="registry.remote"):
-        assert tier.fetch("ag_gemm", KEY, h200, MatchPolicy.ANY) is not None
-    [message] = _messages(caplog)
-    assert "1 fields not read" in message
-
-
-@pytest.mark.parametrize("kind", ["tcp", "unix", "tls"])
-def test_a_trickling_server_is_an_outage_within_the_deadline(tmp_path, kind, make_entry, h200):
-    with trickling(kind, tmp_path) as hostile:
-        tier = RemoteTier(hostile.url, timeout_s=1.0, retry_after_s=0.0)
-        with within(1.5):
-            assert tier.fetch("ag_gemm", KEY, h200, now=True) is None
-        with within(1.5):
-            assert not tier.publish(make_entry())
-        with within(1.5):
-            assert tier.seen("ag_gemm", KEY, h200) == ""
-        with within(1.5):
-            assert tier.sample() == []
-        with within(1.5):
-            assert tier.flush() == 1
-    assert tier.stats.errors == 5

@@ -15,7 +15,7 @@ from registry.fingerprint import cpu_fingerprint
 from registry.remote import RemoteTier
 from tests.conftest import gpu_fingerprint
 from tests.registry._trickle import trickling, within
-from tests.registry.test_bundle_inductor import FILES, family, restored
+from tests.registry.test_bundle_indexed import FILES, family, restored
 
 FP = cpu_fingerprint()
 KEY = "0123456789abcdef"

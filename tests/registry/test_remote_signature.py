@@ -161,7 +161,7 @@ def test_triton_files_reach_only_pods_that_trust_their_signer(server, keys):
 def test_a_models_index_reaches_only_pods_that_trust_its_signer(tmp_path, server, keys):
     from registry import remote_models
     from registry.fingerprint import cpu_fingerprint
-    from tests.registry.test_bundle_inductor import FILES, family, restored
+    from tests.registry.test_bundle_indexed import FILES, family, restored
 
     where = {"model": "mlp", "key_digest": "0123456789abcdef", "fingerprint": cpu_fingerprint()}
     source = family(tmp_path / "a")

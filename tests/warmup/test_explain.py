@@ -53,7 +53,7 @@ def predicted(family, settings, mine, bundles=(), remote=None, manifest=None):
 
 
 def remote_model(remote, model, key):
-    return families.inductor._remote(Sources(remote=remote), Declared(model, key), host())
+    return families.named("inductor").remote_differences(remote, Declared(model, key), host())
 
 
 @pytest.fixture

@@ -7,8 +7,10 @@ The sidecar watches the server's ``TRITON_CACHE_DIR`` and Inductor cache with wa
   with every file the group names;
 - a Triton autotune result (``<hash>/<fn>.autotune.json``), written by rename;
 - a Triton launcher stub (``<hash>/<name>.so``, host code: to the volume only);
-- the Inductor cache as a whole, after it has been quiet for ``INDUCTOR_QUIET_S``: each
-  declared model's index is saved again from it, so it lists what traffic compiled too.
+- each cache family's watched folders (``registry.families``: the Inductor cache, each
+  folder a manifest declares under ``caches:``) as a whole, once they have been quiet
+  for ``INDUCTOR_QUIET_S``: each family saves every declared thing again from them
+  (``Family.harvest``), so its index lists what traffic compiled too.
 
 Each entry is checked before anything is written. It must be inside its folder, be
 regular files (no links), be under the size caps, and have been compiled for this pod's
@@ -29,13 +31,14 @@ threads and never touches the server's process.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from watchdog.events import (
@@ -48,23 +51,17 @@ from watchdog.events import (
 from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver
 
-from registry import (
-    atomic,
-    hosts,
-    importers,
-    inductor_cache,
-    remote_models,
-    remote_triton,
-    triton_cache,
-)
+from registry import atomic, families, hosts, importers, remote_triton, triton_cache
 from registry.errors import RegistryError
+from registry.families.base import Declared
 from registry.fingerprint import Fingerprint
 from registry.patterns import TRITON_CACHE_KEY
 from registry.remote import RemoteTier
 from registry.store import Store
 from registry.triton_cache import GROUP_PREFIX, MAX_GROUP_BYTES, Origin
+from warmup import families as warm_families
 from warmup.compiled import learned
-from warmup.manifest import ManifestError, load_manifest
+from warmup.manifest import Manifest, ManifestError, load_manifest
 from warmup.metrics import ServeMetrics
 from warmup.results import RankHost, RunStatus
 from warmup.settings import Settings
@@ -72,7 +69,8 @@ from warmup.sidecar.watcher import Stat, stat_key
 
 log = logging.getLogger(__name__)
 EVENTS: list[type[FileSystemEvent]] = [FileCreatedEvent, FileMovedEvent, FileClosedEvent]
-INDUCTOR_QUIET_S = 5.0  # the Inductor cache is saved once it has been quiet this long
+INDUCTOR_QUIET_S = 5.0  # a family's watched folders are saved once quiet this long
+FOLDERS = "folders"  # the kind of an event in a family's watched folders
 MAX_AUTOTUNE_BYTES = 2**20
 MAX_UNPUBLISHED_BYTES = 64 * 2**20  # kept through a remote outage, then the oldest go
 NICENESS = 19  # the harvest thread's: the lowest CPU priority
@@ -130,9 +128,28 @@ class Harvester(FileSystemEventHandler):
 
     # ---- watching ---------------------------------------------------------------------
 
+    @functools.cached_property
+    def folders(self) -> list[Path]:
+        """Every family's watched folders for this pod's manifest (the Inductor cache
+        whatever it declares), read once."""
+        scope = warm_families.scope(self.settings, self._manifest())
+        found = {self.inductor_dir}
+        for family in families.every():
+            found.update(family.watched(scope))
+        return sorted(found)
+
+    def _manifest(self) -> Manifest | None:
+        if not self.settings.manifest.exists():
+            return None  # the sidecar says so itself; the Inductor cache is still kept
+        try:
+            return load_manifest(self.settings.manifest)
+        except (ManifestError, OSError) as e:
+            log.warning("harvest: the manifest is unreadable, no declared folder kept: %s", e)
+            return None
+
     def start(self) -> None:
         self._observer = Observer()
-        for folder in (self.triton_dir, self.inductor_dir):
+        for folder in (self.triton_dir, *self.folders):
             with contextlib.suppress(OSError):  # a read-only mount: it is there or not
                 folder.mkdir(parents=True, exist_ok=True)
             self._watch(folder, recursive=True)
@@ -177,10 +194,10 @@ class Harvester(FileSystemEventHandler):
             if path.name.endswith(".so") and not _temporary(path.name):
                 return "stub"
             return None
-        if self.inductor_dir in path.parents and not _temporary(path.name):
-            return "inductor"
+        if any(folder in path.parents for folder in self.folders) and not _temporary(path.name):
+            return FOLDERS
         if path.parent == self.learned_dir and path.name.startswith(learned.PREFIX):
-            return "inductor"  # a model's new shape: merged with the models' artifacts
+            return FOLDERS  # a model's new shape: merged with the models' artifacts
         return None
 
     def offer(self, kind: str, path: Path) -> None:
@@ -189,7 +206,7 @@ class Harvester(FileSystemEventHandler):
         if not self._ready():
             return
         with self._wake:
-            if kind == "inductor":
+            if kind == FOLDERS:
                 self._inductor_due = time.monotonic() + INDUCTOR_QUIET_S
             elif len(self._pending) >= self.limits.max_pending:
                 self._count(kind, "dropped")
@@ -229,7 +246,7 @@ class Harvester(FileSystemEventHandler):
                     kind = self._kind(path)
                     if kind is not None:
                         self.offer(kind, path)
-        self.offer("inductor", self.inductor_dir)
+        self.offer(FOLDERS, self.inductor_dir)
 
     def _host(self, status: RunStatus) -> tuple[Fingerprint, dict[str, str]] | None:
         """The fingerprint and Triton knobs what the server compiles is stored under:
@@ -270,7 +287,7 @@ class Harvester(FileSystemEventHandler):
                         return kind, Path(path)
                 elif self._inductor_due is not None and now >= self._inductor_due:
                     self._inductor_due = None
-                    return "inductor", self.inductor_dir
+                    return FOLDERS, self.inductor_dir
                 else:
                     wait = (self._inductor_due - now) if self._inductor_due else 3600.0
                 self._wake.wait(max(wait, 0.01))
@@ -289,7 +306,7 @@ class Harvester(FileSystemEventHandler):
         host = self._host(status) if status is not None else None
         if status is None or host is None:
             return "waiting"
-        stamp = stat_key(path) if kind != "inductor" else None
+        stamp = stat_key(path) if kind != FOLDERS else None
         if stamp is not None and self._done.get(str(path)) == stamp:
             return "seen"  # another event of an entry harvested already
         fingerprint, triton_env = host
@@ -302,7 +319,7 @@ class Harvester(FileSystemEventHandler):
             elif kind == "stub":
                 result, size = self._stub(path)
             else:
-                result, size = self._inductor(status, fingerprint)
+                return self._folders(status, fingerprint, triton_env)  # counted by family
         except Refused as e:
             log.warning("harvest: refused %s %s: %s", kind, _shown(path, self.triton_dir), e)
             self._count(kind, "refused")
@@ -447,43 +464,39 @@ class Harvester(FileSystemEventHandler):
 
     # ---- Inductor -----------------------------------------------------------------------
 
-    def _inductor(self, status: RunStatus, fingerprint: Fingerprint) -> tuple[str, int]:
+    def _folders(
+        self, status: RunStatus, fingerprint: Fingerprint, triton_env: dict[str, str]
+    ) -> str:
         """The shapes the server's models learned merged into the volume's, then each
-        declared model's index saved again from the server's Inductor cache."""
-        new_files = new_bytes = 0
-        try:
-            manifest = load_manifest(self.settings.manifest)
-            new_files += learned.merge(self.learned_dir, self.settings.paths.learned, manifest)
-        except (ManifestError, OSError) as e:
-            log.warning("harvest: learned shapes not merged: %s", e)
-        for model in status.models:
-            if model.rank != 0 or not model.key_digest or model.failed:
-                continue
-            root = self.settings.paths.inductor
-            path = inductor_cache.index_path(root, model.name, model.key_digest, fingerprint)
+        family's watched folders saved again (``Family.harvest``) and counted by family:
+        the models the run warmed (rank 0's, by their key digests) and the folders the
+        manifest declares."""
+        new_files = 0
+        manifest = self._manifest()
+        if manifest is not None:
             try:
-                key = inductor_cache.read_index(path).get("key", {})
-            except (OSError, RegistryError):
-                key = {}
-            saved = inductor_cache.save(
-                self.inductor_dir,
-                root,
-                model=model.name,
-                key_digest=model.key_digest,
-                key=key,
-                fingerprint=fingerprint,
-            )
-            new_files, new_bytes = new_files + saved.new_blobs, new_bytes + saved.bytes
-            if self.remote is not None:
-                remote_models.publish(
-                    self.remote,
-                    root,
-                    model=model.name,
-                    key_digest=model.key_digest,
-                    fingerprint=fingerprint,
-                )
+                new_files += learned.merge(self.learned_dir, self.settings.paths.learned, manifest)
+            except OSError as e:
+                log.warning("harvest: learned shapes not merged: %s", e)
+        warmed = tuple(
+            Declared(model.name, model.key_digest)
+            for model in status.models
+            if model.rank == 0 and model.key_digest and not model.failed
+        )
+        scope = replace(
+            warm_families.scope(self.settings, manifest, triton_env=triton_env),
+            fingerprint=fingerprint,
+            models=warmed,
+            remote=self.remote,
+        )
+        for family in families.every():
+            moved = family.harvest(scope)
+            if moved.anything or family.watched(scope):
+                result = "harvested" if moved.copied else "deduplicated"
+                self._count_family(family.name, result, moved.bytes)
+                new_files += moved.copied
         self._record_host(status, fingerprint)
-        return ("harvested" if new_files else "deduplicated"), new_bytes
+        return "harvested" if new_files else "deduplicated"
 
     def _record_host(self, status: RunStatus, fingerprint: Fingerprint) -> None:
         """A host whose init container started no rank (its status has the probe, not the
@@ -504,7 +517,9 @@ class Harvester(FileSystemEventHandler):
     # ---- metrics ------------------------------------------------------------------------
 
     def _count(self, kind: str, result: str, size: int = 0) -> None:
-        family = "inductor" if kind == "inductor" else f"triton-{kind}s"
+        self._count_family(f"triton-{kind}s", result, size)
+
+    def _count_family(self, family: str, result: str, size: int = 0) -> None:
         self.metrics.harvest_entries.labels(family, result).inc()
         if size and result == "harvested":
             self.metrics.harvest_bytes.labels(family).inc(size)

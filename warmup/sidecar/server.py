@@ -25,8 +25,9 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from registry import RegistryError, bundle, bundle_inductor, triton_cache
+from registry import RegistryError, bundle, triton_cache
 from registry.errors import BundleRejected
+from registry.families.inductor import RECORD_KEY
 from registry.fingerprint import Fingerprint
 from registry.remote import RemoteTier
 from registry.signing import announce
@@ -221,8 +222,7 @@ class Sidecar:
                 trust=trust,
                 expect=expect,
                 policy=self.settings.match_policy,
-                triton_cache=self.settings.paths.triton_cache,
-                inductor=self.settings.paths.inductor,
+                roots=bundle.on_volume(self.settings.volume),
             )
         except BundleRejected as e:
             log.error("rejected %s: %s", path, e)
@@ -231,7 +231,7 @@ class Sidecar:
             log.warning("bundle %s deferred: the store could not take it now: %s", path, e)
             return "deferred"
         log.info("installed %s as %s", path, info["id"])
-        self._reload_models(expect, info.get(bundle_inductor.RECORD_KEY) or {})
+        self._reload_models(expect, info.get(RECORD_KEY) or {})
         return "installed"
 
     def _reload_models(self, fingerprint: Fingerprint, indexes: dict[str, Any]) -> None:

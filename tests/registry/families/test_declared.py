@@ -6,11 +6,17 @@ from __future__ import annotations
 import dataclasses
 import shutil
 
+import pytest
+
+from registry import BundleRejected, Store, bundle, signing
 from registry.families import Sources, named
 from registry.families.base import Declared, Host
 from registry.families.declared import FOLDER
+from registry.remote import RemoteTier
+from registry.signing import SigningKey, Trust
 from registry.triton_cache import Origin
 from tests.registry.families.conftest import FP, make_scope, read, write
+from tests.registry.test_redis_outage import redis  # noqa: F401
 
 FAMILY = named("declared-folders")
 
@@ -84,3 +90,61 @@ def test_an_item_without_a_key_is_said_and_skipped(tmp_path):
     scope = make_scope(tmp_path, folders=[broken])
     assert FAMILY.restore_one(scope, broken).outcome == "miss: it has no key: unreadable"
     assert FAMILY.explain(scope, host(), Sources()).note == "vllm: it has no key: unreadable"
+
+
+def test_a_folder_travels_by_signed_bundle_and_rolls_back(tmp_path, engine):
+    private, _ = signing.generate(tmp_path / "trusted", "fleet")
+    key, trust = SigningKey.load(private), Trust.load(tmp_path / "trusted")
+    files = read(engine.folder)
+    FAMILY.save(make_scope(tmp_path / "a", folders=[engine]))
+    out = tmp_path / "caches.tgz"
+    bundle.create(
+        out, name="c", version="1", entries=[], roots=bundle.on_volume(tmp_path / "a" / "volume"),
+        signer=key,
+    )  # fmt: skip
+    verified = bundle.verify(out, trust=trust)
+    assert len(verified.parts["declared-folders"].indexes) == 1
+    assert bundle.describe(verified.manifest["members"]).endswith(
+        "1 declared folder indexes (2 files)"
+    )
+    target = tmp_path / "b" / "volume"
+    store = Store(target / "registry", create=True)
+    with pytest.raises(BundleRejected, match="no caches folder was given"):
+        bundle.install(out, store, expect=None, trust=trust)
+    info = bundle.install(out, store, expect=None, trust=trust, roots=bundle.on_volume(target))
+    assert info["caches"] == 1 and info["caches_indexes"]
+    shutil.rmtree(engine.folder)
+    assert FAMILY.restore(make_scope(tmp_path / "b", folders=[engine])).copied == 2
+    assert read(engine.folder) == files
+    bundle.rollback(store, roots=bundle.on_volume(target))  # the index it brought goes
+    assert not FAMILY.stored(make_scope(tmp_path / "b", folders=[engine]), engine)
+
+
+def test_an_unsigned_bundle_of_folders_is_refused_where_keys_are_trusted(tmp_path, engine):
+    signing.generate(tmp_path / "trusted", "fleet")
+    FAMILY.save(make_scope(tmp_path / "a", folders=[engine]))
+    out = tmp_path / "caches.tgz"
+    roots = bundle.on_volume(tmp_path / "a" / "volume")
+    bundle.create(out, name="c", version="1", entries=[], roots=roots)
+    with pytest.raises(BundleRejected, match="unsigned"):
+        bundle.verify(out, trust=Trust.load(tmp_path / "trusted"))
+
+
+@pytest.fixture
+def server(redis):  # noqa: F811
+    redis.client.flushall()
+    return redis
+
+
+def test_a_pod_without_the_volume_fetches_a_folder_from_the_remote_tier(tmp_path, engine, server):
+    files = read(engine.folder)
+    tier = RemoteTier(server.url, timeout_s=0.5)
+    FAMILY.save(make_scope(tmp_path / "a", folders=[engine], remote=tier))
+    assert server.client.keys("triton-warmup:caches:vllm:*")
+    assert not server.client.keys("triton-warmup:model:*")  # its own namespace
+    shutil.rmtree(engine.folder)
+    b = make_scope(tmp_path / "b", folders=[engine], remote=RemoteTier(server.url, timeout_s=0.5))
+    assert FAMILY.explain(b, host(), Sources(remote=b.remote)).outcome == "hit"
+    assert FAMILY.restore(b).copied == 2
+    assert read(engine.folder) == files
+    assert FAMILY.stored(b, engine)  # kept on b's volume for the pods after it

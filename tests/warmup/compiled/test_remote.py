@@ -7,7 +7,7 @@ from registry.fingerprint import cpu_fingerprint
 from registry.remote import RemoteTier
 from tests.conftest import settings_for
 from tests.registry.conftest import server  # noqa: F401  (a fixture)
-from tests.registry.test_bundle_inductor import FILES
+from tests.registry.test_bundle_indexed import FILES
 from tests.registry.test_redis_outage import redis  # noqa: F401  (a module fixture)
 from warmup.compiled import warm
 from warmup.compiled.key import ModelKey

@@ -14,7 +14,7 @@ import pytest
 import triton
 from prometheus_client import CollectorRegistry
 
-from registry import inductor_cache, remote_models, remote_triton, triton_cache
+from registry import families, inductor_cache, remote_models, remote_triton, triton_cache
 from registry.remote import RemoteTier
 from registry.store import Store
 from tests.conftest import (
@@ -22,13 +22,16 @@ from tests.conftest import (
     gpu_fingerprint,
     settings_for,
     wait_for,
+    write_manifest,
 )
 from tests.registry.test_redis_outage import Proxy, redis  # noqa: F401
 from tests.registry.test_triton_cache import compile_in
 from tests.warmup.test_triton_remote_cache import compile_in_pod
+from warmup import families as warm_families
+from warmup.manifest import load_manifest
 from warmup.metrics import ServeMetrics
 from warmup.results import ModelResult, RunStatus
-from warmup.sidecar.harvest import Harvester, Limits
+from warmup.sidecar.harvest import FOLDERS, Harvester, Limits
 
 ROOT = Path(__file__).resolve().parents[3]
 FP = gpu_fingerprint(triton=triton.__version__)  # what the sm90 compile below matches
@@ -270,6 +273,29 @@ def test_inductor_files_compiled_after_ready_join_the_models_index(tmp_path, pod
     assert harvest.harvest("inductor", inductor) == "deduplicated"
 
 
+def test_a_declared_folder_written_after_ready_is_kept_and_shared(tmp_path, server):
+    engine = tmp_path / "engine-cache"
+    text = (
+        "version: 1\nmodels: []\nentries:\n"
+        "  - {kernel: matmul, dtype: fp32, world_size: 1, shapes: [{M: 16, N: 16, K: 16}]}\n"
+        f'caches:\n  - {{name: vllm, path: "{engine}", key: "qwen tp1"}}\n'
+    )
+    pod = settings_for(tmp_path, manifest=write_manifest(tmp_path / "m.yaml", text))
+    ready(pod)
+    remote = RemoteTier(server.url, timeout_s=0.5)
+    harvest = harvester(pod, remote=remote)
+    assert engine in harvest.folders  # watched, with the Inductor cache
+    (engine / "torch_compile_cache").mkdir(parents=True)
+    (engine / "torch_compile_cache" / "graph.py").write_bytes(b"compiled under traffic")
+    assert harvest.harvest(FOLDERS, engine) == "harvested"
+    assert counted(harvest, "declared-folders", "harvested") == 1
+    scope = warm_families.scope(pod, load_manifest(pod.manifest), fingerprint=FP)
+    (item,) = scope.folders
+    assert families.named("declared-folders").stored(scope, item)
+    assert server.client.keys("triton-warmup:caches:vllm:*")  # shared with the fleet
+    assert harvest.harvest(FOLDERS, engine) == "deduplicated"
+
+
 # ---- the watcher --------------------------------------------------------------------------
 
 
@@ -334,7 +360,7 @@ def test_what_the_server_compiled_before_it_told_the_host_is_caught_up(pod):
     assert not harvest._pending
     RankHost(fingerprint=FP.to_json()).write(pod.metrics_dir)
     harvest._ready_checked = -1.0  # the next event reads the status again
-    harvest.offer("inductor", pod.inductor_cache_dir)
+    harvest.offer(FOLDERS, pod.inductor_cache_dir)
     assert [kind for kind, _ in harvest._pending] == ["kernel"]  # the catch-up's
     harvested_by_its_worker(harvest)
 

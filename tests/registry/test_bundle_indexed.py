@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from registry import BundleRejected, Store, bundle, bundle_inductor, inductor_cache
-from registry.bundle_inductor import RECORD_KEY
+from registry import BundleRejected, Store, bundle, bundle_indexed, inductor_cache
 from registry.errors import RegistryError
+from registry.families.inductor import RECORD_KEY
 from registry.fingerprint import cpu_fingerprint
 from registry.store import CURRENT
 from tests.conftest import gpu_fingerprint
@@ -54,13 +54,15 @@ def packed(tmp_path):
 
 def test_a_model_travels_by_bundle_to_a_family_at_another_path(tmp_path, packed):
     verified = bundle.verify(packed)
-    assert len(verified.indexes) == 1 and len(verified.blobs) == len(FILES)
+    assert len(verified.parts["inductor"].indexes) == 1 and len(
+        verified.parts["inductor"].files
+    ) == len(FILES)
     assert verified.manifest["fingerprints"][0]["digest"] == FP.digest()
     target = tmp_path / "elsewhere" / "volume" / "inductor"
     info = bundle.install(
         packed, Store(tmp_path / "store", create=True), expect=FP, inductor=target
     )
-    assert info["models"] == 1 and list(info[RECORD_KEY]) == verified.indexes
+    assert info["models"] == 1 and list(info[RECORD_KEY]) == verified.parts["inductor"].indexes
     assert restored(target, tmp_path / "cache") == FILES
     assert not list(target.glob(".bundle-*"))  # the staging folder is gone
 
@@ -110,7 +112,7 @@ def test_create_takes_one_model_when_asked(tmp_path):
     family(root, {"other": b"x"}, model="other")
     out = tmp_path / "one.tgz"
     bundle.create(out, name="m", version="1", entries=[], inductor=root, model="other")
-    [index] = bundle.verify(out).indexes
+    [index] = bundle.verify(out).parts["inductor"].indexes
     assert index.startswith("models/other/")
     with pytest.raises(RegistryError, match="no artifacts of model nope"):
         bundle.create(
@@ -263,7 +265,7 @@ def test_an_interrupted_writers_temporary_index_is_no_index(tmp_path):
     (index.parent / f".tmp-1234-{index.name}").write_text("{half an ind")
     out = tmp_path / "b.tgz"
     bundle.create(out, name="m", version="1", entries=[], inductor=root)
-    assert len(bundle.verify(out).indexes) == 1
+    assert len(bundle.verify(out).parts["inductor"].indexes) == 1
 
 
 def test_two_installs_of_one_index_roll_back_one_at_a_time(tmp_path):
@@ -326,7 +328,7 @@ def test_one_blob_under_many_paths_counts_once_a_path_against_the_total(tmp_path
             max_total_bytes=limit,
         )
     assert sorted(p.relative_to(target) for p in target.rglob("*")) == before
-    assert len(bundle.verify(out).indexes) == 1  # within the default total
+    assert len(bundle.verify(out).parts["inductor"].indexes) == 1  # within the default total
 
 
 def test_a_path_two_indexes_give_the_same_blob_counts_once(tmp_path):
@@ -336,7 +338,7 @@ def test_a_path_two_indexes_give_the_same_blob_counts_once(tmp_path):
     out = tmp_path / "two.tgz"
     bundle.create(out, name="m", version="1", entries=[], inductor=root)
     verified = bundle.verify(out, max_total_bytes=10 * 2**16 + 2**16)  # not 20 files' worth
-    assert len(verified.indexes) == 2
+    assert len(verified.parts["inductor"].indexes) == 2
     with pytest.raises(BundleRejected, match="restore"):
         bundle.verify(out, max_total_bytes=10 * 2**16 - 1)
 
@@ -345,6 +347,6 @@ def test_the_files_all_indexes_restore_are_bounded_in_count(tmp_path, monkeypatc
     family(tmp_path / "a" / "inductor", _copies(5, size=1))
     out = tmp_path / "count.tgz"
     bundle.create(out, name="m", version="1", entries=[], inductor=tmp_path / "a" / "inductor")
-    monkeypatch.setattr(bundle_inductor, "MAX_BUNDLE_FILES", 4)
+    monkeypatch.setattr(bundle_indexed, "MAX_BUNDLE_FILES", 4)
     with pytest.raises(BundleRejected, match="restore 5 files; limit 4"):
         bundle.verify(out)

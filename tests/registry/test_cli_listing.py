@@ -1,18 +1,19 @@
-"""``registry ls`` and ``registry show`` list the compiled models stored beside the tuned
-configs (the Inductor family, ``registry.inductor_cache``): which model, key and
-fingerprint, the declared dims, how big and how old; and one index in detail."""
+"""``registry ls`` and ``registry show`` (``registry.cli_listing``): the store's entries as
+tables or JSON, and the compiled models stored beside them (the Inductor family,
+``registry.inductor_cache``): which model, key and fingerprint, the declared dims, how big
+and how old; and one entry or index in detail."""
 
 import json
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from registry import Store, inductor_cache
+from registry import Entry, KernelConfig, Measurement, Store, inductor_cache
 from registry.fingerprint import cpu_fingerprint
 from registry.volume import Volume
 from tests.conftest import error_line
+from tests.registry.test_cli import cli, run
 from tests.registry.test_inductor_cache import cache
-from warmup.cli import main
 
 pytestmark = pytest.mark.usefixtures("isolated")
 
@@ -25,6 +26,13 @@ FILES = {  # 5 + 8 + 4 + 4 bytes in 4 files; code.py and again.py share one blob
     "ab/code.py": b"code",
     "cd/again.py": b"code",
 }
+
+
+@pytest.fixture
+def store(tmp_path, make_entry):
+    store = Store(tmp_path / "reg", create=True)
+    store.put_many([make_entry(m=m) for m in (1024, 2048)])
+    return store
 
 
 @pytest.fixture
@@ -46,14 +54,58 @@ def volume(tmp_path, make_entry):
     return paths
 
 
-def run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def registry(capsys, paths, *argv):
     return run(capsys, "registry", "--store", str(paths.registry), *argv)
+
+
+# ---- entries ----------------------------------------------------------------------------
+
+
+def test_ls_prints_a_table_and_json(capsys, store):
+    code, out, _ = cli(capsys, store.root, "ls")
+    assert code == 0
+    assert out.splitlines()[0].split()[:3] == ["KERNEL", "SHAPE", "GPU"]
+    assert "2 entries" in out and "NVIDIA-H200" in out
+    code, out, _ = cli(capsys, store.root, "--json", "ls")
+    rows = json.loads(out)["entries"]
+    assert code == 0 and len(rows) == 2 and rows[0]["median_ms"] == 1.0
+
+
+def test_show_one_entry_and_refuse_ambiguity(capsys, store):
+    code, out, _ = cli(capsys, store.root, "show", "M1024")
+    assert code == 0 and "out of shared memory" in out and "BLOCK_M=128" in out
+    code, _, err = cli(capsys, store.root, "show", "ag_gemm")
+    assert code == 2 and "matches 2 entries" in err and len(err.strip().splitlines()) == 1
+
+
+def test_times_are_numbers_in_json_and_text_in_tables(capsys, tmp_path):
+    failed = KernelConfig.make({"BLOCK_M": 16})
+    store = Store(tmp_path / "reg", create=True)
+    store.put(
+        Entry.make(
+            "k",
+            {"M": 1},
+            cpu_fingerprint(),
+            failed,
+            measurements=(Measurement(failed, error="out of shared memory"),),
+        )
+    )
+    code, out, _ = cli(capsys, store.root, "ls", "--json")
+    assert code == 0 and json.loads(out)["entries"][0]["median_ms"] is None
+    code, out, _ = cli(capsys, store.root, "ls")
+    assert code == 0 and "None" not in out and " - " in out
+
+
+def test_ls_json_median_is_a_float(capsys, store):
+    code, out, _ = cli(capsys, store.root, "ls", "--json")
+    medians = [row["median_ms"] for row in json.loads(out)["entries"]]
+    assert code == 0 and medians == [1.0, 1.0]
+    code, out, _ = cli(capsys, store.root, "show", "M1024", "--json")
+    timings = json.loads(out)["measurements"][0]
+    assert isinstance(timings["median_ms"], float) and isinstance(timings["p20_ms"], float)
+
+
+# ---- compiled models ----------------------------------------------------------------------
 
 
 def test_ls_lists_each_stored_model_beside_the_entries(capsys, volume):
@@ -184,7 +236,7 @@ def test_show_refuses_a_selector_that_matches_an_entry_and_a_model(capsys, volum
 
 
 def test_ages_and_sizes_read_as_a_person_says_them():
-    from registry.cli import _age, _size
+    from registry.cli_listing import _age, _size
 
     assert [_size(n) for n in (0, 1023, 1536, 5 * 2**20, 3 * 2**30)] == [
         "0 B", "1023 B", "1.5 KiB", "5.0 MiB", "3.0 GiB",

@@ -1,0 +1,26 @@
+"""What the ``registry`` commands share (``registry.cli_common``): the fingerprint a
+``--fingerprint FILE`` names is read within its bound."""
+
+import pytest
+
+from registry import Store
+from tests.registry.test_cli import cli
+
+pytestmark = pytest.mark.usefixtures("isolated")
+
+
+@pytest.fixture
+def store(tmp_path, make_entry):
+    store = Store(tmp_path / "reg", create=True)
+    store.put_many([make_entry(m=m) for m in (1024, 2048)])
+    return store
+
+
+def test_a_fingerprint_file_is_read_with_a_bound(capsys, store, tmp_path):
+    big = tmp_path / "fp.json"
+    with big.open("wb") as f:
+        f.truncate(2**30)  # sparse: a GiB that a whole read would take into memory
+    code, _, err = cli(
+        capsys, store.root, "import", "triton-autotune", str(tmp_path), "--fingerprint", str(big)
+    )
+    assert code == 2 and "over 65536 bytes" in err
