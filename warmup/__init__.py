@@ -24,7 +24,7 @@ def warm(manifest: Manifest | str | Path, settings: Settings | None = None) -> R
     restores and saves the compile cache and writes the status and metrics files. On
     CPU it turns Triton's interpreter on (before the kernels are imported).
     :class:`~warmup.manifest.ManifestError` when the manifest has no entry for this
-    world size or a kernel rejects a shape; :class:`~warmup.run.session.RunError` when the
+    world size or a kernel rejects a shape; :class:`~warmup.run.checks.RunError` when the
     device asked for is not there; :class:`registry.volume.MissingFolder` when the volume
     is not there (``Settings(create_volume=True)`` makes it).
     """

@@ -1,1 +1,2 @@
-"""The run: launching ranks, one rank's session and runner, collectives, time by phase."""
+"""The run: its checks, launching ranks, one rank's session and runner, the restore, the
+aggregation of the ranks' reports, collectives, time by phase."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,13 +27,17 @@ from typing import Any
 from kernels import ADAPTERS
 from registry import hosts, inductor_cache, remote_models
 from registry.errors import RegistryError, named
+from registry.families.base import Declared
+from registry.families.inductor import FAMILY as MODELS
 from registry.fingerprint import Fingerprint
 from registry.hosts import HostRecord, Probe
 from registry.remote import RemoteTier
 from registry.tiered import TieredStore
+from warmup import families
 from warmup.compiled.key import ModelKey, model_key, module_source
 from warmup.manifest import Manifest, ModelEntry
 from warmup.results import ModelResult, RunStatus, ShapeResult
+from warmup.run.aggregate import RunRecord, Saved, Tally, ended, write_metrics
 from warmup.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -182,87 +186,54 @@ def _finish(
     settings: Settings,
     manifest: Manifest,
     world: int,
-    record: HostRecord | None,
+    host: HostRecord | None,
     models_of: Callable[[], list[ModelResult]],
     *,
     started: float,
     phases: Mapping[str, float],
+    shapes: Sequence[ShapeResult] = (),
     **fields: Any,
 ) -> RunStatus:
     """A run that started no rank: the volume restored into this pod (the registry's
     recovery, every cache family, then ``models_of``'s), its metrics and its status written
-    (ready unless a model failed; the record's fingerprint, when there is one)."""
-    from warmup.run.session import restore  # the registry's recovery and the families
+    (ready unless a model failed; the host record's fingerprint, when there is one)."""
+    from warmup.run.restore import restore  # the registry's recovery and the families
 
     restoring = time.perf_counter()
-    recovered = restore(settings, manifest, host=record.fingerprint if record else None)
+    recovered = restore(settings, manifest, host=host.fingerprint if host else None)
     models = models_of()
-    run = {**phases, "restore": time.perf_counter() - restoring}
-    duration = time.time() - started
-    _write_metrics(settings, fields.get("shapes", []), models, duration, run, recovered)
-    status = RunStatus.ended(
-        ready=not any(m.failed for m in models),
-        manifest_digest=manifest.digest(),
+    record = RunRecord(
+        settings=settings,
+        manifest=manifest,
         world=world,
         started=started,
-        duration=duration,
-        skipped_entries=manifest.skipped_entries(world),
-        phases=run,
-        fingerprint=record.fingerprint.to_json() if record else None,
-        triton_env=dict(record.triton_env) if record else {},
-        models=models,
-        **fields,
+        phases={**phases, "restore": time.perf_counter() - restoring},
+        recovered=recovered,
     )
-    return status.write(settings.status_file)
+    tally = Tally(shapes=list(shapes), models=models, skipped=manifest.skipped_entries(world))
+    duration = time.time() - started
+    write_metrics(record, tally, duration, dict(record.phases))
+    facts = Saved(
+        fingerprint=host.fingerprint.to_json() if host else None,
+        triton_env=dict(host.triton_env) if host else {},
+    )
+    return ended(record, tally, facts, duration=duration, phases=record.phases, **fields)
 
 
 def _restored(
     settings: Settings, fingerprint: Fingerprint, model: ModelEntry, key: ModelKey
 ) -> ModelResult:
-    """One model's artifacts copied into the pod's Inductor cache; a part that could not
-    be is compiled by the server, which says so."""
-    clock = time.perf_counter()
-    try:
-        done = inductor_cache.restore(
-            settings.paths.inductor,
-            settings.inductor_cache_dir,
-            model=model.name,
-            key_digest=key.digest,
-            fingerprint=fingerprint,
-        )
-    except (OSError, RegistryError) as e:
-        restore = f"failed: {named(e)}"
-    else:
-        broken = done.quarantined + done.missing
-        restore = "hit" + (f" ({broken} artifacts to compile in the server)" if broken else "")
-        if done.index is None:
-            restore = f"miss: {done.why_not}"
-    log.info("model %s: restored for the server (%s)", model.name, restore)
+    """One model's artifacts copied into the pod's Inductor cache (the models' family's
+    restore); a part that could not be is compiled by the server, which says so."""
+    scope = families.scope(settings, None, fingerprint=fingerprint)
+    done = MODELS.restore_one(scope, Declared(model.name, key.digest))
     return ModelResult(
         name=model.name,
         phase="restored",
-        seconds=time.perf_counter() - clock,
-        restore=restore,
+        seconds=done.seconds,
+        restore=done.outcome,
         key_digest=key.digest,
     )
-
-
-def _write_metrics(
-    settings: Settings,
-    shapes: list[ShapeResult],
-    models: list[ModelResult],
-    duration: float,
-    run: dict[str, float],
-    recovered: Mapping[str, int],
-) -> None:
-    from warmup.metrics import RunMetrics
-
-    metrics = RunMetrics()
-    metrics.record(shapes)
-    metrics.record_models(models)
-    metrics.record_run(0, duration, run, None)
-    metrics.record_recovered(recovered)
-    metrics.write(settings.run_metrics_file)
 
 
 def nothing_for_ranks(settings: Settings, manifest: Manifest, world: int) -> bool:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from warmup.manifest import Manifest, load_manifest
 from warmup.results import RunStatus
-from warmup.run.session import SELF_STARTED, VOLUME_FIX_PYTHON, prepare, run_session
+from warmup.run import checks
+from warmup.run.session import SELF_STARTED, run_session
 from warmup.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -24,10 +25,12 @@ def warm_in_process(manifest: Manifest | str | Path, settings: Settings | None) 
         manifest = load_manifest(Path(manifest))
     grouped = dist.is_available() and dist.is_initialized()
     rank, world = (dist.get_rank(), dist.get_world_size()) if grouped else (0, 1)
-    settings, cuda = prepare(settings, manifest, world, source, volume_fix=VOLUME_FIX_PYTHON)
+    caller = checks.self_started(source, checks.VOLUME_FIX_PYTHON)
+    checked = checks.checked(settings, manifest, world, caller)
+    cuda = checked.device == "cuda"
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     status = run_session(
-        settings,
+        checked.settings,
         manifest,
         rank=rank,
         world=world,

@@ -1,8 +1,8 @@
-"""``triton-warmup run``: the parent launcher. It starts one process per rank
-(``python -m warmup.run.session``), restores the compile cache while they import torch,
-watches them, and sums their reports (``warmup.run.session.finish``) into the metrics and
-status files. Exit 0 when every shape is warm, 1 otherwise (the status names each
-failed shape), 2 for bad input.
+"""``triton-warmup run``: the parent launcher. It checks its input
+(``warmup.run.checks``), starts one process per rank (``python -m warmup.run.session``),
+restores the compile cache while they import torch, watches them, and sums their reports
+(``warmup.run.aggregate.finish``) into the metrics and status files. Exit 0 when every
+shape is warm, 1 otherwise (the status names each failed shape), 2 for bad input.
 """
 
 from __future__ import annotations
@@ -23,21 +23,13 @@ from warmup import explain
 from warmup.compiled.environment import inductor_environment
 from warmup.manifest import Manifest, ManifestError
 from warmup.results import RankFailure, RankReport, RunStatus
-from warmup.run import full_hit
+from warmup.run import checks, full_hit
+from warmup.run.aggregate import RunRecord, finish, running
+from warmup.run.checks import RunError
 from warmup.run.early import GPU_LIST, EarlyRanks, visible_gpus
 from warmup.run.phases import process_age
-from warmup.run.session import (
-    CHILD_FLAG,
-    RunError,
-    check_remote,
-    clear_run_dir,
-    finish,
-    lock_backend,
-    mark_restored,
-    require_this_world_only,
-    restore,
-    running,
-)
+from warmup.run.restore import clear_run_dir, mark_restored, restore
+from warmup.run.session import CHILD_FLAG
 from warmup.run.settle import settle
 from warmup.settings import Settings
 
@@ -98,7 +90,8 @@ def _launch(settings: Settings, manifest: Manifest, early: EarlyRanks) -> RunSta
     procs: list[subprocess.Popen[bytes]] = []
     try:
         procs = _spawn_ranks(ranks, manifest, world, run_dir, early)
-        manifest.check_kernels(str(settings.manifest))  # imports torch: while the ranks do
+        # the checks' kernel step (warmup.run.checks): it imports torch, while the ranks do
+        manifest.check_kernels(str(settings.manifest))
         recovered, explaining = _restore_for_ranks(settings, manifest, run_dir, phases)
         failures, errors = _wait(procs, settings.run_timeout_s, settings.rank_timeout_s)
         ended = time.time()
@@ -107,11 +100,20 @@ def _launch(settings: Settings, manifest: Manifest, early: EarlyRanks) -> RunSta
             phases["settle"] = settle(
                 settings, manifest, run_dir, functools.partial(_settle_pass, ranks, world, deadline)
             )
-        predictions = explaining.result()
-        status = finish(
-            settings, manifest, run_dir, world, started, failures, errors, phases, ended,
-            predictions=predictions, recovered=recovered,
-        )  # fmt: skip
+        record = RunRecord(
+            settings=settings,
+            manifest=manifest,
+            run_dir=run_dir,
+            world=world,
+            started=started,
+            rank_failures=tuple(failures),
+            errors=tuple(errors),
+            phases=phases,
+            ranks_ended=ended,
+            predictions=tuple(explaining.result()),
+            recovered=recovered,
+        )
+        status = finish(record)
         full_hit.record_host(settings, manifest, world, found, status)
         return status
     except BaseException as e:  # a status that says why; no rank outlives the run
@@ -123,17 +125,13 @@ def _launch(settings: Settings, manifest: Manifest, early: EarlyRanks) -> RunSta
 
 
 def _checked(settings: Settings, manifest: Manifest) -> tuple[Settings, int, str]:
-    """Before any rank starts: the world size and its entries, the device, the remote
-    tier, the lock backend. Returns the settings to run with, the world size and the
-    ranks' device type; :class:`RunError` or :class:`ManifestError` on bad input."""
+    """Before any rank starts: the checks (``warmup.run.checks``) for the world size the
+    settings ask, or the manifest's largest. Returns the settings to run with, the world
+    size and the ranks' device type; :class:`RunError` or :class:`ManifestError` on bad
+    input."""
     world = settings.world_size or max(manifest.world_sizes())
-    manifest.require_world(world, str(settings.manifest), command_line=True)
-    device = _device_type(settings, world)
-    for skipped in manifest.skipped_entries(world):
-        log.warning("skipping %s: this pod has %d ranks", skipped, world)
-    require_this_world_only(settings, manifest, world, str(settings.manifest))
-    check_remote(settings)
-    return lock_backend(settings, manifest, world), world, device
+    checked = checks.checked(settings, manifest, world, checks.launcher(str(settings.manifest)))
+    return checked.settings, world, checked.device
 
 
 def _restore_for_ranks(
@@ -169,20 +167,6 @@ def _settle_pass(
     if failures or errors:
         raise RunError("; ".join([*map(str, failures), *errors]))
     return RankReport.read_all(run_dir)
-
-
-def _device_type(settings: Settings, world: int) -> str:
-    """Where the ranks warm, checked before any rank starts. Decided without importing
-    torch (seconds of start-up): the NVIDIA driver lists its GPUs in /proc."""
-    gpus = visible_gpus(GPU_LIST)
-    device = settings.device_type(gpus)
-    if device == "cuda" and gpus < world:
-        raise RunError(
-            f"device cuda: {world} rank(s) need {world} GPU(s), this machine has {gpus} "
-            f"(listed in {GPU_LIST}); use --device cpu"
-            + (f" or --world-size {gpus}" if gpus else "")
-        )
-    return device
 
 
 def _spawn_ranks(

@@ -17,7 +17,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -38,6 +38,9 @@ from warmup.settings import Settings
 from warmup.tuning.sharing import Job, Settled, Sharing, start_fraction, take_order
 from warmup.tuning.timing import Timer, cuda_event_timer, cuda_latency_timer, wall_clock_timer
 from warmup.tuning.tuner import TuneOptions, Tuner
+
+if TYPE_CHECKING:
+    from warmup.compiled.warm import Built  # imported where models are warmed: torch.compile
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +63,10 @@ def warm_rank(
     """Warm every shape of the manifest entries made for ``world`` ranks. The kernel
     entries' shapes are shared with the other pods of the fleet (``warmup.tuning.sharing``):
     the first pass over them, then the user functions, while other pods may finish the
-    shapes this pod put aside, then those. The report lists the shapes in manifest order.
-    ``progress`` is told each kernel shape, ``model_progress`` each compiled model's steps."""
+    shapes this pod put aside, then those. The compiled models are built before any of
+    it, so that one that cannot be built fails before any tuning, and warmed after the
+    user functions. The report lists the shapes in manifest order. ``progress`` is told
+    each kernel shape, ``model_progress`` each compiled model's steps."""
     started = time.perf_counter()
     clock = clock or PhaseClock()
     with clock.timing("prepare"):
@@ -73,14 +78,16 @@ def warm_rank(
     shapes = _Shapes(report, sum(len(placed.shapes) for placed in entries), progress)
     here = _Rank(settings, rank, group, device, fingerprint, store, clock)
     lockstep = Lockstep(group, timeout_s=settings.rank_timeout_s)
+    models = manifest.models_for(world)
+    built = _build_models(here, models) if models else {}
     with clock.timing("prepare"):
         jobs, from_bundles = _kernel_setup(here, lockstep, entries)
     sharing = Sharing(lock_timeout_s=settings.lock_timeout_s)
     for settled in sharing.first_pass(clock.timed_items("setup", jobs)):
         shapes.add(_warm_settled(settled, from_bundles, clock), settled.job.place)
     _warm_user_functions(entries, device, shapes)
-    if manifest.models_for(world):  # compiled models (warmup.compiled.warm): torch.compile
-        report.models = _warm_models(here, manifest.models_for(world), model_progress)
+    if models:  # compiled models (warmup.compiled.warm): torch.compile
+        report.models = _warm_models(here, models, model_progress, built)
     for settled in sharing.come_back():
         shapes.add(_warm_settled(settled, from_bundles, clock), settled.job.place)
     shapes.sort()
@@ -144,10 +151,23 @@ def _warm_user_functions(entries: list[_Placed], device: torch.device, shapes: _
                 shapes.add(shape, place)
 
 
+def _build_models(here: _Rank, models: list[ModelEntry]) -> dict[str, Built]:
+    """Each compiled model built once, before any kernel shape (a broken one is failed
+    and logged now, not after the tuning); what built is kept for :func:`_warm_models`."""
+    from warmup.compiled.warm import build_models
+
+    with here.clock.timing("models"):
+        return build_models(models, here.settings, group=here.group, device=here.device)
+
+
 def _warm_models(
-    here: _Rank, models: list[ModelEntry], progress: ModelProgress | None
+    here: _Rank,
+    models: list[ModelEntry],
+    progress: ModelProgress | None,
+    built: dict[str, Built],
 ) -> list[ModelResult]:
-    """The manifest's compiled models, each logged, their steps told to ``progress``."""
+    """The manifest's compiled models, as :func:`_build_models` left them, each logged,
+    their steps told to ``progress``."""
     from warmup.compiled.warm import warm_models
 
     with here.clock.timing("models"):
@@ -162,6 +182,7 @@ def _warm_models(
                 fingerprint=here.fingerprint,
                 remote=here.store.remote,
                 progress=progress,
+                built=built,
             )
         ]
 

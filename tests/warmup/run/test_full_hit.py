@@ -306,3 +306,20 @@ def test_a_full_hit_restores_each_declared_folder_stored_for_the_host(warm_volum
     status = full_hit.restore_and_finish(settings, with_caches, 2, hit, started=0.0, phases={})
     assert status.state == READY
     assert (engine / "kernels" / "k.bin").read_bytes() == b"engine kernel"
+
+
+def test_a_full_hit_counts_the_entries_it_skipped_as_a_warm_run_does(warm_volume, tmp_path):
+    from warmup.manifest import parse_manifest
+
+    settings, _ = warm_volume
+    other = "  - {kernel: matmul, dtype: fp32, world_size: 4, shapes: [{M: 8, N: 8, K: 8}]}\n"
+    with_other = parse_manifest(MANIFEST.replace("models:\n", other + "models:\n"))
+    hit = full_hit.look(settings, with_other, 2, PROBE)
+    status = full_hit.restore_and_finish(settings, with_other, 2, hit, started=0.0, phases={})
+    assert len(status.skipped_entries) == 1
+    samples = {
+        s.name: s.value
+        for f in text_string_to_metric_families(settings.run_metrics_file.read_text())
+        for s in f.samples
+    }
+    assert samples["triton_warmup_skipped_entries"] == 1

@@ -26,10 +26,9 @@ from tests.conftest import (
 )
 from warmup.cli import main
 from warmup.manifest import ManifestError, load_manifest
-from warmup.results import RankReport, RunStatus, ShapeResult
+from warmup.results import RunStatus, ShapeResult
 from warmup.run.launch import _wait, run
 from warmup.run.runner import progress_printer
-from warmup.run.session import finish
 
 pytestmark = pytest.mark.slow
 
@@ -253,50 +252,6 @@ def test_a_shape_its_kernel_rejects_is_refused_before_any_write(tmp_path, monkey
     assert main(["run", "--manifest", str(manifest), "--volume", str(tmp_path / "v")]) == 2
     assert "ag_gemm rejects 1 shape(s): M=63" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.yaml", "v"]  # no work folder
-
-
-def _two_empty_reports(tmp_path):
-    """Settings, and a run folder where ranks 0 and 1 reported no shape."""
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    for rank in (0, 1):
-        RankReport(rank=rank, world=2).write(run_dir)
-    return settings_for(tmp_path), run_dir
-
-
-def test_ranks_that_warmed_fewer_shapes_than_the_manifest_are_not_ready(tmp_path):
-    settings, run_dir = _two_empty_reports(tmp_path)
-    status = finish(settings, load_manifest(DEMO), run_dir, 2, started=0.0)
-    assert status.state == "failed" and not status.ready
-    assert status.failures == [
-        "rank 0 reported 0 of 3 shapes",
-        "rank 1 reported 0 of 3 shapes",
-    ]
-    status = finish(settings, load_manifest(DEMO), tmp_path / "empty", 2, started=0.0)
-    assert status.failures == ["rank 0 reported nothing", "rank 1 reported nothing"]
-    assert RunStatus.read(settings.status_file) == status
-
-
-def test_the_ranks_exit_is_timed_from_their_reports_on_the_pod_s_clock(tmp_path):
-    settings, run_dir = _two_empty_reports(tmp_path)
-    written = [r.written for r in RankReport.read_all(run_dir)]
-    assert all(time.time() - 60 < w <= time.time() for w in written)
-    status = finish(settings, load_manifest(DEMO), run_dir, 2, 0.0, ranks_ended=max(written) + 1.5)
-    assert status.phases["exit"] == pytest.approx(1.5, abs=1e-3)
-    # reports of an older writer say no time: no exit phase rather than a wrong one
-    for rank in (0, 1):
-        (run_dir / f"rank-{rank}.json").write_text(json.dumps({"rank": rank, "world": 2}))
-    status = finish(settings, load_manifest(DEMO), run_dir, 2, 0.0, ranks_ended=time.time())
-    assert "exit" not in status.phases
-
-
-def test_warm_in_process_on_another_world_size_warms_nothing_and_says_so(tmp_path):
-    with pytest.raises(ManifestError, match="no entry for world size 1") as info:
-        warmup.warm(DEMO, settings_for(tmp_path))
-    assert not settings_for(tmp_path).status_file.exists()
-    # the fix in a Python caller's words: its process group's size, not a flag
-    assert "process group of world_size=2" in str(info.value)
-    assert "--world-size" not in str(info.value)
 
 
 IN_PROCESS = """

@@ -1,6 +1,7 @@
 """One rank's warmup (``warmup/run/runner.py``), in this process."""
 
 import json
+import logging
 import threading
 import time
 from pathlib import Path
@@ -198,3 +199,51 @@ def test_a_rank_tells_each_compiled_models_steps_to_model_progress(tmp_path: Pat
         ("m", "shape", 2),
         ("m", "done", 2),
     ]
+
+
+BROKEN_MODEL_MANIFEST = """
+version: 1
+entries:
+  - {kernel: matmul, dtype: fp32, world_size: 1, shapes: [{M: 16, N: 16, K: 16}]}
+models:
+  - {name: broken, build: "tests.warmup.compiled.models:raises", world_size: 1,
+     dims: {batch: [1]}, inputs: [{shape: [batch, 8], dtype: fp32}]}
+  - {name: fine, build: "tests.warmup.compiled.models:doubles", world_size: 1,
+     dims: {batch: [1, 2]}, inputs: [{shape: [batch, 8], dtype: fp32}]}
+"""
+
+
+def test_a_model_that_cannot_be_built_fails_before_any_kernel_shape_is_tuned(
+    tmp_path: Path, monkeypatch, caplog
+):
+    from warmup.compiled import warm
+
+    builds: list[str] = []
+    build = warm.build_model
+
+    def counted(model, device):
+        builds.append(model.name)
+        return build(model, device)
+
+    monkeypatch.setattr(warm, "build_model", counted)
+    known: list[bool] = []  # at each kernel shape: whether the broken model's failure was logged
+
+    def kernel_warmed(done, total, shape) -> None:
+        known.append(any("model broken failed: " in r.getMessage() for r in caplog.records))
+
+    with caplog.at_level(logging.ERROR, "warmup.compiled.warm"):
+        report = warm_rank(
+            parse_manifest(BROKEN_MODEL_MANIFEST),
+            settings_for(tmp_path),
+            rank=0,
+            world=1,
+            group=None,
+            device=torch.device("cpu"),
+            progress=kernel_warmed,
+        )
+    assert known == [True]
+    assert [(s.source, s.error) for s in report.shapes] == [("tuned", None)]  # the kernels warm
+    broken, fine = report.models
+    assert broken.failed and "raises(device=...) raised RuntimeError: the weights" in broken.error
+    assert not fine.failed and len(fine.shapes) == 2
+    assert builds == ["broken", "fine"]  # each built once: the compile used what was built
