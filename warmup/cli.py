@@ -232,7 +232,8 @@ def _error(message: str, code: int) -> int:
 
 def _run(settings: Settings, early: EarlyRanks | None) -> int:
     # Before any GPU work or write: the whole manifest (the kernels' rules on its shapes,
-    # its functions found), then the volume.
+    # its functions found), then the volume: the first of the run's checks, which the
+    # launcher goes on with (warmup.run.checks).
     manifest = load_manifest(settings.manifest, find_functions=True)
     settings.existing_volume()
     from warmup.run.launch import run
@@ -243,16 +244,30 @@ def _run(settings: Settings, early: EarlyRanks | None) -> int:
 
 
 def summary(status: RunStatus) -> str:
+    """The run for a person: its state, the kernel shapes' results by source, its
+    benchmark runs (every rank's, added up), the seconds since its process started,
+    then a line per model (rank 0's) and per failure."""
     sources = ", ".join(f"{n} {s}" for s, n in status.sources.items())
     line = (
         f"warmup {status.state}: {len(status.shapes)} shape-rank results "
-        f"({sources or 'none'}), {status.benchmark_runs} benchmark runs, "
-        f"{status.duration_s or 0:.1f} s"
+        f"({sources or 'none'}), {status.benchmark_runs} benchmark runs over all ranks, "
+        f"{_time_to_state(status)}"
     )
     if status.full_hit:
         line += "; a full hit: caches restored for the server, no rank started"
     models = [f"\n  {m.describe()}" for m in status.models if m.rank == 0 and not m.failed]
     return line + "".join(models) + "".join(f"\n  FAILED {f}" for f in status.failures)
+
+
+def _time_to_state(status: RunStatus) -> str:
+    """``ready 22.4 s after its process started``: the run's time to its state, counted
+    from its process's start (the status's ``started``); a run still going says so far."""
+    took = status.duration_s
+    if took is None and status.finished is not None:  # ended by an error: no duration written
+        took = status.finished - status.started
+    if took is None:
+        return f"{time.time() - status.started:.1f} s since its process started, so far"
+    return f"{status.state} {took:.1f} s after its process started"
 
 
 def _status(path: Path, *, as_json: bool) -> int:

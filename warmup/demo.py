@@ -2,10 +2,12 @@
 
 2 ranks on gloo, Triton's interpreter, the three small AllGather-GEMM shapes and the
 small compiled model (:func:`compiled_mlp`, Inductor's CPU backend) of
-``examples/demo.yaml``, ``./demo-volume`` as the volume, file locks. The first run tunes
-the misses and compiles the model, and stores both; the second, a new pod (a fresh
-work folder), finds everything stored for this host: a full hit, it restores the caches
-for the server and exits without starting a rank or importing torch.
+``examples/demo.yaml``, ``./demo-volume`` as the volume, file locks. Each run is
+``triton-warmup run`` in a process of its own, as in a pod, so that its time to ready
+counts from its own start. The first run tunes the misses and compiles the model, and
+stores both; the second, a new pod (a fresh work folder), finds everything stored for
+this host: a full hit, it restores the caches for the server and exits without
+starting a rank or importing torch.
 Then the sidecar starts and answers the readiness probe and /metrics, and hot-reloads
 a bundle of the registry signed by the demo's own key (``demo-volume/keys``, made on
 the first run, the only key the demo trusts), while an unsigned copy is refused.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -29,9 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from warmup import logs
-from warmup.cli import summary
 from warmup.manifest import load_manifest
-from warmup.run.launch import run
 from warmup.settings import Settings
 
 KEY_METRICS = (
@@ -68,13 +69,14 @@ def main() -> int:
         "first run (empty registry: misses are tuned)",
         "second run (a new pod: fresh work folder, same volume: a full hit)",
     ):
-        print(f"\n== {label}")
+        print(f"\n== {label}", flush=True)
         shutil.rmtree(settings.work_dir, ignore_errors=True)  # a new pod: only the volume stays
         use_temp_folder(settings.work_dir / "tmp")
-        started = time.time()
-        status = run(settings, manifest)
-        print(summary(status) + f"  [wall {time.time() - started:.1f} s]")
-        if not status.ready:
+        started = time.monotonic()
+        ready = run_pod(settings)  # prints its summary
+        wall = time.monotonic() - started
+        print(f"  wall time of this run, from its process's start to its exit: {wall:.1f} s")
+        if not ready:
             return 1
     print("\n== the sidecar")
     from warmup.sidecar.server import Sidecar
@@ -98,6 +100,23 @@ def main() -> int:
 
 
 DEMO_BUNDLES = ("demo-unsigned.tgz", "demo-signed.tgz")
+
+
+def run_pod(settings: Settings) -> bool:
+    """``triton-warmup run`` in a process of its own, on the demo's ``settings``, as a
+    pod's init container runs it (its time to ready counts from that process's start,
+    not the demo's); whether it ended ready."""
+    given = {
+        "volume": settings.volume,
+        "work_dir": settings.work_dir,
+        "manifest": settings.manifest,
+        "device": settings.device,
+        "trusted_keys": settings.trusted_keys,
+        "signing_key": settings.signing_key,
+    }
+    env = {f"TRITON_WARMUP_{name.upper()}": str(value) for name, value in given.items() if value}
+    done = subprocess.run([sys.executable, "-m", "warmup", "run"], env={**os.environ, **env})
+    return done.returncode == 0
 
 
 def trusting_its_own_key(settings: Settings, keys: Path) -> Settings:

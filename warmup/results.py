@@ -96,10 +96,10 @@ class ModelResult(_Record):
     rank: int = 0
     phase: ModelPhase | str  # a newer writer's phase reads too
     seconds: float = 0.0  # restore, build, every shape, store
-    restore: str = ""  # hit, or miss with the reason (rank 0; '' elsewhere)
+    restore: str = ""  # before the compile: hit, or miss with the reason (rank 0; '' elsewhere)
     shapes: list[dict[str, Any]] = []  # {"dims": {...}, "seconds": first call's}
     counts: dict[str, int] = {}  # warmup.compiled.counters.CompileCounts during the warm
-    stored_artifacts: int = 0  # files of the Inductor cache stored in the registry
+    stored_artifacts: int = 0  # files of the Inductor cache stored after the compile (rank 0)
     error: str | None = None
     settle: list[dict[str, Any]] = []  # warmup.run.settle: each pass's counts (or error)
     settled: bool = False  # the last settle pass compiled nothing on any rank
@@ -118,12 +118,31 @@ class ModelResult(_Record):
         compiled = self.counts.get("inductor_compiles", 0)
         hits = self.counts.get("fxgraph_hits", 0)
         what = f"{len(self.shapes)} shapes, {compiled} graphs compiled, {hits} cache hits"
-        stored = f"; stored artifacts: {self.restore}" if self.restore else ""
+        artifacts = f"; {self.artifacts()}" if self.restore else ""  # rank 0's business
         settle = ""
         if self.settle:
             end = "nothing left to compile" if self.settled else "still compiling"
             settle = f"; {len(self.settle)} settle passes, {end}"
-        return f"model {self.name}: {self.phase} ({what}) in {self.seconds:.2f} s{stored}{settle}"
+        return (
+            f"model {self.name}: {self.phase} ({what}) in {self.seconds:.2f} s{artifacts}{settle}"
+        )
+
+    def artifacts(self) -> str:
+        """What became of the model's stored artifacts on rank 0: restored before the
+        compile or not (and why), then how many were stored after it:
+        ``no artifacts restored (no artifacts of model m are stored), 26 stored now``."""
+        outcome, _, why = self.restore.partition(": ")
+        if outcome == "hit":
+            restored = "artifacts restored"
+        elif outcome.startswith("hit ("):  # hit (3 artifacts recompiled)
+            restored = f"artifacts restored {outcome[len('hit ') :]}"
+        elif outcome == "miss":
+            restored = f"no artifacts restored ({why})"
+        elif outcome == "failed":
+            restored = f"artifacts not restored: the restore failed ({why})"
+        else:  # a newer writer's outcome
+            restored = f"restore: {self.restore}"
+        return f"{restored}, {self.stored_artifacts or 'none'} stored now"
 
 
 class RemoteCounts(_Record):

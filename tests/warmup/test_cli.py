@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 from filelock import FileLock
 
-import warmup.run.launch
+import warmup.run.checks
 from tests.conftest import DEMO, ROOT, env_without_interpreter, error_line
 from warmup.cli import main
 
@@ -55,7 +55,7 @@ def test_a_world_size_the_manifest_has_no_entry_for_fails_before_any_rank(pod, c
 
 
 def test_device_cuda_without_a_gpu_fails_before_any_rank(pod, capsys, monkeypatch):
-    monkeypatch.setattr(warmup.run.launch, "GPU_LIST", pod / "no-gpus")
+    monkeypatch.setattr(warmup.run.checks, "GPU_LIST", pod / "no-gpus")
     assert main(["run", "--device", "cuda", "--manifest", str(DEMO)]) == 2
     line = one_line_error(capsys)
     assert "device cuda: 2 rank(s) need 2 GPU(s), this machine has 0" in line
@@ -343,3 +343,46 @@ def test_a_remote_tier_url_that_cannot_be_used_fails_before_any_rank(pod, capsys
     line = one_line_error(capsys)
     assert "TRITON_WARMUP_REMOTE_URL" in line and "Port could not be cast" in line
     assert not (pod / "work_dir" / "status.json").exists()
+
+
+def _summarised(**fields) -> str:
+    from warmup.cli import summary
+    from warmup.results import RunStatus
+
+    status = {"state": "ready", "manifest_digest": "d", "started": 1000.0, "world_size": 2}
+    return summary(RunStatus(**{**status, **fields}))
+
+
+def test_the_summary_says_what_its_figures_count():
+    # the duration counts from the run's process's start; the benchmark runs are every
+    # rank's added up (each rank times the same candidates in lockstep)
+    line = _summarised(duration_s=22.4, benchmark_runs=378).splitlines()[0]
+    assert line.endswith(
+        ", 378 benchmark runs over all ranks, ready 22.4 s after its process started"
+    )
+    failed = _summarised(state="failed", finished=1003.0)  # ended by an error: no duration
+    assert "failed 3.0 s after its process started" in failed
+
+
+def test_the_summary_of_a_run_still_going_counts_its_seconds_so_far():
+    line = _summarised(state="running", started=time.time() - 5.0)
+    assert "0.0 s" not in line and " s since its process started, so far" in line
+    assert 5.0 <= float(line.split(" s since")[0].rsplit(" ", 1)[-1]) < 60.0
+
+
+def test_the_summary_of_a_model_says_it_compiled_and_what_it_stored_now():
+    from warmup.results import ModelResult
+
+    why = "no artifacts of model m are stored"
+    compiled = ModelResult(
+        name="m",
+        phase="warm",
+        restore=f"miss: {why}",  # before the compile
+        stored_artifacts=26,
+        counts={"inductor_compiles": 2},
+        shapes=[{"dims": {"batch": 1}}, {"dims": {"batch": 8}}],
+    )
+    [_, line] = _summarised(models=[compiled, compiled.model_copy(update={"rank": 1})]).splitlines()
+    assert line.startswith("  model m: warm (2 shapes, 2 graphs compiled, 0 cache hits) in ")
+    assert line.endswith(f"; no artifacts restored ({why}), 26 stored now")
+    assert "stored artifacts: miss" not in line

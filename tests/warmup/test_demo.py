@@ -34,10 +34,20 @@ def test_demo_tunes_then_hits_then_is_ready(tmp_path):
     first, second = out.split("== second run")
     assert "warmup ready: 6 shape-rank results (6 tuned)" in first
     assert "model demo-mlp: warm (2 shapes, 2 graphs compiled, 0 cache hits)" in first
+    # what its restore found before the compile, then what it stored after it
+    why = "no artifacts restored (no artifacts of model demo-mlp are stored), "
+    assert why in first and " stored now" in first and "stored artifacts: miss" not in first
+    assert "nothing to restore" not in done.stderr and done.stderr.count("restore: miss: ") == 1
     # a new pod on a warm volume: a full hit, restored for the server, no rank started
     assert "warmup ready: 3 shape-rank results (3 registry), 0 benchmark runs" in second
     assert "a full hit: caches restored for the server, no rank started" in second
     assert "model demo-mlp: restored for the server in" in second
+    # each run's time to ready is its own, from its own process's start, within its wall time
+    for run in (first, second):
+        ready = float(run.split(" s after its process started")[0].rsplit(" ", 1)[-1])
+        wall = float(run.split("from its process's start to its exit: ")[1].split(" s")[0])
+        assert ready <= wall + 0.2, run  # each printed to 0.1 s
+    assert ready < 5.0  # the full hit's
     assert 'triton_warmup_model_ready{model="demo-mlp"} 1.0' in out
     assert "GET /readyz -> 200" in out
     assert 'triton_warmup_cache_hits_total{kernel="ag_gemm",source="registry"} 3.0' in out

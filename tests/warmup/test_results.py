@@ -9,7 +9,7 @@ import pytest
 from registry import cpu_fingerprint
 from tests.spoil import MUTATIONS
 from warmup.metrics import RunMetrics
-from warmup.results import RankFailure, RankReport, RunStatus, ShapeResult
+from warmup.results import ModelResult, RankFailure, RankReport, RunStatus, ShapeResult
 
 
 def shape(source, **extra):
@@ -191,3 +191,29 @@ def test_two_thousand_spoiled_status_files_each_read_as_a_status_or_none(tmp_pat
         if status is not None:  # whatever it read is a status the probe can answer from
             assert isinstance(status.failures, list) and isinstance(status.ready, bool), case
     assert len(kinds) == len(MUTATIONS)
+
+
+@pytest.mark.parametrize(
+    "restore,stored,said",
+    [
+        ("miss: none stored", 26, "; no artifacts restored (none stored), 26 stored now"),
+        ("hit", 0, "; artifacts restored, none stored now"),
+        (
+            "hit (1 artifacts recompiled)",
+            3,
+            "; artifacts restored (1 artifacts recompiled), 3 stored now",
+        ),
+        (
+            "failed: OSError: gone",
+            4,
+            "; artifacts not restored: the restore failed (OSError: gone), 4 stored now",
+        ),
+        ("", 0, ""),  # another rank's: rank 0 restores and stores
+    ],
+)
+def test_a_warm_models_line_says_what_was_restored_and_what_is_stored_now(restore, stored, said):
+    # ``restore`` is the outcome before the compile, not what is stored after it
+    model = ModelResult(name="m", phase="warm", restore=restore, stored_artifacts=stored)
+    line = model.describe()
+    assert line.startswith("model m: warm (0 shapes, 0 graphs compiled, 0 cache hits) in 0.00 s")
+    assert line.endswith(f" s{said}") and "stored artifacts:" not in line

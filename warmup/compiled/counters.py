@@ -29,6 +29,11 @@ class CompileCounts:
             **{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self)}
         )
 
+    def __add__(self, other: CompileCounts) -> CompileCounts:
+        return CompileCounts(
+            **{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
+        )
+
     def to_json(self) -> dict[str, int]:
         return asdict(self)
 

@@ -30,8 +30,8 @@ class ModelStep:
 
     model: str
     kind: Kind
-    elapsed: float  # seconds since the model's warm began
-    seconds: float = 0.0  # the build's, a shape's call; restore: since the model began
+    elapsed: float  # the model's seconds so far: its build, then its turn after the kernels
+    seconds: float = 0.0  # the build's (before the kernels), a shape's call, the restore's
     index: int = 0  # shape: its place, from 1; done: the shapes that ran
     total: int = 0  # the model's shapes: declared, then learned
     dims: Mapping[str, int] = field(default_factory=dict)

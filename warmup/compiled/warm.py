@@ -4,15 +4,17 @@ For each model: rank 0 restores its stored Inductor artifacts (for this key and
 fingerprint) into the pod's Inductor cache; on a miss it takes the fleet lock of that
 key and fingerprint and looks again, so a fleet compiles (and, in ``max-autotune``,
 autotunes) each model once: a pod that waited restores what the holder stored. Every
-rank builds the model with the user's function and calls it once at every declared
-shape, with Dynamo's and Inductor's counters read around each call; rank 0 stores what
-the cache holds afterwards when anything was compiled, then lets the lock go. A lock
-that cannot be had within the rank timeout (its server gone, a holder that takes too
-long) is passed by with a warning: the compile is done twice, never lost. A model that
-cannot be built, is not callable, or fails at a shape is failed with a one-line
-reason; the other models still warm. Each step (the restore, the build, every shape's
-first call, the model's end) is told to a ``progress`` callback as it ends
-(``warmup.compiled.progress``): rank 0's run shows it.
+rank calls the model it built with the user's function (:func:`build_models`, once,
+before the rank warms any kernel shape) once at every declared shape, with Dynamo's and
+Inductor's counters read around each call; rank 0 stores what the cache holds
+afterwards when anything was compiled, then lets the lock go. A lock that cannot be had
+within the rank timeout (its server gone, a holder that takes too long) is passed by
+with a warning: the compile is done twice, never lost. A model that has no key, cannot
+be built or is not callable is failed at its build, before any kernel shape is tuned;
+one that fails at a shape, then; each with a one-line reason, and the other models
+still warm. Each step (the restore, the build, every shape's first call, the model's
+end) is told to a ``progress`` callback as it ends (``warmup.compiled.progress``):
+rank 0's run shows it.
 """
 
 from __future__ import annotations
@@ -55,64 +57,125 @@ def warm_models(
     fingerprint: Fingerprint,
     remote: RemoteTier | None = None,
     progress: ModelProgress | None = None,
+    built: dict[str, Built] | None = None,
 ) -> Iterator[ModelResult]:
     """Each model's result on this rank, in manifest order. The ranks agree after the
     build and after every shape whether all of them went on (a model failed on one rank
     is failed on every rank, and none waits for a peer that stopped); a failure inside
     the model's own collectives still costs the rank timeout. ``remote``: the registry's
     remote tier (rank 0), asked on a miss of the volume and told what rank 0 stores.
-    ``progress``: told each model's steps as they end (``warmup.compiled.progress``)."""
+    ``progress``: told each model's steps as they end (``warmup.compiled.progress``).
+    ``built``: :func:`build_models`' answer for ``models`` (built here when None); each
+    model's is taken out of it as the model warms, so its callable goes with it."""
     steps = Lockstep(group, timeout_s=settings.rank_timeout_s)
+    if built is None:
+        built = build_models(models, settings, group=group, device=device)
     for model in models:
-        started = time.perf_counter()
-        told = _Told(model, progress, started)
-        key, error = _key(model)
-        if key is not None and settings.models_on_miss == "server":
+        checked = built.pop(model.name)
+        told = _Told(model, progress, checked.seconds)
+        key = checked.key
+        if checked.error is not None:  # failed, and logged, by its build
+            result = _failed(model, checked.error, counts=checked.counts)
+            digest = {"key_digest": key.digest} if key is not None else {}
+            update = {**digest, "rank": rank, "seconds": told.seconds()}
+            yield told.done(result.model_copy(update=update))
+            continue
+        assert key is not None, "a model without a key has its error"
+        if settings.models_on_miss == "server":
             artifacts = _Artifacts(model, key, settings, fingerprint, remote)
             result = _left_to_the_server(artifacts, steps, rank, told)
-            yield told.done(result.model_copy(update={"seconds": time.perf_counter() - started}))
+            yield told.done(result.model_copy(update={"seconds": told.seconds()}))
             continue
         with contextlib.ExitStack() as held:
-            stored = _Artifacts(model, key, settings, fingerprint, remote) if key else None
-            restored = stored.restore_under_lock(held) if rank == 0 and stored else None
+            stored = _Artifacts(model, key, settings, fingerprint, remote)
+            restored = stored.restore_under_lock(held) if rank == 0 else None
             told.restored(restored)
             steps.barrier(what=f"model {model.name}: restore")
             learned = shared_dims(steps, settings.paths.learned, model)
-            result = (
-                _compile_and_run(model, device, steps, learned, told)
-                if key
-                else _failed(model, error)
-            )
+            result = _compile_and_run(model, checked, device, steps, learned, told)
             # any rank's compile (or a restore that was not whole) means: store again
             compiled = _compiled_on_any_rank(steps, model, result)
             whole = restored is not None and restored["restore"] == "hit"
-            if rank == 0 and stored and not result.failed and (compiled or not whole):
+            if rank == 0 and not result.failed and (compiled or not whole):
                 result = result.model_copy(update=stored.save())
         if restored is not None:
             result = result.model_copy(update=restored)
-        if key is not None:
-            result = result.model_copy(update={"key_digest": key.digest})
-        seconds = time.perf_counter() - started
-        yield told.done(result.model_copy(update={"rank": rank, "seconds": seconds}))
+        update = {"key_digest": key.digest, "rank": rank, "seconds": told.seconds()}
+        yield told.done(result.model_copy(update=update))
+
+
+@dataclasses.dataclass(frozen=True)
+class Built:
+    """One declared model as :func:`build_models` left it: its key and the callable its
+    ``build`` returned, or why it has none (``error``, the same on every rank); the
+    seconds its build took, and what it compiled."""
+
+    key: ModelKey | None
+    function: Callable[..., Any] | None = None
+    error: str | None = None
+    seconds: float = 0.0
+    counts: CompileCounts = dataclasses.field(default_factory=CompileCounts)
+
+
+def build_models(
+    models: list[ModelEntry], settings: Settings, *, group: Any, device: Any
+) -> dict[str, Built]:
+    """Each model's key made and its ``build`` called once, in manifest order, before
+    the rank warms any kernel shape (under ``models_on_miss=server`` the key alone: the
+    server builds it). A model that fails either is failed at once, on every rank (the
+    ranks agree after each model), and logged with its one-line reason; the callable of
+    one that builds is kept for :func:`warm_models`, which builds nothing again."""
+    steps = Lockstep(group, timeout_s=settings.rank_timeout_s)
+    built: dict[str, Built] = {}
+    for model in models:
+        key, error = _key(model)
+        checked = Built(key, error=error or None)
+        if key is not None and settings.models_on_miss != "server":
+            checked = _build(model, key, device)
+        if not _all_went_on(steps, checked.error, f"model {model.name}: build"):
+            error = checked.error or "another rank failed it"
+            log.error("model %s failed: %s", model.name, error)
+            checked = dataclasses.replace(checked, function=None, error=error)
+        built[model.name] = checked
+    return built
+
+
+def _build(model: ModelEntry, key: ModelKey, device: Any) -> Built:
+    """``model`` built once: its callable, or why there is none; its seconds and what it
+    compiled (read around the build alone: the first read imports Dynamo)."""
+    before = snapshot()
+    clock = time.perf_counter()
+    try:
+        function = build_model(model, device)
+    except ValueError as e:
+        log.debug("model %s: build failed", model.name, exc_info=e)  # --debug: where
+        return Built(key, None, str(e), time.perf_counter() - clock, snapshot() - before)
+    return Built(key, function, None, time.perf_counter() - clock, snapshot() - before)
 
 
 class _Told:
     """One model's steps as :class:`~warmup.compiled.progress.ModelStep`, told to
-    ``progress`` when there is one, timed from the model's start."""
+    ``progress`` when there is one, timed from the model's start: its build (done before
+    the kernels, ``built_s``), then its turn here."""
 
-    def __init__(self, model: ModelEntry, progress: ModelProgress | None, started: float) -> None:
-        self.name, self.progress, self.started = model.name, progress, started
+    def __init__(self, model: ModelEntry, progress: ModelProgress | None, built_s: float) -> None:
+        self.name, self.progress, self.built_s = model.name, progress, built_s
+        self.began = time.perf_counter()  # the model's turn, after every kernel shape
         self.total = model.count()  # the declared shapes; the learned ones join before the first
 
+    def seconds(self) -> float:
+        """The model's seconds so far (its result's ``seconds``): its build and its turn."""
+        return self.built_s + time.perf_counter() - self.began
+
     def restored(self, restored: dict[str, Any] | None) -> None:
-        """Rank 0's restore (``None``: none on this rank), timed from the model's start."""
+        """Rank 0's restore (``None``: none on this rank), timed from the model's turn."""
         if restored is not None:
-            seconds = time.perf_counter() - self.started
+            seconds = time.perf_counter() - self.began
             self._tell("restore", seconds=seconds, what=restored["restore"])
 
-    def built(self, seconds: float) -> None:
-        """The user's build returned the model in ``seconds``."""
-        self._tell("build", seconds=seconds)
+    def built(self) -> None:
+        """The user's build returned the model, in ``built_s``."""
+        self._tell("build", seconds=self.built_s)
 
     def shape(
         self, index: int, dims: dict[str, int], seconds: float, counts: CompileCounts
@@ -133,7 +196,7 @@ class _Told:
     def _tell(self, kind: Kind, **fields: Any) -> None:
         if self.progress is None:
             return
-        elapsed = fields.pop("elapsed", time.perf_counter() - self.started)
+        elapsed = fields.pop("elapsed", self.seconds())
         step = ModelStep(self.name, kind, elapsed, total=self.total, **fields)
         try:
             self.progress(step)
@@ -250,9 +313,8 @@ class _Artifacts:
         except Exception as e:  # rank 0 must reach the barrier: a bad store costs a compile
             log.warning("model %s: stored artifacts not restored: %s", model.name, _one_line(e))
             return {"restore": f"failed: {_one_line(e)}"}
-        if done.index is None:
+        if done.index is None:  # told by the progress line and the result, not logged per look
             why = done.why_not + (f"; {not_remote}" if not_remote else "")
-            log.info("model %s: nothing to restore: %s", model.name, why)
             return {"restore": f"miss: {why}"}
         log.info(
             "model %s: restored %d artifacts (%d already there, %d quarantined, %d missing)",
@@ -314,26 +376,25 @@ def _fetched(remote: RemoteTier, root: Path, where: dict[str, Any]) -> str:
 
 
 def _compile_and_run(
-    model: ModelEntry, device: Any, steps: Lockstep, learned: list[dict[str, int]], told: _Told
+    model: ModelEntry,
+    built: Built,
+    device: Any,
+    steps: Lockstep,
+    learned: list[dict[str, int]],
+    told: _Told,
 ) -> ModelResult:
-    """Build, then one call per shape (declared, then learned by the fleet); after each
-    step the ranks agree whether every one of them succeeded, so that all stop together."""
-    before, clock = snapshot(), time.perf_counter()
-    error: str | None = None
-    try:
-        function = build_model(model, device)
-        told.built(time.perf_counter() - clock)
-    except ValueError as e:
-        error = str(e)
-        log.debug("model %s: build failed", model.name, exc_info=e)  # --debug: where
-    shapes: list[dict[str, Any]] = []
-    skipped = 0
-    if _all_went_on(steps, error, f"model {model.name}: build"):
-        shapes, skipped, error = _run_shapes(function, model, device, steps, learned, told)
-    counts = snapshot() - before
+    """One call per shape (declared, then learned by the fleet) of the callable ``built``
+    before the kernels; after each the ranks agree whether every one of them succeeded,
+    so that all stop together."""
+    assert built.function is not None, "a model that did not build is failed before"
+    before = snapshot()
+    told.built()
+    shapes, skipped, error = _run_shapes(built.function, model, device, steps, learned, told)
+    counts = built.counts + (snapshot() - before)
     if error is None and len(shapes) + skipped < model.count() + len(learned):
         error = "another rank failed it"
     if error is not None:
+        log.error("model %s failed: %s", model.name, error)
         return _failed(model, error, shapes, counts)
     return ModelResult(name=model.name, phase="warm", shapes=shapes, counts=counts.to_json())
 
@@ -413,7 +474,7 @@ def _failed(
     shapes: list[dict[str, Any]] | None = None,
     counts: CompileCounts | None = None,
 ) -> ModelResult:
-    log.error("model %s failed: %s", model.name, error)
+    """The model failed for ``error`` (logged where it was found)."""
     return ModelResult(
         name=model.name,
         phase="failed",

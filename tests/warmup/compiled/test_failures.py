@@ -131,12 +131,13 @@ def test_a_fleet_compiles_a_model_once_a_waiting_pod_restores_it(tmp_path, monke
     from warmup.compiled import warm as warm_module
 
     def fake_compile(
-        model, device, steps, learned, told
+        model, built, device, steps, learned, told
     ):  # the cache folder of the calling pod's settings
         folder = Path(os.environ[f"FAKE_CACHE_{threading.current_thread().name}"])
         artifact = folder / "fxgraph" / "entry"
         compiles = 0 if artifact.exists() else 1
         if compiles:
+            compiling.set()  # under the fleet lock: B starts now
             time.sleep(0.5)  # a compile: B arrives meanwhile
             artifact.parent.mkdir(parents=True, exist_ok=True)
             artifact.write_bytes(b"graph")
@@ -154,9 +155,10 @@ def test_a_fleet_compiles_a_model_once_a_waiting_pod_restores_it(tmp_path, monke
             [model], pods[name], rank=0, group=None, device="cpu", fingerprint=cpu_fingerprint()
         )
 
+    compiling = threading.Event()  # B starts once A compiles: a pod builds before it restores
     first = threading.Thread(target=pod, args=("a",), name="a")
     first.start()
-    time.sleep(0.2)
+    assert compiling.wait(30)
     second = threading.Thread(target=pod, args=("b",), name="b")
     second.start()
     first.join(30)
@@ -204,7 +206,7 @@ def test_a_restore_that_was_not_whole_is_stored_again(tmp_path, monkeypatch):
     from registry import inductor_cache
     from warmup.compiled import warm as warm_module
 
-    def fake_compile(model, device, steps, learned, told):
+    def fake_compile(model, built, device, steps, learned, told):
         folder = Path(os.environ["FAKE_CACHE"])
         for name in ("graph", "kernel"):
             (folder / name).parent.mkdir(parents=True, exist_ok=True)

@@ -157,3 +157,14 @@ def test_elsewhere_each_step_is_a_log_line_but_the_end(caplog):
         "model mlp: shape 2/4 (M=64) compiled in 3.1 s, 9.8 s so far",
         "model mlp: shape 3/4 (M=128) loaded from cache in 0.4 s, 10.2 s so far",
     ]
+
+
+def test_a_miss_is_logged_once_by_the_progress_line(tmp_path, caplog):
+    # the restore looks twice on a miss (before and under the fleet lock): neither look
+    # logs it again beside the progress line
+    with caplog.at_level(logging.INFO, "warmup"):
+        warm_with(
+            settings_for(tmp_path), manifest("doubles"), model_progress_printer(io.StringIO())
+        )
+    said = [r.getMessage() for r in caplog.records if "are stored" in r.getMessage()]
+    assert said == ["model m: restore: miss: no artifacts of model m are stored (0.0 s)"]
