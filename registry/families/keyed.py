@@ -135,29 +135,7 @@ class KeyedFolders(Family):
     def save(self, scope: Scope) -> Moved:
         """Each declared thing's folder that holds files and is not stored yet for this
         host, onto the volume (the harvest saves it again after traffic)."""
-        moved = Moved(self.name)
-        if scope.fingerprint is None:
-            return moved
-        for item in self.declared(scope):
-            folder = self.folder(scope, item)
-            if item.error or not folder.is_dir() or self.stored(scope, item):
-                continue
-            try:
-                saved = inductor_cache.save(
-                    folder,
-                    self.root(scope),
-                    model=item.name,
-                    key_digest=item.key_digest,
-                    key=item.key,
-                    fingerprint=self.host(scope),
-                )
-            except (OSError, RegistryError) as e:
-                moved.notes.append(f"{item.name}: not saved ({named(e)})")
-                continue
-            moved.copied += saved.new_blobs
-            moved.present += saved.files - saved.new_blobs
-            self.publish(scope, item)
-        return moved
+        return self._saved(scope, again=False)
 
     def host(self, scope: Scope) -> Fingerprint:
         """The fingerprint its things are stored under for this host (the scope's)."""
@@ -171,12 +149,17 @@ class KeyedFolders(Family):
         """Each declared thing's folder saved again (what traffic added to it is kept)
         and published; the key kept is the one already stored where the scope's has
         none (a thing known by its digest alone, as a run's status gives it)."""
+        return self._saved(scope, again=True)
+
+    def _saved(self, scope: Scope, *, again: bool) -> Moved:
+        """Each declared thing's folder that holds files onto the volume (``again``: also
+        one stored already), then published."""
         moved = Moved(self.name)
         if scope.fingerprint is None:
             return moved
         for item in self.declared(scope):
             folder = self.folder(scope, item)
-            if item.error or not folder.is_dir():
+            if item.error or not folder.is_dir() or (not again and self.stored(scope, item)):
                 continue
             try:
                 saved = inductor_cache.save(
@@ -191,6 +174,7 @@ class KeyedFolders(Family):
                 moved.notes.append(f"{item.name}: not saved ({named(e)})")
                 continue
             moved.copied, moved.bytes = moved.copied + saved.new_blobs, moved.bytes + saved.bytes
+            moved.present += saved.files - saved.new_blobs
             self.publish(scope, item)
         return moved
 

@@ -1,4 +1,4 @@
-"""Fixtures of the registry tests that talk to a real redis-server."""
+"""Fixtures of the registry tests: a real redis-server, a store of two entries."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from registry.store import Store
 from tests.registry.test_redis_outage import Proxy, redis  # noqa: F401  (a module fixture)
 
 
@@ -20,3 +21,11 @@ def proxy(server) -> Iterator[Proxy]:
     p = Proxy(server.port)
     yield p
     p.close()
+
+
+@pytest.fixture
+def store(tmp_path, make_entry) -> Store:
+    """A store of two entries (the command line's tests read, list and bundle it)."""
+    store = Store(tmp_path / "reg", create=True)
+    store.put_many([make_entry(m=m) for m in (1024, 2048)])
+    return store

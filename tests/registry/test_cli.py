@@ -10,13 +10,6 @@ from warmup.cli import main
 pytestmark = pytest.mark.usefixtures("isolated")
 
 
-@pytest.fixture
-def store(tmp_path, make_entry):
-    store = Store(tmp_path / "reg", create=True)
-    store.put_many([make_entry(m=m) for m in (1024, 2048)])
-    return store
-
-
 def run(capsys, *args):
     code = main(list(args))
     out, err = capsys.readouterr()

@@ -11,13 +11,6 @@ from tests.registry.test_cli import cli, run
 pytestmark = pytest.mark.usefixtures("isolated")
 
 
-@pytest.fixture
-def store(tmp_path, make_entry):
-    store = Store(tmp_path / "reg", create=True)
-    store.put_many([make_entry(m=m) for m in (1024, 2048)])
-    return store
-
-
 def test_bundle_create_verify_install_list_rollback(capsys, store, tmp_path, h200):
     fp_file = tmp_path / "fp.json"
     fp_file.write_text(json.dumps(h200.to_json()))

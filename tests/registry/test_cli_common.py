@@ -3,17 +3,9 @@
 
 import pytest
 
-from registry import Store
 from tests.registry.test_cli import cli
 
 pytestmark = pytest.mark.usefixtures("isolated")
-
-
-@pytest.fixture
-def store(tmp_path, make_entry):
-    store = Store(tmp_path / "reg", create=True)
-    store.put_many([make_entry(m=m) for m in (1024, 2048)])
-    return store
 
 
 def test_a_fingerprint_file_is_read_with_a_bound(capsys, store, tmp_path):

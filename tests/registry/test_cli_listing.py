@@ -29,13 +29,6 @@ FILES = {  # 5 + 8 + 4 + 4 bytes in 4 files; code.py and again.py share one blob
 
 
 @pytest.fixture
-def store(tmp_path, make_entry):
-    store = Store(tmp_path / "reg", create=True)
-    store.put_many([make_entry(m=m) for m in (1024, 2048)])
-    return store
-
-
-@pytest.fixture
 def volume(tmp_path, make_entry):
     """A volume holding one tuned entry and three indexes: mlp for two fingerprints,
     blocks (with its declared dims) for one."""

@@ -16,7 +16,6 @@ from registry.remote import RemoteTier
 from registry.signing import SigningKey, Trust
 from registry.triton_cache import Origin
 from tests.registry.families.conftest import FP, make_scope, read, write
-from tests.registry.test_redis_outage import redis  # noqa: F401
 
 FAMILY = named("declared-folders")
 
@@ -128,12 +127,6 @@ def test_an_unsigned_bundle_of_folders_is_refused_where_keys_are_trusted(tmp_pat
     bundle.create(out, name="c", version="1", entries=[], roots=roots)
     with pytest.raises(BundleRejected, match="unsigned"):
         bundle.verify(out, trust=Trust.load(tmp_path / "trusted"))
-
-
-@pytest.fixture
-def server(redis):  # noqa: F811
-    redis.client.flushall()
-    return redis
 
 
 def test_a_pod_without_the_volume_fetches_a_folder_from_the_remote_tier(tmp_path, engine, server):
