@@ -51,10 +51,19 @@ class IndexedFiles(BundlePart):
     record's key for how many indexes it installed; ``thing``: what an index is of, in
     messages ("compiled model")."""
 
-    def __init__(self, prefix: str, record_key: str, counted: str, thing: str) -> None:
+    def __init__(
+        self, prefix: str, record_key: str, counted: str, thing: str, *, per_name: bool = False
+    ) -> None:
+        self.per_name = per_name  # each name restores into a folder of its own
         self.prefix, self.record_key, self.counted, self.thing = prefix, record_key, counted, thing
         self.option = prefix.rstrip("/")
         self.what = f"{thing}s' artifacts"  # "compiled models' artifacts"
+
+    def destination(self, index: Mapping[str, Any]) -> str:
+        """Where an index restores its files, as far as the bundle's restore budget
+        tells places apart: one folder for the family (``inductor/``), or one per name
+        (a declared folder's: ``caches/vllm``)."""
+        return self.prefix + (str(index["model"]) if self.per_name else "")
 
     def is_index(self, name: str) -> bool:
         return name.startswith(f"{self.prefix}models/")
@@ -136,8 +145,10 @@ class IndexedFiles(BundlePart):
     def named_blobs(self, index: Mapping[str, Any]) -> set[str]:
         return {self.prefix + blob_relpath(sha) for sha, _ in index["files"].values()}
 
-    def reader(self, label: str, limits: Limits, stage: Stage | None) -> PartReader:
-        return IndexedReader(self, label, limits, stage)
+    def reader(
+        self, label: str, limits: Limits, stage: Stage | None, budget: Any = None
+    ) -> PartReader:
+        return IndexedReader(self, label, limits, stage, budget)
 
     def record_keys(self) -> tuple[str, ...]:
         return (self.record_key,)
@@ -176,11 +187,16 @@ class IndexedReader(PartReader):
 
     part: IndexedFiles
 
-    def __init__(self, part: IndexedFiles, label: str, limits: Limits, stage: Stage | None) -> None:
-        super().__init__(part, label, limits, stage)
-        self.indexes: list[str] = []
+    def __init__(
+        self,
+        part: IndexedFiles,
+        label: str,
+        limits: Limits,
+        stage: Stage | None,
+        budget: Restores | None = None,
+    ) -> None:
+        super().__init__(part, label, limits, stage, budget or Restores(limits.max_total_bytes))
         self.named: set[str] = set()  # blob members the indexes so far name
-        self.restores = Restores(limits.max_total_bytes)  # what the indexes write
 
     def read(
         self,
@@ -203,7 +219,8 @@ class IndexedReader(PartReader):
             )
         try:
             index = self.part.check_index(name, text, listed)
-            self.restores.add(name, index)  # bounded like the members: each path counted
+            # bounded like the members: each path counted, in the folder it restores to
+            self.budget.add(name, index, where=self.part.destination(index))
         except RegistryError as e:
             raise BundleRejected(self.label, str(e)) from None
         fingerprint = Fingerprint.from_json(index["fingerprint"])
@@ -287,11 +304,13 @@ class Restores:
         self._seen: set[bytes] = set()
         self._key = os.urandom(16)
 
-    def add(self, name: str, index: Mapping[str, Any]) -> None:
-        """Count the files of the index member ``name``; :class:`RegistryError` naming it
-        and the limit once the bundle's indexes so far restore more than the limits."""
+    def add(self, name: str, index: Mapping[str, Any], *, where: str = "") -> None:
+        """Count the files of the index member ``name`` (restored into the folder
+        ``where`` stands for); :class:`RegistryError` naming it and the limit once the
+        bundle's indexes so far restore more than the limits."""
         for rel, (sha, size) in index["files"].items():
-            mark = hashlib.blake2b(f"{rel}\0{sha}".encode(), digest_size=8, key=self._key).digest()
+            text = f"{where}\0{rel}\0{sha}".encode()
+            mark = hashlib.blake2b(text, digest_size=8, key=self._key).digest()
             if mark not in self._seen:
                 self._seen.add(mark)
                 self.bytes += size

@@ -146,9 +146,18 @@ def keep(stage: Stage | None, label: str, rel: str, hashed: Iterator[bytes]) -> 
 class PartReader:
     """One family's members of one bundle, checked as the stream brings them."""
 
-    def __init__(self, part: BundlePart, label: str, limits: Limits, stage: Stage | None):
+    def __init__(
+        self,
+        part: BundlePart,
+        label: str,
+        limits: Limits,
+        stage: Stage | None,
+        budget: Any = None,
+    ) -> None:
         self.part, self.label, self.limits, self.stage = part, label, limits, stage
+        self.budget = budget  # what the whole bundle may restore, shared by its parts
         self.files: list[str] = []  # the members read, relative to the part's folder
+        self.indexes: list[str] = []  # of a keyed family: its indexes, apart from files
         self.digests: dict[str, str] = {}  # fingerprint digest -> a member with it
 
     def read(
@@ -179,7 +188,7 @@ class PartReader:
             self.stage.commit(self.files)
 
     def held(self) -> Held:
-        return Held(list(self.files), list(getattr(self, "indexes", [])))
+        return Held(list(self.files), list(self.indexes))
 
     def record(self) -> dict[str, int]:
         """How many of what it installed, for the generation's record."""
@@ -212,8 +221,12 @@ class BundlePart:
     def check_sha(self, label: str, name: str, sha: str) -> None:
         """The sha256 MANIFEST.json lists for ``name``, where the part constrains it."""
 
-    def reader(self, label: str, limits: Limits, stage: Stage | None) -> PartReader:
-        return PartReader(self, label, limits, stage)
+    def reader(
+        self, label: str, limits: Limits, stage: Stage | None, budget: Any = None
+    ) -> PartReader:
+        """A reader of this part of one bundle; ``budget``: what the bundle's parts may
+        restore together (``bundle_indexed.Restores``), shared by them."""
+        return PartReader(self, label, limits, stage, budget)
 
     def undo(self, root: Path, record: Record) -> int:
         """Put back what the install of ``record`` replaced in ``root``; nothing here."""

@@ -19,6 +19,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from registry import atomic, bundle_signature, families, tar_stream
+from registry.bundle_indexed import Restores
 from registry.bundle_parts import BundlePart, Held, PartReader, Stage
 from registry.entry import Entry
 from registry.errors import BundleRejected, RegistryError, short, shown, why
@@ -81,8 +82,14 @@ class Bundle:
 
 
 def bundled() -> list[families.Family]:
-    """The families with files in bundles, in their order."""
-    return [family for family in families.every() if family.bundled is not None]
+    """The families with files in bundles, in their order; each owns a folder of its
+    own (a bundle member belongs to one family, or to none and is refused)."""
+    found = [family for family in families.every() if family.bundled is not None]
+    prefixes = [part_of(family).prefix for family in found]
+    assert all(p.endswith("/") and p != f"{ENTRIES}/" for p in prefixes), prefixes
+    assert not any(a != b and b.startswith(a) for a in prefixes for b in prefixes), prefixes
+    assert len(set(prefixes)) == len(prefixes), prefixes
+    return found
 
 
 def part_of(family: families.Family) -> BundlePart:
@@ -154,8 +161,11 @@ class Reader:
     ) -> None:
         self.label, self.limits, self.stages, self.check = label, limits, stages, check
         self.installing = stages is not None
+        budget = Restores(limits.max_total_bytes)  # what all the parts restore, together
         self.parts: dict[str, PartReader] = {
-            family.name: part_of(family).reader(label, limits, (stages or {}).get(family.name))
+            family.name: part_of(family).reader(
+                label, limits, (stages or {}).get(family.name), budget
+            )
             for family in bundled()
         }
         self.manifest: dict[str, Any] | None = None

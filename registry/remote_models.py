@@ -52,7 +52,6 @@ from registry.remote import RemoteTier, scan_names
 log = logging.getLogger(__name__)
 
 MODELS = "model"  # the namespace of compiled models' indexes
-INDEX_PREFIX = "triton-warmup:model:"
 BLOB_PREFIX = "triton-warmup:blob:"
 BATCH_BYTES = 16 * 2**20  # blobs asked for in one round trip, by their sizes
 BATCH_KEYS = 256

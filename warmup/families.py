@@ -33,10 +33,13 @@ def scope(
     world: int | None = None,
     fingerprint: Fingerprint | None = None,
     triton_env: Mapping[str, str] | None = None,
+    models: bool = True,
 ) -> Scope:
     """Where the families work for this pod: the settings' folders, what ``manifest``
     declares (for ``world`` ranks, if given), and the host of ``fingerprint`` if known
-    (then also the registry's remote tier, for the declared folders to fetch and publish)."""
+    (then also the registry's remote tier, for the declared folders to fetch and publish).
+    ``models``: False where the declared models are restored by their own warm (their
+    keys read from their sources are not needed)."""
     folders = declared_folders(manifest)
     return Scope(
         volume=settings.paths,
@@ -44,7 +47,7 @@ def scope(
         inductor_cache_dir=settings.inductor_cache_dir,
         store=settings.store,
         match_policy=settings.match_policy,
-        models=declared_models(manifest, world),
+        models=declared_models(manifest, world) if models else (),
         folders=folders,
         user_functions=manifest is not None and any(e.is_user_function for e in manifest.entries),
         fingerprint=fingerprint,
@@ -114,12 +117,25 @@ def _step(family: Family, step: str, where: Scope) -> Moved:
     try:
         moved: Moved = getattr(family, step)(where)
     except Exception as e:  # one family's failure never stops the others
-        moved = Moved(family.name, notes=[f"{step} failed: {named(e)}"])
-        log.warning("%s: %s failed: %s", family.name, step, named(e))
-        return moved
+        why = f"{step} failed: {named(e)}"
+        log.warning("%s: %s", family.name, why)
+        return Moved(family.name, notes=[why], failed=why)
     if moved.anything:
-        log.info("%s", moved.line("restored" if step == "restore" else "saved"))
+        log.info("%s", moved.line(_PAST[step]))
     return moved
+
+
+_PAST = {"restore": "restored", "save": "saved", "harvest": "harvested"}
+
+
+def harvest(where: Scope) -> list[Moved]:
+    """After ready, every family's harvest of its watched folders, each logged."""
+    return [_step(family, "harvest", where) for family in families.every()]
+
+
+def failures(moved: list[Moved]) -> list[str]:
+    """What a loop's failed steps say, each naming its family (a run's errors)."""
+    return [f"{m.family}: {m.failed}" for m in moved if m.failed]
 
 
 def explain(where: Scope, host: Host, sources: Sources) -> list[Prediction]:

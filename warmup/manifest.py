@@ -281,6 +281,17 @@ class CacheEntry(BaseModel):
         return path
 
 
+def _no_nested_paths(caches: list[CacheEntry]) -> None:
+    """ValueError when one declared folder is, or is inside, another: its files would be
+    saved twice and restored across folders."""
+    for a, b in itertools.permutations(caches, 2):
+        if a.path == b.path or b.path in a.path.parents:
+            raise ValueError(
+                f"caches: {a.name}'s path {short(str(a.path))} is inside {b.name}'s "
+                f"({short(str(b.path))}); declare folders that do not overlap"
+            )
+
+
 class Manifest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     version: Literal[1]
@@ -300,6 +311,7 @@ class Manifest(BaseModel):
         twice = sorted({name for name in folders if folders.count(name) > 1})
         if twice:
             raise ValueError(f"caches: the name(s) {twice} are declared more than once")
+        _no_nested_paths(self.caches)
         return self
 
     @model_validator(mode="after")

@@ -15,7 +15,7 @@ default (nothing moved; an empty prediction says why).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -59,16 +59,9 @@ class Scope:
     models: Sequence[Declared] = ()
     folders: Sequence[Declared] = ()
     user_functions: bool = False  # the manifest names @triton.autotune functions
-    fingerprint: Fingerprint | None = None  # without a kernel hash
+    fingerprint: Fingerprint | None = None  # this host's, as the run detected it
     triton_env: Mapping[str, str] | None = None  # the env knobs in Triton's key, if known
     remote: RemoteTier | None = None  # the registry's remote tier: fetched from, published to
-
-    def on(
-        self, fingerprint: Fingerprint | None, triton_env: Mapping[str, str] | None = None
-    ) -> Scope:
-        """This scope for the host of ``fingerprint`` (kernel hash dropped)."""
-        host = None if fingerprint is None else fingerprint.with_kernel("")
-        return replace(self, fingerprint=host, triton_env=triton_env)
 
 
 @dataclass(frozen=True)
@@ -102,6 +95,7 @@ class Moved:
     entries: int = 0
     notes: list[str] = field(default_factory=list)
     bytes: int = 0  # of the files copied, where the family counts them
+    failed: str = ""  # the step raised: why (the loop went on with the other families)
 
     @property
     def anything(self) -> bool:

@@ -88,8 +88,8 @@ class KeyedFolders(Family):
         if scope.fingerprint is None or item.error:
             outcome = f"miss: {item.error or 'the host is not known yet'}"
             return ItemRestore(outcome, time.perf_counter() - clock)
-        self.fetch(scope, item)
         try:
+            self.fetch(scope, item)
             done = inductor_cache.restore(
                 self.root(scope),
                 self.folder(scope, item),
@@ -153,30 +153,57 @@ class KeyedFolders(Family):
 
     def _saved(self, scope: Scope, *, again: bool) -> Moved:
         """Each declared thing's folder that holds files onto the volume (``again``: also
-        one stored already), then published."""
+        one stored already), then published. A folder with no files, or with fewer than
+        its stored index lists (a folder this container does not share with the
+        server), is never saved: it would replace what the fleet stored with less."""
         moved = Moved(self.name)
         if scope.fingerprint is None:
             return moved
         for item in self.declared(scope):
-            folder = self.folder(scope, item)
-            if item.error or not folder.is_dir() or (not again and self.stored(scope, item)):
+            if item.error:
                 continue
             try:
-                saved = inductor_cache.save(
-                    folder,
-                    self.root(scope),
-                    model=item.name,
-                    key_digest=item.key_digest,
-                    key=item.key or self._stored_key(scope, item),
-                    fingerprint=self.host(scope),
-                )
+                saved = self._save_one(scope, item, again=again)
             except (OSError, RegistryError) as e:
                 moved.notes.append(f"{item.name}: not saved ({named(e)})")
+                continue
+            if saved is None:
                 continue
             moved.copied, moved.bytes = moved.copied + saved.new_blobs, moved.bytes + saved.bytes
             moved.present += saved.files - saved.new_blobs
             self.publish(scope, item)
         return moved
+
+    def _save_one(
+        self, scope: Scope, item: Declared, *, again: bool
+    ) -> inductor_cache.Saved | None:
+        """``item``'s folder saved, or None where there is nothing to save."""
+        folder = self.folder(scope, item)
+        held = sum(1 for _ in inductor_cache.cache_files(folder)) if folder.is_dir() else 0
+        stored = self._stored_files(scope, item)
+        if held == 0 or (stored is not None and (not again or held < stored)):
+            return None
+        return inductor_cache.save(
+            folder,
+            self.root(scope),
+            model=item.name,
+            key_digest=item.key_digest,
+            key=item.key or self._stored_key(scope, item),
+            fingerprint=self.host(scope),
+        )
+
+    def _stored_files(self, scope: Scope, item: Declared) -> int | None:
+        """How many files ``item``'s stored index lists; None when none is stored (an
+        unreadable one counts as none: it is replaced)."""
+        if not self.stored(scope, item):
+            return None
+        path = inductor_cache.index_path(
+            self.root(scope), item.name, item.key_digest, self.host(scope)
+        )
+        try:
+            return len(inductor_cache.read_index(path)["files"])
+        except (OSError, RegistryError):
+            return None
 
     def _stored_key(self, scope: Scope, item: Declared) -> dict[str, object]:
         assert scope.fingerprint is not None
@@ -189,11 +216,16 @@ class KeyedFolders(Family):
             return {}
 
     def stored(self, scope: Scope, item: Declared) -> bool:
-        """Whether the volume holds ``item``'s index for this host."""
+        """Whether the volume holds ``item``'s index for this host (an unreadable volume
+        holds nothing)."""
         assert scope.fingerprint is not None
-        return inductor_cache.index_path(
+        path = inductor_cache.index_path(
             self.root(scope), item.name, item.key_digest, self.host(scope)
-        ).is_file()
+        )
+        try:
+            return path.is_file()
+        except OSError:
+            return False
 
     def explain(self, scope: Scope, host: Host, sources: Sources) -> Prediction:
         """Each declared thing: the volume's, the pending bundles' and the remote tier's

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from registry import remote_triton, triton_cache
-from registry.bundle_parts import BundlePart, Packed, PartReader
+from registry.bundle_parts import BundlePart, Packed, PartReader, Stage
 from registry.errors import BundleRejected, shown
 from registry.explain import Prediction, predict
 from registry.families.base import Family, Host, Moved, Scope, Sources
@@ -60,8 +60,10 @@ class CacheFiles(BundlePart):
             return "Triton group file", min(limits.max_member_bytes, limits.max_group_bytes)
         return "member", limits.max_member_bytes
 
-    def reader(self, label: str, limits: Limits, stage: object) -> PartReader:
-        return _GroupsRelocated(self, label, limits, stage)  # type: ignore[arg-type]
+    def reader(
+        self, label: str, limits: Limits, stage: Stage | None, budget: Any = None
+    ) -> PartReader:
+        return _GroupsRelocated(self, label, limits, stage, budget)
 
 
 class _GroupsRelocated(PartReader):

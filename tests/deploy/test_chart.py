@@ -641,3 +641,31 @@ def test_a_redis_ca_needs_tls(chart):
     }
     with pytest.raises(helm.HelmError):
         render(chart, {"lock": lock})
+
+
+def test_each_declared_folder_is_one_volume_at_its_path_in_all_three_containers(chart):
+    manifest = (
+        "version: 1\nentries:\n"
+        "  - {kernel: ag_gemm, dtype: bf16, world_size: 2, shapes: [{M: 64, N: 64, K: 64}]}\n"
+        "caches:\n"
+        '  - {name: vllm, path: /root/.cache/vllm, key: "qwen tp2"}\n'
+        '  - {name: extra, path: /srv/engine-cache, key: "qwen tp2"}\n'
+    )
+    objects, _ = render(chart, {"manifest": {"inline": manifest}})
+    by_name, pod = containers(objects)
+    for path in ("/root/.cache/vllm", "/srv/engine-cache"):
+        held = {name: mount_under(c, path) for name, c in by_name.items()}
+        assert set(held) >= {"warmup", "warmup-sidecar", "server"}
+        names = {held[n]["name"] for n in ("warmup", "warmup-sidecar", "server")}
+        assert len(names) == 1 and held["server"]["mountPath"] == path
+        (volume,) = [v for v in pod["volumes"] if v["name"] in names]
+        assert volume == {"name": names.pop(), "emptyDir": {}}
+    objects, _ = render(
+        chart,
+        {"manifest": {"existingConfigMap": "mine", "caches": [{"name": "v", "path": "/c"}]}},
+    )
+    by_name, _ = containers(objects)
+    assert mount_under(by_name["server"], "/c")["mountPath"] == "/c"
+    objects, _ = render(chart, {})
+    _, pod = containers(objects)
+    assert not [v for v in pod["volumes"] if v["name"].startswith("declared-cache")]

@@ -350,3 +350,21 @@ def test_the_files_all_indexes_restore_are_bounded_in_count(tmp_path, monkeypatc
     monkeypatch.setattr(bundle_indexed, "MAX_BUNDLE_FILES", 4)
     with pytest.raises(BundleRejected, match="restore 5 files; limit 4"):
         bundle.verify(out)
+
+
+def test_what_all_the_families_restore_together_is_bounded_once(tmp_path):
+    from registry.families.declared import FOLDER
+
+    blob = os.urandom(10_000)
+    source = tmp_path / "made"
+    source.mkdir()
+    for name in ("a.bin", "b.bin", "c.bin"):  # one blob, restored at three paths
+        (source / name).write_bytes(blob)
+    volume = tmp_path / "volume"
+    for root, name in ((volume / "inductor", "m"), (volume / FOLDER, "vllm")):
+        inductor_cache.save(source, root, model=name, key_digest=KEY, key={}, fingerprint=FP)
+    out = tmp_path / "both.tgz"
+    bundle.create(out, name="b", version="1", entries=[], roots=bundle.on_volume(volume))
+    assert bundle.verify(out, max_total_bytes=70_000)
+    with pytest.raises(BundleRejected, match="restore 60000 bytes"):
+        bundle.verify(out, max_total_bytes=40_000)  # each family's 30,000 fits alone

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 
+import pytest
+
 from registry import families as registry_families
 from registry.families.base import Moved
 from registry.fingerprint import cpu_fingerprint
@@ -61,3 +63,19 @@ def test_a_line_counts_what_moved():
     assert Moved("x", copied=1).line("saved") == "x: saved 1 file"
     line = Moved("x", copied=3, present=2, entries=4, notes=["a: miss"]).line("restored")
     assert line == "x: restored 3 files (2 already there) and 4 registry entries; a: miss"
+
+
+def test_declared_folders_that_overlap_are_bad_input():
+    from warmup.manifest import ManifestError, parse_manifest
+
+    base = "version: 1\nmodels: []\nentries:\n" + (
+        "  - {kernel: matmul, dtype: fp32, world_size: 1, shapes: [{M: 8, N: 8, K: 8}]}\n"
+    )
+    nested = base + (
+        'caches:\n  - {name: a, path: /srv/cache, key: "k"}\n'
+        '  - {name: b, path: /srv/cache/vllm, key: "k"}\n'
+    )
+    with pytest.raises(ManifestError, match="b's path '/srv/cache/vllm' is inside a's"):
+        parse_manifest(nested)
+    apart = nested.replace("/srv/cache/vllm", "/srv/other")
+    assert [c.name for c in parse_manifest(apart).caches] == ["a", "b"]

@@ -88,6 +88,7 @@ class Saved:
     copied: int = 0
     imported: int = 0
     seconds: float = 0.0
+    errors: list[str] = field(default_factory=list)  # a family's step that raised
 
 
 def running(manifest: Manifest, world: int, started: float) -> RunStatus:
@@ -112,6 +113,7 @@ def finish(record: RunRecord) -> RunStatus:
     assert record.run_dir is not None, "finish sums the reports of a run with ranks"
     tally = _tally(record, record.run_dir)
     saved = _save_caches(record.settings, record.manifest, tally.reports)
+    tally = replace(tally, errors=[*tally.errors, *saved.errors])  # a cache not saved fails it
     run = _run_phases(record.phases, saved.seconds, record.ranks_ended, tally.reports)
     duration = time.time() - record.started
     write_metrics(record, tally, duration, run)
@@ -204,9 +206,8 @@ def _save_caches(settings: Settings, manifest: Manifest, reports: list[RankRepor
     saving = time.perf_counter()
     fingerprint = reports[0].fingerprint if reports else None
     host = Fingerprint.from_json(fingerprint) if fingerprint else None
-    where = replace(families.scope(settings, manifest, fingerprint=host), models=())
-    if host is not None:
-        families.restore(where, needing_host=True)
+    where = families.scope(settings, manifest, fingerprint=host, models=False)
+    restored = families.restore(where, needing_host=True) if host is not None else []
     saved = families.save(where)
     return Saved(
         fingerprint=fingerprint,
@@ -214,6 +215,7 @@ def _save_caches(settings: Settings, manifest: Manifest, reports: list[RankRepor
         copied=sum(moved.copied for moved in saved),
         imported=sum(moved.entries for moved in saved),
         seconds=time.perf_counter() - saving,
+        errors=families.failures(saved) + families.failures(restored),
     )
 
 

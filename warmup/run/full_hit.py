@@ -20,12 +20,11 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kernels import ADAPTERS
-from registry import hosts, inductor_cache, remote_models
+from registry import hosts
 from registry.errors import RegistryError, named
 from registry.families.base import Declared
 from registry.families.inductor import FAMILY as MODELS
@@ -140,27 +139,18 @@ def _stored_models(
 ) -> list[tuple[ModelEntry, ModelKey]] | str:
     """Each declared model with its key, when its artifacts are stored for this host:
     on the volume, else on the remote tier (fetched into the volume)."""
-    found, root, fingerprint = [], settings.paths.inductor, record.fingerprint
+    found = []
+    here = families.scope(settings, None, fingerprint=record.fingerprint, models=False)
+    here = replace(here, remote=remote)
     for model in models:
         try:
             key = model_key(model)
         except ValueError as e:
             return f"model {model.name} has no key: {e}"
-        if not _model_stored(root, model.name, key.digest, fingerprint, remote):
+        if not MODELS.fetch(here, Declared(model.name, key.digest)):
             return f"model {model.name} is not stored for this host's fingerprint"
         found.append((model, key))
     return found
-
-
-def _model_stored(
-    root: Path, name: str, digest: str, fingerprint: Fingerprint, remote: RemoteTier | None
-) -> bool:
-    """Whether the volume holds the model's index, fetched from the remote tier if not."""
-    if inductor_cache.index_path(root, name, digest, fingerprint).is_file():
-        return True
-    return remote is not None and remote_models.fetch(
-        remote, root, model=name, key_digest=digest, fingerprint=fingerprint
-    )
 
 
 def restore_and_finish(

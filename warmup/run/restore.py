@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from registry import RegistryError, atomic
@@ -34,7 +33,7 @@ def restore(
     models are restored by their own warm). Returns what the recovery cleared, by kind
     (the run's metrics count it)."""
     recovered = recover_store(settings)
-    where = replace(families.scope(settings, manifest, fingerprint=host), models=())
+    where = families.scope(settings, manifest, fingerprint=host, models=False)
     families.restore(where, needing_host=None if host is not None else False)
     return recovered
 

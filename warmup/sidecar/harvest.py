@@ -132,7 +132,7 @@ class Harvester(FileSystemEventHandler):
     def folders(self) -> list[Path]:
         """Every family's watched folders for this pod's manifest (the Inductor cache
         whatever it declares), read once."""
-        scope = warm_families.scope(self.settings, self._manifest())
+        scope = warm_families.scope(self.settings, self._manifest(), models=False)
         found = {self.inductor_dir}
         for family in families.every():
             found.update(family.watched(scope))
@@ -484,16 +484,17 @@ class Harvester(FileSystemEventHandler):
             if model.rank == 0 and model.key_digest and not model.failed
         )
         scope = replace(
-            warm_families.scope(self.settings, manifest, triton_env=triton_env),
+            warm_families.scope(self.settings, manifest, triton_env=triton_env, models=False),
             fingerprint=fingerprint,
             models=warmed,
             remote=self.remote,
         )
-        for family in families.every():
-            moved = family.harvest(scope)
-            if moved.anything or family.watched(scope):
-                result = "harvested" if moved.copied else "deduplicated"
-                self._count_family(family.name, result, moved.bytes)
+        for moved in warm_families.harvest(scope):
+            if moved.anything:
+                result = (
+                    "failed" if moved.failed else "harvested" if moved.copied else "deduplicated"
+                )
+                self._count_family(moved.family, result, moved.bytes)
                 new_files += moved.copied
         self._record_host(status, fingerprint)
         return "harvested" if new_files else "deduplicated"

@@ -141,3 +141,25 @@ def test_a_pod_without_the_volume_fetches_a_folder_from_the_remote_tier(tmp_path
     assert FAMILY.restore(b).copied == 2
     assert read(engine.folder) == files
     assert FAMILY.stored(b, engine)  # kept on b's volume for the pods after it
+
+
+def test_an_empty_folder_is_never_stored(tmp_path, engine):
+    empty = dataclasses.replace(engine, folder=tmp_path / "empty")
+    empty.folder.mkdir()
+    scope = make_scope(tmp_path, folders=[empty])
+    assert not FAMILY.save(scope).anything and not FAMILY.stored(scope, empty)
+    write(empty.folder, {"late.bin": b"written by the server later"})
+    assert FAMILY.save(scope).copied == 1  # the next run's end stores it
+
+
+def test_a_harvest_never_replaces_what_is_stored_with_less(tmp_path, engine):
+    scope = make_scope(tmp_path, folders=[engine])
+    FAMILY.save(scope)
+    files = read(engine.folder)
+    (engine.folder / "config.json").unlink()  # a folder this container only partly sees
+    assert not FAMILY.harvest(scope).anything
+    shutil.rmtree(engine.folder)
+    FAMILY.restore(scope)
+    assert read(engine.folder) == files
+    write(engine.folder, {"traffic.bin": b"compiled under traffic"})
+    assert FAMILY.harvest(scope).copied == 1  # more than stored: kept

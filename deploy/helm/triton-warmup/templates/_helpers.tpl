@@ -261,3 +261,30 @@ before the process starts (the CUDA driver reads its cache path when CUDA starts
 - name: CUDA_CACHE_PATH
   value: {{ printf "%s/cuda-jit" (include "triton-warmup.inductorCachePath" .) | quote }}
 {{- end -}}
+
+{{/*
+The folders the manifest declares under caches: (an engine's own cache root): the
+inline manifest's, or manifest.caches beside an existing ConfigMap. Each is an emptyDir
+mounted at its path in the init container, the sidecar and the server, so the warmup
+restores it where the server reads it and the sidecar harvests what the server writes.
+*/}}
+{{- define "triton-warmup.declaredCaches" -}}
+{{- $caches := .Values.manifest.caches | default list -}}
+{{- if and (not .Values.manifest.existingConfigMap) .Values.manifest.inline -}}
+{{- $caches = (fromYaml .Values.manifest.inline).caches | default list -}}
+{{- end -}}
+{{- toJson $caches -}}
+{{- end -}}
+
+{{- define "triton-warmup.declaredCacheMounts" -}}
+{{- range $i, $cache := (include "triton-warmup.declaredCaches" . | fromJsonArray) }}
+- {name: declared-cache-{{ $i }}, mountPath: {{ $cache.path | quote }}}
+{{- end }}
+{{- end -}}
+
+{{- define "triton-warmup.declaredCacheVolumes" -}}
+{{- range $i, $cache := (include "triton-warmup.declaredCaches" . | fromJsonArray) }}
+- name: declared-cache-{{ $i }}
+  emptyDir: {}
+{{- end }}
+{{- end -}}
