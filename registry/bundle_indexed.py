@@ -25,12 +25,12 @@ import contextlib
 import hashlib
 import logging
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from registry import atomic, inductor_cache
-from registry.bundle_parts import BundlePart, Check, Packed, PartReader, Stage
+from registry.bundle_parts import BundlePart, Packed, PartReader, Stage
 from registry.errors import BundleRejected, RegistryError
 from registry.fingerprint import Fingerprint
 from registry.generations import Record
@@ -198,19 +198,11 @@ class IndexedReader(PartReader):
         super().__init__(part, label, limits, stage, budget or Restores(limits.max_total_bytes))
         self.named: set[str] = set()  # blob members the indexes so far name
 
-    def read(
-        self,
-        name: str,
-        sha: str,
-        data: Iterator[bytes],
-        hashed: Callable[[str, str, Iterator[bytes]], Iterator[bytes]],
-        listed: Mapping[str, tuple[str, int]],
-        check: Check | None,
-    ) -> None:
+    def read(self, name: str, sha: str, data: Iterator[bytes]) -> None:
         if not self.part.is_index(name):
-            super().read(name, sha, data, hashed, listed, check)  # a blob
+            super().read(name, sha, data)  # a blob
             return
-        text = b"".join(hashed(name, sha, data))
+        text = b"".join(self.hashed(name, sha, data))
         values = atomic.json_values(text)
         if values > self.limits.max_index_values:
             raise BundleRejected(
@@ -218,14 +210,14 @@ class IndexedReader(PartReader):
                 f"index '{name}' has {values} JSON values; limit {self.limits.max_index_values}",
             )
         try:
-            index = self.part.check_index(name, text, listed)
+            index = self.part.check_index(name, text, self.listed)
             # bounded like the members: each path counted, in the folder it restores to
             self.budget.add(name, index, where=self.part.destination(index))
         except RegistryError as e:
             raise BundleRejected(self.label, str(e)) from None
         fingerprint = Fingerprint.from_json(index["fingerprint"])
-        if check is not None:
-            check(f"{self.part.thing} index {name}", fingerprint)
+        if self.check is not None:
+            self.check(f"{self.part.thing} index {name}", fingerprint)
         rel = name.removeprefix(self.part.prefix)
         if self.stage is not None:
             self.stage.write(self.label, rel, [text])
@@ -233,8 +225,8 @@ class IndexedReader(PartReader):
         self.named |= self.part.named_blobs(index)
         self.digests.setdefault(fingerprint.digest(), name)
 
-    def finish(self, listed: Mapping[str, tuple[str, int]]) -> None:
-        for name in sorted(listed):
+    def finish(self) -> None:
+        for name in sorted(self.listed):
             if self.part.is_blob(name) and name not in self.named:
                 raise BundleRejected(self.label, f"blob '{name}' is named by no index")
 

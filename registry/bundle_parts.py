@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 Check = Callable[[str, Fingerprint], None]  # an entry's or index's fingerprint, checked
+Hashed = Callable[[str, str, Iterator[bytes]], Iterator[bytes]]  # a member's pieces, checked
 
 
 @dataclass
@@ -159,23 +160,25 @@ class PartReader:
         self.files: list[str] = []  # the members read, relative to the part's folder
         self.indexes: list[str] = []  # of a keyed family: its indexes, apart from files
         self.digests: dict[str, str] = {}  # fingerprint digest -> a member with it
+        self.listed: Mapping[str, tuple[str, int]] = {}
+        self.hashed: Hashed = lambda name, sha, chunks: chunks
+        self.check: Check | None = None
 
-    def read(
-        self,
-        name: str,
-        sha: str,
-        data: Iterator[bytes],
-        hashed: Callable[[str, str, Iterator[bytes]], Iterator[bytes]],
-        listed: Mapping[str, tuple[str, int]],
-        check: Check | None,
+    def begin(
+        self, listed: Mapping[str, tuple[str, int]], hashed: Hashed, check: Check | None
     ) -> None:
-        """One member: its bytes through ``hashed`` (which rejects a checksum mismatch
-        after the last piece), kept in the stage on install."""
+        """Once MANIFEST.json is read: the bundle's members as it lists them, how a
+        member's pieces are hashed (a mismatch rejects after the last), and the
+        fingerprint check of an install (None: none)."""
+        self.listed, self.hashed, self.check = listed, hashed, check
+
+    def read(self, name: str, sha: str, data: Iterator[bytes]) -> None:
+        """One member: its bytes hashed on the way, kept in the stage on install."""
         rel = name.removeprefix(self.part.prefix)
-        keep(self.stage, self.label, rel, hashed(name, sha, data))
+        keep(self.stage, self.label, rel, self.hashed(name, sha, data))
         self.files.append(rel)
 
-    def finish(self, listed: Mapping[str, tuple[str, int]]) -> None:
+    def finish(self) -> None:
         """After the last member: what the part as a whole must hold (nothing here)."""
 
     def before_seal(self) -> dict[str, Any]:

@@ -203,7 +203,7 @@ class Reader:
             self._read_entry(info.name, b"".join(self._hashed(info.name, sha, data(size))))
             return
         part = self._owner(info.name)
-        part.read(info.name, sha, data(size), self._hashed, self.listed, self.check)
+        part.read(info.name, sha, data(size))
 
     def _owner(self, name: str) -> PartReader:
         """The reader of the family whose folder holds ``name`` (listed, so one does)."""
@@ -281,6 +281,8 @@ class Reader:
         self.listed = _check_manifest(self.label, manifest, self.limits, info.size)
         self.manifest = manifest
         for reader in self.parts.values():
+            reader.begin(self.listed, self._hashed, self.check)
+        for reader in self.parts.values():
             if self.installing and reader.stage is None and any(map(reader.part.owns, self.listed)):
                 raise self._reject(
                     f"it carries {reader.part.what} but no {reader.part.option} folder was given"
@@ -320,7 +322,7 @@ class Reader:
         if missing:
             raise self._reject(f"member '{missing[0]}' is listed but missing")
         for reader in self.parts.values():
-            reader.finish(self.listed)
+            reader.finish()
             for digest, name in reader.digests.items():
                 self.digests.setdefault(digest, name)
         listed = {fp["digest"]: fp for fp in self.manifest["fingerprints"]}
