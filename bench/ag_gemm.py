@@ -38,7 +38,9 @@ that an op whose host time is about that long is timed in two modes. The host's 
 of one call (``host_us``) is timed apart: calls issued back to back on the host clock;
 ``--host-profile`` adds where it goes. Prints a table last; writes every number to --out.
 
-``--shape M,N,K`` (repeatable) times shapes of your own instead of the list below.
+``--shape M,N,K`` (repeatable) times shapes of your own instead of the list below;
+``--manifest FILE`` the AllGather-GEMM shapes a manifest declares (each once, whatever
+world size its entries name), before any ``--shape``.
 """
 
 from __future__ import annotations
@@ -587,6 +589,31 @@ def parse_shape(text: str, world: int) -> tuple[int, int, int]:
     return m, n, k
 
 
+def manifest_shapes(path: Path, world: int) -> list[tuple[int, int, int]]:
+    """The AllGather-GEMM shapes ``path`` declares, in its order, each once (N per rank, as
+    in the manifest), timed at this run's world size whatever its entries name; exits
+    naming what is wrong: an invalid manifest, no such entry, an M the ranks cannot
+    split."""
+    from warmup.manifest import ManifestError, load_manifest
+
+    try:
+        manifest = load_manifest(path)
+    except ManifestError as error:  # it names the file and lists every error, or says
+        raise SystemExit(f"--manifest: {error}") from None  # it cannot read it
+    shapes = dict.fromkeys(
+        (shape["M"], shape["N"], shape["K"])
+        for entry in manifest.entries
+        if entry.kernel == ag_gemm.NAME
+        for shape in entry.expand()
+    )
+    if not shapes:
+        raise SystemExit(f"--manifest {path}: no {ag_gemm.NAME} entry")
+    split = [m for m, _, _ in shapes if m % world]
+    if split:
+        raise SystemExit(f"--manifest {path}: M {split} not a multiple of {world} ranks")
+    return list(shapes)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None)
@@ -596,6 +623,7 @@ def main() -> None:
     parser.add_argument(
         "--shape", action="append", default=[], help="M,N,K (N per rank); repeatable"
     )
+    parser.add_argument("--manifest", type=Path, help="the ag_gemm shapes this manifest declares")
     parser.add_argument("--skip-checks", action="store_true")
     parser.add_argument("--exhaustive", action="store_true", help="time every candidate too")
     parser.add_argument("--tune-only", action="store_true", help="no anchors: tuned op only")
@@ -618,8 +646,9 @@ def main() -> None:
     flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")  # > L2 (60 MB)
     solos = [dist.new_group([r]) for r in range(world)]  # collective: all ranks make all
     picked = SHAPES if args.shapes == "all" else [SHAPES[int(i)] for i in args.shapes.split(",")]
-    if args.shape:
-        picked = [parse_shape(text, world) for text in args.shape]
+    if args.shape or args.manifest:
+        declared = manifest_shapes(args.manifest, world) if args.manifest else []
+        picked = declared + [parse_shape(text, world) for text in args.shape]
     earlier = {}
     if args.compare is not None:
         earlier = {

@@ -2,9 +2,9 @@
 
     PYTHONPATH=. python bench/targets.py ag_gemm.json serving.json fleet-4x1.json ...
 
-Reads what ``bench/ag_gemm.py``, ``bench/serving.py``, ``bench/fleet.py`` and
-``bench/pod_ready.py`` write to ``--out`` (the kind is told by the file's content) and
-prints one markdown table per file:
+Reads what ``bench/ag_gemm.py``, ``bench/serving.py``, ``bench/fleet.py``,
+``bench/cold_start.py`` and ``bench/pod_ready.py`` write to ``--out`` (the kind is told by
+the file's content) and prints one markdown table per file:
 target, the measured figures (per shape where the target is per shape), met or not. A
 target none of whose shapes was measured (no row in its range, a column the run did not
 time) is "not measured", never met. Exits 1 if a file cannot be judged. The AllGather-GEMM
@@ -30,6 +30,8 @@ TUNER_WITHIN = 0.10  # [4.3]: the tuner's recorded time within 10% of the bench'
 FLOOR_LARGE_2 = 1.10  # [4.3] at two ranks: fused <= 1.10x the floor at >= 4096 rows
 FLOOR_MEDIUM_2 = 1.25  # [4.3] at two ranks: ... <= 1.25x at 1024-4095 rows
 FIRST_OVER_STEADY = 2.0  # [2.7]: a served first call <= 2x its M's steady latency
+FIRST_P99_OVER_STEADY = 2.0  # [4.3]: ... at the p99 of the trace's first calls
+WARM_OVER_FLOOR = 1.1  # [4.5]: the init container on a warm volume <= 1.1x its floor
 WARM_OVER_PERSISTED = 0.9  # [4.1]: a warm fleet's pod <= 0.9x the persisted-dir server
 WARM_OVER_COLD = 0.45  # [4.1]: ... and <= 0.45x a cold server, end to end
 WARM_OVER_EAGER = 2.5  # [4.1] stretch: ... and <= 2.5x the model uncompiled
@@ -245,6 +247,27 @@ def serving(result: dict[str, Any]) -> list[Verdict]:
             f"max {first['max']:.2f}; {first['over_2x']} of {distinct} first calls over 2x" + noise,
             first["max"] <= FIRST_OVER_STEADY,
         ),
+        Verdict(
+            f"[4.3] first call <= {FIRST_P99_OVER_STEADY}x steady at p99",
+            f"first / steady p99 {first['p99']:.2f}",
+            first["p99"] <= FIRST_P99_OVER_STEADY,
+        ),
+    ]
+
+
+def cold_start(result: dict[str, Any]) -> list[Verdict]:
+    """[4.5] on one ``bench/cold_start.py`` run: the warm init container (the median of its
+    repeats) against its floor, bare ranks that only launch each shape; and a warm run
+    that tunes nothing."""
+    ratio, runs = result["warm_over_floor"], result["warm_benchmark_runs"]
+    return [
+        Verdict(
+            f"[4.5] warm run ÷ floor <= {WARM_OVER_FLOOR}",
+            f"{ratio:.3f} (warm {result['warm_s']:.2f} s, floor {result['floor_s']:.2f} s; "
+            f"cold {result['cold_s']:.2f} s)",
+            ratio <= WARM_OVER_FLOOR,
+        ),
+        Verdict("warm run: 0 benchmark runs", f"{runs} benchmark runs", runs == 0),
     ]
 
 
@@ -378,12 +401,15 @@ def judge(result: dict[str, Any]) -> tuple[str, list[Verdict]]:
         return "pod_ready", pod_ready(result)
     if "modes" in result:
         return "fleet", fleet(result)
+    if "warm_over_floor" in result:
+        return "cold_start", cold_start(result)
     if "serve" in result:
         return "serving", serving(result)
     if "rows" in result:
         return "ag_gemm", ag_gemm(result)
     raise ValueError(
-        "not a result of bench/ag_gemm.py, bench/serving.py, bench/fleet.py or bench/pod_ready.py"
+        "not a result of bench/ag_gemm.py, bench/serving.py, bench/fleet.py, "
+        "bench/cold_start.py or bench/pod_ready.py"
     )
 
 
@@ -394,7 +420,7 @@ def device_line(result: dict[str, Any]) -> str:
         return f"{result['device']}, GPUs {result.get('gpus')}"
     if result.get("bench") == "pod_ready":
         return f"world {world}, {gpu or setup.get('device', '?')}"
-    return f"{world} x {gpu}" if gpu else "?"
+    return f"{world} x {gpu}" if gpu else f"world {world}" if world else "?"
 
 
 def table(verdicts: list[Verdict]) -> str:

@@ -83,8 +83,8 @@ def test_the_committed_two_gpu_run_is_judged_as_the_benchmarks_page_reads():
     assert _verdict(verdicts, "[2.5] graph-replayed").met is True
 
 
-def _serving(compiles=0, first_max=1.9, over=0):
-    first = {"median": 1.0, "p99": 1.5, "max": first_max, "over_2x": over}
+def _serving(compiles=0, first_max=1.9, over=0, p99=1.5):
+    first = {"median": 1.0, "p99": p99, "max": first_max, "over_2x": over}
     serve = {
         "compiles_during_trace": compiles,
         "cache_files_added_during_trace": 0,
@@ -98,12 +98,14 @@ def _serving(compiles=0, first_max=1.9, over=0):
 @pytest.mark.parametrize(
     ("result", "met"),
     [
-        (_serving(), (True, True)),
-        (_serving(compiles=1), (False, True)),
-        (_serving(first_max=2.01, over=1), (True, False)),
+        (_serving(), (True, True, True)),
+        (_serving(compiles=1), (False, True, True)),
+        (_serving(first_max=2.01, over=1), (True, False, True)),
+        (_serving(first_max=3.0, over=2, p99=2.0), (True, False, True)),
+        (_serving(first_max=3.0, over=9, p99=2.01), (True, False, False)),
     ],
 )
-def test_serving_counts_compiles_and_the_slowest_first_call(result, met):
+def test_serving_counts_compiles_the_slowest_first_call_and_the_p99(result, met):
     bench, verdicts = targets.judge(result)
     assert bench == "serving" and tuple(v.met for v in verdicts) == met
     assert "noise floor): 1 of 10" in verdicts[1].measured
@@ -145,6 +147,26 @@ def test_a_fleet_is_judged_per_mode_by_the_bound_it_ran_under():
     assert time.met is None and "no time target applies" in time.measured
     _, time = targets.fleet(_fleet(0.33, 0.35))
     assert time.target == "volume: 4 pods x 1 rank(s), slowest pod / solo <= 0.35x"
+
+
+def _cold_start(ratio, runs=0):
+    return {
+        "world": 8,
+        "cold_s": 40.0,
+        "warm_s": 10 * ratio,
+        "floor_s": 10.0,
+        "warm_over_floor": ratio,
+        "warm_benchmark_runs": runs,
+    }
+
+
+def test_a_cold_start_run_is_judged_warm_over_floor_and_no_tuning_when_warm():
+    bench, verdicts = targets.judge(_cold_start(1.1))
+    assert bench == "cold_start" and [v.met for v in verdicts] == [True, True]
+    assert verdicts[0].measured == "1.100 (warm 11.00 s, floor 10.00 s; cold 40.00 s)"
+    assert [v.met for v in targets.cold_start(_cold_start(1.11))] == [False, True]
+    assert [v.met for v in targets.cold_start(_cold_start(1.0, runs=3))] == [True, False]
+    assert targets.device_line(_cold_start(1.0)) == "world 8"
 
 
 def test_the_command_judges_each_file_and_fails_on_one_it_cannot(tmp_path, capsys):
