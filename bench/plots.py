@@ -61,6 +61,7 @@ FIGURES: dict[str, tuple[str, ...]] = {
     ),
     **_one(
         "compiled_model_agmlp_maxautotune_1xH200_2026-11-26_run12",
+        "ag_gemm_manifest_4xH200_2026-11-28",
         "ag_gemm_full_speed_2xH200_2026-11-23",
         "ag_gemm_tuned_2xH200_2026-11-23_run1",
         "tuning_cost_1xH200_2026-11-23",
@@ -73,6 +74,7 @@ FIGURES: dict[str, tuple[str, ...]] = {
         "pod_ready_2xH200_2026-11-28_run7_w1_maxautotune",
         "pod_ready_2xH200_2026-11-28_run7_w2_kernels",
         "pod_ready_2xH200_2026-11-28_run8_w2_blocks4",
+        "pod_ready_4xH200_2026-11-28_w4",
     ),
 }
 
