@@ -65,6 +65,7 @@ import torch.distributed as dist
 from bench import plots, targets
 from kernels import ag_gemm
 from registry import KernelConfig, Store, cpu_fingerprint
+from warmup.manifest import ManifestError, load_manifest
 from warmup.tuning.timing import DeviceHold
 
 SHAPES = [
@@ -592,22 +593,22 @@ def parse_shape(text: str, world: int) -> tuple[int, int, int]:
 def manifest_shapes(path: Path, world: int) -> list[tuple[int, int, int]]:
     """The AllGather-GEMM shapes ``path`` declares, in its order, each once (N per rank, as
     in the manifest), timed at this run's world size whatever its entries name; exits
-    naming what is wrong: an invalid manifest, no such entry, an M the ranks cannot
-    split."""
-    from warmup.manifest import ManifestError, load_manifest
-
+    naming what is wrong: an invalid or unreadable manifest (its error lists every
+    problem), no such entry, an entry of a dtype other than the bench's (bf16), an M
+    the ranks cannot split."""
     try:
         manifest = load_manifest(path)
-    except ManifestError as error:  # it names the file and lists every error, or says
-        raise SystemExit(f"--manifest: {error}") from None  # it cannot read it
-    shapes = dict.fromkeys(
-        (shape["M"], shape["N"], shape["K"])
-        for entry in manifest.entries
-        if entry.kernel == ag_gemm.NAME
-        for shape in entry.expand()
-    )
-    if not shapes:
+    except ManifestError as error:
+        raise SystemExit(f"--manifest: {error}") from None
+    entries = [entry for entry in manifest.entries if entry.kernel == ag_gemm.NAME]
+    if not entries:
         raise SystemExit(f"--manifest {path}: no {ag_gemm.NAME} entry")
+    other = sorted({entry.dtype for entry in entries} - {"bf16"})
+    if other:
+        raise SystemExit(f"--manifest {path}: {other} entries; the bench times bf16 alone")
+    shapes = dict.fromkeys(
+        (shape["M"], shape["N"], shape["K"]) for entry in entries for shape in entry.expand()
+    )
     split = [m for m, _, _ in shapes if m % world]
     if split:
         raise SystemExit(f"--manifest {path}: M {split} not a multiple of {world} ranks")
@@ -642,13 +643,13 @@ def main() -> None:
 
     gpu = torch.cuda.get_device_name()
     log(f"{world} x {gpu}; torch {torch.__version__}; triton {triton.__version__}")
-    checks = [] if args.skip_checks else check_correctness(world, rank)
-    flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")  # > L2 (60 MB)
-    solos = [dist.new_group([r]) for r in range(world)]  # collective: all ranks make all
     picked = SHAPES if args.shapes == "all" else [SHAPES[int(i)] for i in args.shapes.split(",")]
     if args.shape or args.manifest:
         declared = manifest_shapes(args.manifest, world) if args.manifest else []
         picked = declared + [parse_shape(text, world) for text in args.shape]
+    checks = [] if args.skip_checks else check_correctness(world, rank)
+    flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")  # > L2 (60 MB)
+    solos = [dist.new_group([r]) for r in range(world)]  # collective: all ranks make all
     earlier = {}
     if args.compare is not None:
         earlier = {

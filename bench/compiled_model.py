@@ -61,6 +61,13 @@ AG_LAYERS = [("ag_gemm", 8192, 2048), ("ag_gemm", 2048, 8192)]  # (kernel, N, K)
 KERNELS = {"ag_mlp": AG_LAYERS, "ag_mlp_max_autotune": AG_LAYERS}
 
 
+def model_dtype(device: str) -> str:
+    """The dtype of the benches' models, their inputs and their kernel entries on
+    ``device`` (a device type): fp16 on a GPU, fp32 on the CPU, which has no fast fp16
+    GEMM. The manifests and the models (``bench.compiled_models``) both take it from here."""
+    return "fp32" if device == "cpu" else "fp16"
+
+
 def ag_layers(world: int) -> list[tuple[str, int, int]]:
     """The AllGather-GEMM MLP's serving-op layers at ``world`` ranks
     (``bench.compiled_models.ag_mlp``): both GEMMs at world 1; at more, the up
@@ -330,7 +337,7 @@ def bench_model(name: str, args: argparse.Namespace, root: Path) -> list[dict[st
     """Every case of ``args.cases`` for one model; each row is written to ``args.out``
     as soon as it is measured (a run stopped at a time limit keeps what it measured)."""
     batches = [int(b) for b in args.batches.split(",")]
-    dtype = "fp16" if args.device == "cuda" else "fp32"
+    dtype = model_dtype(args.device)
     manifest = root / name / "manifest.yaml"
     manifest.parent.mkdir(parents=True)
     manifest.write_text(manifest_text(name, MODELS[name], batches, args.seq, dtype))

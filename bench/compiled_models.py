@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bench.compiled_model import model_dtype
+
 D_MODEL, HEADS, FFN = 2048, 16, 5504
 
 
@@ -111,18 +113,26 @@ def _server() -> Any:
     return _serving
 
 
+def ag_dtype(device: Any) -> tuple[str, torch.dtype]:
+    """The AllGather-GEMM MLP's dtype on ``device``, by name and as torch's: the one its
+    manifests declare (``bench.compiled_model.model_dtype``)."""
+    name = model_dtype(torch.device(device).type)
+    return name, {"fp16": torch.float16, "fp32": torch.float32}[name]
+
+
 def _ag_mlp_one(device: Any) -> Any:
+    name, dtype = ag_dtype(device)
     ops = [
         _server().op(
-            "ag_gemm", n=n, k=k, dtype="fp16", max_m=AG_MAX_M, device=device, on_missing="fallback"
+            "ag_gemm", n=n, k=k, dtype=name, max_m=AG_MAX_M, device=device, on_missing="fallback"
         )
         for n, k in ((AG_N, AG_K), (AG_K, AG_N))
     ]
     up, down = (op.in_graph() for op in ops)
     torch.manual_seed(0)
-    w_up = torch.randn(AG_K, AG_N, device=device, dtype=torch.float16) / AG_K**0.5
-    w_down = torch.randn(AG_N, AG_K, device=device, dtype=torch.float16) / AG_N**0.5
-    norm = nn.RMSNorm(AG_K).to(device=device, dtype=torch.float16)
+    w_up = torch.randn(AG_K, AG_N, device=device, dtype=dtype) / AG_K**0.5
+    w_down = torch.randn(AG_N, AG_K, device=device, dtype=dtype) / AG_N**0.5
+    norm = nn.RMSNorm(AG_K).to(device=device, dtype=dtype)
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         # x: [batch, seq, AG_K] -> tokens [M, AG_K]
@@ -143,17 +153,18 @@ def _ag_mlp_parallel(device: Any, world: int) -> Any:
 
     width, rank = AG_N // world, dist.get_rank()
     group: Any = dist.group.WORLD
+    name, dtype = ag_dtype(device)
     op = _server().op(
-        "ag_gemm", n=width, k=AG_K, dtype="fp16", max_m=AG_MAX_M * world, device=device,
+        "ag_gemm", n=width, k=AG_K, dtype=name, max_m=AG_MAX_M * world, device=device,
         on_missing="fallback",
     )  # fmt: skip
     up = op.in_graph()
     torch.manual_seed(0)  # the same full weights on every rank; each keeps its slice
-    w_up = torch.randn(AG_K, AG_N, device=device, dtype=torch.float16) / AG_K**0.5
-    w_down = torch.randn(AG_N, AG_K, device=device, dtype=torch.float16) / AG_N**0.5
+    w_up = torch.randn(AG_K, AG_N, device=device, dtype=dtype) / AG_K**0.5
+    w_down = torch.randn(AG_N, AG_K, device=device, dtype=dtype) / AG_N**0.5
     mine = slice(rank * width, (rank + 1) * width)
     w_up, w_down = w_up[:, mine].contiguous(), w_down[mine].contiguous()
-    norm = nn.RMSNorm(AG_K).to(device=device, dtype=torch.float16)
+    norm = nn.RMSNorm(AG_K).to(device=device, dtype=dtype)
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         # x: [batch, seq, AG_K], this rank's tokens -> [m, AG_K]

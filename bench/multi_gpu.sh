@@ -14,7 +14,8 @@
 #   all           every stage above, in that order
 #
 # N is even (the fleet is two pods of N/2 ranks) and at least 2; the host must show N
-# GPUs (CUDA_VISIBLE_DEVICES's, else nvidia-smi's), else exit 2 before any bench. Each
+# GPUs (CUDA_VISIBLE_DEVICES's, else nvidia-smi's), else exit 2 before any bench, and
+# the benches see the first N of them. A stage named twice runs once. Each
 # bench writes OUT/<name>_<N>gpu.json and OUT/<name>_<N>gpu.log (the fleet:
 # OUT/fleet_2x<N/2>.json); the run ends with the targets judged from what it wrote
 # (bench/targets.py). A bench that fails does not stop the ones after it; the run's exit
@@ -34,14 +35,18 @@ usage() {
 [ $# -eq 3 ] || usage
 world=$1
 out=$3
-[[ $world =~ ^[0-9]+$ ]] && [ "$world" -ge 2 ] && [ $((world % 2)) -eq 0 ] || usage
+[[ $world =~ ^[1-9][0-9]*$ ]] && [ "$world" -ge 2 ] && [ $((world % 2)) -eq 0 ] || usage
 [[ $2 =~ ^[a-z_]+(,[a-z_]+)*$ ]] || usage
 picked=()
 IFS=',' read -r -a asked <<<"$2"
 for stage in "${asked[@]}"; do
     case " all ${STAGES[*]} " in *" $stage "*) ;; *) usage ;; esac
-    if [ "$stage" = all ]; then picked+=("${STAGES[@]}"); else picked+=("$stage"); fi
+    [ "$stage" = all ] && named=("${STAGES[@]}") || named=("$stage")
+    for one in "${named[@]}"; do # each stage once, in the order first named
+        case " ${picked[*]} " in *" $one "*) ;; *) picked+=("$one") ;; esac
+    done
 done
+read -r -a ag_gemm_args <<<"${AG_GEMM_ARGS:-}"
 
 here=$(cd "$(dirname "$0")/.." && pwd)
 export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
@@ -49,16 +54,21 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export PYTHONUNBUFFERED=1
 python=${PYTHON:-python3}
 
-gpus=$(nvidia-smi --list-gpus 2>/dev/null | grep -c '^GPU ') || gpus=0
-seen="nvidia-smi lists $gpus"
-if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then # the benches see these alone
-    gpus=$(tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c .)
-    seen="CUDA_VISIBLE_DEVICES names $gpus"
+if [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then # set, even empty: CUDA sees these alone
+    IFS=',' read -r -a gpus <<<"$CUDA_VISIBLE_DEVICES"
+    seen="CUDA_VISIBLE_DEVICES names ${#gpus[@]}"
+else
+    count=$(nvidia-smi --list-gpus 2>/dev/null | grep -c '^GPU ') || count=0
+    gpus=()
+    for ((i = 0; i < count; i++)); do gpus+=("$i"); done
+    seen="nvidia-smi lists $count"
 fi
-if [ "$gpus" -lt "$world" ]; then
+if [ ${#gpus[@]} -lt "$world" ]; then
     echo "$0: needs $world GPUs of one host; $seen" >&2
     exit 2
 fi
+CUDA_VISIBLE_DEVICES=$(IFS=,; echo "${gpus[*]:0:world}") # the first N: every bench's
+export CUDA_VISIBLE_DEVICES
 mkdir -p "$out"
 
 failed=0
@@ -85,9 +95,8 @@ run() {
 ag_gemm() {
     local name=$1
     shift
-    # shellcheck disable=SC2086 # AG_GEMM_ARGS is a list of words
     run "$name" "$python" -m torch.distributed.run --nproc-per-node "$world" \
-        "$here/bench/ag_gemm.py" "$@" ${AG_GEMM_ARGS:-}
+        "$here/bench/ag_gemm.py" "$@" "${ag_gemm_args[@]}"
 }
 
 redis=${REDIS_SERVER:-$(command -v redis-server || true)}

@@ -59,7 +59,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.compiled_model import AG_LAYERS, MODELS, kernel_entries, manifest_text
+from bench.compiled_model import AG_LAYERS, MODELS, kernel_entries, manifest_text, model_dtype
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = ("cold", "persisted", "first_pod", "warm_fleet", "remote_only", "eager")
@@ -679,7 +679,7 @@ def main(argv: list[str] | None = None) -> int:
     cases = args.cases.split(",")
     plan(cases)  # an unknown case fails before any pod runs
     batches = [int(b) for b in args.batches.split(",")]
-    dtype = "fp16" if args.device == "cuda" else "fp32"
+    dtype = model_dtype(args.device)
     root = Path(args.keep or tempfile.mkdtemp(prefix="pod-ready-"))
     root.mkdir(parents=True, exist_ok=True)
     args.keys = fleet_keys(root) if args.trust == "signed" else None
@@ -707,7 +707,10 @@ def main(argv: list[str] | None = None) -> int:
 
     plots.save_beside(args.out, "pod_ready", result)
     print("\n".join(["", *table(result), "", targets.table(targets.pod_ready(result))]))
-    return 0
+    failed = [f"{row['model']} {row['case']}" for row in result["pods"] if row.get("error")]
+    if failed:  # a run whose pods failed is a failed bench, whatever the targets say
+        print(f"failed pods: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def kept(args: argparse.Namespace, models: list[str], cases: list[str]) -> list[dict[str, Any]]:

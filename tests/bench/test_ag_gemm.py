@@ -38,13 +38,19 @@ def test_rows_the_ranks_cannot_split_are_named(tmp_path):
         manifest_shapes(EXAMPLE, 16)
 
 
-def test_a_manifest_without_the_kernel_or_invalid_or_missing_is_refused_by_name(tmp_path):
+def test_a_manifest_without_the_kernel_of_another_dtype_invalid_or_missing_is_refused(tmp_path):
     other = _manifest(
         tmp_path,
         "  - {kernel: matmul, dtype: bf16, world_size: 1, shapes: [{M: 64, N: 32, K: 16}]}\n",
     )
     with pytest.raises(SystemExit, match="no ag_gemm entry"):
         manifest_shapes(other, 2)
+    fp16 = _manifest(
+        tmp_path,
+        "  - {kernel: ag_gemm, dtype: fp16, world_size: 2, shapes: [{M: 64, N: 32, K: 16}]}\n",
+    )
+    with pytest.raises(SystemExit, match=r"\['fp16'\] entries; the bench times bf16 alone"):
+        manifest_shapes(fp16, 2)
     with pytest.raises(SystemExit, match=r"(?s)--manifest: .*m.yaml .*world_size: Field required"):
         manifest_shapes(_manifest(tmp_path, "  - {kernel: ag_gemm, dtype: bf16}\n"), 2)
     with pytest.raises(SystemExit, match=r"(?s)--manifest: .*absent.yaml .*cannot read"):

@@ -64,3 +64,20 @@ def test_a_model_served_through_kernels_declares_their_shapes_too():
         ("ag_gemm", 2048),
     ]
     assert manifest.entries[0].expand()[1]["M"] == 512  # batch 4 x seq 128 tokens
+
+
+def test_the_models_dtype_is_the_one_their_manifests_declare_fp32_on_the_cpu():
+    import torch
+
+    from bench.compiled_model import MODELS, model_dtype
+    from bench.compiled_models import ag_dtype
+
+    assert ag_dtype("cpu") == ("fp32", torch.float32)
+    assert ag_dtype("cuda:1") == ("fp16", torch.float16)
+    for device in ("cpu", "cuda"):
+        text = manifest_text("ag_mlp", MODELS["ag_mlp"], [1], 8, model_dtype(device), world=2)
+        manifest = parse_manifest(text)
+        declared = {e.dtype for e in manifest.entries} | {
+            i.dtype for i in manifest.models[0].inputs
+        }
+        assert declared == {ag_dtype(device)[0]}

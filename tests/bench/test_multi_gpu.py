@@ -21,7 +21,7 @@ args = sys.argv[1:]
 if args and args[0].endswith("targets.py"):
     sys.exit(subprocess.run([os.environ["REAL_PYTHON"], *args]).returncode)
 with open(os.environ["CALLS"], "a") as calls:
-    calls.write(json.dumps(args) + "\\n")
+    calls.write(json.dumps([os.environ.get("CUDA_VISIBLE_DEVICES"), *args]) + "\\n")
 out = args[args.index("--out") + 1]
 if any(name in out for name in os.environ.get("FAIL", "").split(",") if name):
     print("boom", file=sys.stderr)
@@ -43,7 +43,7 @@ def _run(
     gpus: int,
     *,
     fail: str = "",
-    visible: str = "",
+    visible: str | None = None,
     ag_gemm_args: str = "",
 ) -> subprocess.CompletedProcess:
     bin_dir = tmp_path / "bin"
@@ -64,9 +64,11 @@ def _run(
         "CALLS": str(tmp_path / "calls.jsonl"),
         "FAIL": fail,
         "REDIS_SERVER": "/opt/redis-server",
-        "CUDA_VISIBLE_DEVICES": visible,
         "AG_GEMM_ARGS": ag_gemm_args,
     }
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    if visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible
     return subprocess.run(
         ["bash", str(SCRIPT), world, stage, str(tmp_path / "out")],
         env=env,
@@ -76,9 +78,14 @@ def _run(
     )
 
 
-def _calls(tmp_path: Path) -> list[list[str]]:
+def _records(tmp_path: Path) -> list[list[str]]:
+    """Each bench call: the GPUs it was shown (CUDA_VISIBLE_DEVICES), then its arguments."""
     path = tmp_path / "calls.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _calls(tmp_path: Path) -> list[list[str]]:
+    return [record[1:] for record in _records(tmp_path)]
 
 
 def _bench(call: list[str]) -> str:
@@ -94,12 +101,29 @@ def test_a_host_with_fewer_gpus_than_the_world_is_refused_before_any_bench(tmp_p
 def test_the_gpus_the_benches_would_see_are_counted_not_the_hosts(tmp_path):
     done = _run(tmp_path, "4", "ag_gemm", gpus=8, visible="0,1")
     assert done.returncode == 2 and "CUDA_VISIBLE_DEVICES names 2" in done.stderr
-    assert _run(tmp_path, "4", "ag_gemm", gpus=8, visible="4,5,6,7").returncode == 0
+    done = _run(tmp_path, "4", "ag_gemm", gpus=8, visible="")  # set and empty: none
+    assert done.returncode == 2 and "CUDA_VISIBLE_DEVICES names 0" in done.stderr
+    assert _run(tmp_path, "4", "ag_gemm", gpus=8, visible="4,5,6,7,1").returncode == 0
+    assert _records(tmp_path)[-1][0] == "4,5,6,7"  # the first N of those named
+
+
+def test_on_a_larger_host_every_bench_sees_the_first_n_gpus(tmp_path):
+    assert _run(tmp_path, "4", "rest", gpus=8).returncode == 0
+    assert {record[0] for record in _records(tmp_path)} == {"0,1,2,3"}
 
 
 @pytest.mark.parametrize(
     ("world", "stage"),
-    [("2", "everything"), ("2", ""), ("2", "rest,"), ("3", "rest"), ("0", "rest"), ("x", "rest")],
+    [
+        ("2", "everything"),
+        ("2", ""),
+        ("2", "rest,"),
+        ("3", "rest"),
+        ("0", "rest"),
+        ("x", "rest"),
+        ("08", "rest"),
+        ("010", "rest"),
+    ],
 )
 def test_an_odd_or_missing_world_or_an_unknown_stage_is_a_usage_error(tmp_path, world, stage):
     done = _run(tmp_path, world, stage, gpus=8)
@@ -163,13 +187,21 @@ def test_the_pod_ready_stage_runs_the_tensor_parallel_model_at_n_ranks(tmp_path)
     assert call[call.index("--models") + 1] == "ag_mlp"
 
 
-def test_all_runs_every_stage_in_order_and_a_list_runs_those_named(tmp_path):
+def _outs(tmp_path: Path) -> list[str]:
+    return [Path(call[-1]).stem for call in _calls(tmp_path)]
+
+
+def test_all_runs_every_stage_in_order_and_a_list_runs_those_named_once(tmp_path):
     assert _run(tmp_path, "2", "all", gpus=2).returncode == 0
-    every = ["ag_gemm.py", "ag_gemm.py", "cold_start.py", "serving.py", "fleet.py", "pod_ready.py"]
-    assert [_bench(c) for c in _calls(tmp_path)] == every
+    every = ["ag_gemm_2gpu", "ag_gemm_rows_2gpu", "cold_start_2gpu", "serving_2gpu"]
+    assert _outs(tmp_path) == [*every, "fleet_2x1", "pod_ready_2gpu"]
     (tmp_path / "calls.jsonl").unlink()
-    assert _run(tmp_path, "2", "pod_ready,ag_gemm", gpus=2).returncode == 0
-    assert [_bench(c) for c in _calls(tmp_path)] == ["pod_ready.py", "ag_gemm.py"]
+    assert _run(tmp_path, "2", "pod_ready,ag_gemm,pod_ready", gpus=2).returncode == 0
+    assert _outs(tmp_path) == ["pod_ready_2gpu", "ag_gemm_2gpu"]
+    (tmp_path / "calls.jsonl").unlink()
+    assert _run(tmp_path, "2", "rest,all", gpus=2).returncode == 0
+    assert _outs(tmp_path)[:3] == ["cold_start_2gpu", "serving_2gpu", "fleet_2x1"]
+    assert len(_outs(tmp_path)) == 6
 
 
 def test_a_failed_bench_does_not_stop_the_others_and_fails_the_run(tmp_path):

@@ -326,6 +326,18 @@ def test_an_eager_pod_on_the_cpu_is_timed_end_to_end(tmp_path, capsys):
     assert "| small_mlp | eager |" in said and (tmp_path / "pod_ready_small_mlp.svg").exists()
 
 
+def test_a_run_with_a_failed_pod_exits_1_and_names_it(tmp_path, monkeypatch, capsys):
+    from bench import pod_ready
+
+    def failing(model, cases, ctx, rows, say):
+        rows.append({"model": model, "world": 1, "case": "eager", "error": "rank 0: boom"})
+
+    monkeypatch.setattr(pod_ready, "bench_model", failing)
+    args = ["--device", "cpu", "--models", "small_mlp", "--cases", "eager"]
+    assert main([*args, "--out", str(tmp_path / "out.json")]) == 1
+    assert "failed pods: small_mlp eager" in capsys.readouterr().err
+
+
 def test_the_bench_runs_as_a_script_and_refuses_an_unknown_case():
     import subprocess
 

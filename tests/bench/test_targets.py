@@ -149,7 +149,7 @@ def test_a_fleet_is_judged_per_mode_by_the_bound_it_ran_under():
     assert time.target == "volume: 4 pods x 1 rank(s), slowest pod / solo <= 0.35x"
 
 
-def _cold_start(ratio, runs=0):
+def _cold_start(ratio, runs=0, phases=("imports", "restore", "rank_start", "setup")):
     return {
         "world": 8,
         "cold_s": 40.0,
@@ -157,6 +157,7 @@ def _cold_start(ratio, runs=0):
         "floor_s": 10.0,
         "warm_over_floor": ratio,
         "warm_benchmark_runs": runs,
+        "warm_phases": dict.fromkeys(phases, 0.1),
     }
 
 
@@ -167,6 +168,15 @@ def test_a_cold_start_run_is_judged_warm_over_floor_and_no_tuning_when_warm():
     assert [v.met for v in targets.cold_start(_cold_start(1.11))] == [False, True]
     assert [v.met for v in targets.cold_start(_cold_start(1.0, runs=3))] == [True, False]
     assert targets.device_line(_cold_start(1.0)) == "world 8"
+
+
+def test_a_warm_run_that_started_no_rank_is_not_bounded_by_the_floor():
+    full_hit, tuned = targets.cold_start(_cold_start(0.08, phases=("imports", "restore")))
+    assert full_hit.met is None and "a full hit, no rank process" in full_hit.measured
+    assert tuned.met is True
+    older = _cold_start(1.2)
+    del older["warm_phases"]  # a run from before the phases were recorded: ranks ran
+    assert targets.cold_start(older)[0].met is False
 
 
 def test_the_command_judges_each_file_and_fails_on_one_it_cannot(tmp_path, capsys):
