@@ -485,12 +485,15 @@ QUIET_S = 10.0  # the harvest saves the Inductor cache after 5 s of quiet (INDUC
 
 
 def wait_quiet(folders: list[Path], quiet_s: float = QUIET_S, limit_s: float = 180.0) -> float:
-    """Wait until no file under ``folders`` has changed for ``quiet_s`` (at most
-    ``limit_s``): the sidecar's harvest of what the server compiled is written. Returns
-    the seconds waited."""
-    clock = time.monotonic()
+    """Wait until no file under ``folders`` has changed for ``quiet_s``, counted from
+    this call at the earliest (at most ``limit_s``): the sidecar's harvest of what the
+    server compiled is written. Folders quiet since long before do not end the wait: a
+    harvest starved of CPU while the server's ranks ran may not have begun. Returns the
+    seconds waited."""
+    clock, since = time.monotonic(), time.time()
     while time.monotonic() - clock < limit_s:
-        newest = max((_newest(folder) for folder in folders), default=0.0)
+        newest = max((_newest(folder) for folder in folders), default=since)
+        newest = max(newest, since)
         if time.time() - newest >= quiet_s:
             break
         time.sleep(0.5)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -413,7 +414,9 @@ def test_the_harvest_is_waited_for_until_the_folders_are_quiet(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "old").write_text("x")
     assert wait_quiet([tmp_path / "a"], quiet_s=0.0) < 0.5
+    os.utime(tmp_path / "a" / "old", (1.0, 1.0))  # quiet since long ago: still waits
+    assert 0.9 < wait_quiet([tmp_path / "a"], quiet_s=1.0, limit_s=5.0) < 3.0
     (tmp_path / "a" / "new").write_text("x")
     waited = wait_quiet([tmp_path / "a", tmp_path / "missing"], quiet_s=1.0, limit_s=5.0)
-    assert 0.4 < waited < 3.0
+    assert 0.9 < waited < 3.0
     assert wait_quiet([tmp_path / "a"], quiet_s=60.0, limit_s=0.2) < 1.0  # the limit bounds it
