@@ -59,7 +59,7 @@ idle = status_kib("VmRSS")
 start = time.perf_counter()
 try:
     store = Store(work / "store", create=True)
-    info = bundle.install(path, store, expect=None, triton_cache=work / "cache")
+    info = bundle.install(path, store, expect=None, roots={"triton-kernels": work / "cache"})
     outcome = f"installed: {info['entries']} entries, {info['artifacts']} artifacts"
 except RegistryError as e:
     outcome = "rejected: " + getattr(e, "reason", str(e))
@@ -194,7 +194,9 @@ def valid(path: Path, work: Path, *, files: int = 4, size: int = 50 * MIB) -> Pa
         with open(cache / f"kernel{i}.cubin", "wb") as f:
             for _ in range(size // MIB):
                 f.write(os.urandom(MIB))
-    bundle.create(path, name="big", version="1", entries=[entry(1)], triton_cache=cache.parent)
+    bundle.create(
+        path, name="big", version="1", entries=[entry(1)], roots={"triton-kernels": cache.parent}
+    )
     return path
 
 

@@ -616,8 +616,8 @@ before = size(targets)
 
 def op():
     try:
-        info = bundle.install(Path(ARGS["bundle"]), store, expect=None,
-                              triton_cache=targets / "triton", inductor=targets / "inductor")
+        roots = {"triton-kernels": targets / "triton", "inductor": targets / "inductor"}
+        info = bundle.install(Path(ARGS["bundle"]), store, expect=None, roots=roots)
     except RegistryError as e:
         return {"installed": False, "reason": getattr(e, "reason", str(e))[:400]}
     return {"installed": True, "models": info.get("models"), "artifacts": info.get("artifacts")}

@@ -54,7 +54,9 @@ def build(work: Path, megabytes: int) -> Path:
         for m in range(1, 65)
     )
     out = work / "big.tgz"
-    bundle.create(out, name="big", version="1", entries=store.entries(), triton_cache=cache)
+    bundle.create(
+        out, name="big", version="1", entries=store.entries(), roots={"triton-kernels": cache}
+    )
     shutil.rmtree(cache)
     return out
 
@@ -98,8 +100,8 @@ def main() -> int:
                 signed,
                 Store(work / "target" / "store", create=True),
                 expect=None,
-                triton_cache=work / "target" / "cache",
                 trust=trust if with_trust else None,
+                roots={"triton-kernels": work / "target" / "cache"},
             )
 
         installs: dict[bool, list[float]] = {False: [], True: []}

@@ -95,12 +95,13 @@ from registry.generations import Generation, Record
 from registry.signing import Signature, SigningKey, Trust
 from registry.store import Store
 from registry.tar_stream import CHUNK
+from registry.triton_cache import remove_stale_temp_files
 
 log = logging.getLogger(__name__)
 __all__ = [
     "FORMAT", "MANIFEST", "MAX_MEMBER_BYTES", "MAX_PART_BYTES", "MAX_TOTAL_BYTES", "SCHEMA",
-    "Bundle", "Limits", "create", "describe", "folders", "install", "installed",
-    "on_volume", "rollback", "sign", "verify",
+    "Bundle", "Limits", "create", "describe", "install", "installed",
+    "on_volume", "remove_stale_stages", "rollback", "sign", "verify",
 ]  # fmt: skip
 
 
@@ -116,21 +117,15 @@ def create(
     roots: Mapping[str, Path] | None = None,
     only: str | None = None,
     signer: SigningKey | None = None,
-    triton_cache: Path | None = None,
-    inductor: Path | None = None,
-    model: str | None = None,
 ) -> dict[str, Any]:
     """Write a bundle of ``entries`` and of each cache family's files in its folder of
     ``roots`` (family name -> folder: ``registry.families``; of the thing named ``only``,
     for a keyed family, if given) to ``out``, signed by ``signer`` if given.
-    ``triton_cache``, ``inductor`` and ``model`` are the same as ``roots`` and ``only``
-    for those two families (:func:`folders`).
 
     Artifacts are hashed, then copied, in pieces; they must not change meanwhile."""
     if not name or not version:
         raise RegistryError(f"Bundle needs a name and a version; got {name!r} and {version!r}.")
-    chosen = folders(roots, triton_cache=triton_cache, inductor=inductor)
-    members, fingerprints = _gather(entries, chosen, only or model)
+    members, fingerprints = _gather(entries, dict(roots or {}), only)
     if not members:
         raise RegistryError(f"Bundle '{name}' would be empty: no entries and no artifacts.")
     listed = {p: _summary(src) for p, src in sorted(members.items())}
@@ -167,21 +162,6 @@ def sign(path: Path, key: SigningKey, *, out: Path | None = None) -> Bundle:
     return verify(target, trust=Trust(public))
 
 
-def folders(
-    roots: Mapping[str, Path] | None = None,
-    *,
-    triton_cache: Path | None = None,
-    inductor: Path | None = None,
-) -> dict[str, Path]:
-    """Each family's folder a bundle takes files from or installs them to, by family
-    name; ``triton_cache`` and ``inductor``: the command line's and older callers' words
-    for the folders of Triton's kernels and of compiled models."""
-    chosen = dict(roots or {})
-    shorthand = {"triton-kernels": triton_cache, "inductor": inductor}
-    chosen.update({name: path for name, path in shorthand.items() if path is not None})
-    return chosen
-
-
 def describe(members: Iterable[str], *, sep: str = ", ") -> str:
     """What a bundle's members are, family by family: "3 artifacts, 1 compiled model
     indexes (3 files)"."""
@@ -198,6 +178,12 @@ def on_volume(volume: Path) -> dict[str, Path]:
     paths = Volume(volume)
     found = {family.name: family.volume_root(paths) for family in bundled()}
     return {name: root for name, root in found.items() if root is not None}
+
+
+def remove_stale_stages(volume: Path) -> int:
+    """What killed installs and copies left in every family's folder on the volume at
+    ``volume`` (``.bundle-*`` stages, ``.tmp-*`` files); how many were removed."""
+    return sum(remove_stale_temp_files(root) for root in on_volume(volume).values())
 
 
 def _gather(
@@ -302,8 +288,6 @@ def install(
     force: bool = False,
     roots: Mapping[str, Path] | None = None,
     trust: Trust | None = None,
-    triton_cache: Path | None = None,
-    inductor: Path | None = None,
     **limits: int,
 ) -> dict[str, Any]:
     """Verify ``path``, then merge it into ``store`` as one new generation: all or nothing.
@@ -313,14 +297,13 @@ def install(
     ``expect``: the fingerprint of the machines this store serves; entries and indexes
     that do not match it under ``policy`` reject the bundle unless ``force``. ``None``
     skips the check. Each family's files go to its folder in ``roots`` (family name ->
-    the volume's folder of it; ``triton_cache`` and ``inductor``: :func:`folders`), only
+    the volume's folder of it: :func:`on_volume`), only
     after the store install succeeded; a bundle carrying a family not given a folder is
     rejected. ``trust``: the keys it must be signed by (see :func:`verify`). ``limits``:
     fields of :class:`Limits` to change.
     """
     checked = Limits(**limits)
-    chosen = folders(roots, triton_cache=triton_cache, inductor=inductor)
-    stages = {name: Stage(root) for name, root in chosen.items()}
+    stages = {name: Stage(root) for name, root in (roots or {}).items()}
     check = None
     if expect is not None and not force:
         check = _fingerprint_check(str(path), expect, policy)
@@ -366,12 +349,10 @@ def _discard(stages: dict[str, Stage], *, failed: bool) -> None:
         stage.discard(failed=failed)
 
 
-def rollback(
-    store: Store, *, roots: Mapping[str, Path] | None = None, inductor: Path | None = None
-) -> dict[str, Any]:
+def rollback(store: Store, *, roots: Mapping[str, Path] | None = None) -> dict[str, Any]:
     """Undo the latest bundle install not yet undone (``Store.rollback``), and put back
-    what it replaced in each family's folder of ``roots`` (``inductor``: :func:`folders`)."""
-    chosen = folders(roots, inductor=inductor)
+    what it replaced in each family's folder of ``roots`` (family name -> folder)."""
+    chosen = dict(roots or {})
 
     def undo(record: Record) -> None:
         for family in bundled():

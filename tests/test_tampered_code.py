@@ -74,7 +74,12 @@ def _bundle(root: Path, files: dict[str, bytes], signer=None) -> Path:
     family, triton = _sources(root, files)
     out = root / "b.tgz"
     bundle.create(
-        out, name="m", version="1", entries=[], triton_cache=triton, inductor=family, signer=signer
+        out,
+        name="m",
+        version="1",
+        entries=[],
+        signer=signer,
+        roots={"triton-kernels": triton, "inductor": family},
     )
     return out
 
@@ -125,9 +130,8 @@ def test_a_bundle_install_runs_no_tampered_code(tmp_path, payload, marker, trust
                 path,
                 Store(volume / "registry", create=True),
                 expect=None,
-                triton_cache=triton,
-                inductor=family,
                 trust=trust,
+                roots={"triton-kernels": triton, "inductor": family},
             )
         assert str(path) in str(caught.value), case
         run_everything(family, triton, tmp_path)
@@ -137,8 +141,7 @@ def test_a_bundle_install_runs_no_tampered_code(tmp_path, payload, marker, trust
         hostile_bundles(tmp_path / "control", payload, trusted)["tampered"],
         Store(volume / "registry", create=True),
         expect=None,
-        triton_cache=triton,
-        inductor=family,
+        roots={"triton-kernels": triton, "inductor": family},
     )
     run_everything(family, triton, tmp_path)
     assert sorted(set(marker.read_text().split())) == ["cubin", "module", "so"]

@@ -16,8 +16,7 @@ from collections.abc import Mapping
 from registry import families
 from registry.errors import RegistryError, named
 from registry.explain import Prediction, predict
-from registry.families import Family, Host, Moved, Scope, Sources
-from registry.families.base import Declared
+from registry.families import Declared, Family, Host, Moved, Scope, Sources
 from registry.fingerprint import Fingerprint
 from registry.remote import RemoteTier
 from warmup.manifest import Manifest
@@ -43,8 +42,7 @@ def scope(
     folders = declared_folders(manifest)
     return Scope(
         volume=settings.paths,
-        triton_cache_dir=settings.triton_cache_dir,
-        inductor_cache_dir=settings.inductor_cache_dir,
+        pod=settings.pod(),
         store=settings.store,
         match_policy=settings.match_policy,
         models=declared_models(manifest, world) if models else (),
@@ -115,7 +113,7 @@ def save(where: Scope) -> list[Moved]:
 
 def _step(family: Family, step: str, where: Scope) -> Moved:
     try:
-        moved: Moved = getattr(family, step)(where)
+        moved: Moved = getattr(family, step)(where.only(family))
     except Exception as e:  # one family's failure never stops the others
         why = f"{step} failed: {named(e)}"
         log.warning("%s: %s", family.name, why)
@@ -144,7 +142,7 @@ def explain(where: Scope, host: Host, sources: Sources) -> list[Prediction]:
     predictions = []
     for family in families.every():
         try:
-            predictions.append(family.explain(where, host, sources))
+            predictions.append(family.explain(where.only(family), host, sources))
         except Exception as e:
             log.warning("explain: %s failed: %s", family.name, named(e))
             predictions.append(predict(family.name, [], note=f"not predicted: {named(e)}"))

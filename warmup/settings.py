@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
+from registry import families
 from registry.fingerprint import MatchPolicy
 from registry.locks import LockBackend, backend_from_url
 from registry.redis_url import is_redis
@@ -36,16 +42,10 @@ class Settings(BaseSettings):
     )
     manifest: Path = Field(Path("examples/demo.yaml"), description="the shape manifest")
     work_dir: Path = Field(Path("demo-work"), description="this pod's scratch folder")
-    triton_cache_dir: Path = Field(
-        default_factory=_derived,
-        validate_default=False,
-        description="TRITON_CACHE_DIR to restore into; unset: <work_dir>/triton-cache",
-    )
-    inductor_cache_dir: Path = Field(
-        default_factory=_derived,
-        validate_default=False,
-        description="TORCHINDUCTOR_CACHE_DIR of the warmup and the server (compiled models' "
-        "artifacts are restored there); unset: <work_dir>/inductor-cache",
+    pod_folders: dict[str, Path] = Field(
+        default_factory=dict,
+        description="the cache families' pod folders given, by setting name; each is also "
+        "read as TRITON_WARMUP_<NAME> (see 'the families' pod folders' below)",
     )
     registry_dir: Path = Field(
         default_factory=_derived,
@@ -324,8 +324,6 @@ class Settings(BaseSettings):
         paths, work = self.paths, self.work_dir
         status = self.status_file or work / "status.json"
         return {
-            "triton_cache_dir": work / "triton-cache",
-            "inductor_cache_dir": work / "inductor-cache",
             "registry_dir": paths.registry,
             "status_file": status,
             "bundle_dir": paths.bundles,
@@ -352,4 +350,69 @@ class Settings(BaseSettings):
     def given(self, name: str) -> bool:
         """Whether the field ``name`` was given (a keyword, the environment, a dump read
         back), not derived from the others."""
-        return name in self.model_fields_set
+        return name in self.model_fields_set or name in self.pod_folders
+
+    # ---- the families' pod folders ---------------------------------------------------
+    # Each cache family declares its pod folders (registry.families.PodFolder): one
+    # setting each, TRITON_WARMUP_<NAME>, unset: <work_dir>/<its default>. They are kept
+    # by name in ``pod_folders`` (given ones only) and read as attributes, so a new
+    # family's folder is a setting without a line here.
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """The environment of every declared pod folder, after the keywords."""
+        folders = _PodFolderEnv(settings_cls)
+        return init_settings, folders, env_settings, dotenv_settings, file_secret_settings
+
+    @model_validator(mode="before")
+    @classmethod
+    def _pod_folders_by_name(cls, data: Any) -> Any:
+        """A pod folder given by its name (``triton_cache_dir=...``) joins ``pod_folders``
+        (over the environment's); an empty one is unset."""
+        if not isinstance(data, dict):
+            return data
+        names = {folder.name for folder in families.pod_folders()}
+        given = {**data.get("pod_folders", {}), **{k: v for k, v in data.items() if k in names}}
+        rest = {k: v for k, v in data.items() if k not in names}
+        return {**rest, "pod_folders": {k: v for k, v in given.items() if v not in ("", None)}}
+
+    def pod_folder(self, name: str) -> Path:
+        """The pod folder of setting ``name``: as given, else its default under the work
+        dir; KeyError for a name no family declares."""
+        if name in self.pod_folders:
+            return self.pod_folders[name]
+        declared = {folder.name: folder for folder in families.pod_folders()}
+        if name not in declared:
+            raise KeyError(f"no family declares the pod folder '{name}'; see {sorted(declared)}")
+        return self.work_dir / declared[name].default
+
+    def pod(self) -> dict[str, Path]:
+        """Every declared pod folder, by setting name."""
+        return {folder.name: self.pod_folder(folder.name) for folder in families.pod_folders()}
+
+    def __getattr__(self, name: str) -> Path:
+        """A declared pod folder as an attribute (``settings.triton_cache_dir``)."""
+        if not name.startswith("_") and name in {f.name for f in families.pod_folders()}:
+            return self.pod_folder(name)
+        parent = cast(Any, BaseSettings).__getattr__  # pydantic's: private attributes
+        return cast(Path, parent(self, name))
+
+
+class _PodFolderEnv(EnvSettingsSource):
+    """``TRITON_WARMUP_<NAME>`` of each pod folder the families declare, as the
+    environment gives any setting (names in any case; empty: unset)."""
+
+    def __call__(self) -> dict[str, Any]:
+        found = {}
+        for folder in families.pod_folders():
+            env = folder.env if self.case_sensitive else folder.env.lower()
+            if self.env_vars.get(env):
+                found[folder.name] = self.env_vars[env]
+        return {"pod_folders": found} if found else {}

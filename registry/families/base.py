@@ -1,7 +1,10 @@
 """The protocol every cache family implements, and the typed values it is handed.
 
-A family is told *where* (a :class:`Scope`: the volume, this pod's cache folders, what
-the manifest declares, this host's fingerprint once known) and answers:
+A family declares what it needs of the pod (:class:`PodFolder`: each folder it keeps,
+its setting and where the server reads it) and its option in the bundle commands
+(:class:`BundleOption`); it is told *where* (a :class:`Scope`: the volume, the pod
+folders it declared and no others, what the manifest declares, this host's fingerprint
+once known) and answers:
 
 - :meth:`Family.restore`: the volume's copy into this pod, before the server starts;
 - :meth:`Family.save`: this pod's new artifacts onto the volume, when the run ends;
@@ -15,7 +18,7 @@ default (nothing moved; an empty prediction says why).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,14 +49,56 @@ class Declared:
 
 
 @dataclass(frozen=True)
+class PodFolder:
+    """A folder of this pod that a family keeps: its setting ``name`` (read from
+    ``TRITON_WARMUP_<NAME>``), its ``default`` under the settings' work dir, what it is
+    (``description``), the variable the server reads its path from (``server_env``, ""
+    for none), and whether the chart mounts it for every container (``mounted``: under
+    the work dir's mounted ``families/`` unless the chart sets it by name)."""
+
+    name: str
+    default: str
+    description: str
+    server_env: str = ""
+    mounted: bool = True
+
+    @property
+    def env(self) -> str:
+        """The environment variable of its setting."""
+        return f"TRITON_WARMUP_{self.name.upper()}"
+
+    @property
+    def option(self) -> str:
+        """Its option on the command line (``--triton-cache-dir``)."""
+        return "--" + self.name.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class BundleOption:
+    """How the ``registry bundle`` commands name a family's folder: ``create``'s option
+    takes files from a folder (``--triton-cache``), ``install``'s and ``rollback``'s put
+    them in one: by default the family's folder on the volume, or its pod folder
+    ``pod`` where that setting was given. ``dest``: its attribute on parsed arguments."""
+
+    flag: str
+    carries: str  # create's help: what it also carries
+    goes: str  # install's help: what goes there
+    pod: str = ""  # a pod folder's setting that, given, is install's default
+
+    @property
+    def dest(self) -> str:
+        return self.flag.removeprefix("--").replace("-", "_")
+
+
+@dataclass(frozen=True)
 class Scope:
-    """Where the families work for one pod: the volume, this pod's cache folders, what
-    the manifest declares, and this host's fingerprint when it is known (a run knows it
+    """Where the families work for one pod: the volume, this pod's folders by their
+    setting's name (a family is handed only those it declared: :meth:`only`), what the
+    manifest declares, and this host's fingerprint when it is known (a run knows it
     once a rank detected it, a full hit from the host's record)."""
 
     volume: Volume
-    triton_cache_dir: Path
-    inductor_cache_dir: Path
+    pod: Mapping[str, Path]
     store: Callable[[], Store]
     match_policy: MatchPolicy = MatchPolicy.EXACT
     models: Sequence[Declared] = ()
@@ -62,6 +107,21 @@ class Scope:
     fingerprint: Fingerprint | None = None  # this host's, as the run detected it
     triton_env: Mapping[str, str] | None = None  # the env knobs in Triton's key, if known
     remote: RemoteTier | None = None  # the registry's remote tier: fetched from, published to
+
+    def folder(self, name: str) -> Path:
+        """The pod folder of setting ``name``; :class:`KeyError` for one not handed over
+        (a family reads only the folders it declared)."""
+        try:
+            return self.pod[name]
+        except KeyError:
+            raise KeyError(
+                f"pod folder '{name}' was not declared; handed: {sorted(self.pod)}"
+            ) from None
+
+    def only(self, family: Family) -> Scope:
+        """This scope with only the pod folders ``family`` declared."""
+        names = {f.name for f in family.folders}
+        return replace(self, pod={k: v for k, v in self.pod.items() if k in names})
 
 
 @dataclass(frozen=True)
@@ -119,7 +179,9 @@ class Family:
     name: str = ""
     order: int = 100
     needs_host = False  # restored only once the host's fingerprint is known
+    folders: tuple[PodFolder, ...] = ()  # the pod folders it keeps (settings, chart, scope)
     bundled: BundlePart | None = None  # its members in a bundle (registry.bundle_parts)
+    option: BundleOption | None = None  # its folder's option in the bundle commands
 
     def volume_root(self, volume: Volume) -> Path | None:
         """Its folder on the volume, where bundles take its files from and install them

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from registry.bundle_indexed import IndexedFiles
-from registry.families.base import Declared, Scope
+from registry.families.base import BundleOption, Declared, Scope
 from registry.families.keyed import KeyedFolders
 from registry.fingerprint import Fingerprint
 from registry.volume import Volume
@@ -38,6 +38,11 @@ class DeclaredFolders(KeyedFolders):
     nothing_declared = "no caches declared"
     bundled = IndexedFiles(
         f"{FOLDER}/", "caches_indexes", "caches", "declared folder", per_name=True
+    )
+    option = BundleOption(
+        "--caches",
+        carries="also carry the declared folders stored in this family (<volume>/caches)",
+        goes="the declared folders' family where their artifacts go",
     )
 
     def volume_root(self, volume: Volume) -> Path:

@@ -16,20 +16,33 @@ from pathlib import Path
 
 from registry import remote_models
 from registry.bundle_indexed import IndexedFiles
-from registry.families.base import Declared, Scope
+from registry.families.base import BundleOption, Declared, PodFolder, Scope
 from registry.families.keyed import KeyedFolders
 from registry.volume import Volume
 
 RECORD_KEY = "inductor_indexes"  # a generation's record: the indexes its install replaced
+INDUCTOR_CACHE = PodFolder(
+    "inductor_cache_dir",
+    "inductor-cache",
+    "TORCHINDUCTOR_CACHE_DIR of the warmup and the server (compiled models' artifacts "
+    "are restored there)",
+    server_env="TORCHINDUCTOR_CACHE_DIR",
+)
 
 
 class Inductor(KeyedFolders):
     name = "inductor"
     order = 40
+    folders = (INDUCTOR_CACHE,)
     namespace = remote_models.MODELS
     remade = "to compile in the server"
     nothing_declared = "no models declared"
     bundled = IndexedFiles("inductor/", RECORD_KEY, "models", "compiled model")
+    option = BundleOption(
+        "--inductor",
+        carries="also carry the compiled models stored in this family (<volume>/inductor)",
+        goes="the family where compiled models' artifacts go",
+    )
 
     def volume_root(self, volume: Volume) -> Path:
         return volume.inductor
@@ -38,7 +51,7 @@ class Inductor(KeyedFolders):
         return scope.models
 
     def folder(self, scope: Scope, item: Declared) -> Path:
-        return scope.inductor_cache_dir
+        return scope.folder(INDUCTOR_CACHE.name)
 
 
 FAMILY = Inductor()

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from registry import inductor_cache, remote_models
 from registry.errors import RegistryError, named
@@ -275,6 +275,12 @@ class KeyedFolders(Family):
         if not stored:
             return {"model code or shapes": (item.key_digest[:12], "other keys")}
         return min((fingerprint_differences(fingerprint.diff(fp)) for fp in stored), key=len)
+
+    def installed(self, info: Mapping[str, Any]) -> dict[str, Any]:
+        """The indexes of this family a bundle install replaced, from its info (the
+        generation's record): relative path -> the sha256 it had, or None."""
+        key = getattr(self.bundled, "record_key", "")
+        return dict(info.get(key) or {}) if key else {}
 
     def bundle_indexes(self, bundle: Bundle) -> Sequence[str]:
         """The indexes of this family a verified bundle carries."""

@@ -14,7 +14,7 @@ import logging
 
 from registry.explain import Prediction
 from registry.families.base import Family, Host, Moved, Scope, Sources
-from registry.families.triton_kernels import triton_prediction
+from registry.families.triton_kernels import TRITON_CACHE, triton_prediction
 from registry.importers import import_triton_autotune
 
 log = logging.getLogger(__name__)
@@ -23,12 +23,13 @@ log = logging.getLogger(__name__)
 class TritonAutotune(Family):
     name = "triton-autotune"
     order = 30
+    folders = (TRITON_CACHE,)  # its results live in Triton's cache folder
 
     def save(self, scope: Scope) -> Moved:
         """The results in this pod's cache into the registry (user functions only)."""
         if scope.fingerprint is None or not scope.user_functions:
             return Moved(self.name)
-        result = import_triton_autotune(scope.triton_cache_dir, scope.fingerprint)
+        result = import_triton_autotune(scope.folder(TRITON_CACHE.name), scope.fingerprint)
         for error in result.errors:
             log.warning("could not import %s", error)
         scope.store().put_many(result.entries)

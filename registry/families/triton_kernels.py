@@ -17,7 +17,7 @@ from registry import remote_triton, triton_cache
 from registry.bundle_parts import BundlePart, Packed, PartReader, Stage
 from registry.errors import BundleRejected, shown
 from registry.explain import Prediction, predict
-from registry.families.base import Family, Host, Moved, Scope, Sources
+from registry.families.base import BundleOption, Family, Host, Moved, PodFolder, Scope, Sources
 from registry.patterns import TRITON_CACHE_KEY
 from registry.triton_cache import Kind, Origin, is_group, relocate
 from registry.volume import Volume
@@ -26,6 +26,13 @@ if TYPE_CHECKING:
     from registry.bundle import Limits
 
 log = logging.getLogger(__name__)
+
+TRITON_CACHE = PodFolder(
+    "triton_cache_dir",
+    "triton-cache",
+    "TRITON_CACHE_DIR to restore into, and where the server's Triton compiles",
+    server_env="TRITON_CACHE_DIR",
+)
 
 
 class CacheFiles(BundlePart):
@@ -85,13 +92,20 @@ class _GroupsRelocated(PartReader):
 class TritonKernels(Family):
     name = "triton-kernels"
     order = 20
+    folders = (TRITON_CACHE,)
     bundled = CacheFiles()
+    option = BundleOption(
+        "--triton-cache",
+        carries="also carry these compile artifacts (a TRITON_CACHE_DIR folder)",
+        goes="where artifacts go",
+        pod=TRITON_CACHE.name,
+    )
 
     def volume_root(self, volume: Volume) -> Path:
         return volume.triton_cache
 
     def restore(self, scope: Scope) -> Moved:
-        done = triton_cache.restore(scope.volume.triton_cache, scope.triton_cache_dir)
+        done = triton_cache.restore(scope.volume.triton_cache, scope.folder(TRITON_CACHE.name))
         return Moved(self.name, copied=done.copied, present=done.present)
 
     def save(self, scope: Scope) -> Moved:
@@ -99,7 +113,7 @@ class TritonKernels(Family):
         origin = None
         if scope.fingerprint is not None:
             origin = Origin.of(scope.fingerprint, scope.triton_env)
-        done = triton_cache.save(scope.triton_cache_dir, scope.volume.triton_cache, origin)
+        done = triton_cache.save(scope.folder(TRITON_CACHE.name), scope.volume.triton_cache, origin)
         return Moved(self.name, copied=done.copied, present=done.present)
 
     def explain(self, scope: Scope, host: Host, sources: Sources) -> Prediction:
@@ -116,7 +130,7 @@ def triton_prediction(
     held, unknown = triton_cache.held_differences(volume, host.triton, kind, known=recorded)
     if sources.local:
         mine, mine_unknown = triton_cache.held_differences(
-            scope.triton_cache_dir, host.triton, kind, restored=False, known=recorded
+            scope.folder(TRITON_CACHE.name), host.triton, kind, restored=False, known=recorded
         )
         held.update(mine)
         unknown = (unknown - set(held)) | mine_unknown

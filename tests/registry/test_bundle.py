@@ -191,7 +191,7 @@ def test_install_refuses_bad_archives_and_installs_nothing(tmp_path, built, h200
     target.put(Store(tmp_path / "source").entries()[0])
     before = os.readlink(tmp_path / "target" / CURRENT)
     with pytest.raises(BundleRejected, match=expected):
-        bundle.install(bad, target, expect=h200, triton_cache=tmp_path / "cache")
+        bundle.install(bad, target, expect=h200, roots={"triton-kernels": tmp_path / "cache"})
     assert os.readlink(tmp_path / "target" / CURRENT) == before and len(target) == 1
     assert not (tmp_path / "cache").exists()
 
@@ -223,11 +223,13 @@ def test_bundle_carries_triton_artifacts_and_relocates_them(tmp_path, source, h2
         json.dumps({"child_paths": {"k.cubin": str(cache / "k.cubin")}})
     )
     out = tmp_path / "with-cache.tgz"
-    bundle.create(out, name="b", version="1", entries=source.entries(), triton_cache=cache.parent)
+    bundle.create(
+        out, name="b", version="1", entries=source.entries(), roots={"triton-kernels": cache.parent}
+    )
     assert len(bundle.verify(out).parts["triton-kernels"].files) == 2
     target_cache = tmp_path / "vol" / "triton-cache"
     info = bundle.install(
-        out, Store(tmp_path / "t", create=True), expect=h200, triton_cache=target_cache
+        out, Store(tmp_path / "t", create=True), expect=h200, roots={"triton-kernels": target_cache}
     )
     assert info["artifacts"] == 2
     group = json.loads((target_cache / "HASH1" / "__grp__k.json").read_text())

@@ -48,7 +48,9 @@ def restored(root: Path, cache: Path, *, model="mlp", key=KEY) -> dict[str, byte
 def packed(tmp_path):
     family(tmp_path / "a" / "inductor")
     out = tmp_path / "models.tgz"
-    bundle.create(out, name="models", version="1", entries=[], inductor=tmp_path / "a" / "inductor")
+    bundle.create(
+        out, name="models", version="1", entries=[], roots={"inductor": tmp_path / "a" / "inductor"}
+    )
     return out
 
 
@@ -60,7 +62,7 @@ def test_a_model_travels_by_bundle_to_a_family_at_another_path(tmp_path, packed)
     assert verified.manifest["fingerprints"][0]["digest"] == FP.digest()
     target = tmp_path / "elsewhere" / "volume" / "inductor"
     info = bundle.install(
-        packed, Store(tmp_path / "store", create=True), expect=FP, inductor=target
+        packed, Store(tmp_path / "store", create=True), expect=FP, roots={"inductor": target}
     )
     assert info["models"] == 1 and list(info[RECORD_KEY]) == verified.parts["inductor"].indexes
     assert restored(target, tmp_path / "cache") == FILES
@@ -70,16 +72,16 @@ def test_a_model_travels_by_bundle_to_a_family_at_another_path(tmp_path, packed)
 def test_rollback_puts_back_the_index_the_install_replaced(tmp_path, packed):
     target = family(tmp_path / "t" / "inductor", {"old/file": b"before the bundle"})
     store = Store(tmp_path / "store", create=True)
-    bundle.install(packed, store, expect=FP, inductor=target)
+    bundle.install(packed, store, expect=FP, roots={"inductor": target})
     assert restored(target, tmp_path / "new") == FILES
-    bundle.rollback(store, inductor=target)
+    bundle.rollback(store, roots={"inductor": target})
     assert restored(target, tmp_path / "old") == {"old/file": b"before the bundle"}
 
 
 def test_rollback_removes_an_index_that_was_not_there_before(tmp_path, packed):
     target, store = tmp_path / "t" / "inductor", Store(tmp_path / "store", create=True)
-    bundle.install(packed, store, expect=FP, inductor=target)
-    bundle.rollback(store, inductor=target)
+    bundle.install(packed, store, expect=FP, roots={"inductor": target})
+    bundle.rollback(store, roots={"inductor": target})
     done = inductor_cache.restore(
         target, tmp_path / "c", model="mlp", key_digest=KEY, fingerprint=FP
     )
@@ -88,7 +90,7 @@ def test_rollback_removes_an_index_that_was_not_there_before(tmp_path, packed):
 
 def test_rollback_without_the_family_leaves_its_indexes_and_says_so(tmp_path, packed, caplog):
     target, store = tmp_path / "t" / "inductor", Store(tmp_path / "store", create=True)
-    bundle.install(packed, store, expect=FP, inductor=target)
+    bundle.install(packed, store, expect=FP, roots={"inductor": target})
     bundle.rollback(store)
     assert "indexes stay" in caplog.text
     assert restored(target, tmp_path / "c") == FILES
@@ -98,12 +100,16 @@ def test_an_index_for_another_machine_rejects_unless_forced(tmp_path):
     h100 = gpu_fingerprint("NVIDIA H100", sms=132)
     source = family(tmp_path / "a", fp=h100)
     out = tmp_path / "h100.tgz"
-    bundle.create(out, name="m", version="1", entries=[], inductor=source)
+    bundle.create(out, name="m", version="1", entries=[], roots={"inductor": source})
     target = tmp_path / "t"
     with pytest.raises(BundleRejected, match=r"compiled model index .* another platform"):
-        bundle.install(out, Store(tmp_path / "s", create=True), expect=FP, inductor=target)
+        bundle.install(
+            out, Store(tmp_path / "s", create=True), expect=FP, roots={"inductor": target}
+        )
     assert not target.exists()
-    bundle.install(out, Store(tmp_path / "s", create=True), expect=FP, inductor=target, force=True)
+    bundle.install(
+        out, Store(tmp_path / "s", create=True), expect=FP, force=True, roots={"inductor": target}
+    )
     assert len(list(target.glob("models/*/*/*/*.json"))) == 1
 
 
@@ -111,12 +117,17 @@ def test_create_takes_one_model_when_asked(tmp_path):
     root = family(tmp_path / "f")
     family(root, {"other": b"x"}, model="other")
     out = tmp_path / "one.tgz"
-    bundle.create(out, name="m", version="1", entries=[], inductor=root, model="other")
+    bundle.create(out, name="m", version="1", entries=[], only="other", roots={"inductor": root})
     [index] = bundle.verify(out).parts["inductor"].indexes
     assert index.startswith("models/other/")
     with pytest.raises(RegistryError, match="no artifacts of model nope"):
         bundle.create(
-            tmp_path / "x.tgz", name="m", version="1", entries=[], inductor=root, model="nope"
+            tmp_path / "x.tgz",
+            name="m",
+            version="1",
+            entries=[],
+            only="nope",
+            roots={"inductor": root},
         )
 
 
@@ -125,10 +136,14 @@ def test_create_refuses_a_family_short_of_a_file_or_with_a_damaged_one(tmp_path)
     blob = next(p for p in (root / "blobs").rglob("*") if p.is_file())
     blob.write_bytes(b"rot")
     with pytest.raises(RegistryError, match="no longer hashes to its name"):
-        bundle.create(tmp_path / "x.tgz", name="m", version="1", entries=[], inductor=root)
+        bundle.create(
+            tmp_path / "x.tgz", name="m", version="1", entries=[], roots={"inductor": root}
+        )
     blob.unlink()
     with pytest.raises(RegistryError, match="lacks"):
-        bundle.create(tmp_path / "x.tgz", name="m", version="1", entries=[], inductor=root)
+        bundle.create(
+            tmp_path / "x.tgz", name="m", version="1", entries=[], roots={"inductor": root}
+        )
     assert not (tmp_path / "x.tgz").exists()
 
 
@@ -221,7 +236,7 @@ def test_install_refuses_a_faulty_model_bundle_and_changes_nothing(
     before = sorted(p.relative_to(target) for p in target.rglob("*"))
     store = Store(tmp_path / "store", create=True)
     with pytest.raises(BundleRejected, match=expected):
-        bundle.install(bad, store, expect=FP, inductor=target)
+        bundle.install(bad, store, expect=FP, roots={"inductor": target})
     assert sorted(p.relative_to(target) for p in target.rglob("*")) == before
     assert not (tmp_path / "store" / CURRENT).exists()
 
@@ -264,7 +279,7 @@ def test_an_interrupted_writers_temporary_index_is_no_index(tmp_path):
     [index] = inductor_cache.index_files(root / "models")
     (index.parent / f".tmp-1234-{index.name}").write_text("{half an ind")
     out = tmp_path / "b.tgz"
-    bundle.create(out, name="m", version="1", entries=[], inductor=root)
+    bundle.create(out, name="m", version="1", entries=[], roots={"inductor": root})
     assert len(bundle.verify(out).parts["inductor"].indexes) == 1
 
 
@@ -276,12 +291,12 @@ def test_two_installs_of_one_index_roll_back_one_at_a_time(tmp_path):
     for version in (1, 2):
         source = family(tmp_path / f"s{version}", {f"v{version}": b"x" * version})
         out = tmp_path / f"v{version}.tgz"
-        bundle.create(out, name="m", version=str(version), entries=[], inductor=source)
-        bundle.install(out, store, expect=FP, inductor=target)
+        bundle.create(out, name="m", version=str(version), entries=[], roots={"inductor": source})
+        bundle.install(out, store, expect=FP, roots={"inductor": target})
     assert restored(target, tmp_path / "c2") == {"v2": b"xx"}
-    bundle.rollback(store, inductor=target)
+    bundle.rollback(store, roots={"inductor": target})
     assert restored(target, tmp_path / "c1") == {"v1": b"x"}
-    bundle.rollback(store, inductor=target)
+    bundle.rollback(store, roots={"inductor": target})
     assert restored(target, tmp_path / "c0") == {"v0": b"before"}
 
 
@@ -297,7 +312,9 @@ def test_an_index_whose_file_did_not_move_in_is_left_out(tmp_path, packed, monke
 
     monkeypatch.setattr(os, "replace", replace)
     target = tmp_path / "t"
-    bundle.install(packed, Store(tmp_path / "s", create=True), expect=FP, inductor=target)
+    bundle.install(
+        packed, Store(tmp_path / "s", create=True), expect=FP, roots={"inductor": target}
+    )
     monkeypatch.setattr(os, "replace", real)
     assert not list(inductor_cache.index_files(target / "models"))
 
@@ -310,7 +327,9 @@ def _copies(count: int, size: int = 64 * 2**10) -> dict[str, bytes]:
 def test_one_blob_under_many_paths_counts_once_a_path_against_the_total(tmp_path):
     family(tmp_path / "a" / "inductor", _copies(40))
     out = tmp_path / "many.tgz"
-    bundle.create(out, name="m", version="1", entries=[], inductor=tmp_path / "a" / "inductor")
+    bundle.create(
+        out, name="m", version="1", entries=[], roots={"inductor": tmp_path / "a" / "inductor"}
+    )
     assert out.stat().st_size < 64 * 2**10  # 40 files of 64 KiB, carried as one blob
     limit = 2**20  # the members come to 64 KiB and an index; the files to 2.5 MiB
     with pytest.raises(
@@ -324,8 +343,8 @@ def test_one_blob_under_many_paths_counts_once_a_path_against_the_total(tmp_path
             out,
             Store(tmp_path / "s", create=True),
             expect=FP,
-            inductor=target,
             max_total_bytes=limit,
+            roots={"inductor": target},
         )
     assert sorted(p.relative_to(target) for p in target.rglob("*")) == before
     assert len(bundle.verify(out).parts["inductor"].indexes) == 1  # within the default total
@@ -336,7 +355,7 @@ def test_a_path_two_indexes_give_the_same_blob_counts_once(tmp_path):
     family(root, _copies(10), model="mlp")
     family(root, _copies(10), model="other")
     out = tmp_path / "two.tgz"
-    bundle.create(out, name="m", version="1", entries=[], inductor=root)
+    bundle.create(out, name="m", version="1", entries=[], roots={"inductor": root})
     verified = bundle.verify(out, max_total_bytes=10 * 2**16 + 2**16)  # not 20 files' worth
     assert len(verified.parts["inductor"].indexes) == 2
     with pytest.raises(BundleRejected, match="restore"):
@@ -346,7 +365,9 @@ def test_a_path_two_indexes_give_the_same_blob_counts_once(tmp_path):
 def test_the_files_all_indexes_restore_are_bounded_in_count(tmp_path, monkeypatch):
     family(tmp_path / "a" / "inductor", _copies(5, size=1))
     out = tmp_path / "count.tgz"
-    bundle.create(out, name="m", version="1", entries=[], inductor=tmp_path / "a" / "inductor")
+    bundle.create(
+        out, name="m", version="1", entries=[], roots={"inductor": tmp_path / "a" / "inductor"}
+    )
     monkeypatch.setattr(bundle_indexed, "MAX_BUNDLE_FILES", 4)
     with pytest.raises(BundleRejected, match="restore 5 files; limit 4"):
         bundle.verify(out)

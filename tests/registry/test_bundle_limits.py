@@ -37,7 +37,9 @@ def with_cache(tmp_path, source):
         json.dumps({"child_paths": {"k.cubin": str(cache / "k.cubin")}})
     )
     out = tmp_path / "with-cache.tgz"
-    bundle.create(out, name="b", version="1", entries=source.entries(), triton_cache=cache.parent)
+    bundle.create(
+        out, name="b", version="1", entries=source.entries(), roots={"triton-kernels": cache.parent}
+    )
     return out
 
 
@@ -123,13 +125,15 @@ def test_member_data_is_hashed_and_staged_in_chunks_never_held(tmp_path, source,
         f.truncate(48 * MIB)  # zeros: a small archive, a big member
     (cache / "noise.cubin").write_bytes(os.urandom(16 * MIB))  # a big archive
     out = tmp_path / "big.tgz"
-    bundle.create(out, name="b", version="1", entries=source.entries(), triton_cache=cache.parent)
+    bundle.create(
+        out, name="b", version="1", entries=source.entries(), roots={"triton-kernels": cache.parent}
+    )
     target = tmp_path / "vol" / "triton-cache"
 
     def verify_and_install():
         bundle.verify(out)
         return bundle.install(
-            out, Store(tmp_path / "t", create=True), expect=h200, triton_cache=target
+            out, Store(tmp_path / "t", create=True), expect=h200, roots={"triton-kernels": target}
         )
 
     info, peak = _peak(verify_and_install)
@@ -285,14 +289,23 @@ def test_a_corrupt_or_truncated_gzip_is_rejected_never_a_traceback(tmp_path, sou
     cache.mkdir(parents=True)
     (cache / "k.cubin").write_bytes(b"".join(b"%d," % i for i in range(60_000)))
     good = tmp_path / "good.tgz"
-    bundle.create(good, name="b", version="1", entries=source.entries(), triton_cache=cache.parent)
+    bundle.create(
+        good,
+        name="b",
+        version="1",
+        entries=source.entries(),
+        roots={"triton-kernels": cache.parent},
+    )
     escaped = {}
     for label, data in _corruptions(good.read_bytes()):
         bad = tmp_path / "bad.tgz"
         bad.write_bytes(data)
         try:
             bundle.install(
-                bad, Store(tmp_path / "t", create=True), expect=h200, triton_cache=tmp_path / "c"
+                bad,
+                Store(tmp_path / "t", create=True),
+                expect=h200,
+                roots={"triton-kernels": tmp_path / "c"},
             )
         except BundleRejected:
             pass
@@ -362,7 +375,7 @@ def test_a_malformed_entry_is_rejected_never_a_traceback(tmp_path, with_cache, h
                 Store(tmp_path / "t", create=True),
                 expect=h200,
                 force=force,
-                triton_cache=cache,
+                roots={"triton-kernels": cache},
             )
         assert _tree(cache) == {} and _tree(tmp_path / "t") == {}
 
@@ -385,7 +398,7 @@ def test_forced_install_of_an_int_compute_capability_leaves_no_cubin(tmp_path, w
     target.put(Store(tmp_path / "source").entries()[0])
     before = _tree(cache), _tree(tmp_path / "t")
     with pytest.raises(BundleRejected):
-        bundle.install(bad, target, expect=h200, force=True, triton_cache=cache)
+        bundle.install(bad, target, expect=h200, force=True, roots={"triton-kernels": cache})
     assert (_tree(cache), _tree(tmp_path / "t")) == before
 
 
@@ -398,10 +411,15 @@ def test_artifacts_reach_the_cache_only_after_the_store_installed(tmp_path, with
     cache = tmp_path / "vol" / "triton-cache"
     with pytest.raises(RegistryError, match="disk full"):
         bundle.install(
-            with_cache, FailingStore(tmp_path / "t", create=True), expect=h200, triton_cache=cache
+            with_cache,
+            FailingStore(tmp_path / "t", create=True),
+            expect=h200,
+            roots={"triton-kernels": cache},
         )
     assert _tree(cache) == {} and not cache.exists()
-    bundle.install(with_cache, Store(tmp_path / "t", create=True), expect=h200, triton_cache=cache)
+    bundle.install(
+        with_cache, Store(tmp_path / "t", create=True), expect=h200, roots={"triton-kernels": cache}
+    )
     assert sorted(_tree(cache)) == ["HASH1", "HASH1/__grp__k.json", "HASH1/k.cubin"]
 
 
@@ -416,7 +434,9 @@ def test_a_bad_artifact_after_staging_leaves_the_cache_as_it_was(tmp_path, with_
     (cache / "HASH1" / "k.cubin").write_bytes(b"mine")
     before = _tree(cache)
     with pytest.raises(BundleRejected, match="checksum mismatch"):
-        bundle.install(bad, Store(tmp_path / "t", create=True), expect=h200, triton_cache=cache)
+        bundle.install(
+            bad, Store(tmp_path / "t", create=True), expect=h200, roots={"triton-kernels": cache}
+        )
     assert _tree(cache) == before
 
 
@@ -464,7 +484,10 @@ def test_an_artifact_bundle_round_trips_with_its_fingerprints(tmp_path, with_cac
     cache = tmp_path / "vol" / "triton-cache"
     with pytest.raises(BundleRejected, match="compute_capability"):
         bundle.install(
-            with_cache, Store(tmp_path / "t", create=True), expect=a100, triton_cache=cache
+            with_cache,
+            Store(tmp_path / "t", create=True),
+            expect=a100,
+            roots={"triton-kernels": cache},
         )
     assert not cache.exists() and not os.path.exists(tmp_path / "t" / CURRENT)
 
@@ -520,7 +543,9 @@ def test_install_relocates_only_the_group_files_it_brought(tmp_path, with_cache,
     other.parent.mkdir(parents=True)
     other.write_text(json.dumps({"child_paths": {"x.cubin": "/elsewhere/x.cubin"}}))
     before = other.read_bytes()
-    bundle.install(with_cache, Store(tmp_path / "t", create=True), expect=h200, triton_cache=cache)
+    bundle.install(
+        with_cache, Store(tmp_path / "t", create=True), expect=h200, roots={"triton-kernels": cache}
+    )
     group = json.loads((cache / "HASH1" / "__grp__k.json").read_text())
     assert group == {"child_paths": {"k.cubin": str(cache / "HASH1" / "k.cubin")}}
     assert other.read_bytes() == before
@@ -539,7 +564,10 @@ def test_artifacts_reach_the_cache_right_after_the_swap_before_garbage_collectio
             return super()._collect_garbage()
 
     bundle.install(
-        with_cache, Watching(tmp_path / "t", create=True), expect=h200, triton_cache=cache
+        with_cache,
+        Watching(tmp_path / "t", create=True),
+        expect=h200,
+        roots={"triton-kernels": cache},
     )
     assert seen[-1] == (True, ["HASH1", "HASH1/__grp__k.json", "HASH1/k.cubin"])
 
@@ -548,7 +576,10 @@ def test_a_failure_while_staging_is_a_rejection(tmp_path, with_cache, h200):
     cache = tmp_path.joinpath(*["d" * 250] * 20)  # longer than PATH_MAX: each stat fails
     with pytest.raises(BundleRejected, match="cannot stage artifact"):
         bundle.install(
-            with_cache, Store(tmp_path / "t", create=True), expect=h200, triton_cache=cache
+            with_cache,
+            Store(tmp_path / "t", create=True),
+            expect=h200,
+            roots={"triton-kernels": cache},
         )
     assert not (tmp_path / "t" / CURRENT).exists()
 
@@ -564,7 +595,10 @@ def test_a_failure_moving_artifacts_after_the_swap_is_logged_not_raised(
             return super().install(entries, record=record, **hooks)
 
     info = bundle.install(
-        with_cache, Obstructed(tmp_path / "t", create=True), expect=h200, triton_cache=cache
+        with_cache,
+        Obstructed(tmp_path / "t", create=True),
+        expect=h200,
+        roots={"triton-kernels": cache},
     )
     assert info["artifacts"] == 2 and len(Store(tmp_path / "t")) == 2
     assert "2 of 2 artifacts not moved into the cache" in caplog.text and "HASH1/" in caplog.text

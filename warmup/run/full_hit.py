@@ -24,10 +24,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kernels import ADAPTERS
+from registry import families as registry_families
 from registry import hosts
 from registry.errors import RegistryError, named
-from registry.families.base import Declared
-from registry.families.inductor import FAMILY as MODELS
+from registry.families import Declared
 from registry.fingerprint import Fingerprint
 from registry.hosts import HostRecord, Probe
 from registry.remote import RemoteTier
@@ -147,7 +147,7 @@ def _stored_models(
             key = model_key(model)
         except ValueError as e:
             return f"model {model.name} has no key: {e}"
-        if not MODELS.fetch(here, Declared(model.name, key.digest)):
+        if not registry_families.models().fetch(here, Declared(model.name, key.digest)):
             return f"model {model.name} is not stored for this host's fingerprint"
         found.append((model, key))
     return found
@@ -216,7 +216,7 @@ def _restored(
     """One model's artifacts copied into the pod's Inductor cache (the models' family's
     restore); a part that could not be is compiled by the server, which says so."""
     scope = families.scope(settings, None, fingerprint=fingerprint)
-    done = MODELS.restore_one(scope, Declared(model.name, key.digest))
+    done = registry_families.models().restore_one(scope, Declared(model.name, key.digest))
     return ModelResult(
         name=model.name,
         phase="restored",

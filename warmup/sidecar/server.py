@@ -25,9 +25,8 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from registry import RegistryError, bundle, triton_cache
+from registry import RegistryError, bundle, families
 from registry.errors import BundleRejected
-from registry.families.inductor import RECORD_KEY
 from registry.fingerprint import Fingerprint
 from registry.remote import RemoteTier
 from registry.signing import announce
@@ -231,7 +230,7 @@ class Sidecar:
             log.warning("bundle %s deferred: the store could not take it now: %s", path, e)
             return "deferred"
         log.info("installed %s as %s", path, info["id"])
-        self._reload_models(expect, info.get(RECORD_KEY) or {})
+        self._reload_models(expect, families.models().installed(info))
         return "installed"
 
     def _reload_models(self, fingerprint: Fingerprint, indexes: dict[str, Any]) -> None:
@@ -307,8 +306,7 @@ class Sidecar:
         ``current``) before the first install; a store it cannot write is served as is."""
         try:
             self.store.recover()
-            triton_cache.remove_stale_temp_files(self.settings.paths.triton_cache)
-            triton_cache.remove_stale_temp_files(self.settings.paths.inductor)  # .bundle-*
+            bundle.remove_stale_stages(self.settings.volume)  # .bundle-*, .tmp-*
         except (OSError, RegistryError) as e:
             log.warning("registry %s not recovered: %s", self.store.root, e)
 

@@ -19,8 +19,10 @@ def make_scope(root: Path, *, folders=(), models=(), fingerprint=FP, **extra) ->
     volume = Volume(root / "volume")
     return Scope(
         volume=volume,
-        triton_cache_dir=root / "pod" / "triton",
-        inductor_cache_dir=root / "pod" / "inductor",
+        pod={
+            "triton_cache_dir": root / "pod" / "triton",
+            "inductor_cache_dir": root / "pod" / "inductor",
+        },
         store=lambda: Store(volume.registry, create=True),
         models=models,
         folders=folders,

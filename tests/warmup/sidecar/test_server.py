@@ -294,7 +294,9 @@ def make_bundle(tmp_path, name, m, fingerprint=None, artifacts=0):
         (cache / "kernel.cubin").write_bytes(os.urandom(artifacts))
         cache = cache.parent
     out = tmp_path / f"{name}.tgz"
-    bundle.create(out, name=name, version="1", entries=store.entries(), triton_cache=cache)
+    bundle.create(
+        out, name=name, version="1", entries=store.entries(), roots={"triton-kernels": cache}
+    )
     return out
 
 
@@ -645,7 +647,9 @@ def test_a_bundle_with_a_declared_model_reaches_the_pods_inductor_cache(tmp_path
     (other / "fxgraph").mkdir(parents=True)
     (other / "fxgraph" / "stale").write_bytes(b"another key's graph")
     inductor_cache.save(other, family, model="mlp", key_digest="feed" * 8, key={}, fingerprint=fp)
-    bundle.create(tmp_path / "models.tgz", name="models", version="1", entries=[], inductor=family)
+    bundle.create(
+        tmp_path / "models.tgz", name="models", version="1", entries=[], roots={"inductor": family}
+    )
     with running(settings) as car:
         shutil.copy(tmp_path / "models.tgz", settings.bundle_dir / "models.tgz")
         assert wait_for(lambda: reloads(car).get("installed") == 1)
