@@ -11,18 +11,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from registry import bundle, cli_bundle, cli_listing, importers
 from registry.cli_common import (
-    caches_of,
-    caches_option,
     creatable,
     existing,
+    family_options,
     fingerprint_option,
-    inductor_option,
     resolve_fingerprint,
     roots,
 )
@@ -46,11 +44,12 @@ def add_parser(
     subparsers: Any,
     *,
     default_store: Path,
-    default_cache: Path,
-    default_inductor: Path,
+    default_roots: Mapping[str, Path],
     default_trust: tuple[Path | None, bool] = (None, False),
 ) -> None:
-    """Register ``registry`` and its commands on the top-level CLI. ``default_trust``:
+    """Register ``registry`` and its commands on the top-level CLI. ``default_roots``:
+    each family's folder that ``bundle install`` and ``rollback`` use unless told
+    (:func:`registry.cli_common.default_roots`). ``default_trust``:
     the trusted keys folder of bundles and the opt-out (TRITON_WARMUP_TRUSTED_BUNDLE_KEYS,
     else TRITON_WARMUP_TRUSTED_KEYS; TRITON_WARMUP_ALLOW_UNSIGNED) that ``bundle verify``
     and ``install`` use unless told."""
@@ -58,20 +57,18 @@ def add_parser(
         "registry", help="inspect and move tuned configs and compiled models"
     )
     _store_options(top, default_store)
-    top.set_defaults(default_inductor=default_inductor)
+    top.set_defaults(default_inductor=default_roots.get("inductor"))  # registry ls, show
     common = [_json_flag()]
     cmds = top.add_subparsers(dest="registry_cmd", required=True, metavar="COMMAND")
     cli_listing.add_commands(cmds, common)
     _add_entry_commands(cmds, common)
     rb = cmds.add_parser("rollback", help="undo the latest bundle install", parents=common)
-    inductor_option(rb, default_inductor, "whose compiled models' indexes are put back")
-    caches_option(rb, caches_of(default_inductor), "whose indexes are put back")
+    family_options(rb, default_roots, undone=True)
     rb.set_defaults(handler=_rollback)
     cli_bundle.add_commands(
         cmds,
         common,
-        default_cache=default_cache,
-        default_inductor=default_inductor,
+        default_roots=default_roots,
         default_trust=default_trust,
     )
 

@@ -4,17 +4,16 @@ list bundles of tuned configs and caches, and the keys that sign them."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from registry import bundle, signing
+from registry import bundle, families, signing
 from registry.cli_common import (
-    caches_of,
-    caches_option,
     creatable,
     existing,
+    family_options,
     fingerprint_option,
-    inductor_option,
     resolve_fingerprint,
     roots,
     select_entries,
@@ -29,8 +28,7 @@ def add_commands(
     cmds: argparse._SubParsersAction[argparse.ArgumentParser],
     common: list[argparse.ArgumentParser],
     *,
-    default_cache: Path,
-    default_inductor: Path,
+    default_roots: Mapping[str, Path],
     default_trust: tuple[Path | None, bool],
 ) -> None:
     """``bundle`` (``create``, ``verify``, ``install``, ``sign``, ``list``) and ``keys
@@ -42,7 +40,7 @@ def add_commands(
     ver.add_argument("file", type=Path)
     _trust_options(ver, default_trust)
     ver.set_defaults(handler=_verify)
-    ins = _add_install(bcmds, common, default_cache=default_cache, inductor=default_inductor)
+    ins = _add_install(bcmds, common, default_roots)
     _trust_options(ins, default_trust)
     sig = bcmds.add_parser("sign", help="sign a bundle with an Ed25519 key", parents=common)
     sig.add_argument("file", type=Path)
@@ -91,18 +89,10 @@ def _add_create(
     parser.add_argument("--name", required=True)
     parser.add_argument("--version", required=True)
     parser.add_argument("--kernel", help="only this kernel")
-    parser.add_argument("--triton-cache", type=Path, help="also carry these compile artifacts")
-    parser.add_argument(
-        "--inductor",
-        type=Path,
-        help="also carry the compiled models stored in this family (<volume>/inductor)",
-    )
-    parser.add_argument(
-        "--caches",
-        type=Path,
-        help="also carry the declared folders stored in this family (<volume>/caches)",
-    )
-    parser.add_argument("--model", help="with --inductor or --caches: only this name")
+    for family in families.with_option():
+        assert family.option is not None
+        parser.add_argument(family.option.flag, type=Path, help=family.option.carries)
+    parser.add_argument("--model", help=f"with {_named_options()}: only this name")
     parser.add_argument("--sign-key", type=Path, help="sign it with this private key (PEM)")
     parser.set_defaults(handler=create)
 
@@ -110,9 +100,7 @@ def _add_create(
 def _add_install(
     bcmds: argparse._SubParsersAction[argparse.ArgumentParser],
     common: list[argparse.ArgumentParser],
-    *,
-    default_cache: Path,
-    inductor: Path,
+    defaults: Mapping[str, Path],
 ) -> argparse.ArgumentParser:
     """``bundle install``: how strictly to check, and where artifacts and compiled models go."""
     ins = bcmds.add_parser(
@@ -123,14 +111,7 @@ def _add_install(
     ins.add_argument(
         "--policy", type=MatchPolicy, default=MatchPolicy.EXACT, choices=list(MatchPolicy)
     )
-    ins.add_argument(
-        "--triton-cache",
-        type=Path,
-        default=default_cache,
-        help=f"where artifacts go (default {default_cache})",
-    )
-    inductor_option(ins, inductor, "where compiled models' artifacts go")
-    caches_option(ins, caches_of(inductor), "where declared folders' artifacts go")
+    family_options(ins, defaults)
     fingerprint_option(ins, allow_none=True)
     ins.set_defaults(handler=install)
     return ins
@@ -138,9 +119,13 @@ def _add_install(
 
 def carries_more(args: argparse.Namespace) -> bool:
     """A bundle that carries a compile cache or compiled models needs no store entries."""
-    return any(
-        getattr(args, name, None) is not None for name in ("triton_cache", "inductor", "caches")
-    )
+    return bool(roots(args))
+
+
+def _named_options() -> str:
+    """The options of the families that keep things by name: "--inductor or --caches"."""
+    flags = [f.option.flag for f in families.with_option() if f.option and f.needs_host]
+    return " or ".join(flags)
 
 
 def create(args: argparse.Namespace, store: Store) -> dict[str, Any]:
@@ -150,19 +135,15 @@ def create(args: argparse.Namespace, store: Store) -> dict[str, Any]:
         if not value:
             raise BadInput(f"{flag} is empty; expected a non-empty {flag[2:]} for the bundle.")
     creatable(args.out, folder=False, what="bundle file")
-    inductor = "the compiled models' family of a volume (<volume>/inductor)"
-    for flag, path, expected in (
-        ("--triton-cache", args.triton_cache, "a Triton cache folder (TRITON_CACHE_DIR)"),
-        ("--inductor", args.inductor, inductor),
-        ("--caches", args.caches, "the declared folders' family of a volume (<volume>/caches)"),
-    ):
-        if path is not None:
-            existing(path, folder=True, what=flag, expected=expected)
-    if args.model is not None and args.inductor is None and args.caches is None:
-        raise BadInput(
-            "--model picks among the compiled models of --inductor (or the folders of "
-            "--caches); give --inductor or --caches."
-        )
+    chosen = roots(args)
+    for family in families.with_option():
+        if family.name in chosen and family.option is not None:
+            expected = family.option.carries.removeprefix("also carry ")
+            existing(chosen[family.name], folder=True, what=family.option.flag, expected=expected)
+    named = [f.name for f in families.with_option() if f.needs_host]
+    if args.model is not None and not any(name in chosen for name in named):
+        options = _named_options()
+        raise BadInput(f"--model picks among the things stored by name in {options}; give one.")
     signer = None
     if args.sign_key is not None:
         signer = signing.SigningKey.load(_key_file(args.sign_key))
@@ -247,9 +228,9 @@ def install(args: argparse.Namespace, store: Store) -> dict[str, Any]:
     caches' folders) as a new generation."""
     path = _bundle_file(args.file)
     creatable(store.root, folder=True, what="--store")
-    creatable(args.triton_cache, folder=True, what="--triton-cache")
-    creatable(args.inductor, folder=True, what="--inductor")
-    creatable(args.caches, folder=True, what="--caches")
+    for family in families.with_option():
+        if family.option is not None and getattr(args, family.option.dest) is not None:
+            creatable(getattr(args, family.option.dest), folder=True, what=family.option.flag)
     trust = _trust(args)
     info = bundle.install(
         path,

@@ -5,39 +5,50 @@ fingerprints they are given, the store's entries they pick, and their tables."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from registry import atomic
+from registry import atomic, families
 from registry.entry import Entry
 from registry.errors import BadInput, RegistryError
 from registry.fingerprint import Fingerprint, cpu_fingerprint
 from registry.store import Store
+from registry.volume import Volume
 
 MAX_FINGERPRINT_BYTES = 64 * 2**10  # a fingerprint's JSON is ~1 KiB
 
 
-def inductor_option(parser: argparse.ArgumentParser, default: Path, what: str) -> None:
-    """``--inductor``: the compiled models' family, ``what`` it is for."""
-    parser.add_argument(
-        "--inductor", type=Path, default=default, help=f"the family {what} (default {default})"
-    )
+def default_roots(volume: Path, pod: Mapping[str, Path]) -> dict[str, Path]:
+    """Where ``bundle install`` and ``rollback`` put each family's files unless told:
+    its folder on the volume at ``volume``, or the pod folder its option names where
+    ``pod`` (the pod folders given to the settings, by name) has it."""
+    found = {}
+    for family in families.with_option():
+        assert family.option is not None
+        root = family.volume_root(Volume(volume))
+        if family.option.pod in pod:
+            root = pod[family.option.pod]
+        if root is not None:
+            found[family.name] = root
+    return found
 
 
-def caches_option(parser: argparse.ArgumentParser, default: Path, what: str) -> None:
-    """``--caches``: the declared folders' family, ``what`` it is for."""
-    parser.add_argument(
-        "--caches",
-        type=Path,
-        default=default,
-        help=f"the declared folders' family {what} (default {default})",
-    )
-
-
-def caches_of(inductor: Path) -> Path:
-    """The declared folders' family beside the compiled models' (both on the volume)."""
-    return inductor.parent / "caches"
+def family_options(
+    parser: argparse.ArgumentParser, defaults: Mapping[str, Path], *, undone: bool = False
+) -> None:
+    """Each family's folder option where its files go (``bundle install``), by default
+    its folder of ``defaults``; ``undone``: only the families whose install a rollback
+    puts back, and said so."""
+    for family in families.with_option():
+        assert family.option is not None and family.bundled is not None
+        if undone and not family.bundled.record_keys():
+            continue
+        default = defaults.get(family.name)
+        what = f"{family.name}: whose indexes are put back" if undone else family.option.goes
+        parser.add_argument(
+            family.option.flag, type=Path, default=default, help=f"{what} (default {default})"
+        )
 
 
 def fingerprint_option(parser: argparse.ArgumentParser, *, allow_none: bool = False) -> None:
@@ -118,11 +129,7 @@ def select_entries(store: Store, kernel: str | None) -> list[Entry]:
 
 def roots(args: argparse.Namespace) -> dict[str, Path]:
     """The folders the options give each cache family a bundle carries."""
-    given = {
-        "triton-kernels": getattr(args, "triton_cache", None),
-        "inductor": getattr(args, "inductor", None),
-        "declared-folders": getattr(args, "caches", None),
-    }
+    given = {f.name: getattr(args, f.option.dest, None) for f in families.with_option() if f.option}
     return {family: path for family, path in given.items() if path is not None}
 
 

@@ -43,6 +43,7 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
 def build_parser(settings: Settings) -> argparse.ArgumentParser:
     from registry import cli as registry_cli
+    from registry.cli_common import default_roots
     from warmup import doctor, explain
 
     parser, sub = _top_parser()
@@ -66,13 +67,11 @@ def build_parser(settings: Settings) -> argparse.ArgumentParser:
     _add_validate(sub)
     doctor.add_parser(sub, settings)
     explain.add_parser(sub, settings)
-    given = settings.given("triton_cache_dir")  # else the volume's, not this pod's
-    cache = settings.triton_cache_dir if given else settings.paths.triton_cache
     registry_cli.add_parser(
         sub,
         default_store=settings.registry_dir,
-        default_cache=cache,
-        default_inductor=settings.paths.inductor,
+        # the volume's folders, or a pod folder given to the settings (not a derived one)
+        default_roots=default_roots(settings.volume, settings.pod_folders),
         default_trust=(
             settings.trusted_bundle_keys or settings.trusted_keys,
             settings.allow_unsigned,
