@@ -669,3 +669,37 @@ def test_each_declared_folder_is_one_volume_at_its_path_in_all_three_containers(
     objects, _ = render(chart, {})
     _, pod = containers(objects)
     assert not [v for v in pod["volumes"] if v["name"].startswith("declared-cache")]
+
+
+def pod_folder_paths(objects, folders):
+    """Where each pod folder lies in each of the three containers: as its setting's
+    variable says, else its default under the work dir (as the settings derive it)."""
+    by_name, _ = containers(objects)
+    found = {}
+    for name in ("warmup", "warmup-sidecar", "server"):
+        given = env(by_name[name])
+        work = given["TRITON_WARMUP_WORK_DIR"]
+        found[name] = {f.name: given.get(f.env, f"{work}/{f.default}") for f in folders}
+    return by_name, found
+
+
+def test_every_declared_pod_folder_is_mounted_where_the_warmup_and_server_write_it(chart):
+    from registry import families
+    from registry.families import PodFolder
+
+    new = PodFolder("notes_dir", "families/notes", "a family the chart has never heard of")
+    folders = [f for f in (*families.pod_folders(), new) if f.mounted]
+    by_name, paths = pod_folder_paths(render(chart, {})[0], folders)
+    for folder in folders:
+        places = {paths[c][folder.name] for c in paths}
+        assert len(places) == 1, (folder.name, places)  # all three agree
+        for name, container in by_name.items():
+            if name not in paths:
+                continue
+            mount = mount_under(container, paths[name][folder.name])
+            if name != "warmup-sidecar":  # it only reads what the server wrote
+                assert not mount.get("readOnly"), (folder.name, name)
+    _, new_paths = pod_folder_paths(render(chart, {})[0], [new])
+    assert mount_under(by_name["server"], new_paths["server"]["notes_dir"])["name"] == (
+        "family-folders"
+    )

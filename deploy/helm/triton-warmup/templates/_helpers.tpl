@@ -59,6 +59,9 @@ Triton and model code. */}}
 {{- define "triton-warmup.volumePath" -}}/var/lib/triton-warmup{{- end -}}
 {{- define "triton-warmup.tritonCachePath" -}}/var/cache/triton{{- end -}}
 {{- define "triton-warmup.workPath" -}}/run/triton-warmup{{- end -}}
+{{/* The cache families' own pod folders (default <work dir>/families/<name>), writable
+in every container, the server's included, for the sidecar to harvest. */}}
+{{- define "triton-warmup.familyFoldersPath" -}}{{ include "triton-warmup.workPath" . }}/families{{- end -}}
 {{/* Compiled models' Inductor cache (and the CUDA driver's JIT cache in it): the warmup
 restores and fills it, the server's torch.compile reads it. */}}
 {{- define "triton-warmup.inductorCachePath" -}}/var/cache/torchinductor{{- end -}}
