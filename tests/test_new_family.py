@@ -71,7 +71,8 @@ class Notes(Family):
         return Moved(self.name, copied=copied)
 
     def save(self, scope):
-        return Moved(self.name, copied=copy(scope.folder("notes_dir"), self.volume_root(scope.volume)))
+        copied = copy(scope.folder("notes_dir"), self.volume_root(scope.volume))
+        return Moved(self.name, copied=copied)
 
     def watched(self, scope):
         return [scope.folder("notes_dir")]
