@@ -287,16 +287,14 @@ def make_bundle(tmp_path, name, m, fingerprint=None, artifacts=0):
             KernelConfig.make({"BLOCK_M": 16}),
         )
     )
-    cache = None
+    roots = {}
     if artifacts:  # compile artifacts of that many bytes: a bundle that takes a while
         cache = tmp_path / f"cache-{name}" / ("0" * 32)
         cache.mkdir(parents=True)
         (cache / "kernel.cubin").write_bytes(os.urandom(artifacts))
-        cache = cache.parent
+        roots["triton-kernels"] = cache.parent
     out = tmp_path / f"{name}.tgz"
-    bundle.create(
-        out, name=name, version="1", entries=store.entries(), roots={"triton-kernels": cache}
-    )
+    bundle.create(out, name=name, version="1", entries=store.entries(), roots=roots)
     return out
 
 
