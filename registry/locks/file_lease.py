@@ -14,7 +14,7 @@ from filelock import LeaseCompromise, LeaseSettingsMismatch, SoftFileLease
 from filelock import Timeout as FileLockTimeout
 
 from registry import atomic
-from registry.locks import LOST, Holder, lock_file_name
+from registry.locks.lease import LOST, Holder, lock_file_name
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from registry import redis_url
-from registry.locks import RETRY_CAP_S, Holder, Lease, LockServerUnreachable, backoff
+from registry.locks.lease import RETRY_CAP_S, Holder, Lease, LockServerUnreachable, backoff
 from registry.redis_url import cause, redacted
 
 log = logging.getLogger(__name__)
