@@ -95,3 +95,18 @@ class Calls:
     def deadline(self, seconds: float | None = None) -> contextlib.AbstractContextManager[float]:
         """The deadline of one call: every command it makes, its reconnects included."""
         return redis_url.deadline(self.timeout_s if seconds is None else seconds)
+
+
+class WarnOnce:
+    """The tier's warnings about one key (and field): each said once, not per call."""
+
+    def __init__(self) -> None:
+        self._said: set[tuple[str, str]] = set()
+
+    def __call__(self, name: str, field: str, message: str, *args: object) -> None:
+        """Warn ``message`` about the slot ``name`` (``field``: "" for the whole key),
+        unless this key and field were warned about before."""
+        if (name, field) not in self._said:
+            self._said.add((name, field))
+            where = f"{name} field {field[:12]}" if field else name
+            log.warning("remote tier: %s: " + message, where, *args)
