@@ -42,7 +42,9 @@ class PublishQueue:
         for field, (entry, seen) in list(self._kept.items()):
             publish = functools.partial(self.fence.publish, entry=entry, seen=seen)
             try:
-                self.transport.quietly(publish, key=field[0], passes=(Superseded,))
+                self.transport.attempt(
+                    publish, key=field[0], passes=(Superseded,), ends_outage=False
+                )
             except Superseded:
                 pass  # counted and logged: another pod's entry stays
             except Unanswered:

@@ -96,37 +96,27 @@ class Transport:
         key: str = OTHER_TYPE,
         deadline_s: float | None = None,
         passes: tuple[type[Exception], ...] = (),
+        ends_outage: bool = True,
     ) -> T | None:
         """``fn(client)``'s answer, made now, the tier skipped or not; None when ``key``
         holds another type. A failed call raises :class:`Unanswered`; one of ``passes``
-        is an answer (the server spoke) and is raised as it is."""
-        try:
-            answer = self.quietly(fn, key=key, deadline_s=deadline_s, passes=passes)
-        except passes:
-            self.answered()
-            raise
-        self.answered()
-        return answer
-
-    def quietly(
-        self,
-        fn: Callable[[Any], T],
-        *,
-        key: str = OTHER_TYPE,
-        deadline_s: float | None = None,
-        passes: tuple[type[Exception], ...] = (),
-    ) -> T | None:
-        """:meth:`attempt`, but an answer does not end the outage (the publish queue's
-        own calls: it ends the outage once all went)."""
+        is an answer (the server spoke) and is raised as it is. ``ends_outage=False``:
+        an answer does not end the outage (the publish queue's own calls: it ends it
+        once all went)."""
+        answer = None
         try:
             with self.calls.deadline(deadline_s), self.unless_wrong_type(key):
-                return fn(self.client)
+                answer = fn(self.client)
         except passes:
+            if ends_outage:
+                self.answered()
             raise
         except Exception as e:
             self.calls.failed(e)
             raise Unanswered(str(e)) from e
-        return None  # a key of another type: warned, a miss
+        if ends_outage:
+            self.answered()
+        return answer  # None for a key of another type: warned, a miss
 
     def answered(self) -> None:
         """A call answered: the outage, if any, is over; :attr:`on_answer` follows."""

@@ -74,11 +74,11 @@ def test_a_key_of_another_type_is_a_miss_warned_once_not_an_outage(caplog):
     assert transport.calls.stats.errors == 1
 
 
-def test_an_answer_tells_on_answer_and_a_quiet_one_does_not():
+def test_an_answer_tells_on_answer_unless_it_ends_no_outage():
     answers = []
     transport = _transport(FakeClient())
     transport.on_answer = lambda: answers.append(1)
-    transport.quietly(lambda c: c.ask())
+    transport.attempt(lambda c: c.ask(), ends_outage=False)
     assert answers == []
     transport.attempt(lambda c: c.ask())
     assert answers == [1]
