@@ -4,7 +4,8 @@ deadline, and what a failed one does.
 Every call ends within its deadline (``timeout_s``, for the whole call: a server that
 trickles its answer is cut there too) and has no retries of its own. A call that fails
 logs one warning for the outage, then the tier is skipped (no network) for
-``retry_after_s`` and tried again; a call that answers ends the outage.
+``retry_after_s`` and tried again; a call that answers ends the outage. A bad value or
+key is warned about once (:class:`WarnOnce`), not on every call that meets it.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ class Calls:
     def failed(self, error: Exception) -> None:
         """A call failed: counted, warned once per outage, then calls skipped for
         ``retry_after_s``."""
-        import redis
+        import redis  # redis is optional: a tier without it fails when it is built
 
         self.stats.errors += 1
         self._retry_at = time.monotonic() + self.retry_after_s
