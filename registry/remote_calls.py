@@ -4,7 +4,8 @@ deadline, and what a failed one does.
 Every call ends within its deadline (``timeout_s``, for the whole call: a server that
 trickles its answer is cut there too) and has no retries of its own. A call that fails
 logs one warning for the outage, then the tier is skipped (no network) for
-``retry_after_s`` and tried again; a call that answers ends the outage.
+``retry_after_s`` and tried again; a call that answers ends the outage. A bad value or
+key is warned about once (:class:`WarnOnce`), not on every call that meets it.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ class Calls:
     def failed(self, error: Exception) -> None:
         """A call failed: counted, warned once per outage, then calls skipped for
         ``retry_after_s``."""
-        import redis
+        import redis  # redis is optional: a tier without it fails when it is built
 
         self.stats.errors += 1
         self._retry_at = time.monotonic() + self.retry_after_s
@@ -95,3 +96,18 @@ class Calls:
     def deadline(self, seconds: float | None = None) -> contextlib.AbstractContextManager[float]:
         """The deadline of one call: every command it makes, its reconnects included."""
         return redis_url.deadline(self.timeout_s if seconds is None else seconds)
+
+
+class WarnOnce:
+    """The tier's warnings about one key (and field): each said once, not per call."""
+
+    def __init__(self) -> None:
+        self._said: set[tuple[str, str]] = set()
+
+    def __call__(self, name: str, field: str, message: str, *args: object) -> None:
+        """Warn ``message`` about the slot ``name`` (``field``: "" for the whole key),
+        unless this key and field were warned about before."""
+        if (name, field) not in self._said:
+            self._said.add((name, field))
+            where = f"{name} field {field[:12]}" if field else name
+            log.warning("remote tier: %s: " + message, where, *args)

@@ -19,9 +19,9 @@ limits; a blob must hash to its name. Every value is read only once the server f
 within its limit (an index within :data:`MAX_VALUE_BYTES`, a blob within the size its
 index gives: ``registry.redis_url``), and each kind is read and written by one function
 here (:func:`read_index`, :func:`write_index`, :func:`read_blobs`, :func:`write_blob`).
-Each call ends within the tier's deadline, plus the time its bytes take at
-:data:`MIN_BYTES_PER_S`. Fetched blobs and index are written into the
-volume's family (blobs first, each atomically); the caller then restores from there as
+Each call ends within the tier's deadline, plus the time its bytes take
+(``RemoteTier.deadline_for``). Fetched blobs and index are written into the volume's
+family (blobs first, each atomically); the caller then restores from there as
 from any volume. Both calls are made even while the tier is skipped after a failure:
 one round of calls against minutes of compiling. Neither raises.
 """
@@ -34,7 +34,7 @@ import json
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from registry import atomic, inductor_cache, redis_url, remote_signature
 from registry.errors import RegistryError
@@ -56,7 +56,6 @@ BLOB_PREFIX = "triton-warmup:blob:"
 BATCH_BYTES = 16 * 2**20  # blobs asked for in one round trip, by their sizes
 BATCH_KEYS = 256
 MAX_VALUE_BYTES = MAX_INDEX_BYTES + remote_signature.OVERHEAD  # an index in its envelope
-MIN_BYTES_PER_S = 32 * 2**20  # a call moving bytes has this long for them beyond its deadline
 
 
 def index_key(
@@ -89,20 +88,23 @@ def fetch(
     there now. A miss, an outage, anything untrustworthy, or a volume that cannot be
     written is False (and counted)."""
     try:
-        return _fetch(tier, root, model, key_digest, fingerprint, namespace)
+        return _fetch(tier, root, _Index(model, key_digest, fingerprint, namespace))
     except OSError as e:
         log.warning("model %s: not fetched from the remote tier: %s", model, e)
         return False
 
 
-def _fetch(
-    tier: RemoteTier,
-    root: Path,
-    model: str,
-    key_digest: str,
-    fingerprint: Fingerprint,
-    namespace: str,
-) -> bool:
+class _Index(NamedTuple):
+    """Which index a fetch or a publish moves."""
+
+    model: str
+    key_digest: str
+    fingerprint: Fingerprint
+    namespace: str
+
+
+def _fetch(tier: RemoteTier, root: Path, at: _Index) -> bool:
+    model, key_digest, fingerprint, namespace = at
     name = index_key(model, key_digest, fingerprint, namespace)
     answer = tier.call(lambda client: [read_index(client, name)], now=True)
     if answer is None or answer[0] is None:
@@ -167,7 +169,7 @@ def _fetch_blobs(tier: RemoteTier, root: Path, name: str, index: Mapping[str, An
         values = tier.call(
             functools.partial(read_blobs, limits=limits),
             now=True,
-            deadline_s=call_deadline(tier, sum(size for _, size in limits)),
+            deadline_s=tier.deadline_for(sum(size for _, size in limits)),
         )
         if values is None:
             return False
@@ -228,20 +230,14 @@ def publish(
     is not published, nor is the index), then the index. True when all went; a volume
     that cannot be read is False."""
     try:
-        return _publish(tier, root, model, key_digest, fingerprint, namespace)
+        return _publish(tier, root, _Index(model, key_digest, fingerprint, namespace))
     except OSError as e:  # a blob quarantined meanwhile, a folder in its place
         log.warning("model %s: not published to the remote tier: %s", model, e)
         return False
 
 
-def _publish(
-    tier: RemoteTier,
-    root: Path,
-    model: str,
-    key_digest: str,
-    fingerprint: Fingerprint,
-    namespace: str,
-) -> bool:
+def _publish(tier: RemoteTier, root: Path, at: _Index) -> bool:
+    model, key_digest, fingerprint, namespace = at
     if not tier.may_publish():
         return False
     path = index_path(root, model, key_digest, fingerprint)
@@ -269,22 +265,17 @@ def _publish(
             log.warning("model %s: not published: blob %s is missing or damaged", model, sha[:16])
             return False
         write = functools.partial(write_blob, key=blob_key(sha), data=data)
-        if tier.call(write, now=True, deadline_s=call_deadline(tier, len(data))) is None:
+        if tier.call(write, now=True, deadline_s=tier.deadline_for(len(data))) is None:
             return False
     name = index_key(model, key_digest, fingerprint, namespace)
     payload = json.dumps({**index, "modes": modes}, sort_keys=True).encode()
     value = remote_signature.seal(tier.trust, name, "", payload)
     write = functools.partial(write_index, key=name, value=value)
-    if tier.call(write, now=True, deadline_s=call_deadline(tier, len(value))) is None:
+    if tier.call(write, now=True, deadline_s=tier.deadline_for(len(value))) is None:
         return False
     tier.stats.published += 1
     log.info("model %s: published to the remote tier (%d files)", model, len(shas))
     return True
-
-
-def call_deadline(tier: RemoteTier, size: int) -> float:
-    """The deadline of a call that moves ``size`` bytes."""
-    return tier.timeout_s + size / MIN_BYTES_PER_S
 
 
 # ---- the values of the family: each read and written in one place ----------------------
@@ -355,7 +346,7 @@ def stored_fingerprints(
         raw = tier.call(functools.partial(_read_one_index, key=name), now=True)
         if raw is None:
             return found
-        payload = tier.opened(name, "", raw[0]) if isinstance(raw[0], bytes) else None
+        payload = tier.opened(name, "", raw[0])
         if payload is None:
             continue
         try:

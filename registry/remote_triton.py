@@ -40,7 +40,7 @@ from typing import Any
 from registry import atomic, redis_url, remote_signature
 from registry.patterns import TRITON_CACHE_KEY
 from registry.remote import RemoteTier, scan_names
-from registry.remote_models import batches, blob_key, call_deadline, read_blobs
+from registry.remote_models import batches, blob_key, read_blobs
 from registry.triton_cache import MAX_GROUP_BYTES
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ def fetch(tier: RemoteTier, cache_key: str, filenames: Sequence[str]) -> dict[st
         return {}
     wanted: dict[str, tuple[str, int]] = {}
     for filename, key, value in zip(names, keys, pointers, strict=True):
-        raw = tier.opened(key, "", value) if isinstance(value, bytes) else None
+        raw = tier.opened(key, "", value)
         found = _POINTER.fullmatch(raw) if raw is not None else None
         if found and int(found[2]) <= MAX_FILE_BYTES:
             wanted[filename] = (found[1].decode(), int(found[2]))
@@ -103,7 +103,7 @@ def _blobs(
         limits = [(blob_key(wanted[filename][0]), sizes[filename]) for filename in batch]
         values = tier.call(
             functools.partial(read_blobs, limits=limits),
-            deadline_s=call_deadline(tier, sum(size for _, size in limits)),
+            deadline_s=tier.deadline_for(sum(size for _, size in limits)),
         )
         if values is None:
             return {}  # the tier failed mid-way: nothing half-fetched is used
@@ -143,7 +143,7 @@ def publish(tier: RemoteTier, cache_key: str, filename: str, data: bytes) -> boo
     sha, name = hashlib.sha256(data).hexdigest(), name_key(cache_key, filename)
     pointer = remote_signature.seal(tier.trust, name, "", f"{sha} {len(data)}".encode())
     write = functools.partial(write_file, blob=blob_key(sha), data=data, name=name, pointer=pointer)
-    answer = tier.call(write, deadline_s=call_deadline(tier, len(data)))
+    answer = tier.call(write, deadline_s=tier.deadline_for(len(data)))
     if answer is None:
         return False
     if answer[0]:

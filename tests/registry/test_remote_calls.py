@@ -10,6 +10,7 @@ import time
 import pytest
 
 from registry.remote import RemoteTier
+from registry.remote_calls import WarnOnce
 from tests.registry._trickle import trickling, within
 from tests.registry.test_remote import KEY, RETRY_S, _messages
 
@@ -95,3 +96,15 @@ def test_a_trickling_server_is_an_outage_within_the_deadline(tmp_path, kind, mak
         with within(1.5):
             assert tier.flush() == 1
     assert tier.stats.errors == 5
+
+
+def test_a_warning_about_a_key_and_field_is_said_once(caplog):
+    warn = WarnOnce()
+    with caplog.at_level(logging.WARNING, logger="registry.remote"):
+        for _ in range(3):
+            warn("slot", "f" * 64, "skipping %s", "it")
+        warn("slot", "", "not a hash")
+    assert _messages(caplog) == [
+        "remote tier: slot field ffffffffffff: skipping it",
+        "remote tier: slot: not a hash",
+    ]
