@@ -402,9 +402,3 @@ def settings_errors(error: ValidationError, options: dict[str, Any] | None = Non
         )
         parts.append(f"{name}={detail.get('input')!r}: {detail['msg'].lower()}")
     return "; ".join(parts)
-
-
-if __name__ == "__main__":
-    from warmup.program import entry
-
-    entry()

@@ -417,7 +417,7 @@ entries:
 def _run(folder: Path, **env: str) -> subprocess.CompletedProcess[str]:
     manifest = write_manifest(folder / "m.yaml", MANIFEST)
     return subprocess.run(
-        [sys.executable, "-m", "warmup.cli", "run", "--manifest", str(manifest), "--device", "cpu"],
+        [sys.executable, "-m", "warmup", "run", "--manifest", str(manifest), "--device", "cpu"],
         cwd=folder,
         env={**os.environ, "TRITON_WARMUP_CREATE_VOLUME": "true", **env},
         capture_output=True,

@@ -280,7 +280,7 @@ def test_two_run_pods_on_their_own_volumes_share_through_redis(tmp_path, redis):
     status ready with its phases and the remote tier's calls."""
     redis.client.flushall()
     env = env_without_interpreter(TRITON_WARMUP_LOCK_URL=redis.url, TRITON_WARMUP_DEVICE="cpu")
-    argv = [sys.executable, "-m", "warmup.cli", "run", "--manifest", str(DEMO)]
+    argv = [sys.executable, "-m", "warmup", "run", "--manifest", str(DEMO)]
     pods = [
         (
             argv,
