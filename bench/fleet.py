@@ -43,7 +43,7 @@ from typing import Any
 from bench import bytecode
 from bench.cold_start import SHAPES, manifest_text
 from warmup.results import RunStatus
-from warmup.run.early import listed_gpus
+from warmup.run.gpus import listed_gpus
 from warmup.run.phases import phase_table
 
 Shape = tuple[int, int, int]

@@ -29,7 +29,7 @@ from registry.locks import LockServerUnreachable, check_backend
 from registry.locks.file_lease import FileLeaseBackend
 from registry.redis_url import redacted
 from registry.store import Store
-from warmup.run.early import listed_gpus
+from warmup.run.gpus import listed_gpus
 from warmup.settings import Settings
 
 State = Literal["OK", "MISSING", "SKIP"]

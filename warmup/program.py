@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import sys
 
-from warmup.run.early import EarlyRanks, visible_gpus
+from warmup.run.early import EarlyRanks
+from warmup.run.gpus import visible_gpus
 
 
 def entry() -> None:

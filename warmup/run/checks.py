@@ -32,7 +32,7 @@ from registry import RegistryError, triton_internals
 from registry.errors import BadInput
 from registry.locks import LockServerUnreachable, check_backend
 from warmup.manifest import Manifest, ManifestError
-from warmup.run.early import GPU_LIST, visible_gpus
+from warmup.run.gpus import GPU_LIST, visible_gpus
 from warmup.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,6 @@ first. A rank imports nothing that reads Triton's environment before its line ar
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import logging
 import os
@@ -29,35 +28,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 from warmup.run.phases import process_age
 
-# The NVIDIA driver's list of GPUs, one folder each (``registry.fingerprint.NVIDIA_PROC``,
-# not imported: the registry package costs 0.1 s before the first rank starts).
-GPU_LIST = Path("/proc/driver/nvidia/gpus")
-
 log = logging.getLogger(__name__)
-
-
-def listed_gpus(gpu_list: Path = GPU_LIST) -> int:
-    """GPUs the NVIDIA driver lists (one folder each); 0 without a driver. No torch, no
-    subprocess: cheap enough for a launcher's start."""
-    try:
-        return sum(1 for _ in gpu_list.iterdir())
-    except OSError:
-        return 0
-
-
-def visible_gpus(gpu_list: Path = GPU_LIST) -> int:
-    """GPUs the driver lists, fewer when CUDA_VISIBLE_DEVICES hides some; no torch."""
-    listed = listed_gpus(gpu_list)
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return listed
-    ids = (d.strip() for d in visible.split(",") if d.strip())
-    shown = itertools.takewhile(lambda d: not d.startswith("-"), ids)  # "-1" hides the rest
-    return min(listed, sum(1 for _ in shown))
 
 
 class EarlyRanks:

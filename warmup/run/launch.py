@@ -26,7 +26,8 @@ from warmup.results import RankFailure, RankReport, RunStatus
 from warmup.run import checks, full_hit
 from warmup.run.aggregate import RunRecord, finish, running
 from warmup.run.checks import RunError
-from warmup.run.early import GPU_LIST, EarlyRanks, visible_gpus
+from warmup.run.early import EarlyRanks
+from warmup.run.gpus import GPU_LIST, visible_gpus
 from warmup.run.phases import process_age
 from warmup.run.restore import clear_run_dir, mark_restored, restore
 from warmup.run.session import CHILD_FLAG

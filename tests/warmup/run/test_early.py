@@ -15,7 +15,7 @@ from tests.conftest import ROOT, env_without_interpreter, run_program, settings_
 from warmup import logs
 from warmup.manifest import ManifestError, load_manifest
 from warmup.results import RunStatus
-from warmup.run.early import EarlyRanks, visible_gpus
+from warmup.run.early import EarlyRanks
 from warmup.run.launch import run
 
 pytestmark = pytest.mark.slow
@@ -186,19 +186,6 @@ def test_nothing_an_early_rank_imports_before_its_go_reads_triton_s_environment(
         check=True,
     )
     assert done.stdout.strip() == "[]"
-
-
-def test_visible_gpus_follow_the_driver_and_cuda_visible_devices(tmp_path, monkeypatch):
-    gpus = tmp_path / "gpus"
-    for bus in ("0000:01:00.0", "0000:02:00.0", "0000:03:00.0"):
-        (gpus / bus).mkdir(parents=True)
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    assert visible_gpus(gpus) == 3
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")
-    assert visible_gpus(gpus) == 2
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,-1,2")  # -1 hides the rest
-    assert visible_gpus(gpus) == 1
-    assert visible_gpus(tmp_path / "no-driver") == 0
 
 
 def test_the_program_starts_no_early_rank_on_a_machine_without_gpus(tmp_path):
