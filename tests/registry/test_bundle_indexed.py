@@ -16,6 +16,7 @@ from registry.families.inductor import RECORD_KEY
 from registry.fingerprint import cpu_fingerprint
 from registry.store import CURRENT
 from tests.conftest import gpu_fingerprint
+from tests.registry._bundles import refused
 from tests.registry.test_bundle import _listed, _members, _rebuild
 
 FP = cpu_fingerprint()
@@ -319,14 +320,14 @@ def test_one_blob_under_many_paths_counts_once_a_path_against_the_total(tmp_path
         bundle.verify(out, max_total_bytes=limit)
     target = family(tmp_path / "t" / "inductor", {"old/file": b"kept"})
     before = sorted(p.relative_to(target) for p in target.rglob("*"))
-    with pytest.raises(BundleRejected, match=f"limit {limit}"):
-        bundle.install(
-            out,
-            Store(tmp_path / "s", create=True),
-            expect=FP,
-            inductor=target,
-            max_total_bytes=limit,
-        )
+    refused(
+        out,
+        tmp_path / "s",
+        match=f"limit {limit}",
+        expect=FP,
+        inductor=target,
+        max_total_bytes=limit,
+    )
     assert sorted(p.relative_to(target) for p in target.rglob("*")) == before
     assert len(bundle.verify(out).parts["inductor"].indexes) == 1  # within the default total
 
