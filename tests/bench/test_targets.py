@@ -195,25 +195,16 @@ def test_the_command_judges_each_file_and_fails_on_one_it_cannot(tmp_path, capsy
 
 
 def test_two_ranks_judges_device_time_graphs_host_time_and_the_tuners_clock():
-    def row(m, *, ahead, jit, host, tuner_over_bench):
+    def row(m, *, device, host, tuner_over_bench):
+        # device, host: (tuned, nccl_cublas) us; the device time the same, host ahead or not
+        device_us = {"tuned": device[0], "nccl_cublas": device[1]}
         r = _row(m, **{"graph nccl_cublas": 100.0, "graph tuned": 100.0})
-        r |= {"us_ahead": ahead, "us_just_in_time": jit, "host_us": host}
+        r |= {"us_ahead": device_us, "us_just_in_time": dict(device_us)}
+        r |= {"host_us": {"tuned": host[0], "nccl_cublas": host[1]}}
         return r | {"tuner_over_bench": tuner_over_bench}
 
-    good = row(
-        96,
-        ahead={"tuned": 100.0, "nccl_cublas": 98.0},
-        jit={"tuned": 100.0, "nccl_cublas": 98.0},
-        host={"tuned": 40.0, "nccl_cublas": 39.3},
-        tuner_over_bench=0.91,
-    )
-    bad = row(
-        512,
-        ahead={"tuned": 100.0, "nccl_cublas": 97.0},
-        jit={"tuned": 100.0, "nccl_cublas": 97.0},
-        host={"tuned": 41.0, "nccl_cublas": 40.0},
-        tuner_over_bench=1.11,
-    )
+    good = row(96, device=(100.0, 98.0), host=(40.0, 39.3), tuner_over_bench=0.91)
+    bad = row(512, device=(100.0, 97.0), host=(41.0, 40.0), tuner_over_bench=1.11)
     verdicts = targets.ag_gemm({"rows": [good, bad]})
     for starts in (
         "[4.3] tuned op >= 0.98x NCCL + cuBLAS, host ahead",

@@ -3,17 +3,8 @@
 import pytest
 from pydantic import ValidationError
 
-from warmup.manifest_shapes import (
-    MAX_DIM,
-    MAX_SHAPES,
-    Pow2,
-    ShapeSpec,
-    Stepped,
-    TensorSpec,
-    check_dim,
-    dim_count,
-    dim_values,
-)
+from warmup import manifest_shapes as shapes
+from warmup.manifest_shapes import MAX_DIM, MAX_SHAPES, Pow2, ShapeSpec, Stepped, TensorSpec
 
 
 @pytest.mark.parametrize(
@@ -27,7 +18,7 @@ from warmup.manifest_shapes import (
     ],
 )
 def test_each_kind_of_dimension_counts_what_it_lists(dim, values):
-    assert dim_values(dim) == values and dim_count(dim) == len(values)
+    assert shapes.dim_values(dim) == values and shapes.dim_count(dim) == len(values)
 
 
 def test_a_huge_range_is_counted_without_being_listed(monkeypatch):
@@ -36,7 +27,7 @@ def test_a_huge_range_is_counted_without_being_listed(monkeypatch):
 
     monkeypatch.setattr(Stepped, "values", refuse)
     monkeypatch.setattr(Pow2, "values", refuse)
-    assert dim_count(Stepped(start=1, stop=MAX_DIM + 1)) == MAX_DIM
+    assert shapes.dim_count(Stepped(start=1, stop=MAX_DIM + 1)) == MAX_DIM
     assert ShapeSpec(M=Pow2(pow2=(1, 2**30)), N=[1, 2], K=Stepped(start=1, stop=4)).count() == 186
 
 
@@ -61,8 +52,8 @@ def test_a_shape_line_stands_for_every_combination_m_slowest():
 )
 def test_a_dimension_out_of_bounds_is_named_with_its_limit(dim, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[")):
-        check_dim("N", dim)
-    assert check_dim("N", 4) == 4
+        shapes.check_dim("N", dim)
+    assert shapes.check_dim("N", 4) == 4
 
 
 @pytest.mark.parametrize(

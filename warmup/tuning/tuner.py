@@ -141,6 +141,17 @@ class TuneOutcome:
     superseded: bool = False  # tuned, but another holder's entry landed first: it is used
 
 
+@dataclass(frozen=True)
+class _Put:
+    """Rank 0's tuned ``entry`` of ``task`` at ``key``, to store under ``fence``."""
+
+    task: TuneTask
+    key: Mapping[str, Any]
+    fingerprint: Fingerprint
+    entry: Entry
+    fence: TieredFence
+
+
 class Tuner:
     """Looks up, or tunes and stores, the best config of a task; see the module docstring."""
 
@@ -412,9 +423,10 @@ class Tuner:
                 source="tuned",
             )
             lost = holder.confirm() if holder is not None else None
+            pending = _Put(task, key, fingerprint, entry, fence)
             if holder is not None and lost is not None:
-                return self._put_relocked(task, key, fingerprint, entry, fence, lost)
-            return self._put_fenced(task, key, fingerprint, entry, fence)
+                return self._put_relocked(pending, lost)
+            return self._put_fenced(pending)
 
         stored = self._on_leader(
             put,
@@ -444,17 +456,10 @@ class Tuner:
             outage_s=options.lock_outage_s,
         )
 
-    def _put_relocked(
-        self,
-        task: TuneTask,
-        key: Mapping[str, Any],
-        fingerprint: Fingerprint,
-        entry: Entry,
-        fence: TieredFence,
-        lost: str,
-    ) -> Stored:
+    def _put_relocked(self, pending: _Put, lost: str) -> Stored:
         """Rank 0 lost the lock while it tuned: no write until it holds the lock again
         (the new holder finishes first), then the fenced put takes what landed."""
+        task, key = pending.task, pending.key
         name = lock_name(task.kernel, key)
         log.warning(
             "%s at %s: lock %s lost while tuning (%s): not storing until it is held again",
@@ -466,25 +471,20 @@ class Tuner:
         wait = min(self.options.lock_timeout_s, self.options.rank_timeout_s / 2)
         try:
             with self._shape_lock(task.kernel, key, wait):
-                return self._put_fenced(task, key, fingerprint, entry, fence)
+                return self._put_fenced(pending)
         except (LockTimeout, LockServerUnreachable) as e:
             log.warning("%s at %s: tuned, not stored: %s", task.kernel, dict(key), e)
-            return Stored(entry=entry, unstored=f"lock {name} lost ({lost}), not taken again")
+            unstored = f"lock {name} lost ({lost}), not taken again"
+            return Stored(entry=pending.entry, unstored=unstored)
 
-    def _put_fenced(
-        self,
-        task: TuneTask,
-        key: Mapping[str, Any],
-        fingerprint: Fingerprint,
-        entry: Entry,
-        fence: TieredFence,
-    ) -> Stored:
+    def _put_fenced(self, pending: _Put) -> Stored:
         """Rank 0's put with its fence; refused, the entry another holder stored is taken,
         or, if the lookup does not take it (not among the candidates), the put is tried
         again with a new fence."""
+        task, key, fence = pending.task, pending.key, pending.fence
         for _ in range(FENCED_TRIES):
             try:
-                return Stored(entry=self.store.put(entry, fence=fence))
+                return Stored(entry=self.store.put(pending.entry, fence=fence))
             except Superseded as e:
                 log.warning(
                     "%s at %s: another holder stored this shape while this one tuned "
@@ -495,8 +495,8 @@ class Tuner:
                 )
                 if e.held is not None and task.accepts(e.held.best):  # the fleet's entry
                     return Stored(entry=e.held, superseded=True)
-            fence = self.store.fence(task.kernel, key, fingerprint)
-            found = self._look(task, key, fingerprint, remote_now=True)
+            fence = self.store.fence(task.kernel, key, pending.fingerprint)
+            found = self._look(task, key, pending.fingerprint, remote_now=True)
             if found is not None:
                 return Stored(entry=found.entry, superseded=True)
         raise RegistryError(

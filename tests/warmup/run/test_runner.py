@@ -6,6 +6,7 @@ import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -13,8 +14,10 @@ import torch
 from registry import lock
 from registry.locks import backend_from_url
 from tests.conftest import settings_for
-from warmup.manifest import parse_manifest
+from warmup.manifest import Manifest, parse_manifest
+from warmup.results import RankReport
 from warmup.run.runner import _kernel_jobs, _placed, warm_rank
+from warmup.settings import Settings
 
 USER_MANIFEST = """
 version: 1
@@ -22,6 +25,13 @@ entries:
   - {kernel: "tests.warmup.user_functions:record_call", dtype: fp32, world_size: 1,
      shapes: [{M: 2, N: 2, K: 2}]}
 """
+
+
+def _warm_alone(manifest: Manifest, settings: Settings, **options: Any) -> RankReport:
+    """:func:`warm_rank` as the only rank of its world, on the CPU, in this process."""
+    return warm_rank(
+        manifest, settings, rank=0, world=1, group=None, device=torch.device("cpu"), **options
+    )
 
 
 def test_a_cpu_rank_on_a_gpu_machine_uses_the_cpu_fingerprint(tmp_path: Path, monkeypatch):
@@ -32,14 +42,7 @@ def test_a_cpu_rank_on_a_gpu_machine_uses_the_cpu_fingerprint(tmp_path: Path, mo
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
     monkeypatch.setenv("TEST_USER_LOG", str(tmp_path / "calls.jsonl"))
-    report = warm_rank(
-        parse_manifest(USER_MANIFEST),
-        settings_for(tmp_path),
-        rank=0,
-        world=1,
-        group=None,
-        device=torch.device("cpu"),
-    )
+    report = _warm_alone(parse_manifest(USER_MANIFEST), settings_for(tmp_path))
     assert report.fingerprint is not None
     assert report.fingerprint["hardware"]["gpu_name"] == "cpu"  # not the H200's
     assert [s.source for s in report.shapes] == ["user"]
@@ -60,7 +63,7 @@ def test_a_rank_expands_each_entry_once(tmp_path: Path, monkeypatch):
     monkeypatch.setattr(ManifestEntry, "expand", counted)
     monkeypatch.setenv("TEST_USER_LOG", str(tmp_path / "calls.jsonl"))
     settings = settings_for(tmp_path)
-    report = warm_rank(manifest, settings, rank=0, world=1, group=None, device=torch.device("cpu"))
+    report = _warm_alone(manifest, settings)
     assert len(report.shapes) == 6
     assert sorted(expanded) == sorted(e.kernel for e in manifest.entries)
 
@@ -103,13 +106,9 @@ def test_user_functions_run_while_another_pod_holds_a_shape_put_aside(tmp_path, 
     thread.start()
     assert holding.wait(10)
     order: list[tuple[int, str]] = []
-    report = warm_rank(
+    report = _warm_alone(
         parse_manifest(SHARED_MANIFEST),
         settings,
-        rank=0,
-        world=1,
-        group=None,
-        device=torch.device("cpu"),
         progress=lambda done, total, shape: order.append((shape.key["M"], shape.source)),
     )
     thread.join(10)
@@ -182,14 +181,8 @@ models:
 
 def test_a_rank_tells_each_compiled_models_steps_to_model_progress(tmp_path: Path):
     told: list = []
-    report = warm_rank(
-        parse_manifest(MODEL_MANIFEST),
-        settings_for(tmp_path),
-        rank=0,
-        world=1,
-        group=None,
-        device=torch.device("cpu"),
-        model_progress=told.append,
+    report = _warm_alone(
+        parse_manifest(MODEL_MANIFEST), settings_for(tmp_path), model_progress=told.append
     )
     assert [m.phase for m in report.models] == ["warm"]
     assert [(s.model, s.kind, s.index) for s in told] == [
@@ -232,14 +225,8 @@ def test_a_model_that_cannot_be_built_fails_before_any_kernel_shape_is_tuned(
         known.append(any("model broken failed: " in r.getMessage() for r in caplog.records))
 
     with caplog.at_level(logging.ERROR, "warmup.compiled.warm"):
-        report = warm_rank(
-            parse_manifest(BROKEN_MODEL_MANIFEST),
-            settings_for(tmp_path),
-            rank=0,
-            world=1,
-            group=None,
-            device=torch.device("cpu"),
-            progress=kernel_warmed,
+        report = _warm_alone(
+            parse_manifest(BROKEN_MODEL_MANIFEST), settings_for(tmp_path), progress=kernel_warmed
         )
     assert known == [True]
     assert [(s.source, s.error) for s in report.shapes] == [("tuned", None)]  # the kernels warm
