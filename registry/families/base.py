@@ -17,9 +17,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from registry.explain import Prediction, predict
+from registry.families.file_harvest import FileLimits, Harvested, Refused
 from registry.fingerprint import Fingerprint, MatchPolicy
 from registry.triton_cache import Origin
 from registry.volume import Volume
@@ -120,6 +122,8 @@ class Family:
     order: int = 100
     needs_host = False  # restored only once the host's fingerprint is known
     bundled: BundlePart | None = None  # its members in a bundle (registry.bundle_parts)
+    # the kinds of file it harvests one by one (:meth:`harvest_file`) -> their metrics label
+    file_kinds: Mapping[str, str] = MappingProxyType({})
 
     def volume_root(self, volume: Volume) -> Path | None:
         """Its folder on the volume, where bundles take its files from and install them
@@ -140,14 +144,30 @@ class Family:
 
     def watched(self, scope: Scope) -> list[Path]:
         """The pod's folders the sidecar's harvest watches for this family, saved whole
-        once quiet (:meth:`harvest`); none by default (Triton's files are harvested one
-        by one, as each is finished: ``warmup.sidecar.harvest``)."""
+        once quiet (:meth:`harvest`); none by default (a family whose files are finished
+        one by one names their folders in :meth:`file_folders` instead)."""
         return []
 
     def harvest(self, scope: Scope) -> Moved:
         """After ready, what the server wrote into :meth:`watched` kept on the volume and
         shared; nothing by default."""
         return Moved(self.name)
+
+    def file_folders(self, scope: Scope) -> list[Path]:
+        """The pod's folders whose files the sidecar's harvest takes one by one, each as
+        it is finished (:meth:`file_kind`, :meth:`harvest_file`); none by default."""
+        return []
+
+    def file_kind(self, scope: Scope, path: Path) -> str | None:
+        """Which of :attr:`file_kinds` a new file in :meth:`file_folders` is, or None
+        when this family does not take it (not finished, not its own)."""
+        return None
+
+    def harvest_file(self, scope: Scope, kind: str, path: Path, limits: FileLimits) -> Harvested:
+        """After ready, one finished file of ``kind`` checked, bounded by ``limits``, and
+        kept on the volume; what to share on the remote tier comes back with it.
+        :class:`~registry.families.file_harvest.Refused` says why one is not taken."""
+        raise Refused(f"{self.name} harvests no {kind} file")
 
     def __repr__(self) -> str:
         return f"<cache family {self.name}>"
