@@ -144,8 +144,8 @@ class Family:
 
     def watched(self, scope: Scope) -> list[Path]:
         """The pod's folders the sidecar's harvest watches for this family, saved whole
-        once quiet (:meth:`harvest`); none by default (a family whose files are finished
-        one by one names their folders in :meth:`file_folders` instead)."""
+        once quiet (:meth:`harvest`); none by default (Triton's files are harvested one
+        by one, as each is finished: ``warmup.sidecar.harvest``)."""
         return []
 
     def harvest(self, scope: Scope) -> Moved:

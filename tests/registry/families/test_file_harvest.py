@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from registry import atomic
+from registry.families.base import Family
 from registry.families.file_harvest import (
     FileLimits,
     Harvested,
@@ -15,6 +16,7 @@ from registry.families.file_harvest import (
     read_at,
     temporary,
 )
+from tests.registry.families.conftest import make_scope
 
 
 def test_a_file_is_read_at_its_folder_within_its_limit(tmp_path):
@@ -61,3 +63,12 @@ def test_values():
     assert Upload("k", "n", b"d", send) == Upload("k", "n", b"d", lambda r, u: False)
     assert Harvested("harvested", 3).uploads == ()
     assert FileLimits().max_file_bytes == 64 * 2**20
+
+
+def test_a_family_takes_no_file_by_default(tmp_path):
+    scope = make_scope(tmp_path)
+    family = Family()
+    assert family.file_folders(scope) == [] and dict(family.file_kinds) == {}
+    assert family.file_kind(scope, tmp_path / "any") is None
+    with pytest.raises(Refused, match="harvests no kernel file"):
+        family.harvest_file(scope, "kernel", tmp_path / "any", FileLimits())

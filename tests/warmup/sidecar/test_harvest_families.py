@@ -5,12 +5,14 @@ folders saved whole."""
 from __future__ import annotations
 
 import logging
+from types import MappingProxyType
 
 import pytest
 from prometheus_client import CollectorRegistry
 
-from registry import remote_triton
-from registry.families.file_harvest import FileLimits
+from registry import families, remote_triton
+from registry.families import Family
+from registry.families.file_harvest import FileLimits, Harvested, Upload
 from registry.store import Store
 from tests.conftest import gpu_fingerprint, settings_for
 from tests.registry.families.conftest import fake_kernel
@@ -121,3 +123,46 @@ def test_the_watched_folders_with_nothing_new_are_deduplicated(pod):
     )
     assert settings.inductor_cache_dir in harvest.folders
     assert harvest.watched(ready, HOST) == "deduplicated"
+
+
+class Notes(Family):
+    """A family that takes ``*.note`` files of one folder one by one."""
+
+    name = "notes"
+    file_kinds = MappingProxyType({"note": "notes-files"})
+
+    def file_folders(self, scope):
+        return [scope.volume.root.parent / "notes"]
+
+    def file_kind(self, scope, path):
+        return "note" if path.suffix == ".note" else None
+
+    def harvest_file(self, scope, kind, path, limits):
+        data = path.read_bytes()
+        return Harvested("harvested", len(data), (Upload("notes", path.name, data, sent),))
+
+
+def sent(remote, upload) -> bool:
+    remote.sent.append(upload.name)
+    return True
+
+
+def test_a_new_family_that_takes_files_is_harvested_by_its_module_alone(tmp_path, monkeypatch):
+    every = families.every()
+    monkeypatch.setattr(families, "every", lambda: (*every, Notes()))
+    settings = settings_for(tmp_path)
+    tier = Tier()
+    harvest = FamilyHarvest(
+        settings,
+        ServeMetrics(CollectorRegistry()),
+        publisher=Publisher(tier),  # type: ignore[arg-type]
+        store=lambda: Store(settings.registry_dir, create=True),
+        limits=FileLimits(),
+    )
+    note = settings.volume.parent / "notes" / "a.note"
+    note.parent.mkdir(parents=True)
+    note.write_bytes(b"hello")
+    assert note.parent in harvest.file_folders
+    assert harvest.kind(note) == "note" and harvest.kind(note.with_suffix(".txt")) is None
+    assert harvest.file("note", note, HOST) == "harvested"
+    assert counted(harvest, "notes-files", "harvested") == 1 and tier.sent == ["a.note"]
