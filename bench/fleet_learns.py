@@ -374,7 +374,7 @@ def _settle(harvest: Any, quiet_s: float = 8.0, limit_s: float = 120.0) -> None:
     deadline = time.monotonic() + limit_s
     quiet_since = time.monotonic()
     while time.monotonic() < deadline:
-        if harvest._pending or harvest._inductor_due is not None:
+        if not harvest.queue.idle():
             quiet_since = time.monotonic()
         elif time.monotonic() - quiet_since > quiet_s:
             return

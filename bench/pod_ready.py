@@ -481,7 +481,8 @@ def start_sidecar(env: dict[str, str], work: Path) -> subprocess.Popen[bytes]:
         )  # fmt: skip
 
 
-QUIET_S = 10.0  # the harvest saves the Inductor cache after 5 s of quiet (INDUCTOR_QUIET_S)
+# the harvest saves the Inductor cache after 5 s of quiet (harvest_queue.INDUCTOR_QUIET_S)
+QUIET_S = 10.0
 
 
 def wait_quiet(folders: list[Path], quiet_s: float = QUIET_S, limit_s: float = 180.0) -> float:

@@ -20,9 +20,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from registry.explain import Prediction, predict
+from registry.families.file_harvest import FileLimits, Harvested, Refused
 from registry.fingerprint import Fingerprint, MatchPolicy
 from registry.triton_cache import Origin
 from registry.volume import Volume
@@ -182,6 +184,8 @@ class Family:
     folders: tuple[PodFolder, ...] = ()  # the pod folders it keeps (settings, chart, scope)
     bundled: BundlePart | None = None  # its members in a bundle (registry.bundle_parts)
     option: BundleOption | None = None  # its folder's option in the bundle commands
+    # the kinds of file it harvests one by one (:meth:`harvest_file`) -> their metrics label
+    file_kinds: Mapping[str, str] = MappingProxyType({})
 
     def volume_root(self, volume: Volume) -> Path | None:
         """Its folder on the volume, where bundles take its files from and install them
@@ -210,6 +214,22 @@ class Family:
         """After ready, what the server wrote into :meth:`watched` kept on the volume and
         shared; nothing by default."""
         return Moved(self.name)
+
+    def file_folders(self, scope: Scope) -> list[Path]:
+        """The pod's folders whose files the sidecar's harvest takes one by one, each as
+        it is finished (:meth:`file_kind`, :meth:`harvest_file`); none by default."""
+        return []
+
+    def file_kind(self, scope: Scope, path: Path) -> str | None:
+        """Which of :attr:`file_kinds` a new file in :meth:`file_folders` is, or None
+        when this family does not take it (not finished, not its own)."""
+        return None
+
+    def harvest_file(self, scope: Scope, kind: str, path: Path, limits: FileLimits) -> Harvested:
+        """After ready, one finished file of ``kind`` checked, bounded by ``limits``, and
+        kept on the volume; what to share on the remote tier comes back with it.
+        :class:`~registry.families.file_harvest.Refused` says why one is not taken."""
+        raise Refused(f"{self.name} harvests no {kind} file")
 
     def __repr__(self) -> str:
         return f"<cache family {self.name}>"

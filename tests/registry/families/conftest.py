@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -52,3 +53,16 @@ def engine(tmp_path) -> Declared:
         {"torch_compile_cache/abc/rank_0/model.py": b"graph", "config.json": b"{}"},
     )
     return Declared("vllm", "a" * 32, {"key": "qwen tp2"}, folder=folder)
+
+
+def fake_kernel(cache: Path, key: str = "KEYABC", *, arch: int = 90, triton: str = "3.6.0") -> Path:
+    """A kernel's folder as Triton leaves it in ``cache`` (a cubin, its metadata, its
+    group file written last); returns the group file."""
+    folder = cache / key
+    folder.mkdir(parents=True, exist_ok=True)
+    meta = json.dumps({"target": {"arch": arch}, "triton_version": triton}).encode()
+    write(folder, {"k.cubin": b"cubin bytes", "k.json": meta})
+    children = {name: str(folder / name) for name in ("k.cubin", "k.json")}
+    group = folder / "__grp__k.json"
+    group.write_text(json.dumps({"child_paths": children}))
+    return group

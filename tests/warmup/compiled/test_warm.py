@@ -163,7 +163,7 @@ def test_a_first_pod_of_models_only_starts_no_rank_and_its_server_tells_the_host
     from registry import hosts
     from warmup.metrics import ServeMetrics
     from warmup.results import RankHost
-    from warmup.sidecar import harvest
+    from warmup.sidecar import harvest_queue
     from warmup.sidecar.harvest import Harvester
 
     settings, first = warm(tmp_path, MLP, monkeypatch, models_on_miss="server")
@@ -172,7 +172,7 @@ def test_a_first_pod_of_models_only_starts_no_rank_and_its_server_tells_the_host
     assert [m.phase for m in first.models] == ["deferred"]
     harvester = Harvester(settings, ServeMetrics(CollectorRegistry()))
     assert harvester.harvest("inductor", settings.inductor_cache_dir) == "waiting"
-    monkeypatch.setattr(harvest, "INDUCTOR_QUIET_S", 0.5)
+    monkeypatch.setattr(harvest_queue, "INDUCTOR_QUIET_S", 0.5)
     harvester.start()  # the sidecar's: it hears what the server compiles as it does
     try:
         assert serve(settings.work_dir, settings.manifest, "mlp")["primed"] == "compiled"

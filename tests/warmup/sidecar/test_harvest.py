@@ -326,7 +326,7 @@ def test_a_flood_waits_for_the_rate_cap_and_past_the_queue_is_dropped(pod):
     harvest.start()
     try:
         time.sleep(1.0)
-        assert len(harvest._pending) == 1  # 2 a minute: the third waits
+        assert len(harvest.queue.pending()) == 1  # 2 a minute: the third waits
         assert counted(harvest, "triton-kernels", "refused") == 2
     finally:
         harvest.stop()
@@ -339,7 +339,7 @@ def test_events_before_ready_are_not_queued_nor_spend_the_rate(pod):
     harvest = harvester(pod, limits=Limits(max_per_minute=1))
     for i in range(3):  # the init container's own compiles
         harvest.offer("kernel", pod.triton_cache_dir / f"K{i}" / "__grp__k.json")
-    assert not harvest._pending
+    assert not harvest.queue.pending()
     ready(pod)
     harvest._ready_checked = -1.0  # the next event reads the status again
     harvest.offer("kernel", group_of(pod.triton_cache_dir))
@@ -357,11 +357,11 @@ def test_what_the_server_compiled_before_it_told_the_host_is_caught_up(pod):
     status.write(pod.status_file)
     harvest = harvester(pod)
     harvest.offer("kernel", group_of(pod.triton_cache_dir))  # compiled, host unknown
-    assert not harvest._pending
+    assert not harvest.queue.pending()
     RankHost(fingerprint=FP.to_json()).write(pod.metrics_dir)
     harvest._ready_checked = -1.0  # the next event reads the status again
     harvest.offer(FOLDERS, pod.inductor_cache_dir)
-    assert [kind for kind, _ in harvest._pending] == ["kernel"]  # the catch-up's
+    assert [kind for kind, _ in harvest.queue.pending()] == ["kernel"]  # the catch-up's
     harvested_by_its_worker(harvest)
 
 
