@@ -72,7 +72,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
-from registry import atomic, bundle_signature
+from registry import atomic, bundle_signature, families
 from registry.bundle_parts import PartReader, Stage
 from registry.bundle_reader import (
     ENTRIES,
@@ -84,8 +84,7 @@ from registry.bundle_reader import (
     SCHEMA,
     Bundle,
     Limits,
-    bundled,
-    part_of,
+    Parts,
     read,
 )
 from registry.entry import Entry, now_iso
@@ -162,12 +161,18 @@ def sign(path: Path, key: SigningKey, *, out: Path | None = None) -> Bundle:
     return verify(target, trust=Trust(public))
 
 
+def bundled_parts() -> Parts:
+    """Every family's part of a bundle (``registry.families``: each family's ``bundled``),
+    in the families' order."""
+    return Parts({f.name: f.bundled for f in families.every() if f.bundled is not None})
+
+
 def describe(members: Iterable[str], *, sep: str = ", ") -> str:
     """What a bundle's members are, family by family: "3 artifacts, 1 compiled model
     indexes (3 files)"."""
     names = list(members)
     return sep.join(
-        part_of(f).describe([n for n in names if part_of(f).owns(n)]) for f in bundled()
+        part.describe([n for n in names if part.owns(n)]) for _, part in bundled_parts().items()
     )
 
 
@@ -176,7 +181,7 @@ def on_volume(volume: Path) -> dict[str, Path]:
     from registry.volume import Volume
 
     paths = Volume(volume)
-    found = {family.name: family.volume_root(paths) for family in bundled()}
+    found = {f.name: f.volume_root(paths) for f in families.every() if f.bundled is not None}
     return {name: root for name, root in found.items() if root is not None}
 
 
@@ -197,10 +202,10 @@ def _gather(
         members[f"{ENTRIES}/{entry.relpath().as_posix()}"] = atomic.dumps(entry.to_json()).encode()
         fingerprints[entry.fingerprint.digest()] = _describe(entry.fingerprint)
     found = 0
-    for family in bundled():
-        if family.name not in roots:
+    for name, part in bundled_parts().items():
+        if name not in roots:
             continue
-        packed = part_of(family).pack(roots[family.name], only=only)
+        packed = part.pack(roots[name], only=only)
         members.update(packed.members)
         fingerprints.update({fp.digest(): _describe(fp) for fp in packed.fingerprints})
         found += packed.indexes
@@ -215,9 +220,10 @@ def _check_blob_names(
 ) -> None:
     """A blob is named by its hash: one that hashed to another name changed in its
     family, and a bundle must not carry it."""
-    parts = [part_of(family) for family in bundled()]
     for member, item in listed.items():
-        blob = any(part.owns(member) and part.is_blob(member) for part in parts)
+        blob = any(
+            part.owns(member) and part.is_blob(member) for _, part in bundled_parts().items()
+        )
         if blob and PurePosixPath(member).name != item["sha256"]:
             raise RegistryError(
                 f"{members[member]!s} no longer hashes to its name: the family is damaged "
@@ -273,7 +279,7 @@ def verify(path: Path, *, trust: Trust | None = None, **limits: int) -> Bundle:
     ``trust``: the keys it must be signed by (default: trust not configured, any
     signature is only decoded). ``limits``: fields of :class:`Limits` to change, e.g.
     ``max_member_bytes=2**20``."""
-    return read(path, Limits(**limits), stages=None, trust=trust)[0]
+    return read(path, Limits(**limits), parts=bundled_parts(), stages=None, trust=trust)[0]
 
 
 # ---- install -------------------------------------------------------------------------
@@ -326,7 +332,9 @@ def _merge(
 ) -> dict[str, Any]:
     """Read the bundle at ``path`` into ``stages``, then install its entries in ``store``
     as one generation; the staged files move in after the swap."""
-    bundle, reader = read(path, limits, stages=stages, check=check, trust=trust)
+    bundle, reader = read(
+        path, limits, parts=bundled_parts(), stages=stages, check=check, trust=trust
+    )
     same = _installed_already(store, bundle)
     if same is not None:
         return same
@@ -355,16 +363,15 @@ def rollback(store: Store, *, roots: Mapping[str, Path] | None = None) -> dict[s
     chosen = dict(roots or {})
 
     def undo(record: Record) -> None:
-        for family in bundled():
-            part = part_of(family)
-            if family.name in chosen:
-                part.undo(chosen[family.name], record)
+        for name, part in bundled_parts().items():
+            if name in chosen:
+                part.undo(chosen[name], record)
             elif any(record.extra.get(key) for key in part.record_keys()):
                 log.warning(
                     "rollback of %s: %s indexes stay as it left them (no %s folder given)",
                     record.id,
-                    family.name,
-                    family.name,
+                    name,
+                    name,
                 )
 
     return store.rollback(after_swap=undo)

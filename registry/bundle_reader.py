@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from registry import atomic, bundle_signature, families, tar_stream
+from registry import atomic, bundle_signature, tar_stream
 from registry.bundle_indexed import Restores
 from registry.bundle_parts import BundlePart, Held, PartReader, Stage
 from registry.entry import Entry
@@ -81,20 +81,28 @@ class Bundle:
         return str(self.manifest["version"])
 
 
-def bundled() -> list[families.Family]:
-    """The families with files in bundles, in their order; each owns a folder of its
-    own (a bundle member belongs to one family, or to none and is refused)."""
-    found = [family for family in families.every() if family.bundled is not None]
-    prefixes = [part_of(family).prefix for family in found]
-    assert all(p.endswith("/") and p != f"{ENTRIES}/" for p in prefixes), prefixes
-    assert not any(a != b and b.startswith(a) for a in prefixes for b in prefixes), prefixes
-    assert len(set(prefixes)) == len(prefixes), prefixes
-    return found
+class Parts:
+    """Each bundled family's part, by the family's name (handed in by the caller, so
+    that the reader names no family): which part owns a member. Each owns a folder of
+    its own: a bundle member belongs to one part, or to none and is refused."""
 
+    def __init__(self, parts: Mapping[str, BundlePart]) -> None:
+        prefixes = [part.prefix for part in parts.values()]
+        assert all(p.endswith("/") and p != f"{ENTRIES}/" for p in prefixes), prefixes
+        assert not any(a != b and b.startswith(a) for a in prefixes for b in prefixes), prefixes
+        assert len(set(prefixes)) == len(prefixes), prefixes
+        self.by_name = dict(parts)
 
-def part_of(family: families.Family) -> BundlePart:
-    assert family.bundled is not None
-    return family.bundled
+    def items(self) -> Iterator[tuple[str, BundlePart]]:
+        return iter(self.by_name.items())
+
+    def owner(self, label: str, name: str) -> BundlePart:
+        """The part whose folder holds ``name``; a name under none rejects the bundle."""
+        for part in self.by_name.values():
+            if part.owns(name):
+                return part
+        folders = ", ".join([f"{ENTRIES}/", *(p.prefix for p in self.by_name.values())])
+        raise BundleRejected(label, f"member '{name}' is not under {folders}")
 
 
 # ---- verify --------------------------------------------------------------------------
@@ -104,13 +112,14 @@ def read(
     path: Path,
     limits: Limits,
     *,
+    parts: Parts,
     stages: Mapping[str, Stage] | None,
     check: Callable[[str, Fingerprint], None] | None = None,
     trust: Trust | None = None,
 ) -> tuple[Bundle, Reader]:
-    """Stream the archive once through every check; each family's files go to its
-    stage in ``stages`` (install; None: verify only). The bundle, and the reader with
-    each family's part of it (what an install commits)."""
+    """Stream the archive once through every check; each family's files (its part of
+    ``parts``) go to its stage in ``stages`` (install; None: verify only). The bundle,
+    and the reader with each family's part of it (what an install commits)."""
     label = str(path)
     try:
         raw = path.open("rb")
@@ -126,7 +135,7 @@ def read(
             )
         hashed = tar_stream.Hashed(raw)
         gz = gzip.GzipFile(fileobj=hashed, mode="rb")
-        reader = Reader(label, limits, stages, check=check)
+        reader = Reader(label, limits, stages, parts=parts, check=check)
         reader.trust = trust or Trust()
         try:
             for info in tar_stream.members(gz, limits.max_header_bytes):
@@ -157,16 +166,16 @@ class Reader:
         limits: Limits,
         stages: Mapping[str, Stage] | None,
         *,
+        parts: Parts,
         check: Callable[[str, Fingerprint], None] | None,
     ) -> None:
         self.label, self.limits, self.stages, self.check = label, limits, stages, check
         self.installing = stages is not None
         budget = Restores(limits.max_total_bytes)  # what all the parts restore, together
+        self.bundle_parts = parts
         self.parts: dict[str, PartReader] = {
-            family.name: part_of(family).reader(
-                label, limits, (stages or {}).get(family.name), budget
-            )
-            for family in bundled()
+            name: part.reader(label, limits, (stages or {}).get(name), budget)
+            for name, part in parts.items()
         }
         self.manifest: dict[str, Any] | None = None
         self.listed: dict[str, tuple[str, int]] = {}  # name -> (sha256, size)
@@ -278,7 +287,9 @@ class Reader:
             manifest = atomic.loads(text)
         except ValueError as e:
             raise self._reject(f"{MANIFEST} is not JSON ({why(e)})") from None
-        self.listed = _check_manifest(self.label, manifest, self.limits, info.size)
+        self.listed = _check_manifest(
+            self.label, manifest, self.limits, info.size, self.bundle_parts
+        )
         self.manifest = manifest
         for reader in self.parts.values():
             reader.begin(self.listed, self._hashed, self.check)
@@ -378,7 +389,7 @@ def _check_type(label: str, info: tarfile.TarInfo) -> None:
 
 
 def _check_manifest(
-    label: str, manifest: Any, limits: Limits, manifest_size: int
+    label: str, manifest: Any, limits: Limits, manifest_size: int, parts: Parts
 ) -> dict[str, tuple[str, int]]:
     """The manifest's fields, and its members as ``{name: (sha256, size)}`` within limits."""
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
@@ -398,7 +409,7 @@ def _check_manifest(
                 f"{MANIFEST} '{key}' is {shown(manifest[key])}; not a non-empty string",
             )
     _check_fingerprint_list(label, manifest["fingerprints"])
-    return _check_listed(label, manifest["members"], limits, manifest_size)
+    return _check_listed(label, manifest["members"], limits, manifest_size, parts)
 
 
 def _check_fingerprint_list(label: str, fingerprints: Any) -> None:
@@ -416,7 +427,7 @@ def _check_fingerprint_list(label: str, fingerprints: Any) -> None:
 
 
 def _check_listed(
-    label: str, members: Any, limits: Limits, manifest_size: int
+    label: str, members: Any, limits: Limits, manifest_size: int, parts: Parts
 ) -> dict[str, tuple[str, int]]:
     if not isinstance(members, dict):
         raise BundleRejected(label, f"{MANIFEST} 'members' is not an object")
@@ -427,7 +438,7 @@ def _check_listed(
     listed: dict[str, tuple[str, int]] = {}
     total, entries = manifest_size, 0
     for name, item in members.items():
-        listed[name] = _listed_member(label, name, item, limits)
+        listed[name] = _listed_member(label, name, item, limits, parts)
         total += listed[name][1]
         entries += listed[name][1] if name.startswith(f"{ENTRIES}/") else 0
     if total > limits.max_total_bytes:
@@ -441,11 +452,13 @@ def _check_listed(
     return listed
 
 
-def _listed_member(label: str, name: str, item: Any, limits: Limits) -> tuple[str, int]:
+def _listed_member(
+    label: str, name: str, item: Any, limits: Limits, parts: Parts
+) -> tuple[str, int]:
     """The sha256 and size the manifest lists for the member ``name``, each checked, and
     the size against the member's limit."""
     _check_name(label, name, limits.max_name_bytes)
-    part = None if name.startswith(f"{ENTRIES}/") else _ownerpart_of(label, name)
+    part = None if name.startswith(f"{ENTRIES}/") else parts.owner(label, name)
     if part is None:
         what, limit = "member", min(limits.max_entry_bytes, limits.max_member_bytes)
     else:
@@ -461,16 +474,6 @@ def _listed_member(label: str, name: str, item: Any, limits: Limits) -> tuple[st
     if size > limit:
         raise BundleRejected(label, f"{what} '{name}' is {size} bytes; limit {limit}")
     return sha, size
-
-
-def _ownerpart_of(label: str, name: str) -> BundlePart:
-    """The part of the family whose folder holds ``name``; a name under none of the
-    bundle's folders rejects the bundle."""
-    for family in bundled():
-        if part_of(family).owns(name):
-            return part_of(family)
-    folders = ", ".join([f"{ENTRIES}/", *(part_of(f).prefix for f in bundled())])
-    raise BundleRejected(label, f"member '{name}' is not under {folders}")
 
 
 def _sha(data: bytes) -> str:
