@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 BUCKET_FIELD = "M"  # the key field a serving op buckets on: the rows of one call
 TORCH_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 DTYPES = tuple(TORCH_NAMES)  # the dtypes a manifest and a layer name
-GEMM_KEY = ("M", "N", "K", "dtype")  # what a GEMM's config depends on on one device
+GEMM_KEY = ("M", "N", "K", "dtype")  # what a single-device GEMM config depends on
 
 
 def gemm_flops(shape: Mapping[str, int]) -> float:

@@ -25,8 +25,8 @@ class ServedLayer(ABC):
     of many ranks sets ``group``, ``world``, ``rows_step`` and ``collective``, and then
     :meth:`agree` and :meth:`all_true` are collectives over that group."""
 
-    adapter: ClassVar[KernelAdapter]  # the kernel's, whose key a call's key is
-    kernel: str
+    adapter: ClassVar[KernelAdapter]  # the kernel's adapter: a call's key is its key
+    kernel: str  # the kernel's name, as kernels.ADAPTERS lists it
     rows_step = 1  # a call's M is a multiple of this (the world size for a gather)
     collective = False  # calls are collectives: every rank must run the same algorithm
     group: Any = None  # the process group its calls span; None: this process alone
