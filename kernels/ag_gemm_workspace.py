@@ -181,7 +181,7 @@ def _consumer(consumer: str | None, device: torch.device, limits: DeviceLimits) 
 
 
 def _map_symmetric(ctx: AgGemmContext) -> None:
-    import torch.distributed._symmetric_memory as symm_mem  # private, CUDA ranks only
+    import torch.distributed._symmetric_memory as symm_mem  # CUDA ranks only (a private module)
 
     ctx.buffer = symm_mem.empty(ctx.max_m, ctx.k, dtype=ctx.dtype, device=ctx.device)
     ctx.handle = symm_mem.rendezvous(ctx.buffer, ctx.group.group_name)
