@@ -10,17 +10,22 @@ An adapter (one per kernel module, listed in :data:`kernels.ADAPTERS`) answers:
 * ``key``: the registry key of one problem (what a stored config depends on);
 * ``serve``: a :class:`Served` layer, which a serving op calls with a config per call.
 
-Imports neither torch nor triton: the manifest and the sidecar use the table.
+:class:`KernelAdapter` answers the first four, and ``key``, alike for every kernel; a
+kernel module states only its ``tasks`` and ``serve`` (its served layer's shared base is
+:class:`kernels.served.ServedLayer`). Imports neither torch nor triton: the manifest and
+the sidecar use the table.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Mapping, Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from registry import KernelConfig
+from kernels.shapes import RULES
+from registry.config import KernelConfig
 
 if TYPE_CHECKING:
     import torch
@@ -30,6 +35,7 @@ if TYPE_CHECKING:
 BUCKET_FIELD = "M"  # the key field a serving op buckets on: the rows of one call
 TORCH_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 DTYPES = tuple(TORCH_NAMES)  # the dtypes a manifest and a layer name
+GEMM_KEY = ("M", "N", "K", "dtype")  # what a single-device GEMM config depends on
 
 
 def gemm_flops(shape: Mapping[str, int]) -> float:
@@ -48,14 +54,14 @@ def dtype_name(dtype: Any) -> str | None:
 
 @functools.cache
 def _by_torch_dtype() -> dict[Any, str]:
-    import torch
+    import torch  # torch loads only when a dtype is looked up: the manifest runs without it
 
     return {getattr(torch, torch_name): name for name, torch_name in TORCH_NAMES.items()}
 
 
 def torch_dtype(name: str) -> Any:
     """The torch dtype a dtype name stands for (imports torch)."""
-    import torch
+    import torch  # torch loads only when a kernel runs
 
     return getattr(torch, TORCH_NAMES[name])
 
@@ -63,7 +69,7 @@ def torch_dtype(name: str) -> Any:
 def indexed_device(device: torch.device | str) -> torch.device:
     """``device`` (a torch device or its name) as a torch device; a CUDA one with its
     index: the current GPU's where it names none (imports torch)."""
-    import torch
+    import torch  # torch loads only when a kernel runs
 
     place = torch.device(device)
     if place.type == "cuda" and place.index is None:
@@ -165,11 +171,12 @@ class Served(Protocol):
         """The registry key of a call with ``m`` rows."""
         ...
 
-    def rows(self, *inputs: Any) -> int:
-        """The M of a call with these inputs (cheap: no checks beyond the shapes)."""
+    def rows(self, a: Any, b: Any, /) -> int:
+        """The M of a call on ``a`` (this rank's rows) and ``b`` (the layer's weight;
+        cheap: no checks beyond the shapes)."""
         ...
 
-    def __call__(self, config: KernelConfig, *inputs: Any, out: Any = None) -> Any:
+    def __call__(self, config: KernelConfig, a: Any, b: Any, /, *, out: Any = None) -> Any:
         """Run the layer's kernel with ``config``; the kernel checks its inputs."""
         ...
 
@@ -204,6 +211,9 @@ class Served(Protocol):
 
 
 class Adapter(Protocol):
+    """A kernel as ``warmup/`` drives it (see the module's docstring); every kernel's
+    subclasses :class:`KernelAdapter`, which holds the parts they share."""
+
     name: str
 
     def kernel_hash(self) -> str: ...
@@ -226,3 +236,44 @@ class Adapter(Protocol):
         ...
 
     def serve(self, layer: Layer, *, group: Any, device: Any) -> Served: ...
+
+
+@dataclass(eq=False)
+class KernelAdapter(ABC):
+    """What every kernel's :class:`Adapter` does alike: its hash is its module's
+    ``kernel_hash``, its shape check the rule :mod:`kernels.shapes` holds for it (read
+    there without torch), its key the fields of ``key_fields``, its tuning cost a
+    GEMM's flops. A kernel module subclasses it with ``tasks`` and ``serve`` and makes one
+    instance, its ``ADAPTER``."""
+
+    name: str
+    source_hash: Callable[[], str]  # the kernel module's kernel_hash()
+    key_fields: tuple[str, ...] = GEMM_KEY  # a tensor-parallel kernel adds "world"
+
+    def kernel_hash(self) -> str:
+        """The public hash of the kernel's source, part of every fingerprint."""
+        return self.source_hash()
+
+    def check_shape(self, shape: Mapping[str, int], *, world_size: int) -> str | None:
+        """None when the shape is valid, else why not (one line)."""
+        return RULES[self.name].check(shape, world_size=world_size)
+
+    def key(self, *, m: int, n: int, k: int, dtype: str, world: int) -> dict[str, Any]:
+        """The registry key of one problem: the fields of ``key_fields``, in that order."""
+        values: dict[str, Any] = {"M": m, "N": n, "K": k, "dtype": dtype, "world": world}
+        return {name: values[name] for name in self.key_fields}
+
+    def tuning_cost(self, shape: Mapping[str, int]) -> float:
+        """A GEMM's flops: its tuning runs each candidate as often at any shape."""
+        return gemm_flops(shape)
+
+    @abstractmethod
+    def tasks(
+        self, shapes: Sequence[Mapping[str, int]], *, dtype: str, group: Any, device: Any
+    ) -> Iterator[TuneTask]:
+        """One tune task per shape, in order; every rank of ``group`` calls it."""
+
+    @abstractmethod
+    def serve(self, layer: Layer, *, group: Any, device: Any) -> Served:
+        """The kernel made ready for ``layer`` on ``device`` (a collective over ``group``
+        for a tensor-parallel kernel)."""

@@ -31,11 +31,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from kernels import ag_gemm_workspace as workspace
 from kernels import cublas_heuristics
-from kernels.adapter import LaunchPlan, Layer, gemm_flops, torch_dtype
+from kernels.adapter import GEMM_KEY, KernelAdapter, LaunchPlan, Layer, torch_dtype
 from kernels.ag_gemm_kernels import M_DERIVED
 from kernels.ag_gemm_launch import (
     ALGORITHMS,
@@ -73,8 +71,8 @@ from kernels.ag_gemm_workspace import (
     group_size_and_rank,
     input_buffer,
 )
-from kernels.shapes import RULES
-from registry import KernelConfig
+from kernels.served import ServedLayer
+from registry.config import KernelConfig
 
 __all__ = [
     "ADAPTER",
@@ -112,32 +110,59 @@ __all__ = [
 ]
 
 
-class AgGemmServed:
+class AgGemmAdapter(KernelAdapter):
+    """The fused AllGather-GEMM, as ``warmup/`` drives it (:class:`kernels.adapter.Adapter`)."""
+
+    def tasks(
+        self, shapes: Sequence[Mapping[str, int]], *, dtype: str, group: Any, device: Any
+    ) -> Iterator[AgGemmTask]:
+        """Random inputs per shape; one workspace per K, sized for that K's largest M."""
+        contexts: dict[int, AgGemmContext] = {}
+        for shape in shapes:
+            m, n, k = shape["M"], shape["N"], shape["K"]
+            if k not in contexts:  # made in the same order on every rank: a collective
+                max_m = max(s["M"] for s in shapes if s["K"] == k)
+                contexts[k] = create_context(
+                    group, max_m=max_m, k=k, dtype=torch_dtype(dtype), device=device
+                )
+            inputs = functools.partial(_random_inputs, m, n, k, contexts[k])
+            yield AgGemmTask(*inputs(), contexts[k], inputs=inputs)
+
+    def serve(self, layer: Layer, *, group: Any, device: Any) -> AgGemmServed:
+        return AgGemmServed(layer, group=group, device=device)
+
+
+# the best algorithm and tiles change with the number of ranks
+ADAPTER = AgGemmAdapter(NAME, kernel_hash, key_fields=(*GEMM_KEY, "world"))
+
+
+class AgGemmServed(ServedLayer):
     """One tensor-parallel layer, served: a context for (group, K, dtype, max M), calls
     with any config. See :class:`kernels.adapter.Served`."""
 
+    adapter = ADAPTER
     kernel = NAME
 
     def __init__(self, layer: Layer, *, group: Any, device: Any) -> None:
-        self.layer = layer
-        self.ctx = create_context(
-            group, max_m=layer.max_m, k=layer.k, dtype=torch_dtype(layer.dtype), device=device
+        dtype = torch_dtype(layer.dtype)
+        self._use(
+            layer, create_context(group, max_m=layer.max_m, k=layer.k, dtype=dtype, device=device)
         )
-        self.rows_step, self.device = self.ctx.world, self.ctx.device
-        self.collective = self.ctx.world > 1  # ranks must change algorithms together
+
+    @classmethod
+    def over(cls, layer: Layer, ctx: AgGemmContext) -> AgGemmServed:
+        """``layer`` served over a context made already for it (``__init__`` makes its
+        own: a collective)."""
+        served = cls.__new__(cls)
+        served._use(layer, ctx)
+        return served
+
+    def _use(self, layer: Layer, ctx: AgGemmContext) -> None:
+        super().__init__(layer, device=ctx.device)
+        self.ctx, self.group, self.world = ctx, ctx.group, ctx.world
+        self.rows_step = ctx.world
+        self.collective = ctx.world > 1  # ranks must change algorithms together
         self._chosen: dict[bool, set[int]] = {False: set(), True: set()}  # cuBLAS shapes run
-
-    @property
-    def group(self) -> Any:
-        return self.ctx.group
-
-    def key(self, m: int) -> dict[str, Any]:
-        return ADAPTER.key(
-            m=m, n=self.layer.n, k=self.layer.k, dtype=self.layer.dtype, world=self.ctx.world
-        )
-
-    def rows(self, a_shard: torch.Tensor, b: torch.Tensor) -> int:
-        return int(a_shard.shape[0]) * self.rows_step
 
     def __call__(
         self, config: KernelConfig, a_shard: torch.Tensor, b: torch.Tensor, out: Any = None
@@ -147,17 +172,6 @@ class AgGemmServed:
                 f"ag_gemm: b is {list(b.shape)}; this layer's is [{self.layer.k}, {self.layer.n}]."
             )
         return ag_gemm(a_shard, b, self.ctx, config, out=out)
-
-    def agree(self, value: Any) -> Any:
-        return workspace.agree(self.ctx, value)
-
-    def all_true(self, flag: bool) -> bool:
-        if self.ctx.world == 1:
-            return flag
-        device = self.ctx.device if dist.get_backend(self.ctx.group) == "nccl" else "cpu"
-        votes = torch.tensor([int(flag)], dtype=torch.int32, device=device)
-        dist.all_reduce(votes, op=dist.ReduceOp.MIN, group=self.ctx.group)
-        return bool(votes.item())
 
     def prepare(self, config: KernelConfig, rows: Sequence[int]) -> None:
         """The fused variant compiled or loaded once (one serves every M); for a library
@@ -205,65 +219,14 @@ class AgGemmServed:
         stream.synchronize()
         self._chosen[per_shard].update(shapes)
 
-    def warm_up_plan(self, config: KernelConfig) -> LaunchPlan:
-        """A launch plan on meta tensors: the specialisation of an aligned real call, no
-        memory, nothing launched."""
-        world, n, k, dtype = self.ctx.world, self.layer.n, self.layer.k, self.ctx.dtype
-        g, b, out = (
-            torch.empty(*shape, dtype=dtype, device="meta")
-            for shape in ((world, k), (k, n), (world, n))
-        )
-        return launch_plan(self.ctx, g, b, out, 1, config)
-
-    def rehearse(self, configs: Sequence[KernelConfig]) -> None:
-        ctx, layer = self.ctx, self.layer
-        shard = torch.randn(1, layer.k, dtype=ctx.dtype, device=ctx.device)
-        b = torch.randn(layer.k, layer.n, dtype=ctx.dtype, device=ctx.device)  # freed on return
-        for config in configs:
-            ag_gemm(shard, b, ctx, config)
-        if ctx.device.type == "cuda":
-            torch.cuda.current_stream(ctx.device).synchronize()
+    def plan(
+        self, g: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config: KernelConfig
+    ) -> LaunchPlan:
+        return launch_plan(self.ctx, g, b, out, g.shape[0] // self.world, config)
 
     def default_config(self) -> KernelConfig:
         """The baseline: with no tuning to go by, never slower than what it replaces."""
         return BASELINE_CONFIG
-
-
-class AgGemmAdapter:
-    """The fused AllGather-GEMM, as ``warmup/`` drives it (:class:`kernels.adapter.Adapter`)."""
-
-    name = NAME
-
-    def kernel_hash(self) -> str:
-        return kernel_hash()
-
-    def check_shape(self, shape: Mapping[str, int], *, world_size: int) -> str | None:
-        """The rule :mod:`kernels.shapes` holds for this kernel (read there without torch)."""
-        return RULES[NAME].check(shape, world_size=world_size)
-
-    def key(self, *, m: int, n: int, k: int, dtype: str, world: int) -> dict[str, Any]:
-        return {"M": m, "N": n, "K": k, "dtype": dtype, "world": world}
-
-    def tasks(
-        self, shapes: Sequence[Mapping[str, int]], *, dtype: str, group: Any, device: Any
-    ) -> Iterator[AgGemmTask]:
-        """Random inputs per shape; one workspace per K, sized for that K's largest M."""
-        contexts: dict[int, AgGemmContext] = {}
-        for shape in shapes:
-            m, n, k = shape["M"], shape["N"], shape["K"]
-            if k not in contexts:  # made in the same order on every rank: a collective
-                max_m = max(s["M"] for s in shapes if s["K"] == k)
-                contexts[k] = create_context(
-                    group, max_m=max_m, k=k, dtype=torch_dtype(dtype), device=device
-                )
-            inputs = functools.partial(_random_inputs, m, n, k, contexts[k])
-            yield AgGemmTask(*inputs(), contexts[k], inputs=inputs)
-
-    def tuning_cost(self, shape: Mapping[str, int]) -> float:
-        return gemm_flops(shape)
-
-    def serve(self, layer: Layer, *, group: Any, device: Any) -> AgGemmServed:
-        return AgGemmServed(layer, group=group, device=device)
 
 
 def _random_inputs(m: int, n: int, k: int, ctx: AgGemmContext) -> tuple[torch.Tensor, torch.Tensor]:
@@ -272,6 +235,3 @@ def _random_inputs(m: int, n: int, k: int, ctx: AgGemmContext) -> tuple[torch.Te
     shard = torch.randn(m // ctx.world, k, generator=generator, device=ctx.device, dtype=ctx.dtype)
     b = torch.randn(k, n, generator=generator, device=ctx.device, dtype=ctx.dtype) / k**0.5
     return shard, b
-
-
-ADAPTER = AgGemmAdapter()

@@ -16,13 +16,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import triton
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels import ag_gemm_workspace as workspace
 from kernels.adapter import LaunchPlan
 from kernels.ag_gemm_kernels import _ag_gemm_portable_kernel, _ag_gemm_tma_kernel, _wait_kernel
 from kernels.ag_gemm_workspace import AgGemmContext
 from kernels.spaces import meta_int
-from registry import KernelConfig
+from registry.config import KernelConfig
 
 
 def check_inputs(
@@ -406,8 +407,6 @@ def _layout(t: torch.Tensor) -> tuple[bool, int, int]:
 def _operand(t: torch.Tensor, block: list[int] | None) -> Any:
     if block is None:
         return t
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
     return TensorDescriptor.from_tensor(t, block)
 
 

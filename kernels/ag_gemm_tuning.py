@@ -4,6 +4,7 @@ task, key, config space and candidates, its reference, and its public kernel has
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -26,9 +27,10 @@ from kernels.ag_gemm_launch import (
     prepare_wait,
 )
 from kernels.ag_gemm_workspace import AgGemmContext, group_size_and_rank
-from kernels.spaces import Problem, ag_gemm_space
+from kernels.spaces import Problem, ag_gemm_space, ordered, prune
 from kernels.task import ProductTask
-from registry import KernelConfig
+from registry.config import KernelConfig
+from registry.fingerprint import kernel_source_hash
 
 NAME = "ag_gemm"  # the kernel: in kernels.ADAPTERS, the registry's entries, the shape rules
 
@@ -138,8 +140,6 @@ def library_configs(ctx: AgGemmContext) -> list[KernelConfig]:
 def candidates(ctx: AgGemmContext, problem_: Problem) -> list[KernelConfig]:
     """Every algorithm's configs for one problem: the library ones (the baseline first),
     then the fused space, pruned and ordered by the performance model."""
-    from kernels.spaces import ordered, prune
-
     fused = prune(space(ctx), problem_, ctx.limits).kept
     return library_configs(ctx) + ordered(fused, problem_, ctx.limits)
 
@@ -167,10 +167,6 @@ def kernel_hash() -> str:
     """The public hash of both consumers' sources and of the algorithms a config may
     choose (part of every fingerprint): a version that adds an algorithm tunes again
     rather than keep a winner chosen without it."""
-    import hashlib
-
-    from registry import kernel_source_hash
-
     tma = kernel_source_hash(_ag_gemm_tma_kernel)
     algorithms = hashlib.sha256(",".join(ALGORITHMS).encode()).hexdigest()[:8]
     return f"{tma}{kernel_source_hash(_ag_gemm_portable_kernel)[:16]}-{algorithms}"

@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from kernels.adapter import DTYPES, dtype_name, indexed_device
+from kernels.collectives import agree
 from kernels.spaces import DeviceLimits, device_limits
 
 
@@ -131,7 +132,7 @@ def _gather_method(group: Any) -> tuple[Any, Any]:
     """The process group's all-gather into one tensor (``all_gather_single``, named
     ``_allgather_base`` before torch 2.13) and options for a call that the caller's
     stream waits for, as ``dist.all_gather_into_tensor`` passes them."""
-    from torch._C._distributed_c10d import AllgatherOptions
+    from torch._C._distributed_c10d import AllgatherOptions  # only in torch built with distributed
 
     options = AllgatherOptions()
     if hasattr(options, "asyncOp"):  # False: NCCL runs it on the caller's stream
@@ -180,7 +181,7 @@ def _consumer(consumer: str | None, device: torch.device, limits: DeviceLimits) 
 
 
 def _map_symmetric(ctx: AgGemmContext) -> None:
-    import torch.distributed._symmetric_memory as symm_mem
+    import torch.distributed._symmetric_memory as symm_mem  # CUDA ranks only (a private module)
 
     ctx.buffer = symm_mem.empty(ctx.max_m, ctx.k, dtype=ctx.dtype, device=ctx.device)
     ctx.handle = symm_mem.rendezvous(ctx.buffer, ctx.group.group_name)
@@ -204,7 +205,8 @@ def _map_shared_files(ctx: AgGemmContext) -> None:
     cannot pass the rows'): each rank's G and flags in a file in a folder of rank 0's
     temp dir that every rank maps; each rank unlinks its files once all have mapped
     them (the mappings stay), and rank 0 removes the folder."""
-    folder = str(agree(ctx, tempfile.mkdtemp(prefix="ag-gemm-") if ctx.rank == 0 else None))
+    made = tempfile.mkdtemp(prefix="ag-gemm-") if ctx.rank == 0 else None
+    folder = str(agree(made, group=ctx.group, world=ctx.world))
 
     def mapped(rank: int, name: str, count: int, dtype: torch.dtype) -> torch.Tensor:
         path = os.path.join(folder, f"{name}{rank}")
@@ -224,16 +226,6 @@ def _map_shared_files(ctx: AgGemmContext) -> None:
     dist.barrier(group=ctx.group)
     if ctx.rank == 0:
         os.rmdir(folder)
-
-
-def agree(ctx: AgGemmContext, value: Any) -> Any:
-    """Rank 0's ``value``, on every rank of the context's group (a collective)."""
-    if ctx.world == 1:
-        return value
-    holder = [value]
-    root = 0 if ctx.group is None else dist.get_global_rank(ctx.group, 0)
-    dist.broadcast_object_list(holder, src=root, group=ctx.group)
-    return holder[0]
 
 
 def input_buffer(ctx: AgGemmContext, m_per_rank: int) -> torch.Tensor:

@@ -18,10 +18,12 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.adapter import LaunchPlan, Layer, dtype_name, gemm_flops, torch_dtype
-from kernels.shapes import RULES
+from kernels.adapter import KernelAdapter, LaunchPlan, Layer, dtype_name, torch_dtype
+from kernels.served import ServedLayer
 from kernels.task import ProductTask
-from registry import KernelConfig, triton_internals
+from registry.config import KernelConfig
+from registry.fingerprint import kernel_source_hash
+from registry.triton_internals import compile_for
 
 NAME = "matmul"
 
@@ -206,35 +208,40 @@ def compile_ahead(config: KernelConfig, dtype: str, target: Any) -> Any:
         **{n: "constexpr" for n in config.meta},
     }
     launch = {k: v for k, v in config.all_kwargs().items() if k not in config.meta}
-    return triton_internals.compile_for(
+    return compile_for(
         _matmul_kernel, signature=signature, constexprs=config.meta, target=target, options=launch
     )
 
 
 def kernel_hash() -> str:
     """The public hash of the kernel's source (part of every fingerprint)."""
-    from registry import kernel_source_hash
-
     return kernel_source_hash(_matmul_kernel)
 
 
-class MatmulServed:
+class MatmulAdapter(KernelAdapter):
+    """The tiled matmul, as ``warmup/`` drives it (:class:`kernels.adapter.Adapter`)."""
+
+    def tasks(
+        self, shapes: Sequence[Mapping[str, int]], *, dtype: str, group: Any, device: Any
+    ) -> Iterator[MatmulTask]:
+        element = torch_dtype(dtype)
+        for shape in shapes:
+            m, n, k = shape["M"], shape["N"], shape["K"]
+            inputs = functools.partial(_random_inputs, m, n, k, element, device)
+            yield MatmulTask(*inputs(), inputs=inputs)
+
+    def serve(self, layer: Layer, *, group: Any, device: Any) -> MatmulServed:
+        return MatmulServed(layer, device=device)
+
+
+ADAPTER = MatmulAdapter(NAME, kernel_hash)
+
+
+class MatmulServed(ServedLayer):
     """One layer ``x @ w`` served on one device (:class:`kernels.adapter.Served`)."""
 
+    adapter = ADAPTER
     kernel = NAME
-    rows_step = 1
-    collective = False  # one device: each call is this process's alone
-    group = None
-
-    def __init__(self, layer: Layer, *, device: Any) -> None:
-        self.layer, self.device = layer, torch.device(device)
-        self.dtype = torch_dtype(layer.dtype)
-
-    def key(self, m: int) -> dict[str, Any]:
-        return ADAPTER.key(m=m, n=self.layer.n, k=self.layer.k, dtype=self.layer.dtype, world=1)
-
-    def rows(self, a: torch.Tensor, b: torch.Tensor) -> int:
-        return int(a.shape[0])
 
     def __call__(
         self, config: KernelConfig, a: torch.Tensor, b: torch.Tensor, out: Any = None
@@ -250,65 +257,13 @@ class MatmulServed:
             )
         return matmul(a, b, config, out=out)
 
-    def all_true(self, flag: bool) -> bool:
-        return flag  # one device: its own word
-
-    def prepare(self, config: KernelConfig, rows: Sequence[int]) -> None:
-        if self.device.type != "cuda":
-            return  # the interpreter compiles nothing; one variant serves every M
-        self.warm_up_plan(config).load()
-
-    def warm_up_plan(self, config: KernelConfig) -> LaunchPlan:
-        """A launch plan on meta tensors: one row, nothing allocated or launched."""
-        n, k = self.layer.n, self.layer.k
-        a, b, out = (
-            torch.empty(*shape, dtype=self.dtype, device="meta")
-            for shape in ((1, k), (k, n), (1, n))
-        )
+    def plan(
+        self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config: KernelConfig
+    ) -> LaunchPlan:
         return launch_plan(a, b, out, config)
-
-    def rehearse(self, configs: Sequence[KernelConfig]) -> None:
-        a = torch.randn(1, self.layer.k, dtype=self.dtype, device=self.device)
-        b = torch.randn(self.layer.k, self.layer.n, dtype=self.dtype, device=self.device)
-        for config in configs:
-            matmul(a, b, config)
 
     def default_config(self) -> KernelConfig:
         return space()[0]
-
-    def agree(self, value: Any) -> Any:
-        return value  # one device, no group
-
-
-class MatmulAdapter:
-    """The tiled matmul, as ``warmup/`` drives it (:class:`kernels.adapter.Adapter`)."""
-
-    name = NAME
-
-    def kernel_hash(self) -> str:
-        return kernel_hash()
-
-    def check_shape(self, shape: Mapping[str, int], *, world_size: int) -> str | None:
-        """The rule :mod:`kernels.shapes` holds for this kernel (read there without torch)."""
-        return RULES[NAME].check(shape, world_size=world_size)
-
-    def key(self, *, m: int, n: int, k: int, dtype: str, world: int) -> dict[str, Any]:
-        return {"M": m, "N": n, "K": k, "dtype": dtype}
-
-    def tasks(
-        self, shapes: Sequence[Mapping[str, int]], *, dtype: str, group: Any, device: Any
-    ) -> Iterator[MatmulTask]:
-        element = torch_dtype(dtype)
-        for shape in shapes:
-            m, n, k = shape["M"], shape["N"], shape["K"]
-            inputs = functools.partial(_random_inputs, m, n, k, element, device)
-            yield MatmulTask(*inputs(), inputs=inputs)
-
-    def tuning_cost(self, shape: Mapping[str, int]) -> float:
-        return gemm_flops(shape)
-
-    def serve(self, layer: Layer, *, group: Any, device: Any) -> MatmulServed:
-        return MatmulServed(layer, device=device)
 
 
 def _random_inputs(
@@ -319,6 +274,3 @@ def _random_inputs(
     a = torch.randn(m, k, generator=generator, device=device, dtype=dtype)
     b = torch.randn(k, n, generator=generator, device=device, dtype=dtype) / k**0.5
     return a, b
-
-
-ADAPTER = MatmulAdapter()

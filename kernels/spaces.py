@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from registry import KernelConfig
+from registry.config import KernelConfig
 
 if TYPE_CHECKING:
     import torch
@@ -47,7 +47,7 @@ CPU_LIMITS = DeviceLimits("cpu-interpreter", 4, 228 * 1024, (0, 0), 0.01, 10.0)
 
 def device_limits(device: torch.device | str | int | None = None) -> DeviceLimits:
     """Limits of a CUDA device (index or torch.device), or the CPU stand-in."""
-    import torch
+    import torch  # torch loads only when a device is read: pruning needs none
 
     if device is None and not torch.cuda.is_available():
         return CPU_LIMITS

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from kernels.adapter import dtype_name
-from registry import KernelConfig
+from registry.config import KernelConfig
 
 # The relative error (in norm) a run may have against a wider-precision reference.
 TOLERANCE = {"fp32": 2e-3, "fp16": 1e-2, "bf16": 2e-2}  # by kernels.adapter.DTYPES name
@@ -137,7 +137,7 @@ class ProductTask(Task):
     def drop_inputs(self) -> None:
         if self.inputs is None:
             return
-        import torch
+        import torch  # torch loads only when a task runs: warmup.tuning imports this without
 
         self.a, self.b = (torch.empty_like(t, device="meta") for t in (self.a, self.b))
         self.out = self._expected = None
@@ -153,7 +153,7 @@ class ProductTask(Task):
 def relative_error_reason(out: Any, expected: Any, tolerance: float) -> str | None:
     """None when ``out`` is finite and within ``tolerance`` (relative norm) of
     ``expected``, else why not."""
-    import torch
+    import torch  # torch loads only when a product is checked
 
     if not torch.isfinite(out).all():
         return "output has NaN or inf (unwritten or overflowed elements)"

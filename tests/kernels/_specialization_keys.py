@@ -59,8 +59,7 @@ def ag_gemm_keys(world: int, consumer: str, max_m: int) -> dict[str, Any]:
         g = torch.empty(m, K, dtype=torch.bfloat16) if world == 1 else ctx.buffer[:m]
         out = torch.empty(m, N, dtype=torch.bfloat16)
         keys.add(key(ag_gemm.launch_plan(ctx, g, b, out, m // world, CONFIG)))
-    served = object.__new__(ag_gemm.AgGemmServed)  # the serving layer over this context
-    served.ctx, served.layer = ctx, Layer(N, K, "bf16", max_m)
+    served = ag_gemm.AgGemmServed.over(Layer(N, K, "bf16", max_m), ctx)
     warm = key(served.warm_up_plan(CONFIG))
     return {"variants": len(keys), "warm_up_hits": warm in keys}
 
