@@ -48,23 +48,6 @@ from registry.redis_url import is_redis
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "DEFAULT_TIMEOUT",
-    "DEFAULT_TTL",
-    "LOST",
-    "Held",
-    "Holder",
-    "Lease",
-    "LockBackend",
-    "LockServerUnreachable",
-    "backend_from_url",
-    "check_backend",
-    "default_backend",
-    "lock",
-    "lock_file_name",
-    "silent_for",
-]
-
 
 def default_backend() -> LockBackend:
     """A file backend in the machine's temp folder: one host only; pass a shared folder
@@ -212,6 +195,10 @@ class _Outage:
 
 
 __all__ = [
+    "DEFAULT_TIMEOUT",
+    "DEFAULT_TTL",
+    "LOST",
+    "Held",
     "Holder",
     "Lease",
     "LockBackend",
@@ -220,5 +207,6 @@ __all__ = [
     "check_backend",
     "default_backend",
     "lock",
+    "lock_file_name",
     "silent_for",
 ]
