@@ -70,10 +70,10 @@ def test_run_and_serve_work_in_the_folder_given(isolated, capsys, monkeypatch, c
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
     [settings] = seen
-    assert settings.work_dir == work and settings.status_file == work / "status.json"
-    assert settings.triton_cache_dir == work / "triton-cache"
-    assert settings.inductor_cache_dir == work / "inductor-cache"
-    assert settings.metrics_dir == work / "serving-metrics"
+    assert settings.paths.work_dir == work and settings.paths.status_file == work / "status.json"
+    assert settings.paths.triton_cache_dir == work / "triton-cache"
+    assert settings.paths.inductor_cache_dir == work / "inductor-cache"
+    assert settings.paths.metrics_dir == work / "serving-metrics"
 
 
 def test_doctor_checks_the_folder_given(isolated, capsys):

@@ -64,7 +64,7 @@ from warmup.compiled import learned
 from warmup.manifest import Manifest, ManifestError, load_manifest
 from warmup.metrics import ServeMetrics
 from warmup.results import RankHost, RunStatus
-from warmup.settings import Settings
+from warmup.services import Services
 from warmup.sidecar.watcher import Stat, stat_key
 
 log = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ class Harvester(FileSystemEventHandler):
 
     def __init__(
         self,
-        settings: Settings,
+        services: Services,
         metrics: ServeMetrics,
         *,
         remote: RemoteTier | None = None,
@@ -102,14 +102,15 @@ class Harvester(FileSystemEventHandler):
         status: Callable[[], RunStatus | None] | None = None,
         store: Store | None = None,
     ) -> None:
-        self.settings = settings
+        self.services = services  # the sidecar's
+        self.settings = settings = services.settings
         self.metrics = metrics
         self.remote = remote
-        self.limits = limits or Limits(max_per_minute=settings.harvest_max_per_minute)
-        self.triton_dir = settings.triton_cache_dir
-        self.inductor_dir = settings.inductor_cache_dir
-        self.learned_dir = settings.metrics_dir
-        self._status = status or (lambda: RunStatus.read(settings.status_file))
+        self.limits = limits or Limits(max_per_minute=settings.sidecar.harvest_max_per_minute)
+        self.triton_dir = settings.paths.triton_cache_dir
+        self.inductor_dir = settings.paths.inductor_cache_dir
+        self.learned_dir = settings.paths.metrics_dir
+        self._status = status or (lambda: RunStatus.read(settings.paths.status_file))
         self._pending: OrderedDict[tuple[str, str], None] = OrderedDict()  # (kind, path)
         self._inductor_due: float | None = None
         self._wake = threading.Condition()
@@ -132,17 +133,17 @@ class Harvester(FileSystemEventHandler):
     def folders(self) -> list[Path]:
         """Every family's watched folders for this pod's manifest (the Inductor cache
         whatever it declares), read once."""
-        scope = warm_families.scope(self.settings, self._manifest(), models=False)
+        scope = warm_families.scope(self.services, self._manifest(), models=False)
         found = {self.inductor_dir}
         for family in families.every():
             found.update(family.watched(scope))
         return sorted(found)
 
     def _manifest(self) -> Manifest | None:
-        if not self.settings.manifest.exists():
+        if not self.settings.paths.manifest.exists():
             return None  # the sidecar says so itself; the Inductor cache is still kept
         try:
-            return load_manifest(self.settings.manifest)
+            return load_manifest(self.settings.paths.manifest)
         except (ManifestError, OSError) as e:
             log.warning("harvest: the manifest is unreadable, no declared folder kept: %s", e)
             return None
@@ -356,7 +357,7 @@ class Harvester(FileSystemEventHandler):
         if foreign:
             factor, (mine, theirs) = next(iter(foreign.items()))
             raise Refused(f"compiled for {factor} {theirs}; this pod has {mine}")
-        target = self.settings.paths.triton_cache / folder.name
+        target = self.services.volume.triton_cache / folder.name
         new = self._write_new(target, {**files, group: group_bytes})
         self._record(origin, folder.name)
         self._publish(folder.name, {**files, group: remote_triton.group_value(files)})
@@ -373,7 +374,7 @@ class Harvester(FileSystemEventHandler):
                 raise ValueError("no configs_timings list")
         except (ValueError, AttributeError) as e:
             raise Refused(f"not an autotune result: {e}") from None
-        target = self.settings.paths.triton_cache / folder.name
+        target = self.services.volume.triton_cache / folder.name
         new = self._write_new(target, {path.name: data})
         self._record(origin, folder.name)
         if new:
@@ -391,14 +392,14 @@ class Harvester(FileSystemEventHandler):
             data = _read_at(at, path.name, self.limits.max_file_bytes)
         if not data.startswith(b"\x7fELF"):
             raise Refused("not a shared object")
-        new = self._write_new(self.settings.paths.triton_cache / folder.name, {path.name: data})
+        new = self._write_new(self.services.volume.triton_cache / folder.name, {path.name: data})
         return ("harvested" if new else "deduplicated"), len(data)
 
     def _record(self, origin: Origin, folder: str) -> None:
         """The kernel's origin, in the harvests' record (``explain`` reads it): one for
         every harvesting sidecar, so a race loses a folder's record at worst."""
         triton_cache.record_origin(
-            self.settings.paths.triton_cache, origin, [folder], writer="harvest"
+            self.services.volume.triton_cache, origin, [folder], writer="harvest"
         )
 
     def _import(self, path: Path, fingerprint: Fingerprint) -> None:
@@ -407,7 +408,7 @@ class Harvester(FileSystemEventHandler):
         if found.entries:
             try:
                 if self._store is None:  # one: a store clears killed writers' debris once
-                    self._store = self.settings.store()
+                    self._store = self.services.store()
                 self._store.put_many(found.entries)
             except (OSError, RegistryError) as e:
                 log.warning("harvest: %s not put in the registry: %s", path.name, e)
@@ -475,7 +476,7 @@ class Harvester(FileSystemEventHandler):
         manifest = self._manifest()
         if manifest is not None:
             try:
-                new_files += learned.merge(self.learned_dir, self.settings.paths.learned, manifest)
+                new_files += learned.merge(self.learned_dir, self.services.volume.learned, manifest)
             except OSError as e:
                 log.warning("harvest: learned shapes not merged: %s", e)
         warmed = tuple(
@@ -484,7 +485,7 @@ class Harvester(FileSystemEventHandler):
             if model.rank == 0 and model.key_digest and not model.failed
         )
         scope = replace(
-            warm_families.scope(self.settings, manifest, triton_env=triton_env, models=False),
+            warm_families.scope(self.services, manifest, triton_env=triton_env, models=False),
             fingerprint=fingerprint,
             models=warmed,
             remote=self.remote,
@@ -511,7 +512,7 @@ class Harvester(FileSystemEventHandler):
             record = hosts.HostRecord(
                 found.to_json(), fingerprint.with_kernel(""), told.triton_env if told else {}
             )
-            hosts.keep_record(self.settings.paths.hosts, found, record, self.remote)
+            hosts.keep_record(self.services.volume.hosts, found, record, self.remote)
         except (OSError, ValueError, RegistryError) as e:
             log.warning("harvest: this host not recorded for the next pod: %s", e)
 

@@ -15,6 +15,7 @@ from registry.locks import backend_from_url
 from tests.conftest import settings_for
 from warmup.manifest import parse_manifest
 from warmup.run.runner import _kernel_jobs, _placed, warm_rank
+from warmup.services import Services
 
 USER_MANIFEST = """
 version: 1
@@ -34,7 +35,7 @@ def test_a_cpu_rank_on_a_gpu_machine_uses_the_cpu_fingerprint(tmp_path: Path, mo
     monkeypatch.setenv("TEST_USER_LOG", str(tmp_path / "calls.jsonl"))
     report = warm_rank(
         parse_manifest(USER_MANIFEST),
-        settings_for(tmp_path),
+        Services(settings_for(tmp_path), run=True),
         rank=0,
         world=1,
         group=None,
@@ -60,7 +61,14 @@ def test_a_rank_expands_each_entry_once(tmp_path: Path, monkeypatch):
     monkeypatch.setattr(ManifestEntry, "expand", counted)
     monkeypatch.setenv("TEST_USER_LOG", str(tmp_path / "calls.jsonl"))
     settings = settings_for(tmp_path)
-    report = warm_rank(manifest, settings, rank=0, world=1, group=None, device=torch.device("cpu"))
+    report = warm_rank(
+        manifest,
+        Services(settings, run=True),
+        rank=0,
+        world=1,
+        group=None,
+        device=torch.device("cpu"),
+    )
     assert len(report.shapes) == 6
     assert sorted(expanded) == sorted(e.kernel for e in manifest.entries)
 
@@ -89,7 +97,7 @@ def test_user_functions_run_while_another_pod_holds_a_shape_put_aside(tmp_path, 
     holding = threading.Event()
 
     def other_pod() -> None:  # holds one shape until the user function ran, stores nothing
-        backend = backend_from_url(settings.lock_url)
+        backend = backend_from_url(settings.locks.url)
         name = f"tune/matmul/{json.dumps(held, sort_keys=True)}"
         # a ttl the test never reaches: under load, a heartbeat starved for a short ttl
         # would let the pod take the shape over in its first pass
@@ -105,7 +113,7 @@ def test_user_functions_run_while_another_pod_holds_a_shape_put_aside(tmp_path, 
     order: list[tuple[int, str]] = []
     report = warm_rank(
         parse_manifest(SHARED_MANIFEST),
-        settings,
+        Services(settings, run=True),
         rank=0,
         world=1,
         group=None,
@@ -184,7 +192,7 @@ def test_a_rank_tells_each_compiled_models_steps_to_model_progress(tmp_path: Pat
     told: list = []
     report = warm_rank(
         parse_manifest(MODEL_MANIFEST),
-        settings_for(tmp_path),
+        Services(settings_for(tmp_path), run=True),
         rank=0,
         world=1,
         group=None,
@@ -234,7 +242,7 @@ def test_a_model_that_cannot_be_built_fails_before_any_kernel_shape_is_tuned(
     with caplog.at_level(logging.ERROR, "warmup.compiled.warm"):
         report = warm_rank(
             parse_manifest(BROKEN_MODEL_MANIFEST),
-            settings_for(tmp_path),
+            Services(settings_for(tmp_path), run=True),
             rank=0,
             world=1,
             group=None,
