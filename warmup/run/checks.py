@@ -190,7 +190,7 @@ def check_remote(services: Services) -> None:
     bad URL, no redis-py); whether it answers is the tier's own business (it may not,
     and the run goes on with the local tier)."""
     try:
-        services.remote  # noqa: B018  made now: a bad URL is bad input
+        _ = services.remote  # made now: a bad URL is bad input
     except RegistryError as e:
         raise RunError(f"TRITON_WARMUP_REMOTE_URL: {e}") from None
 
