@@ -83,7 +83,7 @@ def test_tuned_configs_name_the_gpu_the_arch_and_the_kernel_source(tmp_path, mak
     assert predicted("tuned-configs", settings, host(h100, ag_gemm="k" * 64), [], None).factor == (
         "GPU model"
     )
-    same_arch = settings.model_copy(update={"match_policy": MatchPolicy.SAME_ARCH})
+    same_arch = settings.updated(match_policy=MatchPolicy.SAME_ARCH)
     got = predicted("tuned-configs", same_arch, host(h100, ag_gemm="k" * 64), [], None)
     assert got.outcome == "hit"  # the policy forgives another GPU of the same arch
     b200 = gpu_fingerprint("NVIDIA B200", cc="10.0").with_kernel("")

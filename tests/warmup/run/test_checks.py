@@ -59,7 +59,7 @@ def test_the_checks_fail_in_one_order_each_fix_reaching_the_next(tmp_path, monke
         checked(Services(settings, run=True), manifest, 3, caller)
     with pytest.raises(ManifestError, match="other_world_sizes is 'fail'"):  # 3. the others
         checked(Services(settings, run=True), manifest, 1, caller)
-    settings = settings.model_copy(update={"other_world_sizes": "degraded"})
+    settings = settings.updated(other_world_sizes="degraded")
     with pytest.raises(RunError, match="the device step"):  # 4. the device
         checked(Services(settings, run=True), manifest, 1, caller)
     devices.append("cpu")
@@ -71,7 +71,7 @@ def test_the_checks_fail_in_one_order_each_fix_reaching_the_next(tmp_path, monke
     monkeypatch.undo()
     with pytest.raises(RunError, match="unreachable"):  # 7. the lock server
         checked(Services(settings, run=True), manifest, 1, later)
-    fallback = settings.model_copy(update={"lock_fallback": "file"})
+    fallback = settings.updated(lock_fallback="file")
     done = checked(Services(fallback, run=True), manifest, 1, later)
     assert done.device == "cpu" and done.settings.locks.url == str(settings.paths.layout.locks)
 
@@ -130,7 +130,7 @@ def test_a_lock_server_that_does_not_answer_is_one_clear_error_or_a_fallback(tmp
     settings = settings_for(tmp_path, manifest=manifest, lock_url=NOBODY)
     with pytest.raises(RunError, match=r"lock server redis://127.0.0.1:1/0 unreachable"):
         lock_backend(Services(settings, run=True), load_manifest(manifest), 1)
-    fallback = settings.model_copy(update={"lock_fallback": "file"})
+    fallback = settings.updated(lock_fallback="file")
     chosen = lock_backend(Services(fallback, run=True), load_manifest(manifest), 1)
     assert chosen.settings.locks.url == str(settings.paths.layout.locks)
     assert (

@@ -172,7 +172,7 @@ def test_a_killed_rank_fails_the_run_and_leaves_a_usable_registry(tmp_path):
     store = Store(settings.paths.layout.registry, create=True)
     assert len(store) == 1 and store.quarantined == 0  # what was tuned before the kill stays
     retry = manifest_of(tmp_path, entry("ag_gemm", 2), name="retry.yaml")
-    again = run(settings.model_copy(update={"manifest": retry}), load_manifest(retry))
+    again = run(settings.updated(manifest=retry), load_manifest(retry))
     assert again.state == "ready" and again.sources == {"registry": 2}
 
 

@@ -139,7 +139,7 @@ def _within(seconds: float, done: Callable[[], bool]) -> bool:
 
 
 def test_a_new_generation_reaches_a_running_op(settings, store):
-    with Serving(settings.model_copy(update={"serving_refresh_s": 0.05})) as serving:
+    with Serving(settings.updated(serving_refresh_s=0.05)) as serving:
         op = serving.op("matmul", n=N, k=K, dtype="fp32", max_m=100, device="cpu")
         assert op.config_for(30) == config(16)
         store.install([entry(32, 64)], record={"bundle": "b1"})  # a hot-reloaded bundle
