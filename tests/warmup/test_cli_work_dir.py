@@ -96,7 +96,8 @@ def test_explain_reads_the_folder_given(isolated, monkeypatch):
     monkeypatch.setattr("warmup.explain.run", explained)
     work = isolated / "given-work"
     assert main(["explain", "--work-dir", str(work)]) == 0
-    assert seen[0].paths.work_dir == work and seen[0].paths.triton_cache_dir == work / "triton-cache"
+    paths = seen[0].paths
+    assert paths.work_dir == work and paths.triton_cache_dir == work / "triton-cache"
 
 
 def test_a_work_dir_that_cannot_be_made_is_missing_with_its_fix(isolated, capsys):

@@ -47,10 +47,10 @@ def test_the_checks_fail_in_one_order_each_fix_reaching_the_next(tmp_path, monke
             raise RunError("the device step")
         return "cpu"
 
-    def unusable(self: Settings, **options: object) -> None:
+    def unusable(self: Services) -> None:
         raise RegistryError("no tier here")
 
-    monkeypatch.setattr(Settings, "remote", unusable)
+    monkeypatch.setattr(Services, "remote", property(unusable))
     caller = Caller("m.yaml", no_device, volume_fix="make the volume")
     with pytest.raises(MissingFolder, match="make the volume"):  # 1. the volume
         checked(Services(settings, run=True), manifest, 3, caller)

@@ -150,7 +150,7 @@ def test_a_full_hit_restores_and_writes_a_ready_status_with_its_metrics(warm_vol
     settings, manifest = warm_volume
     hit = full_hit.look(Services(settings, run=True), manifest, 2, PROBE)
     status = full_hit.restore_and_finish(
-        settings, manifest, 2, hit, started=0.0, phases={"imports": 0.3}
+        Services(settings, run=True), manifest, 2, hit, started=0.0, phases={"imports": 0.3}
     )
     assert status.state == READY and status.full_hit and status.failures == []
     assert RunStatus.read(settings.paths.status_file) == status
