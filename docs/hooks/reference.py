@@ -3,8 +3,8 @@ every build so that they cannot drift from it.
 
 A page asks for one with a comment on a line of its own, ``<!-- reference: settings -->``
 (or ``cli``, ``metrics``); the build fails on a name it does not know. Only public names
-are read: ``Settings``, its groups and their fields, ``warmup.cli.build_parser`` and the metrics classes
-on a fresh ``CollectorRegistry``.
+are read: ``Settings``, its groups and their fields, ``warmup.cli.build_parser`` and the
+metrics classes on a fresh ``CollectorRegistry``.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def settings_reference() -> str:
     header = ["| variable | type | default | meaning |", "| --- | --- | --- | --- |"]
     sections: dict[str, list[str]] = {}
     for variable, attribute, field in Settings.fields():
-        group, name = attribute.split(".")
+        group = attribute.partition(".")[0]
         kind = cell(type_name(field.annotation) + limits(field.metadata))
         meaning = cell(f"`settings.{attribute}`: {field.description or ''}")
         row = f"| `{variable}` | {kind} | {default_text(field)} | {meaning} |"

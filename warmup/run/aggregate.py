@@ -56,6 +56,7 @@ class RunRecord:
 
     @property
     def settings(self) -> Settings:
+        """The run's settings (those of its services)."""
         return self.services.settings
 
 

@@ -73,6 +73,7 @@ class Checked:
 
     @property
     def settings(self) -> Settings:
+        """The settings to run with (those of :attr:`services`)."""
         return self.services.settings
 
 
