@@ -289,6 +289,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     from bench.fleet import redis_server
     from warmup.metrics import ServeMetrics
+    from warmup.services import Services
     from warmup.sidecar.harvest import Harvester
 
     work = Path(tempfile.mkdtemp(prefix="fleet-learns-"))
@@ -316,7 +317,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         shutil.copytree(a.volume, work / "volume-off")  # as A's init left it
         shutil.copytree(a.volume, work / "volume-c")
         settings = a.settings()
-        harvest = Harvester(settings, ServeMetrics(CollectorRegistry()), remote=_tier(url))
+        harvest = Harvester(
+            Services(settings), ServeMetrics(CollectorRegistry()), remote=_tier(url)
+        )
         harvest.start()
         try:
             out["A"] = a.serve(args.device, args.seed, args.steady_s)

@@ -49,7 +49,7 @@ MODEL = "mlp"
 KEY_DIGEST = "0123456789abcdef"
 ENTRY_KEY = {"M": 4096, "N": 6656, "K": 16384, "dtype": "bf16", "world": 2}
 TRITON_KEY = "HOSTILEBENCHKEY0123456789"
-LOCK_TTL_S = 60.0  # the product's default lock ttl (settings.lock_ttl_s)
+LOCK_TTL_S = 60.0  # the product's default lock ttl (settings.locks.ttl_s)
 LOCK_TIMEOUT_S = 1.0
 CHILD_LIMIT_S = 300
 

@@ -92,7 +92,7 @@ def serve(args: argparse.Namespace) -> dict[str, Any]:
     from warmup.serving import Serving
 
     serving = Serving()
-    manifest = load_manifest(serving.settings.manifest)
+    manifest = load_manifest(serving.settings.paths.manifest)
     phases["serving"] = lap()
     before = counts()
     ops = []

@@ -234,12 +234,12 @@ class Sampler(threading.Thread):
 def sidecar(folder: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     """``triton-warmup serve`` on a free local port, its warmup ready; (process, port)."""
     settings = Settings(volume=folder / "v", work_dir=folder / "w", manifest=DEMO)
-    settings.volume.mkdir()
+    settings.paths.volume.mkdir()
     ready_status(settings)
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("TRITON_WARMUP_")},
-        "TRITON_WARMUP_VOLUME": str(settings.volume),
-        "TRITON_WARMUP_WORK_DIR": str(settings.work_dir),
+        "TRITON_WARMUP_VOLUME": str(settings.paths.volume),
+        "TRITON_WARMUP_WORK_DIR": str(settings.paths.work_dir),
         "TRITON_WARMUP_MANIFEST": str(DEMO),
     }
     port = free_port()

@@ -109,7 +109,7 @@ def main() -> None:
         work = Path(tmp)
         settings = Settings(volume=work / "volume", work_dir=work / "work", manifest=DEMO)
         ready_status(settings)
-        folder = settings.bundle_dir
+        folder = settings.paths.bundle_dir
         folder.mkdir(parents=True)
         for name, m in (("a", 64), ("b", 128), ("c", 256)):
             shutil.copy(make_bundle(work, name, m), folder / f"{name}.tgz")
@@ -122,26 +122,26 @@ def main() -> None:
         car = Sidecar(settings)
         car.start(host="127.0.0.1", port=0)
         try:
-            settled(lambda: len(installs_per_bundle(settings.registry_dir)) == bundles)
+            settled(lambda: len(installs_per_bundle(settings.paths.registry_dir)) == bundles)
             time.sleep(3 * max(car.watcher.debounce_s, car.watcher.check_s))  # settled
             scans, files = car.watcher.scans, len(hashed)
             with Sampler() as sampler:
                 time.sleep(args.seconds)
             idle_scans, idle_hashed = car.watcher.scans - scans, len(hashed) - files
-            idle_installs = installs_per_bundle(settings.registry_dir)
+            idle_installs = installs_per_bundle(settings.paths.registry_dir)
 
             scans = car.watcher.scans
             burst(folder, args.burst, work)
-            settled(lambda: len(installs_per_bundle(settings.registry_dir)) == bundles + 1)
+            settled(lambda: len(installs_per_bundle(settings.paths.registry_dir)) == bundles + 1)
             time.sleep(3 * max(car.watcher.debounce_s, car.watcher.check_s))
             burst_scans = car.watcher.scans - scans
-            burst_installs = installs_per_bundle(settings.registry_dir)
+            burst_installs = installs_per_bundle(settings.paths.registry_dir)
         finally:
             car.stop()
 
     per_bundle = sorted(set(idle_installs.values()))
     print(
-        f"\nsidecar watcher, debounce {settings.reload_debounce_s:g} s, "
+        f"\nsidecar watcher, debounce {settings.sidecar.reload_debounce_s:g} s, "
         f"checks every {car.watcher.check_s:g} s, {bundles} bundles, idle {args.seconds:g} s\n"
     )
     print("| measure | value |")

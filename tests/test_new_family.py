@@ -16,6 +16,7 @@ from registry.fingerprint import cpu_fingerprint
 from registry.triton_cache import Origin
 from warmup import cli
 from warmup import families as warm
+from warmup.services import Services
 from warmup.settings import Settings
 
 NOTES = '''
@@ -114,15 +115,15 @@ def test_a_family_of_one_pod_folder_is_its_module_and_nothing_else(
 ):
     volume, work = tmp_path / "volume", tmp_path / "work"
     settings = Settings(volume=volume, work_dir=work)
-    pod = settings.notes_dir  # its setting, from its declaration
-    assert pod == work / "families" / "notes" == settings.pod()["notes_dir"]
+    pod = settings.folders.notes_dir  # its setting, from its declaration
+    assert pod == work / "families" / "notes" == settings.folders.folder("notes_dir")
     monkeypatch.setenv("TRITON_WARMUP_NOTES_DIR", str(tmp_path / "elsewhere"))
-    assert Settings(volume=volume, work_dir=work).notes_dir == tmp_path / "elsewhere"
+    assert Settings(volume=volume, work_dir=work).folders.notes_dir == tmp_path / "elsewhere"
     monkeypatch.delenv("TRITON_WARMUP_NOTES_DIR")
 
     (volume / "notes").mkdir(parents=True)
     (volume / "notes" / "a.txt").write_text("from the fleet")
-    scope = warm.scope(settings, None)
+    scope = warm.scope(Services(settings), None)
     restored = {m.family: m for m in warm.restore(scope)}["notes"]
     assert restored.copied == 1 and files(pod) == {"a.txt": "from the fleet"}
 
@@ -159,9 +160,9 @@ def test_every_family_declares_what_the_loops_and_the_cli_need(tmp_path):
         assert family.name and family.name == family.name.lower()
         for folder in family.folders:
             assert folder.env == "TRITON_WARMUP_" + folder.name.upper()
-            assert settings.pod_folder(folder.name) == tmp_path / "w" / folder.default
+            assert settings.folders.folder(folder.name) == tmp_path / "w" / folder.default
             assert folder.description
         if family.bundled is not None:
             assert family.option is not None, f"{family.name} is bundled but has no option"
-            assert family.volume_root(settings.paths) is not None
+            assert family.volume_root(settings.paths.layout) is not None
             assert family.option.flag.startswith("--")

@@ -161,9 +161,9 @@ def test_the_watcher_runs_no_tampered_code(tmp_path, payload, marker, trusted):
     ready_status(settings)
     with running(settings) as car:
         for name, path in hostile_bundles(tmp_path, payload, trusted).items():
-            shutil.copy(path, settings.bundle_dir / f"{name}.tgz")
+            shutil.copy(path, settings.paths.bundle_dir / f"{name}.tgz")
         assert wait_for(lambda: reloads(car).get("rejected") == 3)
-    paths = settings.paths
+    paths = settings.paths.layout
     run_everything(paths.inductor, paths.triton_cache, tmp_path)
     assert not marker.exists()
 

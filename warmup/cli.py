@@ -54,12 +54,12 @@ def build_parser(settings: Settings) -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="the sidecar: probes, metrics, bundle reload")
     _common(serve, settings)
-    serve.add_argument("--host", help=f"bind address (default {settings.metrics_host})")
-    serve.add_argument("--port", type=int, help=f"port (default {settings.metrics_port})")
+    serve.add_argument("--host", help=f"bind address (default {settings.sidecar.host})")
+    serve.add_argument("--port", type=int, help=f"port (default {settings.sidecar.port})")
 
     status = sub.add_parser("status", help="the last run: state, sources, seconds by phase")
     status.add_argument(
-        "--file", type=Path, help=f"the status file (default {settings.status_file})"
+        "--file", type=Path, help=f"the status file (default {settings.paths.status_file})"
     )
     _work_dir_option(status, settings)
     status.add_argument("--json", action="store_true", help="the status file's JSON as it is")
@@ -67,14 +67,15 @@ def build_parser(settings: Settings) -> argparse.ArgumentParser:
     _add_validate(sub)
     doctor.add_parser(sub, settings)
     explain.add_parser(sub, settings)
+    given = {n: p for n, p in settings.folders.by_name().items() if settings.given(n)}
     registry_cli.add_parser(
         sub,
-        default_store=settings.registry_dir,
+        default_store=settings.paths.registry_dir,
         # the volume's folders, or a pod folder given to the settings (not a derived one)
-        default_roots=default_roots(settings.volume, settings.pod_folders),
+        default_roots=default_roots(settings.paths.volume, given),
         default_trust=(
-            settings.trusted_bundle_keys or settings.trusted_keys,
-            settings.allow_unsigned,
+            settings.trust.bundle_keys or settings.trust.keys,
+            settings.trust.allow_unsigned,
         ),
     )
     return parser
@@ -99,8 +100,8 @@ def _add_validate(sub: Any) -> None:
 
 
 def _common(parser: argparse.ArgumentParser, settings: Settings) -> None:
-    parser.add_argument("--manifest", type=Path, help=f"default {settings.manifest}")
-    parser.add_argument("--volume", type=Path, help=f"default {settings.volume}")
+    parser.add_argument("--manifest", type=Path, help=f"default {settings.paths.manifest}")
+    parser.add_argument("--volume", type=Path, help=f"default {settings.paths.volume}")
     parser.add_argument(
         "--create-volume",
         action="store_true",
@@ -115,11 +116,11 @@ def _work_dir_option(parser: argparse.ArgumentParser, settings: Settings) -> Non
         "--work-dir",
         type=Path,
         help="this pod's scratch folder: the status file and the caches restored for the "
-        f"server lie under it unless set on their own (default {settings.work_dir})",
+        f"server lie under it unless set on their own (default {settings.paths.work_dir})",
     )
 
 
-OVERRIDES = {  # option -> setting
+OVERRIDES = {  # option -> setting (its keyword and variable name)
     "manifest": "manifest",
     "volume": "volume",
     "create_volume": "create_volume",
@@ -171,8 +172,8 @@ def _with_settings(argv: Sequence[str], early: EarlyRanks | None) -> int:
     except ValidationError as e:
         return _error(settings_errors(e, options=given), EXIT_BAD_INPUT)
     quiet = args.command not in ("run", "serve")  # registry commands print their own output
-    logs.configure(settings.log_format, level=10 if args.verbose else 30 if quiet else 20)
-    return _guarded(settings.debug, lambda: _dispatch(args, settings, early))
+    logs.configure(settings.logs.format, level=10 if args.verbose else 30 if quiet else 20)
+    return _guarded(settings.logs.debug, lambda: _dispatch(args, settings, early))
 
 
 def _guarded(debug: bool, command: Callable[[], int]) -> int:
@@ -208,7 +209,7 @@ def _dispatch(args: argparse.Namespace, settings: Settings, early: EarlyRanks | 
     if args.command == "serve":
         return _serve(settings)
     if args.command == "status":
-        return _status(args.file or settings.status_file, as_json=args.json)
+        return _status(args.file or settings.paths.status_file, as_json=args.json)
     if args.command == "validate":
         return _validate(args)
     if args.command == "doctor":
@@ -233,9 +234,11 @@ def _run(settings: Settings, early: EarlyRanks | None) -> int:
     # Before any GPU work or write: the whole manifest (the kernels' rules on its shapes,
     # its functions found), then the volume: the first of the run's checks, which the
     # launcher goes on with (warmup.run.checks).
-    manifest = load_manifest(settings.manifest, find_functions=True)
-    settings.existing_volume()
+    manifest = load_manifest(settings.paths.manifest, find_functions=True)
     from warmup.run.launch import run
+    from warmup.services import existing_volume  # pydantic and the registry: not for validate
+
+    existing_volume(settings)
 
     status = run(settings, manifest, early)  # RunError and ManifestError: bad input, exit 2
     print(summary(status))
@@ -295,9 +298,10 @@ class _StoppedWhileStarting(Exception):
 
 
 def _serve(settings: Settings) -> int:
+    from warmup.services import existing_volume  # pydantic and the registry: not for validate
     from warmup.sidecar.server import Sidecar
 
-    settings.existing_volume()
+    existing_volume(settings)
     signals: list[int] = []
     starting = True
 
@@ -318,8 +322,8 @@ def _serve(settings: Settings) -> int:
         sidecar.stop(timeout=1.0)
         return EXIT_OK
     print(
-        f"serving /healthz /readyz /metrics on {settings.metrics_host}:{port}; "
-        f"watching {settings.bundle_dir}",
+        f"serving /healthz /readyz /metrics on {settings.sidecar.host}:{port}; "
+        f"watching {settings.paths.bundle_dir}",
         flush=True,
     )
     while not signals:  # a handler that set an Event could deadlock with Event.wait here
@@ -391,14 +395,17 @@ def _print_shapes(title: str, shapes: list[dict[str, int]]) -> None:
 def settings_errors(error: ValidationError, options: dict[str, Any] | None = None) -> str:
     """One line: each bad setting as its option (or environment variable), the value
     given, and what is allowed."""
-    by_field = {field: option for option, field in OVERRIDES.items()}
+    from warmup.settings import Settings  # pydantic: not for validate
+
+    by_setting = {setting: option for option, setting in OVERRIDES.items()}
     parts = []
     for detail in error.errors():
-        field = str(detail["loc"][0]) if detail["loc"] else ""
+        variable = Settings.variable(detail["loc"])
+        setting = variable.removeprefix("TRITON_WARMUP_").lower()
         name = (
-            f"--{by_field[field].replace('_', '-')}"
-            if options and field in options
-            else f"TRITON_WARMUP_{field.upper()}"
+            f"--{by_setting[setting].replace('_', '-')}"
+            if options and setting in options
+            else variable
         )
         parts.append(f"{name}={detail.get('input')!r}: {detail['msg'].lower()}")
     return "; ".join(parts)

@@ -33,6 +33,7 @@ from typing import Any
 
 from warmup import logs
 from warmup.manifest import load_manifest
+from warmup.services import Services, existing_volume
 from warmup.settings import Settings
 
 KEY_METRICS = (
@@ -54,24 +55,26 @@ def main() -> int:
     # A fresh checkout has no ./demo-volume: the demo asks for it, as a user would with
     # --create-volume (a volume that is not there is otherwise an error).
     settings = Settings(device="cpu", create_volume=True)
-    settings = trusting_its_own_key(settings, settings.existing_volume() / "keys")
-    logs.configure(settings.log_format, level=30)  # the demo prints its own story
-    manifest = load_manifest(settings.manifest)
+    settings = trusting_its_own_key(settings, existing_volume(settings) / "keys")
+    logs.configure(settings.logs.format, level=30)  # the demo prints its own story
+    manifest = load_manifest(settings.paths.manifest)
     shapes = sum(len(e.expand()) for e in manifest.entries)
     models = ", ".join(f"{m.name} at {m.count()} shapes" for m in manifest.models) or "none"
     print(
-        f"manifest {settings.manifest}: {shapes} kernel shapes, compiled models: {models}, "
+        f"manifest {settings.paths.manifest}: {shapes} kernel shapes, compiled models: {models}, "
         f"digest {manifest.digest()}; "
-        f"volume {settings.volume.resolve()}"
+        f"volume {settings.paths.volume.resolve()}"
     )
-    print(f"trust: {settings.trust().describe()}")
+    print(f"trust: {Services(settings).trust.describe()}")  # the demo's own: an entry point
     for label in (
         "first run (empty registry: misses are tuned)",
         "second run (a new pod: fresh work folder, same volume: a full hit)",
     ):
         print(f"\n== {label}", flush=True)
-        shutil.rmtree(settings.work_dir, ignore_errors=True)  # a new pod: only the volume stays
-        use_temp_folder(settings.work_dir / "tmp")
+        shutil.rmtree(
+            settings.paths.work_dir, ignore_errors=True
+        )  # a new pod: only the volume stays
+        use_temp_folder(settings.paths.work_dir / "tmp")
         started = time.monotonic()
         ready = run_pod(settings)  # prints its summary
         wall = time.monotonic() - started
@@ -82,7 +85,7 @@ def main() -> int:
     from warmup.sidecar.server import Sidecar
 
     for name in DEMO_BUNDLES:  # an earlier demo's: not scanned again at the start
-        (settings.bundle_dir / name).unlink(missing_ok=True)
+        (settings.paths.bundle_dir / name).unlink(missing_ok=True)
     sidecar = Sidecar(settings)
     port = sidecar.start(host="127.0.0.1", port=0)
     try:
@@ -107,12 +110,12 @@ def run_pod(settings: Settings) -> bool:
     pod's init container runs it (its time to ready counts from that process's start,
     not the demo's); whether it ended ready."""
     given = {
-        "volume": settings.volume,
-        "work_dir": settings.work_dir,
-        "manifest": settings.manifest,
-        "device": settings.device,
-        "trusted_keys": settings.trusted_keys,
-        "signing_key": settings.signing_key,
+        "volume": settings.paths.volume,
+        "work_dir": settings.paths.work_dir,
+        "manifest": settings.paths.manifest,
+        "device": settings.run.device,
+        "trusted_keys": settings.trust.keys,
+        "signing_key": settings.trust.signing_key,
     }
     env = {f"TRITON_WARMUP_{name.upper()}": str(value) for name, value in given.items() if value}
     done = subprocess.run([sys.executable, "-m", "warmup", "run"], env={**os.environ, **env})
@@ -136,10 +139,10 @@ def hot_reload_signed(settings: Settings, port: int) -> None:
     from registry.signing import SigningKey
     from registry.store import Store
 
-    assert settings.signing_key is not None
-    key = SigningKey.load(settings.signing_key)
-    entries = Store(settings.registry_dir).entries()
-    made = settings.work_dir / "bundles"
+    assert settings.trust.signing_key is not None
+    key = SigningKey.load(settings.trust.signing_key)
+    entries = Store(settings.paths.registry_dir).entries()
+    made = settings.paths.work_dir / "bundles"
     made.mkdir(parents=True, exist_ok=True)
     version = time.strftime("%Y%m%d%H%M%S")
     for file, signer in zip(DEMO_BUNDLES, (None, key), strict=True):
@@ -147,7 +150,7 @@ def hot_reload_signed(settings: Settings, port: int) -> None:
         bundle.create(path, name="demo", version=version, entries=entries, signer=signer)
         expected = "rejected" if signer is None else "installed"
         before = _reloads(port, expected)
-        shutil.copy(path, settings.bundle_dir / file)
+        shutil.copy(path, settings.paths.bundle_dir / file)
         deadline = time.monotonic() + 15.0
         while _reloads(port, expected) == before and time.monotonic() < deadline:
             time.sleep(0.2)

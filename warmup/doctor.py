@@ -30,6 +30,7 @@ from registry.locks.file_lease import FileLeaseBackend
 from registry.redis_url import redacted
 from registry.store import Store
 from warmup.run.gpus import listed_gpus
+from warmup.services import Services
 from warmup.settings import Settings
 
 State = Literal["OK", "MISSING", "SKIP"]
@@ -67,14 +68,14 @@ Check = Callable[[Settings, Host], Result]
 def check_nvidia_driver(settings: Settings, host: Host) -> Result:
     """NVIDIA GPUs visible to this container, read from /proc (no torch import)."""
     name = "gpu/driver"
-    if settings.device == "cpu":
+    if settings.run.device == "cpu":
         return Result(name, "SKIP", "device is cpu")
     gpus = listed_gpus(host.nvidia_proc / "gpus")
     if gpus:
         driver = proc_driver_version(host.nvidia_proc) or "version unknown"
         return Result(name, "OK", f"{gpus} NVIDIA GPU(s), driver {driver}")
     where = host.nvidia_proc / "gpus"
-    if settings.device == "auto":
+    if settings.run.device == "auto":
         return Result(name, "SKIP", f"no NVIDIA GPU in {where}: runs will use the CPU interpreter")
     return Result(
         name,
@@ -88,7 +89,7 @@ def check_nvidia_driver(settings: Settings, host: Host) -> Result:
 def check_torch_cuda(settings: Settings, host: Host) -> Result:
     """torch sees the GPUs that the driver lists (a CPU build of torch does not)."""
     name = "gpu/torch"
-    if settings.device == "cpu":
+    if settings.run.device == "cpu":
         return Result(name, "SKIP", "device is cpu")
     try:
         import torch
@@ -97,7 +98,7 @@ def check_torch_cuda(settings: Settings, host: Host) -> Result:
     if torch.cuda.is_available():
         count = torch.cuda.device_count()
         return Result(name, "OK", f"torch {torch.__version__} sees {count} CUDA device(s)")
-    if settings.device == "auto" and not listed_gpus(host.nvidia_proc / "gpus"):
+    if settings.run.device == "auto" and not listed_gpus(host.nvidia_proc / "gpus"):
         return Result(name, "SKIP", "torch sees no CUDA device: runs will use the CPU interpreter")
     cuda = torch.version.cuda
     fix = (
@@ -194,7 +195,7 @@ def check_cache_dir(settings: Settings, host: Host) -> Result:
     """The Triton cache can be created and written."""
     return _folder_result(
         "cache/triton",
-        settings.triton_cache_dir,
+        settings.folders.triton_cache_dir,
         "set TRITON_WARMUP_TRITON_CACHE_DIR (or TRITON_WARMUP_WORK_DIR) to a writable folder",
     )
 
@@ -203,7 +204,7 @@ def check_work_dir(settings: Settings, host: Host) -> Result:
     """The pod's scratch folder can be created and written."""
     return _folder_result(
         "cache/work-dir",
-        settings.work_dir,
+        settings.paths.work_dir,
         "set TRITON_WARMUP_WORK_DIR to a writable folder (an emptyDir)",
     )
 
@@ -211,7 +212,7 @@ def check_work_dir(settings: Settings, host: Host) -> Result:
 def check_volume(settings: Settings, host: Host) -> Result:
     """The volume is writable and its registry readable; its entries counted as
     ``registry ls`` counts them (the current generation's, not the store's files)."""
-    volume, registry = settings.volume, settings.registry_dir
+    volume, registry = settings.paths.volume, settings.paths.registry_dir
     error = _unwritable(volume)
     if error:
         fix = "mount the volume writable for this user (fsGroup), or set TRITON_WARMUP_VOLUME"
@@ -260,9 +261,9 @@ def _unwritable(folder: Path) -> str | None:
 
 def check_lock(settings: Settings, host: Host) -> Result:
     """The lock backend answers: redis answers PING, a lease folder is writable."""
-    url = settings.lock_url
+    url = settings.locks.url
     try:
-        backend = settings.lock_backend(url)
+        backend = Services(settings).locks_at(url)  # doctor's own check: not the run's
     except RegistryError as e:  # redis-py is not installed
         return Result("lock", "MISSING", str(e), "pip install 'triton-warmup[redis]'")
     except ValueError as e:  # redis-py refuses the URL
@@ -310,14 +311,14 @@ def add_parser(
     """Register ``doctor`` on the top-level CLI."""
     doctor = sub.add_parser("doctor", help="check this host for what a warmup run needs")
     doctor.add_argument(
-        "--device", choices=["auto", "cpu", "cuda"], help=f"default {settings.device}"
+        "--device", choices=["auto", "cpu", "cuda"], help=f"default {settings.run.device}"
     )
-    doctor.add_argument("--volume", type=Path, help=f"default {settings.volume}")
+    doctor.add_argument("--volume", type=Path, help=f"default {settings.paths.volume}")
     doctor.add_argument(
         "--work-dir",
         type=Path,
         help="checked as cache/work-dir, with the Triton cache under it unless set on its "
-        f"own (default {settings.work_dir})",
+        f"own (default {settings.paths.work_dir})",
     )
     doctor.add_argument(
         "--only", action="append", choices=list(CHECKS), help="run only this check (repeatable)"

@@ -39,6 +39,7 @@ from registry.volume import Volume
 from warmup import families
 from warmup.manifest import Manifest, load_manifest
 from warmup.results import RankHost
+from warmup.services import Services
 from warmup.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ __all__ = ["Host", "explain"]
 def detect_host(settings: Settings, manifest: Manifest | None = None) -> Host:
     """This host: its GPU's fingerprint (the CPU's for ``device=cpu``), its Triton knobs,
     the source hash of each adapter kernel the manifest names."""
-    if settings.device == "cpu":
+    if settings.run.device == "cpu":
         fingerprint = cpu_fingerprint()
     else:
         from registry.fingerprint import detect
@@ -75,7 +76,7 @@ def kernel_hashes(manifest: Manifest | None) -> dict[str, str]:
 
 
 def explain(
-    settings: Settings,
+    services: Services,
     manifest: Manifest | None,
     host: Host,
     *,
@@ -85,9 +86,9 @@ def explain(
     """One prediction per cache family (``registry.families``), in their order.
     ``local``: also what this pod's own cache folders hold (not while a run restores and
     compiles into them)."""
-    bundles = _pending_bundles(settings.bundle_dir, settings.trust())
+    bundles = _pending_bundles(services.settings.paths.bundle_dir, services.trust)
     sources = Sources(bundles, remote, local)
-    return families.explain(families.scope(settings, manifest), host, sources)
+    return families.explain(families.scope(services, manifest), host, sources)
 
 
 def _pending_bundles(folder: Path, trust: Trust) -> list[bundle.Bundle]:
@@ -112,15 +113,15 @@ def add_parser(
     parser = sub.add_parser(
         "explain", help="predict each cache family's hit or miss on this host, and why"
     )
-    parser.add_argument("--manifest", type=Path, help=f"default {settings.manifest}")
-    parser.add_argument("--volume", type=Path, help=f"default {settings.volume}")
+    parser.add_argument("--manifest", type=Path, help=f"default {settings.paths.manifest}")
+    parser.add_argument("--volume", type=Path, help=f"default {settings.paths.volume}")
     parser.add_argument(
         "--work-dir",
         type=Path,
-        help=f"whose Triton cache is read beside the volume's (default {settings.work_dir})",
+        help=f"whose Triton cache is read beside the volume's (default {settings.paths.work_dir})",
     )
     parser.add_argument(
-        "--device", choices=["auto", "cpu", "cuda"], help=f"default {settings.device}"
+        "--device", choices=["auto", "cpu", "cuda"], help=f"default {settings.run.device}"
     )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -131,14 +132,15 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     (:class:`warmup.manifest.ManifestError`: exit 2); a volume that is no volume is
     predicted all the same, with a warning on stderr that says so."""
     manifest = _manifest(settings)
-    problem = volume_problem(settings.volume)
+    problem = volume_problem(settings.paths.volume)
     if problem:
         print(f"triton-warmup: warning: {problem}", file=sys.stderr)
+    services = Services(settings)  # the command's, built once: its entry point
     predictions = explain(
-        settings,
+        services,
         manifest,
         detect_host(settings, manifest),
-        remote=settings.remote(),
+        remote=services.remote,
     )
     if args.json:
         print(json.dumps({"predictions": [p.to_json() for p in predictions]}, indent=2))
@@ -149,8 +151,8 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
 
 def _manifest(settings: Settings) -> Manifest | None:
     """The manifest; None when none was given and the default one is not there."""
-    if settings.given("manifest") or settings.manifest.exists():
-        return load_manifest(settings.manifest)  # a missing or unreadable one: bad input
+    if settings.given("manifest") or settings.paths.manifest.exists():
+        return load_manifest(settings.paths.manifest)  # a missing or unreadable one: bad input
     return None
 
 
@@ -183,23 +185,24 @@ class Background:
     predictions kept for the run's metrics. A failure is logged and predicts nothing;
     it never fails the run."""
 
-    def __init__(self, settings: Settings, manifest: Manifest, run_dir: Path) -> None:
+    def __init__(self, services: Services, manifest: Manifest, run_dir: Path) -> None:
         self.predictions: list[Prediction] = []
         self._ranks_ended = threading.Event()
         self._thread = threading.Thread(
-            target=self._run, args=(settings, manifest, run_dir), name="explain", daemon=True
+            target=self._run, args=(services, manifest, run_dir), name="explain", daemon=True
         )
         self._thread.start()
 
-    def _run(self, settings: Settings, manifest: Manifest, run_dir: Path) -> None:
+    def _run(self, services: Services, manifest: Manifest, run_dir: Path) -> None:
         try:
-            reported = RankHost.wait(run_dir, settings.rank_timeout_s, self._ranks_ended)
+            wait_s = services.settings.run.rank_timeout_s
+            reported = RankHost.wait(run_dir, wait_s, self._ranks_ended)
             if reported is None:
                 log.warning("explain: rank 0 reported no host facts; nothing predicted")
                 return
             host = reported_host(reported, manifest)
-            remote = settings.remote()
-            self.predictions = explain(settings, manifest, host, remote=remote, local=False)
+            remote = services.remote
+            self.predictions = explain(services, manifest, host, remote=remote, local=False)
             log_predictions(self.predictions)
         except Exception as e:
             log.warning("explain failed, nothing predicted: %s: %s", type(e).__name__, e)

@@ -14,19 +14,19 @@ import logging
 from collections.abc import Mapping
 
 from registry import families
-from registry.errors import RegistryError, named
+from registry.errors import named
 from registry.explain import Prediction, predict
 from registry.families import Declared, Family, Host, Moved, Scope, Sources
 from registry.fingerprint import Fingerprint
 from registry.remote import RemoteTier
 from warmup.manifest import Manifest
-from warmup.settings import Settings
+from warmup.services import Services
 
 log = logging.getLogger(__name__)
 
 
 def scope(
-    settings: Settings,
+    services: Services,
     manifest: Manifest | None,
     *,
     world: int | None = None,
@@ -34,34 +34,30 @@ def scope(
     triton_env: Mapping[str, str] | None = None,
     models: bool = True,
 ) -> Scope:
-    """Where the families work for this pod: the settings' folders, what ``manifest``
+    """Where the families work for this pod: the services' folders, what ``manifest``
     declares (for ``world`` ranks, if given), and the host of ``fingerprint`` if known
     (then also the registry's remote tier, for the declared folders to fetch and publish).
     ``models``: False where the declared models are restored by their own warm (their
     keys read from their sources are not needed)."""
-    folders = declared_folders(manifest)
+    folders, settings = declared_folders(manifest), services.settings
     return Scope(
-        volume=settings.paths,
-        pod=settings.pod(),
-        store=settings.store,
-        match_policy=settings.match_policy,
+        volume=services.volume,
+        pod=settings.folders.by_name(),
+        store=services.store,
+        match_policy=settings.run.match_policy,
         models=declared_models(manifest, world) if models else (),
         folders=folders,
         user_functions=manifest is not None and any(e.is_user_function for e in manifest.entries),
         fingerprint=fingerprint,
         triton_env=triton_env,
-        remote=_remote(settings) if fingerprint is not None and folders else None,
+        remote=_remote(services) if fingerprint is not None and folders else None,
     )
 
 
-def _remote(settings: Settings) -> RemoteTier | None:
+def _remote(services: Services) -> RemoteTier | None:
     """The remote tier, or None when it is off or its URL is unusable (the run's checks
     refuse such a URL before any rank starts; here it only costs the sharing)."""
-    try:
-        return settings.remote()
-    except RegistryError as e:
-        log.warning("declared folders: the remote tier is not used: %s", e)
-        return None
+    return services.remote_or_none("declared folders: the remote tier is not used")
 
 
 def declared_models(manifest: Manifest | None, world: int | None = None) -> tuple[Declared, ...]:

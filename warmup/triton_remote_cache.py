@@ -75,11 +75,12 @@ def _count(**increments: int) -> None:
 def process_tier() -> RemoteTier | None:
     """The remote tier of this process's settings; None when there is none, or the
     settings cannot be read (logged once: Triton then caches locally only)."""
+    from warmup.services import Services  # Triton loads the plug-in: not the settings
     from warmup.settings import Settings
 
-    try:
+    try:  # an entry point Triton calls: this process's services, built once here
         settings = Settings()
-        return settings.remote(timeout_s=settings.triton_remote_timeout_s)
+        return Services(settings, remote_timeout_s=settings.remote.triton_timeout_s).remote
     except Exception as e:
         log.warning("remote triton cache off: %s", e)
         return None

@@ -3,8 +3,8 @@ every build so that they cannot drift from it.
 
 A page asks for one with a comment on a line of its own, ``<!-- reference: settings -->``
 (or ``cli``, ``metrics``); the build fails on a name it does not know. Only public names
-are read: ``Settings`` and its fields, ``warmup.cli.build_parser`` and the metrics classes
-on a fresh ``CollectorRegistry``.
+are read: ``Settings``, its groups and their fields, ``warmup.cli.build_parser`` and the
+metrics classes on a fresh ``CollectorRegistry``.
 """
 
 from __future__ import annotations
@@ -58,16 +58,23 @@ def cell(text: object) -> str:
 
 
 def settings_reference() -> str:
+    """One table per group of ``Settings`` (``settings.paths``, ``settings.locks``...),
+    each setting by its variable."""
     from warmup.settings import Settings
 
-    prefix = Settings.model_config.get("env_prefix", "")
-    rows = ["| variable | type | default | meaning |", "| --- | --- | --- | --- |"]
-    for name, field in Settings.model_fields.items():
-        variable = f"`{(prefix + name).upper()}`"
+    header = ["| variable | type | default | meaning |", "| --- | --- | --- | --- |"]
+    sections: dict[str, list[str]] = {}
+    for variable, attribute, field in Settings.fields():
+        group = attribute.partition(".")[0]
         kind = cell(type_name(field.annotation) + limits(field.metadata))
-        meaning = cell(field.description or "")
-        rows.append(f"| {variable} | {kind} | {default_text(field)} | {meaning} |")
-    return "\n".join(rows) + "\n"
+        meaning = cell(f"`settings.{attribute}`: {field.description or ''}")
+        row = f"| `{variable}` | {kind} | {default_text(field)} | {meaning} |"
+        sections.setdefault(group, []).append(row)
+    parts = []
+    for group, rows in sections.items():
+        about = cell(Settings.model_fields[group].description or "")
+        parts.append(f"### {group}\n\n{about}\n\n" + "\n".join([*header, *rows]) + "\n")
+    return "\n".join(parts)
 
 
 def type_name(annotation: Any) -> str:

@@ -207,7 +207,7 @@ def test_the_server_gets_everything_to_reuse_the_warm_state(chart):
     assert serve["TORCHINDUCTOR_FX_GRAPH_CACHE"] == serve["TORCHINDUCTOR_AUTOGRAD_CACHE"] == "1"
     # the static launcher enters the FX graph's key: one choice in both (torch's default)
     static = "TRITON_WARMUP_STATIC_LAUNCHER"
-    assert serve[static] == env(init)[static] == Settings().static_launcher == "on"
+    assert serve[static] == env(init)[static] == Settings().models.static_launcher == "on"
     assert inductor_environment(Settings())["TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER"] == "1"
     # the manifest, so that Serving.model(name) builds what the warmup warmed
     assert serve["TRITON_WARMUP_MANIFEST"] == env(init)["TRITON_WARMUP_MANIFEST"]

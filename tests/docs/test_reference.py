@@ -40,10 +40,11 @@ def documented_metrics(page: str) -> set[str]:
 
 def test_the_settings_reference_lists_every_field_with_its_variable():
     page = hook.render("settings")
-    for name, field in Settings.model_fields.items():
-        row = next(line for line in page.splitlines() if f"`TRITON_WARMUP_{name.upper()}`" in line)
-        if field.description:
-            assert hook.cell(field.description) in row
+    for variable, attribute, field in Settings.fields():
+        row = next(line for line in page.splitlines() if f"`{variable}`" in line)
+        assert hook.cell(field.description) in row and f"`settings.{attribute}`" in row
+    for group in Settings.model_fields:
+        assert f"### {group}\n" in page
     assert "| `TRITON_WARMUP_WORLD_SIZE` | integer, ≥ 1, ≤ 8 | unset |" in page
     assert "| `TRITON_WARMUP_DEVICE` | auto or cpu or cuda | `auto` |" in page
 
@@ -81,7 +82,7 @@ def test_a_placeholder_is_replaced_and_an_unknown_one_fails_the_build():
 
 
 def test_every_variable_the_pages_name_is_a_setting():
-    known = {f"TRITON_WARMUP_{name.upper()}" for name in Settings.model_fields}
+    known = {variable for variable, _, _ in Settings.fields()}
     for path in pages():
         named = set(re.findall(r"\bTRITON_WARMUP_[A-Z0-9_]*[A-Z0-9]", path.read_text()))
         assert named <= known, f"{path.name} names unknown settings: {named - known}"

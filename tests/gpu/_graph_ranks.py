@@ -138,7 +138,7 @@ def serving_case() -> dict[str, Any]:
         if dist.get_rank() == 0:
             key = ag_gemm.ADAPTER.key(m=world * m_per_rank, n=n, k=k, dtype="bf16", world=world)
             fingerprint = detect_for(device, ag_gemm.kernel_hash())
-            Store(settings.registry_dir, create=True).put(
+            Store(settings.paths.registry_dir, create=True).put(
                 Entry.make("ag_gemm", key, fingerprint, TMA_CHECK, source="tuned")
             )
         dist.barrier()

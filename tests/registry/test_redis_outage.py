@@ -443,6 +443,6 @@ def test_run_with_redis_unreachable_and_the_file_fallback_warms_with_file_leases
     assert "falling back to file leases" in done.stderr and url in done.stderr
     locks = isolated / "volume" / "locks"
     given = json.loads((isolated / "work_dir" / "run" / "settings.json").read_text())
-    assert given["lock_url"] == str(locks)  # what every rank reads: one backend for all
+    assert given["locks"]["url"] == str(locks)  # what every rank reads: one backend for all
     status = json.loads((isolated / "work_dir" / "status.json").read_text())
     assert status["state"] == "ready" and status["sources"] == {"tuned": 1}

@@ -13,6 +13,7 @@ import pytest
 from registry import redis_url
 from registry.fingerprint import cpu_fingerprint
 from tests.registry._trickle import GARBAGE, SLOW_BULK, trickling, within
+from warmup.services import Services
 
 
 def test_only_redis_schemes_name_a_server():
@@ -134,10 +135,11 @@ def test_a_password_from_settings_is_used_where_the_url_has_none(server, monkeyp
         monkeypatch.setenv("TRITON_WARMUP_REDIS_PASSWORD", "s3cret")
         settings = settings_for(tmp_path, lock_url=server.url, remote_url=server.url)
         assert "s3cret" not in repr(settings) and "s3cret" not in str(settings.model_dump())
-        tier = settings.remote()
+        services = Services(settings)
+        tier = services.remote
         assert tier is not None and tier.fetch("k", {"M": 1}, cpu_fingerprint()) is None
         assert tier.stats.errors == 0
-        settings.lock_backend().ping()  # type: ignore[attr-defined]
+        services.locks.ping()  # type: ignore[attr-defined]
     finally:
         client = redis_url.client(server.url, timeout_s=1.0, password="s3cret")
         client.config_set("requirepass", "")

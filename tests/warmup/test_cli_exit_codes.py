@@ -144,7 +144,7 @@ def test_debug_reaches_the_runs_settings(isolated, monkeypatch):
         """The run's own work would start here."""
 
     def run(settings, manifest, early):
-        seen.append(settings.debug)
+        seen.append(settings.logs.debug)
         raise Stop
 
     monkeypatch.setattr("warmup.run.launch.run", run)

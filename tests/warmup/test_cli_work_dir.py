@@ -70,10 +70,10 @@ def test_run_and_serve_work_in_the_folder_given(isolated, capsys, monkeypatch, c
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
     [settings] = seen
-    assert settings.work_dir == work and settings.status_file == work / "status.json"
-    assert settings.triton_cache_dir == work / "triton-cache"
-    assert settings.inductor_cache_dir == work / "inductor-cache"
-    assert settings.metrics_dir == work / "serving-metrics"
+    assert settings.paths.work_dir == work and settings.paths.status_file == work / "status.json"
+    assert settings.folders.triton_cache_dir == work / "triton-cache"
+    assert settings.folders.inductor_cache_dir == work / "inductor-cache"
+    assert settings.paths.metrics_dir == work / "serving-metrics"
 
 
 def test_doctor_checks_the_folder_given(isolated, capsys):
@@ -96,7 +96,9 @@ def test_explain_reads_the_folder_given(isolated, monkeypatch):
     monkeypatch.setattr("warmup.explain.run", explained)
     work = isolated / "given-work"
     assert main(["explain", "--work-dir", str(work)]) == 0
-    assert seen[0].work_dir == work and seen[0].triton_cache_dir == work / "triton-cache"
+    paths = seen[0].paths
+    assert paths.work_dir == work
+    assert seen[0].folders.triton_cache_dir == work / "triton-cache"
 
 
 def test_a_work_dir_that_cannot_be_made_is_missing_with_its_fix(isolated, capsys):

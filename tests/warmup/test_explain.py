@@ -36,6 +36,7 @@ from warmup import families as warm_families
 from warmup.compiled.key import model_key
 from warmup.explain import Host
 from warmup.manifest import load_manifest
+from warmup.services import Services
 
 ROOT = Path(__file__).resolve().parents[2]
 FP = gpu_fingerprint().with_kernel("")
@@ -48,7 +49,7 @@ def host(fp=FP, env=None, **kernel_hashes) -> Host:
 
 def predicted(family, settings, mine, bundles=(), remote=None, manifest=None):
     """The family's prediction, as ``explain`` makes it."""
-    where = warm_families.scope(settings, manifest)
+    where = warm_families.scope(Services(settings), manifest)
     return families.named(family).explain(where, mine, Sources(bundles, remote))
 
 
@@ -68,7 +69,7 @@ def server(redis):  # noqa: F811
 @pytest.mark.parametrize(("change", "factor"), FINGERPRINT_FACTORS)
 def test_tuned_configs_name_the_software_factor_that_differs(tmp_path, make_entry, change, factor):
     settings = settings_for(tmp_path)
-    Store(settings.registry_dir, create=True).put(make_entry(fp=FP.with_kernel("k" * 64)))
+    Store(settings.paths.registry_dir, create=True).put(make_entry(fp=FP.with_kernel("k" * 64)))
     mine = host(replace(FP, software=replace(FP.software, **change)), ag_gemm="k" * 64)
     got = predicted("tuned-configs", settings, mine, [], None)
     assert (got.outcome, got.factor) == ("miss", factor)
@@ -77,12 +78,12 @@ def test_tuned_configs_name_the_software_factor_that_differs(tmp_path, make_entr
 
 def test_tuned_configs_name_the_gpu_the_arch_and_the_kernel_source(tmp_path, make_entry):
     settings = settings_for(tmp_path)
-    Store(settings.registry_dir, create=True).put(make_entry(fp=FP.with_kernel("k" * 64)))
+    Store(settings.paths.registry_dir, create=True).put(make_entry(fp=FP.with_kernel("k" * 64)))
     h100 = gpu_fingerprint("NVIDIA H100 80GB HBM3", sms=132).with_kernel("")
     assert predicted("tuned-configs", settings, host(h100, ag_gemm="k" * 64), [], None).factor == (
         "GPU model"
     )
-    same_arch = settings.model_copy(update={"match_policy": MatchPolicy.SAME_ARCH})
+    same_arch = settings.updated(match_policy=MatchPolicy.SAME_ARCH)
     got = predicted("tuned-configs", same_arch, host(h100, ag_gemm="k" * 64), [], None)
     assert got.outcome == "hit"  # the policy forgives another GPU of the same arch
     b200 = gpu_fingerprint("NVIDIA B200", cc="10.0").with_kernel("")
@@ -108,14 +109,14 @@ def test_a_pending_bundle_that_trust_refuses_is_not_counted(tmp_path, make_entry
 
     private, _ = signing.generate(tmp_path / "keys", "release")
     settings = settings_for(tmp_path, trusted_keys=tmp_path / "keys")
-    settings.bundle_dir.mkdir(parents=True)
+    settings.paths.bundle_dir.mkdir(parents=True)
     bundle.create(
-        settings.bundle_dir / "unsigned.tgz", name="u", version="1", entries=[make_entry()]
+        settings.paths.bundle_dir / "unsigned.tgz", name="u", version="1", entries=[make_entry()]
     )
-    signed = settings.bundle_dir / "signed.tgz"
+    signed = settings.paths.bundle_dir / "signed.tgz"
     key = signing.SigningKey.load(private)
     bundle.create(signed, name="s", version="1", entries=[make_entry()], signer=key)
-    found = explain._pending_bundles(settings.bundle_dir, settings.trust())
+    found = explain._pending_bundles(settings.paths.bundle_dir, Services(settings).trust)
     assert [b.path.name for b in found] == ["signed.tgz"]
     assert any(
         "unsigned.tgz" in r.getMessage() and "unsigned" in r.getMessage() for r in caplog.records
@@ -142,7 +143,7 @@ def compiled(tmp_path_factory) -> Path:
 
 def saved(tmp_path: Path, compiled: Path, origin: Origin | None = ORIGIN):
     settings = settings_for(tmp_path)
-    triton_cache.save(compiled, settings.paths.triton_cache, origin)
+    triton_cache.save(compiled, settings.paths.layout.triton_cache, origin)
     return settings
 
 
@@ -175,23 +176,23 @@ def test_without_a_recorded_origin_the_kernels_own_metadata_names_the_arch(tmp_p
 
 def test_a_cache_copied_without_restore_names_the_path_its_groups_hold(tmp_path, compiled):
     settings = saved(tmp_path, compiled)
-    shutil.copytree(compiled, settings.triton_cache_dir)  # groups still name the old folder
+    shutil.copytree(compiled, settings.folders.triton_cache_dir)  # groups still name the old folder
     got = predicted("triton-kernels", settings, Host(FP, ORIGIN))
     assert (got.outcome, got.factor) == ("miss", "path group")
     assert str(compiled) in got.stored
-    shutil.rmtree(settings.triton_cache_dir)
-    triton_cache.restore(settings.paths.triton_cache, settings.triton_cache_dir)
+    shutil.rmtree(settings.folders.triton_cache_dir)
+    triton_cache.restore(settings.paths.layout.triton_cache, settings.folders.triton_cache_dir)
     assert predicted("triton-kernels", settings, Host(FP, ORIGIN)).outcome == "hit"
 
 
 def test_autotune_results_are_predicted_from_their_origin_or_said_unknown(tmp_path):
     settings = settings_for(tmp_path)
     for name, origin in (("A", ORIGIN), ("B", None)):
-        folder = settings.paths.triton_cache / name
+        folder = settings.paths.layout.triton_cache / name
         folder.mkdir(parents=True)
         (folder / "fn.autotune.json").write_text('{"key": [], "configs_timings": []}')
         if origin is not None:
-            triton_cache.record_origin(settings.paths.triton_cache, origin, [name])
+            triton_cache.record_origin(settings.paths.layout.triton_cache, origin, [name])
     mine = Host(FP, replace(ORIGIN, env={"TRITON_F32_DEFAULT": "ieee"}))
     got = predicted("triton-autotune", settings, mine, [], None)
     assert (got.outcome, got.held, got.factor) == ("miss", 1, "env TRITON_F32_DEFAULT")
@@ -259,7 +260,12 @@ def test_a_declared_model_is_looked_up_at_its_own_key(tmp_path):
     key = model_key(manifest.models[0]).digest
     other = replace(cpu_fingerprint(), software=replace(cpu_fingerprint().software, torch="9"))
     inductor_cache.save(
-        cache, settings.paths.inductor, model="mlp", key_digest=key, key={}, fingerprint=other
+        cache,
+        settings.paths.layout.inductor,
+        model="mlp",
+        key_digest=key,
+        key={},
+        fingerprint=other,
     )
     got = predicted("inductor", settings, host(cpu_fingerprint()), [], None, manifest)
     assert (got.outcome, got.factor, got.stored) == ("miss", "torch", "9")
@@ -270,8 +276,13 @@ def test_a_declared_model_is_looked_up_at_its_own_key(tmp_path):
 
 def test_the_command_prints_one_line_per_family_and_json_for_machines(tmp_path, make_entry):
     settings = settings_for(tmp_path)
-    Store(settings.registry_dir, create=True).put(make_entry(fp=gpu_fingerprint(driver="1.0")))
-    env = {"TRITON_WARMUP_VOLUME": str(settings.volume), "TRITON_WARMUP_WORK_DIR": str(tmp_path)}
+    Store(settings.paths.registry_dir, create=True).put(
+        make_entry(fp=gpu_fingerprint(driver="1.0"))
+    )
+    env = {
+        "TRITON_WARMUP_VOLUME": str(settings.paths.volume),
+        "TRITON_WARMUP_WORK_DIR": str(tmp_path),
+    }
     done = subprocess.run(
         [sys.executable, "-m", "warmup", "explain", "--device", "cpu", "--json"],
         cwd=ROOT,

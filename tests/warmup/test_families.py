@@ -14,6 +14,7 @@ from tests.conftest import settings_for, write_manifest
 from tests.warmup.compiled.models import manifest as models_manifest
 from warmup import families
 from warmup.manifest import load_manifest
+from warmup.services import Services
 
 CACHES = """
 caches:
@@ -25,7 +26,7 @@ caches:
 def test_the_scope_keys_each_declared_folder_and_model(tmp_path):
     text = models_manifest(("mlp", "mlp", "{batch: [2], seq: [4]}")) + CACHES
     manifest = load_manifest(write_manifest(tmp_path / "m.yaml", text))
-    scope = families.scope(settings_for(tmp_path), manifest)
+    scope = families.scope(Services(settings_for(tmp_path)), manifest)
     assert [(f.name, str(f.folder)) for f in scope.folders] == [
         ("vllm", "/srv/vllm-cache"),
         ("sglang", "/srv/sglang"),
@@ -35,7 +36,7 @@ def test_the_scope_keys_each_declared_folder_and_model(tmp_path):
     assert vllm.key_digest == families.folder_key_digest("vllm", "qwen3-8b rev1 tp2")
     assert [m.name for m in scope.models] == ["mlp"] and len(scope.models[0].key_digest) == 32
     assert scope.fingerprint is None
-    assert families.scope(settings_for(tmp_path), None).folders == ()
+    assert families.scope(Services(settings_for(tmp_path)), None).folders == ()
 
 
 def test_one_familys_failure_is_noted_and_the_others_go_on(tmp_path, monkeypatch, caplog):
@@ -44,7 +45,7 @@ def test_one_familys_failure_is_noted_and_the_others_go_on(tmp_path, monkeypatch
 
     monkeypatch.setattr(registry_families.named("triton-kernels"), "restore", broken)
     caplog.set_level(logging.INFO)
-    moved = families.restore(families.scope(settings_for(tmp_path), None))
+    moved = families.restore(families.scope(Services(settings_for(tmp_path)), None))
     assert [m.family for m in moved] == families.names()
     failed = next(m for m in moved if m.family == "triton-kernels")
     assert failed.notes == ["restore failed: OSError: disk gone"]
@@ -52,7 +53,7 @@ def test_one_familys_failure_is_noted_and_the_others_go_on(tmp_path, monkeypatch
 
 
 def test_restore_can_take_only_the_families_that_need_the_host(tmp_path):
-    scope = families.scope(settings_for(tmp_path), None, fingerprint=cpu_fingerprint())
+    scope = families.scope(Services(settings_for(tmp_path)), None, fingerprint=cpu_fingerprint())
     keyed = [m.family for m in families.restore(scope, needing_host=True)]
     assert keyed == ["inductor", "declared-folders"]
     unkeyed = [m.family for m in families.restore(scope, needing_host=False)]

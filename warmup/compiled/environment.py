@@ -27,11 +27,11 @@ def inductor_environment(settings: Settings) -> dict[str, str]:
     inside it (PTX that torch's own kernels compile on a first call: 0.2 to 0.7 s a shape
     on one H100, paid again in every new home folder). The driver reads
     ``CUDA_CACHE_PATH`` when CUDA starts: a server sets it in its environment."""
-    folder = settings.inductor_cache_dir.resolve()
+    folder = settings.folders.inductor_cache_dir.resolve()
     return {
         "TORCHINDUCTOR_CACHE_DIR": str(folder),
         "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
         "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
-        STATIC_LAUNCHER: "1" if settings.static_launcher == "on" else "0",
+        STATIC_LAUNCHER: "1" if settings.models.static_launcher == "on" else "0",
         "CUDA_CACHE_PATH": str(folder / CUDA_JIT_CACHE),
     }

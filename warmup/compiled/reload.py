@@ -18,13 +18,13 @@ from registry.fingerprint import Fingerprint
 from registry.inductor_cache import Restored
 from warmup.compiled.key import model_key
 from warmup.manifest import ModelEntry
-from warmup.settings import Settings
+from warmup.services import Services
 
 log = logging.getLogger(__name__)
 
 
 def restore_installed(
-    settings: Settings,
+    services: Services,
     models: Iterable[ModelEntry],
     fingerprint: Fingerprint,
     indexes: Iterable[str],
@@ -39,8 +39,8 @@ def restore_installed(
             if inductor_cache.index_relpath(model.name, digest, fingerprint) not in installed:
                 continue
             restored = inductor_cache.restore(
-                settings.paths.inductor,
-                settings.inductor_cache_dir,
+                services.volume.inductor,
+                services.settings.folders.inductor_cache_dir,
                 model=model.name,
                 key_digest=digest,
                 fingerprint=fingerprint,

@@ -42,14 +42,14 @@ from warmup.compiled.learned import shared_dims
 from warmup.compiled.progress import Kind, ModelProgress, ModelStep
 from warmup.manifest import ModelEntry, resolve_model_builder
 from warmup.results import ModelResult
-from warmup.settings import Settings
+from warmup.services import Services
 
 log = logging.getLogger(__name__)
 
 
 def warm_models(
     models: list[ModelEntry],
-    settings: Settings,
+    services: Services,
     *,
     rank: int,
     group: Any,
@@ -67,9 +67,9 @@ def warm_models(
     ``progress``: told each model's steps as they end (``warmup.compiled.progress``).
     ``built``: :func:`build_models`' answer for ``models`` (built here when None); each
     model's is taken out of it as the model warms, so its callable goes with it."""
-    steps = Lockstep(group, timeout_s=settings.rank_timeout_s)
+    steps = Lockstep(group, timeout_s=services.settings.run.rank_timeout_s)
     if built is None:
-        built = build_models(models, settings, group=group, device=device)
+        built = build_models(models, services, group=group, device=device)
     for model in models:
         checked = built.pop(model.name)
         told = _Told(model, progress, checked.seconds)
@@ -81,17 +81,17 @@ def warm_models(
             yield told.done(result.model_copy(update=update))
             continue
         assert key is not None, "a model without a key has its error"
-        if settings.models_on_miss == "server":
-            artifacts = _Artifacts(model, key, settings, fingerprint, remote)
+        if services.settings.models.on_miss == "server":
+            artifacts = _Artifacts(model, key, services, fingerprint, remote)
             result = _left_to_the_server(artifacts, steps, rank, told)
             yield told.done(result.model_copy(update={"seconds": told.seconds()}))
             continue
         with contextlib.ExitStack() as held:
-            stored = _Artifacts(model, key, settings, fingerprint, remote)
+            stored = _Artifacts(model, key, services, fingerprint, remote)
             restored = stored.restore_under_lock(held) if rank == 0 else None
             told.restored(restored)
             steps.barrier(what=f"model {model.name}: restore")
-            learned = shared_dims(steps, settings.paths.learned, model)
+            learned = shared_dims(steps, services.volume.learned, model)
             result = _compile_and_run(model, checked, device, steps, learned, told)
             # any rank's compile (or a restore that was not whole) means: store again
             compiled = _compiled_on_any_rank(steps, model, result)
@@ -118,19 +118,19 @@ class Built:
 
 
 def build_models(
-    models: list[ModelEntry], settings: Settings, *, group: Any, device: Any
+    models: list[ModelEntry], services: Services, *, group: Any, device: Any
 ) -> dict[str, Built]:
     """Each model's key made and its ``build`` called once, in manifest order, before
     the rank warms any kernel shape (under ``models_on_miss=server`` the key alone: the
     server builds it). A model that fails either is failed at once, on every rank (the
     ranks agree after each model), and logged with its one-line reason; the callable of
     one that builds is kept for :func:`warm_models`, which builds nothing again."""
-    steps = Lockstep(group, timeout_s=settings.rank_timeout_s)
+    steps = Lockstep(group, timeout_s=services.settings.run.rank_timeout_s)
     built: dict[str, Built] = {}
     for model in models:
         key, error = _key(model)
         checked = Built(key, error=error or None)
-        if key is not None and settings.models_on_miss != "server":
+        if key is not None and services.settings.models.on_miss != "server":
             checked = _build(model, key, device)
         if not _all_went_on(steps, checked.error, f"model {model.name}: build"):
             error = checked.error or "another rank failed it"
@@ -251,7 +251,7 @@ class _Artifacts:
 
     model: ModelEntry
     key: ModelKey
-    settings: Settings
+    services: Services
     fingerprint: Fingerprint
     remote: RemoteTier | None
 
@@ -259,11 +259,11 @@ class _Artifacts:
         """The stored artifacts restored; on a miss, the fleet lock taken (the other ranks
         wait at the next barrier: within half the rank timeout, what restoring left of it)
         and a look again, for what the holder stored meanwhile."""
-        started, settings = time.monotonic(), self.settings
+        started, services = time.monotonic(), self.services
         restored = self.restore()
-        wait_s = min(settings.lock_timeout_s, 0.5 * settings.rank_timeout_s) - (
-            time.monotonic() - started
-        )
+        wait_s = min(
+            services.settings.locks.timeout_s, 0.5 * services.settings.run.rank_timeout_s
+        ) - (time.monotonic() - started)
         if restored["restore"].startswith("miss") and self.fleet_lock(held, wait_s):
             restored = self.restore()
         return restored
@@ -271,7 +271,7 @@ class _Artifacts:
     def fleet_lock(self, held: contextlib.ExitStack, wait_s: float) -> bool:
         """Take the fleet's lock on compiling the model at this key and fingerprint (held
         until ``held`` closes); False when it could not be had in ``wait_s``: compile anyway."""
-        model, settings = self.model, self.settings
+        model, services = self.model, self.services
         name = f"model:{model.name}:{self.key.digest[:16]}:{self.fingerprint.digest()[:16]}"
         if wait_s <= 0:
             log.warning(
@@ -282,10 +282,10 @@ class _Artifacts:
             held.enter_context(
                 lock(
                     name,
-                    ttl=settings.lock_ttl_s,
+                    ttl=services.settings.locks.ttl_s,
                     timeout=wait_s,
-                    backend=settings.lock_backend(),
-                    outage_s=settings.lock_outage_s,
+                    backend=services.locks,
+                    outage_s=services.settings.locks.outage_s,
                 )
             )
         except (LockTimeout, RegistryError) as e:  # unreachable server included
@@ -296,14 +296,19 @@ class _Artifacts:
     def restore(self) -> dict[str, Any]:
         """The volume's artifacts restored into the pod's cache; on a miss there, the remote
         tier's, fetched into the volume first."""
-        model, remote, settings = self.model, self.remote, self.settings
-        root = settings.paths.inductor
+        model, remote, services = self.model, self.remote, self.services
+        root = services.volume.inductor
         where: dict[str, Any] = {
             "model": model.name,
             "key_digest": self.key.digest,
             "fingerprint": self.fingerprint,
         }
-        look = functools.partial(inductor_cache.restore, root, settings.inductor_cache_dir, **where)
+        look = functools.partial(
+            inductor_cache.restore,
+            root,
+            services.settings.folders.inductor_cache_dir,
+            **where,
+        )
         not_remote = ""  # why the remote tier did not fill the volume's miss
         try:
             done = look()
@@ -330,11 +335,11 @@ class _Artifacts:
     def save(self) -> dict[str, Any]:
         """The pod's Inductor cache stored (then published to the remote tier); what the
         model's result says of it: nothing when storing failed."""
-        model, settings = self.model, self.settings
+        model, services = self.model, self.services
         try:
             saved = inductor_cache.save(
-                settings.inductor_cache_dir,
-                settings.paths.inductor,
+                services.settings.folders.inductor_cache_dir,
+                services.volume.inductor,
                 model=model.name,
                 key_digest=self.key.digest,
                 key=self.key.parts,
@@ -353,7 +358,7 @@ class _Artifacts:
         if self.remote is not None:
             remote_models.publish(
                 self.remote,
-                settings.paths.inductor,
+                services.volume.inductor,
                 model=model.name,
                 key_digest=self.key.digest,
                 fingerprint=self.fingerprint,

@@ -33,6 +33,7 @@ from warmup.results import (
 )
 from warmup.run.checks import other_worlds_refused
 from warmup.run.phases import run_phases
+from warmup.services import Services
 from warmup.settings import Settings
 
 
@@ -41,7 +42,7 @@ class RunRecord:
     """One run, as its end sees it: what was asked, when it started, and what the ranks'
     reports cannot say themselves (the launcher's view of its ranks and its phases)."""
 
-    settings: Settings
+    services: Services  # the run's, as its entry point built them
     manifest: Manifest
     world: int
     started: float  # time.time() at the process's start: time to ready counts from it
@@ -52,6 +53,11 @@ class RunRecord:
     ranks_ended: float | None = None  # time.time() when the launcher saw its last rank exit
     predictions: tuple[Prediction, ...] = ()  # warmup.explain's, before the warm
     recovered: Mapping[str, int] = field(default_factory=dict)  # the restore's, by kind
+
+    @property
+    def settings(self) -> Settings:
+        """The run's settings (those of its services)."""
+        return self.services.settings
 
 
 @dataclass(frozen=True)
@@ -112,7 +118,7 @@ def finish(record: RunRecord) -> RunStatus:
     record's world size, none failed, and there was at least one."""
     assert record.run_dir is not None, "finish sums the reports of a run with ranks"
     tally = _tally(record, record.run_dir)
-    saved = _save_caches(record.settings, record.manifest, tally.reports)
+    saved = _save_caches(record.services, record.manifest, tally.reports)
     tally = replace(tally, errors=[*tally.errors, *saved.errors])  # a cache not saved fails it
     run = _run_phases(record.phases, saved.seconds, record.ranks_ended, tally.reports)
     duration = time.time() - record.started
@@ -151,7 +157,7 @@ def ended(
         models=tally.models,
         **fields,
     )
-    return status.write(record.settings.status_file)
+    return status.write(record.settings.paths.status_file)
 
 
 def _tally(record: RunRecord, run_dir: Path) -> Tally:
@@ -200,13 +206,13 @@ def _shortfalls(
     return errors
 
 
-def _save_caches(settings: Settings, manifest: Manifest, reports: list[RankReport]) -> Saved:
+def _save_caches(services: Services, manifest: Manifest, reports: list[RankReport]) -> Saved:
     """Every cache family onto the volume, once the families keyed by the host (now
     known: the first rank's fingerprint) are restored for the server."""
     saving = time.perf_counter()
     fingerprint = reports[0].fingerprint if reports else None
     host = Fingerprint.from_json(fingerprint) if fingerprint else None
-    where = families.scope(settings, manifest, fingerprint=host, models=False)
+    where = families.scope(services, manifest, fingerprint=host, models=False)
     restored = families.restore(where, needing_host=True) if host is not None else []
     saved = families.save(where)
     return Saved(
@@ -244,7 +250,7 @@ def write_metrics(record: RunRecord, tally: Tally, duration: float, run: dict[st
     metrics.record_predictions(record.predictions)
     metrics.record_skipped(len(tally.skipped))
     metrics.record_recovered(record.recovered)
-    metrics.write(record.settings.run_metrics_file)
+    metrics.write(record.settings.paths.run_metrics_file)
 
 
 def _remote_counts(reports: list[RankReport]) -> RemoteCounts | None:

@@ -33,6 +33,7 @@ from registry.errors import BadInput
 from registry.locks import LockServerUnreachable, check_backend
 from warmup.manifest import Manifest, ManifestError
 from warmup.run.gpus import GPU_LIST, visible_gpus
+from warmup.services import Services, existing_volume
 from warmup.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -64,11 +65,16 @@ class Caller:
 
 @dataclass(frozen=True)
 class Checked:
-    """What the checks decided: the settings to run with (the lock backend chosen) and
-    where the ranks warm."""
+    """What the checks decided: the services to run with (the lock backend chosen), their
+    settings, and where the ranks warm."""
 
-    settings: Settings
+    services: Services
     device: Device
+
+    @property
+    def settings(self) -> Settings:
+        """The settings to run with (those of :attr:`services`)."""
+        return self.services.settings
 
 
 def launcher(source: str) -> Caller:
@@ -90,19 +96,20 @@ def self_started(source: str, volume_fix: str) -> Caller:
     return Caller(source, torch_device, volume_fix)
 
 
-def checked(settings: Settings, manifest: Manifest, world: int, caller: Caller) -> Checked:
-    """The checks before a run of ``world`` ranks, in the module's order; the first that
-    fails raises (:class:`RunError`, :class:`ManifestError`,
-    :class:`registry.volume.MissingFolder`: all bad input, exit 2)."""
+def checked(services: Services, manifest: Manifest, world: int, caller: Caller) -> Checked:
+    """The checks before a run of ``world`` ranks, in the module's order, on the services
+    its entry point built; the first that fails raises (:class:`RunError`,
+    :class:`ManifestError`, :class:`registry.volume.MissingFolder`: all bad input, exit 2)."""
+    settings = services.settings
     if caller.volume_fix is not None:
-        settings.existing_volume(caller.volume_fix)
+        existing_volume(settings, caller.volume_fix)
     manifest.require_world(world, caller.source, command_line=caller.command_line)
     other_world_sizes(settings, manifest, world, caller)
     device = caller.device(settings, world)
     if not caller.kernels_later:
         manifest.check_kernels(caller.source)  # imports the kernels: after the interpreter is on
-    check_remote(settings)
-    return Checked(lock_backend(settings, manifest, world), device)
+    check_remote(services)
+    return Checked(lock_backend(services, manifest, world), device)
 
 
 def other_world_sizes(settings: Settings, manifest: Manifest, world: int, caller: Caller) -> None:
@@ -120,7 +127,7 @@ def other_worlds_refused(settings: Settings, manifest: Manifest, world: int) -> 
     """Why this run fails for entries of other world sizes (``other_world_sizes`` is
     'fail'), or None."""
     skipped = manifest.skipped_entries(world)
-    if not skipped or settings.other_world_sizes != "fail":
+    if not skipped or settings.run.other_world_sizes != "fail":
         return None
     return (
         f"{len(skipped)} manifest entries are for other world sizes than this pod's "
@@ -132,7 +139,7 @@ def listed_device(settings: Settings, world: int) -> Device:
     """The launcher's step 4: where its ranks warm, decided without importing torch
     (seconds of start-up): the NVIDIA driver lists its GPUs in /proc."""
     gpus = visible_gpus(GPU_LIST)
-    device = settings.device_type(gpus)
+    device = settings.run.device_type(gpus)
     if device == "cuda" and gpus < world:
         raise RunError(
             f"device cuda: {world} rank(s) need {world} GPU(s), this machine has {gpus} "
@@ -173,37 +180,38 @@ def on_gpu(settings: Settings, refused: str) -> bool:
     import torch
 
     usable = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    cuda = settings.device_type(usable) == "cuda"
+    cuda = settings.run.device_type(usable) == "cuda"
     if cuda and not usable:
         raise RunError(refused)
     return cuda
 
 
-def check_remote(settings: Settings) -> None:
+def check_remote(services: Services) -> None:
     """:class:`RunError` when the registry's remote tier is set and cannot be made (a
     bad URL, no redis-py); whether it answers is the tier's own business (it may not,
     and the run goes on with the local tier)."""
     try:
-        settings.remote()
+        _ = services.remote  # made now: a bad URL is bad input
     except RegistryError as e:
         raise RunError(f"TRITON_WARMUP_REMOTE_URL: {e}") from None
 
 
-def lock_backend(settings: Settings, manifest: Manifest, world: int) -> Settings:
+def lock_backend(services: Services, manifest: Manifest, world: int) -> Services:
     """Where this run locks, decided before any rank warms: a lock server must answer, or
     with ``lock_fallback`` file the run locks with the lease folder (the launcher decides
     once for the ranks it spawns; a torchrun or in-process rank decides for itself, and
     only rank 0 ever takes a lock)."""
     if not any(e.policy == "tune" and not e.is_user_function for e in manifest.entries_for(world)):
-        return settings  # nothing will be tuned: no lock taken
+        return services  # nothing will be tuned: no lock taken
     try:
-        check_backend(settings.lock_backend())
+        check_backend(services.locks)
     except LockServerUnreachable as e:
-        if settings.lock_fallback != "file":
+        if services.settings.locks.fallback != "file":
             raise RunError(
                 f"{e}: start it, fix TRITON_WARMUP_LOCK_URL, "
                 "or set TRITON_WARMUP_LOCK_FALLBACK=file"
             ) from None
-        log.warning("%s: falling back to file leases in %s for this run", e, settings.paths.locks)
-        return settings.updated(lock_url="")  # <volume>/locks, and the tier derived again
-    return settings
+        log.warning("%s: falling back to file leases in %s for this run", e, services.volume.locks)
+        # <volume>/locks, and the remote tier derived again: services of their own
+        return services.with_settings(services.settings.updated(lock_url=""))
+    return services

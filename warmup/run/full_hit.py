@@ -37,7 +37,7 @@ from warmup.compiled.key import ModelKey, model_key, module_source
 from warmup.manifest import Manifest, ModelEntry
 from warmup.results import ModelResult, RunStatus, ShapeResult
 from warmup.run.aggregate import RunRecord, Saved, Tally, ended, write_metrics
-from warmup.settings import Settings
+from warmup.services import Services
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class FullHit:
 
 
 def look(
-    settings: Settings,
+    services: Services,
     manifest: Manifest,
     world: int,
     found: Probe,
@@ -65,22 +65,22 @@ def look(
     kept there: what is not a hit is left to the server or warmed). Never raises: what
     cannot be read is a miss, and the full warm runs."""
     try:
-        return _looked(settings, manifest, world, found, remote)
+        return _looked(services, manifest, world, found, remote)
     except Exception as e:  # a shortcut, never an authority
         return f"the stored state could not be read ({named(e)})"
 
 
 def _looked(
-    settings: Settings, manifest: Manifest, world: int, found: Probe, remote: RemoteTier | None
+    services: Services, manifest: Manifest, world: int, found: Probe, remote: RemoteTier | None
 ) -> FullHit | str:
     try:
-        record = hosts.read_record(settings.paths.hosts, found)
+        record = hosts.read_record(services.volume.hosts, found)
     except RegistryError as e:
         return f"the host record is unusable: {e}"
     if record is None and remote is not None:
         record = hosts.fetch_record(remote, found)
         if record is not None and not record.ambiguous:  # kept: what misses is warmed
-            hosts.write_record(settings.paths.hosts, found, record)
+            hosts.write_record(services.volume.hosts, found, record)
     if record is None:
         return "no warm run has recorded a host with this software, GPUs, driver and kernels"
     if record.ambiguous:
@@ -88,17 +88,17 @@ def _looked(
             "hosts with this probe detected different fingerprints (a GPU topology, a MIG "
             "profile or a tool it cannot see): its fingerprint must be detected"
         )
-    shapes = _stored_shapes(settings, manifest, world, record, remote)
+    shapes = _stored_shapes(services, manifest, world, record, remote)
     if isinstance(shapes, str):
         return shapes
-    models = _stored_models(settings, manifest.models_for(world), record, remote)
+    models = _stored_models(services, manifest.models_for(world), record, remote)
     if isinstance(models, str):
         return models
     return FullHit(record, shapes, models)
 
 
 def _stored_shapes(
-    settings: Settings,
+    services: Services,
     manifest: Manifest,
     world: int,
     record: HostRecord,
@@ -106,7 +106,7 @@ def _stored_shapes(
 ) -> list[ShapeResult] | str:
     """Each declared kernel shape as the store holds it for the recorded fingerprint: the
     volume's, else the remote tier's (filed in the volume: ``TieredStore``)."""
-    store, shapes = TieredStore(settings.store(run=True), remote), []
+    store, shapes = TieredStore(services.store(), remote), []
     for entry in manifest.entries_for(world):
         for shape in entry.expand():
             item = record.items.get(hosts.item_id(entry.kernel, entry.dtype, world, shape))
@@ -124,7 +124,9 @@ def _stored_shapes(
                 continue
             kernel_hash = record.kernel_hashes.get(entry.kernel, "")
             fingerprint = record.fingerprint.with_kernel(kernel_hash)
-            stored = store.lookup(entry.kernel, key, fingerprint, settings.match_policy)
+            stored = store.lookup(
+                entry.kernel, key, fingerprint, services.settings.run.match_policy
+            )
             if stored is None:
                 return f"{where} is not stored for this host's fingerprint"
             config = stored.best.to_json()
@@ -135,12 +137,12 @@ def _stored_shapes(
 
 
 def _stored_models(
-    settings: Settings, models: list[ModelEntry], record: HostRecord, remote: RemoteTier | None
+    services: Services, models: list[ModelEntry], record: HostRecord, remote: RemoteTier | None
 ) -> list[tuple[ModelEntry, ModelKey]] | str:
     """Each declared model with its key, when its artifacts are stored for this host:
     on the volume, else on the remote tier (fetched into the volume)."""
     found = []
-    here = families.scope(settings, None, fingerprint=record.fingerprint, models=False)
+    here = families.scope(services, None, fingerprint=record.fingerprint, models=False)
     here = replace(here, remote=remote)
     for model in models:
         try:
@@ -154,7 +156,7 @@ def _stored_models(
 
 
 def restore_and_finish(
-    settings: Settings,
+    services: Services,
     manifest: Manifest,
     world: int,
     hit: FullHit,
@@ -166,14 +168,14 @@ def restore_and_finish(
     artifacts), the run's metrics and a ready status written; the status."""
     fingerprint = hit.record.fingerprint
     return _finish(
-        settings, manifest, world, hit.record,
-        lambda: [_restored(settings, fingerprint, model, key) for model, key in hit.models],
+        services, manifest, world, hit.record,
+        lambda: [_restored(services, fingerprint, model, key) for model, key in hit.models],
         started=started, phases=phases, shapes=hit.shapes, full_hit=True,
     )  # fmt: skip
 
 
 def _finish(
-    settings: Settings,
+    services: Services,
     manifest: Manifest,
     world: int,
     host: HostRecord | None,
@@ -190,10 +192,10 @@ def _finish(
     from warmup.run.restore import restore  # the registry's recovery and the families
 
     restoring = time.perf_counter()
-    recovered = restore(settings, manifest, host=host.fingerprint if host else None)
+    recovered = restore(services, manifest, host=host.fingerprint if host else None)
     models = models_of()
     record = RunRecord(
-        settings=settings,
+        services=services,
         manifest=manifest,
         world=world,
         started=started,
@@ -211,11 +213,11 @@ def _finish(
 
 
 def _restored(
-    settings: Settings, fingerprint: Fingerprint, model: ModelEntry, key: ModelKey
+    services: Services, fingerprint: Fingerprint, model: ModelEntry, key: ModelKey
 ) -> ModelResult:
     """One model's artifacts copied into the pod's Inductor cache (the models' family's
     restore); a part that could not be is compiled by the server, which says so."""
-    scope = families.scope(settings, None, fingerprint=fingerprint)
+    scope = families.scope(services, None, fingerprint=fingerprint)
     done = registry_families.models().restore_one(scope, Declared(model.name, key.digest))
     return ModelResult(
         name=model.name,
@@ -226,15 +228,15 @@ def _restored(
     )
 
 
-def nothing_for_ranks(settings: Settings, manifest: Manifest, world: int) -> bool:
+def nothing_for_ranks(services: Services, manifest: Manifest, world: int) -> bool:
     """Whether rank processes have nothing to do that the server will not: no kernel
     shape to tune or check, and the models left to the server's priming
     (``models_on_miss=server``)."""
-    return settings.models_on_miss == "server" and not manifest.entries_for(world)
+    return services.settings.models.on_miss == "server" and not manifest.entries_for(world)
 
 
 def leave_to_the_server(
-    settings: Settings,
+    services: Services,
     manifest: Manifest,
     world: int,
     found: Probe,
@@ -248,18 +250,18 @@ def leave_to_the_server(
     the server tells its fingerprint (``warmup.serving.models``) and the harvest records
     the host under it, so that the next pod's init is a full hit."""
     try:
-        record = hosts.read_record(settings.paths.hosts, found)
+        record = hosts.read_record(services.volume.hosts, found)
     except RegistryError:
         record = None
     return _finish(
-        settings, manifest, world, record,
-        lambda: [_model_for_the_server(settings, record, m) for m in manifest.models_for(world)],
+        services, manifest, world, record,
+        lambda: [_model_for_the_server(services, record, m) for m in manifest.models_for(world)],
         started=started, phases=phases, probe=found.to_json(),
     )  # fmt: skip
 
 
 def _model_for_the_server(
-    settings: Settings, record: HostRecord | None, model: ModelEntry
+    services: Services, record: HostRecord | None, model: ModelEntry
 ) -> ModelResult:
     """The model restored when such a host stored it, else deferred to the server."""
     try:
@@ -267,7 +269,7 @@ def _model_for_the_server(
     except ValueError as e:
         return ModelResult(name=model.name, phase="failed", error=str(e))
     if record is not None:
-        restored = _restored(settings, record.fingerprint, model, key)
+        restored = _restored(services, record.fingerprint, model, key)
         if restored.restore.startswith("hit"):
             return restored
     log.info("model %s: left to the server's priming (nothing stored for this host)", model.name)
@@ -280,7 +282,7 @@ def _model_for_the_server(
 
 
 def record_host(
-    settings: Settings, manifest: Manifest, world: int, found: Probe, status: RunStatus
+    services: Services, manifest: Manifest, world: int, found: Probe, status: RunStatus
 ) -> None:
     """After a ready full run: what it detected and stored, recorded for hosts like this
     one (``registry.hosts``) on the volume and on the remote tier, so that the next
@@ -290,7 +292,7 @@ def record_host(
         record = _record_of(manifest, world, found, status)
         if record is None:
             return
-        hosts.keep_record(settings.paths.hosts, found, record, settings.remote())
+        hosts.keep_record(services.volume.hosts, found, record, services.remote)
     except Exception as e:  # the pod is warm
         log.warning("host record not written: %s", named(e))
 

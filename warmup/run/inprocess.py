@@ -10,6 +10,7 @@ from warmup.manifest import Manifest, load_manifest
 from warmup.results import RunStatus
 from warmup.run import checks
 from warmup.run.session import SELF_STARTED, run_session
+from warmup.services import Services
 from warmup.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -26,17 +27,18 @@ def warm_in_process(manifest: Manifest | str | Path, settings: Settings | None) 
     grouped = dist.is_available() and dist.is_initialized()
     rank, world = (dist.get_rank(), dist.get_world_size()) if grouped else (0, 1)
     caller = checks.self_started(source, checks.VOLUME_FIX_PYTHON)
-    checked = checks.checked(settings, manifest, world, caller)
+    # this process's services, built once here: warm() is an entry point
+    checked = checks.checked(Services(settings, run=True), manifest, world, caller)
     cuda = checked.device == "cuda"
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     status = run_session(
-        checked.settings,
+        checked.services,
         manifest,
         rank=rank,
         world=world,
         group=dist.group.WORLD if grouped else None,
         device=device,
-        run_dir=settings.work_dir / "run",
+        run_dir=settings.paths.work_dir / "run",
         roles=SELF_STARTED,
         started=time.time(),
     )

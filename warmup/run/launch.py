@@ -32,6 +32,7 @@ from warmup.run.phases import process_age
 from warmup.run.restore import clear_run_dir, mark_restored, restore
 from warmup.run.session import CHILD_FLAG
 from warmup.run.settle import settle
+from warmup.services import Services
 from warmup.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -55,13 +56,15 @@ def _launch(settings: Settings, manifest: Manifest, early: EarlyRanks) -> RunSta
     they start, their reports summed; a failure is written into the status."""
     started = time.time() - process_age()  # time to ready counts from the process's start
     phases: dict[str, float] = {}
-    trust = settings.trust()  # a keys folder it cannot use: bad input, before any rank
-    settings, world, device = _checked(settings, manifest)
+    services = Services(settings, run=True)  # the launcher's, built once: its entry point
+    trust = services.trust  # a keys folder it cannot use: bad input, before any rank
+    services, world, device = _checked(services, manifest)
+    settings = services.settings
     announce(trust)  # once the input is good: a bad input's error stays one line
     found = hosts.probe(device, visible_gpus(GPU_LIST))
     hit = (
-        full_hit.look(settings, manifest, world, found, settings.remote())
-        if settings.full_hit_exit
+        full_hit.look(services, manifest, world, found, services.remote)
+        if settings.run.full_hit_exit
         else None
     )
     if isinstance(hit, full_hit.FullHit):
@@ -69,20 +72,20 @@ def _launch(settings: Settings, manifest: Manifest, early: EarlyRanks) -> RunSta
         log.info("full hit: every declared shape and model is stored for this host")
         phases["imports"] = process_age()
         return full_hit.restore_and_finish(
-            settings, manifest, world, hit, started=started, phases=phases
+            services, manifest, world, hit, started=started, phases=phases
         )
-    if hit is not None and full_hit.nothing_for_ranks(settings, manifest, world):
+    if hit is not None and full_hit.nothing_for_ranks(services, manifest, world):
         early.stop()
         log.info("no rank needed: the server compiles what is not stored (%s)", hit)
         phases["imports"] = process_age()
         return full_hit.leave_to_the_server(
-            settings, manifest, world, found, started=started, phases=phases
+            services, manifest, world, found, started=started, phases=phases
         )
     if hit is not None:
         log.info("warming in rank processes: %s", hit)
-    run_dir = settings.work_dir / "run"
+    run_dir = settings.paths.work_dir / "run"
     clear_run_dir(run_dir)
-    status = running(manifest, world, started).write(settings.status_file)
+    status = running(manifest, world, started).write(settings.paths.status_file)
     early.keep(world)
     # this process's start, imports and the checks above: until the last rank starts
     phases["imports"] = early.started_s if len(early) == world else process_age()
@@ -92,17 +95,17 @@ def _launch(settings: Settings, manifest: Manifest, early: EarlyRanks) -> RunSta
     try:
         procs = _spawn_ranks(ranks, manifest, world, run_dir, early)
         # the checks' kernel step (warmup.run.checks): it imports torch, while the ranks do
-        manifest.check_kernels(str(settings.manifest))
-        recovered, explaining = _restore_for_ranks(settings, manifest, run_dir, phases)
-        failures, errors = _wait(procs, settings.run_timeout_s, settings.rank_timeout_s)
+        manifest.check_kernels(str(settings.paths.manifest))
+        recovered, explaining = _restore_for_ranks(services, manifest, run_dir, phases)
+        failures, errors = _wait(procs, settings.run.run_timeout_s, settings.run.rank_timeout_s)
         ended = time.time()
         if not failures and not errors:
-            deadline = started + settings.run_timeout_s  # the run's limit bounds the passes
+            deadline = started + settings.run.run_timeout_s  # the run's limit bounds the passes
             phases["settle"] = settle(
                 settings, manifest, run_dir, functools.partial(_settle_pass, ranks, world, deadline)
             )
         record = RunRecord(
-            settings=settings,
+            services=services,
             manifest=manifest,
             run_dir=run_dir,
             world=world,
@@ -115,36 +118,38 @@ def _launch(settings: Settings, manifest: Manifest, early: EarlyRanks) -> RunSta
             recovered=recovered,
         )
         status = finish(record)
-        full_hit.record_host(settings, manifest, world, found, status)
+        full_hit.record_host(services, manifest, world, found, status)
         return status
     except BaseException as e:  # a status that says why; no rank outlives the run
         errors = e.errors if isinstance(e, ManifestError) else [named(e)]
-        status.failed(errors).write(settings.status_file)
+        status.failed(errors).write(settings.paths.status_file)
         raise
     finally:
         _stop(procs)
 
 
-def _checked(settings: Settings, manifest: Manifest) -> tuple[Settings, int, str]:
+def _checked(services: Services, manifest: Manifest) -> tuple[Services, int, str]:
     """Before any rank starts: the checks (``warmup.run.checks``) for the world size the
-    settings ask, or the manifest's largest. Returns the settings to run with, the world
+    settings ask, or the manifest's largest. Returns the services to run with, the world
     size and the ranks' device type; :class:`RunError` or :class:`ManifestError` on bad
     input."""
-    world = settings.world_size or max(manifest.world_sizes())
-    checked = checks.checked(settings, manifest, world, checks.launcher(str(settings.manifest)))
-    return checked.settings, world, checked.device
+    settings = services.settings
+    world = settings.run.world_size or max(manifest.world_sizes())
+    caller = checks.launcher(str(settings.paths.manifest))
+    checked = checks.checked(services, manifest, world, caller)
+    return checked.services, world, checked.device
 
 
 def _restore_for_ranks(
-    settings: Settings, manifest: Manifest, run_dir: Path, phases: dict[str, float]
+    services: Services, manifest: Manifest, run_dir: Path, phases: dict[str, float]
 ) -> tuple[dict[str, int], explain.Background]:
     """The volume into the pod while the ranks import torch, then the marker they wait
     for; ``explain`` starts on rank 0's host. Returns what the recovery cleared, and the
     explanation under way; adds the ``restore`` phase."""
     restoring = time.perf_counter()
-    recovered = restore(settings, manifest)  # while the ranks import torch; they wait for it
+    recovered = restore(services, manifest)  # while the ranks import torch; they wait for it
     mark_restored(run_dir)
-    explaining = explain.Background(settings, manifest, run_dir)  # rank 0's host
+    explaining = explain.Background(services, manifest, run_dir)  # rank 0's host
     phases["restore"] = time.perf_counter() - restoring
     return recovered, explaining
 
@@ -162,7 +167,7 @@ def _settle_pass(
     procs = _spawn_ranks(settings, manifest, world, run_dir, EarlyRanks([], 0.0))
     try:
         mark_restored(run_dir)
-        failures, errors = _wait(procs, left, settings.rank_timeout_s)
+        failures, errors = _wait(procs, left, settings.run.rank_timeout_s)
     finally:
         _stop(procs)
     if failures or errors:
@@ -185,12 +190,12 @@ def _spawn_ranks(
             "LOCAL_RANK": str(rank),
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),
-            "TRITON_CACHE_DIR": str(settings.triton_cache_dir.resolve()),
+            "TRITON_CACHE_DIR": str(settings.folders.triton_cache_dir.resolve()),
             "TRITON_CACHE_AUTOTUNING": "1",
             **inductor_environment(settings),
             CHILD_FLAG: str(run_dir.resolve()),
         }
-        if settings.device == "cpu":
+        if settings.run.device == "cpu":
             env["TRITON_INTERPRET"] = "1"
         envs.append(env)
     procs = early.hand_over(envs[: len(early)]) if len(early) else []

@@ -18,7 +18,7 @@ from warmup import families
 from warmup.manifest import Manifest
 from warmup.results import RankHost
 from warmup.run.checks import RunError
-from warmup.settings import Settings
+from warmup.services import Services
 
 log = logging.getLogger(__name__)
 RESTORED = "restored"  # marker file: the compile cache is in place
@@ -26,28 +26,32 @@ RECOVERY_BUDGET_S = 10.0  # the start's clearing of killed writers' debris; writ
 
 
 def restore(
-    settings: Settings, manifest: Manifest | None = None, *, host: Fingerprint | None = None
+    services: Services, manifest: Manifest | None = None, *, host: Fingerprint | None = None
 ) -> dict[str, int]:
     """The volume into this pod: the registry recovered first, then every cache family
     (those keyed by the host only when ``host``, its fingerprint, is known; declared
     models are restored by their own warm). Returns what the recovery cleared, by kind
     (the run's metrics count it)."""
-    recovered = recover_store(settings)
-    where = families.scope(settings, manifest, fingerprint=host, models=False)
+    recovered = recover_store(services)
+    where = families.scope(services, manifest, fingerprint=host, models=False)
     families.restore(where, needing_host=None if host is not None else False)
     return recovered
 
 
-def recover_store(settings: Settings) -> dict[str, int]:
+def recover_store(services: Services) -> dict[str, int]:
     """Before any rank reads the registry: clean what a killed writer left and repair a
     broken ``current``, within ``RECOVERY_BUDGET_S`` (the first write goes on with the
     rest). A store that cannot be written (a read-only mount) is read as is. Returns what
     was cleared, by kind (``Store.recovered``)."""
-    store = settings.store(run=True)
+    store = services.store()
     try:
         store.recover(budget_s=RECOVERY_BUDGET_S)
     except (OSError, RegistryError) as e:
-        log.warning("registry %s not recovered (%s); reading it as it is", settings.registry_dir, e)
+        log.warning(
+            "registry %s not recovered (%s); reading it as it is",
+            services.settings.paths.registry_dir,
+            e,
+        )
     return dict(store.recovered)
 
 

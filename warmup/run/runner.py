@@ -24,7 +24,7 @@ import torch
 import kernels
 from kernels.adapter import torch_dtype
 from kernels.task import TuneTask
-from registry import KernelConfig, RegistryError, Store, triton_internals
+from registry import KernelConfig, Store, triton_internals
 from registry.errors import named
 from registry.fingerprint import Fingerprint, detect_for
 from registry.remote import RemoteTier
@@ -34,6 +34,7 @@ from warmup.compiled.progress import ModelProgress
 from warmup.manifest import Manifest, ManifestEntry, ModelEntry, resolve_user_function
 from warmup.results import ModelResult, RankReport, RemoteCounts, ShapeResult
 from warmup.run.phases import PhaseClock
+from warmup.services import Services
 from warmup.settings import Settings
 from warmup.tuning.sharing import Job, Settled, Sharing, start_fraction, take_order
 from warmup.tuning.timing import Timer, cuda_event_timer, cuda_latency_timer, wall_clock_timer
@@ -50,7 +51,7 @@ Progress = Callable[[int, int, ShapeResult], None]
 
 def warm_rank(
     manifest: Manifest,
-    settings: Settings,
+    services: Services,
     *,
     rank: int,
     world: int,
@@ -66,23 +67,24 @@ def warm_rank(
     shapes this pod put aside, then those. The compiled models are built before any of
     it, so that one that cannot be built fails before any tuning, and warmed after the
     user functions. The report lists the shapes in manifest order. ``progress`` is told
-    each kernel shape, ``model_progress`` each compiled model's steps."""
-    started = time.perf_counter()
+    each kernel shape, ``model_progress`` each compiled model's steps. ``services``: the
+    rank's, built by its entry point (the remote tier used on rank 0 only)."""
+    started, settings = time.perf_counter(), services.settings
     clock = clock or PhaseClock()
     with clock.timing("prepare"):
         fingerprint = detect_for(device)  # the CPU's on CPU, even on a GPU machine
-        local = settings.store(run=True)
-        store = TieredStore(local, _remote(settings) if rank == 0 else None)
+        local = services.store()
+        store = TieredStore(local, _remote(services) if rank == 0 else None)
     report = RankReport(rank=rank, world=world, fingerprint=fingerprint.to_json())
     entries = _placed(manifest.entries_for(world))
     shapes = _Shapes(report, sum(len(placed.shapes) for placed in entries), progress)
-    here = _Rank(settings, rank, group, device, fingerprint, store, clock)
-    lockstep = Lockstep(group, timeout_s=settings.rank_timeout_s)
+    here = _Rank(services, rank, group, device, fingerprint, store, clock)
+    lockstep = Lockstep(group, timeout_s=settings.run.rank_timeout_s)
     models = manifest.models_for(world)
     built = _build_models(here, models) if models else {}
     with clock.timing("prepare"):
         jobs, from_bundles = _kernel_setup(here, lockstep, entries)
-    sharing = Sharing(lock_timeout_s=settings.lock_timeout_s)
+    sharing = Sharing(lock_timeout_s=settings.locks.timeout_s)
     for settled in sharing.first_pass(clock.timed_items("setup", jobs)):
         shapes.add(_warm_settled(settled, from_bundles, clock), settled.job.place)
     _warm_user_functions(entries, device, shapes)
@@ -98,13 +100,17 @@ def warm_rank(
 class _Rank:
     """What the steps of one rank's warmup share."""
 
-    settings: Settings
+    services: Services
     rank: int
     group: Any
     device: torch.device
     fingerprint: Fingerprint
     store: TieredStore  # the remote tier on rank 0 only
     clock: PhaseClock
+
+    @property
+    def settings(self) -> Settings:
+        return self.services.settings
 
 
 class _Shapes:
@@ -135,9 +141,9 @@ def _kernel_setup(
     kernel_entries = [placed for placed in entries if not placed.entry.is_user_function]
     fraction = start_fraction(lockstep)
     from_bundles = _bundle_paths(here.store.local)
-    settings, store, device = here.settings, here.store, here.device
+    services, store, device = here.services, here.store, here.device
     tuners = [
-        _tuner(p.entry, settings, store, here.fingerprint, lockstep, device) for p in kernel_entries
+        _tuner(p.entry, services, store, here.fingerprint, lockstep, device) for p in kernel_entries
     ]
     return _kernel_jobs(kernel_entries, tuners, fraction, here.group, device), from_bundles
 
@@ -157,7 +163,7 @@ def _build_models(here: _Rank, models: list[ModelEntry]) -> dict[str, Built]:
     from warmup.compiled.warm import build_models
 
     with here.clock.timing("models"):
-        return build_models(models, here.settings, group=here.group, device=here.device)
+        return build_models(models, here.services, group=here.group, device=here.device)
 
 
 def _warm_models(
@@ -175,7 +181,7 @@ def _warm_models(
             _logged(result)
             for result in warm_models(
                 models,
-                here.settings,
+                here.services,
                 rank=here.rank,
                 group=here.group,
                 device=here.device,
@@ -204,14 +210,10 @@ def _logged(result: ModelResult) -> ModelResult:
     return result
 
 
-def _remote(settings: Settings) -> RemoteTier | None:
+def _remote(services: Services) -> RemoteTier | None:
     """The registry's remote tier, if set; one that cannot be made (checked before the
     run, so an environment that differs here) leaves the local tier alone."""
-    try:
-        return settings.remote()
-    except RegistryError as e:
-        log.warning("registry remote tier not used: %s", e)
-        return None
+    return services.remote_or_none("registry remote tier not used")
 
 
 class _Placed(NamedTuple):
@@ -264,23 +266,24 @@ def _kernel_jobs(
 
 def _tuner(
     entry: ManifestEntry,
-    settings: Settings,
+    services: Services,
     store: TieredStore,
     fingerprint: Fingerprint,
     lockstep: Lockstep,
     device: torch.device,
 ) -> Tuner:
     timer: Timer = cuda_event_timer() if device.type == "cuda" else wall_clock_timer()
+    settings = services.settings
     options = TuneOptions(
         policy=entry.policy,
-        match=settings.match_policy,
-        lock_ttl_s=settings.lock_ttl_s,
-        lock_timeout_s=settings.lock_timeout_s,
-        lock_outage_s=settings.lock_outage_s,
-        rank_timeout_s=settings.rank_timeout_s,
-        cache_dir=settings.triton_cache_dir,
+        match=settings.run.match_policy,
+        lock_ttl_s=settings.locks.ttl_s,
+        lock_timeout_s=settings.locks.timeout_s,
+        lock_outage_s=settings.locks.outage_s,
+        rank_timeout_s=settings.run.rank_timeout_s,
+        cache_dir=settings.folders.triton_cache_dir,
         parallel_compile=device.type == "cuda",
-        compile_workers=settings.compile_workers,
+        compile_workers=settings.run.compile_workers,
     )
     return Tuner(
         store,
@@ -288,7 +291,7 @@ def _tuner(
         timer=timer,
         latency_timer=cuda_latency_timer() if device.type == "cuda" else None,
         lockstep=lockstep,
-        lock_backend=settings.lock_backend(),
+        lock_backend=services.locks,
         options=options,
     )
 

@@ -42,6 +42,7 @@ from warmup.run.aggregate import RunRecord, finish, running
 from warmup.run.checks import RunError, on_gpu
 from warmup.run.phases import PhaseClock, process_age
 from warmup.run.restore import clear_run_dir, restore, wait_for_restore
+from warmup.services import Services
 from warmup.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ SELF_STARTED = Roles(restores=True, finishes=True)  # torchrun, or warm() in-pro
 
 
 def run_session(
-    settings: Settings,
+    services: Services,
     manifest: Manifest,
     *,
     rank: int,
@@ -75,16 +76,17 @@ def run_session(
 ) -> RunStatus | None:
     """This rank's part of the run; returns the status where this process can know it
     (rank 0 of a self-started run, or every rank when there is a group to share it).
-    ``clock`` has what this rank spent before (its start, the process group)."""
+    ``clock`` has what this rank spent before (its start, the process group); ``services``:
+    those its entry point built (the launcher's rank, torchrun's, ``warm()``)."""
     clock = clock or PhaseClock()
     with clock.timing("rank_start"):  # the kernels and triton, imported here
         from warmup.compiled.progress import model_progress_printer
         from warmup.run.runner import progress_printer, warm_rank
 
-    recovered = _restored(settings, manifest, rank, world, group, run_dir, roles, started, clock)
+    recovered = _restored(services, manifest, rank, world, group, run_dir, roles, started, clock)
     report = warm_rank(
         manifest,
-        settings,
+        services,
         rank=rank,
         world=world,
         group=group,
@@ -100,7 +102,7 @@ def run_session(
     status = None
     if rank == 0:
         record = RunRecord(
-            settings=settings,
+            services=services,
             manifest=manifest,
             run_dir=run_dir,
             world=world,
@@ -112,7 +114,7 @@ def run_session(
 
 
 def _restored(
-    settings: Settings,
+    services: Services,
     manifest: Manifest,
     rank: int,
     world: int,
@@ -125,14 +127,15 @@ def _restored(
     """Restore, then barrier: the compile cache in place (the launcher's, waited for, or
     rank 0's) before any rank warms. Returns what rank 0's recovery cleared, by kind."""
     recovered: dict[str, int] = {}  # what killed writers left: rank 0 clears and counts it
+    settings = services.settings
     if not roles.restores:
         with clock.timing("rendezvous"):
-            wait_for_restore(run_dir, settings.run_timeout_s)
+            wait_for_restore(run_dir, settings.run.run_timeout_s)
     elif rank == 0:
         clear_run_dir(run_dir)
-        running(manifest, world, started).write(settings.status_file)  # not ready
+        running(manifest, world, started).write(settings.paths.status_file)  # not ready
         with clock.timing("restore"):
-            recovered = restore(settings, manifest)
+            recovered = restore(services, manifest)
     with clock.timing("rendezvous"):
         _barrier(group)
     return recovered
@@ -145,7 +148,7 @@ def _finish_or_fail(record: RunRecord) -> RunStatus:
         return finish(record)
     except Exception as e:  # said in the status, and told to every rank
         status = running(record.manifest, record.world, record.started).failed([named(e)])
-        return status.write(record.settings.status_file)
+        return status.write(record.settings.paths.status_file)
 
 
 def _shared_status(status: RunStatus | None, group: Any) -> RunStatus | None:
@@ -179,14 +182,16 @@ def main(*, waited_s: float = 0.0) -> int:
             run_dir = Path(child_of)
             settings = Settings.model_validate_json((run_dir / "settings.json").read_text())
             manifest = Manifest.model_validate_json((run_dir / "manifest.json").read_text())
+            services = Services(settings, run=True)  # this rank's: the launcher checked them
         else:
             settings = Settings()
-            manifest = load_manifest(settings.manifest)
-            run_dir = settings.work_dir / "run"
-            settings = _prepare_self_started(settings, manifest, world)
-        logs.configure(settings.log_format, rank=rank, level=_log_level(settings))
+            manifest = load_manifest(settings.paths.manifest)
+            run_dir = settings.paths.work_dir / "run"
+            services = _prepare_self_started(settings, manifest, world)
+            settings = services.settings
+        logs.configure(settings.logs.format, rank=rank, level=_log_level(settings))
         roles = LAUNCHED if child_of else SELF_STARTED
-        return _run_rank(settings, manifest, rank, world, run_dir, roles, waited_s)
+        return _run_rank(services, manifest, rank, world, run_dir, roles, waited_s)
     except (ManifestError, MissingFolder, RunError, ValidationError) as e:
         lines = e.lines() if isinstance(e, ManifestError) else [f"{e}".replace("\n", "; ")]
         for line in lines:
@@ -196,21 +201,22 @@ def main(*, waited_s: float = 0.0) -> int:
 
 def _log_level(settings: Settings) -> int:
     """DEBUG with ``--debug`` (``TRITON_WARMUP_DEBUG``): a failing build's traceback too."""
-    return logging.DEBUG if settings.debug else logging.INFO
+    return logging.DEBUG if settings.logs.debug else logging.INFO
 
 
-def _prepare_self_started(settings: Settings, manifest: Manifest, world: int) -> Settings:
+def _prepare_self_started(settings: Settings, manifest: Manifest, world: int) -> Services:
     """Under torchrun: what the launcher does for the ranks it spawns, before anything
-    imports triton (Triton reads its cache folder and the interpreter switch then)."""
-    os.environ["TRITON_CACHE_DIR"] = str(settings.triton_cache_dir.resolve())
+    imports triton (Triton reads its cache folder and the interpreter switch then); the
+    services the checks leave to run with."""
+    os.environ["TRITON_CACHE_DIR"] = str(settings.folders.triton_cache_dir.resolve())
     os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
     os.environ.update(inductor_environment(settings))
-    caller = checks.self_started(str(settings.manifest), checks.VOLUME_FIX_ENV)
-    return checks.checked(settings, manifest, world, caller).settings
+    caller = checks.self_started(str(settings.paths.manifest), checks.VOLUME_FIX_ENV)
+    return checks.checked(Services(settings, run=True), manifest, world, caller).services
 
 
 def _run_rank(
-    settings: Settings,
+    services: Services,
     manifest: Manifest,
     rank: int,
     world: int,
@@ -220,7 +226,7 @@ def _run_rank(
 ) -> int:
     import torch.distributed as dist
 
-    clock = PhaseClock()
+    settings, clock = services.settings, PhaseClock()
     clock.add("rank_start", process_age() - waited_s)  # this process's start and imports
     clock.add("rendezvous", waited_s)  # a rank started early: waiting for the launcher
     started = time.time() - process_age()  # time to ready counts from the process's start
@@ -228,7 +234,7 @@ def _run_rank(
         device = _join_group(settings, rank, world, run_dir, roles)
     try:
         status = run_session(
-            settings,
+            services,
             manifest,
             rank=rank,
             world=world,
@@ -261,7 +267,7 @@ def _join_group(settings: Settings, rank: int, world: int, run_dir: Path, roles:
         "nccl" if device.type == "cuda" else "gloo",
         rank=rank,
         world_size=world,
-        timeout=timedelta(seconds=settings.rank_timeout_s),
+        timeout=timedelta(seconds=settings.run.rank_timeout_s),
         **({"device_id": device} if device.type == "cuda" else {}),
     )
     return device

@@ -54,9 +54,12 @@ def settle(settings: Settings, manifest: Manifest, run_dir: Path, run_pass: RunP
     except (OSError, ValueError):  # finish says so
         return 0.0
     pending = sorted({m.name for r in reports for m in r.models if tuned_at_run_time(m)})
-    caches = settings.inductor_cache_dir, settings.triton_cache_dir
+    caches = (
+        settings.folders.inductor_cache_dir,
+        settings.folders.triton_cache_dir,
+    )
     number = 0
-    while pending and number < settings.model_settle_passes:
+    while pending and number < settings.models.settle_passes:
         number += 1
         before = _files(*caches)
         log.info("settle pass %d: %s, in fresh rank processes", number, ", ".join(pending))

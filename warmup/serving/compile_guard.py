@@ -134,9 +134,9 @@ def guard_from_settings(
     settings: Settings, metrics: ServingMetrics | None = None
 ) -> CompileGuard | None:
     """The guard ``settings.compile_guard`` asks for, not yet armed; None for "off"."""
-    if settings.compile_guard == "off":
+    if settings.serving.compile_guard == "off":
         return None
-    return CompileGuard(strict=settings.compile_guard == "strict", metrics=metrics)
+    return CompileGuard(strict=settings.serving.compile_guard == "strict", metrics=metrics)
 
 
 def _report(

@@ -167,9 +167,9 @@ def build_served(
     Dynamo while the preload's thread does could get a module half made). KeyError when the
     manifest declares no such model, ValueError when it cannot be built or fails at a
     shape."""
-    manifest = manifest or load_manifest(settings.manifest)
+    manifest = manifest or load_manifest(settings.paths.manifest)
     entry = manifest.model(name)
-    status = RunStatus.read(settings.status_file)
+    status = RunStatus.read(settings.paths.status_file)
     differ = mismatches(status, device)
     _report_mismatches(name, differ, metrics)
     cache_empty = _cache_empty(settings)  # before this process writes to it
@@ -211,8 +211,8 @@ def _tell_host(settings: Settings, device: Any) -> None:
 
     try:
         host = RankHost(fingerprint=detect_for(device).to_json(), triton_env=cache_env())
-        settings.metrics_dir.mkdir(parents=True, exist_ok=True)
-        host.write(settings.metrics_dir)
+        settings.paths.metrics_dir.mkdir(parents=True, exist_ok=True)
+        host.write(settings.paths.metrics_dir)
     except Exception as e:  # the harvest goes without: the next pod compiles again
         log.warning("this host's fingerprint not written for the harvest: %s", named(e))
 
@@ -340,7 +340,7 @@ def _cause(
     """Why priming compiled, from the init container's status: none, a run not finished,
     or what it says of the model (:func:`_warmup_said`); then the factors that differ."""
     if status is None:
-        why = f"no warmup status at {settings.status_file}"
+        why = f"no warmup status at {settings.paths.status_file}"
     elif status.state == RUNNING:
         why = "the warmup had not finished (its status says running)"
     else:
@@ -372,7 +372,7 @@ def _warmup_said(
     why = f"warmup restore: {restore}"
     if cache_empty:  # the warmup filled a cache folder this process does not see
         return (
-            f"{why}; the pod's Inductor cache {settings.inductor_cache_dir} held nothing "
+            f"{why}; the pod's Inductor cache {settings.folders.inductor_cache_dir} held nothing "
             "here: not the folder the warmup filled"
         )
     if restore.startswith("hit") or record.phase == "warm":  # the cache held the model
@@ -387,7 +387,7 @@ def _source(settings: Settings, status: RunStatus | None, name: str) -> str:
     """Where a restored prime's artifacts came from: the pod's Inductor cache, and what
     the init container put there (the volume's index it restored, with how many files,
     or its own compile)."""
-    cache = f"the pod's Inductor cache {settings.inductor_cache_dir}"
+    cache = f"the pod's Inductor cache {settings.folders.inductor_cache_dir}"
     record = _warmup_record(status, name)
     if status is None or record is None:
         return cache
@@ -416,7 +416,7 @@ def _index_files(
     lists; None when it cannot be read here (no volume mounted, no fingerprint)."""
     try:
         fingerprint = Fingerprint.from_json(status.fingerprint)
-        root = settings.paths.inductor
+        root = settings.paths.layout.inductor
         path = inductor_cache.index_path(root, record.name, record.key_digest, fingerprint)
         return len(inductor_cache.read_index(path)["files"]), path
     except (OSError, RegistryError):  # the line says less: the model is served all the same
@@ -434,7 +434,7 @@ def _key_digest(entry: ModelEntry) -> str:
 def _cache_empty(settings: Settings) -> bool:
     """Whether the pod's Inductor cache holds no file at all (read up to the first)."""
     try:
-        return next(inductor_cache.cache_files(settings.inductor_cache_dir), None) is None
+        return next(inductor_cache.cache_files(settings.folders.inductor_cache_dir), None) is None
     except OSError:  # a file gone while listed: not empty, as far as the cause goes
         return False
 
@@ -463,7 +463,7 @@ def use_inductor_cache(settings: Settings) -> None:
             jit,
         )
     os.environ.update({**wanted, "CUDA_CACHE_PATH": jit})
-    _static_launcher(settings.static_launcher == "on")
+    _static_launcher(settings.models.static_launcher == "on")
     coordesc.install()  # no coordinate-descent benchmark on a cache hit (torch 2.11)
 
 

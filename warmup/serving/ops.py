@@ -46,6 +46,7 @@ from registry.fingerprint import Fingerprint, detect_for
 from warmup.compiled.learned import Recorder
 from warmup.manifest import Manifest, ManifestError, load_manifest
 from warmup.results import ServerWarm
+from warmup.services import Services
 from warmup.serving.compile_guard import guard_from_settings
 from warmup.serving.metrics import ServingMetrics
 from warmup.serving.preload import Preload, declares_models
@@ -263,7 +264,7 @@ class ServingOp:
             self.kernel,
             self.served.key(1),
             self._fingerprint,
-            self._settings.match_policy,
+            self._settings.run.match_policy,
             free=BUCKET_FIELD,
         )
         return {m: entry.best for m, entry in layer.items()}
@@ -289,7 +290,7 @@ class ServingOp:
         return (
             f"No tuned {self.kernel} config for layer {layer} "
             f"on {self._fingerprint.gpu_slug()} (match policy "
-            f"{self._settings.match_policy.value}) in {self._store.root}; it holds {held} "
+            f"{self._settings.run.match_policy.value}) in {self._store.root}; it holds {held} "
             f"{self.kernel} entries for other layers or machines. Warm a manifest with this "
             "layer's shapes first, or pass on_missing='fallback' (counted per call)."
         )
@@ -297,7 +298,7 @@ class ServingOp:
 
 def _preload(settings: Settings) -> Preload | None:
     """The compiler's imports started now, when the manifest declares a model to serve."""
-    if settings.serving_preload and declares_models(settings.manifest):
+    if settings.serving.preload and declares_models(settings.paths.manifest):
         return Preload(settings)
     return None
 
@@ -314,17 +315,18 @@ class Serving:
         engines) must pass distinct ones, or they overwrite each other's file."""
         self.settings = settings or Settings()
         self.rank = _rank() if rank is None else rank
-        self.store = self.settings.store()
+        self.services = Services(self.settings)  # built once here: Serving() is an entry point
+        self.store = self.services.store()
         self.metrics = ServingMetrics(rank=self.rank)
         self.guard = guard_from_settings(self.settings, self.metrics)  # None when "off"
-        self.learned = Recorder(self.settings.metrics_dir, self.rank)
+        self.learned = Recorder(self.settings.paths.metrics_dir, self.rank)
         self.ops: list[ServingOp] = []
         self._exported: dict[tuple[int, int], int] = {}  # (op, source) -> calls exported
         self._lock = threading.RLock()  # ops list and table swaps: the follower vs op()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         # a server started again in the same pod is not warm until it says so again
-        ServerWarm.path(self.settings.metrics_dir, self.metrics.rank).unlink(missing_ok=True)
+        ServerWarm.path(self.settings.paths.metrics_dir, self.metrics.rank).unlink(missing_ok=True)
         self._manifest: Manifest | None = None
         self.preload = _preload(self.settings)  # the compiler's imports, beside the server's
         _warn_if_autotune_results_are_not_cached()
@@ -413,14 +415,14 @@ class Serving:
         from warmup.compiled.learned import shared_dims
 
         group = dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
-        steps = Lockstep(group, timeout_s=self.settings.rank_timeout_s)
-        return shared_dims(steps, self.settings.paths.learned, entry)
+        steps = Lockstep(group, timeout_s=self.settings.run.rank_timeout_s)
+        return shared_dims(steps, self.services.volume.learned, entry)
 
     def _declared(self) -> Manifest:
         """The settings' manifest, read once (each model and ``declare_warm`` ask it);
         :class:`ManifestError` or OSError while it cannot be read."""
         if self._manifest is None:
-            self._manifest = load_manifest(self.settings.manifest)
+            self._manifest = load_manifest(self.settings.paths.manifest)
         return self._manifest
 
     def declare_warm(self) -> None:
@@ -435,7 +437,7 @@ class Serving:
         except (ManifestError, OSError):
             digest = ""  # a server without a manifest: its ops only
         warm = ServerWarm(rank=str(self.metrics.rank), manifest_digest=digest, declared=time.time())
-        warm.write(self.settings.metrics_dir)
+        warm.write(self.settings.paths.metrics_dir)
 
     def refresh(self) -> int:
         """Check the registry now and swap in every op's new table that this rank may
@@ -480,14 +482,14 @@ class Serving:
                         self.metrics.calls.labels(*labels).inc(delta)
                         self._exported[(number, source)] = count
         try:
-            self.metrics.write(self.settings.metrics_dir)
+            self.metrics.write(self.settings.paths.metrics_dir)
         except OSError as e:
             log.warning("could not write the serving metrics file: %s", e)
 
     def close(self) -> None:
         """Stop the follower, write the metrics a last time, disarm the guard; this rank
         is no longer warm."""
-        ServerWarm.path(self.settings.metrics_dir, self.metrics.rank).unlink(missing_ok=True)
+        ServerWarm.path(self.settings.paths.metrics_dir, self.metrics.rank).unlink(missing_ok=True)
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
@@ -503,7 +505,7 @@ class Serving:
 
     def _follow(self) -> None:
         flushed = time.monotonic()
-        while not self._stop.wait(self.settings.serving_refresh_s):
+        while not self._stop.wait(self.settings.serving.refresh_s):
             try:
                 self.refresh()
             except Exception:  # the follower must outlive a bad generation

@@ -45,7 +45,7 @@ from registry.remote import RemoteTier
 from registry.store import Store
 from warmup.metrics import ServeMetrics
 from warmup.results import RunStatus
-from warmup.settings import Settings
+from warmup.services import Services
 from warmup.sidecar.harvest_families import FamilyHarvest
 from warmup.sidecar.harvest_host import host_of
 from warmup.sidecar.harvest_publish import Publisher
@@ -81,7 +81,7 @@ class Harvester:
 
     def __init__(
         self,
-        settings: Settings,
+        services: Services,
         metrics: ServeMetrics,
         *,
         remote: RemoteTier | None = None,
@@ -89,14 +89,15 @@ class Harvester:
         status: Callable[[], RunStatus | None] | None = None,
         store: Store | None = None,
     ) -> None:
-        self.settings = settings
+        self.services = services  # the sidecar's
+        self.settings = settings = services.settings
         self.metrics = metrics
         self.remote = remote
-        self.limits = limits or Limits(max_per_minute=settings.harvest_max_per_minute)
-        self._status = status or (lambda: RunStatus.read(settings.status_file))
+        self.limits = limits or Limits(max_per_minute=settings.sidecar.harvest_max_per_minute)
+        self._status = status or (lambda: RunStatus.read(settings.paths.status_file))
         self._store = store
         self.families = FamilyHarvest(
-            settings,
+            services,
             metrics,
             publisher=Publisher(remote),
             store=self._opened_store,
@@ -105,7 +106,7 @@ class Harvester:
         self.queue = HarvestQueue(
             max_per_minute=self.limits.max_per_minute,
             max_pending=self.limits.max_pending,
-            folders=settings.inductor_cache_dir,
+            folders=settings.folders.inductor_cache_dir,
             dropped=self.families.dropped,
         )
         self.watch = HarvestWatch(self.families.kind, self.offer)
@@ -124,7 +125,7 @@ class Harvester:
         # the server's metrics folder, made by the server: learned shapes also merge at
         # every save of the watched folders, so a folder not there yet loses nothing
         recursive = dict.fromkeys([*self.families.file_folders, *self.folders])
-        self.watch.start(recursive, flat=[self.settings.metrics_dir])
+        self.watch.start(recursive, flat=[self.settings.paths.metrics_dir])
         self._worker = threading.Thread(target=self._run, daemon=True, name="harvest")
         self._worker.start()
 
@@ -144,7 +145,7 @@ class Harvester:
         """Check and publish one entry now; its result (harvested, deduplicated,
         refused, seen: harvested already; waiting: the pod is not ready yet)."""
         status = self._status()
-        host = host_of(status, self.settings.metrics_dir)
+        host = host_of(status, self.settings.paths.metrics_dir)
         if status is None or host is None:
             return "waiting"
         if self.families.takes_one_by_one(kind):
@@ -163,7 +164,7 @@ class Harvester:
             return False
         self._ready_checked = now
         status = self._status()
-        self._was_ready = host_of(status, self.settings.metrics_dir) is not None
+        self._was_ready = host_of(status, self.settings.paths.metrics_dir) is not None
         if self._was_ready and status is not None and not status.fingerprint:
             self._catch_up()
         return self._was_ready
@@ -174,7 +175,7 @@ class Harvester:
         by one are offered as they are now, and the watched folders' save is due."""
         for folder in self.families.file_folders:
             self.watch.offer_present(folder)
-        self.offer(FOLDERS, self.settings.inductor_cache_dir)
+        self.offer(FOLDERS, self.settings.folders.inductor_cache_dir)
 
     # ---- the worker ---------------------------------------------------------------------
 
@@ -193,7 +194,7 @@ class Harvester:
 
     def _opened_store(self) -> Store:
         if self._store is None:  # one: a store clears killed writers' debris once
-            self._store = self.settings.store()
+            self._store = self.services.store()
         return self._store
 
 

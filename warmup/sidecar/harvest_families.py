@@ -30,7 +30,7 @@ from warmup.compiled import learned
 from warmup.manifest import Manifest, ManifestError, load_manifest
 from warmup.metrics import ServeMetrics
 from warmup.results import RunStatus
-from warmup.settings import Settings
+from warmup.services import Services
 from warmup.sidecar.harvest_host import HarvestHost, record_host
 from warmup.sidecar.harvest_publish import Publisher
 from warmup.sidecar.harvest_queue import FOLDERS
@@ -46,19 +46,20 @@ class FamilyHarvest:
 
     def __init__(
         self,
-        settings: Settings,
+        services: Services,
         metrics: ServeMetrics,
         *,
         publisher: Publisher,
         store: Callable[[], Store],
         limits: FileLimits,
     ) -> None:
-        self.settings = settings
+        self.services = services
+        self.settings = settings = services.settings
         self.metrics = metrics
         self.publisher = publisher
         self.store = store
         self.limits = limits
-        self.learned_dir = settings.metrics_dir
+        self.learned_dir = settings.paths.metrics_dir
         self.families = families.every()
         self._owners = {kind: f for f in self.families for kind in f.file_kinds}
         self._done: OrderedDict[str, Stat] = OrderedDict()  # harvested: path -> its stat key
@@ -72,13 +73,13 @@ class FamilyHarvest:
     @functools.cached_property
     def scope(self) -> Scope:
         """The families' scope for this pod's manifest, no host yet (read once)."""
-        where = warm_families.scope(self.settings, self.manifest(), models=False)
+        where = warm_families.scope(self.services, self.manifest(), models=False)
         return replace(where, store=self.store)
 
     @functools.cached_property
     def folders(self) -> list[Path]:
         """Every family's watched folders (the Inductor cache whatever it declares)."""
-        found = {self.settings.inductor_cache_dir}
+        found = {self.settings.folders.inductor_cache_dir}
         for family in self.families:
             found.update(family.watched(self.scope))
         return sorted(found)
@@ -109,10 +110,10 @@ class FamilyHarvest:
         self.count(self._label(kind), "dropped")
 
     def manifest(self) -> Manifest | None:
-        if not self.settings.manifest.exists():
+        if not self.settings.paths.manifest.exists():
             return None  # the sidecar says so itself; the Inductor cache is still kept
         try:
-            return load_manifest(self.settings.manifest)
+            return load_manifest(self.settings.paths.manifest)
         except (ManifestError, OSError) as e:
             log.warning("harvest: the manifest is unreadable, no declared folder kept: %s", e)
             return None
@@ -154,7 +155,7 @@ class FamilyHarvest:
         manifest = self.manifest()
         if manifest is not None:
             try:
-                new_files += learned.merge(self.learned_dir, self.settings.paths.learned, manifest)
+                new_files += learned.merge(self.learned_dir, self.services.volume.learned, manifest)
             except OSError as e:
                 log.warning("harvest: learned shapes not merged: %s", e)
         warmed = tuple(
@@ -163,7 +164,7 @@ class FamilyHarvest:
             if model.rank == 0 and model.key_digest and not model.failed
         )
         where = warm_families.scope(
-            self.settings, manifest, triton_env=host.triton_env, models=False
+            self.services, manifest, triton_env=host.triton_env, models=False
         )
         where = replace(where, fingerprint=host.fingerprint, models=warmed, remote=self.remote)
         for moved in warm_families.harvest(where):
@@ -173,7 +174,7 @@ class FamilyHarvest:
                 )
                 self.count(moved.family, result, moved.bytes)
                 new_files += moved.copied
-        record_host(status, host, self.learned_dir, self.settings.paths.hosts, self.remote)
+        record_host(status, host, self.learned_dir, self.services.volume.hosts, self.remote)
         return "harvested" if new_files else "deduplicated"
 
     # ---- metrics ------------------------------------------------------------------------

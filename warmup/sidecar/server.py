@@ -28,12 +28,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from registry import RegistryError, bundle, families
 from registry.errors import BundleRejected
 from registry.fingerprint import Fingerprint
-from registry.remote import RemoteTier
 from registry.signing import announce
 from warmup.compiled.reload import restore_installed
 from warmup.manifest import ManifestError, load_manifest
 from warmup.metrics import ServeMetrics, TextFileCollector, TextFolderCollector
 from warmup.results import RunStatus, ServerWarm
+from warmup.services import Services
 from warmup.settings import Settings
 from warmup.sidecar.harvest import Harvester
 from warmup.sidecar.probe_server import Answer, Limits, Pool, ProbeServer, SidecarError
@@ -57,31 +57,35 @@ class Sidecar:
     }
 
     def __init__(self, settings: Settings, metrics: ServeMetrics | None = None) -> None:
+        # ``serve``'s services, built once here: the sidecar is an entry point
+        self.services = Services(settings, check_interval=1.0)
         self.settings = settings
         self.metrics = metrics or ServeMetrics()
-        self.metrics.registry.register(TextFileCollector(settings.run_metrics_file))
+        self.metrics.registry.register(TextFileCollector(settings.paths.run_metrics_file))
         self.metrics.registry.register(
-            TextFolderCollector(settings.metrics_dir, exclude=[settings.run_metrics_file])
+            TextFolderCollector(
+                settings.paths.metrics_dir, exclude=[settings.paths.run_metrics_file]
+            )
         )
-        self.store = settings.store(check_interval=1.0)
-        self._trust = settings.trust()  # a keys folder it cannot use fails the start (exit 2)
+        self.store = self.services.store()
+        self._trust = self.services.trust  # a keys folder it cannot use fails the start (exit 2)
         self.watcher = BundleWatcher(
-            settings.bundle_dir,
+            settings.paths.bundle_dir,
             self.install_bundle,
-            debounce_s=settings.reload_debounce_s,
-            retry_on=[settings.status_file],  # a warmup records the fingerprint installs need
+            debounce_s=settings.sidecar.reload_debounce_s,
+            retry_on=[settings.paths.status_file],  # a warmup records the fingerprint installs need
             on_result=lambda r: self.metrics.bundle_reloads.labels(r).inc(),
             on_scan=self.metrics.bundle_scans.inc,
         )
         self.harvester = (
             Harvester(
-                settings,
+                self.services,
                 self.metrics,
-                remote=_remote(settings),
+                remote=self.services.remote_or_none("harvest: no remote tier"),
                 status=self._status,
                 store=self.store,
             )
-            if settings.harvest
+            if settings.sidecar.harvest
             else None
         )
         self._manifest = ByStat(_manifest_digest)  # its digest or its errors
@@ -99,7 +103,7 @@ class Sidecar:
             digest = self._manifest_digest()
         except ManifestError as e:
             return self._not_ready("manifest is invalid", errors=e.errors)
-        path = self.settings.status_file
+        path = self.settings.paths.status_file
         there, status = self._status_file.get(path)  # there: its stat key
         if status is None and there is not None:
             return self._not_ready(
@@ -131,10 +135,10 @@ class Sidecar:
         """Why the server is not warm yet ('' when it is, or when readiness does not
         wait for it): fewer than ``ready_after_server`` of its ranks declared themselves
         warm for this manifest."""
-        wanted = self.settings.ready_after_server
+        wanted = self.settings.sidecar.ready_after_server
         if not wanted:
             return ""
-        warm = ServerWarm.read_all(self.settings.metrics_dir)
+        warm = ServerWarm.read_all(self.settings.paths.metrics_dir)
         ranks = {w.rank for w in warm if w.manifest_digest == digest}
         if len(ranks) >= wanted:
             return ""
@@ -163,13 +167,13 @@ class Sidecar:
         return False, {"ready": False, "reason": reason, **details}
 
     def _manifest_digest(self) -> str:
-        found = self._manifest.get(self.settings.manifest)[1]
+        found = self._manifest.get(self.settings.paths.manifest)[1]
         if isinstance(found, ManifestError):
             raise ManifestError(found.source, found.errors)  # a fresh one: no growing traceback
         return found
 
     def _status(self) -> RunStatus | None:
-        return self._status_file.get(self.settings.status_file)[1]
+        return self._status_file.get(self.settings.paths.status_file)[1]
 
     def metrics_text(self) -> bytes:
         """The metrics, rendered once for concurrent scrapes: a scrape that arrives while
@@ -210,7 +214,7 @@ class Sidecar:
             log.info("bundle %s: installed before, as %s; not again", path, done)
             return "installed"
         try:
-            trust = self.settings.trust()  # read again: a Secret's keys rotate in place
+            trust = self.services.reload_trust()  # read again: a Secret's keys rotate in place
         except RegistryError as e:
             log.error("bundle %s deferred: the trusted keys cannot be read: %s", path, e)
             return "deferred"
@@ -220,8 +224,8 @@ class Sidecar:
                 self.store,
                 trust=trust,
                 expect=expect,
-                policy=self.settings.match_policy,
-                roots=bundle.on_volume(self.settings.volume),
+                policy=self.settings.run.match_policy,
+                roots=bundle.on_volume(self.settings.paths.volume),
             )
         except BundleRejected as e:
             log.error("rejected %s: %s", path, e)
@@ -240,8 +244,8 @@ class Sidecar:
         if not indexes:
             return
         try:
-            models = load_manifest(self.settings.manifest).models
-            done = restore_installed(self.settings, models, fingerprint, indexes)
+            models = load_manifest(self.settings.paths.manifest).models
+            done = restore_installed(self.services, models, fingerprint, indexes)
         except Exception as e:  # the bundle is installed: this costs compiles, not it
             log.warning("compiled models not reloaded from the bundle: %s", e)
             return
@@ -268,8 +272,8 @@ class Sidecar:
         """Serve in a background thread, read the manifest, and start the watcher;
         returns the bound port."""
         bind = (
-            host if host is not None else self.settings.metrics_host,
-            port if port is not None else self.settings.metrics_port,
+            host if host is not None else self.settings.sidecar.host,
+            port if port is not None else self.settings.sidecar.port,
         )
         try:
             self._http = ProbeServer(
@@ -306,7 +310,7 @@ class Sidecar:
         ``current``) before the first install; a store it cannot write is served as is."""
         try:
             self.store.recover()
-            bundle.remove_stale_stages(self.settings.volume)  # .bundle-*, .tmp-*
+            bundle.remove_stale_stages(self.settings.paths.volume)  # .bundle-*, .tmp-*
         except (OSError, RegistryError) as e:
             log.warning("registry %s not recovered: %s", self.store.root, e)
 
@@ -352,16 +356,6 @@ class ByStat(Generic[T]):
             if self._held is None or self._held[0] != key or key is None:
                 self._held = key, self._parse(path)
             return self._held
-
-
-def _remote(settings: Settings) -> RemoteTier | None:
-    """The remote tier harvests publish to; None when there is none or it cannot be used
-    (logged: harvests go to the volume only)."""
-    try:
-        return settings.remote()
-    except RegistryError as e:
-        log.warning("harvest: no remote tier: %s", e)
-        return None
 
 
 def _read_status(path: Path) -> RunStatus | None:  # looked up per parse: patchable

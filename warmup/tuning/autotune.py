@@ -149,9 +149,10 @@ class AutotunedFunction:
 
     def store(self) -> Store:
         if self._store is None:
+            from warmup.services import Services  # a decorator's first call: its entry point
             from warmup.settings import Settings
 
-            self._store = Settings().store()
+            self._store = Services(Settings()).store()
         return self._store
 
     def fingerprint(self, device: Any = "cpu") -> Fingerprint:

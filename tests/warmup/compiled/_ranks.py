@@ -16,6 +16,7 @@ import torch.distributed as dist
 from registry.fingerprint import cpu_fingerprint
 from warmup.compiled.warm import warm_models
 from warmup.manifest import parse_manifest
+from warmup.services import Services
 from warmup.settings import Settings
 
 MANIFEST = """\
@@ -40,7 +41,7 @@ def main(out: Path) -> None:
     settings = Settings(volume=out / "volume", work_dir=out / f"work-{rank}", rank_timeout_s=20)
     results = warm_models(
         parse_manifest(MANIFEST).models,
-        settings,
+        Services(settings, run=True),
         rank=rank,
         group=dist.group.WORLD,
         device=torch.device("cpu"),

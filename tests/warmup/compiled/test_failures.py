@@ -16,6 +16,7 @@ from warmup.cli import main
 from warmup.compiled.warm import warm_models
 from warmup.manifest import ManifestError, parse_manifest
 from warmup.results import ModelResult, RunStatus
+from warmup.services import Services
 
 MODELS = "tests.warmup.compiled.models"
 
@@ -38,7 +39,7 @@ def warm_with(settings, text: str, progress=None) -> list[ModelResult]:
     return list(
         warm_models(
             parse_manifest(text).models,
-            settings,
+            Services(settings, run=True),
             rank=0,
             group=None,
             device=torch.device("cpu"),
@@ -148,11 +149,16 @@ def test_a_fleet_compiles_a_model_once_a_waiting_pod_restores_it(tmp_path, monke
     results: dict[str, ModelResult] = {}
     pods = {name: settings_for(tmp_path / name, volume=tmp_path / "volume") for name in "ab"}
     for name, settings in pods.items():
-        monkeypatch.setenv(f"FAKE_CACHE_{name}", str(settings.inductor_cache_dir))
+        monkeypatch.setenv(f"FAKE_CACHE_{name}", str(settings.folders.inductor_cache_dir))
 
     def pod(name: str) -> None:
         [results[name]] = warm_models(
-            [model], pods[name], rank=0, group=None, device="cpu", fingerprint=cpu_fingerprint()
+            [model],
+            Services(pods[name], run=True),
+            rank=0,
+            group=None,
+            device="cpu",
+            fingerprint=cpu_fingerprint(),
         )
 
     compiling = threading.Event()  # B starts once A compiles: a pod builds before it restores
@@ -218,9 +224,14 @@ def test_a_restore_that_was_not_whole_is_stored_again(tmp_path, monkeypatch):
 
     def pod(name: str) -> ModelResult:
         settings = settings_for(tmp_path / name, volume=tmp_path / "volume")
-        monkeypatch.setenv("FAKE_CACHE", str(settings.inductor_cache_dir))
+        monkeypatch.setenv("FAKE_CACHE", str(settings.folders.inductor_cache_dir))
         [result] = warm_models(
-            [model], settings, rank=0, group=None, device="cpu", fingerprint=cpu_fingerprint()
+            [model],
+            Services(settings, run=True),
+            rank=0,
+            group=None,
+            device="cpu",
+            fingerprint=cpu_fingerprint(),
         )
         return result
 

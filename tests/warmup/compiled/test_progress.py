@@ -16,6 +16,7 @@ from tests.warmup.compiled.test_failures import warm_with
 from warmup.compiled import warm
 from warmup.compiled.progress import ModelStep, model_progress_printer
 from warmup.manifest import parse_manifest
+from warmup.services import Services
 
 MODELS = "tests.warmup.compiled.models"
 
@@ -113,7 +114,9 @@ def test_a_miss_says_why_the_remote_tier_did_not_fill_it(tmp_path, monkeypatch, 
     monkeypatch.setattr(warm.remote_models, "fetch", fetch)
     [model] = parse_manifest(manifest("doubles")).models
     key = warm.model_key(model)
-    stored = warm._Artifacts(model, key, settings_for(tmp_path), cpu_fingerprint(), tier)
+    stored = warm._Artifacts(
+        model, key, Services(settings_for(tmp_path), run=True), cpu_fingerprint(), tier
+    )
     assert stored.restore() == {"restore": f"miss: no artifacts of model m are stored; {why}"}
 
 

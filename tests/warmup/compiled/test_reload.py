@@ -11,6 +11,7 @@ from tests.warmup.compiled.models import manifest
 from warmup.compiled import reload
 from warmup.compiled.key import model_key
 from warmup.manifest import parse_manifest
+from warmup.services import Services
 
 FP = cpu_fingerprint()
 MANIFEST = parse_manifest(
@@ -20,11 +21,11 @@ MANIFEST = parse_manifest(
 
 def installed(settings, name: str) -> str:
     model = MANIFEST.model(name)
-    cache = settings.work_dir / f"made-{name}"
+    cache = settings.paths.work_dir / f"made-{name}"
     (cache / "fxgraph").mkdir(parents=True)
     (cache / "fxgraph" / name).write_bytes(name.encode())
     digest = model_key(model).digest
-    root = settings.paths.inductor
+    root = settings.paths.layout.inductor
     inductor_cache.save(cache, root, model=name, key_digest=digest, key={}, fingerprint=FP)
     return inductor_cache.index_path(root, name, digest, FP).relative_to(root).as_posix()
 
@@ -32,10 +33,10 @@ def installed(settings, name: str) -> str:
 def test_each_declared_model_a_bundle_brought_is_restored(tmp_path):
     settings = settings_for(tmp_path)
     indexes = [installed(settings, "first"), installed(settings, "second")]
-    done = reload.restore_installed(settings, MANIFEST.models, FP, indexes[:1])
+    done = reload.restore_installed(Services(settings), MANIFEST.models, FP, indexes[:1])
     assert list(done) == ["first"] and done["first"].copied == 1
-    assert (settings.inductor_cache_dir / "fxgraph" / "first").read_bytes() == b"first"
-    assert not (settings.inductor_cache_dir / "fxgraph" / "second").exists()
+    assert (settings.folders.inductor_cache_dir / "fxgraph" / "first").read_bytes() == b"first"
+    assert not (settings.folders.inductor_cache_dir / "fxgraph" / "second").exists()
 
 
 def test_a_model_whose_key_raises_costs_only_itself(tmp_path, monkeypatch, caplog):
@@ -48,11 +49,14 @@ def test_a_model_whose_key_raises_costs_only_itself(tmp_path, monkeypatch, caplo
         return model_key(model)
 
     monkeypatch.setattr(reload, "model_key", key)
-    done = reload.restore_installed(settings, MANIFEST.models, FP, indexes)
+    done = reload.restore_installed(Services(settings), MANIFEST.models, FP, indexes)
     assert list(done) == ["second"] and "its package's __init__ raised" in caplog.text
 
 
 def test_an_index_for_another_node_is_left_on_the_volume(tmp_path):
     settings = settings_for(tmp_path)
     indexes = [installed(settings, "first")]
-    assert reload.restore_installed(settings, MANIFEST.models, gpu_fingerprint(), indexes) == {}
+    assert (
+        reload.restore_installed(Services(settings), MANIFEST.models, gpu_fingerprint(), indexes)
+        == {}
+    )

@@ -11,6 +11,7 @@ from tests.registry.test_bundle_indexed import FILES
 from tests.registry.test_redis_outage import redis  # noqa: F401  (a module fixture)
 from warmup.compiled import warm
 from warmup.compiled.key import ModelKey
+from warmup.services import Services
 
 FP = cpu_fingerprint()
 
@@ -29,13 +30,14 @@ def test_the_warm_restores_from_the_remote_tier_and_publishes_what_it_stores(
     model = type("Model", (), {"name": "mlp"})()
     a, b = settings_for(tmp_path / "a"), settings_for(tmp_path / "b")
     for rel, data in FILES.items():
-        (a.inductor_cache_dir / rel).parent.mkdir(parents=True, exist_ok=True)
-        (a.inductor_cache_dir / rel).write_bytes(data)
-    stored = warm._Artifacts(model, key, a, FP, tier(server.url))
+        (a.folders.inductor_cache_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+        (a.folders.inductor_cache_dir / rel).write_bytes(data)
+    stored = warm._Artifacts(model, key, Services(a, run=True), FP, tier(server.url))
     assert stored.save() == {"stored_artifacts": len(FILES)}
-    assert warm._Artifacts(model, key, b, FP, None).restore()["restore"].startswith("miss")
-    assert warm._Artifacts(model, key, b, FP, tier(server.url)).restore() == {"restore": "hit"}
-    pod = b.inductor_cache_dir
+    on_b = Services(b, run=True)
+    assert warm._Artifacts(model, key, on_b, FP, None).restore()["restore"].startswith("miss")
+    assert warm._Artifacts(model, key, on_b, FP, tier(server.url)).restore() == {"restore": "hit"}
+    pod = b.folders.inductor_cache_dir
     assert {
         p.relative_to(pod).as_posix(): p.read_bytes() for p in pod.rglob("*") if p.is_file()
     } == FILES

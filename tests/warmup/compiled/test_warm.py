@@ -18,6 +18,7 @@ from tests.warmup.compiled.models import manifest
 from warmup.cli import main
 from warmup.manifest import load_manifest
 from warmup.run.launch import run
+from warmup.services import Services
 
 ROOT = Path(__file__).resolve().parents[3]
 MLP = manifest(("mlp", "mlp", "{batch: [1, 2], seq: 3}"))
@@ -137,18 +138,18 @@ def test_a_first_pod_leaves_its_models_to_the_server_and_the_next_pod_is_a_full_
     [model] = first.models
     assert model.phase == "deferred" and model.counts == {}  # nothing built or run here
     assert model.restore.startswith("miss: no artifacts of model mlp")
-    served = serve(settings.work_dir, settings.manifest, "mlp")
+    served = serve(settings.paths.work_dir, settings.paths.manifest, "mlp")
     assert served["primed"] == "compiled"
     assert (
-        Harvester(settings, ServeMetrics(CollectorRegistry())).harvest(
-            "inductor", settings.inductor_cache_dir
+        Harvester(Services(settings), ServeMetrics(CollectorRegistry())).harvest(
+            "inductor", settings.folders.inductor_cache_dir
         )
         == "harvested"
     )
     nxt = settings.updated(work_dir=tmp_path / "next-pod")
-    status = run(nxt, load_manifest(settings.manifest))
+    status = run(nxt, load_manifest(settings.paths.manifest))
     assert status.full_hit and [m.phase for m in status.models] == ["restored"]
-    assert serve(nxt.work_dir, settings.manifest, "mlp")["primed"] == "restored"
+    assert serve(nxt.paths.work_dir, settings.paths.manifest, "mlp")["primed"] == "restored"
 
 
 def test_a_first_pod_of_models_only_starts_no_rank_and_its_server_tells_the_host(
@@ -170,20 +171,25 @@ def test_a_first_pod_of_models_only_starts_no_rank_and_its_server_tells_the_host
     assert first.ready and first.fingerprint is None and first.probe, first.failures
     assert set(first.phases) == {"imports", "restore"}  # no rank was started
     assert [m.phase for m in first.models] == ["deferred"]
-    harvester = Harvester(settings, ServeMetrics(CollectorRegistry()))
-    assert harvester.harvest("inductor", settings.inductor_cache_dir) == "waiting"
+    harvester = Harvester(Services(settings), ServeMetrics(CollectorRegistry()))
+    assert harvester.harvest("inductor", settings.folders.inductor_cache_dir) == "waiting"
     monkeypatch.setattr(harvest_queue, "INDUCTOR_QUIET_S", 0.5)
     harvester.start()  # the sidecar's: it hears what the server compiles as it does
     try:
-        assert serve(settings.work_dir, settings.manifest, "mlp")["primed"] == "compiled"
-        told = RankHost.read(settings.metrics_dir)
+        assert (
+            serve(settings.paths.work_dir, settings.paths.manifest, "mlp")["primed"] == "compiled"
+        )
+        told = RankHost.read(settings.paths.metrics_dir)
         assert told is not None and told.fingerprint["hardware"]["gpu_name"] == "cpu"
         probe = hosts.Probe.from_json(first.probe)
-        assert wait_for(lambda: hosts.read_record(settings.paths.hosts, probe), timeout=60)
+        assert wait_for(lambda: hosts.read_record(settings.paths.layout.hosts, probe), timeout=60)
     finally:
         harvester.stop()
-    assert hosts.read_record(settings.paths.hosts, probe).fingerprint.to_json() == told.fingerprint
+    assert (
+        hosts.read_record(settings.paths.layout.hosts, probe).fingerprint.to_json()
+        == told.fingerprint
+    )
     nxt = settings.updated(work_dir=tmp_path / "next-pod")
-    status = run(nxt, load_manifest(settings.manifest))
+    status = run(nxt, load_manifest(settings.paths.manifest))
     assert status.full_hit and [m.phase for m in status.models] == ["restored"]
-    assert serve(nxt.work_dir, settings.manifest, "mlp")["primed"] == "restored"
+    assert serve(nxt.paths.work_dir, settings.paths.manifest, "mlp")["primed"] == "restored"

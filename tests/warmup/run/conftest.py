@@ -18,9 +18,9 @@ def torchrun_rank(monkeypatch: pytest.MonkeyPatch) -> Callable[[Settings, int], 
         for name, value in {
             "RANK": "0",
             "WORLD_SIZE": str(world),
-            "TRITON_WARMUP_VOLUME": str(settings.volume),
-            "TRITON_WARMUP_WORK_DIR": str(settings.work_dir),
-            "TRITON_WARMUP_MANIFEST": str(settings.manifest),
+            "TRITON_WARMUP_VOLUME": str(settings.paths.volume),
+            "TRITON_WARMUP_WORK_DIR": str(settings.paths.work_dir),
+            "TRITON_WARMUP_MANIFEST": str(settings.paths.manifest),
             "TRITON_WARMUP_DEVICE": "cpu",
         }.items():
             monkeypatch.setenv(name, value)

@@ -15,6 +15,7 @@ from tests.conftest import DEMO, settings_for, write_manifest
 from warmup.manifest import load_manifest
 from warmup.results import RankFailure, RankReport, RunStatus
 from warmup.run.aggregate import RunRecord, _save_caches, finish
+from warmup.services import Services
 
 MANIFEST = """
 version: 1
@@ -31,7 +32,11 @@ def _two_empty_reports(tmp_path):
         RankReport(rank=rank, world=2).write(run_dir)
     settings = settings_for(tmp_path)
     return RunRecord(
-        settings=settings, manifest=load_manifest(DEMO), run_dir=run_dir, world=2, started=0.0
+        services=Services(settings),
+        manifest=load_manifest(DEMO),
+        run_dir=run_dir,
+        world=2,
+        started=0.0,
     )
 
 
@@ -45,7 +50,7 @@ def test_ranks_that_warmed_fewer_shapes_than_the_manifest_are_not_ready(tmp_path
     ]
     status = finish(replace(record, run_dir=tmp_path / "empty"))
     assert status.failures == ["rank 0 reported nothing", "rank 1 reported nothing"]
-    assert RunStatus.read(record.settings.status_file) == status
+    assert RunStatus.read(record.settings.paths.status_file) == status
 
 
 def test_the_ranks_exit_is_timed_from_their_reports_on_the_pod_s_clock(tmp_path):
@@ -77,7 +82,9 @@ def test_what_the_launcher_saw_reaches_the_status_and_the_metrics(tmp_path):
     assert "save" in status.phases  # the aggregation's own, beside the launcher's
     found = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(record.settings.run_metrics_file.read_text())
+        for family in text_string_to_metric_families(
+            record.settings.paths.run_metrics_file.read_text()
+        )
         for s in family.samples
     }
     assert found["triton_warmup_run_recovered_total", (("what", "temp_files"),)] == 2
@@ -89,12 +96,12 @@ def test_the_runs_end_saves_a_declared_folder_and_restores_it_for_the_next_pod(t
     text = MANIFEST + f'caches:\n  - {{name: vllm, path: "{engine}", key: "qwen tp1"}}\n'
     manifest = load_manifest(write_manifest(tmp_path / "m.yaml", text))
     settings = settings_for(tmp_path)
-    settings.paths.registry.mkdir(parents=True)
+    settings.paths.layout.registry.mkdir(parents=True)
     (engine / "compiled").mkdir(parents=True)
     (engine / "compiled" / "graph.py").write_bytes(b"made by the engine")
     report = SimpleNamespace(fingerprint=cpu_fingerprint().to_json())
-    saved = _save_caches(settings, manifest, [report])
+    saved = _save_caches(Services(settings, run=True), manifest, [report])
     assert saved.copied == 1
     shutil.rmtree(engine)  # the next pod: a fresh folder
-    _save_caches(settings, manifest, [report])
+    _save_caches(Services(settings, run=True), manifest, [report])
     assert (engine / "compiled" / "graph.py").read_bytes() == b"made by the engine"

@@ -15,6 +15,7 @@ from warmup.cli import main as cli_main
 from warmup.manifest import ManifestError, load_manifest
 from warmup.run import checks, session
 from warmup.run.checks import Caller, RunError, checked, listed_device, lock_backend
+from warmup.services import Services
 from warmup.settings import Settings
 
 MANIFEST = """
@@ -46,33 +47,33 @@ def test_the_checks_fail_in_one_order_each_fix_reaching_the_next(tmp_path, monke
             raise RunError("the device step")
         return "cpu"
 
-    def unusable(self: Settings, **options: object) -> None:
+    def unusable(self: Services) -> None:
         raise RegistryError("no tier here")
 
-    monkeypatch.setattr(Settings, "remote", unusable)
+    monkeypatch.setattr(Services, "remote", property(unusable))
     caller = Caller("m.yaml", no_device, volume_fix="make the volume")
     with pytest.raises(MissingFolder, match="make the volume"):  # 1. the volume
-        checked(settings, manifest, 3, caller)
-    settings.volume.mkdir()
+        checked(Services(settings, run=True), manifest, 3, caller)
+    settings.paths.volume.mkdir()
     with pytest.raises(ManifestError, match="no entry for world size 3"):  # 2. the world
-        checked(settings, manifest, 3, caller)
+        checked(Services(settings, run=True), manifest, 3, caller)
     with pytest.raises(ManifestError, match="other_world_sizes is 'fail'"):  # 3. the others
-        checked(settings, manifest, 1, caller)
-    settings = settings.model_copy(update={"other_world_sizes": "degraded"})
+        checked(Services(settings, run=True), manifest, 1, caller)
+    settings = settings.updated(other_world_sizes="degraded")
     with pytest.raises(RunError, match="the device step"):  # 4. the device
-        checked(settings, manifest, 1, caller)
+        checked(Services(settings, run=True), manifest, 1, caller)
     devices.append("cpu")
     with pytest.raises(ManifestError, match=r"entries.1.kernel: .*not_there"):  # 5. kernels
-        checked(settings, manifest, 1, caller)
+        checked(Services(settings, run=True), manifest, 1, caller)
     later = Caller("m.yaml", no_device, volume_fix=None, kernels_later=True)  # the launcher's
     with pytest.raises(RunError, match="TRITON_WARMUP_REMOTE_URL: no tier here"):  # 6. remote
-        checked(settings, manifest, 1, later)
+        checked(Services(settings, run=True), manifest, 1, later)
     monkeypatch.undo()
     with pytest.raises(RunError, match="unreachable"):  # 7. the lock server
-        checked(settings, manifest, 1, later)
-    fallback = settings.model_copy(update={"lock_fallback": "file"})
-    done = checked(fallback, manifest, 1, later)
-    assert done.device == "cpu" and done.settings.lock_url == str(settings.paths.locks)
+        checked(Services(settings, run=True), manifest, 1, later)
+    fallback = settings.updated(lock_fallback="file")
+    done = checked(Services(fallback, run=True), manifest, 1, later)
+    assert done.device == "cpu" and done.settings.locks.url == str(settings.paths.layout.locks)
 
 
 def test_no_entry_for_the_world_and_no_volume_fail_first_on_the_volume_everywhere(
@@ -81,9 +82,17 @@ def test_no_entry_for_the_world_and_no_volume_fail_first_on_the_volume_everywher
     """The same first error from ``triton-warmup run``, a torchrun rank and ``warm()``:
     the volume, each in its caller's words; with the volume there, the world size."""
     settings = settings_for(isolated / "pod")  # DEMO: entries for 2 ranks, not 1 or 3
-    run = ["run", "--world-size", "3", "--manifest", str(DEMO), "--volume", str(settings.volume)]
+    run = [
+        "run",
+        "--world-size",
+        "3",
+        "--manifest",
+        str(DEMO),
+        "--volume",
+        str(settings.paths.volume),
+    ]
     torchrun_rank(settings, 1)
-    missing = f"volume '{settings.volume}' does not exist"
+    missing = f"volume '{settings.paths.volume}' does not exist"
 
     assert cli_main(run) == 2
     assert missing in capsys.readouterr().err
@@ -92,14 +101,14 @@ def test_no_entry_for_the_world_and_no_volume_fail_first_on_the_volume_everywher
     with pytest.raises(MissingFolder, match=missing):
         warmup.warm(DEMO, settings)
 
-    settings.volume.mkdir(parents=True)
+    settings.paths.volume.mkdir(parents=True)
     assert cli_main(run) == 2
     assert "no entry for world size 3" in capsys.readouterr().err
     assert session.main() == 2
     assert "no entry for world size 1" in capsys.readouterr().err
     with pytest.raises(ManifestError, match="no entry for world size 1"):
         warmup.warm(DEMO, settings)
-    assert not settings.work_dir.exists()  # nothing written by any of them
+    assert not settings.paths.work_dir.exists()  # nothing written by any of them
 
 
 def test_the_launcher_counts_the_gpus_the_driver_lists(tmp_path, monkeypatch):
@@ -120,15 +129,20 @@ def test_a_lock_server_that_does_not_answer_is_one_clear_error_or_a_fallback(tmp
     manifest = write_manifest(tmp_path / "m.yaml", MANIFEST)
     settings = settings_for(tmp_path, manifest=manifest, lock_url=NOBODY)
     with pytest.raises(RunError, match=r"lock server redis://127.0.0.1:1/0 unreachable"):
-        lock_backend(settings, load_manifest(manifest), 1)
-    fallback = settings.model_copy(update={"lock_fallback": "file"})
-    chosen = lock_backend(fallback, load_manifest(manifest), 1)
-    assert chosen.lock_url == str(settings.paths.locks)
-    assert chosen.remote_url == "off"  # the tier that followed the lock server goes with it
+        lock_backend(Services(settings, run=True), load_manifest(manifest), 1)
+    fallback = settings.updated(lock_fallback="file")
+    chosen = lock_backend(Services(fallback, run=True), load_manifest(manifest), 1)
+    assert chosen.settings.locks.url == str(settings.paths.layout.locks)
+    assert (
+        chosen.settings.remote.url == "off"
+    )  # the tier that followed the lock server goes with it
     given = settings_for(
         tmp_path, manifest=manifest, lock_url=NOBODY, remote_url=NOBODY, lock_fallback="file"
     )
-    assert lock_backend(given, load_manifest(manifest), 1).remote_url == NOBODY  # as given
+    assert (
+        lock_backend(Services(given, run=True), load_manifest(manifest), 1).settings.remote.url
+        == NOBODY
+    )  # as given
 
 
 def test_warm_in_process_checks_the_lock_server_before_warming(tmp_path):
@@ -136,7 +150,7 @@ def test_warm_in_process_checks_the_lock_server_before_warming(tmp_path):
     settings = settings_for(tmp_path, manifest=manifest, lock_url=NOBODY, create_volume=True)
     with pytest.raises(RunError, match="unreachable"):  # once: each shape waited its timeout
         warmup.warm(manifest, settings)
-    assert not settings.status_file.exists()
+    assert not settings.paths.status_file.exists()
 
 
 def test_warm_and_a_torchrun_rank_make_no_volume_nobody_asked_for(tmp_path, capsys, torchrun_rank):
@@ -145,19 +159,19 @@ def test_warm_and_a_torchrun_rank_make_no_volume_nobody_asked_for(tmp_path, caps
     with pytest.raises(MissingFolder, match=r"pass Settings\(create_volume=True\)") as info:
         warmup.warm(manifest, settings)
     assert "--create-volume" not in str(info.value)  # a Python caller's words, not a flag
-    assert not settings.volume.exists() and not settings.work_dir.exists()
+    assert not settings.paths.volume.exists() and not settings.paths.work_dir.exists()
     torchrun_rank(settings, 1)
     assert session.main() == 2
     err = capsys.readouterr().err
     assert "volume" in err and "TRITON_WARMUP_CREATE_VOLUME=true" in err
-    assert not settings.volume.exists() and not settings.work_dir.exists()
+    assert not settings.paths.volume.exists() and not settings.paths.work_dir.exists()
 
 
 def test_warm_in_process_on_another_world_size_warms_nothing_and_says_so(tmp_path: Path):
     settings = settings_for(tmp_path, create_volume=True)
     with pytest.raises(ManifestError, match="no entry for world size 1") as info:
         warmup.warm(DEMO, settings)
-    assert not settings.status_file.exists()
+    assert not settings.paths.status_file.exists()
     # the fix in a Python caller's words: its process group's size, not a flag
     assert "process group of world_size=2" in str(info.value)
     assert "--world-size" not in str(info.value)

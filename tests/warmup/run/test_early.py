@@ -97,7 +97,7 @@ def test_a_rank_that_cannot_be_started_ends_those_started_and_fails_the_status(
     with pytest.raises(BlockingIOError):
         run(settings, _manifest(tmp_path), early)
     assert proc.returncode not in (None, 0)  # rank 0 would wait for rank 1 until its limit
-    status = RunStatus.read(settings.status_file)
+    status = RunStatus.read(settings.paths.status_file)
     assert status.state == "failed" and "BlockingIOError" in status.errors[0]
 
 

@@ -63,7 +63,7 @@ def two_runs(tmp_path_factory):
     settings = settings_for(root)
     manifest = load_manifest(DEMO)
     first = run(settings, manifest)
-    first_metrics = samples(settings.run_metrics_file)
+    first_metrics = samples(settings.paths.run_metrics_file)
     second = run(settings.updated(full_hit_exit=False), manifest)  # the ranks' own lookups
     return settings, first, first_metrics, second
 
@@ -72,7 +72,7 @@ def test_first_run_tunes_every_miss_and_stores_it(two_runs):
     settings, first, metrics, _ = two_runs
     assert first.state == "ready" and first.failures == []
     assert first.sources == {"tuned": 6} and first.benchmark_runs > 0
-    entries = Store(settings.paths.registry).entries()
+    entries = Store(settings.paths.layout.registry).entries()
     assert sorted((e.key["M"], e.key["N"], e.key["K"]) for e in entries) == [
         (32, 32, 32),
         (48, 40, 64),
@@ -95,7 +95,7 @@ def test_second_run_hits_everything_and_tunes_nothing(two_runs):
 
 def test_metrics_sum_every_rank(two_runs):
     settings, *_ = two_runs
-    metrics = samples(settings.run_metrics_file)
+    metrics = samples(settings.paths.run_metrics_file)
     hits = (("kernel", "ag_gemm"), ("source", "registry"))
     assert metrics[("triton_warmup_cache_hits_total", hits)] == 6  # 3 shapes x 2 ranks
     assert metrics[("triton_warmup_ranks", ())] == 2
@@ -105,7 +105,7 @@ def test_metrics_sum_every_rank(two_runs):
 
 def test_the_run_predicts_each_family_before_it_warms(two_runs):
     settings, _, first_metrics, _ = two_runs
-    metrics = samples(settings.run_metrics_file)
+    metrics = samples(settings.paths.run_metrics_file)
 
     def outcome(found, family):
         labels = [lb for (name, lb), v in found.items() if name == "triton_warmup_cache_prediction"]
@@ -119,8 +119,8 @@ def test_the_run_predicts_each_family_before_it_warms(two_runs):
 
 def test_status_file_is_the_summary(two_runs):
     settings, *_, second = two_runs
-    assert RunStatus.read(settings.status_file) == second
-    on_disk = json.loads(settings.status_file.read_text())
+    assert RunStatus.read(settings.paths.status_file) == second
+    on_disk = json.loads(settings.paths.status_file.read_text())
     assert on_disk["manifest_digest"] == load_manifest(DEMO).digest()
     assert on_disk["fingerprint"]["hardware"]["gpu_name"] == "cpu"
     assert on_disk["sources"] == {"registry": 6} and on_disk["failures"] == []
@@ -138,8 +138,8 @@ def test_the_program_prints_its_summary_and_ends_with_the_run_s_code(two_runs):
     # ``triton-warmup run`` ends without Python's teardown: what it printed must be out.
     settings, *_ = two_runs
     env = {
-        "TRITON_WARMUP_VOLUME": str(settings.volume),
-        "TRITON_WARMUP_WORK_DIR": str(settings.work_dir.parent / "program"),
+        "TRITON_WARMUP_VOLUME": str(settings.paths.volume),
+        "TRITON_WARMUP_WORK_DIR": str(settings.paths.work_dir.parent / "program"),
         "TRITON_WARMUP_MANIFEST": str(DEMO),
         "TRITON_WARMUP_DEVICE": "cpu",
     }
@@ -147,7 +147,7 @@ def test_the_program_prints_its_summary_and_ends_with_the_run_s_code(two_runs):
     done = run_program("run", env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1].startswith("warmup ready: 6 shape-rank results")
-    status = RunStatus.read(settings.work_dir.parent / "program" / "status.json")
+    status = RunStatus.read(settings.paths.work_dir.parent / "program" / "status.json")
     assert status is not None and status.ready and status.sources == {"registry": 6}
     assert status.started <= started + 1 and status.phases["exit"] >= 0
 
@@ -169,10 +169,10 @@ def test_a_killed_rank_fails_the_run_and_leaves_a_usable_registry(tmp_path):
     status = run(settings, load_manifest(manifest))
     assert status.state == "failed"
     assert any("rank 1 exited with code -9" in f for f in status.failures)
-    store = Store(settings.paths.registry, create=True)
+    store = Store(settings.paths.layout.registry, create=True)
     assert len(store) == 1 and store.quarantined == 0  # what was tuned before the kill stays
     retry = manifest_of(tmp_path, entry("ag_gemm", 2), name="retry.yaml")
-    again = run(settings.model_copy(update={"manifest": retry}), load_manifest(retry))
+    again = run(settings.updated(manifest=retry), load_manifest(retry))
     assert again.state == "ready" and again.sources == {"registry": 2}
 
 
@@ -197,7 +197,7 @@ def test_warm_in_process_primes_this_process(tmp_path):
     first = warmup.warm(manifest, settings)
     second = warmup.warm(load_manifest(manifest), settings)
     assert first.sources == {"tuned": 1} and second.sources == {"registry": 1}
-    shutil.rmtree(settings.work_dir)
+    shutil.rmtree(settings.paths.work_dir)
 
 
 def test_joining_a_torchrun_environment(tmp_path):
@@ -302,15 +302,15 @@ def test_entries_for_another_world_size_are_skipped_out_loud(tmp_path, monkeypat
             "1 manifest entries are for other world sizes than this pod's 2 ranks, and "
             f"other_world_sizes is 'fail': {skipped}"
         ]
-        assert not settings.work_dir.exists() and not (tmp_path / "calls.jsonl").exists()
+        assert not settings.paths.work_dir.exists() and not (tmp_path / "calls.jsonl").exists()
         return
     with caplog.at_level(logging.WARNING, logger="warmup.run.launch"):
         status = run(settings, load_manifest(manifest))
     assert status.skipped_entries == [skipped] and status.sources == {"user": 2}
     assert f"skipping {skipped}: this pod has 2 ranks" in caplog.text
-    assert samples(settings.run_metrics_file)["triton_warmup_skipped_entries", ()] == 1
+    assert samples(settings.paths.run_metrics_file)["triton_warmup_skipped_entries", ()] == 1
     assert status.ready and status.degraded  # ready, and the status says what it left out
-    assert RunStatus.read(settings.status_file).degraded  # type: ignore[union-attr]
+    assert RunStatus.read(settings.paths.status_file).degraded  # type: ignore[union-attr]
 
 
 def test_a_dead_rank_is_seen_while_a_lower_rank_still_runs():
@@ -344,18 +344,18 @@ def test_a_launcher_failure_stops_every_rank_and_says_why(tmp_path, monkeypatch)
     with pytest.raises(OSError):
         run(settings, load_manifest(DEMO))
     assert len(started) == 2 and all(p.returncode is not None for p in started)
-    status = RunStatus.read(settings.status_file)
+    status = RunStatus.read(settings.paths.status_file)
     assert status.state == "failed" and status.failures == ["OSError: the volume went away"]
 
 
 def test_warm_in_process_says_running_while_it_warms(tmp_path, monkeypatch):
     manifest = manifest_of(tmp_path, entry(USER + "record_status", 1, "{M: 1, N: 1, K: 1}"))
     settings = settings_for(tmp_path, manifest=manifest, create_volume=True)
-    monkeypatch.setenv("TEST_STATUS_PATH", str(settings.status_file))
+    monkeypatch.setenv("TEST_STATUS_PATH", str(settings.paths.status_file))
     monkeypatch.setenv("TEST_USER_LOG", str(tmp_path / "states"))
     RunStatus(
         state="ready", manifest_digest=load_manifest(manifest).digest(), started=0, world_size=1
-    ).write(settings.status_file)  # a previous run's, for the same manifest
+    ).write(settings.paths.status_file)  # a previous run's, for the same manifest
     assert warmup.warm(manifest, settings).ready
     assert (tmp_path / "states").read_text() == "running\n"  # never the stale "ready"
 
@@ -374,8 +374,8 @@ def test_a_remote_tier_that_never_answers_costs_a_warning_not_the_warmup(tmp_pat
     assert status.remote is not None and status.remote.errors == 1 + shapes + 1
     # the other first lookups, and every publish (held back for the end)
     assert status.remote.skipped == (shapes - 1) + shapes and status.remote.hits == 0
-    assert len(Store(settings.paths.registry)) == shapes
-    found = samples(settings.run_metrics_file)
+    assert len(Store(settings.paths.layout.registry)) == shapes
+    found = samples(settings.paths.run_metrics_file)
     assert found[("triton_warmup_remote_tier_calls_total", (("result", "error"),))] == 5.0
     assert set(status.phases) >= {"imports", "restore", "rank_start", "setup", "tune", "save"}
     assert sum(status.phases.values()) - status.phases["restore"] <= status.duration_s + 0.5
@@ -387,13 +387,13 @@ def test_what_a_killed_writer_left_is_cleared_at_the_start_and_counted(
     monkeypatch.setenv("TEST_USER_LOG", str(tmp_path / "calls.jsonl"))
     manifest = user_manifest(tmp_path, (1, 2))
     settings = settings_for(tmp_path, manifest=manifest, world_size=1)
-    Store(settings.registry_dir, create=True).put(make_entry())
-    current = settings.registry_dir / "current"
+    Store(settings.paths.registry_dir, create=True).put(make_entry())
+    current = settings.paths.registry_dir / "current"
     stale = current.resolve() / ".tmp-99-killed.json"  # a put killed before its rename
     stale.write_text("{")
     status = run(settings, load_manifest(manifest))
     assert status.ready and not stale.exists()
-    counted = samples(settings.run_metrics_file)
+    counted = samples(settings.paths.run_metrics_file)
     assert counted["triton_warmup_run_recovered_total", (("what", "temp_files"),)] == 1
 
 

@@ -11,20 +11,21 @@ from tests.conftest import settings_for
 from warmup.results import RankHost, RankReport
 from warmup.run.checks import RunError
 from warmup.run.restore import clear_run_dir, mark_restored, restore, wait_for_restore
+from warmup.services import Services
 
 
 def test_restore_cleans_what_a_killed_writer_left_and_repairs_current(tmp_path, make_entry):
     settings = settings_for(tmp_path)
-    store = Store(settings.registry_dir, create=True)
+    store = Store(settings.paths.registry_dir, create=True)
     store.put_many([make_entry(m=m) for m in (1, 2)])
-    gen = settings.registry_dir / os.readlink(settings.registry_dir / CURRENT)
+    gen = settings.paths.registry_dir / os.readlink(settings.paths.registry_dir / CURRENT)
     stale = gen / "ag_gemm" / ".tmp-123-x.json"
     stale.write_text("{")
     (gen / "GENERATION.json").unlink()
-    restore(settings)
+    restore(Services(settings, run=True))
     assert not stale.exists()
-    assert Store(settings.registry_dir).record().kind == "repair"
-    assert len(Store(settings.registry_dir)) == 2
+    assert Store(settings.paths.registry_dir).record().kind == "repair"
+    assert len(Store(settings.paths.registry_dir)) == 2
 
 
 def test_a_store_that_cannot_be_recovered_is_read_as_it_is(tmp_path, monkeypatch, caplog):
@@ -34,7 +35,9 @@ def test_a_store_that_cannot_be_recovered_is_read_as_it_is(tmp_path, monkeypatch
         raise RegistryError("write lock not acquired within 1 s")
 
     monkeypatch.setattr(Store, "recover", refuse)
-    restore(settings)  # a read-only mount or a stuck lock never stops the warmup
+    restore(
+        Services(settings, run=True)
+    )  # a read-only mount or a stuck lock never stops the warmup
     assert "not recovered (write lock not acquired" in caplog.text
 
 

@@ -17,6 +17,7 @@ from tests.conftest import settings_for
 from warmup.manifest import Manifest, parse_manifest
 from warmup.results import RankReport
 from warmup.run.runner import _kernel_jobs, _placed, warm_rank
+from warmup.services import Services
 from warmup.settings import Settings
 
 USER_MANIFEST = """
@@ -29,8 +30,9 @@ entries:
 
 def _warm_alone(manifest: Manifest, settings: Settings, **options: Any) -> RankReport:
     """:func:`warm_rank` as the only rank of its world, on the CPU, in this process."""
+    services = Services(settings, run=True)
     return warm_rank(
-        manifest, settings, rank=0, world=1, group=None, device=torch.device("cpu"), **options
+        manifest, services, rank=0, world=1, group=None, device=torch.device("cpu"), **options
     )
 
 
@@ -92,7 +94,7 @@ def test_user_functions_run_while_another_pod_holds_a_shape_put_aside(tmp_path, 
     holding = threading.Event()
 
     def other_pod() -> None:  # holds one shape until the user function ran, stores nothing
-        backend = backend_from_url(settings.lock_url)
+        backend = backend_from_url(settings.locks.url)
         name = f"tune/matmul/{json.dumps(held, sort_keys=True)}"
         # a ttl the test never reaches: under load, a heartbeat starved for a short ttl
         # would let the pod take the shape over in its first pass

@@ -61,7 +61,7 @@ class Passes:
 def test_a_model_that_tuned_at_run_time_runs_again_until_a_pass_compiles_nothing(tmp_path):
     first_pass(tmp_path)
     settings = settings_for(tmp_path)
-    passes = Passes(6, 0, 99, cache=settings.triton_cache_dir)
+    passes = Passes(6, 0, 99, cache=settings.folders.triton_cache_dir)
     assert settle(settings, MANIFEST, tmp_path, passes) > 0
     assert passes.asked == [(["tuned"], [], "settle-1"), (["tuned"], [], "settle-2")]
     for report in RankReport.read_all(tmp_path):
@@ -75,7 +75,12 @@ def test_a_model_that_tuned_at_run_time_runs_again_until_a_pass_compiles_nothing
 def test_passes_stop_at_the_limit_and_say_the_model_still_compiles(tmp_path):
     first_pass(tmp_path)
     settings = settings_for(tmp_path, model_settle_passes=3)
-    settle(settings, MANIFEST, tmp_path, Passes(5, 4, 3, 2, cache=settings.triton_cache_dir))
+    settle(
+        settings,
+        MANIFEST,
+        tmp_path,
+        Passes(5, 4, 3, 2, cache=settings.folders.triton_cache_dir),
+    )
     tuned = RankReport.read_all(tmp_path)[0].models[0]
     assert len(tuned.settle) == 3 and not tuned.settled
     assert "3 settle passes, still compiling" in tuned.describe()

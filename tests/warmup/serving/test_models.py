@@ -61,7 +61,7 @@ def write_status(settings, *, restore="", fingerprint=None):
         world_size=1,
         fingerprint=fingerprint,
         models=[model] if restore else [],
-    ).write(settings.status_file)
+    ).write(settings.paths.status_file)
 
 
 def costs_of(call):
@@ -125,7 +125,7 @@ def test_a_prime_that_compiled_nothing_is_logged_and_counted_restored(tmp_path, 
     assert model.primed.cause == "" and model.primed.counts.dynamo_frames == 2
     assert "model m: restored (0 FX-graph hits, 0 compiles) in " in caplog.text
     assert caplog.text.rstrip().endswith(
-        f"s from the pod's Inductor cache {settings.inductor_cache_dir}"
+        f"s from the pod's Inductor cache {settings.folders.inductor_cache_dir}"
     )
     labels = {"model": "m", "outcome": "restored", "rank": "0"}
     assert metrics.registry.get_sample_value("triton_warmup_model_primes_total", labels) == 1
@@ -136,7 +136,7 @@ def test_a_prime_that_compiled_says_why_from_the_warmup_status(tmp_path, caplog)
     with caplog.at_level("INFO", "warmup.serving.models"):
         model, settings = served(tmp_path, "misses_at_first_call", metrics=metrics)
     assert model.primed is not None and model.primed.outcome == "compiled"
-    assert model.primed.cause == f"no warmup status at {settings.status_file}"
+    assert model.primed.cause == f"no warmup status at {settings.paths.status_file}"
     assert model.primed.counts.coordesc_benchmarks == 1
     assert "model m: compiled cold (1 FX-graph misses, 0 Triton compiles, 1 autotune" in caplog.text
     labels = {"model": "m", "outcome": "compiled", "rank": "0"}
@@ -146,7 +146,7 @@ def test_a_prime_that_compiled_says_why_from_the_warmup_status(tmp_path, caplog)
     assert again.primed is not None
     assert again.primed.cause == (
         "warmup restore: miss: no artifacts of model m; the pod's Inductor cache "
-        f"{settings.inductor_cache_dir} held nothing here: not the folder the warmup filled"
+        f"{settings.folders.inductor_cache_dir} held nothing here: not the folder the warmup filled"
     )
 
 

@@ -40,11 +40,11 @@ def record(**fields) -> ModelResult:
 
 def stored_index(settings, digest: str) -> str:
     """Two files stored on the volume as the model's artifacts at ``digest``; the index."""
-    made = settings.work_dir / "made"
+    made = settings.paths.work_dir / "made"
     for name in ("fxgraph/a", "triton/b"):
         (made / name).parent.mkdir(parents=True, exist_ok=True)
         (made / name).write_bytes(name.encode())
-    root = settings.paths.inductor
+    root = settings.paths.layout.inductor
     inductor_cache.save(made, root, model="m", key_digest=digest, key={}, fingerprint=FP)
     return str(inductor_cache.index_path(root, "m", digest, FP))
 
@@ -53,14 +53,16 @@ def test_a_restored_model_names_the_cache_and_the_index_the_warmup_restored(tmp_
     settings = settings_for(tmp_path)
     digest = model_key(parse_manifest(manifest("traced")).model("m")).digest
     index = stored_index(settings, digest)
-    status(record(phase="restored", restore="hit", key_digest=digest)).write(settings.status_file)
+    status(record(phase="restored", restore="hit", key_digest=digest)).write(
+        settings.paths.status_file
+    )
     with caplog.at_level("INFO", "warmup.serving.models"):
         model, _ = served(tmp_path, "traced")
     assert model.primed is not None and model.primed.outcome == "restored"
     [line] = [r.getMessage() for r in caplog.records if "restored (" in r.getMessage()]
     assert line.startswith("model m: restored (0 FX-graph hits, 0 compiles) in ")
     assert line.endswith(
-        f"s from the pod's Inductor cache {settings.inductor_cache_dir}: 2 artifacts the "
+        f"s from the pod's Inductor cache {settings.folders.inductor_cache_dir}: 2 artifacts the "
         f"warmup restored from {index} (hit)"
     )
 
@@ -68,7 +70,7 @@ def test_a_restored_model_names_the_cache_and_the_index_the_warmup_restored(tmp_
 def test_a_model_whose_code_changed_since_the_warmup_says_so(tmp_path, caplog):
     settings = settings_for(tmp_path)
     warmed = record(phase="restored", restore="hit", key_digest="0" * 32)
-    status(warmed).write(settings.status_file)
+    status(warmed).write(settings.paths.status_file)
     with caplog.at_level("INFO", "warmup.serving.models"):
         model, _ = served(tmp_path, "misses_at_first_call")
     assert model.primed is not None and model.primed.outcome == "compiled"
@@ -116,14 +118,14 @@ def test_an_empty_cache_is_named_as_the_cause_whatever_the_warmup_did(tmp_path):
     said = status(record(restore="hit"))
     cause = models._cause(settings, said, ENTRY, {"torch": ("1", "2")}, cache_empty=True)
     assert cause == (
-        f"warmup restore: hit; the pod's Inductor cache {settings.inductor_cache_dir} held "
+        f"warmup restore: hit; the pod's Inductor cache {settings.folders.inductor_cache_dir} held "
         "nothing here: not the folder the warmup filled; init vs server torch 1 vs 2"
     )
 
 
 def test_a_restored_model_not_restored_by_the_warmup_or_whose_index_is_gone_says_so(tmp_path):
     settings = settings_for(tmp_path)
-    cache = f"the pod's Inductor cache {settings.inductor_cache_dir}"
+    cache = f"the pod's Inductor cache {settings.folders.inductor_cache_dir}"
     compiled = status(record(restore="miss: no artifacts"))
     assert models._source(settings, compiled, "m") == (
         f"{cache}, where the warmup compiled it (its restore: miss: no artifacts)"

@@ -42,7 +42,7 @@ def settings(tmp_path):
 
 @pytest.fixture
 def store(settings):
-    store = Store(settings.registry_dir, create=True)
+    store = Store(settings.paths.registry_dir, create=True)
     store.put_many([entry(16, 16), entry(64, 32)])
     # another layer and another kernel's entries must not leak into this op's table
     other = Entry.make(
@@ -71,7 +71,7 @@ def test_an_op_serves_every_m_with_the_tables_config_and_counts_how(settings, st
         assert op.config_for(20) == config(16) and op.config_for(50) == config(32)
         assert op.calls == [1, 4, 0]  # tuned, nearest, fallback
         serving.flush_metrics()
-    text = (settings.metrics_dir / "serving-rank0.prom").read_text()
+    text = (settings.paths.metrics_dir / "serving-rank0.prom").read_text()
     calls = {
         s.labels["source"]: s.value
         for family in text_string_to_metric_families(text)
@@ -139,7 +139,7 @@ def _within(seconds: float, done: Callable[[], bool]) -> bool:
 
 
 def test_a_new_generation_reaches_a_running_op(settings, store):
-    with Serving(settings.model_copy(update={"serving_refresh_s": 0.05})) as serving:
+    with Serving(settings.updated(serving_refresh_s=0.05)) as serving:
         op = serving.op("matmul", n=N, k=K, dtype="fp32", max_m=100, device="cpu")
         assert op.config_for(30) == config(16)
         store.install([entry(32, 64)], record={"bundle": "b1"})  # a hot-reloaded bundle
@@ -173,7 +173,7 @@ def test_a_server_serves_every_m_after_a_warmup_on_two_ranks(tmp_path):
     )
     settings = settings_for(tmp_path, manifest=manifest)
     assert run(settings, load_manifest(manifest)).ready
-    args = [str(tmp_path / "init"), str(settings.volume), str(settings.work_dir)]
+    args = [str(tmp_path / "init"), str(settings.paths.volume), str(settings.paths.work_dir)]
     results = run_rank_processes("tests.warmup.serving._serving_ranks", 2, *args, timeout=300)
     for result in results:
         assert result["buckets"] == [16, 48] and result["guard"] == 0
@@ -472,10 +472,15 @@ def test_two_ranks_take_a_change_of_algorithm_together_at_sync(tmp_path):
     from tests.warmup.serving._serving_ranks import entry as ag_entry
 
     settings = settings_for(tmp_path)
-    Store(settings.registry_dir, create=True).put_many(
+    Store(settings.paths.registry_dir, create=True).put_many(
         [ag_entry(16, BASELINE), ag_entry(48, FUSED)]
     )
-    args = [str(tmp_path / "init"), str(settings.volume), str(settings.work_dir), "sync"]
+    args = [
+        str(tmp_path / "init"),
+        str(settings.paths.volume),
+        str(settings.paths.work_dir),
+        "sync",
+    ]
     ranks = run_rank_processes("tests.warmup.serving._serving_ranks", 2, *args, timeout=300)
     assert ranks[1]["refreshed"] == 0 and ranks[1]["pending"] is True  # its follower waits
     for result in ranks:

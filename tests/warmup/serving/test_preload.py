@@ -31,7 +31,9 @@ def test_the_environment_is_set_before_the_imports_and_a_failure_is_kept(tmp_pat
     settings = settings_for(tmp_path)
     preload = Preload(settings, ("preload_probe_mod", "no_such_module_here", "json"))
     preload.wait()
-    assert str(settings.inductor_cache_dir.resolve()) == sys.modules["preload_probe_mod"].SEEN
+    assert (
+        str(settings.folders.inductor_cache_dir.resolve()) == sys.modules["preload_probe_mod"].SEEN
+    )
     assert preload.error.startswith("no_such_module_here: ModuleNotFoundError")
     assert os.environ["TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER"] == "1"  # the default: on
 

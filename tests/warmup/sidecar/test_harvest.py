@@ -31,6 +31,7 @@ from warmup import families as warm_families
 from warmup.manifest import load_manifest
 from warmup.metrics import ServeMetrics
 from warmup.results import ModelResult, RunStatus
+from warmup.services import Services
 from warmup.sidecar.harvest import FOLDERS, Harvester, Limits
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -55,7 +56,7 @@ def compiled(tmp_path_factory) -> Path:
 def pod(tmp_path, compiled):
     """Settings whose server cache holds the compiled kernel, and a ready status."""
     settings = settings_for(tmp_path)
-    triton_cache.restore(compiled, settings.triton_cache_dir)
+    triton_cache.restore(compiled, settings.folders.triton_cache_dir)
     ready(settings)
     return settings
 
@@ -68,11 +69,11 @@ def ready(settings, fingerprint=FP, **fields) -> None:
         world_size=1,
         fingerprint=fingerprint.to_json(),
         **fields,
-    ).write(settings.status_file)
+    ).write(settings.paths.status_file)
 
 
 def harvester(settings, **kwargs) -> Harvester:
-    return Harvester(settings, ServeMetrics(CollectorRegistry()), **kwargs)
+    return Harvester(Services(settings), ServeMetrics(CollectorRegistry()), **kwargs)
 
 
 def group_of(cache: Path) -> Path:
@@ -110,13 +111,15 @@ def snapshot(root: Path) -> dict[str, bytes]:
 
 def test_a_kernel_compiled_after_ready_is_harvested_and_a_later_pod_hits_it(tmp_path, pod):
     harvest = harvester(pod)
-    assert harvest.harvest("kernel", group_of(pod.triton_cache_dir)) == "harvested"
-    volume = pod.paths.triton_cache
+    assert harvest.harvest("kernel", group_of(pod.folders.triton_cache_dir)) == "harvested"
+    volume = pod.paths.layout.triton_cache
     assert {p.name for p in group_of(volume).parent.iterdir()} == {
-        p.name for p in group_of(pod.triton_cache_dir).parent.iterdir()
+        p.name for p in group_of(pod.folders.triton_cache_dir).parent.iterdir()
     }
     assert triton_cache.origins(volume)  # what explain reads
-    assert harvest.harvest("kernel", group_of(pod.triton_cache_dir)) == "seen"  # a second event
+    assert (
+        harvest.harvest("kernel", group_of(pod.folders.triton_cache_dir)) == "seen"
+    )  # a second event
     assert counted(harvest, "triton-kernels", "harvested") == 1
     later = tmp_path / "later"
     triton_cache.restore(volume, later)
@@ -125,10 +128,10 @@ def test_a_kernel_compiled_after_ready_is_harvested_and_a_later_pod_hits_it(tmp_
 
 def test_nothing_is_harvested_before_the_pod_is_ready(tmp_path, pod):
     RunStatus(state="running", manifest_digest="x", started=0.0, world_size=1).write(
-        pod.status_file
+        pod.paths.status_file
     )
-    assert harvester(pod).harvest("kernel", group_of(pod.triton_cache_dir)) == "waiting"
-    assert not pod.paths.triton_cache.exists()
+    assert harvester(pod).harvest("kernel", group_of(pod.folders.triton_cache_dir)) == "waiting"
+    assert not pod.paths.layout.triton_cache.exists()
 
 
 def _foreign(settings: object, group: Path) -> None:
@@ -170,12 +173,12 @@ def _corrupt(settings: object, group: Path) -> None:
 def test_a_bad_kernel_is_refused_in_one_line_and_nothing_is_published(
     pod, server, caplog, spoil, why
 ):
-    group = group_of(pod.triton_cache_dir)
+    group = group_of(pod.folders.triton_cache_dir)
     spoil(pod, group)
-    before = snapshot(pod.volume)
+    before = snapshot(pod.paths.volume)
     harvest = harvester(pod, remote=RemoteTier(server.url, timeout_s=0.5))
     assert harvest.harvest("kernel", group) == "refused"
-    assert snapshot(pod.volume) == before
+    assert snapshot(pod.paths.volume) == before
     assert server.client.keys("*") == []
     (line,) = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
     assert why in line and "\n" not in line
@@ -184,20 +187,20 @@ def test_a_bad_kernel_is_refused_in_one_line_and_nothing_is_published(
 
 def test_a_kernel_over_the_size_cap_is_refused(pod):
     harvest = harvester(pod, limits=Limits(max_file_bytes=1000))
-    assert harvest.harvest("kernel", group_of(pod.triton_cache_dir)) == "refused"
-    assert not pod.paths.triton_cache.exists()
+    assert harvest.harvest("kernel", group_of(pod.folders.triton_cache_dir)) == "refused"
+    assert not pod.paths.layout.triton_cache.exists()
 
 
 def test_n_pods_harvesting_one_kernel_store_it_once(tmp_path, compiled, server):
     pods = []
     for name in ("a", "b", "c"):
         settings = settings_for(tmp_path / name, volume=tmp_path / "shared")
-        triton_cache.restore(compiled, settings.triton_cache_dir)
+        triton_cache.restore(compiled, settings.folders.triton_cache_dir)
         ready(settings)
         pods.append(settings)
     results = [
         harvester(s, remote=RemoteTier(server.url, timeout_s=0.5)).harvest(
-            "kernel", group_of(s.triton_cache_dir)
+            "kernel", group_of(s.folders.triton_cache_dir)
         )
         for s in pods
     ]
@@ -213,23 +216,23 @@ def test_a_remote_outage_mid_harvest_is_published_later_once(tmp_path, pod, serv
         harvest = harvester(pod, remote=RemoteTier(proxy.url, timeout_s=0.3, retry_after_s=0.0))
         proxy.down()
         assert (
-            harvest.harvest("kernel", group_of(pod.triton_cache_dir)) == "harvested"
+            harvest.harvest("kernel", group_of(pod.folders.triton_cache_dir)) == "harvested"
         )  # the volume
         assert server.client.keys("*") == []
         proxy.up()
-        folder = pod.triton_cache_dir / "AUTOTUNEFOLDER"
+        folder = pod.folders.triton_cache_dir / "AUTOTUNEFOLDER"
         folder.mkdir()
         (folder / "fn.autotune.json").write_text('{"key": [1], "configs_timings": []}')
         assert harvest.harvest("autotune", folder / "fn.autotune.json") == "harvested"
     finally:
         proxy.close()
-    kernel = group_of(pod.triton_cache_dir).parent.name
+    kernel = group_of(pod.folders.triton_cache_dir).parent.name
     fetched = remote_triton.fetch(
         RemoteTier(server.url),
         kernel,
-        [p.name for p in group_of(pod.triton_cache_dir).parent.iterdir()],
+        [p.name for p in group_of(pod.folders.triton_cache_dir).parent.iterdir()],
     )
-    assert len(fetched) == len(list(group_of(pod.triton_cache_dir).parent.iterdir()))
+    assert len(fetched) == len(list(group_of(pod.folders.triton_cache_dir).parent.iterdir()))
     # a later pod with only the tier: Triton's cache plug-in loads the harvested kernel
     assert compile_in_pod(tmp_path / "later", server.url)["hit"]
 
@@ -238,15 +241,15 @@ def test_a_remote_outage_mid_harvest_is_published_later_once(tmp_path, pod, serv
 
 
 def test_an_autotune_result_goes_to_the_volume_and_into_the_registry(pod):
-    folder = pod.triton_cache_dir / "SOMEKEY"
+    folder = pod.folders.triton_cache_dir / "SOMEKEY"
     folder.mkdir()
     config = {"kwargs": {"BLOCK": 64}, "num_warps": 4, "num_stages": 2, "num_ctas": 1}
     result = {"key": [4096, "torch.float16"], "configs_timings": [[config, [1.0, 0.9, 1.1]]]}
     (folder / "matmul.autotune.json").write_text(json.dumps(result))
     harvest = harvester(pod)
     assert harvest.harvest("autotune", folder / "matmul.autotune.json") == "harvested"
-    assert (pod.paths.triton_cache / "SOMEKEY" / "matmul.autotune.json").is_file()
-    assert [e.kernel for e in Store(pod.registry_dir).entries()] == ["matmul"]
+    assert (pod.paths.layout.triton_cache / "SOMEKEY" / "matmul.autotune.json").is_file()
+    assert [e.kernel for e in Store(pod.paths.registry_dir).entries()] == ["matmul"]
     (folder / "bad.autotune.json").write_text("[1, 2]")
     assert harvest.harvest("autotune", folder / "bad.autotune.json") == "refused"
 
@@ -255,10 +258,10 @@ def test_an_autotune_result_goes_to_the_volume_and_into_the_registry(pod):
 
 
 def test_inductor_files_compiled_after_ready_join_the_models_index(tmp_path, pod):
-    inductor = pod.inductor_cache_dir
+    inductor = pod.folders.inductor_cache_dir
     (inductor / "fxgraph").mkdir(parents=True)
     (inductor / "fxgraph" / "warm").write_bytes(b"compiled at warmup")
-    root = pod.paths.inductor
+    root = pod.paths.layout.inductor
     inductor_cache.save(
         inductor, root, model="mlp", key_digest="a" * 16, key={"k": 1}, fingerprint=FP
     )
@@ -289,7 +292,7 @@ def test_a_declared_folder_written_after_ready_is_kept_and_shared(tmp_path, serv
     (engine / "torch_compile_cache" / "graph.py").write_bytes(b"compiled under traffic")
     assert harvest.harvest(FOLDERS, engine) == "harvested"
     assert counted(harvest, "declared-folders", "harvested") == 1
-    scope = warm_families.scope(pod, load_manifest(pod.manifest), fingerprint=FP)
+    scope = warm_families.scope(Services(pod), load_manifest(pod.paths.manifest), fingerprint=FP)
     (item,) = scope.folders
     assert families.named("declared-folders").stored(scope, item)
     assert server.client.keys("triton-warmup:caches:vllm:*")  # shared with the fleet
@@ -305,7 +308,7 @@ def test_the_watcher_harvests_a_real_compile_once_it_is_whole(tmp_path):
     harvest = harvester(settings)
     harvest.start()
     try:
-        compile_in(settings.triton_cache_dir)
+        compile_in(settings.folders.triton_cache_dir)
         deadline = time.monotonic() + 20
         while counted(harvest, "triton-kernels", "harvested") < 1:
             assert time.monotonic() < deadline, "not harvested"
@@ -314,14 +317,14 @@ def test_the_watcher_harvests_a_real_compile_once_it_is_whole(tmp_path):
         harvest.stop()
     assert counted(harvest, "triton-kernels", "refused") == 0
     later = tmp_path / "later"
-    triton_cache.restore(settings.paths.triton_cache, later)
+    triton_cache.restore(settings.paths.layout.triton_cache, later)
     assert compile_in(later)["hit"]
 
 
 def test_a_flood_waits_for_the_rate_cap_and_past_the_queue_is_dropped(pod):
     harvest = harvester(pod, limits=Limits(max_per_minute=2, max_pending=3))
     for i in range(5):  # folders that are not there: each harvest is a quick refusal
-        harvest.offer("kernel", pod.triton_cache_dir / f"K{i}" / "__grp__k.json")
+        harvest.offer("kernel", pod.folders.triton_cache_dir / f"K{i}" / "__grp__k.json")
     assert counted(harvest, "triton-kernels", "dropped") == 2
     harvest.start()
     try:
@@ -334,15 +337,15 @@ def test_a_flood_waits_for_the_rate_cap_and_past_the_queue_is_dropped(pod):
 
 def test_events_before_ready_are_not_queued_nor_spend_the_rate(pod):
     RunStatus(state="running", manifest_digest="x", started=0.0, world_size=1).write(
-        pod.status_file
+        pod.paths.status_file
     )
     harvest = harvester(pod, limits=Limits(max_per_minute=1))
     for i in range(3):  # the init container's own compiles
-        harvest.offer("kernel", pod.triton_cache_dir / f"K{i}" / "__grp__k.json")
+        harvest.offer("kernel", pod.folders.triton_cache_dir / f"K{i}" / "__grp__k.json")
     assert not harvest.queue.pending()
     ready(pod)
     harvest._ready_checked = -1.0  # the next event reads the status again
-    harvest.offer("kernel", group_of(pod.triton_cache_dir))
+    harvest.offer("kernel", group_of(pod.folders.triton_cache_dir))
     harvested_by_its_worker(harvest)
 
 
@@ -353,44 +356,48 @@ def test_what_the_server_compiled_before_it_told_the_host_is_caught_up(pod):
     from warmup.results import RankHost
 
     ready(pod, fingerprint=FP)
-    status = RunStatus.read(pod.status_file).model_copy(update={"fingerprint": None})
-    status.write(pod.status_file)
+    status = RunStatus.read(pod.paths.status_file).model_copy(update={"fingerprint": None})
+    status.write(pod.paths.status_file)
     harvest = harvester(pod)
-    harvest.offer("kernel", group_of(pod.triton_cache_dir))  # compiled, host unknown
+    harvest.offer("kernel", group_of(pod.folders.triton_cache_dir))  # compiled, host unknown
     assert not harvest.queue.pending()
-    RankHost(fingerprint=FP.to_json()).write(pod.metrics_dir)
+    RankHost(fingerprint=FP.to_json()).write(pod.paths.metrics_dir)
     harvest._ready_checked = -1.0  # the next event reads the status again
-    harvest.offer(FOLDERS, pod.inductor_cache_dir)
+    harvest.offer(FOLDERS, pod.folders.inductor_cache_dir)
     assert [kind for kind, _ in harvest.queue.pending()] == ["kernel"]  # the catch-up's
     harvested_by_its_worker(harvest)
 
 
 def test_a_folder_swapped_for_a_link_is_never_read_through(pod, tmp_path):
-    folder = group_of(pod.triton_cache_dir).parent
+    folder = group_of(pod.folders.triton_cache_dir).parent
     elsewhere = tmp_path / "secrets"
     folder.rename(elsewhere)
     folder.symlink_to(elsewhere)
     harvest = harvester(pod)
     assert harvest.harvest("kernel", folder / next(elsewhere.glob("__grp__*")).name) == "refused"
-    assert not pod.paths.triton_cache.exists()
+    assert not pod.paths.layout.triton_cache.exists()
 
 
 def test_an_unreadable_origin_record_is_replaced_not_fatal(pod):
-    records = pod.paths.triton_cache / triton_cache.ORIGINS
+    records = pod.paths.layout.triton_cache / triton_cache.ORIGINS
     records.mkdir(parents=True)
     harvest = harvester(pod)
     name = f"{triton_cache.Origin.of(FP, {}).digest()[:32]}-harvest.json"
     (records / name).write_text('{"origin": {"triton": 1}, "folders": []}')
-    assert harvest.harvest("kernel", group_of(pod.triton_cache_dir)) == "harvested"
-    assert triton_cache.origins(pod.paths.triton_cache)
-    triton_cache.save(pod.triton_cache_dir, pod.paths.triton_cache, triton_cache.Origin.of(FP, {}))
+    assert harvest.harvest("kernel", group_of(pod.folders.triton_cache_dir)) == "harvested"
+    assert triton_cache.origins(pod.paths.layout.triton_cache)
+    triton_cache.save(
+        pod.folders.triton_cache_dir,
+        pod.paths.layout.triton_cache,
+        triton_cache.Origin.of(FP, {}),
+    )
 
 
 def test_remote_models_index_is_published_too(tmp_path, pod, server):
-    inductor = pod.inductor_cache_dir
+    inductor = pod.folders.inductor_cache_dir
     (inductor / "fxgraph").mkdir(parents=True)
     (inductor / "fxgraph" / "traffic").write_bytes(b"compiled under traffic")
-    root = pod.paths.inductor
+    root = pod.paths.layout.inductor
     inductor_cache.save(inductor, root, model="mlp", key_digest="a" * 16, key={}, fingerprint=FP)
     ready(pod, models=[ModelResult(name="mlp", phase="warm", key_digest="a" * 16)])
     remote = RemoteTier(server.url, timeout_s=0.5)
@@ -452,18 +459,18 @@ def test_redis_restarting_mid_publish_loses_nothing_acknowledged_and_duplicates_
             return publish(*args, **kwargs)
 
         monkeypatch.setattr(remote_triton, "publish", crashing)
-        assert harvest.harvest("kernel", group_of(pod.triton_cache_dir)) == "harvested"
+        assert harvest.harvest("kernel", group_of(pod.folders.triton_cache_dir)) == "harvested"
         acknowledged = calls[:2]
         server.start()
         client = RemoteTier(server.url).client
         held = {k.decode().rsplit(":", 1)[1] for k in client.keys(f"{remote_triton.NAME_PREFIX}*")}
         assert held == set(acknowledged)  # what redis acknowledged survived its restart
         monkeypatch.setattr(remote_triton, "publish", publish)
-        folder = pod.triton_cache_dir / "NEXTKEY"
+        folder = pod.folders.triton_cache_dir / "NEXTKEY"
         folder.mkdir()
         (folder / "fn.autotune.json").write_text('{"key": [1], "configs_timings": []}')
         assert harvest.harvest("autotune", folder / "fn.autotune.json") == "harvested"
-        kernel = group_of(pod.triton_cache_dir).parent
+        kernel = group_of(pod.folders.triton_cache_dir).parent
         names = client.keys(f"{remote_triton.NAME_PREFIX}{kernel.name}:*")
         assert len(names) == len(list(kernel.iterdir()))  # the rest, published on retry
         blobs = client.keys("triton-warmup:blob:*")

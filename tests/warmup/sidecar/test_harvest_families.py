@@ -19,6 +19,7 @@ from tests.registry.families.conftest import fake_kernel
 from warmup.compiled import learned
 from warmup.metrics import ServeMetrics
 from warmup.results import RunStatus
+from warmup.services import Services
 from warmup.sidecar.harvest_families import FamilyHarvest
 from warmup.sidecar.harvest_host import HarvestHost
 from warmup.sidecar.harvest_publish import Publisher
@@ -46,10 +47,10 @@ def pod(tmp_path, monkeypatch):
     monkeypatch.setattr(remote_triton, "publish", tier.publish)
     publisher = Publisher(tier)  # type: ignore[arg-type]
     harvest = FamilyHarvest(
-        settings,
+        Services(settings),
         ServeMetrics(CollectorRegistry()),
         publisher=publisher,
-        store=lambda: Store(settings.registry_dir, create=True),
+        store=lambda: Store(settings.paths.registry_dir, create=True),
         limits=FileLimits(),
     )
     return settings, harvest, tier
@@ -64,7 +65,10 @@ def counted(harvest: FamilyHarvest, label: str, result: str) -> float:
 
 def test_what_a_new_file_is(pod):
     settings, harvest, _ = pod
-    triton, inductor = settings.triton_cache_dir, settings.inductor_cache_dir
+    triton, inductor = (
+        settings.folders.triton_cache_dir,
+        settings.folders.inductor_cache_dir,
+    )
     assert harvest.file_folders == [triton]
     assert harvest.kind(triton / "K" / "__grp__k.json") == "kernel"
     assert harvest.kind(triton / "K" / "fn.autotune.json") == "autotune"
@@ -72,14 +76,14 @@ def test_what_a_new_file_is(pod):
     assert harvest.kind(triton / "K" / "k.cubin") is None  # its family's, not a folder's
     assert harvest.kind(inductor / "fxgraph" / "abc") == FOLDERS
     assert harvest.kind(inductor / "fxgraph" / ".tmp-abc") is None
-    assert harvest.kind(settings.metrics_dir / f"{learned.PREFIX}mlp.json") == FOLDERS
-    assert harvest.kind(settings.metrics_dir / "other.json") is None
-    assert harvest.kind(settings.volume / "elsewhere") is None
+    assert harvest.kind(settings.paths.metrics_dir / f"{learned.PREFIX}mlp.json") == FOLDERS
+    assert harvest.kind(settings.paths.metrics_dir / "other.json") is None
+    assert harvest.kind(settings.paths.volume / "elsewhere") is None
 
 
 def test_a_file_is_harvested_counted_under_its_kinds_label_shared_and_seen_once(pod):
     settings, harvest, tier = pod
-    group = fake_kernel(settings.triton_cache_dir)
+    group = fake_kernel(settings.folders.triton_cache_dir)
     assert harvest.file("kernel", group, HOST) == "harvested"
     assert counted(harvest, "triton-kernels", "harvested") == 1
     size = harvest.metrics.registry.get_sample_value(
@@ -95,12 +99,12 @@ def test_a_file_is_harvested_counted_under_its_kinds_label_shared_and_seen_once(
 def test_a_refused_file_is_one_log_line_and_counted(pod, caplog):
     settings, harvest, tier = pod
     caplog.set_level(logging.WARNING)
-    group = fake_kernel(settings.triton_cache_dir, arch=80)
+    group = fake_kernel(settings.folders.triton_cache_dir, arch=80)
     assert harvest.file("kernel", group, HOST) == "refused"
     assert counted(harvest, "triton-kernels", "refused") == 1
     (line,) = [r.getMessage() for r in caplog.records]
     assert line.startswith("harvest: refused kernel KEYABC/__grp__k.json: compiled for")
-    assert not settings.paths.triton_cache.exists() and tier.sent == []
+    assert not settings.paths.layout.triton_cache.exists() and tier.sent == []
 
 
 def test_a_dropped_entry_is_counted_under_its_kinds_label(pod):
@@ -121,7 +125,7 @@ def test_the_watched_folders_with_nothing_new_are_deduplicated(pod):
         world_size=1,
         fingerprint=HOST.fingerprint.to_json(),
     )
-    assert settings.inductor_cache_dir in harvest.folders
+    assert settings.folders.inductor_cache_dir in harvest.folders
     assert harvest.watched(ready, HOST) == "deduplicated"
 
 
@@ -153,13 +157,13 @@ def test_a_new_family_that_takes_files_is_harvested_by_its_module_alone(tmp_path
     settings = settings_for(tmp_path)
     tier = Tier()
     harvest = FamilyHarvest(
-        settings,
+        Services(settings),
         ServeMetrics(CollectorRegistry()),
         publisher=Publisher(tier),  # type: ignore[arg-type]
-        store=lambda: Store(settings.registry_dir, create=True),
+        store=lambda: Store(settings.paths.registry_dir, create=True),
         limits=FileLimits(),
     )
-    note = settings.volume.parent / "notes" / "a.note"
+    note = settings.paths.volume.parent / "notes" / "a.note"
     note.parent.mkdir(parents=True)
     note.write_bytes(b"hello")
     assert note.parent in harvest.file_folders

@@ -80,7 +80,7 @@ def ready_status(settings, **changes):
         "shapes": [shape] * 6,
         **changes,
     }
-    RunStatus(**fields).write(settings.status_file)
+    RunStatus(**fields).write(settings.paths.status_file)
 
 
 def test_readiness_goes_from_503_to_200(sidecar, settings):
@@ -134,10 +134,10 @@ def test_readiness_can_follow_the_servers_declared_warm_ranks(settings):
         with Serving(settings, rank=0, follow=False) as rank0:
             rank0.declare_warm()
             stale = ServerWarm(rank="1", manifest_digest="another manifest", declared=0.0)
-            stale.write(settings.metrics_dir)
+            stale.write(settings.paths.metrics_dir)
             assert "(1 of 2 ranks)" in wait_for_reason(car)
             with Serving(settings, rank=1, follow=False) as rank1:  # it starts again
-                assert not ServerWarm.path(settings.metrics_dir, 1).exists()
+                assert not ServerWarm.path(settings.paths.metrics_dir, 1).exists()
                 rank1.declare_warm()
                 assert wait_for_code(car, 200)
             assert wait_for_code(car, 503)  # rank 1 closed: no longer warm
@@ -201,7 +201,7 @@ def test_health_metrics_and_unknown_paths(sidecar, settings):
     run = RunMetrics()
     run.record([ShapeResult(kernel="ag_gemm", key={"M": 8}, source="tuned", seconds=1.5)] * 2)
     run.ranks.set(2)
-    run.write(settings.run_metrics_file)
+    run.write(settings.paths.run_metrics_file)
     code, text = get(sidecar.url + "/metrics")
     names = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
     assert code == 200
@@ -221,7 +221,7 @@ def samples(text, name):
 
 
 def test_serving_metrics_files_are_merged_into_metrics(sidecar, settings):
-    folder = settings.metrics_dir
+    folder = settings.paths.metrics_dir
     for rank, compiles in ((0, 1), (1, 3)):
         serving = ServingMetrics(rank=rank)
         serving.calls.labels("ag_gemm", "tuned", str(rank)).inc(10 + rank)
@@ -248,7 +248,7 @@ def test_serving_metrics_files_are_merged_into_metrics(sidecar, settings):
 
 
 def test_a_missing_serving_metrics_folder_is_fine(sidecar, settings):
-    assert not settings.metrics_dir.exists()
+    assert not settings.paths.metrics_dir.exists()
     code, text = get(sidecar.url + "/metrics")
     assert code == 200 and "triton_warmup_serving" not in text
     assert "triton_warmup_ready" in text
@@ -258,8 +258,8 @@ def test_the_run_file_is_exported_once_when_folders_coincide(tmp_path):
     settings = Settings(
         volume=tmp_path / "v", work_dir=tmp_path / "w", manifest=DEMO, metrics_dir=tmp_path / "w"
     )
-    RunMetrics().write(settings.run_metrics_file)
-    ServingMetrics(rank=0).write(settings.metrics_dir)
+    RunMetrics().write(settings.paths.run_metrics_file)
+    ServingMetrics(rank=0).write(settings.paths.metrics_dir)
     text = Sidecar(settings).metrics_text().decode()
     assert text.count("# TYPE triton_warmup_ranks gauge") == 1
     assert "# TYPE triton_warmup_request_compiles_total counter" in text
@@ -320,14 +320,14 @@ def test_bundles_install_while_the_server_keeps_answering(sidecar, settings, tmp
     prober = threading.Thread(target=probe)
     prober.start()
     try:
-        folder = settings.bundle_dir
+        folder = settings.paths.bundle_dir
         shutil.copy(make_bundle(tmp_path, "good", 64), folder / "good.tgz")
-        assert wait_for(lambda: len(Store(settings.paths.registry)) == 1)
-        generation = os.readlink(settings.paths.registry / "current")
+        assert wait_for(lambda: len(Store(settings.paths.layout.registry)) == 1)
+        generation = os.readlink(settings.paths.layout.registry / "current")
         (folder / "broken.tgz").write_bytes(b"\x1f\x8b not really a bundle")
         shutil.copy(make_bundle(tmp_path, "h200", 96, gpu_fingerprint()), folder / "h200.tgz")
         assert wait_for(lambda: reloads(sidecar).get("rejected") == 2)
-        assert os.readlink(settings.paths.registry / "current") == generation  # kept
+        assert os.readlink(settings.paths.layout.registry / "current") == generation  # kept
         assert reloads(sidecar) == {"installed": 1.0, "rejected": 2.0}
     finally:
         stop.set()
@@ -337,7 +337,7 @@ def test_bundles_install_while_the_server_keeps_answering(sidecar, settings, tmp
 
 def test_a_configmap_data_swap_is_seen(sidecar, settings, tmp_path):
     ready_status(settings)
-    folder = settings.bundle_dir  # laid out like a ConfigMap volume
+    folder = settings.paths.bundle_dir  # laid out like a ConfigMap volume
     first = folder / "..2026_11_21_10_00_00.000000001"
     first.mkdir()
     shutil.copy(make_bundle(tmp_path, "v1", 64), first / "fleet.tgz")
@@ -350,12 +350,12 @@ def test_a_configmap_data_swap_is_seen(sidecar, settings, tmp_path):
     (folder / "..data_tmp").symlink_to(second.name)
     os.replace(folder / "..data_tmp", folder / "..data")  # what the kubelet does
     assert wait_for(lambda: reloads(sidecar).get("installed") == 2)
-    keys = sorted(e.key["M"] for e in Store(settings.paths.registry).entries())
+    keys = sorted(e.key["M"] for e in Store(settings.paths.layout.registry).entries())
     assert keys == [64, 128]
 
 
 def test_a_bundle_before_any_warmup_is_deferred_then_installed(sidecar, settings, tmp_path):
-    shutil.copy(make_bundle(tmp_path, "early", 64), settings.bundle_dir / "early.tgz")
+    shutil.copy(make_bundle(tmp_path, "early", 64), settings.paths.bundle_dir / "early.tgz")
     assert wait_for(lambda: reloads(sidecar).get("deferred") == 1)
     ready_status(settings)  # records the fingerprint: the watcher retries on its own
     assert wait_for(lambda: reloads(sidecar).get("installed") == 1)
@@ -368,8 +368,8 @@ def scans(car):
 
 def test_an_idle_sidecar_scans_once_and_hashes_each_bundle_once(settings, tmp_path, monkeypatch):
     ready_status(settings)
-    settings.bundle_dir.mkdir(parents=True)
-    shutil.copy(make_bundle(tmp_path, "good", 64), settings.bundle_dir / "good.tgz")
+    settings.paths.bundle_dir.mkdir(parents=True)
+    shutil.copy(make_bundle(tmp_path, "good", 64), settings.paths.bundle_dir / "good.tgz")
     with running(settings, check_s=0.2) as car:  # many periodic checks in the idle time
         assert wait_for(lambda: reloads(car).get("installed") == 1)
         hashed = []
@@ -377,7 +377,9 @@ def test_an_idle_sidecar_scans_once_and_hashes_each_bundle_once(settings, tmp_pa
         monkeypatch.setattr(hashlib, "sha256", lambda *a: hashed.append(a) or real(*a))
         time.sleep(10)  # the install read the bundle and wrote the registry: no event counts
         assert car.watcher.scans == 1 and scans(car) == 1 and hashed == []
-        assert reloads(car) == {"installed": 1.0} and len(Store(settings.paths.registry)) == 1
+        assert (
+            reloads(car) == {"installed": 1.0} and len(Store(settings.paths.layout.registry)) == 1
+        )
 
 
 def at_once(n, call, *args):
@@ -465,7 +467,7 @@ def test_an_error_in_a_handler_answers_500(sidecar, monkeypatch):
     ids=["failures-not-a-list", "shapes-not-a-list", "deep-nesting", "not-text"],
 )
 def test_a_malformed_status_file_reads_as_unreadable(sidecar, settings, content):
-    path = settings.status_file
+    path = settings.paths.status_file
     path.parent.mkdir(parents=True, exist_ok=True)
     if isinstance(content, dict):
         content = json.dumps(content)
@@ -491,13 +493,13 @@ def test_sigterm_stops_a_busy_sidecar_within_2_s(tmp_path):
     }
     settings = Settings(volume=tmp_path / "v", work_dir=tmp_path / "w", manifest=DEMO)
     ready_status(settings)
-    settings.metrics_dir.mkdir(parents=True)  # a large file: each /metrics parses it
+    settings.paths.metrics_dir.mkdir(parents=True)  # a large file: each /metrics parses it
     series = (f'triton_warmup_serving_calls_total{{kernel="k{i}"}} 1.0' for i in range(20_000))
-    (settings.metrics_dir / "serving-rank0.prom").write_text(
+    (settings.paths.metrics_dir / "serving-rank0.prom").write_text(
         "# TYPE triton_warmup_serving_calls_total counter\n" + "\n".join(series) + "\n"
     )
-    settings.bundle_dir.mkdir(parents=True)  # a large bundle to install at start
-    shutil.copy(make_bundle(tmp_path, "big", 64, artifacts=16 * 2**20), settings.bundle_dir)
+    settings.paths.bundle_dir.mkdir(parents=True)  # a large bundle to install at start
+    shutil.copy(make_bundle(tmp_path, "big", 64, artifacts=16 * 2**20), settings.paths.bundle_dir)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
@@ -549,27 +551,27 @@ def probe_ok(url):
 
 def test_a_restarted_sidecar_neither_reinstalls_a_bundle_nor_undoes_a_rollback(settings, tmp_path):
     ready_status(settings)
-    settings.bundle_dir.mkdir(parents=True)
-    shutil.copy(make_bundle(tmp_path, "good", 64), settings.bundle_dir / "good.tgz")
+    settings.paths.bundle_dir.mkdir(parents=True)
+    shutil.copy(make_bundle(tmp_path, "good", 64), settings.paths.bundle_dir / "good.tgz")
     with running(settings) as first:
         assert wait_for(lambda: reloads(first).get("installed") == 1)
-    store = Store(settings.paths.registry, create=True)
+    store = Store(settings.paths.layout.registry, create=True)
     store.rollback()
     generations = len(store.generations())
     with running(settings) as second:
         assert wait_for(lambda: reloads(second).get("installed") == 1)
-    assert len(Store(settings.paths.registry)) == 0  # once: installed again, rollback undone
-    assert len(Store(settings.paths.registry).generations()) == generations
+    assert len(Store(settings.paths.layout.registry)) == 0  # once: installed again, rollback undone
+    assert len(Store(settings.paths.layout.registry).generations()) == generations
 
 
 def test_the_sidecar_recovers_the_store_at_start_and_counts_quarantined_files(settings, tmp_path):
-    store = Store(settings.paths.registry, create=True)
+    store = Store(settings.paths.layout.registry, create=True)
     store.put(Entry.make("ag_gemm", {"M": 8}, cpu_fingerprint(), KernelConfig.make({"B": 1})))
-    gen = settings.paths.registry / os.readlink(settings.paths.registry / "current")
+    gen = settings.paths.layout.registry / os.readlink(settings.paths.layout.registry / "current")
     stale = gen / "ag_gemm" / ".tmp-99-x.json"
     stale.write_text("{")
     (gen / "bad.json").write_text("[1]")
-    Store(settings.paths.registry).entries()  # another process quarantines the bad file
+    Store(settings.paths.layout.registry).entries()  # another process quarantines the bad file
     with running(settings) as car:
         assert not stale.exists()
         text = car.metrics_text().decode()
@@ -611,7 +613,7 @@ def test_a_store_that_cannot_take_a_bundle_now_defers_it(sidecar, settings, tmp_
 
 
 def test_a_fifo_in_the_metrics_folder_never_blocks_a_scrape(sidecar, settings):
-    folder = settings.metrics_dir
+    folder = settings.paths.metrics_dir
     folder.mkdir(parents=True, exist_ok=True)
     os.mkfifo(folder / "serving-rank0.prom")
     code, _ = get(sidecar.url + "/metrics")
@@ -649,15 +651,15 @@ def test_a_bundle_with_a_declared_model_reaches_the_pods_inductor_cache(tmp_path
         tmp_path / "models.tgz", name="models", version="1", entries=[], roots={"inductor": family}
     )
     with running(settings) as car:
-        shutil.copy(tmp_path / "models.tgz", settings.bundle_dir / "models.tgz")
+        shutil.copy(tmp_path / "models.tgz", settings.paths.bundle_dir / "models.tgz")
         assert wait_for(lambda: reloads(car).get("installed") == 1)
         reloaded = samples(car.metrics_text().decode(), "triton_warmup_model_reloads_total")
     assert reloaded == {(("model", "mlp"),): 1.0}
-    pod = settings.inductor_cache_dir
+    pod = settings.folders.inductor_cache_dir
     assert {
         p.relative_to(pod).as_posix(): p.read_bytes() for p in pod.rglob("*") if p.is_file()
     } == files
-    assert len(list(settings.paths.inductor.glob("models/*/*/*/*.json"))) == 2
+    assert len(list(settings.paths.layout.inductor.glob("models/*/*/*/*.json"))) == 2
 
 
 def exchange(port, data, timeout=3.0):
@@ -778,14 +780,14 @@ def test_with_trusted_keys_the_watcher_installs_only_what_a_trusted_key_signed(
     strange = bundle.sign(make_bundle(tmp_path, "strange", 48), signing.SigningKey.load(foreign))
     good = bundle.sign(make_bundle(tmp_path, "good", 64), signing.SigningKey.load(trusted))
     with running(settings) as car:
-        folder = settings.bundle_dir
+        folder = settings.paths.bundle_dir
         shutil.copy(unsigned, folder / "unsigned.tgz")
         shutil.copy(strange.path, folder / "strange.tgz")
         assert wait_for(lambda: reloads(car).get("rejected") == 2)
         assert len(car.store) == 0 and bundle.installed(car.store) == []
         shutil.copy(good.path, folder / "good.tgz")
         assert wait_for(lambda: reloads(car).get("installed") == 1)
-    assert [e.key["M"] for e in Store(settings.paths.registry).entries()] == [64]
+    assert [e.key["M"] for e in Store(settings.paths.layout.registry).entries()] == [64]
     refused = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
     assert any("unsigned.tgz" in m and "unsigned" in m for m in refused)
     assert any("strange.tgz" in m and f"unknown key {strange.signed_by}" in m for m in refused)
