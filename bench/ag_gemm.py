@@ -65,7 +65,7 @@ import torch.distributed as dist
 from bench import plots, targets
 from kernels import ag_gemm
 from registry import KernelConfig, Store, cpu_fingerprint
-from warmup.manifest import ManifestError, load_manifest
+from warmup.core.manifest import ManifestError, load_manifest
 from warmup.tuning.timing import DeviceHold
 
 SHAPES = [
@@ -310,7 +310,7 @@ def percentiles(values: list[float]) -> list[float]:
 
 def tune(task: ag_gemm.AgGemmTask) -> dict[str, Any]:
     """The tuner's search over every algorithm, as a warmup runs it (no registry)."""
-    from warmup.collectives import Lockstep
+    from warmup.core.collectives import Lockstep
     from warmup.tuning.timing import cuda_event_timer, cuda_latency_timer
     from warmup.tuning.tuner import TuneOptions, Tuner
 

@@ -28,7 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from registry import Entry, KernelConfig, bundle, cpu_fingerprint  # noqa: E402
+from registry import Entry, KernelConfig, cpu_fingerprint  # noqa: E402
+from registry.bundles import bundle  # noqa: E402
 from tests import tar_blocks as blocks  # noqa: E402
 
 MIB = 2**20

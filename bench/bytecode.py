@@ -27,7 +27,7 @@ PROGRAM = (
     "warmup.cli",
     "warmup.run.session",
     "warmup.run.runner",
-    "warmup.metrics",
+    "warmup.core.metrics",
     "kernels.ag_gemm",
     "kernels.matmul",
 )

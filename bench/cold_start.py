@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from bench import bytecode, plots
-from warmup import logs
+from warmup.core import logs
 from warmup.run.phases import OVERLAPPING, phase_table, process_age  # no torch, no triton
 
 SHAPES = [
@@ -82,7 +82,8 @@ def timed_run(work: Path, pod: str) -> tuple[float, dict[str, Any]]:
 
 def floor(work: Path, world: int, repeat: int = 0) -> tuple[float, dict[str, float]]:
     """The floor's wall time, and rank 0's seconds by phase (:func:`floor_rank`)."""
-    from registry import Store, triton_cache
+    from registry import Store
+    from registry.caches import triton_cache
 
     configs = {}
     for entry in Store(work / "volume" / "registry").entries():
@@ -131,7 +132,8 @@ def floor_rank(work: Path) -> None:
     import torch.distributed as dist
 
     from kernels import ag_gemm
-    from registry import KernelConfig, atomic
+    from registry import KernelConfig
+    from registry.core import atomic
 
     phases = {"imports": process_age()}  # as a warm rank's rank_start: torch, the kernels
 

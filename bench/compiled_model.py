@@ -127,7 +127,7 @@ def serve(args: argparse.Namespace) -> dict[str, Any]:
 
     from warmup.compiled.counters import snapshot
     from warmup.compiled.warm import build_model, run_once
-    from warmup.manifest import load_manifest
+    from warmup.core.manifest import load_manifest
 
     entry = load_manifest(Path(args.manifest)).models[0]
     if args.build:
@@ -311,10 +311,10 @@ def producer(manifest: Path, volume: Path, pod: Path, args: argparse.Namespace) 
 def restore_pod(manifest: Path, volume: Path, pod: Path, device: str) -> float:
     """What a new pod's init container restores for the model, timed: Triton's cache
     and the model's Inductor artifacts, into a folder at another path."""
-    from registry import inductor_cache, triton_cache
-    from registry.fingerprint import detect_for
+    from registry.caches import inductor_cache, triton_cache
+    from registry.core.fingerprint import detect_for
     from warmup.compiled.key import model_key
-    from warmup.manifest import load_manifest
+    from warmup.core.manifest import load_manifest
 
     entry = load_manifest(manifest).models[0]
     fingerprint = detect_for(device)  # before the clock: the init container has it already

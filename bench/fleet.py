@@ -42,7 +42,7 @@ from typing import Any
 
 from bench import bytecode
 from bench.cold_start import SHAPES, manifest_text
-from warmup.results import RunStatus
+from warmup.core.results import RunStatus
 from warmup.run.gpus import listed_gpus
 from warmup.run.phases import phase_table
 

@@ -219,7 +219,7 @@ class Pod:
         }
 
     def settings(self) -> Any:
-        from warmup.settings import Settings
+        from warmup.core.settings import Settings
 
         env = {
             k[len("TRITON_WARMUP_") :].lower(): v
@@ -288,8 +288,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from prometheus_client import CollectorRegistry
 
     from bench.fleet import redis_server
-    from warmup.metrics import ServeMetrics
-    from warmup.services import Services
+    from warmup.core.metrics import ServeMetrics
+    from warmup.core.services import Services
     from warmup.sidecar.harvest import Harvester
 
     work = Path(tempfile.mkdtemp(prefix="fleet-learns-"))
@@ -367,7 +367,7 @@ def during(report: dict[str, Any], busy: list[tuple[float, float]]) -> dict[str,
 
 
 def _tier(url: str) -> Any:
-    from registry.remote import RemoteTier
+    from registry.remote.tier import RemoteTier
 
     return RemoteTier(url, timeout_s=1.0)
 

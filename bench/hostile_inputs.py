@@ -348,9 +348,10 @@ def one_blob_many_paths(out: Path, copies: int, size: int, byte: bytes = b"\xa5"
     members in the order ``bundle create`` writes them (the blob before the index). Its
     writer (``bundle create``) refuses such an index, so the archive is made here. The
     bytes its manifest declares."""
-    from registry import bundle, inductor_cache
+    from registry.bundles import bundle
+    from registry.caches import inductor_cache
+    from registry.core.fingerprint import cpu_fingerprint
     from registry.families import named
-    from registry.fingerprint import cpu_fingerprint
 
     fp = cpu_fingerprint()
     sha = hashlib.sha256()
@@ -419,8 +420,8 @@ def one_blob_many_paths(out: Path, copies: int, size: int, byte: bytes = b"\xa5"
 
 MODEL_INDEX = """
 from registry import remote_models
-from registry.fingerprint import cpu_fingerprint
-from registry.remote import RemoteTier
+from registry.core.fingerprint import cpu_fingerprint
+from registry.remote.tier import RemoteTier
 
 tier = RemoteTier(ARGS["url"], timeout_s=1.0)
 root = Path(ARGS["work"]) / "inductor"
@@ -438,8 +439,8 @@ def after(outcome):
 
 ENTRY_FIELD = """
 from registry import MatchPolicy
-from registry.fingerprint import cpu_fingerprint
-from registry.remote import RemoteTier
+from registry.core.fingerprint import cpu_fingerprint
+from registry.remote.tier import RemoteTier
 
 tier = RemoteTier(ARGS["url"], timeout_s=1.0)
 fp = cpu_fingerprint()
@@ -452,8 +453,8 @@ def op():
 """
 
 TRICKLE_ENTRY = """
-from registry.fingerprint import cpu_fingerprint
-from registry.remote import RemoteTier
+from registry.core.fingerprint import cpu_fingerprint
+from registry.remote.tier import RemoteTier
 
 tier = RemoteTier(ARGS["url"], timeout_s=ARGS["timeout_s"])
 fp = cpu_fingerprint()
@@ -465,8 +466,8 @@ def op():
 
 TRICKLE_MODEL = """
 from registry import remote_models
-from registry.fingerprint import cpu_fingerprint
-from registry.remote import RemoteTier
+from registry.core.fingerprint import cpu_fingerprint
+from registry.remote.tier import RemoteTier
 
 tier = RemoteTier(ARGS["url"], timeout_s=ARGS["timeout_s"])
 fp = cpu_fingerprint()
@@ -479,7 +480,7 @@ def op():
 
 TRICKLE_TRITON = """
 from registry import remote_triton
-from registry.remote import RemoteTier
+from registry.remote.tier import RemoteTier
 
 tier = RemoteTier(ARGS["url"], timeout_s=ARGS["timeout_s"])
 
@@ -504,7 +505,7 @@ def op():
 
 LEARNED = """
 from warmup.compiled import learned
-from warmup.manifest import load_manifest
+from warmup.core.manifest import load_manifest
 
 manifest = load_manifest(Path(ARGS["manifest"]))
 folder, root = Path(ARGS["folder"]), Path(ARGS["root"])
@@ -520,7 +521,7 @@ def after(outcome):
 GROWING = """
 import threading
 from registry import inductor_cache
-from registry.fingerprint import cpu_fingerprint
+from registry.core.fingerprint import cpu_fingerprint
 
 cache, root = Path(ARGS["cache"]), Path(ARGS["root"])
 grower = cache / ARGS["grower"]
@@ -569,7 +570,7 @@ def after(outcome):
 
 IMPORT = """
 import contextlib, io
-from registry.store import Store
+from registry.storage.store import Store
 from warmup.cli import main
 
 work = Path(ARGS["work"])
@@ -604,7 +605,7 @@ def after(outcome):
 
 BUNDLE = """
 from registry import Store, bundle
-from registry.errors import RegistryError
+from registry.core.errors import RegistryError
 
 targets = Path(ARGS["targets"])
 store = Store(targets / "store", create=True)
@@ -661,10 +662,10 @@ def redis_cases(tmp: Path) -> list[dict]:
     import redis as redis_py
 
     from bench.fleet import redis_server
-    from registry import remote_models
-    from registry.entry import canonical_key
-    from registry.fingerprint import cpu_fingerprint
-    from registry.remote import slot_name
+    from registry.core.entry import canonical_key
+    from registry.core.fingerprint import cpu_fingerprint
+    from registry.remote import models as remote_models
+    from registry.remote.tier import slot_name
 
     rows = []
     fp = cpu_fingerprint()
@@ -679,7 +680,7 @@ def redis_cases(tmp: Path) -> list[dict]:
         rows.append(
             memory_row(
                 "1. 400 MiB value at a compiled model's index key",
-                "registry.remote_models.fetch",
+                "registry.remote.models.fetch",
                 f"{client.strlen(name)} bytes at {name}",
                 "refused (a miss, nothing written)",
                 result,
@@ -694,7 +695,7 @@ def redis_cases(tmp: Path) -> list[dict]:
         rows.append(
             memory_row(
                 "2. 40 MiB value in a tuned entry's field",
-                "registry.remote.RemoteTier.fetch (EXACT, then ANY: all the slot's fields)",
+                "registry.remote.tier.RemoteTier.fetch (EXACT, then ANY: all the slot's fields)",
                 f"{client.hstrlen(slot, fp.digest())} bytes at {slot} field {fp.digest()[:16]}...",
                 "refused (a miss)",
                 result,
@@ -717,7 +718,7 @@ def trickle_cases(tmp: Path) -> list[dict]:
     lock_deadline = LOCK_TIMEOUT_S + io_timeout(LOCK_TTL_S)
     calls: list[tuple[str, str, dict, float, str, Callable[[Any], bool]]] = [
         (
-            "registry.remote.RemoteTier.fetch",
+            "registry.remote.tier.RemoteTier.fetch",
             TRICKLE_ENTRY,
             {"timeout_s": timeout_s, "key": ENTRY_KEY},
             timeout_s,
@@ -725,7 +726,7 @@ def trickle_cases(tmp: Path) -> list[dict]:
             lambda r: r is None,
         ),
         (
-            "registry.remote_models.fetch",
+            "registry.remote.models.fetch",
             TRICKLE_MODEL,
             {"timeout_s": timeout_s, "model": MODEL, "key": KEY_DIGEST, "work": str(folder)},
             timeout_s,
@@ -733,7 +734,7 @@ def trickle_cases(tmp: Path) -> list[dict]:
             lambda r: r is False,
         ),
         (
-            "registry.remote_triton.fetch",
+            "registry.remote.triton.fetch",
             TRICKLE_TRITON,
             {"timeout_s": timeout_s, "cache_key": TRITON_KEY},
             timeout_s,
@@ -838,7 +839,7 @@ def growing_case(tmp: Path, grow: int = GIB, label: str = "5a") -> dict:
     shutil.rmtree(work)
     return memory_row(
         f"{label}. an Inductor cache file growing while it is saved",
-        "registry.inductor_cache.save",
+        "registry.caches.inductor_cache.save",
         f"{grower}: 10 bytes, a thread appending 1 MiB at a time (up to {grow // MIB} MiB) from "
         "the start of the save; 3 other files",
         "each index size = its blob's bytes (or the file skipped); the other files stored",
@@ -870,7 +871,7 @@ def import_case(tmp: Path) -> dict:
 
 
 def bundle_case(tmp: Path) -> dict:
-    from registry import bundle
+    from registry.bundles import bundle
 
     work = tmp / "case7"
     out = work / "hostile.tgz"
@@ -885,7 +886,7 @@ def bundle_case(tmp: Path) -> dict:
     shutil.rmtree(work)
     return memory_row(
         "7. a small bundle whose index names one 64 MiB blob under 40 paths",
-        "registry.bundle.install",
+        "registry.bundles.bundle.install",
         f"{size}-byte bundle: members declare {declared} bytes; its index would restore "
         f"{restore} bytes (limit {bundle.MAX_TOTAL_BYTES})",
         f"refused; 0 bytes left in the target folders; written <= declared ({declared})",

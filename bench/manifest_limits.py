@@ -6,7 +6,7 @@ Each case is written to a temporary file, then read by two fresh processes:
 
 outcome:   the real CLI, ``triton-warmup validate FILE`` (exit code and first line); it
            imports neither torch nor Triton (``kernels.shapes`` holds the kernels' rules)
-parse s:   a small ``python -c`` that imports :mod:`warmup.manifest` and times
+parse s:   a small ``python -c`` that imports :mod:`warmup.core.manifest` and times
            ``load_manifest(FILE)`` alone
 parse MiB: that process's peak RSS (``os.wait4``) above the same interpreter's when it
            only imports the module (the idle row)
@@ -39,7 +39,7 @@ TIMEOUT_S = 60
 PARSE = """
 import sys, time
 from pathlib import Path
-from warmup.manifest import ManifestError, load_manifest
+from warmup.core.manifest import ManifestError, load_manifest
 if sys.argv[1] != "--idle":
     started = time.perf_counter()
     try:
@@ -185,7 +185,7 @@ def main() -> int:
     cli = [str(CLI)] if CLI.exists() else [sys.executable, "-m", "warmup"]
     parse = [sys.executable, "-c", PARSE]
     idle = statistics.median(run([*parse, "--idle"]).peak_mib for _ in range(3))
-    print(f"idle interpreter (imports warmup.manifest): {idle:.0f} MiB peak RSS\n")
+    print(f"idle interpreter (imports warmup.core.manifest): {idle:.0f} MiB peak RSS\n")
     print("| case | bytes | outcome (CLI exit: first line) | CLI s | parse s | parse MiB |")
     print("|---|---:|---|---:|---:|---:|")
     worst_s = worst_mib = 0.0

@@ -138,7 +138,7 @@ def save_beside(out: Path | str | None, bench: str, result: Any) -> list[Path]:
 
 
 def _write(path: Path, data: bytes) -> None:
-    from registry import atomic
+    from registry.core import atomic
 
     atomic.write_bytes(path, data)
 

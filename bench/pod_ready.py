@@ -249,7 +249,7 @@ def pod_env(
 
 def fleet_keys(root: Path) -> Path:
     """A fleet's key pair under ``root/keys``, its public key the one trusted."""
-    from registry import signing
+    from registry.trust import signing
 
     keys = root / "keys"
     signing.generate(keys, "fleet")
@@ -740,7 +740,7 @@ def _no_redis() -> Iterator[tuple[str, str]]:
 
 
 def _written(path: Path, text: str) -> Path:
-    from warmup.manifest import parse_manifest
+    from warmup.core.manifest import parse_manifest
 
     parse_manifest(text)  # a bad manifest fails here, not in a pod
     path.parent.mkdir(parents=True, exist_ok=True)

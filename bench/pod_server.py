@@ -88,7 +88,7 @@ def serve(args: argparse.Namespace) -> dict[str, Any]:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     device = _join(dist, torch, args.device, int(os.environ["LOCAL_RANK"]))
     phases["process_group"] = lap()
-    from warmup.manifest import load_manifest
+    from warmup.core.manifest import load_manifest
     from warmup.serving import Serving
 
     serving = Serving()
@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", required=True)
     args = parser.parse_args(argv)
     faulthandler.register(DUMP_SIGNAL, all_threads=True)  # the bench's time limit: a stack dump
-    from registry import atomic
+    from registry.core import atomic
 
     atomic.write_json(Path(args.report), serve(args))
     return 0

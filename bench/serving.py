@@ -123,7 +123,7 @@ def rank_main(args: argparse.Namespace) -> None:
 
 
 def settings(args: argparse.Namespace) -> Any:
-    from warmup.settings import Settings
+    from warmup.core.settings import Settings
 
     return Settings(
         volume=args.volume,
@@ -319,10 +319,10 @@ def _max_over_ranks(values: list[float], device: Any) -> list[float]:
 
 @functools.cache
 def _lockstep() -> Any:
-    """The tuner's meeting of every rank (``warmup.collectives.Lockstep.meet``)."""
+    """The tuner's meeting of every rank (``warmup.core.collectives.Lockstep.meet``)."""
     import torch.distributed as dist
 
-    from warmup.collectives import Lockstep
+    from warmup.core.collectives import Lockstep
 
     return Lockstep(dist.group.WORLD)
 

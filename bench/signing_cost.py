@@ -34,8 +34,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from registry import Entry, KernelConfig, Store, bundle, cpu_fingerprint, signing  # noqa: E402
-from registry.bundle_signature import DOMAIN  # noqa: E402
+from registry import Entry, KernelConfig, Store, cpu_fingerprint  # noqa: E402
+from registry.bundles import bundle  # noqa: E402
+from registry.bundles.signature import DOMAIN  # noqa: E402
+from registry.trust import signing  # noqa: E402
 
 MIB = 2**20
 

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).parents[1]))  # the tests' status helper
 
 from tests.conftest import free_port, wait_for
 from tests.warmup.sidecar.test_server import DEMO, ready_status
-from warmup.settings import Settings
+from warmup.core.settings import Settings
 
 ROOT = Path(__file__).parents[1]
 HOST = "127.0.0.1"

@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.fleet import redis_server  # noqa: E402
-from registry import signing  # noqa: E402
+from registry.trust import signing  # noqa: E402
 
 MANIFEST = ROOT / "examples" / "demo.yaml"
 
@@ -98,7 +98,7 @@ def run_pod(env: dict[str, str]) -> dict[str, Any]:
 
 def trust_costs(keys: Path) -> dict[str, float]:
     """Loading the trusted keys and verifying one signed entry-sized value, in ms."""
-    from registry.remote_signature import seal, unseal
+    from registry.trust.remote_signature import seal, unseal
 
     def median_ms(fn: Any, n: int) -> float:
         times = []

@@ -291,7 +291,7 @@ def ag_gemm_tuning(args: argparse.Namespace) -> None:
     from kernels import ag_gemm
     from registry import Store, detect
     from registry.locks import backend_from_url
-    from warmup.collectives import Lockstep
+    from warmup.core.collectives import Lockstep
     from warmup.tuning.timing import cuda_event_timer
     from warmup.tuning.tuner import TuneOptions, Tuner
 

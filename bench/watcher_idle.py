@@ -26,10 +26,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parents[1]))  # the tests' bundle and status helpers
 
-from registry import Store, bundle
+from registry import Store
+from registry.bundles import bundle
 from tests.conftest import wait_for
 from tests.warmup.sidecar.test_server import make_bundle, ready_status
-from warmup.settings import Settings
+from warmup.core.settings import Settings
 from warmup.sidecar import watcher as watcher_module
 from warmup.sidecar.server import Sidecar
 

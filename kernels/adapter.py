@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kernels.shapes import RULES
-from registry.config import KernelConfig
+from registry.core.config import KernelConfig
 
 if TYPE_CHECKING:
     import torch

@@ -72,7 +72,7 @@ from kernels.ag_gemm_workspace import (
     input_buffer,
 )
 from kernels.served import ServedLayer
-from registry.config import KernelConfig
+from registry.core.config import KernelConfig
 
 __all__ = [
     "ADAPTER",

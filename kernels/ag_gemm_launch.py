@@ -23,7 +23,7 @@ from kernels.adapter import LaunchPlan
 from kernels.ag_gemm_kernels import _ag_gemm_portable_kernel, _ag_gemm_tma_kernel, _wait_kernel
 from kernels.ag_gemm_workspace import AgGemmContext
 from kernels.spaces import meta_int
-from registry.config import KernelConfig
+from registry.core.config import KernelConfig
 
 
 def check_inputs(

@@ -29,8 +29,8 @@ from kernels.ag_gemm_launch import (
 from kernels.ag_gemm_workspace import AgGemmContext, group_size_and_rank
 from kernels.spaces import Problem, ag_gemm_space, ordered, prune
 from kernels.task import ProductTask
-from registry.config import KernelConfig
-from registry.fingerprint import kernel_source_hash
+from registry.core.config import KernelConfig
+from registry.core.fingerprint import kernel_source_hash
 
 NAME = "ag_gemm"  # the kernel: in kernels.ADAPTERS, the registry's entries, the shape rules
 

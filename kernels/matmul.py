@@ -21,9 +21,9 @@ import triton.language as tl
 from kernels.adapter import KernelAdapter, LaunchPlan, Layer, dtype_name, torch_dtype
 from kernels.served import ServedLayer
 from kernels.task import ProductTask
-from registry.config import KernelConfig
-from registry.fingerprint import kernel_source_hash
-from registry.triton_internals import compile_for
+from registry.core.config import KernelConfig
+from registry.core.fingerprint import kernel_source_hash
+from registry.core.triton_internals import compile_for
 
 NAME = "matmul"
 

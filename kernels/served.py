@@ -17,7 +17,7 @@ import torch
 
 from kernels import collectives
 from kernels.adapter import KernelAdapter, LaunchPlan, Layer, torch_dtype
-from registry.config import KernelConfig
+from registry.core.config import KernelConfig
 
 
 class ServedLayer(ABC):

@@ -4,7 +4,7 @@ A manifest is checked where torch and triton are not imported (``triton-warmup
 validate``, the launcher before its ranks start, the sidecar), so each kernel's rule on
 its shapes lives here, beside :data:`kernels.ADAPTERS`, as data: every kernel there has
 one rule here, and its adapter's ``check_shape`` is that rule, read from here (one rule
-and one message; ``tests/warmup/test_manifest.py`` checks both). Imports only the
+and one message; ``tests/warmup/core/test_manifest.py`` checks both). Imports only the
 standard library.
 """
 

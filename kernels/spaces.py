@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from registry.config import KernelConfig
+from registry.core.config import KernelConfig
 
 if TYPE_CHECKING:
     import torch

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from kernels.adapter import dtype_name
-from registry.config import KernelConfig
+from registry.core.config import KernelConfig
 
 # The relative error (in norm) a run may have against a wider-precision reference.
 TOLERANCE = {"fp32": 2e-3, "fp16": 1e-2, "bf16": 2e-2}  # by kernels.adapter.DTYPES name

@@ -1,10 +1,10 @@
 """Storage and distribution of tuned kernel configs. Knows nothing of kernels and imports
 neither torch nor triton, so the sidecar can run from a slim image."""
 
-from registry.config import KernelConfig, Measurement
-from registry.entry import SCHEMA_VERSION, Entry, canonical_key
-from registry.errors import BundleRejected, FingerprintMismatch, LockTimeout, RegistryError
-from registry.fingerprint import (
+from registry.core.config import KernelConfig, Measurement
+from registry.core.entry import SCHEMA_VERSION, Entry, canonical_key
+from registry.core.errors import BundleRejected, FingerprintMismatch, LockTimeout, RegistryError
+from registry.core.fingerprint import (
     Fingerprint,
     Hardware,
     MatchPolicy,
@@ -14,7 +14,7 @@ from registry.fingerprint import (
     kernel_source_hash,
 )
 from registry.locks import Holder, backend_from_url, lock
-from registry.store import Store
+from registry.storage.store import Store
 
 __all__ = [
     "SCHEMA_VERSION",

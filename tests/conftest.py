@@ -23,7 +23,7 @@ import pytest
 from registry import Entry, Fingerprint, Hardware, KernelConfig, Measurement, Software
 
 if TYPE_CHECKING:
-    from warmup.settings import Settings
+    from warmup.core.settings import Settings
 
 _counter = itertools.count()
 ROOT = Path(__file__).parents[1]
@@ -89,14 +89,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 def settings_for(root: Path, **extra: Any) -> Settings:
     """Settings of a CPU run whose volume and work folder live under ``root``."""
-    from warmup.settings import Settings
+    from warmup.core.settings import Settings
 
     defaults = {"volume": root / "volume", "work_dir": root / "work", "device": "cpu"}
     return Settings(**{**defaults, "manifest": DEMO, **extra})
 
 
 def write_manifest(path: Path, text: str) -> Path:
-    from warmup.manifest import parse_manifest
+    from warmup.core.manifest import parse_manifest
 
     parse_manifest(text)  # keep test manifests valid
     path.write_text(text)

@@ -1,7 +1,7 @@
 """The measure of [5.1]: a new cache family that keeps one pod folder is its module and
 nothing else. The module is dropped into a plug-in folder on the families' path, then
 restored, saved, harvested, bundled (create and install) and explained through the
-public entry points: the settings, ``warmup.families``' loops and the ``registry`` CLI."""
+public entry points: the settings, ``warmup.caches.families``' loops and the ``registry`` CLI."""
 
 from __future__ import annotations
 
@@ -11,22 +11,22 @@ import sys
 import pytest
 
 from registry import families
+from registry.caches.triton_cache import Origin
+from registry.core.fingerprint import cpu_fingerprint
 from registry.families import Host, Sources
-from registry.fingerprint import cpu_fingerprint
-from registry.triton_cache import Origin
 from warmup import cli
-from warmup import families as warm
-from warmup.services import Services
-from warmup.settings import Settings
+from warmup.caches import families as warm
+from warmup.core.services import Services
+from warmup.core.settings import Settings
 
 NOTES = '''
 """Notes: one pod folder of files, kept on the volume at <volume>/notes."""
 from pathlib import Path, PurePosixPath
 import shutil
 
-from registry.bundle_parts import BundlePart, Packed
-from registry.errors import BundleRejected
-from registry.explain import predict
+from registry.families.bundle_parts import BundlePart, Packed
+from registry.core.errors import BundleRejected
+from registry.core.explain import predict
 from registry.families.base import BundleOption, Family, Moved, PodFolder
 
 FOLDER = PodFolder("notes_dir", "families/notes", "the server's notes", server_env="NOTES")

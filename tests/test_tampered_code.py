@@ -14,9 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from registry import Store, bundle, bundle_signature, inductor_cache, signing
-from registry.fingerprint import cpu_fingerprint
-from registry.remote import RemoteTier
+from registry import Store
+from registry.bundles import bundle
+from registry.bundles import signature as bundle_signature
+from registry.caches import inductor_cache
+from registry.core.fingerprint import cpu_fingerprint
+from registry.remote.tier import RemoteTier
+from registry.trust import signing
 from tests.conftest import wait_for
 from tests.registry._bundles import refused
 from tests.registry.test_redis_outage import redis  # noqa: F401  (a module fixture)
@@ -149,7 +153,7 @@ def test_a_bundle_install_runs_no_tampered_code(tmp_path, payload, marker, trust
 
 def test_the_watcher_runs_no_tampered_code(tmp_path, payload, marker, trusted):
     from tests.warmup.sidecar.test_server import ready_status, reloads, running
-    from warmup.settings import Settings
+    from warmup.core.settings import Settings
 
     settings = Settings(
         volume=tmp_path / "volume",
@@ -176,7 +180,8 @@ def test_a_redis_writer_without_the_key_runs_no_code_in_a_pod(
 ):
     """The attacker writes the payload to the Redis tier, unsigned and signed by a key
     nobody trusts, every family's way; a pod that trusts the fleet's key fetches it."""
-    from registry import remote_models, remote_triton
+    from registry.remote import models as remote_models
+    from registry.remote import triton as remote_triton
 
     redis.client.flushall()
     private, _ = signing.generate(tmp_path / "stranger", "stranger")

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from warmup.manifest import Manifest
-    from warmup.results import RunStatus
-    from warmup.settings import Settings
+    from warmup.core.manifest import Manifest
+    from warmup.core.results import RunStatus
+    from warmup.core.settings import Settings
 
 
 def warm(manifest: Manifest | str | Path, settings: Settings | None = None) -> RunStatus:
@@ -23,11 +23,11 @@ def warm(manifest: Manifest | str | Path, settings: Settings | None = None) -> R
     Under an initialised ``torch.distributed`` group every rank must call it; rank 0
     restores and saves the compile cache and writes the status and metrics files. On
     CPU it turns Triton's interpreter on (before the kernels are imported).
-    :class:`~warmup.manifest.ManifestError` when the manifest has no entry for this
+    :class:`~warmup.core.manifest.ManifestError` when the manifest has no entry for this
     world size or a kernel rejects a shape; :class:`~warmup.run.checks.RunError` when the
-    device asked for is not there; :class:`registry.volume.MissingFolder` when the volume
+    device asked for is not there; :class:`registry.core.volume.MissingFolder` when the volume
     is not there (``Settings(create_volume=True)`` makes it).
     """
-    from warmup.run.inprocess import warm_in_process
+    from warmup.run.inprocess import warm_in_process  # import warmup stays light
 
     return warm_in_process(manifest, settings)

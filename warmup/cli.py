@@ -25,26 +25,26 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from registry.errors import BadInput, ReportedError, named
-from warmup.manifest import Manifest, ManifestError, load_manifest
+from registry.core.errors import BadInput, ReportedError, named
+from warmup.core.manifest import Manifest, ManifestError, load_manifest
 
 if TYPE_CHECKING:
-    from pydantic import ValidationError
+    from pydantic import ValidationError  # pydantic loads after the parse: --help stays fast
 
-    from warmup.results import RunStatus
+    from warmup.core.results import RunStatus  # only status loads it
+    from warmup.core.settings import Settings  # pydantic loads after the parse
     from warmup.run.early import EarlyRanks
-    from warmup.settings import Settings
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
-# Imported here: the manifest (and pydantic) and the error classes (registry.errors, no
+# Imported here: the manifest (and pydantic) and the error classes (registry.core.errors, no
 # torch). ``validate`` needs nothing else, not even the settings; every other command
 # imports what it uses when it runs.
 
 
 def build_parser(settings: Settings) -> argparse.ArgumentParser:
-    from registry import cli as registry_cli
-    from registry.cli_common import default_roots
-    from warmup import doctor, explain
+    from registry.cli import main as registry_cli  # each command loads only its own modules
+    from registry.cli.common import default_roots  # each command loads only its own modules
+    from warmup import doctor, explain  # each command loads only its own modules
 
     parser, sub = _top_parser()
     run = sub.add_parser("run", help="warm every manifest shape, then exit")
@@ -152,10 +152,10 @@ def _command(argv: Sequence[str]) -> str | None:
 
 
 def _with_settings(argv: Sequence[str], early: EarlyRanks | None) -> int:
-    from pydantic import ValidationError
+    from pydantic import ValidationError  # pydantic loads after the parse: --help stays fast
 
-    from warmup import logs
-    from warmup.settings import Settings
+    from warmup.core import logs  # after the parse: --help stays fast
+    from warmup.core.settings import Settings  # pydantic loads after the parse
 
     try:
         settings = Settings()
@@ -196,8 +196,8 @@ def _guarded(debug: bool, command: Callable[[], int]) -> int:
 
 def exit_code(error: BaseException) -> int:
     """The exit code a command ends with on ``error``, by its class: 2 for bad input
-    (:class:`registry.errors.BadInput`, a manifest's :class:`ManifestError`), before
-    anything else; 1 for the rest (:class:`registry.errors.WorkFailed` and any other)."""
+    (:class:`registry.core.errors.BadInput`, a manifest's :class:`ManifestError`), before
+    anything else; 1 for the rest (:class:`registry.core.errors.WorkFailed` and any other)."""
     if isinstance(error, (BadInput, ManifestError)):  # first: a bad bundle is both
         return EXIT_BAD_INPUT
     return EXIT_FAILED
@@ -213,14 +213,14 @@ def _dispatch(args: argparse.Namespace, settings: Settings, early: EarlyRanks | 
     if args.command == "validate":
         return _validate(args)
     if args.command == "doctor":
-        from warmup import doctor
+        from warmup import doctor  # only doctor loads it
 
         return doctor.run(settings, args)
     if args.command == "explain":
-        from warmup import explain
+        from warmup import explain  # only explain loads it
 
         return explain.run(settings, args)
-    from registry import cli as registry_cli
+    from registry.cli import main as registry_cli  # each command loads only its own modules
 
     return registry_cli.run(args)
 
@@ -235,8 +235,8 @@ def _run(settings: Settings, early: EarlyRanks | None) -> int:
     # its functions found), then the volume: the first of the run's checks, which the
     # launcher goes on with (warmup.run.checks).
     manifest = load_manifest(settings.paths.manifest, find_functions=True)
-    from warmup.run.launch import run
-    from warmup.services import existing_volume  # pydantic and the registry: not for validate
+    from warmup.core.services import existing_volume  # pydantic and the registry: not for validate
+    from warmup.run.launch import run  # only run loads the launcher
 
     existing_volume(settings)
 
@@ -275,8 +275,8 @@ def _time_to_state(status: RunStatus) -> str:
 def _status(path: Path, *, as_json: bool) -> int:
     """Exit 0 when the last run is ready, 1 when it failed or runs, 2 when there is no
     readable status."""
-    from warmup.results import RunStatus
-    from warmup.run.phases import phase_table
+    from warmup.core.results import RunStatus  # only status loads it
+    from warmup.run.phases import phase_table  # only status loads it
 
     status = RunStatus.read(path)
     if status is None:
@@ -298,8 +298,8 @@ class _StoppedWhileStarting(Exception):
 
 
 def _serve(settings: Settings) -> int:
-    from warmup.services import existing_volume  # pydantic and the registry: not for validate
-    from warmup.sidecar.server import Sidecar
+    from warmup.core.services import existing_volume  # pydantic and the registry: not for validate
+    from warmup.sidecar.server import Sidecar  # only serve loads watchdog and h11
 
     existing_volume(settings)
     signals: list[int] = []
@@ -395,7 +395,7 @@ def _print_shapes(title: str, shapes: list[dict[str, int]]) -> None:
 def settings_errors(error: ValidationError, options: dict[str, Any] | None = None) -> str:
     """One line: each bad setting as its option (or environment variable), the value
     given, and what is allowed."""
-    from warmup.settings import Settings  # pydantic: not for validate
+    from warmup.core.settings import Settings  # pydantic: not for validate
 
     by_setting = {setting: option for option, setting in OVERRIDES.items()}
     parts = []

@@ -31,10 +31,14 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from warmup import logs
-from warmup.manifest import load_manifest
-from warmup.services import Services, existing_volume
-from warmup.settings import Settings
+from registry.bundles import bundle
+from registry.storage.store import Store
+from registry.trust import signing
+from registry.trust.signing import SigningKey
+from warmup.core import logs
+from warmup.core.manifest import load_manifest
+from warmup.core.services import Services, existing_volume
+from warmup.core.settings import Settings
 
 KEY_METRICS = (
     "triton_warmup_ready ",
@@ -82,7 +86,7 @@ def main() -> int:
         if not ready:
             return 1
     print("\n== the sidecar")
-    from warmup.sidecar.server import Sidecar
+    from warmup.sidecar.server import Sidecar  # the pods' sidecar, in its own process
 
     for name in DEMO_BUNDLES:  # an earlier demo's: not scanned again at the start
         (settings.paths.bundle_dir / name).unlink(missing_ok=True)
@@ -125,7 +129,6 @@ def run_pod(settings: Settings) -> bool:
 def trusting_its_own_key(settings: Settings, keys: Path) -> Settings:
     """``settings`` signing with the demo's key and trusting only it; the key pair is
     made in ``keys`` on the first run."""
-    from registry import signing
 
     if not (keys / "demo.key").exists():
         signing.generate(keys, "demo")
@@ -135,9 +138,6 @@ def trusting_its_own_key(settings: Settings, keys: Path) -> Settings:
 def hot_reload_signed(settings: Settings, port: int) -> None:
     """Drop an unsigned bundle of the registry, then the same signed, into the sidecar's
     bundle folder; print what the sidecar did with each."""
-    from registry import bundle
-    from registry.signing import SigningKey
-    from registry.store import Store
 
     assert settings.trust.signing_key is not None
     key = SigningKey.load(settings.trust.signing_key)
@@ -176,7 +176,7 @@ def use_temp_folder(folder: Path) -> None:
 
 def compiled_mlp(device: Any) -> Any:
     """The demo's compiled model: a small MLP, ``torch.compile``d as a server would."""
-    import torch
+    import torch  # torch loads on first use
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64))

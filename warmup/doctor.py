@@ -22,16 +22,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from registry import triton_internals
-from registry.errors import RegistryError
-from registry.fingerprint import NVIDIA_PROC, proc_driver_version
+from registry.core import triton_internals
+from registry.core.errors import RegistryError
+from registry.core.fingerprint import NVIDIA_PROC, proc_driver_version
+from registry.core.redis_url import redacted
 from registry.locks import LockServerUnreachable, check_backend
 from registry.locks.file_lease import FileLeaseBackend
-from registry.redis_url import redacted
-from registry.store import Store
+from registry.storage.store import Store
+from warmup.core.services import Services
+from warmup.core.settings import Settings
 from warmup.run.gpus import listed_gpus
-from warmup.services import Services
-from warmup.settings import Settings
 
 State = Literal["OK", "MISSING", "SKIP"]
 
@@ -92,7 +92,7 @@ def check_torch_cuda(settings: Settings, host: Host) -> Result:
     if settings.run.device == "cpu":
         return Result(name, "SKIP", "device is cpu")
     try:
-        import torch
+        import torch  # torch loads on first use
     except ImportError:
         return Result(name, "MISSING", "torch is not installed", "use the full image")
     if torch.cuda.is_available():

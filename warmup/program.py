@@ -29,7 +29,7 @@ def entry() -> None:
         if early is not None:
             early.stop()  # no-op once the run took them
     if run or argv[:1] == ["serve"]:  # a stopped sidecar: no second of teardown at SIGTERM
-        from warmup import logs
+        from warmup.core import logs  # after the run: only stdlib before the ranks start
 
         logs.exit_now(code)
     sys.exit(code)

@@ -16,7 +16,7 @@ writes groups that Triton's file cache cannot read back, so the tiered manager i
 one to use.
 
 Trust: a file's name points at its bytes by sha256, and that pointer is signed by the
-publishing pod's key (``registry.remote_signature``); with trusted keys configured
+publishing pod's key (``registry.trust.remote_signature``); with trusted keys configured
 (``TRITON_WARMUP_TRUSTED_KEYS``) a pointer no trusted key signed is refused and Triton
 compiles, so a writer to the redis server without a key cannot hand a pod a kernel.
 Without trusted keys, anyone who can write to the server can, as anyone who can write
@@ -26,7 +26,7 @@ process builds its own.
 Redis down or slow: each call waits at most ``TRITON_WARMUP_TRITON_REMOTE_TIMEOUT_S``
 (0.2 s) for the whole call (a server that trickles its answer included; a blob's call
 also has the time its bytes take), then the tier is skipped for 30 s and Triton
-compiles locally. Values are read only within their limits (``registry.remote_triton``).
+compiles locally. Values are read only within their limits (``registry.remote.triton``).
 Nothing here raises into Triton.
 """
 
@@ -41,9 +41,10 @@ from typing import Any, ParamSpec, TypeVar
 
 from triton.runtime.cache import FileCacheManager, RemoteCacheBackend
 
-from registry import remote_triton
-from registry.remote import RemoteTier
-from registry.triton_cache import GROUP_PREFIX
+from registry.caches.triton_cache import GROUP_PREFIX
+from registry.remote import triton as remote_triton
+from registry.remote.tier import RemoteTier
+from warmup.core.settings import Settings
 
 log = logging.getLogger(__name__)
 P = ParamSpec("P")
@@ -75,8 +76,7 @@ def _count(**increments: int) -> None:
 def process_tier() -> RemoteTier | None:
     """The remote tier of this process's settings; None when there is none, or the
     settings cannot be read (logged once: Triton then caches locally only)."""
-    from warmup.services import Services  # Triton loads the plug-in: not the settings
-    from warmup.settings import Settings
+    from warmup.core.services import Services  # Triton loads the plug-in: not the settings
 
     try:  # an entry point Triton calls: this process's services, built once here
         settings = Settings()

@@ -26,7 +26,7 @@ PLACEHOLDER = re.compile(r"^<!-- reference: (\S+) -->$", re.M)
 # Modules whose ``*Metrics`` classes (those taking ``registry=``) make the metrics page,
 # with who writes them. tests/docs checks that every metric name in the code is listed.
 METRICS_MODULES = {
-    "warmup.metrics": "the run (`triton-warmup run`) and the sidecar",
+    "warmup.core.metrics": "the run (`triton-warmup run`) and the sidecar",
     "warmup.serving": "a serving process, re-exported by the sidecar",
 }
 USAGE_WIDTH = 88
@@ -60,7 +60,7 @@ def cell(text: object) -> str:
 def settings_reference() -> str:
     """One table per group of ``Settings`` (``settings.paths``, ``settings.locks``...),
     each setting by its variable."""
-    from warmup.settings import Settings
+    from warmup.core.settings import Settings
 
     header = ["| variable | type | default | meaning |", "| --- | --- | --- | --- |"]
     sections: dict[str, list[str]] = {}
@@ -126,7 +126,7 @@ def default_text(field: Any) -> str:
 @contextmanager
 def embedded_settings() -> Iterator[Any]:
     """``Settings()`` on its embedded defaults, whatever the builder's environment holds."""
-    from warmup.settings import Settings
+    from warmup.core.settings import Settings
 
     prefix = str(Settings.model_config.get("env_prefix", "")).upper()
     saved = {key: value for key, value in os.environ.items() if key.upper().startswith(prefix)}
@@ -259,7 +259,7 @@ def metrics_table(registry: Any, instance: object) -> str:
 def declared_labels(instance: object) -> dict[str, tuple[str, ...]]:
     """Label names of the metrics an object's class declares (``MetricField``), by name:
     a labelled metric with no child yet has no sample to read them from."""
-    from warmup.metrics import MetricField
+    from warmup.core.metrics import MetricField
 
     return {
         field.name: field.labels

@@ -23,17 +23,17 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from registry.explain import Prediction, predict
+from registry.caches.triton_cache import Origin
+from registry.core.explain import Prediction, predict
+from registry.core.fingerprint import Fingerprint, MatchPolicy
+from registry.core.volume import Volume
 from registry.families.file_harvest import FileLimits, Harvested, Refused
-from registry.fingerprint import Fingerprint, MatchPolicy
-from registry.triton_cache import Origin
-from registry.volume import Volume
 
 if TYPE_CHECKING:
-    from registry.bundle import Bundle
-    from registry.bundle_parts import BundlePart
-    from registry.remote import RemoteTier
-    from registry.store import Store
+    from registry.bundles.bundle import Bundle
+    from registry.families.bundle_parts import BundlePart
+    from registry.remote.tier import RemoteTier
+    from registry.storage.store import Store
 
 
 @dataclass(frozen=True)
@@ -182,7 +182,7 @@ class Family:
     order: int = 100
     needs_host = False  # restored only once the host's fingerprint is known
     folders: tuple[PodFolder, ...] = ()  # the pod folders it keeps (settings, chart, scope)
-    bundled: BundlePart | None = None  # its members in a bundle (registry.bundle_parts)
+    bundled: BundlePart | None = None  # its members in a bundle (registry.families.bundle_parts)
     option: BundleOption | None = None  # its folder's option in the bundle commands
     # the kinds of file it harvests one by one (:meth:`harvest_file`) -> their metrics label
     file_kinds: Mapping[str, str] = MappingProxyType({})

@@ -21,11 +21,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from registry.bundle_indexed import IndexedFiles
+from registry.core.fingerprint import Fingerprint
+from registry.core.volume import Volume
 from registry.families.base import BundleOption, Declared, Scope
+from registry.families.bundle_indexed import IndexedFiles
 from registry.families.keyed import KeyedFolders
-from registry.fingerprint import Fingerprint
-from registry.volume import Volume
 
 FOLDER = "caches"  # under the volume's root
 

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from registry import atomic
+from registry.core import atomic
 
 if TYPE_CHECKING:
-    from registry.remote import RemoteTier
+    from registry.remote.tier import RemoteTier
 
 
 class Refused(Exception):

@@ -1,12 +1,12 @@
 """Inductor's artifacts of each declared model: what ``torch.compile`` wrote while the
 model warmed (FX graph, AOTAutograd and autotune entries, generated code, kernels),
 kept on the volume at ``<volume>/inductor`` by model, key and host
-(:mod:`registry.inductor_cache`).
+(:mod:`registry.caches.inductor_cache`).
 
 A rank restores and saves a model's artifacts around its compile (``warmup.compiled``);
 a run that starts no rank (a full hit) restores them here, for the server. The key is
 the model's (its code and shapes: ``warmup.compiled.key``); the remote tier shares them
-(:mod:`registry.remote_models`).
+(:mod:`registry.remote.models`).
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from registry import remote_models
-from registry.bundle_indexed import IndexedFiles
+from registry.core.volume import Volume
 from registry.families.base import BundleOption, Declared, PodFolder, Scope
+from registry.families.bundle_indexed import IndexedFiles
 from registry.families.keyed import KeyedFolders
-from registry.volume import Volume
+from registry.remote import models as remote_models
 
 RECORD_KEY = "inductor_indexes"  # a generation's record: the indexes its install replaced
 INDUCTOR_CACHE = PodFolder(

@@ -3,7 +3,7 @@ declared thing, key and host (a model's Inductor artifacts, a declared engine fo
 
 Each declared thing (:class:`~registry.families.base.Declared`) is stored as an index
 and content-addressed blobs under the family's root on the volume
-(:mod:`registry.inductor_cache`'s layout: ``models/<name>/<gpu>/<software>/<key>.json``
+(:mod:`registry.caches.inductor_cache`'s layout: ``models/<name>/<gpu>/<software>/<key>.json``
 and ``blobs/``): restored only for the same key and an equal fingerprint, each file
 checked against its hash on the way. A subclass says where its root is, what it
 declares and where each thing's folder is in the pod; the rest is here.
@@ -18,15 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from registry import inductor_cache, remote_models
-from registry.errors import RegistryError, named
-from registry.explain import Differences, Prediction, fingerprint_differences, predict
+from registry.caches import inductor_cache
+from registry.core.errors import RegistryError, named
+from registry.core.explain import Differences, Prediction, fingerprint_differences, predict
+from registry.core.fingerprint import Fingerprint
 from registry.families.base import Declared, Family, Host, Moved, Scope, Sources
-from registry.fingerprint import Fingerprint
+from registry.remote import models as remote_models
 
 if TYPE_CHECKING:
-    from registry.bundle import Bundle
-    from registry.remote import RemoteTier
+    from registry.bundles.bundle import Bundle
+    from registry.remote.tier import RemoteTier
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ manifest names.
 
 They travel with Triton's cache folder (restored and saved as its files); what this
 family adds is their import: at the run's end each result becomes a registry entry for
-this host (:func:`registry.importers.import_triton_autotune`), so the serving path and
+this host (:func:`registry.storage.importers.import_triton_autotune`), so the serving path and
 the fleet read them as they read tuned configs. After ready, the sidecar harvests each
 result the server's traffic writes (renamed into place): checked, to the volume and the
 remote tier, and imported into the registry as a new generation.
@@ -16,9 +16,9 @@ import logging
 from pathlib import Path
 from types import MappingProxyType
 
-from registry import atomic
-from registry.errors import RegistryError
-from registry.explain import Prediction
+from registry.core import atomic
+from registry.core.errors import RegistryError
+from registry.core.explain import Prediction
 from registry.families.base import Family, Host, Moved, Scope, Sources
 from registry.families.file_harvest import FileLimits, Harvested, Refused, opened, read_at
 from registry.families.triton_kernels import (
@@ -32,7 +32,7 @@ from registry.families.triton_kernels import (
     uploads,
     write_new,
 )
-from registry.importers import import_triton_autotune, import_triton_autotune_files
+from registry.storage.importers import import_triton_autotune, import_triton_autotune_files
 
 log = logging.getLogger(__name__)
 MAX_AUTOTUNE_BYTES = 2**20

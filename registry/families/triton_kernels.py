@@ -3,7 +3,7 @@ and group files, launcher stubs), kept on the volume at ``<volume>/triton-cache`
 
 Restored into this pod's TRITON_CACHE_DIR before anything compiles (group files pointed
 at their new folder), saved back at the run's end with the host's origin recorded for
-``explain`` (:mod:`registry.triton_cache`). Triton's own hash names each folder, so the
+``explain`` (:mod:`registry.caches.triton_cache`). Triton's own hash names each folder, so the
 key needs nothing of ours and no path enters it.
 
 After ready, the sidecar harvests a kernel when its group file appears (Triton writes it
@@ -21,11 +21,22 @@ from pathlib import Path, PurePosixPath
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from registry import atomic, remote_triton, triton_cache
-from registry.bundle_parts import BundlePart, Packed, PartReader, Stage
-from registry.errors import BundleRejected, shown
-from registry.explain import Prediction, predict
+from registry.caches import triton_cache
+from registry.caches.triton_cache import (
+    GROUP_PREFIX,
+    MAX_GROUP_BYTES,
+    Kind,
+    Origin,
+    is_group,
+    relocate,
+)
+from registry.core import atomic
+from registry.core.errors import BundleRejected, shown
+from registry.core.explain import Prediction, predict
+from registry.core.patterns import TRITON_CACHE_KEY
+from registry.core.volume import Volume
 from registry.families.base import BundleOption, Family, Host, Moved, PodFolder, Scope, Sources
+from registry.families.bundle_parts import BundlePart, Packed, PartReader, Stage
 from registry.families.file_harvest import (
     FileLimits,
     Harvested,
@@ -35,13 +46,11 @@ from registry.families.file_harvest import (
     read_at,
     temporary,
 )
-from registry.patterns import TRITON_CACHE_KEY
-from registry.triton_cache import GROUP_PREFIX, MAX_GROUP_BYTES, Kind, Origin, is_group, relocate
-from registry.volume import Volume
+from registry.remote import triton as remote_triton
 
 if TYPE_CHECKING:
-    from registry.bundle import Limits
-    from registry.remote import RemoteTier
+    from registry.bundles.bundle import Limits
+    from registry.remote.tier import RemoteTier
 
 log = logging.getLogger(__name__)
 

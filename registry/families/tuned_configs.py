@@ -9,10 +9,10 @@ waiting to install and (sampled) the remote tier hold.
 
 from __future__ import annotations
 
-from registry.entry import Entry
-from registry.explain import Differences, Prediction, fingerprint_differences, predict
+from registry.core.entry import Entry
+from registry.core.explain import Differences, Prediction, fingerprint_differences, predict
+from registry.core.fingerprint import MatchPolicy
 from registry.families.base import Family, Host, Scope, Sources
-from registry.fingerprint import MatchPolicy
 
 
 class TunedConfigs(Family):

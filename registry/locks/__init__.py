@@ -27,7 +27,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from registry.errors import LockTimeout, RegistryError
+from registry.core.errors import LockTimeout, RegistryError
+from registry.core.redis_url import is_redis
 from registry.locks.file_lease import FileLeaseBackend
 from registry.locks.lease import (
     DEFAULT_TIMEOUT,
@@ -44,7 +45,6 @@ from registry.locks.lease import (
     lock_file_name,
 )
 from registry.locks.redis_lock import RedisLockBackend
-from registry.redis_url import is_redis
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from filelock import LeaseCompromise, LeaseSettingsMismatch, SoftFileLease
 from filelock import Timeout as FileLockTimeout
 
-from registry import atomic
+from registry.core import atomic
 from registry.locks.lease import LOST, Holder, lock_file_name
 
 log = logging.getLogger(__name__)

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from registry.entry import now_iso
-from registry.errors import RegistryError
-from registry.fingerprint import machine_name
+from registry.core.entry import now_iso
+from registry.core.errors import RegistryError
+from registry.core.fingerprint import machine_name
 
 log = logging.getLogger(__name__)
 # A lease that ended while its work went on, as each backend says it (name, why).

@@ -24,9 +24,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from registry import redis_url
+from registry.core import redis_url
+from registry.core.redis_url import cause, redacted
 from registry.locks.lease import RETRY_CAP_S, Holder, Lease, LockServerUnreachable, backoff
-from registry.redis_url import cause, redacted
 
 log = logging.getLogger(__name__)
 PREFIX = "triton-warmup:lock:"
@@ -125,7 +125,7 @@ class RedisLockBackend:
     def release(self, handle: object) -> None:
         """Stop the heartbeat and delete the key if it is still this holder's (redis-py
         checks the token). Never raises: the key expires within the ttl anyway."""
-        import redis
+        import redis  # redis is optional (the redis extra)
 
         assert isinstance(handle, _Held)
         handle.stop.set()
@@ -193,7 +193,7 @@ class RedisLockBackend:
         """A call that ends within ``within_s``; any answer but a lock's own (a failover's
         READONLY, a timeout, a refused connection) as :class:`LockServerUnreachable`: a
         waiter retries those."""
-        import redis
+        import redis  # redis is optional (the redis extra)
 
         try:
             with redis_url.deadline(within_s):
@@ -213,7 +213,7 @@ def _value_of(lock: Any) -> bytes | None:
 def _extend(lock: Any, lease: Lease) -> bool:
     """One renewal: True when it went; False, the lease lost, when the key is gone or
     another holder's; redis-py's errors for an outage."""
-    import redis
+    import redis  # redis is optional (the redis extra)
 
     with redis_url.deadline(io_timeout(lease.ttl)):
         try:
@@ -236,7 +236,7 @@ def _extend(lock: Any, lease: Lease) -> bool:
 def _confirm(lock: Any, lease: Lease) -> None:
     """A renewal now, for a holder about to write: a loss since the last heartbeat is
     seen; an outage leaves the answer to the lease's clock."""
-    import redis
+    import redis  # redis is optional (the redis extra)
 
     sent = time.monotonic()
     try:
@@ -253,7 +253,7 @@ def _renew(lock: Any, lease: Lease, stop: threading.Event) -> None:
     """Extend the key every ttl/RENEWALS_PER_TTL. A failed renewal is retried with
     backoff until one succeeds or the lease ends by this holder's clock; the key gone
     or owned by another token ends it at once, and the heartbeat with it."""
-    import redis
+    import redis  # redis is optional (the redis extra)
 
     every = lease.ttl / RENEWALS_PER_TTL
     pause, failures = every, 0

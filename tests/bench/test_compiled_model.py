@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench.compiled_model import manifest_text, table, verdicts
-from warmup.manifest import parse_manifest
+from warmup.core.manifest import parse_manifest
 
 
 def row(case: str, first: float, extra: float = 0.0, **counts: int) -> dict:

@@ -4,7 +4,7 @@ can reach at best, from the solo pod's own per-shape tuning times."""
 import pytest
 
 from bench.fleet import Mode, Pod, read_pod, report, sharing_floor, target
-from warmup.results import RunStatus, ShapeResult
+from warmup.core.results import RunStatus, ShapeResult
 
 
 def _shape(m, source, seconds, rank=0):

@@ -6,7 +6,8 @@ import math
 import tarfile
 
 from bench import hostile_inputs as h
-from registry import atomic, bundle
+from registry.bundles import bundle
+from registry.core import atomic
 from warmup.compiled import learned
 
 

@@ -32,7 +32,7 @@ from bench.pod_ready import (
     table,
 )
 from bench.pod_server import op_layers
-from warmup.manifest import parse_manifest
+from warmup.core.manifest import parse_manifest
 
 # ---- the plan ---------------------------------------------------------------------------
 

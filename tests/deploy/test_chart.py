@@ -13,9 +13,9 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from warmup.compiled.environment import inductor_environment
-from warmup.metrics import RunMetrics, ServeMetrics
+from warmup.core.metrics import RunMetrics, ServeMetrics
+from warmup.core.settings import Settings
 from warmup.serving.metrics import ServingMetrics
-from warmup.settings import Settings
 
 CHART = Path(__file__).parents[2] / "deploy" / "helm" / "triton-warmup"
 KUBE = "1.33.0"

@@ -13,7 +13,7 @@ import pytest
 
 from tests.docs.blocks import COMMANDS, ROOT, all_blocks, pages
 from warmup.cli import build_parser
-from warmup.settings import Settings
+from warmup.core.settings import Settings
 
 
 def load_hook() -> ModuleType:

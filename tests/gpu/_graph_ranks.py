@@ -25,7 +25,7 @@ import torch.distributed as dist
 from bench.ag_gemm import LIBRARY, PORTABLE_CHECK, TMA_CHECK
 from kernels import ag_gemm
 from registry import Entry, KernelConfig, Store
-from registry.fingerprint import detect_for
+from registry.core.fingerprint import detect_for
 
 DTYPE = torch.bfloat16
 REPLAYS = 100
@@ -128,8 +128,8 @@ def op_cases() -> list[dict[str, Any]]:
 
 def serving_case() -> dict[str, Any]:
     """A serving op whose registry entry names the fused algorithm, captured and replayed."""
+    from warmup.core.settings import Settings
     from warmup.serving import Serving
-    from warmup.settings import Settings
 
     world, m_per_rank, n, k = dist.get_world_size(), 64, 768, 1024
     device = torch.device("cuda", torch.cuda.current_device())

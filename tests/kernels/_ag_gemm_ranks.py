@@ -153,7 +153,7 @@ def tuned(world: int, rank: int) -> dict[str, object]:
 
     from registry import Store, cpu_fingerprint
     from registry.locks import backend_from_url
-    from warmup.collectives import Lockstep
+    from warmup.core.collectives import Lockstep
     from warmup.tuning.timing import wall_clock_timer
     from warmup.tuning.tuner import TuneOptions, Tuner
 
@@ -214,7 +214,7 @@ def fake_clock(world: int, rank: int, winner: str) -> dict[str, object]:
 
     from registry import Store, cpu_fingerprint
     from registry.locks import backend_from_url
-    from warmup.collectives import Lockstep
+    from warmup.core.collectives import Lockstep
     from warmup.tuning.tuner import TuneOptions, Tuner
 
     root = Path(sys.argv[3]).parent / "registry"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from kernels import ag_gemm_kernels
-from registry import triton_internals
+from registry.core import triton_internals
 
 BM, BN, BK = 128, 256, 64
 SIGNATURE = {

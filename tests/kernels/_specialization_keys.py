@@ -17,7 +17,8 @@ import torch
 from kernels import ag_gemm, matmul
 from kernels.adapter import LaunchPlan, Layer
 from kernels.spaces import DeviceLimits
-from registry import KernelConfig, triton_internals
+from registry import KernelConfig
+from registry.core import triton_internals
 
 SM90 = triton_internals.gpu_target(90)
 H100 = DeviceLimits("H100", 132, 227 * 1024, (9, 0), 790.0, 3350.0)

@@ -7,7 +7,7 @@ import torch
 
 from kernels.adapter import GEMM_KEY, KernelAdapter, Layer
 from kernels.served import ServedLayer
-from registry.config import KernelConfig
+from registry.core.config import KernelConfig
 
 CONFIG = KernelConfig.make({"BLOCK_M": 16})
 

@@ -1,4 +1,4 @@
-"""Helpers for the tests that install hostile bundles (``registry.bundle.install``)."""
+"""Helpers for the tests that install hostile bundles (``registry.bundles.bundle.install``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from registry import BundleRejected, Store, bundle
+from registry import BundleRejected, Store
+from registry.bundles import bundle
 
 
 def refused(path: Path, store: Path, *, match: str | None = None, **options: Any) -> str:

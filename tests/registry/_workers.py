@@ -71,13 +71,13 @@ def hang_in(root: str, what: str, ready: str) -> None:
     """Start a put or an install of one entry and stop it for good where ``os.replace``
     would make a file whole (after the temp file is written and synced), saying so in
     ``ready``: a kill -9 there leaves what a writer killed mid-write leaves."""
-    import registry.atomic
+    import registry.core.atomic
 
     def hang(*args: object) -> None:
         Path(ready).write_text(what)
         time.sleep(3600)
 
-    registry.atomic.os.replace = hang  # type: ignore[assignment]
+    registry.core.atomic.os.replace = hang  # type: ignore[assignment]
     store = Store(root, create=True)
     if what == "put":
         store.put(entry(77, 64))

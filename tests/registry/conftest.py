@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from registry.store import Store
+from registry.storage.store import Store
 from tests.registry.test_redis_outage import Proxy, redis  # noqa: F401  (a module fixture)
 
 

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from registry import BundleRejected, RegistryError, Store, bundle
-from registry.store import CURRENT
+from registry import BundleRejected, RegistryError, Store
+from registry.bundles import bundle
+from registry.storage.store import CURRENT
 from tests.conftest import gpu_fingerprint
 from tests.registry._bundles import refused
 from tests.tar_blocks import header, negative_size, pax

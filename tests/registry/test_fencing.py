@@ -8,12 +8,13 @@ import threading
 
 import pytest
 
-from registry import RegistryError, Store, atomic, cpu_fingerprint
-from registry.errors import Superseded
+from registry import RegistryError, Store, cpu_fingerprint
+from registry.core import atomic
+from registry.core.errors import Superseded
 from registry.locks import backend_from_url
-from registry.remote import RemoteTier
-from registry.store import CURRENT, QUARANTINE
-from registry.tiered import TieredStore
+from registry.remote.tier import RemoteTier
+from registry.remote.tiered import TieredStore
+from registry.storage.store import CURRENT, QUARANTINE
 from tests.warmup.tuning.fakes import FakeTask, fake_timer
 from warmup.tuning.tuner import TuneOptions, Tuner
 

@@ -20,7 +20,7 @@ SCRIPT = textwrap.dedent("""
     import registry
     from registry import bundle, lock, Store, Entry, KernelConfig, cpu_fingerprint
     from registry.locks import backend_from_url
-    from registry.cli import run
+    from registry.cli.main import run
     from warmup.cli import main
 
     root = Path(sys.argv[1])

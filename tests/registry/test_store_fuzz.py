@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from registry import Store
-from registry.generations import CURRENT, GENERATION_FILE, STAMP_FILE, entry_files
+from registry.storage.generations import CURRENT, GENERATION_FILE, STAMP_FILE, entry_files
 from tests.spoil import MUTATIONS
 
 CASES = 2000

@@ -193,7 +193,7 @@ import json, sys
 import warmup.program  # the console script's module
 from warmup.cli import exit_code, main
 codes = [main(["validate", path]) for path in sys.argv[1:]]
-heavy = ("torch", "triton", "warmup.demo", "tests.warmup.user_functions", "warmup.settings",
+heavy = ("torch", "triton", "warmup.demo", "tests.warmup.user_functions", "warmup.core.settings",
          "pydantic_settings")
 print(json.dumps({
     "codes": codes,
@@ -347,7 +347,7 @@ def test_a_remote_tier_url_that_cannot_be_used_fails_before_any_rank(pod, capsys
 
 def _summarised(**fields) -> str:
     from warmup.cli import summary
-    from warmup.results import RunStatus
+    from warmup.core.results import RunStatus
 
     status = {"state": "ready", "manifest_digest": "d", "started": 1000.0, "world_size": 2}
     return summary(RunStatus(**{**status, **fields}))
@@ -371,7 +371,7 @@ def test_the_summary_of_a_run_still_going_counts_its_seconds_so_far():
 
 
 def test_the_summary_of_a_model_says_it_compiled_and_what_it_stored_now():
-    from warmup.results import ModelResult
+    from warmup.core.results import ModelResult
 
     why = "no artifacts of model m are stored"
     compiled = ModelResult(

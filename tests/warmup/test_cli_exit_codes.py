@@ -10,13 +10,13 @@ import pytest
 
 import registry
 import warmup
-from registry.errors import BadInput, BundleRejected, RegistryError, ReportedError, WorkFailed
+from registry.core.errors import BadInput, BundleRejected, RegistryError, ReportedError, WorkFailed
+from registry.core.volume import MissingFolder
 from registry.locks import LockServerUnreachable
-from registry.signing import KeyFileError, Untrusted
-from registry.volume import MissingFolder
+from registry.trust.signing import KeyFileError, Untrusted
 from tests.conftest import DEMO, error_line
 from warmup.cli import exit_code, main
-from warmup.manifest import ManifestError
+from warmup.core.manifest import ManifestError
 from warmup.run.launch import RunError
 from warmup.sidecar.probe_server import SidecarError
 
@@ -27,7 +27,7 @@ EXIT_CODES = {
     "MissingFolder": (MissingFolder("volume '/v' does not exist; check --volume"), 2),
     "BundleRejected": (BundleRejected("b.tgz", "unsigned"), 2),
     "KeyFileError": (KeyFileError("Key file k.pub cannot be read: gone"), 2),
-    "registry.cli.BadInput": (BadInput("--fingerprint 'x' is unusable"), 2),
+    "registry.cli.main.BadInput": (BadInput("--fingerprint 'x' is unusable"), 2),
     "RegistryError": (RegistryError("the store refused the write"), 1),
     "Untrusted": (Untrusted("value k", "signed by no trusted key"), 1),
     "LockServerUnreachable": (LockServerUnreachable("redis://r:1/0", "refused"), 1),

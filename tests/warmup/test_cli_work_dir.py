@@ -9,8 +9,8 @@ import pytest
 
 from tests.conftest import DEMO
 from warmup.cli import build_parser, main
-from warmup.results import RunStatus
-from warmup.settings import Settings
+from warmup.core.results import RunStatus
+from warmup.core.settings import Settings
 
 COMMANDS = ["run", "serve", "status", "doctor", "explain"]
 

@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from registry import Store, triton_internals
-from registry.triton_internals import c_compiler
+from registry import Store
+from registry.core import triton_internals
+from registry.core.triton_internals import c_compiler
 from tests.conftest import free_port, settings_for
 from warmup import doctor
+from warmup.core.settings import Settings
 from warmup.doctor import Host, Result, check_compiler, diagnose
-from warmup.settings import Settings
 
 PATH = os.environ.get("PATH", "/usr/bin:/bin")
 

@@ -13,13 +13,17 @@ from pathlib import Path
 import pytest
 import triton
 
-from registry import bundle, families, inductor_cache, remote_models, remote_triton, triton_cache
+from registry import families
+from registry.bundles import bundle
+from registry.caches import inductor_cache, triton_cache
+from registry.caches.triton_cache import Origin
+from registry.core.fingerprint import MatchPolicy, cpu_fingerprint
 from registry.families import Sources
 from registry.families.base import Declared
-from registry.fingerprint import MatchPolicy, cpu_fingerprint
-from registry.remote import RemoteTier
-from registry.store import Store
-from registry.triton_cache import Origin
+from registry.remote import models as remote_models
+from registry.remote import triton as remote_triton
+from registry.remote.tier import RemoteTier
+from registry.storage.store import Store
 from tests.conftest import (
     env_without_interpreter,
     error_line,
@@ -27,16 +31,16 @@ from tests.conftest import (
     settings_for,
     write_manifest,
 )
-from tests.registry.test_explain import FINGERPRINT_FACTORS
+from tests.registry.caches.test_triton_cache import compile_in
+from tests.registry.core.test_explain import FINGERPRINT_FACTORS
 from tests.registry.test_redis_outage import redis  # noqa: F401
-from tests.registry.test_triton_cache import compile_in
 from tests.warmup.compiled.models import manifest as models_manifest
-from warmup import explain
-from warmup import families as warm_families
+from warmup.caches import explain
+from warmup.caches import families as warm_families
+from warmup.caches.explain import Host
 from warmup.compiled.key import model_key
-from warmup.explain import Host
-from warmup.manifest import load_manifest
-from warmup.services import Services
+from warmup.core.manifest import load_manifest
+from warmup.core.services import Services
 
 ROOT = Path(__file__).resolve().parents[2]
 FP = gpu_fingerprint().with_kernel("")
@@ -105,7 +109,7 @@ def test_tuned_configs_count_a_pending_bundles_entries(tmp_path, make_entry):
 
 
 def test_a_pending_bundle_that_trust_refuses_is_not_counted(tmp_path, make_entry, caplog):
-    from registry import signing
+    from registry.trust import signing
 
     private, _ = signing.generate(tmp_path / "keys", "release")
     settings = settings_for(tmp_path, trusted_keys=tmp_path / "keys")

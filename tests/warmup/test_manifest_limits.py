@@ -9,17 +9,17 @@ import pytest
 import yaml
 
 from tests.conftest import error_line
-from warmup import manifest as manifest_module
-from warmup import plain_yaml
 from warmup.cli import main
-from warmup.manifest import (
+from warmup.core import manifest as manifest_module
+from warmup.core import plain_yaml
+from warmup.core.manifest import (
     MAX_MANIFEST_BYTES,
     MAX_SHAPES,
     ManifestError,
     load_manifest,
     parse_manifest,
 )
-from warmup.plain_yaml import MAX_DEPTH, MAX_NODES
+from warmup.core.plain_yaml import MAX_DEPTH, MAX_NODES
 
 
 def manifest(*entries: dict) -> str:

@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from registry import remote_models, remote_triton, triton_cache
-from registry.remote import RemoteTier
+from registry.caches import triton_cache
+from registry.remote import models as remote_models
+from registry.remote import triton as remote_triton
+from registry.remote.tier import RemoteTier
 from tests.conftest import env_without_interpreter
 from tests.registry._trickle import trickling, within
 from tests.registry.test_redis_outage import Proxy, redis  # noqa: F401

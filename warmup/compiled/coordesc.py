@@ -26,14 +26,14 @@ def install(heuristics: ModuleType | None = None, version: str | None = None) ->
     before) in place. ``heuristics``/``version``: Inductor's runtime module and torch's
     version (default: this process's), for tests."""
     if version is None:
-        import torch
+        import torch  # torch loads on first use
 
         version = str(torch.__version__)
     if not needs_fix(version):
         return False
     if heuristics is None:
         try:
-            from torch._inductor.runtime import triton_heuristics
+            from torch._inductor.runtime import triton_heuristics  # torch loads on first use
         except ImportError:
             return False
         heuristics = triton_heuristics

@@ -57,7 +57,7 @@ class _TritonCompiles:
             return
         self.installed = True
         try:
-            from triton import knobs
+            from triton import knobs  # triton loads on first use
         except ImportError:  # a Triton before knobs: compiles are not counted
             return
         previous = knobs.compilation.listener
@@ -83,7 +83,7 @@ def triton_compiles() -> int:
 
 def snapshot() -> CompileCounts:
     """The counters now (torch imported here: the caller compiles anyway)."""
-    from torch._dynamo.utils import counters
+    from torch._dynamo.utils import counters  # torch loads on first use
 
     _triton.install()
     inductor: Any = counters["inductor"]
@@ -112,7 +112,7 @@ _TEMPLATE_AUTOTUNING = "_template_autotuning"  # "{name}_template_autotuning": a
 
 def _autotunes(inductor: Any) -> dict[str, int]:
     """Inductor's benchmarks that ran in this process, by kind, and their sum."""
-    from torch._dynamo.utils import compilation_time_metrics as timed
+    from torch._dynamo.utils import compilation_time_metrics as timed  # torch loads on first use
 
     kinds = {
         "gemm_autotunes": sum(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from warmup.settings import Settings
+    from warmup.core.settings import Settings
 
 CUDA_JIT_CACHE = "cuda-jit"  # the CUDA driver's JIT cache, inside the Inductor cache
 # Inductor's static CUDA launcher enters the FX graph's cache key: the ranks and the server

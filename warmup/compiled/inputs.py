@@ -9,7 +9,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from warmup.manifest import ModelEntry
+from warmup.core.manifest import ModelEntry
 
 _FLOATS = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 _INTEGERS = {"int64": "int64", "int32": "int32", "bool": "bool"}
@@ -18,7 +18,7 @@ _INTEGERS = {"int64": "int64", "int32": "int32", "bool": "bool"}
 def make_inputs(model: ModelEntry, dims: dict[str, int], device: Any) -> list[Any]:
     """One tensor per declared input, sized by ``dims``: floats from a normal
     distribution, integers in ``[0, high)``, booleans either."""
-    import torch
+    import torch  # torch loads on first use
 
     seed = int.from_bytes(
         hashlib.sha256(json.dumps(dims, sort_keys=True).encode()).digest()[:7], "big"
@@ -46,7 +46,7 @@ def grad_mode(model: ModelEntry) -> Iterator[None]:
     Dynamo guards on grad mode and on inference mode, so a call under another one would
     compile again. Both are set, whatever the caller's: ``no_grad`` and ``grad`` also
     leave an enclosing ``torch.inference_mode()``."""
-    import torch
+    import torch  # torch loads on first use
 
     inference, grad = model.mode == "inference_mode", model.mode == "grad"
     with torch.inference_mode(inference), torch.set_grad_enabled(grad):

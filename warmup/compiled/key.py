@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from registry.errors import named
-from warmup.manifest import ModelEntry
+from registry.core.errors import named
+from warmup.core.manifest import ModelEntry, _find_spec, _working_folder_importable
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,6 @@ def module_source(module_name: str) -> str:
     running its packages' ``__init__`` (which may import torch: the init container's
     full hit keys models without it); a package whose ``__init__`` adds the submodule
     to its path is imported as a last resort."""
-    from warmup.manifest import _find_spec, _working_folder_importable
 
     try:
         with _working_folder_importable():

@@ -34,12 +34,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from registry import atomic
-from registry.patterns import MODEL_NAME
-from warmup.manifest import Manifest, ModelEntry
+from registry.core import atomic
+from registry.core.patterns import MODEL_NAME
+from warmup.core.collectives import LearnedDims
+from warmup.core.manifest import Manifest, ModelEntry
 
 if TYPE_CHECKING:
-    from warmup.collectives import Lockstep
+    from warmup.core.collectives import Lockstep
 
 log = logging.getLogger(__name__)
 MAX_LEARNED = 64  # learned dims a model (each one more shape to warm at start)
@@ -223,7 +224,6 @@ def _parsed(path: Path, limit: int, raw: bytes | None = None) -> Any:
 def shared_dims(steps: Lockstep, root: Path, entry: ModelEntry) -> list[dict[str, int]]:
     """:func:`learned_dims` as rank 0 reads them, on every rank (a harvest may write the
     file between two ranks' reads), so that every rank warms the same shapes."""
-    from warmup.collectives import LearnedDims
 
     mine = LearnedDims(dims=learned_dims(root, entry)) if steps.leader else None
     return steps.share(mine, LearnedDims, what=f"model {entry.name}: learned shapes").dims

@@ -13,12 +13,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from registry import inductor_cache
-from registry.fingerprint import Fingerprint
-from registry.inductor_cache import Restored
+from registry.caches import inductor_cache
+from registry.caches.inductor_cache import Restored
+from registry.core.fingerprint import Fingerprint
 from warmup.compiled.key import model_key
-from warmup.manifest import ModelEntry
-from warmup.services import Services
+from warmup.core.manifest import ModelEntry
+from warmup.core.services import Services
 
 log = logging.getLogger(__name__)
 

@@ -28,21 +28,22 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from registry import inductor_cache, remote_models
-from registry.errors import LockTimeout, RegistryError, named
-from registry.fingerprint import Fingerprint
+from registry.caches import inductor_cache
+from registry.core.errors import LockTimeout, RegistryError, named
+from registry.core.fingerprint import Fingerprint
 from registry.locks import lock
-from registry.remote import RemoteTier
-from warmup.collectives import Lockstep
+from registry.remote import models as remote_models
+from registry.remote.tier import RemoteTier
 from warmup.compiled import coordesc
 from warmup.compiled.counters import CompileCounts, snapshot
 from warmup.compiled.inputs import grad_mode, make_inputs
 from warmup.compiled.key import ModelKey, model_key
 from warmup.compiled.learned import shared_dims
 from warmup.compiled.progress import Kind, ModelProgress, ModelStep
-from warmup.manifest import ModelEntry, resolve_model_builder
-from warmup.results import ModelResult
-from warmup.services import Services
+from warmup.core.collectives import Lockstep
+from warmup.core.manifest import ModelEntry, resolve_model_builder
+from warmup.core.results import ModelResult
+from warmup.core.services import Services
 
 log = logging.getLogger(__name__)
 
@@ -463,7 +464,7 @@ def run_once(
     function: Callable[..., Any], model: ModelEntry, dims: dict[str, int], device: Any
 ) -> Any:
     """One call at ``dims`` on fresh random inputs, finished on the device."""
-    import torch
+    import torch  # torch loads on first use
 
     inputs = make_inputs(model, dims, device)
     with grad_mode(model):

@@ -4,8 +4,8 @@ caches saved.
 Whoever ends a run describes it in one :class:`RunRecord`: the launcher once its ranks
 have exited, rank 0 of a self-started run (torchrun, ``warmup.warm()``), a full hit that
 started no rank (``warmup.run.full_hit``). :func:`finish` reads the ranks' typed
-:class:`~warmup.results.RankReport` files back from the record's run folder into the
-:class:`~warmup.results.RunStatus`; a run without ranks writes its status with
+:class:`~warmup.core.results.RankReport` files back from the record's run folder into the
+:class:`~warmup.core.results.RunStatus`; a run without ranks writes its status with
 :func:`ended` from a :class:`Tally` of its own.
 """
 
@@ -17,12 +17,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from registry.explain import Prediction
-from registry.fingerprint import Fingerprint, machine_name
-from registry.triton_internals import cache_env
-from warmup import families
-from warmup.manifest import Manifest
-from warmup.results import (
+from registry.core.explain import Prediction
+from registry.core.fingerprint import Fingerprint, machine_name
+from registry.core.triton_internals import cache_env
+from warmup.caches import families
+from warmup.core.manifest import Manifest
+from warmup.core.results import (
     RUNNING,
     ModelResult,
     RankFailure,
@@ -31,10 +31,10 @@ from warmup.results import (
     RunStatus,
     ShapeResult,
 )
+from warmup.core.services import Services
+from warmup.core.settings import Settings
 from warmup.run.checks import other_worlds_refused
 from warmup.run.phases import run_phases
-from warmup.services import Services
-from warmup.settings import Settings
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -241,7 +241,7 @@ def _run_phases(
 def write_metrics(record: RunRecord, tally: Tally, duration: float, run: dict[str, float]) -> None:
     """The run's metrics into ``run_metrics_file`` (a run that started no rank too: no
     report, no prediction)."""
-    from warmup.metrics import RunMetrics  # prometheus: the finisher's, not every rank's
+    from warmup.core.metrics import RunMetrics  # prometheus: the finisher's, not every rank's
 
     metrics = RunMetrics()
     metrics.record(tally.shapes)

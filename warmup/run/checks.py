@@ -28,13 +28,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from registry import RegistryError, triton_internals
-from registry.errors import BadInput
+from registry import RegistryError
+from registry.core import triton_internals
+from registry.core.errors import BadInput
 from registry.locks import LockServerUnreachable, check_backend
-from warmup.manifest import Manifest, ManifestError
+from warmup.core.manifest import Manifest, ManifestError
+from warmup.core.services import Services, existing_volume
+from warmup.core.settings import Settings
 from warmup.run.gpus import GPU_LIST, visible_gpus
-from warmup.services import Services, existing_volume
-from warmup.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ def self_started(source: str, volume_fix: str) -> Caller:
 def checked(services: Services, manifest: Manifest, world: int, caller: Caller) -> Checked:
     """The checks before a run of ``world`` ranks, in the module's order, on the services
     its entry point built; the first that fails raises (:class:`RunError`,
-    :class:`ManifestError`, :class:`registry.volume.MissingFolder`: all bad input, exit 2)."""
+    :class:`ManifestError`, :class:`registry.core.volume.MissingFolder`: all bad input, exit 2)."""
     settings = services.settings
     if caller.volume_fix is not None:
         existing_volume(settings, caller.volume_fix)
@@ -177,7 +178,7 @@ def on_gpu(settings: Settings, refused: str) -> bool:
     """Whether this process warms on a GPU (:meth:`Settings.device_type` of the GPUs torch
     can run on: none when CUDA does not start, a driver that lists GPUs its runtime
     cannot use); :class:`RunError` saying ``refused`` when device cuda finds none."""
-    import torch
+    import torch  # torch loads on first use
 
     usable = torch.cuda.device_count() if torch.cuda.is_available() else 0
     cuda = settings.run.device_type(usable) == "cuda"

@@ -119,7 +119,7 @@ def main() -> int:
     """An early rank: import, wait for the launcher's line, then run as a rank."""
     import torch.distributed  # noqa: F401  the long pole, while the launcher parses
 
-    from warmup.run import session
+    from warmup.run import session  # after torch, the early rank's long pole
 
     waiting = time.monotonic()
     line = sys.stdin.readline()

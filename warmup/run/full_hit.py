@@ -6,7 +6,7 @@ nothing for rank processes to do that the server will not do anyway: the server'
 priming (``Serving.op``, ``Serving.model``) loads the same configs and artifacts. So
 ``triton-warmup run`` then restores the caches, writes a ready status and exits, without
 importing torch or Triton: the host's fingerprint is the one a warm run recorded for a
-host with the same probe (``registry.hosts``), read in milliseconds.
+host with the same probe (``registry.storage.hosts``), read in milliseconds.
 
 Anything that misses (a shape never tuned here, a model not stored, a host never seen,
 another kernel source) runs the full warm in rank processes, which records the host for
@@ -25,19 +25,19 @@ from typing import Any
 
 from kernels import ADAPTERS
 from registry import families as registry_families
-from registry import hosts
-from registry.errors import RegistryError, named
+from registry.core.errors import RegistryError, named
+from registry.core.fingerprint import Fingerprint
 from registry.families import Declared
-from registry.fingerprint import Fingerprint
-from registry.hosts import HostRecord, Probe
-from registry.remote import RemoteTier
-from registry.tiered import TieredStore
-from warmup import families
+from registry.remote.tier import RemoteTier
+from registry.remote.tiered import TieredStore
+from registry.storage import hosts
+from registry.storage.hosts import HostRecord, Probe
+from warmup.caches import families
 from warmup.compiled.key import ModelKey, model_key, module_source
-from warmup.manifest import Manifest, ModelEntry
-from warmup.results import ModelResult, RunStatus, ShapeResult
+from warmup.core.manifest import Manifest, ModelEntry
+from warmup.core.results import ModelResult, RunStatus, ShapeResult
+from warmup.core.services import Services
 from warmup.run.aggregate import RunRecord, Saved, Tally, ended, write_metrics
-from warmup.services import Services
 
 log = logging.getLogger(__name__)
 
@@ -285,7 +285,7 @@ def record_host(
     services: Services, manifest: Manifest, world: int, found: Probe, status: RunStatus
 ) -> None:
     """After a ready full run: what it detected and stored, recorded for hosts like this
-    one (``registry.hosts``) on the volume and on the remote tier, so that the next
+    one (``registry.storage.hosts``) on the volume and on the remote tier, so that the next
     pod's init can find its full hit. A failure costs the next pod a full run, never
     this one."""
     try:
@@ -314,7 +314,7 @@ def _record_of(
     if [s.kernel for s in ranked] != kernels or any(s.failed for s in ranked):
         log.warning("host record not written: rank 0 reported other shapes than declared")
         return None
-    from warmup.explain import kernel_hashes  # imports the kernels: the launcher did already
+    from warmup.caches.explain import kernel_hashes  # imports the kernels: the launcher did already
 
     paired = [(*item, result.key) for item, result in zip(declared, ranked, strict=True)]
     items = hosts.items_of(paired)

@@ -8,7 +8,7 @@ import itertools
 import os
 from pathlib import Path
 
-# The NVIDIA driver's list of GPUs, one folder each (``registry.fingerprint.NVIDIA_PROC``,
+# The NVIDIA driver's list of GPUs, one folder each (``registry.core.fingerprint.NVIDIA_PROC``,
 # not imported: the registry package costs 0.1 s before the first rank starts).
 GPU_LIST = Path("/proc/driver/nvidia/gpus")
 

@@ -6,19 +6,19 @@ import logging
 import time
 from pathlib import Path
 
-from warmup.manifest import Manifest, load_manifest
-from warmup.results import RunStatus
+from warmup.core.manifest import Manifest, load_manifest
+from warmup.core.results import RunStatus
+from warmup.core.services import Services
+from warmup.core.settings import Settings
 from warmup.run import checks
 from warmup.run.session import SELF_STARTED, run_session
-from warmup.services import Services
-from warmup.settings import Settings
 
 log = logging.getLogger(__name__)
 
 
 def warm_in_process(manifest: Manifest | str | Path, settings: Settings | None) -> RunStatus:
-    import torch
-    import torch.distributed as dist
+    import torch  # torch loads on first use
+    import torch.distributed as dist  # torch loads on first use
 
     settings = settings or Settings()
     source = "<manifest>" if isinstance(manifest, Manifest) else str(manifest)

@@ -16,13 +16,16 @@ import sys
 import time
 from pathlib import Path
 
-from registry import atomic, hosts
-from registry.errors import named
-from registry.signing import announce
-from warmup import explain
+from registry.core import atomic
+from registry.core.errors import named
+from registry.storage import hosts
+from registry.trust.signing import announce
+from warmup.caches import explain
 from warmup.compiled.environment import inductor_environment
-from warmup.manifest import Manifest, ManifestError
-from warmup.results import RankFailure, RankReport, RunStatus
+from warmup.core.manifest import Manifest, ManifestError
+from warmup.core.results import RankFailure, RankReport, RunStatus
+from warmup.core.services import Services
+from warmup.core.settings import Settings
 from warmup.run import checks, full_hit
 from warmup.run.aggregate import RunRecord, finish, running
 from warmup.run.checks import RunError
@@ -32,8 +35,6 @@ from warmup.run.phases import process_age
 from warmup.run.restore import clear_run_dir, mark_restored, restore
 from warmup.run.session import CHILD_FLAG
 from warmup.run.settle import settle
-from warmup.services import Services
-from warmup.settings import Settings
 
 log = logging.getLogger(__name__)
 __all__ = ["RunError", "run"]

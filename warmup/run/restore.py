@@ -12,13 +12,14 @@ import logging
 import time
 from pathlib import Path
 
-from registry import RegistryError, atomic
-from registry.fingerprint import Fingerprint
-from warmup import families
-from warmup.manifest import Manifest
-from warmup.results import RankHost
+from registry import RegistryError
+from registry.core import atomic
+from registry.core.fingerprint import Fingerprint
+from warmup.caches import families
+from warmup.core.manifest import Manifest
+from warmup.core.results import RankHost
+from warmup.core.services import Services
 from warmup.run.checks import RunError
-from warmup.services import Services
 
 log = logging.getLogger(__name__)
 RESTORED = "restored"  # marker file: the compile cache is in place

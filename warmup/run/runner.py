@@ -24,18 +24,19 @@ import torch
 import kernels
 from kernels.adapter import torch_dtype
 from kernels.task import TuneTask
-from registry import KernelConfig, Store, triton_internals
-from registry.errors import named
-from registry.fingerprint import Fingerprint, detect_for
-from registry.remote import RemoteTier
-from registry.tiered import TieredStore
-from warmup.collectives import Lockstep
+from registry import KernelConfig, Store
+from registry.core import triton_internals
+from registry.core.errors import named
+from registry.core.fingerprint import Fingerprint, detect_for
+from registry.remote.tier import RemoteTier
+from registry.remote.tiered import TieredStore
 from warmup.compiled.progress import ModelProgress
-from warmup.manifest import Manifest, ManifestEntry, ModelEntry, resolve_user_function
-from warmup.results import ModelResult, RankReport, RemoteCounts, ShapeResult
+from warmup.core.collectives import Lockstep
+from warmup.core.manifest import Manifest, ManifestEntry, ModelEntry, resolve_user_function
+from warmup.core.results import ModelResult, RankReport, RemoteCounts, ShapeResult
+from warmup.core.services import Services
+from warmup.core.settings import Settings
 from warmup.run.phases import PhaseClock
-from warmup.services import Services
-from warmup.settings import Settings
 from warmup.tuning.sharing import Job, Settled, Sharing, start_fraction, take_order
 from warmup.tuning.timing import Timer, cuda_event_timer, cuda_latency_timer, wall_clock_timer
 from warmup.tuning.tuner import TuneOptions, Tuner
@@ -160,7 +161,7 @@ def _warm_user_functions(entries: list[_Placed], device: torch.device, shapes: _
 def _build_models(here: _Rank, models: list[ModelEntry]) -> dict[str, Built]:
     """Each compiled model built once, before any kernel shape (a broken one is failed
     and logged now, not after the tuning); what built is kept for :func:`_warm_models`."""
-    from warmup.compiled.warm import build_models
+    from warmup.compiled.warm import build_models  # compiled models only when declared
 
     with here.clock.timing("models"):
         return build_models(models, here.services, group=here.group, device=here.device)
@@ -174,7 +175,7 @@ def _warm_models(
 ) -> list[ModelResult]:
     """The manifest's compiled models, as :func:`_build_models` left them, each logged,
     their steps told to ``progress``."""
-    from warmup.compiled.warm import warm_models
+    from warmup.compiled.warm import warm_models  # compiled models only when declared
 
     with here.clock.timing("models"):
         return [

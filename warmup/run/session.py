@@ -9,9 +9,9 @@ The one sequence every rank runs, whoever started it:
 - ``warmup.warm()`` inside a server's own process: rank 0 restores and sums, and every
   rank gets the status back.
 
-Each rank writes its typed :class:`~warmup.results.RankReport` into the run folder; the
+Each rank writes its typed :class:`~warmup.core.results.RankReport` into the run folder; the
 run's end (``warmup.run.aggregate``) reads them back into the
-:class:`~warmup.results.RunStatus`. What is checked before is ``warmup.run.checks``', what
+:class:`~warmup.core.results.RunStatus`. What is checked before is ``warmup.run.checks``', what
 is restored ``warmup.run.restore``'s.
 """
 
@@ -29,21 +29,21 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from registry.errors import named
-from registry.fingerprint import detect_for, detect_in_background
-from registry.triton_internals import cache_env
-from registry.volume import MissingFolder
-from warmup import logs
+from registry.core.errors import named
+from registry.core.fingerprint import detect_for, detect_in_background
+from registry.core.triton_internals import cache_env
+from registry.core.volume import MissingFolder
 from warmup.compiled.environment import inductor_environment
-from warmup.manifest import Manifest, ManifestError, load_manifest
-from warmup.results import RankHost, RunStatus
+from warmup.core import logs
+from warmup.core.manifest import Manifest, ManifestError, load_manifest
+from warmup.core.results import RankHost, RunStatus
+from warmup.core.services import Services
+from warmup.core.settings import Settings
 from warmup.run import checks
 from warmup.run.aggregate import RunRecord, finish, running
 from warmup.run.checks import RunError, on_gpu
 from warmup.run.phases import PhaseClock, process_age
 from warmup.run.restore import clear_run_dir, restore, wait_for_restore
-from warmup.services import Services
-from warmup.settings import Settings
 
 log = logging.getLogger(__name__)
 CHILD_FLAG = "TRITON_WARMUP_RANK_CHILD"  # set in the rank processes the launcher starts
@@ -80,8 +80,8 @@ def run_session(
     those its entry point built (the launcher's rank, torchrun's, ``warm()``)."""
     clock = clock or PhaseClock()
     with clock.timing("rank_start"):  # the kernels and triton, imported here
-        from warmup.compiled.progress import model_progress_printer
-        from warmup.run.runner import progress_printer, warm_rank
+        from warmup.compiled.progress import model_progress_printer  # after the environment is set
+        from warmup.run.runner import progress_printer, warm_rank  # imports torch, after the enviro
 
     recovered = _restored(services, manifest, rank, world, group, run_dir, roles, started, clock)
     report = warm_rank(
@@ -155,7 +155,7 @@ def _shared_status(status: RunStatus | None, group: Any) -> RunStatus | None:
     """Rank 0's status, broadcast to every rank of ``group`` (none: as it is)."""
     if group is None:
         return status
-    import torch.distributed as dist
+    import torch.distributed as dist  # torch loads on first use
 
     holder = [status.model_dump(mode="json") if status else None]
     dist.broadcast_object_list(holder, src=0, group=group)
@@ -164,7 +164,7 @@ def _shared_status(status: RunStatus | None, group: Any) -> RunStatus | None:
 
 def _barrier(group: Any) -> None:
     if group is not None:
-        import torch.distributed as dist
+        import torch.distributed as dist  # torch loads on first use
 
         dist.barrier(group=group)
 
@@ -224,7 +224,7 @@ def _run_rank(
     roles: Roles,
     waited_s: float = 0.0,
 ) -> int:
-    import torch.distributed as dist
+    import torch.distributed as dist  # torch loads on first use
 
     settings, clock = services.settings, PhaseClock()
     clock.add("rank_start", process_age() - waited_s)  # this process's start and imports
@@ -257,7 +257,7 @@ def _run_rank(
 def _join_group(settings: Settings, rank: int, world: int, run_dir: Path, roles: Roles) -> Any:
     """This rank's device made current, then the process group joined on it (NCCL on a
     GPU, gloo on the CPU); host detection starts first, to run while NCCL connects."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # torch loads on first use
 
     device = _rank_device(settings, rank)
     detect_in_background(device)  # hashing Triton while NCCL connects
@@ -289,7 +289,7 @@ def _tell_host(device: Any, run_dir: Path) -> None:
 
 def _rank_device(settings: Settings, rank: int) -> Any:
     """This rank's device, made current: its GPU (``LOCAL_RANK``), or the CPU."""
-    import torch
+    import torch  # torch loads on first use
 
     cuda = on_gpu(settings, f"rank {rank}: device cuda, and torch sees no CUDA GPU here")
     local = int(os.environ.get("LOCAL_RANK", rank))

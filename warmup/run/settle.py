@@ -26,10 +26,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from registry import inductor_cache, triton_cache
-from warmup.manifest import Manifest
-from warmup.results import ModelResult, RankReport
-from warmup.settings import Settings
+from registry.caches import inductor_cache, triton_cache
+from warmup.core.manifest import Manifest
+from warmup.core.results import ModelResult, RankReport
+from warmup.core.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -19,11 +19,11 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from registry import triton_internals
+from registry.core import triton_internals
 
 if TYPE_CHECKING:
+    from warmup.core.settings import Settings
     from warmup.serving.metrics import ServingMetrics
-    from warmup.settings import Settings
 
 log = logging.getLogger(__name__)
 MAX_LABEL = 120  # kernel names become metric labels: keep them bounded

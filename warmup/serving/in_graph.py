@@ -57,7 +57,7 @@ def _group_ranks(group: Any, world: int) -> str:
     """The global ranks of a tensor-parallel group (two groups of a pod differ)."""
     if world == 1 or group is None:
         return "solo"
-    import torch.distributed as dist
+    import torch.distributed as dist  # torch loads on first use
 
     return "r" + "-".join(map(str, dist.get_process_group_ranks(group)))
 
@@ -72,7 +72,7 @@ def _custom_op() -> Any:
 
 
 def _register() -> Any:
-    import torch
+    import torch  # torch loads on first use
 
     @torch.library.custom_op(  # type: ignore[misc]
         f"{LIBRARY}::serve",

@@ -1,6 +1,6 @@
 """A serving process's metrics: its calls by how each config was chosen, and the work it
 did after it declared itself warm. ``ServingMetrics.write`` puts them in a file of the
-process's own, which the sidecar re-exports (``warmup.metrics.TextFolderCollector``)."""
+process's own, which the sidecar re-exports (``warmup.core.metrics.TextFolderCollector``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter, Gauge, write_to_textfile
 from prometheus_client.metrics_core import CounterMetricFamily, Metric
 
-from warmup.metrics import MetricField, create_metrics
+from warmup.core.metrics import MetricField, create_metrics
 
 
 class ServingMetrics:

@@ -34,17 +34,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from registry import inductor_cache
-from registry.errors import RegistryError, named
-from registry.fingerprint import Fingerprint
+from registry.caches import inductor_cache
+from registry.core.errors import RegistryError, named
+from registry.core.fingerprint import Fingerprint, detect_for
+from registry.core.triton_internals import cache_env
+from warmup.compiled import coordesc
 from warmup.compiled.counters import CompileCounts, snapshot
+from warmup.compiled.environment import inductor_environment
 from warmup.compiled.inputs import grad_mode, make_inputs
 from warmup.compiled.key import model_key
 from warmup.compiled.learned import Recorder
 from warmup.compiled.warm import build_model
-from warmup.manifest import Manifest, ModelEntry, load_manifest
-from warmup.results import RUNNING, ModelResult, RankHost, RunStatus
-from warmup.settings import Settings
+from warmup.core.manifest import Manifest, ModelEntry, load_manifest
+from warmup.core.results import RUNNING, ModelResult, RankHost, RunStatus
+from warmup.core.settings import Settings
 
 if TYPE_CHECKING:
     from warmup.serving.compile_guard import CompileGuard
@@ -65,7 +68,7 @@ FACTORS = {
     "gpu_name": ("hardware", "gpu_name"),
 }
 """What the server compares with the init container's fingerprint: where each factor sits
-in ``registry.fingerprint.Fingerprint.to_json()``. Bounded: they are metric labels."""
+in ``registry.core.fingerprint.Fingerprint.to_json()``. Bounded: they are metric labels."""
 MAX_FACTOR = 80  # a value read from the status file, shown in one log line
 
 Outcome = Literal["restored", "compiled"]
@@ -206,8 +209,6 @@ def _tell_host(settings: Settings, device: Any) -> None:
     it to store what this process compiles, and to record the host for the next pod.
     Written before the first compile: the harvest takes only what is compiled after
     it knows the host (half a second, in the fleet's first pod only)."""
-    from registry.fingerprint import detect_for
-    from registry.triton_internals import cache_env
 
     try:
         host = RankHost(fingerprint=detect_for(device).to_json(), triton_env=cache_env())
@@ -241,7 +242,7 @@ def prime_shape(
     """Call ``function`` at ``dims`` under the model's mode until it is steady: a call
     that compiled nothing, with no CUDA graph warming up or recording; at most
     :data:`PRIME_CALLS` calls. Returns how many it made."""
-    import torch
+    import torch  # torch loads on first use
 
     inputs = make_inputs(entry, dims, device)
     cuda = getattr(device, "type", device) == "cuda"
@@ -262,7 +263,7 @@ def _graph_pending(device: Any) -> bool:
     or recording (the next call records or replays); False without CUDA graphs."""
     if getattr(device, "type", device) != "cuda":
         return False
-    from torch._inductor import cudagraph_trees
+    from torch._inductor import cudagraph_trees  # torch loads on first use
 
     try:
         manager = cudagraph_trees.get_manager(device.index or 0, create_if_none_exists=False)
@@ -298,11 +299,11 @@ def mismatches(status: RunStatus | None, device: Any) -> dict[str, tuple[str, st
 
 def server_factors(device: Any) -> dict[str, str]:
     """This process's torch and Triton versions and the GPU name (``cpu`` off CUDA), as
-    ``registry.fingerprint`` writes them, read without detecting the whole fingerprint."""
-    import torch
+    ``registry.core.fingerprint`` writes them, read without detecting the whole fingerprint."""
+    import torch  # torch loads on first use
 
     try:
-        import triton
+        import triton  # triton loads on first use
 
         triton_version = str(triton.__version__)
     except ImportError:
@@ -443,8 +444,6 @@ def use_inductor_cache(settings: Settings) -> None:
     """Point torch.compile in this process at the pod's Inductor cache (where the warmup
     restored and wrote the artifacts), with its FX graph and AOTAutograd caches on and
     the static CUDA launcher as in the warmup's ranks."""
-    from warmup.compiled import coordesc
-    from warmup.compiled.environment import inductor_environment
 
     wanted = inductor_environment(settings)
     held = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
@@ -471,13 +470,13 @@ def _static_launcher(on: bool) -> None:
     """Inductor reads its knobs from the environment when its config is first imported,
     which a server may have done already: the static launcher is set there too
     (``warmup.compiled.environment.STATIC_LAUNCHER``: as the warmup compiled)."""
-    from torch._inductor import config
+    from torch._inductor import config  # torch loads on first use
 
     if hasattr(config, "use_static_cuda_launcher"):
         config.use_static_cuda_launcher = on
 
 
 def _cuda_started() -> bool:
-    import torch
+    import torch  # torch loads on first use
 
     return bool(torch.cuda.is_initialized())  # type: ignore[no-untyped-call]

@@ -41,20 +41,23 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import kernels
 from kernels.adapter import BUCKET_FIELD, Layer, Served, indexed_device
-from registry import KernelConfig, Store, keys, triton_internals
-from registry.fingerprint import Fingerprint, detect_for
-from warmup.compiled.learned import Recorder
-from warmup.manifest import Manifest, ManifestError, load_manifest
-from warmup.results import ServerWarm
-from warmup.services import Services
+from registry import KernelConfig, Store
+from registry.core import triton_internals
+from registry.core.fingerprint import Fingerprint, detect_for
+from registry.storage import keys
+from warmup.compiled.learned import Recorder, shared_dims
+from warmup.core.collectives import Lockstep
+from warmup.core.manifest import Manifest, ManifestError, load_manifest
+from warmup.core.results import ServerWarm
+from warmup.core.services import Services
+from warmup.core.settings import Settings
 from warmup.serving.compile_guard import guard_from_settings
 from warmup.serving.metrics import ServingMetrics
 from warmup.serving.preload import Preload, declares_models
 from warmup.serving.table import FALLBACK, SOURCES, Table, nearest_table, rehearsal
-from warmup.settings import Settings
 
 if TYPE_CHECKING:
-    from warmup.manifest import ModelEntry
+    from warmup.core.manifest import ModelEntry
     from warmup.serving.models import ServedModel
 
 log = logging.getLogger(__name__)
@@ -118,7 +121,7 @@ class ServingOp:
         """This op as a callable ``(a, b) -> out`` for a ``torch.compile``d model's
         forward: a registered custom op, opaque to Dynamo (no graph break, no trace into
         the kernel); see :mod:`warmup.serving.in_graph`."""
-        from warmup.serving.in_graph import in_graph
+        from warmup.serving.in_graph import in_graph  # registers torch custom ops
 
         return in_graph(self)
 
@@ -270,7 +273,7 @@ class ServingOp:
         return {m: entry.best for m, entry in layer.items()}
 
     def _prepare(self, table: Table) -> None:
-        import torch
+        import torch  # torch loads on first use
 
         rows: list[list[int]] = [[] for _ in table.configs]  # config slot -> the Ms it serves
         for index, slot in enumerate(table.pick[1:], start=1):
@@ -383,7 +386,7 @@ class Serving:
         Raises :class:`ServingError` when the manifest declares no such model or it
         cannot be built or run. Once :meth:`declare_warm` is called, its compiles are
         counted."""
-        from warmup.serving.models import build_served
+        from warmup.serving.models import build_served  # loads Inductor: only Serving.model
 
         manifest = self._declared()
         try:
@@ -409,10 +412,7 @@ class Serving:
     def _learned_shapes(self, entry: ModelEntry) -> list[dict[str, int]]:
         """The shapes the fleet learned for the model ``entry``, rank 0's list on every
         rank (a harvest may write the file between two ranks' reads)."""
-        import torch.distributed as dist
-
-        from warmup.collectives import Lockstep
-        from warmup.compiled.learned import shared_dims
+        import torch.distributed as dist  # torch loads on first use
 
         group = dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
         steps = Lockstep(group, timeout_s=self.settings.run.rank_timeout_s)
@@ -539,7 +539,7 @@ class Serving:
 
 
 def _rank() -> int:
-    import torch.distributed as dist
+    import torch.distributed as dist  # torch loads on first use
 
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank()
@@ -548,7 +548,7 @@ def _rank() -> int:
 
 
 def _device(device: Any) -> Any:
-    import torch
+    import torch  # torch loads on first use
 
     if device is not None:
         return indexed_device(device)

@@ -28,8 +28,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from warmup.core.manifest import ManifestError, load_manifest
+
 if TYPE_CHECKING:
-    from warmup.settings import Settings
+    from warmup.core.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +56,7 @@ class Preload:
         self._thread.start()
 
     def _run(self) -> None:
-        from warmup.serving.models import use_inductor_cache
+        from warmup.serving.models import use_inductor_cache  # on the preload thread, beside the se
 
         started = time.perf_counter()
         try:
@@ -113,7 +115,6 @@ def graph_trees_here() -> None:
 def declares_models(manifest: Path) -> bool:
     """Whether the manifest at ``manifest`` declares a compiled model; False when there
     is none or it cannot be read (the server's own calls say why)."""
-    from warmup.manifest import ManifestError, load_manifest
 
     try:
         return bool(load_manifest(manifest).models)

@@ -11,7 +11,8 @@ import bisect
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from registry import KernelConfig, keys
+from registry import KernelConfig
+from registry.storage import keys
 
 REHEARSALS = 8  # real calls an op makes when made: one per config, up to 8 configs
 SOURCES = ("tuned", "nearest", "fallback")  # how a call's config was chosen
@@ -64,7 +65,7 @@ def nearest_table(tuned: Mapping[int, KernelConfig], *, step: int, max_m: int) -
 
 
 def _nearest(m: int, below: int | None, above: int | None) -> int:
-    """The nearer of two tuned Ms (:func:`registry.keys.log_distance`); a tie goes to
+    """The nearer of two tuned Ms (:func:`registry.storage.keys.log_distance`); a tie goes to
     the larger."""
     if below is None or above is None:
         return above if below is None else below  # type: ignore[return-value]

@@ -41,11 +41,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from registry.families.file_harvest import FileLimits
-from registry.remote import RemoteTier
-from registry.store import Store
-from warmup.metrics import ServeMetrics
-from warmup.results import RunStatus
-from warmup.services import Services
+from registry.remote.tier import RemoteTier
+from registry.storage.store import Store
+from warmup.core.metrics import ServeMetrics
+from warmup.core.results import RunStatus
+from warmup.core.services import Services
 from warmup.sidecar.harvest_families import FamilyHarvest
 from warmup.sidecar.harvest_host import host_of
 from warmup.sidecar.harvest_publish import Publisher

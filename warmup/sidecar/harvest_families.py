@@ -23,14 +23,14 @@ from registry import families
 from registry.families import Family, Scope
 from registry.families.base import Declared
 from registry.families.file_harvest import FileLimits, Refused, temporary
-from registry.remote import RemoteTier
-from registry.store import Store
-from warmup import families as warm_families
+from registry.remote.tier import RemoteTier
+from registry.storage.store import Store
+from warmup.caches import families as warm_families
 from warmup.compiled import learned
-from warmup.manifest import Manifest, ManifestError, load_manifest
-from warmup.metrics import ServeMetrics
-from warmup.results import RunStatus
-from warmup.services import Services
+from warmup.core.manifest import Manifest, ManifestError, load_manifest
+from warmup.core.metrics import ServeMetrics
+from warmup.core.results import RunStatus
+from warmup.core.services import Services
 from warmup.sidecar.harvest_host import HarvestHost, record_host
 from warmup.sidecar.harvest_publish import Publisher
 from warmup.sidecar.harvest_queue import FOLDERS

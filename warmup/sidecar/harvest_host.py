@@ -3,8 +3,8 @@
 What the server compiles is stored under the warmup's fingerprint (its ranks detected
 it), or, when the init container started no rank
 (``warmup.run.full_hit.leave_to_the_server``), under what the server's rank 0 detected
-and wrote beside its metrics (:class:`~warmup.results.RankHost`). Such a host is then
-recorded under the init's probe (:mod:`registry.hosts`), so the next pod's init finds
+and wrote beside its metrics (:class:`~warmup.core.results.RankHost`). Such a host is then
+recorded under the init's probe (:mod:`registry.storage.hosts`), so the next pod's init finds
 its full hit.
 """
 
@@ -14,11 +14,11 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from registry import hosts
-from registry.errors import RegistryError
-from registry.fingerprint import Fingerprint
-from registry.remote import RemoteTier
-from warmup.results import RankHost, RunStatus
+from registry.core.errors import RegistryError
+from registry.core.fingerprint import Fingerprint
+from registry.remote.tier import RemoteTier
+from registry.storage import hosts
+from warmup.core.results import RankHost, RunStatus
 
 log = logging.getLogger(__name__)
 

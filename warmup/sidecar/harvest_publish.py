@@ -10,7 +10,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from registry.families.file_harvest import Upload
-from registry.remote import RemoteTier
+from registry.remote.tier import RemoteTier
 
 MAX_UNPUBLISHED_BYTES = 64 * 2**20  # kept through a remote outage, then the oldest go
 

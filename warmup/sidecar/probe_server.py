@@ -29,7 +29,7 @@ from typing import ParamSpec, TypeVar, cast
 
 import h11
 
-from registry.errors import BadInput, named
+from registry.core.errors import BadInput, named
 
 log = logging.getLogger(__name__)
 

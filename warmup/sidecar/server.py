@@ -25,16 +25,17 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from registry import RegistryError, bundle, families
-from registry.errors import BundleRejected
-from registry.fingerprint import Fingerprint
-from registry.signing import announce
+from registry import RegistryError, families
+from registry.bundles import bundle
+from registry.core.errors import BundleRejected
+from registry.core.fingerprint import Fingerprint
+from registry.trust.signing import announce
 from warmup.compiled.reload import restore_installed
-from warmup.manifest import ManifestError, load_manifest
-from warmup.metrics import ServeMetrics, TextFileCollector, TextFolderCollector
-from warmup.results import RunStatus, ServerWarm
-from warmup.services import Services
-from warmup.settings import Settings
+from warmup.core.manifest import ManifestError, load_manifest
+from warmup.core.metrics import ServeMetrics, TextFileCollector, TextFolderCollector
+from warmup.core.results import RunStatus, ServerWarm
+from warmup.core.services import Services
+from warmup.core.settings import Settings
 from warmup.sidecar.harvest import Harvester
 from warmup.sidecar.probe_server import Answer, Limits, Pool, ProbeServer, SidecarError
 from warmup.sidecar.watcher import BundleWatcher, Stat, sha256_of, stat_key

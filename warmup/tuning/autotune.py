@@ -27,9 +27,10 @@ from typing import Any
 
 from kernels.task import Task
 from registry import KernelConfig, Store
-from registry.fingerprint import Fingerprint, kernel_source_hash
+from registry.core.fingerprint import Fingerprint, detect_for, kernel_source_hash
 from registry.locks import LockBackend
-from warmup.collectives import Lockstep
+from warmup.core.collectives import Lockstep
+from warmup.core.settings import Settings
 from warmup.tuning.timing import Timer, cuda_event_timer, wall_clock_timer
 from warmup.tuning.tuner import TuneOptions, Tuner, TunerStats
 
@@ -149,8 +150,7 @@ class AutotunedFunction:
 
     def store(self) -> Store:
         if self._store is None:
-            from warmup.services import Services  # a decorator's first call: its entry point
-            from warmup.settings import Settings
+            from warmup.core.services import Services  # a decorator's first call: its entry point
 
             self._store = Services(Settings()).store()
         return self._store
@@ -160,7 +160,6 @@ class AutotunedFunction:
         even on a machine with GPUs)."""
         if self._fingerprint is not None:
             return self._fingerprint
-        from registry.fingerprint import detect_for
 
         return detect_for(device)
 
@@ -215,7 +214,7 @@ class _CallTask(Task):
     def verify(self, output: Any) -> str | None:
         if self.owner.reference is None:
             return None
-        import torch
+        import torch  # torch loads on first use
 
         if self._expected is None:
             self._expected = self.owner.reference(*self.args, **self.kwargs)

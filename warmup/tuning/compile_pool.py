@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from registry import triton_internals
-from registry.errors import named
+from registry.core import triton_internals
+from registry.core.errors import named
 from warmup.tuning.cpus import usable_cpus
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from kernels.task import TuneTask
 from registry import KernelConfig
-from warmup.collectives import Lockstep, RankFailure
+from warmup.core.collectives import Lockstep, RankFailure
 from warmup.tuning.search import SearchResult
 from warmup.tuning.timing import Timer
 

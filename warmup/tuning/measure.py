@@ -20,8 +20,8 @@ from typing import Any
 
 from kernels.task import TuneTask, check_contract
 from registry import KernelConfig, Measurement
-from registry.errors import named
-from warmup.collectives import Candidates, Chosen, Lockstep, RankFailure
+from registry.core.errors import named
+from warmup.core.collectives import Candidates, Chosen, Lockstep, RankFailure
 from warmup.tuning import compile_pool
 from warmup.tuning.latency_guard import latency_guard
 from warmup.tuning.search import HalvingPlan, SearchResult, successive_halving, summarize

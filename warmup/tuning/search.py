@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from registry import KernelConfig, Measurement
-from registry.entry import sort_measurements
+from registry.core.entry import sort_measurements
 
 Measure = Callable[[KernelConfig, int], Measurement]
 

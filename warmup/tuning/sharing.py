@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from kernels.task import TuneTask
-from warmup.collectives import Lockstep, Number
+from warmup.core.collectives import Lockstep, Number
 from warmup.tuning.tuner import (
     Deferred,
     TuneError,

@@ -71,7 +71,7 @@ def cuda_event_timer(
     would dominate); kernels that cannot be captured fall back to single launches. A
     collective (``meet`` given) is never graphed: it serves one call at a time.
     """
-    import torch
+    import torch  # torch loads on first use
 
     flush = torch.empty(flush_bytes, dtype=torch.int8, device="cuda")
     hold = DeviceHold(head_start_us)
@@ -98,7 +98,7 @@ def cuda_latency_timer(*, warmup: int = 2, flush_bytes: int = 256 * 2**20) -> Ti
     host's issue of the call as well as the device's work: what a call costs when the
     host is not ahead of the GPU (eager serving of one layer at a time). The tuner's
     guard compares its winner with the baseline on this clock (``warmup.tuning.latency_guard``)."""
-    import torch
+    import torch  # torch loads on first use
 
     flushes: list[Any] = []  # made at the first use: the tuner's guard needs it rarely
 
@@ -128,7 +128,7 @@ class DeviceHold:
         self._cycles = 0  # 0: not calibrated yet
 
     def __call__(self) -> None:
-        import torch
+        import torch  # torch loads on first use
 
         if self.microseconds <= 0:
             return
@@ -142,7 +142,7 @@ NO_HOLD = DeviceHold(0.0)
 
 def _cycles_per_us(cycles: int = 2_000_000) -> float:
     """The current GPU's spin cycles per microsecond (about its clock in MHz)."""
-    import torch
+    import torch  # torch loads on first use
 
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
     torch.cuda._sleep(cycles // 10)  # type: ignore[no-untyped-call]  # clocks up
@@ -168,7 +168,7 @@ def _event_time(
     whatever each one's flush and hold took. ``just_in_time``: the L2 flushed first,
     then ``meet`` (one process: the device waited for), so that the call starts on an
     idle device and the events bracket its host's issue too."""
-    import torch
+    import torch  # torch loads on first use
 
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
     if just_in_time:
@@ -190,7 +190,7 @@ def _event_time(
 
 
 def _graph_times(fn: Thunk, repetitions: int, batch: int, flush: Any) -> list[float] | None:
-    import torch
+    import torch  # torch loads on first use
 
     try:
         graph = torch.cuda.CUDAGraph()

@@ -53,11 +53,11 @@ from registry import (
     Store,
     lock,
 )
-from registry.errors import Superseded, named
-from registry.fingerprint import Fingerprint
+from registry.core.errors import Superseded, named
+from registry.core.fingerprint import Fingerprint
 from registry.locks import Holder, LockBackend, LockServerUnreachable, silent_for
-from registry.tiered import TieredFence, TieredStore
-from warmup.collectives import (
+from registry.remote.tiered import TieredFence, TieredStore
+from warmup.core.collectives import (
     Answer,
     Chosen,
     Located,

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from registry.core.fingerprint import cpu_fingerprint
+from registry.core.volume import Volume
 from registry.families import Scope
 from registry.families.base import Declared
-from registry.fingerprint import cpu_fingerprint
-from registry.store import Store
-from registry.volume import Volume
+from registry.storage.store import Store
 
 FP = cpu_fingerprint().with_kernel("")
 

@@ -8,13 +8,15 @@ import shutil
 
 import pytest
 
-from registry import BundleRejected, Store, bundle, signing
+from registry import BundleRejected, Store
+from registry.bundles import bundle
+from registry.caches.triton_cache import Origin
 from registry.families import Sources, named
 from registry.families.base import Declared, Host
 from registry.families.declared import FOLDER
-from registry.remote import RemoteTier
-from registry.signing import SigningKey, Trust
-from registry.triton_cache import Origin
+from registry.remote.tier import RemoteTier
+from registry.trust import signing
+from registry.trust.signing import SigningKey, Trust
 from tests.registry.families.conftest import FP, make_scope, read, write
 
 FAMILY = named("declared-folders")

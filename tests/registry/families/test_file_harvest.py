@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from registry import atomic
+from registry.core import atomic
 from registry.families.base import Family
 from registry.families.file_harvest import (
     FileLimits,

@@ -10,7 +10,7 @@ import pytest
 
 from registry.families import named
 from registry.families.file_harvest import FileLimits, Refused
-from registry.store import Store
+from registry.storage.store import Store
 from tests.conftest import gpu_fingerprint
 from tests.registry.families.conftest import make_scope
 

@@ -8,9 +8,10 @@ import json
 
 import pytest
 
-from registry import remote_triton, triton_cache
+from registry.caches import triton_cache
 from registry.families import named
 from registry.families.file_harvest import FileLimits, Refused
+from registry.remote import triton as remote_triton
 from tests.conftest import gpu_fingerprint
 from tests.registry.families.conftest import fake_kernel, make_scope, read
 

@@ -13,11 +13,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from registry.fingerprint import cpu_fingerprint
+from registry.core.fingerprint import cpu_fingerprint
 from warmup.compiled.warm import warm_models
-from warmup.manifest import parse_manifest
-from warmup.services import Services
-from warmup.settings import Settings
+from warmup.core.manifest import parse_manifest
+from warmup.core.services import Services
+from warmup.core.settings import Settings
 
 MANIFEST = """\
 version: 1

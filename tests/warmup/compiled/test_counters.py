@@ -73,7 +73,7 @@ def test_the_cuda_jit_cache_lives_in_the_inductor_cache(tmp_path):
 
 def test_a_models_key_changes_with_what_its_artifacts_depend_on_and_not_with_paths(tmp_path):
     from warmup.compiled.key import model_key
-    from warmup.manifest import parse_manifest
+    from warmup.core.manifest import parse_manifest
 
     text = (
         "version: 1\nmodels:\n  - name: m\n    build: tests.warmup.compiled.models:mlp\n"
@@ -97,7 +97,7 @@ def test_a_models_key_runs_none_of_its_packages_code(tmp_path, monkeypatch):
     """The init container keys models without importing torch: a package's ``__init__``
     (which may import it) is not run to find the build function's module."""
     from warmup.compiled.key import model_key
-    from warmup.manifest import parse_manifest
+    from warmup.core.manifest import parse_manifest
 
     package = tmp_path / "keyed_pkg_x"
     package.mkdir()

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from registry.fingerprint import cpu_fingerprint
+from registry.core.fingerprint import cpu_fingerprint
 from tests.conftest import settings_for
 from warmup.cli import main
 from warmup.compiled.warm import warm_models
-from warmup.manifest import ManifestError, parse_manifest
-from warmup.results import ModelResult, RunStatus
-from warmup.services import Services
+from warmup.core.manifest import ManifestError, parse_manifest
+from warmup.core.results import ModelResult, RunStatus
+from warmup.core.services import Services
 
 MODELS = "tests.warmup.compiled.models"
 
@@ -209,7 +209,7 @@ def test_a_model_failing_on_one_rank_fails_on_all_and_the_next_model_warms(tmp_p
 def test_a_restore_that_was_not_whole_is_stored_again(tmp_path, monkeypatch):
     """Blobs gone from the volume: the FX graph may still hit (nothing counted as
     compiled), yet the pod stores again, so the next pod finds them."""
-    from registry import inductor_cache
+    from registry.caches import inductor_cache
     from warmup.compiled import warm as warm_module
 
     def fake_compile(model, built, device, steps, learned, told):

@@ -13,7 +13,7 @@ import torch
 from tests.conftest import write_manifest
 from tests.warmup.compiled.models import manifest as models_manifest
 from warmup.compiled import learned
-from warmup.manifest import load_manifest
+from warmup.core.manifest import load_manifest
 
 
 @pytest.fixture

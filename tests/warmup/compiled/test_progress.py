@@ -9,14 +9,14 @@ import logging
 
 import pytest
 
-from registry.fingerprint import cpu_fingerprint
-from registry.remote import RemoteStats
+from registry.core.fingerprint import cpu_fingerprint
+from registry.remote.tier import RemoteStats
 from tests.conftest import settings_for
 from tests.warmup.compiled.test_failures import warm_with
 from warmup.compiled import warm
 from warmup.compiled.progress import ModelStep, model_progress_printer
-from warmup.manifest import parse_manifest
-from warmup.services import Services
+from warmup.core.manifest import parse_manifest
+from warmup.core.services import Services
 
 MODELS = "tests.warmup.compiled.models"
 

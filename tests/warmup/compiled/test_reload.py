@@ -4,14 +4,14 @@ a model whose key cannot be made costs only itself."""
 
 from __future__ import annotations
 
-from registry import inductor_cache
-from registry.fingerprint import cpu_fingerprint
+from registry.caches import inductor_cache
+from registry.core.fingerprint import cpu_fingerprint
 from tests.conftest import gpu_fingerprint, settings_for
 from tests.warmup.compiled.models import manifest
 from warmup.compiled import reload
 from warmup.compiled.key import model_key
-from warmup.manifest import parse_manifest
-from warmup.services import Services
+from warmup.core.manifest import parse_manifest
+from warmup.core.services import Services
 
 FP = cpu_fingerprint()
 MANIFEST = parse_manifest(

@@ -3,15 +3,15 @@ registry's remote tier (a real redis-server) behind the volume."""
 
 from __future__ import annotations
 
-from registry.fingerprint import cpu_fingerprint
-from registry.remote import RemoteTier
+from registry.core.fingerprint import cpu_fingerprint
+from registry.remote.tier import RemoteTier
 from tests.conftest import settings_for
 from tests.registry.conftest import server  # noqa: F401  (a fixture)
-from tests.registry.test_bundle_indexed import FILES
+from tests.registry.families.test_bundle_indexed import FILES
 from tests.registry.test_redis_outage import redis  # noqa: F401  (a module fixture)
 from warmup.compiled import warm
 from warmup.compiled.key import ModelKey
-from warmup.services import Services
+from warmup.core.services import Services
 
 FP = cpu_fingerprint()
 

@@ -16,9 +16,9 @@ import pytest
 from tests.conftest import settings_for, wait_for, write_manifest
 from tests.warmup.compiled.models import manifest
 from warmup.cli import main
-from warmup.manifest import load_manifest
+from warmup.core.manifest import load_manifest
+from warmup.core.services import Services
 from warmup.run.launch import run
-from warmup.services import Services
 
 ROOT = Path(__file__).resolve().parents[3]
 MLP = manifest(("mlp", "mlp", "{batch: [1, 2], seq: 3}"))
@@ -128,7 +128,7 @@ def test_a_first_pod_leaves_its_models_to_the_server_and_the_next_pod_is_a_full_
     its server compiles nothing."""
     from prometheus_client import CollectorRegistry
 
-    from warmup.metrics import ServeMetrics
+    from warmup.core.metrics import ServeMetrics
     from warmup.sidecar.harvest import Harvester
 
     monkeypatch.setenv("TEST_USER_LOG", str(tmp_path / "calls.jsonl"))
@@ -161,9 +161,9 @@ def test_a_first_pod_of_models_only_starts_no_rank_and_its_server_tells_the_host
     records the host under the init's probe; the next pod's init is a full hit."""
     from prometheus_client import CollectorRegistry
 
-    from registry import hosts
-    from warmup.metrics import ServeMetrics
-    from warmup.results import RankHost
+    from registry.storage import hosts
+    from warmup.core.metrics import ServeMetrics
+    from warmup.core.results import RankHost
     from warmup.sidecar import harvest_queue
     from warmup.sidecar.harvest import Harvester
 

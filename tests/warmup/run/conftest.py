@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
-from warmup.settings import Settings
+from warmup.core.settings import Settings
 
 
 @pytest.fixture

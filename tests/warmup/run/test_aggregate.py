@@ -10,12 +10,12 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from registry.fingerprint import cpu_fingerprint
+from registry.core.fingerprint import cpu_fingerprint
 from tests.conftest import DEMO, settings_for, write_manifest
-from warmup.manifest import load_manifest
-from warmup.results import RankFailure, RankReport, RunStatus
+from warmup.core.manifest import load_manifest
+from warmup.core.results import RankFailure, RankReport, RunStatus
+from warmup.core.services import Services
 from warmup.run.aggregate import RunRecord, _save_caches, finish
-from warmup.services import Services
 
 MANIFEST = """
 version: 1

@@ -9,14 +9,14 @@ import pytest
 
 import warmup
 from registry import RegistryError
-from registry.volume import MissingFolder
+from registry.core.volume import MissingFolder
 from tests.conftest import DEMO, settings_for, write_manifest
 from warmup.cli import main as cli_main
-from warmup.manifest import ManifestError, load_manifest
+from warmup.core.manifest import ManifestError, load_manifest
+from warmup.core.services import Services
+from warmup.core.settings import Settings
 from warmup.run import checks, session
 from warmup.run.checks import Caller, RunError, checked, listed_device, lock_backend
-from warmup.services import Services
-from warmup.settings import Settings
 
 MANIFEST = """
 version: 1

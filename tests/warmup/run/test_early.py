@@ -12,9 +12,9 @@ import pytest
 import warmup.program
 import warmup.run.launch
 from tests.conftest import ROOT, env_without_interpreter, run_program, settings_for, write_manifest
-from warmup import logs
-from warmup.manifest import ManifestError, load_manifest
-from warmup.results import RunStatus
+from warmup.core import logs
+from warmup.core.manifest import ManifestError, load_manifest
+from warmup.core.results import RunStatus
 from warmup.run.early import EarlyRanks
 from warmup.run.launch import run
 

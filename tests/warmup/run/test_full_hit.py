@@ -7,15 +7,18 @@ import sys
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from registry import Entry, KernelConfig, hosts, inductor_cache, remote_models
-from registry.fingerprint import cpu_fingerprint
-from registry.hosts import HostRecord, Probe
+from registry import Entry, KernelConfig
+from registry.caches import inductor_cache
+from registry.core.fingerprint import cpu_fingerprint
+from registry.remote import models as remote_models
+from registry.storage import hosts
+from registry.storage.hosts import HostRecord, Probe
 from tests.conftest import ROOT, settings_for, write_manifest
 from warmup.compiled.key import model_key
-from warmup.manifest import load_manifest
-from warmup.results import READY, RunStatus, ShapeResult
+from warmup.core.manifest import load_manifest
+from warmup.core.results import READY, RunStatus, ShapeResult
+from warmup.core.services import Services
 from warmup.run import full_hit
-from warmup.services import Services
 
 MANIFEST = """version: 1
 entries:
@@ -213,7 +216,7 @@ def test_a_status_that_does_not_pair_with_the_manifest_records_nothing(warm_volu
 def test_a_pod_on_an_empty_volume_finds_its_full_hit_on_the_remote_tier(
     warm_volume, tmp_path, redis_url
 ):
-    from registry.remote import RemoteTier
+    from registry.remote.tier import RemoteTier
 
     settings, manifest = warm_volume
     tier = RemoteTier(redis_url)
@@ -244,7 +247,7 @@ def test_a_pod_on_an_empty_volume_finds_its_full_hit_on_the_remote_tier(
 
 
 def test_a_remote_tier_missing_a_shape_leaves_the_full_warm(warm_volume, tmp_path, redis_url):
-    from registry.remote import RemoteTier
+    from registry.remote.tier import RemoteTier
 
     settings, manifest = warm_volume
     tier = RemoteTier(redis_url)
@@ -319,8 +322,8 @@ def test_models_only_are_left_to_the_server_without_a_rank(warm_volume, tmp_path
 
 
 def test_a_full_hit_restores_each_declared_folder_stored_for_the_host(warm_volume, tmp_path):
-    from warmup import families
-    from warmup.manifest import parse_manifest
+    from warmup.caches import families
+    from warmup.core.manifest import parse_manifest
 
     settings, _ = warm_volume
     engine = tmp_path / "engine"
@@ -340,7 +343,7 @@ def test_a_full_hit_restores_each_declared_folder_stored_for_the_host(warm_volum
 
 
 def test_a_full_hit_counts_the_entries_it_skipped_as_a_warm_run_does(warm_volume, tmp_path):
-    from warmup.manifest import parse_manifest
+    from warmup.core.manifest import parse_manifest
 
     settings, _ = warm_volume
     other = "  - {kernel: matmul, dtype: fp32, world_size: 4, shapes: [{M: 8, N: 8, K: 8}]}\n"

@@ -25,8 +25,8 @@ from tests.conftest import (
     write_manifest,
 )
 from warmup.cli import main
-from warmup.manifest import ManifestError, load_manifest
-from warmup.results import RunStatus, ShapeResult
+from warmup.core.manifest import ManifestError, load_manifest
+from warmup.core.results import RunStatus, ShapeResult
 from warmup.run.launch import _wait, run
 from warmup.run.runner import progress_printer
 
@@ -256,7 +256,7 @@ def test_a_shape_its_kernel_rejects_is_refused_before_any_write(tmp_path, monkey
 
 IN_PROCESS = """
 import sys, warmup
-from warmup.settings import Settings
+from warmup.core.settings import Settings
 if sys.argv[2] == "import-first":
     import triton
 settings = Settings(volume="v", work_dir="w", device="cpu", create_volume=True)
@@ -398,7 +398,7 @@ def test_what_a_killed_writer_left_is_cleared_at_the_start_and_counted(
 
 
 def test_a_trusted_keys_folder_that_is_not_there_stops_the_run_before_any_rank(tmp_path):
-    from registry.signing import KeyFileError
+    from registry.trust.signing import KeyFileError
 
     settings = settings_for(tmp_path).updated(trusted_keys=tmp_path / "typo")
     with pytest.raises(KeyFileError, match="typo does not exist"):

@@ -9,8 +9,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from warmup.cli import main
-from warmup.metrics import RunMetrics
-from warmup.results import READY, RemoteCounts, RunStatus
+from warmup.core.metrics import RunMetrics
+from warmup.core.results import READY, RemoteCounts, RunStatus
 from warmup.run.phases import PHASES, PhaseClock, phase_table, process_age, run_phases
 
 

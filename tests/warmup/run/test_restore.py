@@ -6,12 +6,12 @@ import os
 import pytest
 
 from registry import RegistryError, Store
-from registry.store import CURRENT
+from registry.storage.store import CURRENT
 from tests.conftest import settings_for
-from warmup.results import RankHost, RankReport
+from warmup.core.results import RankHost, RankReport
+from warmup.core.services import Services
 from warmup.run.checks import RunError
 from warmup.run.restore import clear_run_dir, mark_restored, restore, wait_for_restore
-from warmup.services import Services
 
 
 def test_restore_cleans_what_a_killed_writer_left_and_repairs_current(tmp_path, make_entry):

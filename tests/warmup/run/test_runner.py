@@ -14,11 +14,11 @@ import torch
 from registry import lock
 from registry.locks import backend_from_url
 from tests.conftest import settings_for
-from warmup.manifest import Manifest, parse_manifest
-from warmup.results import RankReport
+from warmup.core.manifest import Manifest, parse_manifest
+from warmup.core.results import RankReport
+from warmup.core.services import Services
+from warmup.core.settings import Settings
 from warmup.run.runner import _kernel_jobs, _placed, warm_rank
-from warmup.services import Services
-from warmup.settings import Settings
 
 USER_MANIFEST = """
 version: 1
@@ -52,7 +52,7 @@ def test_a_cpu_rank_on_a_gpu_machine_uses_the_cpu_fingerprint(tmp_path: Path, mo
 
 def test_a_rank_expands_each_entry_once(tmp_path: Path, monkeypatch):
     # the report's places, the costs and the tasks all read the shapes of one expansion
-    from warmup.manifest import ManifestEntry
+    from warmup.core.manifest import ManifestEntry
 
     expanded: list[str] = []
     expand = ManifestEntry.expand

@@ -1,11 +1,11 @@
 """One rank's session: its own end (rank 0's) and its bad input, as a rank says them."""
 
 from tests.conftest import DEMO, settings_for
-from warmup.manifest import load_manifest
-from warmup.results import RunStatus
+from warmup.core.manifest import load_manifest
+from warmup.core.results import RunStatus
+from warmup.core.services import Services
 from warmup.run import session
 from warmup.run.aggregate import RunRecord
-from warmup.services import Services
 
 
 def test_a_failure_in_rank_0_s_finish_is_a_failed_status_every_rank_gets(tmp_path, monkeypatch):

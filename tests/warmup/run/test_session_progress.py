@@ -7,7 +7,7 @@ import logging
 import re
 
 from tests.conftest import settings_for
-from warmup.manifest import parse_manifest
+from warmup.core.manifest import parse_manifest
 from warmup.run.inprocess import warm_in_process
 
 MANIFEST = """

@@ -10,8 +10,8 @@ import pytest
 
 from tests.conftest import settings_for, write_manifest
 from tests.warmup.compiled.models import manifest
-from warmup.manifest import load_manifest, parse_manifest
-from warmup.results import ModelResult, RankReport
+from warmup.core.manifest import load_manifest, parse_manifest
+from warmup.core.results import ModelResult, RankReport
 from warmup.run.launch import run
 from warmup.run.settle import settle
 

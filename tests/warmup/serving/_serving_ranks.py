@@ -20,9 +20,9 @@ import torch.distributed as dist
 
 from kernels import ag_gemm
 from registry import Entry, KernelConfig
-from registry.fingerprint import detect_for
+from registry.core.fingerprint import detect_for
+from warmup.core.settings import Settings
 from warmup.serving import Serving, ServingOp
-from warmup.settings import Settings
 
 N, K, MAX_M = 32, 32, 64
 BASELINE = KernelConfig.make(algorithm="nccl_cublas")

@@ -18,9 +18,9 @@ from triton.runtime.autotuner import Autotuner
 from triton.runtime.jit import JitFunctionInfo
 
 from tests.conftest import env_without_interpreter
+from warmup.core.settings import Settings
 from warmup.serving.compile_guard import CompileGuard, RequestCompileError, guard_from_settings
 from warmup.serving.metrics import ServingMetrics
-from warmup.settings import Settings
 
 ROOT = Path(__file__).parents[3]
 COMPILES = "triton_warmup_request_compiles_total"

@@ -15,7 +15,7 @@ from tests.conftest import settings_for, write_manifest
 from tests.warmup.compiled.models import COORDESC
 from warmup.compiled.counters import snapshot
 from warmup.compiled.inputs import make_inputs
-from warmup.results import ModelResult, RunStatus
+from warmup.core.results import ModelResult, RunStatus
 from warmup.serving import Serving, models
 from warmup.serving.compile_guard import CompileGuard
 from warmup.serving.metrics import ServingMetrics

@@ -8,14 +8,14 @@ import time
 
 import pytest
 
-from registry import inductor_cache
-from registry.fingerprint import cpu_fingerprint
+from registry.caches import inductor_cache
+from registry.core.fingerprint import cpu_fingerprint
 from tests.conftest import settings_for
 from tests.warmup.serving.test_models import environment, manifest, served  # noqa: F401
 from warmup.compiled.counters import CompileCounts
 from warmup.compiled.key import model_key
-from warmup.manifest import parse_manifest
-from warmup.results import ModelResult, RunStatus
+from warmup.core.manifest import parse_manifest
+from warmup.core.results import ModelResult, RunStatus
 from warmup.serving import models
 from warmup.serving.models import Primed
 

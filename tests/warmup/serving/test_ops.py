@@ -13,7 +13,7 @@ from kernels import matmul
 from kernels.adapter import Layer
 from registry import Entry, KernelConfig, Store, cpu_fingerprint
 from tests.conftest import run_rank_processes, settings_for, write_manifest
-from warmup.manifest import load_manifest
+from warmup.core.manifest import load_manifest
 from warmup.run.launch import run
 from warmup.serving.ops import Serving, ServingError, ServingOp
 from warmup.serving.table import NEAREST, TUNED, nearest_table

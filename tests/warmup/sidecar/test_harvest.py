@@ -14,9 +14,12 @@ import pytest
 import triton
 from prometheus_client import CollectorRegistry
 
-from registry import families, inductor_cache, remote_models, remote_triton, triton_cache
-from registry.remote import RemoteTier
-from registry.store import Store
+from registry import families
+from registry.caches import inductor_cache, triton_cache
+from registry.remote import models as remote_models
+from registry.remote import triton as remote_triton
+from registry.remote.tier import RemoteTier
+from registry.storage.store import Store
 from tests.conftest import (
     free_port,
     gpu_fingerprint,
@@ -24,14 +27,14 @@ from tests.conftest import (
     wait_for,
     write_manifest,
 )
+from tests.registry.caches.test_triton_cache import compile_in
 from tests.registry.test_redis_outage import Proxy, redis  # noqa: F401
-from tests.registry.test_triton_cache import compile_in
 from tests.warmup.test_triton_remote_cache import compile_in_pod
-from warmup import families as warm_families
-from warmup.manifest import load_manifest
-from warmup.metrics import ServeMetrics
-from warmup.results import ModelResult, RunStatus
-from warmup.services import Services
+from warmup.caches import families as warm_families
+from warmup.core.manifest import load_manifest
+from warmup.core.metrics import ServeMetrics
+from warmup.core.results import ModelResult, RunStatus
+from warmup.core.services import Services
 from warmup.sidecar.harvest import FOLDERS, Harvester, Limits
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -353,7 +356,7 @@ def test_what_the_server_compiled_before_it_told_the_host_is_caught_up(pod):
     """An init that started no rank writes no fingerprint: the server tells it
     (``host.json`` beside its metrics). What it compiled before the harvest knew the
     host (the events were dropped) is offered once the host is known."""
-    from warmup.results import RankHost
+    from warmup.core.results import RankHost
 
     ready(pod, fingerprint=FP)
     status = RunStatus.read(pod.paths.status_file).model_copy(update={"fingerprint": None})

@@ -10,16 +10,17 @@ from types import MappingProxyType
 import pytest
 from prometheus_client import CollectorRegistry
 
-from registry import families, remote_triton
+from registry import families
 from registry.families import Family
 from registry.families.file_harvest import FileLimits, Harvested, Upload
-from registry.store import Store
+from registry.remote import triton as remote_triton
+from registry.storage.store import Store
 from tests.conftest import gpu_fingerprint, settings_for
 from tests.registry.families.conftest import fake_kernel
 from warmup.compiled import learned
-from warmup.metrics import ServeMetrics
-from warmup.results import RunStatus
-from warmup.services import Services
+from warmup.core.metrics import ServeMetrics
+from warmup.core.results import RunStatus
+from warmup.core.services import Services
 from warmup.sidecar.harvest_families import FamilyHarvest
 from warmup.sidecar.harvest_host import HarvestHost
 from warmup.sidecar.harvest_publish import Publisher

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import logging
 
-from registry import hosts
+from registry.storage import hosts
 from tests.conftest import gpu_fingerprint
-from warmup.results import RankHost, RunStatus
+from warmup.core.results import RankHost, RunStatus
 from warmup.sidecar.harvest_host import HarvestHost, host_of, record_host
 
 FP = gpu_fingerprint()

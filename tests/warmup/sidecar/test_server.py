@@ -21,13 +21,14 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import warmup.sidecar.server
-from registry import Entry, KernelConfig, RegistryError, Store, bundle, cpu_fingerprint
+from registry import Entry, KernelConfig, RegistryError, Store, cpu_fingerprint
+from registry.bundles import bundle
 from tests.conftest import free_port, gpu_fingerprint, wait_for
-from warmup.manifest import load_manifest
-from warmup.metrics import RunMetrics
-from warmup.results import ModelResult, RunStatus, ServerWarm, ShapeResult
+from warmup.core.manifest import load_manifest
+from warmup.core.metrics import RunMetrics
+from warmup.core.results import ModelResult, RunStatus, ServerWarm, ShapeResult
+from warmup.core.settings import Settings
 from warmup.serving.metrics import ServingMetrics
-from warmup.settings import Settings
 from warmup.sidecar.server import Sidecar
 
 ROOT = Path(__file__).parents[3]
@@ -478,7 +479,7 @@ def test_a_malformed_status_file_reads_as_unreadable(sidecar, settings, content)
 
 
 SERVE = (  # triton-warmup, each bundle install 3 s longer: one is in progress at SIGTERM
-    "import sys, time; import registry.bundle as b; real = b.install; "
+    "import sys, time; import registry.bundles.bundle as b; real = b.install; "
     "b.install = lambda *a, **k: time.sleep(3) or real(*a, **k); "
     "from warmup.program import entry; entry()"
 )
@@ -624,7 +625,7 @@ def test_a_bundle_with_a_declared_model_reaches_the_pods_inductor_cache(tmp_path
     """Hot reload of compiled models: the bundle's index for this manifest's model, at
     its key and this node's fingerprint, is restored into the pod's Inductor cache; one
     for another key stays on the volume only."""
-    from registry import inductor_cache
+    from registry.caches import inductor_cache
     from tests.warmup.compiled.test_warm import MLP
     from warmup.compiled.key import model_key
 
@@ -770,7 +771,7 @@ def test_a_readyz_flood_still_gives_a_probe_the_last_verdict_at_once(settings, m
 def test_with_trusted_keys_the_watcher_installs_only_what_a_trusted_key_signed(
     settings, tmp_path, caplog
 ):
-    from registry import signing
+    from registry.trust import signing
 
     trusted, _ = signing.generate(tmp_path / "trusted", "fleet")
     foreign, _ = signing.generate(tmp_path / "foreign", "stranger")
@@ -794,7 +795,7 @@ def test_with_trusted_keys_the_watcher_installs_only_what_a_trusted_key_signed(
 
 
 def test_a_trusted_keys_folder_that_is_not_there_fails_the_start(settings, tmp_path):
-    from registry.signing import KeyFileError
+    from registry.trust.signing import KeyFileError
 
     with pytest.raises(KeyFileError, match="does not exist"):
         Sidecar(settings.updated(trusted_keys=tmp_path / "typo"))

@@ -26,11 +26,11 @@ import torch.distributed as dist
 
 from registry import KernelConfig, Store, cpu_fingerprint
 from registry.locks import backend_from_url
-from registry.remote import remote_tier
-from registry.tiered import TieredStore
+from registry.remote.tier import remote_tier
+from registry.remote.tiered import TieredStore
 from tests.warmup.tuning._tuner_ranks import start_together
 from tests.warmup.tuning.fakes import FakeTask, fake_timer
-from warmup.collectives import Lockstep
+from warmup.core.collectives import Lockstep
 from warmup.tuning.sharing import Job, rotated, start_fraction, warm_shared
 from warmup.tuning.tuner import TuneOptions, Tuner
 

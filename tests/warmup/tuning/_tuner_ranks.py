@@ -16,7 +16,7 @@ import torch.distributed as dist
 from registry import Entry, KernelConfig, Store, cpu_fingerprint
 from registry.locks import backend_from_url
 from tests.warmup.tuning.fakes import FakeTask, fake_timer
-from warmup.collectives import Lockstep, RankFailure
+from warmup.core.collectives import Lockstep, RankFailure
 from warmup.tuning.tuner import TuneOptions, Tuner
 
 

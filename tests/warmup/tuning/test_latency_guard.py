@@ -3,7 +3,7 @@
 import pytest
 
 from tests.warmup.tuning.fakes import FakeTask, configs
-from warmup.collectives import Lockstep
+from warmup.core.collectives import Lockstep
 from warmup.tuning.latency_guard import LATENCY_PASSES, latency_guard
 from warmup.tuning.search import SearchResult, summarize
 

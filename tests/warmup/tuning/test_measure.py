@@ -4,7 +4,7 @@ once, timed, failures kept; the parallel compile; the latency guard's say."""
 import pytest
 
 from tests.warmup.tuning.fakes import FakeTask, fake_timer
-from warmup.collectives import Lockstep
+from warmup.core.collectives import Lockstep
 from warmup.tuning import measure
 from warmup.tuning.measure import TuneError, compile_candidates, search_candidates
 from warmup.tuning.search import HalvingPlan

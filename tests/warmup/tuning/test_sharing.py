@@ -22,8 +22,8 @@ from tests.conftest import DEMO, env_without_interpreter, free_port, last_json, 
 from tests.registry.test_redis_outage import proxy, redis  # noqa: F401  (fixtures)
 from tests.warmup.tuning._fleet_pods import SHAPES
 from tests.warmup.tuning.fakes import FakeTask, fake_timer
-from warmup.manifest import load_manifest
-from warmup.results import RunStatus
+from warmup.core.manifest import load_manifest
+from warmup.core.results import RunStatus
 from warmup.tuning import sharing
 from warmup.tuning.sharing import Job, rotated, take_order, warm_shared
 from warmup.tuning.tuner import TuneOptions, Tuner

@@ -10,7 +10,7 @@ import pytest
 from registry import Entry, KernelConfig, Store, cpu_fingerprint
 from registry.locks import backend_from_url, lock
 from tests.warmup.tuning.fakes import FakeTask, configs, fake_timer
-from warmup.collectives import RankFailure
+from warmup.core.collectives import RankFailure
 from warmup.tuning.tuner import TuneError, TuneOptions, Tuner
 
 TIMINGS = {16: 3.0, 32: 1.2, 64: 0.9, 128: 1.1, 256: 2.5}

@@ -1,0 +1,2 @@
+"""Bundles: create, verify, install, rollback; one streamed reader handed each family's
+part."""

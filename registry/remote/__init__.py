@@ -1,0 +1,1 @@
+"""The remote tier on Redis: transport, values, the families' namespaces."""

@@ -1,0 +1,1 @@
+"""Keys, signatures and what a process trusts."""

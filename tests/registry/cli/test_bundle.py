@@ -1,0 +1,120 @@
+"""``registry bundle ...`` and ``registry keys generate`` (``registry.cli.bundle``): make,
+check, sign, install and list bundles, and the keys that sign them."""
+
+import json
+
+import pytest
+
+from registry import Store
+from registry.bundles import bundle
+from tests.registry.cli.test_main import cli, run
+
+pytestmark = pytest.mark.usefixtures("isolated")
+
+
+def test_bundle_create_verify_install_list_rollback(capsys, store, tmp_path, h200):
+    fp_file = tmp_path / "fp.json"
+    fp_file.write_text(json.dumps(h200.to_json()))
+    out_file = tmp_path / "b.tgz"
+    args = ["bundle", "create", str(out_file), "--name", "tp2", "--version", "3"]
+    assert cli(capsys, store.root, *args)[0] == 0
+    code, out, _ = run(capsys, "registry", "bundle", "verify", str(out_file))
+    assert code == 0 and "OK  tp2 3  2 entries" in out
+    target = tmp_path / "target"
+    install = ["bundle", "install", str(out_file), "--fingerprint", str(fp_file)]
+    code, out, _ = cli(capsys, target, "--create-store", "--json", *install)
+    assert code == 0 and json.loads(out)["entries"] == 2
+    code, out, _ = cli(capsys, target, "bundle", "list")
+    assert code == 0 and "tp2" in out and "install" in out
+    code, out, _ = cli(capsys, target, "rollback")
+    assert code == 0 and "rolled back" in out and len(Store(target)) == 0
+
+
+def test_install_with_the_wrong_fingerprint_fails_with_one_line(capsys, store, tmp_path):
+    out_file = tmp_path / "b.tgz"
+    bundle.create(out_file, name="tp2", version="1", entries=store.entries())
+    install = ["--create-store", "bundle", "install", str(out_file), "--fingerprint", "cpu"]
+    code, _, err = cli(capsys, tmp_path / "t", *install)
+    assert code == 2 and err.startswith("triton-warmup: error: Bundle") and "gpu_name" in err
+    assert len(err.strip().splitlines()) == 1 and "--force" in err
+    code, _, _ = cli(capsys, tmp_path / "t", *install, "--force")
+    assert code == 0 and len(Store(tmp_path / "t")) == 2
+
+
+def test_json_after_a_bundle_command(capsys, store, tmp_path):
+    out_file = tmp_path / "b.tgz"
+    code, out, _ = cli(
+        capsys,
+        store.root,
+        "bundle",
+        "create",
+        str(out_file),
+        "--name",
+        "n",
+        "--version",
+        "1",
+        "--json",
+    )
+    assert code == 0 and json.loads(out)["name"] == "n"
+    code, out, _ = run(capsys, "registry", "bundle", "verify", str(out_file), "--json")
+    assert code == 0 and json.loads(out)["version"] == "1"
+
+
+def test_keys_sign_and_verify_with_trusted_keys(capsys, store, tmp_path):
+    keys = tmp_path / "keys"
+    code, out, _ = run(capsys, "registry", "keys", "generate", "--out", str(keys), "--name", "ci")
+    assert code == 0 and (keys / "ci.key").exists() and (keys / "ci.pub").exists()
+    key_id = out.split("(key ")[1].rstrip(")\n")
+    trusted = tmp_path / "trusted"
+    trusted.mkdir()
+    (trusted / "ci.pub").write_bytes((keys / "ci.pub").read_bytes())
+    made = tmp_path / "b.tgz"
+    assert (
+        cli(capsys, store.root, "bundle", "create", str(made), "--name", "a", "--version", "1")[0]
+        == 0
+    )
+    verify = ["registry", "bundle", "verify", "--trusted-keys", str(trusted)]
+    code, _, err = run(capsys, *verify, str(made))
+    assert code == 2 and f"Bundle '{made}' rejected: unsigned" in err
+    assert len(err.strip().splitlines()) == 1
+    code, out, _ = run(capsys, *verify, "--allow-unsigned", str(made))
+    assert code == 0 and "unsigned (unsigned artifacts allowed" in out
+    signed = tmp_path / "s.tgz"
+    args = ["registry", "bundle", "sign", str(made), "--key", str(keys / "ci.key")]
+    code, out, _ = run(capsys, *args, "--out", str(signed))
+    assert code == 0 and f"with key {key_id}" in out
+    code, out, _ = run(capsys, *verify, str(signed))
+    assert code == 0 and f"signed by trusted key {key_id}" in out
+    code, out, _ = run(capsys, "registry", "bundle", "verify", str(signed))
+    assert code == 0 and f"signed by key {key_id}, not checked" in out
+    install = ["registry", "--store", str(tmp_path / "target"), "--create-store", "bundle"]
+    install += ["install", "--fingerprint", "none", "--trusted-keys", str(trusted)]
+    assert run(capsys, *install, str(made))[0] == 2
+    assert not (tmp_path / "target" / "current").exists()
+    code, out, _ = run(capsys, *install, str(signed))
+    assert code == 0 and "installed a 1 as generation" in out
+    code, out, _ = run(capsys, *install, str(signed))
+    assert code == 0 and "is installed already as generation" in out
+
+
+def test_a_bad_key_or_keys_folder_is_bad_input(capsys, store, tmp_path):
+    made = tmp_path / "b.tgz"
+    assert (
+        cli(capsys, store.root, "bundle", "create", str(made), "--name", "a", "--version", "1")[0]
+        == 0
+    )
+    code, _, err = run(
+        capsys, "registry", "bundle", "verify", "--trusted-keys", str(tmp_path / "no"), str(made)
+    )
+    assert code == 2 and "--trusted-keys" in err and "does not exist" in err
+    (tmp_path / "junk.key").write_text("junk")
+    code, _, err = run(
+        capsys, "registry", "bundle", "sign", str(made), "--key", str(tmp_path / "junk.key")
+    )
+    assert code == 2 and "junk.key is not an unencrypted PEM private key" in err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, _, err = run(
+        capsys, "registry", "bundle", "verify", "--trusted-keys", str(empty), str(made)
+    )
+    assert code == 2 and "holds no public key" in err
