@@ -419,7 +419,7 @@ def one_blob_many_paths(out: Path, copies: int, size: int, byte: bytes = b"\xa5"
 # ---- the cases ------------------------------------------------------------------------------
 
 MODEL_INDEX = """
-from registry import remote_models
+from registry.remote import models as remote_models
 from registry.core.fingerprint import cpu_fingerprint
 from registry.remote.tier import RemoteTier
 
@@ -465,7 +465,7 @@ def op():
 """
 
 TRICKLE_MODEL = """
-from registry import remote_models
+from registry.remote import models as remote_models
 from registry.core.fingerprint import cpu_fingerprint
 from registry.remote.tier import RemoteTier
 
@@ -479,7 +479,7 @@ def op():
 """
 
 TRICKLE_TRITON = """
-from registry import remote_triton
+from registry.remote import triton as remote_triton
 from registry.remote.tier import RemoteTier
 
 tier = RemoteTier(ARGS["url"], timeout_s=ARGS["timeout_s"])
@@ -520,7 +520,7 @@ def after(outcome):
 
 GROWING = """
 import threading
-from registry import inductor_cache
+from registry.caches import inductor_cache
 from registry.core.fingerprint import cpu_fingerprint
 
 cache, root = Path(ARGS["cache"]), Path(ARGS["root"])

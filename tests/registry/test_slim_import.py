@@ -18,7 +18,8 @@ SCRIPT = textwrap.dedent("""
 
     sys.meta_path.insert(0, Block())
     import registry
-    from registry import bundle, lock, Store, Entry, KernelConfig, cpu_fingerprint
+    from registry import lock, Store, Entry, KernelConfig, cpu_fingerprint
+    from registry.bundles import bundle
     from registry.locks import backend_from_url
     from registry.cli.main import run
     from warmup.cli import main

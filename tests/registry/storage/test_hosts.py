@@ -37,7 +37,7 @@ def test_a_gpu_host_is_probed_from_the_driver_files_alone(tmp_path):
 
 def test_probing_imports_neither_torch_nor_triton(run_python_code):
     out = run_python_code(
-        "import sys; from registry import hosts; hosts.probe('cuda', 1); "
+        "import sys; from registry.storage import hosts; hosts.probe('cuda', 1); "
         "print(sorted(m for m in ('torch', 'triton') if m in sys.modules))"
     )
     assert out.strip().splitlines()[-1] == "[]"

@@ -8,7 +8,7 @@ from tests.conftest import ROOT
 
 SCRIPT = """
 import logging, sys
-from warmup import logs
+from warmup.core import logs
 logs.configure("text", rank=1)
 logging.getLogger("warmup.test").warning("a warning before the end")
 print("no newline and no flush", end="")
@@ -29,7 +29,7 @@ def test_exit_now_flushes_every_line_and_ends_with_the_code():
 
 
 def test_exit_now_ends_with_the_code_when_stdout_is_closed():
-    script = "import sys\nfrom warmup import logs\nsys.stdout.close()\nlogs.exit_now(4)\n"
+    script = "import sys\nfrom warmup.core import logs\nsys.stdout.close()\nlogs.exit_now(4)\n"
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT
     )
@@ -41,7 +41,7 @@ def test_exit_now_flushes_what_a_library_printed_through_c():
     # os._exit alone would drop this line
     script = (
         "import ctypes\nctypes.CDLL(None).printf(b'from C without a newline')\n"
-        "from warmup import logs\nlogs.exit_now(0)\n"
+        "from warmup.core import logs\nlogs.exit_now(0)\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     done = subprocess.run(
