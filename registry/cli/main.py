@@ -17,15 +17,8 @@ from typing import Any
 
 from registry.bundles import bundle
 from registry.cli import bundle as cli_bundle
+from registry.cli import common as cli_common
 from registry.cli import listing as cli_listing
-from registry.cli.common import (
-    creatable,
-    existing,
-    family_options,
-    fingerprint_option,
-    resolve_fingerprint,
-    roots,
-)
 from registry.core.errors import BadInput
 from registry.core.volume import MissingFolder, Volume, existing_folder
 from registry.storage import importers
@@ -66,7 +59,7 @@ def add_parser(
     cli_listing.add_commands(cmds, common)
     _add_entry_commands(cmds, common)
     rb = cmds.add_parser("rollback", help="undo the latest bundle install", parents=common)
-    family_options(rb, default_roots, undone=True)
+    cli_common.family_options(rb, default_roots, undone=True)
     rb.set_defaults(handler=_rollback)
     cli_bundle.add_commands(
         cmds,
@@ -110,11 +103,11 @@ def _add_entry_commands(
     )
     imp.add_argument("format", choices=list(IMPORTS))
     imp.add_argument("source", type=Path, help="a TRITON_CACHE_DIR or ~/.triton_dist/autotune")
-    fingerprint_option(imp)
+    cli_common.fingerprint_option(imp)
     imp.set_defaults(handler=_import)
 
     fp = cmds.add_parser("fingerprint", help="print this machine's fingerprint", parents=common)
-    fingerprint_option(fp)
+    cli_common.fingerprint_option(fp)
     fp.set_defaults(handler=_fingerprint)
 
 
@@ -161,9 +154,9 @@ def _import(args: argparse.Namespace, store: Store) -> dict[str, Any]:
     """Import each good file, skip each bad one with one line on stderr; exit 0 when
     every file imported, 2 (bad input) when any was skipped, after the good ones."""
     load, holds = IMPORTS[args.format]
-    source = existing(args.source, folder=True, what="import source", expected=holds)
-    creatable(store.root, folder=True, what="--store")
-    result = load(source, resolve_fingerprint(args.fingerprint))
+    source = cli_common.existing(args.source, folder=True, what="import source", expected=holds)
+    cli_common.creatable(store.root, folder=True, what="--store")
+    result = load(source, cli_common.resolve_fingerprint(args.fingerprint))
     for error in result.errors:
         print(f"skipped {error}", file=sys.stderr)
     if result.entries:
@@ -191,7 +184,7 @@ def _import(args: argparse.Namespace, store: Store) -> dict[str, Any]:
 
 
 def _fingerprint(args: argparse.Namespace, store: Store) -> dict[str, Any]:
-    fingerprint = resolve_fingerprint(args.fingerprint)
+    fingerprint = cli_common.resolve_fingerprint(args.fingerprint)
     if not args.json:
         for name, value in fingerprint.flat().items():
             print(f"{name:28} {value}")
@@ -199,7 +192,7 @@ def _fingerprint(args: argparse.Namespace, store: Store) -> dict[str, Any]:
 
 
 def _rollback(args: argparse.Namespace, store: Store) -> dict[str, Any]:
-    info = bundle.rollback(store, roots=roots(args))
+    info = bundle.rollback(store, roots=cli_common.roots(args))
     if not args.json:
         print(
             f"rolled back {info['undoes']} ({(info.get('bundle') or {}).get('name')}); "

@@ -10,13 +10,8 @@ from warmup.run.aggregate import RunRecord
 
 def test_a_failure_in_rank_0_s_finish_is_a_failed_status_every_rank_gets(tmp_path, monkeypatch):
     settings = settings_for(tmp_path)
-    record = RunRecord(
-        services=Services(settings),
-        manifest=load_manifest(DEMO),
-        run_dir=tmp_path,
-        world=2,
-        started=1.0,
-    )
+    services, manifest = Services(settings), load_manifest(DEMO)
+    record = RunRecord(services=services, manifest=manifest, run_dir=tmp_path, world=2, started=1.0)
 
     def broken(record):
         raise OSError("the volume went away")
