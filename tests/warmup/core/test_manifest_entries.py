@@ -7,16 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 import warmup.core.manifest_entries as entries_module
-from warmup.core.manifest_entries import (
-    MODEL_NAME,
-    CacheEntry,
-    ManifestEntry,
-    ModelEntry,
-    no_nested_paths,
-    resolve_model_builder,
-    resolve_user_function,
-    validation_context,
-)
+from warmup.core.manifest_entries import CacheEntry, ManifestEntry, ModelEntry
 from warmup.core.manifest_shapes import MAX_SHAPES
 
 
@@ -72,7 +63,7 @@ def test_the_kernels_rules_look_at_no_more_shapes_than_the_manifest_may_hold(mon
         entries_module, "check_shape", lambda kernel, shape, world_size: checked.append(1)
     )
     shapes = [{"M": {"start": 2, "stop": 8194, "step": 2}, "N": 8, "K": 8}]  # 4096 shapes
-    context = validation_context(find_functions=False, notes=None)
+    context = entries_module.validation_context(find_functions=False, notes=None)
     ManifestEntry.model_validate(kernel_entry(shapes=shapes), context=context)
     ManifestEntry.model_validate(kernel_entry(shapes=shapes), context=context)
     assert len(checked) == MAX_SHAPES  # the second entry's would pass the manifest's limit
@@ -85,7 +76,7 @@ def test_functions_are_found_only_when_the_context_asks(tmp_path, monkeypatch):
     narrow = kernel_entry(kernel="found_mod:warm", world_size=1)
     assert ManifestEntry.model_validate(narrow).kernel == "found_mod:warm"
     notes: list[str] = []
-    context = validation_context(find_functions=True, notes=notes)
+    context = entries_module.validation_context(find_functions=True, notes=notes)
     [found] = messages(ManifestEntry, narrow, context)
     assert "a warmup calls it as warm(shape=..., dtype=..., device=...)" in found
     ManifestEntry.model_validate({**narrow, "kernel": "late_bound:warm"}, context=context)
@@ -124,7 +115,8 @@ def test_a_bad_model_entry_says_which_field_and_why(changes, expected):
 
 
 def test_model_names_are_lower_case_path_components():
-    assert MODEL_NAME.match("llama-70b.blocks_4") and not MODEL_NAME.match(".hidden")
+    assert entries_module.MODEL_NAME.match("llama-70b.blocks_4")
+    assert not entries_module.MODEL_NAME.match(".hidden")
 
 
 def test_a_declared_folder_is_absolute_and_not_the_root():
@@ -148,23 +140,23 @@ def test_declared_folders_must_not_overlap():
     outer = CacheEntry(name="outer", path=Path("/data/cache"), key="k")
     inner = CacheEntry(name="inner", path=Path("/data/cache/inductor"), key="k")
     apart = CacheEntry(name="apart", path=Path("/data/other"), key="k")
-    no_nested_paths([outer, apart])
+    entries_module.no_nested_paths([outer, apart])
     with pytest.raises(ValueError, match="inner's path '/data/cache/inductor' is inside outer's"):
-        no_nested_paths([outer, inner])
+        entries_module.no_nested_paths([outer, inner])
 
 
 def test_resolving_imports_and_checks_the_call_a_run_makes():
     spec = "tests.warmup.user_functions"
-    assert resolve_user_function(f"{spec}:raise_error").__name__ == "raise_error"
+    assert entries_module.resolve_user_function(f"{spec}:raise_error").__name__ == "raise_error"
     with pytest.raises(ValueError, match="takes_positional_only"):
-        resolve_user_function(f"{spec}:takes_positional_only")
+        entries_module.resolve_user_function(f"{spec}:takes_positional_only")
     with pytest.raises(ValueError, match=r"a warmup calls it as raise_error\(device=...\)"):
-        resolve_model_builder(f"{spec}:raise_error")
+        entries_module.resolve_model_builder(f"{spec}:raise_error")
 
 
 def test_the_validation_context_starts_with_the_manifests_shape_budget():
     notes = ["kept"]
-    context = validation_context(find_functions=True, notes=notes)
+    context = entries_module.validation_context(find_functions=True, notes=notes)
     assert context["notes"] is notes and context["shapes_left"] == MAX_SHAPES
-    assert validation_context(find_functions=False, notes=None)["notes"] == []
+    assert entries_module.validation_context(find_functions=False, notes=None)["notes"] == []
     assert json.dumps(context)  # plain data
