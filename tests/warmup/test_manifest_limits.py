@@ -19,6 +19,7 @@ from warmup.core.manifest import (
     load_manifest,
     parse_manifest,
 )
+from warmup.core.manifest_shapes import Pow2, Stepped
 from warmup.core.plain_yaml import MAX_DEPTH, MAX_NODES
 
 
@@ -44,8 +45,8 @@ def test_a_billion_value_range_is_counted_not_listed(monkeypatch):
     def refuse(self):
         raise Materialised(self)
 
-    monkeypatch.setattr(manifest_module.Stepped, "values", refuse)
-    monkeypatch.setattr(manifest_module.Pow2, "values", refuse)
+    monkeypatch.setattr(Stepped, "values", refuse)
+    monkeypatch.setattr(Pow2, "values", refuse)
     line = {"M": {"start": 1, "stop": 1_000_000_001}, "N": {"pow2": [1, 1024]}, "K": 1}
     [error] = refusal(manifest(entry(line)))
     assert error.startswith("entries.0.shapes.0: ")

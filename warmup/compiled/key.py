@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from registry.core.errors import named
-from warmup.core.manifest import ModelEntry, _find_spec, _working_folder_importable
+from warmup.core.manifest import ModelEntry
+from warmup.core.module_finder import find_spec, working_folder_importable
 
 
 @dataclass(frozen=True)
@@ -58,8 +59,8 @@ def module_source(module_name: str) -> str:
     to its path is imported as a last resort."""
 
     try:
-        with _working_folder_importable():
-            found = _find_spec(module_name)
+        with working_folder_importable():
+            found = find_spec(module_name)
             spec = importlib.util.find_spec(module_name) if isinstance(found, str) else found
     except (ImportError, ValueError) as e:
         raise ValueError(f"cannot import {module_name}: {named(e)}") from None

@@ -14,7 +14,7 @@ def test_names_that_are_one_safe_path_component_pass():
 
 
 def test_the_manifest_checks_model_names_by_the_same_pattern():
-    # warmup.core.manifest keeps its own copy (validate imports no registry): the two agree
-    from warmup.core.manifest import _MODEL_NAME
+    # warmup.core.manifest_entries keeps its own copy (validate imports no registry): the two agree
+    from warmup.core.manifest_entries import MODEL_NAME as MANIFEST_MODEL_NAME
 
-    assert _MODEL_NAME.pattern == f"^{MODEL_NAME.pattern}$"
+    assert MANIFEST_MODEL_NAME.pattern == f"^{MODEL_NAME.pattern}$"

@@ -163,11 +163,13 @@ def test_the_rules_read_without_torch_say_what_the_adapters_say():
 
 
 def test_the_kernels_rules_look_at_no_more_shapes_than_the_manifest_may_hold(monkeypatch):
-    import warmup.core.manifest
+    import warmup.core.manifest_entries
 
     checked = []
     monkeypatch.setattr(
-        warmup.core.manifest, "check_shape", lambda kernel, shape, world_size: checked.append(1)
+        warmup.core.manifest_entries,
+        "check_shape",
+        lambda kernel, shape, world_size: checked.append(1),
     )
     lines = [{"M": {"start": 2, "stop": 8194, "step": 2}, "N": 8, "K": 8}]  # 4096 shapes
     text = json.dumps(
