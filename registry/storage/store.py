@@ -27,12 +27,16 @@ left (``.tmp-*`` files, unsealed generations, a broken ``current``): under the w
 lock nobody else is writing, so all of it is debris. It spends at most
 ``recovery_budget_s`` per write and goes on at the next one; ``recovered`` counts it.
 
-Each job is a collaborator with its own module: :class:`~registry.storage.entry_reader.EntryReader`
-(loading, quarantining what is corrupt), :class:`~registry.storage.entry_writer.EntryWriter`
-(merging entries, fences), :class:`~registry.storage.generation_writer.GenerationWriter` (install,
-rollback, repair, garbage collection), :class:`~registry.storage.recovery.Recovery` (killed
-writers' debris), :class:`~registry.storage.write_lock.WriteLock` and
-:class:`~registry.storage.quarantine.Quarantine`. :class:`Store` ties them together behind one API.
+Each job is a collaborator with its own module:
+:class:`~registry.storage.entry_reader.EntryReader` (loading, quarantining what is corrupt;
+its :class:`~registry.storage.entry_reader.Loaded` view answers slots and layers),
+:class:`~registry.storage.entry_writer.EntryWriter` (merging entries, fences),
+:class:`~registry.storage.generation_writer.GenerationWriter` (install, rollback, repair;
+old generations through :class:`~registry.storage.garbage.GarbageCollector`),
+:class:`~registry.storage.recovery.Recovery` (killed writers' debris),
+:class:`~registry.storage.write_lock.WriteLock` and
+:class:`~registry.storage.quarantine.Quarantine`. :class:`Store` ties them together behind
+one API.
 """
 
 from __future__ import annotations
