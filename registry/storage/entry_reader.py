@@ -13,11 +13,15 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from registry.core import atomic
-from registry.core.entry import Entry, NewerSchema
+from registry.core.entry import Entry, NewerSchema, canonical_key
 from registry.core.errors import RegistryError
+from registry.core.fingerprint import Fingerprint, MatchPolicy
+from registry.storage import keys
 from registry.storage.generations import STAMP_FILE, current, entry_files
+from registry.storage.keys import Key
 from registry.storage.quarantine import Quarantine
 from registry.storage.write_lock import WriteLock
 
@@ -36,6 +40,37 @@ class Loaded:
     by_slot: dict[tuple[str, str], dict[str, Entry]] = field(default_factory=dict)
     by_path: dict[str, tuple[StatKey, Entry]] = field(default_factory=dict)
     refused: dict[str, StatKey] = field(default_factory=dict)  # not re-read while unchanged
+
+    def slot(self, kernel: str, key: Key) -> dict[str, Entry]:
+        """The entries of ``kernel`` at ``key``, by fingerprint digest."""
+        return self.by_slot.get((kernel, canonical_key(key)), {})
+
+    def entries(self) -> list[Entry]:
+        """Every entry, in path order."""
+        return [e for _, (_, e) in sorted(self.by_path.items())]
+
+    def like(
+        self, kernel: str, key: Key, fingerprint: Fingerprint, policy: MatchPolicy, *, free: str
+    ) -> dict[Any, Entry]:
+        """The best fit (:func:`registry.storage.keys.best_fit`) for each value of the
+        ``free`` field among ``kernel``'s keys equal to ``key`` but for it, by that value."""
+        wanted, found = keys.without(key, free), {}
+        for (slot_kernel, _), candidates in self.by_slot.items():
+            if slot_kernel != kernel:
+                continue
+            held = next(iter(candidates.values())).key  # a slot's entries share one key
+            if free in held and keys.without(held, free) == wanted:
+                entry = keys.best_fit(candidates, fingerprint, policy)
+                if entry is not None:
+                    found[held[free]] = entry
+        return dict(sorted(found.items()))
+
+    def holds(self, gen: Path, relpath: str) -> bool:
+        """Whether this view was read from ``gen`` and holds ``relpath`` as it is now (an
+        entry, or a file refused while unchanged)."""
+        held = self.by_path.get(relpath)
+        held_key = held[0] if held is not None else self.refused.get(relpath)
+        return self.version[:1] == (gen.name,) and stat_key(gen / relpath) == held_key
 
 
 class EntryReader:

@@ -1,5 +1,6 @@
 """Writing a store's generations: fork, seal and swap one in, install a bundle's entries,
-roll an install back, repair a broken ``current`` or record, collect old generations.
+roll an install back, repair a broken ``current`` or record; old generations are
+collected by :class:`registry.storage.garbage.GarbageCollector`.
 
 A new generation is built beside the current one from hard links, sealed (its
 ``GENERATION.json``), then swapped in by one rename of ``current``: readers see all of it
@@ -12,13 +13,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import math
 import os
 import secrets
-import shutil
 import stat
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,19 +24,18 @@ from registry.core import atomic
 from registry.core.entry import Entry, now_iso
 from registry.core.errors import RegistryError
 from registry.storage.entry_writer import EntryWriter
+from registry.storage.garbage import GarbageCollector
 from registry.storage.generations import (
     CURRENT,
     GENERATION_FILE,
     STAMP_FILE,
     Record,
     entry_files,
-    entry_paths,
     fallback,
     generation_dirs,
     linked,
     number,
     read_record,
-    record_unreadable,
 )
 from registry.storage.quarantine import Quarantine
 
@@ -57,7 +54,7 @@ class GenerationWriter:
         self.writer = writer
         self.quarantine = quarantine
         self.keep = max(2, keep)
-        self._garbage_cursor = -1  # the garbage collector stopped after this generation
+        self.collector = GarbageCollector(root, quarantine, keep=self.keep)
 
     # ---- changes -------------------------------------------------------------------
 
@@ -266,58 +263,11 @@ class GenerationWriter:
     # ---- garbage collection --------------------------------------------------------
 
     def collect_garbage(self) -> dict[str, list[str]]:
-        """Drop generations nobody needs (:meth:`garbage`): what it did."""
-        return self.collect_garbage_until(math.inf)[0]
+        """Drop generations nobody needs (:class:`~registry.storage.garbage.GarbageCollector`):
+        what it did."""
+        return self.collector.collect()
 
     def collect_garbage_until(self, deadline: float) -> tuple[dict[str, list[str]], bool]:
         """Drop generations nobody needs until ``deadline`` (``time.monotonic``): what it
         did, and whether it looked at them all; the next call goes on where it stopped."""
-        done: dict[str, list[str]] = {"removed": [], "quarantined": []}
-        for what, name in self.garbage(after=self._garbage_cursor):
-            self._garbage_cursor = number(Path(name))  # the next call goes on after it
-            if what in done:
-                done[what].append(name)
-            if time.monotonic() >= deadline:
-                return done, False
-        self._garbage_cursor = -1
-        return done, True
-
-    def garbage(self, *, after: int = -1) -> Iterator[tuple[str, str]]:
-        """Drop generations nobody needs, one at a time: never the current one or the
-        newest kept, never one holding an entry the current one lacks (unless a rollback
-        undid exactly that install). An unsealed one (a crashed install) that holds such
-        entries is moved to quarantine, not deleted. Yields ("removed" or "quarantined",
-        its name), or ("kept", its name) for one it read and kept, so that its caller's
-        deadline is checked per generation. ``after``: only generations numbered above it
-        (where a call stopped early went; skipping one only keeps it a while longer)."""
-        current = linked(self.root)
-        if current is None:
-            return  # a repair decides first which generation is current
-        gens = generation_dirs(self.root)
-        records = {g.name: read_record(g) for g in gens}
-        sealed = [g for g in gens if records[g.name] is not None]
-        keep = {current.name, *(g.name for g in sealed[-self.keep :])}
-        undone = {r.undoes for r in records.values() if r is not None and r.kind == "rollback"}
-        held: set[str] | None = None
-        for gen in gens:
-            record = records[gen.name]
-            never_current = record is None or number(gen) > number(current)
-            if gen.name == current.name or (gen.name in keep and not never_current):
-                continue
-            if number(gen) <= after or (record is None and record_unreadable(gen)):
-                continue  # an unreadable record (EIO) is no sign of a crashed install
-            held = entry_paths(current) if held is None else held
-            lacking = entry_paths(gen) - held
-            if record is not None and record.id in undone:
-                lacking -= set(record.changed)
-            if never_current and lacking:  # a crashed install, before its seal or its swap
-                target = self.quarantine.path(f"{gen.name}-never-current")
-                self.quarantine.move_aside(
-                    gen, target, f"a generation never swapped in, {len(lacking)} entries"
-                )
-                yield "quarantined", gen.name
-            elif not lacking:
-                shutil.rmtree(gen, ignore_errors=True)
-                yield "removed", gen.name
-            else:
-                yield "kept", gen.name
+        return self.collector.collect_until(deadline)

@@ -161,6 +161,19 @@ def current(root: Path) -> Path | None:
     return linked(root) or (folder if is_real_dir(folder) else fallback(root))
 
 
+def listed(root: Path) -> list[Generation]:
+    """Every sealed generation of the store at ``root``, oldest first, the one readers
+    see (:func:`current`) marked."""
+    in_use = current(root)
+    out = []
+    for gen in generation_dirs(root):
+        record = read_record(gen)
+        if record is not None:
+            is_current = in_use is not None and gen.name == in_use.name
+            out.append(Generation(record, current=is_current))
+    return out
+
+
 def fallback(root: Path) -> Path | None:
     """The generation a broken ``current`` stands for: the sealed one written last (its
     ``.stamp`` is replaced on every write, so an install that crashed before its swap

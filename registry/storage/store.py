@@ -27,12 +27,16 @@ left (``.tmp-*`` files, unsealed generations, a broken ``current``): under the w
 lock nobody else is writing, so all of it is debris. It spends at most
 ``recovery_budget_s`` per write and goes on at the next one; ``recovered`` counts it.
 
-Each job is a collaborator with its own module: :class:`~registry.storage.entry_reader.EntryReader`
-(loading, quarantining what is corrupt), :class:`~registry.storage.entry_writer.EntryWriter`
-(merging entries, fences), :class:`~registry.storage.generation_writer.GenerationWriter` (install,
-rollback, repair, garbage collection), :class:`~registry.storage.recovery.Recovery` (killed
-writers' debris), :class:`~registry.storage.write_lock.WriteLock` and
-:class:`~registry.storage.quarantine.Quarantine`. :class:`Store` ties them together behind one API.
+Each job is a collaborator with its own module:
+:class:`~registry.storage.entry_reader.EntryReader` (loading, quarantining what is corrupt;
+its :class:`~registry.storage.entry_reader.Loaded` view answers slots and layers),
+:class:`~registry.storage.entry_writer.EntryWriter` (merging entries, fences),
+:class:`~registry.storage.generation_writer.GenerationWriter` (install, rollback, repair;
+old generations through :class:`~registry.storage.garbage.GarbageCollector`),
+:class:`~registry.storage.recovery.Recovery` (killed writers' debris),
+:class:`~registry.storage.write_lock.WriteLock` and
+:class:`~registry.storage.quarantine.Quarantine`. :class:`Store` ties them together behind
+one API.
 """
 
 from __future__ import annotations
@@ -46,11 +50,11 @@ from pathlib import Path
 from typing import Any
 
 from registry.core.config import KernelConfig
-from registry.core.entry import Entry, canonical_key
+from registry.core.entry import Entry
 from registry.core.errors import RegistryError
 from registry.core.fingerprint import Fingerprint, MatchPolicy
 from registry.storage import keys
-from registry.storage.entry_reader import MAX_ENTRY_BYTES, EntryReader, Loaded, read_entry, stat_key
+from registry.storage.entry_reader import MAX_ENTRY_BYTES, EntryReader, Loaded, read_entry
 from registry.storage.entry_writer import EntryWriter, Fence, seen
 from registry.storage.generation_writer import GenerationWriter
 from registry.storage.generations import (
@@ -58,7 +62,7 @@ from registry.storage.generations import (
     Generation,
     Record,
     current,
-    generation_dirs,
+    listed,
     read_record,
 )
 from registry.storage.keys import Key
@@ -146,16 +150,14 @@ class Store:
     ) -> Entry | None:
         """The entry for ``kernel`` at ``key`` valid for ``fingerprint``, or None (a miss)."""
         self.refresh()
-        candidates = self._loaded.by_slot.get((kernel, canonical_key(key)), {})
-        return keys.best_fit(candidates, fingerprint, policy)
+        return keys.best_fit(self._loaded.slot(kernel, key), fingerprint, policy)
 
     def explain_miss(
         self, kernel: str, key: Mapping[str, Any], fingerprint: Fingerprint
     ) -> list[dict[str, tuple[object, object]]]:
         """For a miss: the fields in which each stored entry of this slot differs."""
         self.refresh()
-        candidates = self._loaded.by_slot.get((kernel, canonical_key(key)), {})
-        return [fingerprint.diff(e.fingerprint) for e in candidates.values()]
+        return [fingerprint.diff(e.fingerprint) for e in self._loaded.slot(kernel, key).values()]
 
     def nearest(
         self, kernel: str, key: Key, fingerprint: Fingerprint, policy: MatchPolicy = EXACT
@@ -172,21 +174,12 @@ class Store:
         the keys equal to ``key`` but for it: one layer's tuned Ms, by M. Read from one
         loaded generation."""
         self.refresh()
-        wanted, found = keys.without(key, free), {}
-        for (slot_kernel, _), candidates in self._loaded.by_slot.items():
-            if slot_kernel != kernel:
-                continue
-            held = next(iter(candidates.values())).key  # a slot's entries share one key
-            if free in held and keys.without(held, free) == wanted:
-                entry = keys.best_fit(candidates, fingerprint, policy)
-                if entry is not None:
-                    found[held[free]] = entry
-        return dict(sorted(found.items()))
+        return self._loaded.like(kernel, key, fingerprint, policy, free=free)
 
     def entries(self) -> list[Entry]:
         """Every loaded entry, in path order."""
         self.refresh()
-        return [e for _, (_, e) in sorted(self._loaded.by_path.items())]
+        return self._loaded.entries()
 
     def __len__(self) -> int:
         self.refresh()
@@ -207,12 +200,8 @@ class Store:
         version = self._reader.version()
         if not force and version == self._loaded.version and version:
             return False
-        self._loaded = self._load(version)
+        self._loaded = self._reader.load(version, self._loaded)  # unchanged files not re-read
         return True
-
-    def _load(self, version: tuple[object, ...]) -> Loaded:
-        """The entries ``version`` names, reusing the last load's parse of unchanged files."""
-        return self._reader.load(version, self._loaded)
 
     def current_generation(self) -> Path | None:
         """The generation readers see: the one ``current`` links to or, while that link
@@ -226,14 +215,7 @@ class Store:
 
     def generations(self) -> list[Generation]:
         """Every sealed generation, oldest first, the current one marked."""
-        in_use = self.current_generation()
-        out = []
-        for gen in generation_dirs(self.root):
-            record = self.record(gen)
-            if record is not None:
-                is_current = in_use is not None and gen.name == in_use.name
-                out.append(Generation(record, current=is_current))
-        return out
+        return listed(self.root)
 
     def quarantined_files(self) -> int:
         """Files and folders in quarantine/, moved there by any process: what a metric shows."""
@@ -259,10 +241,7 @@ class Store:
         """Reload unless the loaded entries hold ``relpath`` of ``gen`` as it is now, so
         that a lookup sees at least what a fence saw (a writer replaces the ``.stamp``,
         which tells readers to reload, only after the entry)."""
-        loaded = self._loaded
-        held = loaded.by_path.get(relpath)
-        held_key = held[0] if held is not None else loaded.refused.get(relpath)
-        if loaded.version[:1] != (gen.name,) or stat_key(gen / relpath) != held_key:
+        if not self._loaded.holds(gen, relpath):
             self.refresh(force=True)
 
     def put(self, entry: Entry, *, fence: Fence | None = None) -> Entry:

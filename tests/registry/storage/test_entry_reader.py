@@ -7,6 +7,7 @@ import pytest
 from registry import RegistryError, Store
 from registry.core import atomic
 from registry.core.entry import SCHEMA_VERSION, NewerSchema
+from registry.core.fingerprint import MatchPolicy
 from registry.storage.entry_reader import UNREAD, EntryReader, Loaded, read_entry
 from registry.storage.generations import CURRENT, STAMP_FILE
 from registry.storage.quarantine import QUARANTINE, Quarantine
@@ -137,3 +138,29 @@ def test_read_entry_tells_a_newer_schema_from_what_is_no_entry(tmp_path, make_en
             read_entry(tmp_path / name)
     with pytest.raises(FileNotFoundError):
         read_entry(tmp_path / "missing.json")
+
+
+def test_a_view_answers_a_slot_its_entries_in_path_order_and_a_layers_ms(
+    tmp_path, make_entry, h200
+):
+    _stored(tmp_path, make_entry)
+    loaded = _load(_reader(tmp_path))
+    entry = make_entry(m=2)
+    assert list(loaded.slot("ag_gemm", entry.key)) == [h200.digest()]
+    assert loaded.slot("other", entry.key) == {}
+    paths = [e.relpath().as_posix() for e in loaded.entries()]
+    assert paths == sorted(paths) and len(paths) == 3
+    layer = loaded.like("ag_gemm", entry.key, h200, MatchPolicy.EXACT, free="M")
+    assert list(layer) == [1, 2, 3] and layer[2].key == entry.key
+    assert loaded.like("other", entry.key, h200, MatchPolicy.EXACT, free="M") == {}
+
+
+def test_a_view_holds_a_path_only_as_it_was_read_from_that_generation(tmp_path, make_entry):
+    gen = _stored(tmp_path, make_entry)
+    loaded = _load(_reader(tmp_path))
+    rel = make_entry(m=1).relpath().as_posix()
+    assert loaded.holds(gen, rel)
+    assert not loaded.holds(tmp_path / "gen-999999", rel)  # another generation
+    (gen / rel).unlink()
+    assert not loaded.holds(gen, rel)  # gone since the load
+    assert loaded.holds(gen, "ag_gemm/none.json")  # absent then and now: nothing to reload

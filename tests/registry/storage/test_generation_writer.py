@@ -1,7 +1,5 @@
 import errno
 import os
-import time
-from pathlib import Path
 
 import pytest
 
@@ -186,7 +184,7 @@ def test_a_folder_where_the_stamp_belongs_is_quarantined_and_counted(tmp_path, m
     assert list((tmp_path / QUARANTINE).glob(f"*{gen.name}-{STAMP_FILE}.reason"))
 
 
-def test_garbage_collection_keeps_the_newest_and_what_only_an_old_one_holds(tmp_path, make_entry):
+def test_a_writer_collects_garbage_through_its_collector_keeping_the_newest(tmp_path, make_entry):
     gens = _generations(tmp_path, keep=2)
     first = _put(gens, make_entry(m=1))
     gens.install([make_entry(m=2)], record={"bundle": {"name": "b"}})
@@ -198,53 +196,3 @@ def test_garbage_collection_keeps_the_newest_and_what_only_an_old_one_holds(tmp_
     assert names == [first.name, "gen-000005", "gen-000006"]  # first: the only one with M=1
     assert done == {"removed": ["gen-000002", "gen-000003", "gen-000004"], "quarantined": []}
     assert gens.collect_garbage() == {"removed": [], "quarantined": []}
-
-
-def test_an_unsealed_generation_with_entries_of_its_own_goes_to_quarantine(tmp_path, make_entry):
-    gens = _generations(tmp_path)
-    current = _put(gens, make_entry(m=1))
-    crashed = gens.fork(current)  # an install killed before its seal: links only
-    unique = gens.fork(current)
-    gens.writer.merge_into(unique, make_entry(m=99))
-    assert gens.collect_garbage() == {"removed": [crashed.name], "quarantined": [unique.name]}
-    (kept,) = (tmp_path / QUARANTINE).glob(f"*{unique.name}-never-current")
-    assert entry_paths(kept) == {_rel(make_entry(m=1)), _rel(make_entry(m=99))}
-
-
-def test_garbage_collection_past_its_deadline_goes_on_where_it_stopped(tmp_path, make_entry):
-    gens = _generations(tmp_path, keep=2)
-    kept = _put(gens, make_entry(m=1))
-    gens.install([make_entry(m=2)], record={"bundle": {"name": "a"}})
-    (linked(tmp_path) / make_entry(m=1).relpath()).unlink()  # the first alone holds M=1
-    for i in range(2):
-        gens.install([make_entry(m=3 + i)], record={"bundle": {"name": f"b{i}"}})
-    crashed = [gens.fork(linked(tmp_path)) for _ in range(3)]
-    seen = []
-    for _ in range(5):  # one generation per call: the one it keeps first, then one removed each
-        done, finished = gens.collect_garbage_until(time.monotonic())
-        seen += done["removed"]
-        assert not finished
-    assert kept.is_dir() and seen == ["gen-000002", *(g.name for g in crashed)]
-    assert gens.collect_garbage_until(time.monotonic() + 60) == (
-        {"removed": [], "quarantined": []},
-        True,
-    )
-
-
-def test_a_kept_generation_whose_record_cannot_be_read_now_is_not_collected(
-    tmp_path, make_entry, monkeypatch
-):
-    gens = _generations(tmp_path)
-    parent = _put(gens, make_entry(m=1))
-    gens.install([make_entry(m=2)], record={"bundle": {"name": "b"}})
-    assert os.readlink(tmp_path / CURRENT) != parent.name
-    real = atomic.read_bounded
-
-    def eio(path, limit):
-        if Path(path).parent == parent:
-            raise OSError(errno.EIO, "Input/output error")
-        return real(path, limit)
-
-    monkeypatch.setattr(atomic, "read_bounded", eio)
-    assert gens.collect_garbage() == {"removed": [], "quarantined": []}
-    assert parent.is_dir()

@@ -2,7 +2,14 @@ import os
 import time
 
 from registry.core import atomic
-from registry.storage.generations import CURRENT, GENERATION_FILE, STAMP_FILE, current, linked
+from registry.storage.generations import (
+    CURRENT,
+    GENERATION_FILE,
+    STAMP_FILE,
+    current,
+    linked,
+    listed,
+)
 
 
 def _generation(root, name, *, sealed=True, entry=True):
@@ -49,3 +56,14 @@ def test_with_nothing_sealed_current_is_the_newest_generation_holding_entries(tm
     holding = _generation(tmp_path, "gen-000001", sealed=False)
     _generation(tmp_path, "gen-000002", sealed=False, entry=False)
     assert current(tmp_path) == holding
+
+
+def test_listed_gives_the_sealed_generations_oldest_first_the_current_one_marked(tmp_path):
+    _generation(tmp_path, "gen-000001")
+    _generation(tmp_path, "gen-000002", sealed=False)  # a crashed install: not listed
+    in_use = _generation(tmp_path, "gen-000003")
+    _generation(tmp_path, "gen-000004")
+    (tmp_path / CURRENT).symlink_to(in_use.name)
+    found = [(g.record.id, g.current) for g in listed(tmp_path)]
+    assert found == [("gen-000001", False), ("gen-000003", True), ("gen-000004", False)]
+    assert listed(tmp_path / "nowhere") == []

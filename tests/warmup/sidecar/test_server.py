@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-import warmup.sidecar.server
+import warmup.sidecar.readiness
 from registry import Entry, KernelConfig, RegistryError, Store, cpu_fingerprint
 from registry.bundles import bundle
 from tests.conftest import free_port, gpu_fingerprint, wait_for
@@ -405,7 +405,7 @@ def test_concurrent_probes_parse_the_manifest_once(tmp_path, monkeypatch):
         time.sleep(0.5)
         return load_manifest(path, **options)
 
-    monkeypatch.setattr(warmup.sidecar.server, "load_manifest", slow_load)
+    monkeypatch.setattr(warmup.sidecar.readiness, "load_manifest", slow_load)
     ready_status(settings)
     with running(settings) as car:
         url = car.url + "/readyz"

@@ -1,0 +1,83 @@
+"""Bundle installs from the watched folder: deferred, installed once, or rejected."""
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from registry import RegistryError, cpu_fingerprint
+from registry.bundles import bundle
+from registry.core import atomic
+from tests.conftest import gpu_fingerprint
+from tests.warmup.sidecar.test_server import DEMO, make_bundle, ready_status
+from warmup.core.metrics import ServeMetrics
+from warmup.core.results import RunStatus
+from warmup.core.services import Services
+from warmup.core.settings import Settings
+from warmup.sidecar.installs import BundleInstalls
+
+
+@pytest.fixture
+def settings(tmp_path):
+    return Settings(volume=tmp_path / "volume", work_dir=tmp_path / "work", manifest=DEMO)
+
+
+def _installs(settings):
+    services = Services(settings)
+    metrics = ServeMetrics(registry=CollectorRegistry())
+    status = lambda: RunStatus.read(settings.paths.status_file)  # noqa: E731
+    return BundleInstalls(services, services.store(), metrics, status=status)
+
+
+def test_a_bundle_waits_for_a_warmup_to_record_the_nodes_fingerprint(settings, tmp_path):
+    installs = _installs(settings)
+    path = make_bundle(tmp_path, "good", 64)
+    assert installs.install(path) == "deferred"
+    ready_status(settings)
+    assert installs.install(path) == "installed"
+    assert [e.key["M"] for e in installs.store.entries()] == [64]
+
+
+def test_the_same_bytes_are_installed_once_even_by_a_restarted_sidecar(settings, tmp_path):
+    ready_status(settings)
+    path = make_bundle(tmp_path, "good", 64)
+    assert _installs(settings).install(path) == "installed"
+    again = _installs(settings)  # a restarted sidecar: a fresh store and fresh installs
+    assert again.install(path) == "installed"
+    assert len(bundle.installed(again.store)) == 1
+
+
+def test_a_bundle_for_another_node_is_rejected_and_a_busy_store_defers(
+    settings, tmp_path, monkeypatch
+):
+    ready_status(settings)
+    installs = _installs(settings)
+    foreign = make_bundle(tmp_path, "foreign", 32, fingerprint=gpu_fingerprint())
+    assert installs.install(foreign) == "rejected" and len(installs.store) == 0
+
+    def busy(*args, **kwargs):
+        raise RegistryError("Store x: write lock not acquired within 120 s.")
+
+    monkeypatch.setattr(bundle, "install", busy)
+    assert installs.install(make_bundle(tmp_path, "good", 64)) == "deferred"
+
+
+def test_an_unusable_fingerprint_in_the_status_defers(settings, tmp_path):
+    ready_status(settings, fingerprint={**cpu_fingerprint().to_json(), "kernel_hash": 7})
+    assert _installs(settings).install(make_bundle(tmp_path, "good", 64)) == "deferred"
+
+
+def test_recover_clears_a_killed_writers_stages_and_survives_a_store_it_cannot_write(
+    settings, make_entry, monkeypatch, caplog
+):
+    installs = _installs(settings)
+    installs.store.put(make_entry(m=1))
+    debris = installs.store.root / f"{atomic.TEMP_PREFIX}killed"  # a killed writer's temp file
+    debris.write_text("half")
+    installs.recover()
+    assert not debris.exists() and len(installs.store) == 1
+
+    def unwritable(**kwargs):
+        raise OSError("read-only file system")
+
+    monkeypatch.setattr(installs.store, "recover", unwritable)
+    installs.recover()
+    assert "not recovered: read-only file system" in caplog.text
