@@ -20,7 +20,7 @@ from warmup.serving.metrics import ServingMetrics
 from warmup.serving.serving_op import ServingOp
 from warmup.serving.table import SOURCES
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("warmup.serving.ops")  # the name these logs had: filters hold
 METRICS_EVERY_S = 10.0  # how often the follower rewrites the metrics file
 
 

@@ -14,7 +14,7 @@ from registry import KernelConfig, Store
 from registry.core.fingerprint import Fingerprint, MatchPolicy
 from registry.storage import keys
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("warmup.serving.ops")  # the name these logs had: filters hold
 READS = 3  # reads of a registry that moves under them before one is taken anyway
 
 Tuned = dict[int, KernelConfig]  # M -> the best stored config of the layer

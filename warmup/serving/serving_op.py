@@ -32,7 +32,7 @@ from warmup.serving.layer_reader import LayerReader, Tuned
 from warmup.serving.table import Table, rehearsal
 from warmup.serving.table_builder import TableBuilder
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("warmup.serving.ops")  # the name these logs had: filters hold
 OnMissing = Literal["error", "fallback"]
 
 
