@@ -36,6 +36,7 @@ from warmup.core.services import Services
 from warmup.core.settings import Settings
 from warmup.serving.compile_guard import guard_from_settings
 from warmup.serving.follower import Follower, exempt
+from warmup.serving.layer_reader import LayerReader
 from warmup.serving.metrics import ServingMetrics
 from warmup.serving.preload import Preload, declares_models
 from warmup.serving.readiness import Readiness
@@ -122,16 +123,14 @@ class Serving:
         device, layer = _device(device), Layer(n, k, dtype, max_m)
         served = adapter.serve(layer, group=group, device=device)
         fingerprint = detect_for(device, adapter.kernel_hash())
-        return self.follower.keep(
-            lambda: ServingOp(
-                served,
-                layer,
-                store=self.store,
-                fingerprint=fingerprint,
-                settings=self.settings,
-                on_missing=on_missing,
-            )
+        reader = LayerReader(
+            served,
+            layer,
+            store=self.store,
+            fingerprint=fingerprint,
+            match_policy=self.settings.run.match_policy,
         )
+        return self.follower.keep(lambda: ServingOp(reader, on_missing=on_missing))
 
     def model(self, name: str, *, device: Any = None, prime: bool = True) -> ServedModel:
         """The compiled model the manifest declares as ``name``, built by its own

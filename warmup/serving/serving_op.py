@@ -24,10 +24,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Literal
 
-from kernels.adapter import Layer, Served
-from registry import KernelConfig, Store
-from registry.core.fingerprint import Fingerprint
-from warmup.core.settings import Settings
+from registry import KernelConfig
 from warmup.serving.layer_reader import LayerReader, Tuned
 from warmup.serving.table import Table, rehearsal
 from warmup.serving.table_builder import TableBuilder
@@ -45,26 +42,14 @@ class ServingOp:
     :meth:`warmup.serving.ops.Serving.op`. Call it with the kernel's inputs:
     ``op(a_shard, b, out=None)``."""
 
-    def __init__(
-        self,
-        served: Served,
-        layer: Layer,
-        *,
-        store: Store,
-        fingerprint: Fingerprint,
-        settings: Settings,
-        on_missing: OnMissing,
-    ) -> None:
+    def __init__(self, reader: LayerReader, *, on_missing: OnMissing) -> None:
+        """``reader`` reads the served layer's entries from the registry (a collective
+        for a tensor-parallel layer: every rank makes its op)."""
+        served, layer = reader.served, reader.layer
         self.served, self.layer, self.kernel = served, layer, served.kernel
         self.step = served.rows_step
         self.on_missing = on_missing
-        self.reader = LayerReader(
-            served,
-            layer,
-            store=store,
-            fingerprint=fingerprint,
-            match_policy=settings.run.match_policy,
-        )
+        self.reader = reader
         self.builder = TableBuilder(served, layer)
         self.calls = [0, 0, 0]  # by source; the follower exports them
         self.pending: Table | None = None  # built, waiting for Serving.sync(): see refresh()

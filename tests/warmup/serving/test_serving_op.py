@@ -9,6 +9,7 @@ from kernels.adapter import Layer
 from registry import Store, cpu_fingerprint
 from tests.conftest import settings_for
 from tests.warmup.serving._fake_served import MAX_M, FakeServed, N, config, entry
+from warmup.serving.layer_reader import LayerReader
 from warmup.serving.serving_op import ServingError, ServingOp
 
 LAYER = Layer(N, 40, "fp32", MAX_M)
@@ -22,14 +23,14 @@ def store(tmp_path):
 
 
 def make(tmp_path, store, served, on_missing="error") -> ServingOp:
-    return ServingOp(
+    reader = LayerReader(
         served,
         LAYER,
         store=store,
         fingerprint=cpu_fingerprint(matmul.kernel_hash()),
-        settings=settings_for(tmp_path),
-        on_missing=on_missing,
+        match_policy=settings_for(tmp_path).run.match_policy,
     )
+    return ServingOp(reader, on_missing=on_missing)
 
 
 def test_a_call_runs_its_ms_config_and_counts_how_it_was_chosen(tmp_path, store):
