@@ -21,7 +21,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from warmup.serving.ops import ServingOp
+    from warmup.serving.serving_op import ServingOp
 
 LIBRARY = "triton_warmup"
 _ops: dict[str, ServingOp] = {}  # name -> the serving op (process-wide; the latest made)

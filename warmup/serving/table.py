@@ -2,7 +2,7 @@
 
 A tuned M takes its own config; any other the nearest tuned M's (log distance, the
 tuner's fallback rule; a tie goes to the larger M): a call picks its config with one
-list index (:mod:`warmup.serving.ops`).
+list index (:mod:`warmup.serving.serving_op`).
 """
 
 from __future__ import annotations

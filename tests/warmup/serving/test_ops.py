@@ -15,6 +15,7 @@ from registry import Entry, KernelConfig, Store, cpu_fingerprint
 from tests.conftest import run_rank_processes, settings_for, write_manifest
 from warmup.core.manifest import load_manifest
 from warmup.run.launch import run
+from warmup.serving.layer_reader import LayerReader
 from warmup.serving.ops import Serving, ServingError, ServingOp
 from warmup.serving.table import NEAREST, TUNED, nearest_table
 
@@ -391,7 +392,7 @@ def test_a_rank_that_cannot_read_the_registry_still_agrees_at_sync(
         def unreadable(self):
             raise OSError("EIO")
 
-        monkeypatch.setattr(ServingOp, "_read", unreadable)
+        monkeypatch.setattr(LayerReader, "read", unreadable)
         assert serving.sync() == 1 and served.agreed == 2  # no rank is left waiting
         assert op.table.buckets == (16, 32) and op.config_for(30) == config(64, "split_k")
 
