@@ -16,6 +16,7 @@ import os
 import shutil
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,21 +29,19 @@ from registry.storage.write_lock import WriteLock
 log = logging.getLogger("registry.storage.store")  # the store's log lines keep their logger's name
 
 
+@dataclass
 class Recovery:
     """Clears killed writers' debris in the store at ``root``: temp files itself, a
     broken ``current`` and unsealed generations through ``generations``. A write's share
     of the work is bounded by ``budget_s``; ``cleared`` says whether all of it is done."""
 
-    def __init__(
-        self, root: Path, lock: WriteLock, generations: GenerationWriter, *, budget_s: float
-    ) -> None:
-        self.root = root
-        self.lock = lock
-        self.generations = generations
-        self.budget_s = budget_s
-        self.recovered: dict[str, int] = {}  # what killed writers left, by kind: a metric
-        self.cleared = False
-        self._debris: Iterator[Path | None] | None = None  # the walk for .tmp-* files, resumed
+    root: Path
+    lock: WriteLock
+    generations: GenerationWriter
+    budget_s: float = field(kw_only=True)
+    recovered: dict[str, int] = field(default_factory=dict)  # what killed writers left: a metric
+    cleared: bool = field(default=False, init=False)
+    _debris: Iterator[Path | None] | None = field(default=None, init=False)  # the walk, resumed
 
     def recover(self, *, budget_s: float = math.inf) -> dict[str, Any]:
         """All of the clean-up, under the write lock, within ``budget_s`` (checked per

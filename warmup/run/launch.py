@@ -106,11 +106,11 @@ def _launch(settings: Settings, manifest: Manifest, early: EarlyRanks) -> RunSta
                 settings, manifest, run_dir, functools.partial(_settle_pass, ranks, world, deadline)
             )
         record = RunRecord(
-            services=services,
-            manifest=manifest,
+            services,
+            manifest,
+            world,
+            started,
             run_dir=run_dir,
-            world=world,
-            started=started,
             rank_failures=tuple(failures),
             errors=tuple(errors),
             phases=phases,

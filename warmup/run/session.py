@@ -17,6 +17,7 @@ is restored ``warmup.run.restore``'s.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -101,14 +102,8 @@ def run_session(
         return None
     status = None
     if rank == 0:
-        record = RunRecord(
-            services=services,
-            manifest=manifest,
-            run_dir=run_dir,
-            world=world,
-            started=started,
-            recovered=recovered,
-        )
+        asked = RunRecord(services, manifest, world, started, run_dir=run_dir)
+        record = dataclasses.replace(asked, recovered=recovered)
         status = _finish_or_fail(record)
     return _shared_status(status, group)
 
