@@ -11,6 +11,7 @@ started no rank (``warmup.run.full_hit``). :func:`finish` reads the ranks' typed
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -58,6 +59,21 @@ class RunRecord:
     def settings(self) -> Settings:
         """The run's settings (those of its services)."""
         return self.services.settings
+
+    @classmethod
+    def of(
+        cls,
+        services: Services,
+        manifest: Manifest,
+        world: int,
+        started: float,
+        run_dir: Path | None = None,
+        **ended: Any,
+    ) -> RunRecord:
+        """The record of a run of ``manifest`` over ``world`` ranks from ``started``;
+        ``ended``: what its end saw (the fields after ``run_dir``, by name)."""
+        record = cls(services=services, manifest=manifest, world=world, started=started)
+        return dataclasses.replace(record, run_dir=run_dir, **ended)
 
 
 @dataclass(frozen=True)

@@ -105,12 +105,12 @@ def _launch(settings: Settings, manifest: Manifest, early: EarlyRanks) -> RunSta
             phases["settle"] = settle(
                 settings, manifest, run_dir, functools.partial(_settle_pass, ranks, world, deadline)
             )
-        record = RunRecord(
+        record = RunRecord.of(
             services,
             manifest,
             world,
             started,
-            run_dir=run_dir,
+            run_dir,
             rank_failures=tuple(failures),
             errors=tuple(errors),
             phases=phases,

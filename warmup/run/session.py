@@ -17,7 +17,6 @@ is restored ``warmup.run.restore``'s.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import sys
@@ -102,8 +101,7 @@ def run_session(
         return None
     status = None
     if rank == 0:
-        asked = RunRecord(services, manifest, world, started, run_dir=run_dir)
-        record = dataclasses.replace(asked, recovered=recovered)
+        record = RunRecord.of(services, manifest, world, started, run_dir, recovered=recovered)
         status = _finish_or_fail(record)
     return _shared_status(status, group)
 
