@@ -213,9 +213,9 @@ def test_a_holder_that_lost_its_lock_writes_only_once_it_holds_it_again(
         return tuned(t)
 
     tuner.tune = tune_and_lose_the_key
-    with caplog.at_level(logging.WARNING, logger="warmup.tuning.tuner"):
+    with caplog.at_level(logging.WARNING, logger="warmup.tuning.fenced_put"):
         outcome = tuner.get(task)
-    lines = [r.getMessage() for r in caplog.records if r.name == "warmup.tuning.tuner"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "warmup.tuning.fenced_put"]
     assert "lock tune/fake_gemm/" in lines[0] and "not storing until it is held again" in lines[0]
     assert "its key is gone" in lines[0] or "held by" in lines[0]
     [stored] = store.entries()  # one landing: the new holder's, or this tuning once relocked
