@@ -50,25 +50,16 @@ class _Put:
     fence: TieredFence
 
 
+@dataclass
 class FencedPut:
     """Stores a tuned outcome under its fence, relocking first when the lock was lost."""
 
-    def __init__(
-        self,
-        store: TieredStore,
-        lockstep: Lockstep,
-        options: TuneOptions,
-        stats: TunerStats,
-        *,
-        lookup: RegistryLookup,
-        fleet_lock: FleetLock,
-    ) -> None:
-        self.store = store
-        self.lockstep = lockstep
-        self.options = options
-        self.stats = stats
-        self.lookup = lookup
-        self.fleet_lock = fleet_lock
+    store: TieredStore
+    lockstep: Lockstep
+    options: TuneOptions
+    stats: TunerStats
+    lookup: RegistryLookup
+    fleet_lock: FleetLock
 
     def store_outcome(
         self,

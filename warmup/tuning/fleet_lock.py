@@ -37,20 +37,14 @@ class Taken:
     holder: Holder | None = None  # rank 0's, while it holds the lock
 
 
+@dataclass
 class FleetLock:
     """Takes the fleet lock of a shape on rank 0 and shares the decision with every rank."""
 
-    def __init__(
-        self,
-        lockstep: Lockstep,
-        backend: LockBackend | None,
-        options: TuneOptions,
-        stats: TunerStats,
-    ) -> None:
-        self.lockstep = lockstep
-        self.backend = backend
-        self.options = options
-        self.stats = stats
+    lockstep: Lockstep
+    backend: LockBackend | None
+    options: TuneOptions
+    stats: TunerStats
 
     def take(
         self,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from kernels.task import TuneTask
@@ -23,16 +24,14 @@ from warmup.tuning.outcome import Found, TuneOptions, TuneOutcome, TunerStats
 log = logging.getLogger(__name__)
 
 
+@dataclass
 class RegistryLookup:
     """Rank 0's lookups of a task's entry, shared with every rank."""
 
-    def __init__(
-        self, store: TieredStore, lockstep: Lockstep, options: TuneOptions, stats: TunerStats
-    ) -> None:
-        self.store = store
-        self.lockstep = lockstep
-        self.options = options
-        self.stats = stats
+    store: TieredStore
+    lockstep: Lockstep
+    options: TuneOptions
+    stats: TunerStats
 
     def agreed(
         self, task: TuneTask, key: Mapping[str, Any], fingerprint: Fingerprint
