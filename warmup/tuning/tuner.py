@@ -69,10 +69,6 @@ class Tuner:
         self.lock_backend = lock_backend
         self.options = options or TuneOptions()
         self.stats = stats or TunerStats()
-        parts = (self.lockstep, self.options, self.stats)
-        self.lookup = RegistryLookup(self.store, *parts)
-        self.fleet_lock = FleetLock(self.lockstep, lock_backend, self.options, self.stats)
-        self.put = FencedPut(self.store, *parts, lookup=self.lookup, fleet_lock=self.fleet_lock)
 
     def get(self, task: TuneTask) -> TuneOutcome:
         """The task's config: found, fallen back to, or tuned now; a lock another pod
@@ -95,12 +91,13 @@ class Tuner:
         started = time.perf_counter()
         fingerprint = self.fingerprint.with_kernel(task.kernel_hash)
         key = task.key()
-        found = self.lookup.agreed(task, key, fingerprint)
+        lookup, fleet_lock, put = self._steps()
+        found = lookup.agreed(task, key, fingerprint)
         if found is not None:
             self.stats.hits += 1
             return TuneOutcome.hit(found, time.perf_counter() - started)
         if self.options.policy == "fallback":
-            return self.lookup.fallback(task, fingerprint, started)
+            return lookup.fallback(task, fingerprint, started)
         if self.options.policy == "fail":
             self.stats.misses += 1
             raise TuneError(
@@ -108,25 +105,33 @@ class Tuner:
                 f"{fingerprint.gpu_slug()} and the policy is 'fail'."
             )
         with contextlib.ExitStack() as held:
-            taken = self.fleet_lock.take(held, task.kernel, key, give_up_at)
+            taken = fleet_lock.take(held, task.kernel, key, give_up_at)
             if isinstance(taken, Deferred):
                 return taken
-            again, fence = self.lookup.fenced(task, key, fingerprint)
+            again, fence = lookup.fenced(task, key, fingerprint)
             if again is not None:  # tuned by another pod while we waited
                 self.stats.hits += 1
                 seconds = time.perf_counter() - started
                 return TuneOutcome.hit(again, seconds, lock_wait_s=taken.waited)
             self.stats.misses += 1
             if taken.unreachable is not None:
-                self.fleet_lock.tuning_unlocked(task, key, taken.unreachable)
+                fleet_lock.tuning_unlocked(task, key, taken.unreachable)
             task.remake_inputs()  # a shape put aside (warmup.tuning.sharing), tuned at last
             outcome = self.tune(task)
             outcome.lock_wait_s, outcome.unlocked = taken.waited, taken.unreachable is not None
-            self.put.store_outcome(task, fingerprint, key, outcome, started, fence, taken.holder)
+            put.store_outcome(task, fingerprint, key, outcome, started, fence, taken.holder)
         outcome.seconds = time.perf_counter() - started
         self.stats.tuned += 1
         self.stats.tuning_seconds += outcome.seconds
         return outcome
+
+    def _steps(self) -> tuple[RegistryLookup, FleetLock, FencedPut]:
+        """The flow's collaborators, made from the tuner's parts as they are at this call
+        (a caller may set ``options`` or ``lock_backend`` between calls)."""
+        parts = (self.lockstep, self.options, self.stats)
+        lookup = RegistryLookup(self.store, *parts)
+        fleet_lock = FleetLock(self.lockstep, self.lock_backend, self.options, self.stats)
+        return lookup, fleet_lock, FencedPut(self.store, *parts, lookup, fleet_lock)
 
     def tune(self, task: TuneTask) -> TuneOutcome:
         """Search the task's candidates in lockstep (:mod:`warmup.tuning.measure`); no

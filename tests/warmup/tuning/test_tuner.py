@@ -240,3 +240,12 @@ def test_the_latency_timer_guards_the_winner_it_tunes(tmp_path):
     outcome = tuner.get(task)
     assert outcome.config.meta["BLOCK"] == 128 == outcome.entry.best.meta["BLOCK"]
     assert outcome.notes[0].startswith("latency guard: the baseline first")
+
+
+def test_options_and_lock_backend_set_after_construction_are_the_ones_used(tmp_path):
+    task = FakeTask(dict(TIMINGS))
+    tuner = tuner_for(task, tmp_path)
+    tuner.lock_backend = backend_from_url("redis://127.0.0.1:1/0")  # nothing listens there
+    tuner.options = TuneOptions(lock_outage_s=0.0, parallel_compile=False)
+    outcome = tuner.get(task)
+    assert outcome.source == "tuned" and outcome.unlocked and tuner.stats.unlocked == 1
