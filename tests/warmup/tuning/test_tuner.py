@@ -213,9 +213,9 @@ def test_a_holder_that_lost_its_lock_writes_only_once_it_holds_it_again(
         return tuned(t)
 
     tuner.tune = tune_and_lose_the_key
-    with caplog.at_level(logging.WARNING, logger="warmup.tuning.tuner"):
+    with caplog.at_level(logging.WARNING, logger="warmup.tuning.fenced_put"):
         outcome = tuner.get(task)
-    lines = [r.getMessage() for r in caplog.records if r.name == "warmup.tuning.tuner"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "warmup.tuning.fenced_put"]
     assert "lock tune/fake_gemm/" in lines[0] and "not storing until it is held again" in lines[0]
     assert "its key is gone" in lines[0] or "held by" in lines[0]
     [stored] = store.entries()  # one landing: the new holder's, or this tuning once relocked
@@ -240,3 +240,12 @@ def test_the_latency_timer_guards_the_winner_it_tunes(tmp_path):
     outcome = tuner.get(task)
     assert outcome.config.meta["BLOCK"] == 128 == outcome.entry.best.meta["BLOCK"]
     assert outcome.notes[0].startswith("latency guard: the baseline first")
+
+
+def test_options_and_lock_backend_set_after_construction_are_the_ones_used(tmp_path):
+    task = FakeTask(dict(TIMINGS))
+    tuner = tuner_for(task, tmp_path)
+    tuner.lock_backend = backend_from_url("redis://127.0.0.1:1/0")  # nothing listens there
+    tuner.options = TuneOptions(lock_outage_s=0.0, parallel_compile=False)
+    outcome = tuner.get(task)
+    assert outcome.source == "tuned" and outcome.unlocked and tuner.stats.unlocked == 1
