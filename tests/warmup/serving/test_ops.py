@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kernels import matmul
 from kernels.adapter import Layer
 from registry import Entry, KernelConfig, Store, cpu_fingerprint
+from registry.storage.entry_reader import EntryReader
 from tests.conftest import run_rank_processes, settings_for, write_manifest
 from warmup.core.manifest import load_manifest
 from warmup.run.launch import run
@@ -89,8 +90,10 @@ def test_the_request_path_reads_no_registry(settings, store, monkeypatch):
         def no_disk(*args, **kwargs):
             raise AssertionError("the registry was read on the request path")
 
-        for name in ("refresh", "entries", "lookup", "_load"):
+        for name in ("refresh", "entries", "lookup"):
             monkeypatch.setattr(Store, name, no_disk)
+        for name in ("version", "load", "read"):  # the store's reads of its files
+            monkeypatch.setattr(EntryReader, name, no_disk)
         a, b = inputs(33)
         torch.testing.assert_close(op(a, b), a @ b, rtol=1e-3, atol=1e-3)
         monkeypatch.undo()

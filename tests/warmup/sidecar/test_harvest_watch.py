@@ -37,7 +37,7 @@ def test_a_file_renamed_into_place_is_offered_by_its_kind(tmp_path):
 
 
 def test_a_folder_not_there_is_logged_and_not_watched(tmp_path, caplog):
-    caplog.set_level(logging.INFO)
+    caplog.set_level(logging.INFO, logger="warmup.sidecar.harvest_watch")
     watch = HarvestWatch(json_files, lambda kind, path: None)
     watch.start([], flat=[tmp_path / "missing"])
     watch.stop()
