@@ -175,9 +175,8 @@ def describe(members: Iterable[str], *, sep: str = ", ") -> str:
     """What a bundle's members are, family by family: "3 artifacts, 1 compiled model
     indexes (3 files)"."""
     names = list(members)
-    return sep.join(
-        part.describe([n for n in names if part.owns(n)]) for _, part in bundled_parts().items()
-    )
+    parts = bundled_parts().values()
+    return sep.join(part.describe([n for n in names if part.owns(n)]) for part in parts)
 
 
 def on_volume(volume: Path) -> dict[str, Path]:
@@ -223,10 +222,9 @@ def _check_blob_names(
 ) -> None:
     """A blob is named by its hash: one that hashed to another name changed in its
     family, and a bundle must not carry it."""
+    parts = bundled_parts().values()  # once: each call finds the families again
     for member, item in listed.items():
-        blob = any(
-            part.owns(member) and part.is_blob(member) for _, part in bundled_parts().items()
-        )
+        blob = any(part.owns(member) and part.is_blob(member) for part in parts)
         if blob and PurePosixPath(member).name != item["sha256"]:
             raise RegistryError(
                 f"{members[member]!s} no longer hashes to its name: the family is damaged "

@@ -98,6 +98,9 @@ class Parts:
     def items(self) -> Iterator[tuple[str, BundlePart]]:
         return iter(self.by_name.items())
 
+    def values(self) -> list[BundlePart]:
+        return list(self.by_name.values())
+
     def owner(self, label: str, name: str) -> BundlePart:
         """The part whose folder holds ``name``; a name under none rejects the bundle."""
         for part in self.by_name.values():
