@@ -128,8 +128,12 @@ class Settings(BaseSettings):
 
     def _fill_defaults(self) -> Settings:
         """Every unset derived field given its default; ``self``."""
+        names = self.names()  # once: it reads every family's declared folders
         for name, default in self._defaults().items():
-            self._derive(name, default)
+            group_name, field = names[name]
+            group = getattr(self, group_name)
+            if not group.value(field):  # unset or empty
+                group.put_default(field, default)
         return self
 
     def _defaults(self) -> dict[str, Any]:
@@ -145,13 +149,6 @@ class Settings(BaseSettings):
             "remote_url": self.locks.url if is_redis(self.locks.url) else "off",
             "lock_url": str(layout.locks),
         }
-
-    def _derive(self, name: str, default: Any) -> None:
-        """``default`` for an unset (or empty) setting, written as a default is: not set."""
-        group_name, field = self.names()[name]
-        group = getattr(self, group_name)
-        if not group.value(field):
-            group.put_default(field, default)
 
     def updated(self, **changes: Any) -> Settings:
         """These settings with ``changes`` (by setting name: ``updated(lock_url="")``),
