@@ -80,6 +80,9 @@ class ModelEntry(BaseModel):
     mode: Literal["no_grad", "inference_mode", "grad"] = "no_grad"  # as the server calls it
     dims: dict[str, Dim] = {}
     inputs: list[TensorSpec] = Field(min_length=1, max_length=MAX_INPUTS)
+    # how the server serves it: None takes the settings' (models_serve, "auto" by default)
+    serve: Literal["auto", "package", "compiled"] | None = None
+    package_weights: bool = False  # the package carries its own copy of the weights
 
     @field_validator("name")
     @classmethod
@@ -124,6 +127,14 @@ class ModelEntry(BaseModel):
     def count(self) -> int:
         """Shapes this model stands for, without listing them."""
         return math.prod(dim_count(dim) for dim in self.dims.values())
+
+    def served_as(self, default: str) -> str:
+        """How the server serves it: its own ``serve``, else ``default`` (the settings')."""
+        return self.serve or default
+
+    def ranges(self) -> dict[str, tuple[int, int]]:
+        """Each dim's smallest and largest declared value: what a package serves."""
+        return {name: (min(dim_values(d)), max(dim_values(d))) for name, d in self.dims.items()}
 
     def expand(self) -> list[dict[str, int]]:
         """Every combination of the dims, in order (the first dim varies slowest)."""

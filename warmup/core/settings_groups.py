@@ -206,6 +206,11 @@ class ModelSettings(Group):
     or only restored there, a model not stored being left to the server's priming (server:
     the fleet's first pod compiles once, in its server, and the sidecar's harvest stores it
     for the next pods)"""
+    serve: Literal["auto", "package", "compiled"] = Field("auto", validation_alias="models_serve")
+    """how the server serves a declared model whose manifest entry says no ``serve:``:
+    auto (its compiled package where the model exports and compiles, else torch.compile,
+    the reason logged), package (its compiled package only: a model with none fails) or
+    compiled (torch.compile reading the pod's Inductor cache)"""
     settle_passes: int = Field(3, ge=0, validation_alias="model_settle_passes")
     """compiled models that tuned at run time (max-autotune) run again in up to this many
     fresh rank processes, until one compiles nothing (warmup.run.settle)"""
