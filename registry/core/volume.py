@@ -26,7 +26,8 @@ class _Subfolder:
 @dataclass(frozen=True)
 class Volume:
     """``<root>/registry`` (the store), ``<root>/triton-cache`` (compile artifacts),
-        ``<root>/inductor`` (compiled models' artifacts), ``<root>/locks`` (file leases),
+        ``<root>/inductor`` (compiled models' artifacts), ``<root>/packages`` (their compiled
+        packages), ``<root>/locks`` (file leases),
         ``<root>/bundles`` (archives to install), ``<root>/learned`` (compiled models' shapes
         met under traffic), ``<root>/hosts`` (what warm runs learned of each kind of host:
     ``registry.storage.hosts``)."""
@@ -36,6 +37,7 @@ class Volume:
     registry = _Subfolder("registry")
     triton_cache = _Subfolder("triton-cache")
     inductor = _Subfolder("inductor")
+    packages = _Subfolder("packages")
     locks = _Subfolder("locks")
     bundles = _Subfolder("bundles")
     learned = _Subfolder("learned")
