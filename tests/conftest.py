@@ -316,3 +316,12 @@ def redis_url(tmp_path_factory):
     yield url
     proc.terminate()
     proc.wait()
+
+
+@pytest.fixture(autouse=True)
+def _models_served_compiled(monkeypatch):
+    """The suite serves declared models through torch.compile unless a test asks for
+    their packages (``TRITON_WARMUP_MODELS_SERVE``; ``models_serve=`` in settings): a
+    package compiles C++ for 10 to 30 s on a 2-core machine. Set in the environment, so
+    rank and server processes inherit it."""
+    monkeypatch.setenv("TRITON_WARMUP_MODELS_SERVE", "compiled")

@@ -35,7 +35,7 @@ from registry.families.keyed import KeyedFolders
 
 __all__ = [
     "BundleOption", "Declared", "Family", "Host", "Moved", "PodFolder", "Scope", "Sources",
-    "every", "models", "named", "pod_folders", "with_option",
+    "every", "models", "named", "package_family", "pod_folders", "with_option",
 ]  # fmt: skip
 
 
@@ -80,5 +80,13 @@ def models() -> KeyedFolders:
     """The family that keeps each declared model's compiled artifacts (the run's full
     hit and a bundle's hot reload restore them one model at a time)."""
     family = named("inductor")
+    assert isinstance(family, KeyedFolders), family
+    return family
+
+
+def package_family() -> KeyedFolders:
+    """The family that keeps each declared model's compiled package (the run makes and
+    restores them one model at a time)."""
+    family = named("packages")
     assert isinstance(family, KeyedFolders), family
     return family

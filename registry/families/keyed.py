@@ -198,13 +198,19 @@ class KeyedFolders(Family):
         unreadable one counts as none: it is replaced)."""
         if not self.stored(scope, item):
             return None
+        files = self.stored_files(scope, item)
+        return len(files) if files else None
+
+    def stored_files(self, scope: Scope, item: Declared) -> dict[str, Any]:
+        """The files ``item``'s stored index lists for this host (relative path ->
+        ``[sha256, size]``); empty when none is stored or it cannot be read."""
         path = inductor_cache.index_path(
             self.root(scope), item.name, item.key_digest, self.host(scope)
         )
         try:
-            return len(inductor_cache.read_index(path)["files"])
+            return dict(inductor_cache.read_index(path)["files"])
         except (OSError, RegistryError):
-            return None
+            return {}
 
     def _stored_key(self, scope: Scope, item: Declared) -> dict[str, object]:
         assert scope.fingerprint is not None

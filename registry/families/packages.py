@@ -39,9 +39,7 @@ class Packages(KeyedFolders):
     namespace = NAMESPACE
     remade = "to export again"
     nothing_declared = "no models declared"
-    bundled = IndexedFiles(
-        "packages/", RECORD_KEY, "packages", "compiled package", per_name=True
-    )
+    bundled = IndexedFiles("packages/", RECORD_KEY, "packages", "compiled package", per_name=True)
     option = BundleOption(
         "--packages",
         carries="also carry the compiled packages stored in this family (<volume>/packages)",

@@ -39,6 +39,7 @@ from warmup.compiled.counters import CompileCounts, snapshot
 from warmup.compiled.inputs import grad_mode, make_inputs
 from warmup.compiled.key import ModelKey, model_key
 from warmup.compiled.learned import shared_dims
+from warmup.compiled.package_warm import Packaged, warm_package
 from warmup.compiled.progress import Kind, ModelProgress, ModelStep
 from warmup.core.collectives import Lockstep
 from warmup.core.manifest import ModelEntry, resolve_model_builder
@@ -82,10 +83,29 @@ def warm_models(
             yield told.done(result.model_copy(update=update))
             continue
         assert key is not None, "a model without a key has its error"
+        how = model.served_as(services.settings.models.serve)
+        packaged = None
+        if how != "compiled":
+            packaged = warm_package(
+                model, key, services, rank=rank, steps=steps, device=device,
+                fingerprint=fingerprint, remote=remote,
+            )  # fmt: skip
+            if packaged.usable or how == "package":
+                yield told.done(_served_by_package(model, key, rank, packaged, told))
+                continue
+            checked = _built_after_all(model, key, services, steps, device)
+            if checked.error is not None:
+                result = _failed(model, checked.error, counts=checked.counts)
+                update = {"key_digest": key.digest, "rank": rank, "package": packaged.note}
+                yield told.done(result.model_copy(update={**update, "seconds": told.seconds()}))
+                continue
         if services.settings.models.on_miss == "server":
             artifacts = _Artifacts(model, key, services, fingerprint, remote)
             result = _left_to_the_server(artifacts, steps, rank, told)
-            yield told.done(result.model_copy(update={"seconds": told.seconds()}))
+            update = {"seconds": told.seconds()}
+            if packaged is not None:
+                update["package"] = packaged.note
+            yield told.done(result.model_copy(update=update))
             continue
         with contextlib.ExitStack() as held:
             stored = _Artifacts(model, key, services, fingerprint, remote)
@@ -102,6 +122,8 @@ def warm_models(
         if restored is not None:
             result = result.model_copy(update=restored)
         update = {"key_digest": key.digest, "rank": rank, "seconds": told.seconds()}
+        if packaged is not None:  # auto, not packaged: compiled, and why
+            update["package"] = packaged.note
         yield told.done(result.model_copy(update=update))
 
 
@@ -131,14 +153,51 @@ def build_models(
     for model in models:
         key, error = _key(model)
         checked = Built(key, error=error or None)
-        if key is not None and services.settings.models.on_miss != "server":
-            checked = _build(model, key, device)
+        compiled = model.served_as(services.settings.models.serve) == "compiled"
+        if key is not None and compiled and services.settings.models.on_miss != "server":
+            checked = _build(model, key, device)  # a package's model is built when it is made
         if not _all_went_on(steps, checked.error, f"model {model.name}: build"):
             error = checked.error or "another rank failed it"
             log.error("model %s failed: %s", model.name, error)
             checked = dataclasses.replace(checked, function=None, error=error)
         built[model.name] = checked
     return built
+
+
+def _served_by_package(
+    model: ModelEntry, key: ModelKey, rank: int, packaged: Packaged, told: _Told
+) -> ModelResult:
+    """A model served from its package (or, ``serve: package``, failed without one):
+    nothing is compiled for ``torch.compile`` here."""
+    told.total = 0
+    error = None if packaged.usable else f"no package: {packaged.note}"
+    if error is not None:
+        log.error("model %s failed: %s", model.name, error)
+    return ModelResult(
+        name=model.name,
+        rank=rank,
+        phase="packaged" if packaged.usable else "failed",
+        key_digest=key.digest,
+        package=packaged.note,
+        error=error,
+        seconds=told.seconds(),
+    )
+
+
+def _built_after_all(
+    model: ModelEntry, key: ModelKey, services: Services, steps: Lockstep, device: Any
+) -> Built:
+    """``auto`` without a package: the model built for ``torch.compile`` after all (the
+    ranks agree, as :func:`build_models` does; ``models_on_miss=server``: its key alone)."""
+    checked = Built(key)
+    if services.settings.models.on_miss == "server":
+        return checked
+    checked = _build(model, key, device)
+    if not _all_went_on(steps, checked.error, f"model {model.name}: build"):
+        error = checked.error or "another rank failed it"
+        log.error("model %s failed: %s", model.name, error)
+        checked = dataclasses.replace(checked, function=None, error=error)
+    return checked
 
 
 def _build(model: ModelEntry, key: ModelKey, device: Any) -> Built:

@@ -85,8 +85,8 @@ class ShapeResult(_Record):
 
 # restored: its artifacts copied for the server (a full hit, or models_on_miss=server);
 # deferred: none stored, the server compiles it (models_on_miss=server)
-ModelPhase = Literal["warm", "restored", "deferred", "failed"]
-PRIMED_BY_THE_SERVER = ("restored", "deferred")
+ModelPhase = Literal["warm", "restored", "deferred", "packaged", "failed"]
+PRIMED_BY_THE_SERVER = ("restored", "deferred", "packaged")
 
 
 class ModelResult(_Record):
@@ -105,6 +105,7 @@ class ModelResult(_Record):
     settle: list[dict[str, Any]] = []  # warmup.run.settle: each pass's counts (or error)
     settled: bool = False  # the last settle pass compiled nothing on any rank
     key_digest: str = ""  # warmup.compiled.key: where its artifacts are stored
+    package: str = ""  # its compiled package: restored, made, failed (why); '' not asked
 
     @property
     def failed(self) -> bool:
@@ -115,6 +116,8 @@ class ModelResult(_Record):
             took, what = f"{self.seconds:.2f} s", self.restore or "nothing stored"
             if self.phase == "deferred":
                 return f"model {self.name}: left to the server to compile in {took} ({what})"
+            if self.phase == "packaged":
+                return f"model {self.name}: packaged for the server in {took} ({self.package})"
             return f"model {self.name}: restored for the server in {took} ({what})"
         compiled = self.counts.get("inductor_compiles", 0)
         hits = self.counts.get("fxgraph_hits", 0)

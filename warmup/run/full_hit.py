@@ -27,13 +27,14 @@ from kernels import ADAPTERS
 from registry import families as registry_families
 from registry.core.errors import RegistryError, named
 from registry.core.fingerprint import Fingerprint
-from registry.families import Declared
+from registry.families import Declared, Scope
 from registry.remote.tier import RemoteTier
 from registry.remote.tiered import TieredStore
 from registry.storage import hosts
 from registry.storage.hosts import HostRecord, Probe
 from warmup.caches import families
 from warmup.compiled.key import ModelKey, model_key, module_source
+from warmup.compiled.package_files import PACKAGE
 from warmup.core.manifest import Manifest, ModelEntry
 from warmup.core.results import ModelResult, RunStatus, ShapeResult
 from warmup.core.services import Services
@@ -144,15 +145,35 @@ def _stored_models(
     found = []
     here = families.scope(services, None, fingerprint=record.fingerprint, models=False)
     here = replace(here, remote=remote)
+    default = services.settings.models.serve
     for model in models:
         try:
             key = model_key(model)
         except ValueError as e:
             return f"model {model.name} has no key: {e}"
-        if not registry_families.models().fetch(here, Declared(model.name, key.digest)):
+        item = Declared(model.name, key.digest)
+        how = model.served_as(default)
+        if how != "compiled":
+            package = _stored_package(here, item)
+            if package is None:
+                return f"model {model.name} has no package stored for this host's fingerprint"
+            if package or how == "package":  # served from it, or failed without one
+                found.append((model, key))
+                continue
+        if not registry_families.models().fetch(here, item):
             return f"model {model.name} is not stored for this host's fingerprint"
         found.append((model, key))
     return found
+
+
+def _stored_package(here: Scope, item: Declared) -> bool | None:
+    """Whether the package stored for ``item`` is one (True) or the record of why the
+    model has none (False); None when nothing is stored (fetched from the remote tier
+    into the volume first)."""
+    family = registry_families.package_family()
+    if not family.fetch(here, item):
+        return None
+    return family.stored_files(here, item).get(PACKAGE) is not None
 
 
 def restore_and_finish(
@@ -218,13 +239,24 @@ def _restored(
     """One model's artifacts copied into the pod's Inductor cache (the models' family's
     restore); a part that could not be is compiled by the server, which says so."""
     scope = families.scope(services, None, fingerprint=fingerprint)
-    done = registry_families.models().restore_one(scope, Declared(model.name, key.digest))
+    item = Declared(model.name, key.digest)
+    package = ""
+    if model.served_as(services.settings.models.serve) != "compiled":
+        packaged = registry_families.package_family().restore_one(scope, item)
+        package = "restored" if packaged.hit else packaged.outcome
+        if packaged.hit and _stored_package(scope, item):  # the server needs no Inductor cache
+            return ModelResult(
+                name=model.name, phase="packaged", seconds=packaged.seconds,
+                key_digest=key.digest, package=package,
+            )  # fmt: skip
+    done = registry_families.models().restore_one(scope, item)
     return ModelResult(
         name=model.name,
         phase="restored",
         seconds=done.seconds,
         restore=done.outcome,
         key_digest=key.digest,
+        package=package,
     )
 
 
@@ -232,7 +264,10 @@ def nothing_for_ranks(services: Services, manifest: Manifest, world: int) -> boo
     """Whether rank processes have nothing to do that the server will not: no kernel
     shape to tune or check, and the models left to the server's priming
     (``models_on_miss=server``)."""
-    return services.settings.models.on_miss == "server" and not manifest.entries_for(world)
+    if services.settings.models.on_miss != "server" or manifest.entries_for(world):
+        return False
+    default = services.settings.models.serve  # a package is made in a rank
+    return all(m.served_as(default) == "compiled" for m in manifest.models_for(world))
 
 
 def leave_to_the_server(

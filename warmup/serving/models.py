@@ -125,6 +125,9 @@ class ServedModel:
         self.entry, self.function, self.guard = entry, function, guard
         self.recorder = recorder
         self.primed: Primed | None = None
+        self.package_note = ""  # why a model that could be packaged is not ('' otherwise)
+
+    served_as = "compiled"  # through torch.compile (warmup.serving.packaged: "package")
 
     @property
     def name(self) -> str:

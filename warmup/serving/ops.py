@@ -38,21 +38,24 @@ from warmup.serving.compile_guard import guard_from_settings
 from warmup.serving.follower import Follower, exempt
 from warmup.serving.layer_reader import LayerReader
 from warmup.serving.metrics import ServingMetrics
-from warmup.serving.preload import Preload, declares_models
+from warmup.serving.packaged import load_packaged
+from warmup.serving.preload import Preload, compiles_models
 from warmup.serving.readiness import Readiness
 from warmup.serving.serving_op import OnMissing, ServingError, ServingOp
 
 if TYPE_CHECKING:
     from warmup.core.manifest import ModelEntry
     from warmup.serving.models import ServedModel
+    from warmup.serving.packaged import ServedPackage
 
 __all__ = ["OnMissing", "Serving", "ServingError", "ServingOp"]
 log = logging.getLogger(__name__)
 
 
 def _preload(settings: Settings) -> Preload | None:
-    """The compiler's imports started now, when the manifest declares a model to serve."""
-    if settings.serving.preload and declares_models(settings.paths.manifest):
+    """The compiler's imports started now, when the manifest declares a model that will
+    be served through ``torch.compile`` (not one served from its package)."""
+    if settings.serving.preload and compiles_models(settings):
         return Preload(settings)
     return None
 
@@ -132,7 +135,9 @@ class Serving:
         )
         return self.follower.keep(lambda: ServingOp(reader, on_missing=on_missing))
 
-    def model(self, name: str, *, device: Any = None, prime: bool = True) -> ServedModel:
+    def model(
+        self, name: str, *, device: Any = None, prime: bool = True
+    ) -> ServedModel | ServedPackage:
         """The compiled model the manifest declares as ``name``, built by its own
         function on this process's device (``device``: default, its current GPU or the
         CPU) with torch.compile reading the pod's Inductor cache, which the warmup
@@ -144,13 +149,28 @@ class Serving:
         Raises :class:`ServingError` when the manifest declares no such model or it
         cannot be built or run. Once :meth:`declare_warm` is called, its compiles are
         counted."""
-        from warmup.serving.models import build_served  # loads Inductor: only Serving.model
-
         manifest = self._declared()
         try:
-            learned = self._learned_shapes(manifest.model(name))
+            entry = manifest.model(name)
+            learned = self._learned_shapes(entry)
+            how = entry.served_as(self.settings.models.serve)
+            why = ""
+            if how != "compiled":
+                with exempt(self.guard):
+                    packaged = load_packaged(
+                        entry, self.settings, device=_device(device), prime=prime, learned=learned
+                    )
+                if not isinstance(packaged, str):
+                    self._count_prime(name, "package")
+                    return packaged
+                why = packaged
+                if how == "package":
+                    raise ServingError(f"model {name}: no usable package: {why}")
+                log.warning("model %s: served through torch.compile: %s", name, why)
+            from warmup.serving.models import build_served  # loads Inductor: the compiled path
+
             with exempt(self.guard):
-                return build_served(
+                served = build_served(
                     name,
                     self.settings,
                     device=_device(device),
@@ -160,12 +180,25 @@ class Serving:
                     recorder=self.learned,
                     learned=learned,
                     metrics=self.metrics,
-                    before_prime=self.preload.wait if self.preload else None,
+                    before_prime=self._compiler_imported,
                 )
+            served.package_note = why
+            return served
         except KeyError as e:
             raise ServingError(str(e.args[0])) from None
         except ValueError as e:
             raise ServingError(f"model {name}: {e}") from None
+
+    def _compiler_imported(self) -> None:
+        """The compiler's imports done before a model builds: the preload's, waited for,
+        or started here when no model was expected to need them."""
+        if self.preload is None and self.settings.serving.preload:
+            self.preload = Preload(self.settings)
+        if self.preload is not None:
+            self.preload.wait()
+
+    def _count_prime(self, name: str, outcome: str) -> None:
+        self.metrics.model_primes.labels(name, outcome, self.metrics.rank).inc()
 
     def _learned_shapes(self, entry: ModelEntry) -> list[dict[str, int]]:
         """The shapes the fleet learned for the model ``entry``, rank 0's list on every

@@ -120,3 +120,21 @@ def declares_models(manifest: Path) -> bool:
         return bool(load_manifest(manifest).models)
     except (ManifestError, OSError, ValueError):
         return False
+
+
+def compiles_models(settings: Settings) -> bool:
+    """Whether the settings' manifest declares a model this server will compile: one
+    served through ``torch.compile``, or ``auto`` with no usable package in this pod
+    (read without importing the compiler); False when the manifest cannot be read."""
+    from warmup.serving.packaged import usable  # the package path's own check
+
+    try:
+        models = load_manifest(settings.paths.manifest).models
+    except (ManifestError, OSError, ValueError):
+        return False
+    default = settings.models.serve
+    return any(
+        m.served_as(default) == "compiled"
+        or (m.served_as(default) == "auto" and isinstance(usable(m, settings), str))
+        for m in models
+    )

@@ -167,3 +167,22 @@ def misses_then_hits(device: Any) -> Any:
         return x * 2
 
     return forward
+
+
+class _Branches(nn.Module):
+    def forward(self, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        # a branch on the data: torch.export cannot capture it in one graph
+        if x.mean() > 0:
+            return x * scale[:, None, None].float()
+        return -x
+
+
+def specialises(device: Any) -> Any:
+    """A compiled module that branches on its data: it does not export."""
+    return torch.compile(_Branches().to(device), dynamic=False)
+
+
+def compiled_twice(device: Any) -> Any:
+    """A build that compiles two things: not one package."""
+    torch.compile(nn.Linear(2, 2))
+    return torch.compile(_Mlp().to(device).eval())

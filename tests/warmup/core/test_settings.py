@@ -107,7 +107,7 @@ def test_an_update_derives_the_defaults_again_and_reads_no_environment(monkeypat
     assert moved.updated(device="cpu").locks.url == moved.locks.url  # derived, not the variable
 
 
-OLD_VARIABLES = {  # every variable the flat settings read before the groups, and a value
+OLD_VARIABLES = {  # every variable the flat settings read before the groups (and since), a value
     "VOLUME": "/v", "CREATE_VOLUME": "true", "MANIFEST": "/m.yaml", "WORK_DIR": "/w",
     "TRITON_CACHE_DIR": "/tc", "INDUCTOR_CACHE_DIR": "/ic", "REGISTRY_DIR": "/r",
     "STATUS_FILE": "/s.json", "BUNDLE_DIR": "/b", "LOCK_URL": "redis://l:6379/0",
@@ -122,6 +122,7 @@ OLD_VARIABLES = {  # every variable the flat settings read before the groups, an
     "HARVEST_MAX_PER_MINUTE": "5", "TRITON_REMOTE_TIMEOUT_S": "0.5",
     "SERVING_REFRESH_S": "3", "TRUSTED_KEYS": "/k", "TRUSTED_BUNDLE_KEYS": "/bk",
     "SIGNING_KEY": "/sk", "ALLOW_UNSIGNED": "true",
+    "MODELS_SERVE": "package", "PACKAGE_DIR": "/pk",  # [5.2]: new, not old
 }  # fmt: skip
 
 
