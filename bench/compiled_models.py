@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -248,3 +249,18 @@ def ag_dtype(device: Any) -> tuple[str, torch.dtype]:
     manifests declare (``bench.compiled_model.model_dtype``)."""
     name = model_dtype(torch.device(device).type)
     return name, {"fp16": torch.float16, "fp32": torch.float32}[name]
+
+
+def make_weights(model: str, device: str) -> Path:
+    """The weight file of the bench model ``model`` (a name of ``bench/pod_ready.py``:
+    ``blocks4``, ``ag_mlp_max_autotune``...) on ``device`` (a device type), made if it
+    is not there: what a run makes once, before any pod."""
+    if model.startswith("blocks4"):
+        return weights_file("blocks4", torch.float16, _blocks_state)
+    if model.startswith("ag_mlp"):
+        return weights_file("ag_mlp", ag_dtype(device)[1], _ag_state)
+    if model == "small_mlp":
+        return weights_file("small_mlp", torch.float32, _small_mlp_state)
+    raise ValueError(
+        f"{model}: no weights; the models with weights are blocks4*, ag_mlp*, small_mlp"
+    )

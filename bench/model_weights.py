@@ -68,3 +68,22 @@ def load_into(
     state = {key: value.to(device).contiguous() for key, value in state.items()}
     module.load_state_dict(state, assign=True, strict=True)
     return module.eval()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bench.model_weights MODEL DEVICE``: the weight file of a bench model
+    (``bench.compiled_models.make_weights``) made in :func:`folder`; its path printed."""
+    import argparse
+
+    from bench.compiled_models import make_weights  # the models import this module
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("model")
+    parser.add_argument("device", choices=["cuda", "cpu"])
+    args = parser.parse_args(argv)
+    print(make_weights(args.model, args.device))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -38,6 +38,10 @@ WARM_OVER_EAGER = 2.5  # [4.1] stretch: ... and <= 2.5x the model uncompiled
 INIT_ON_HIT_S = 1.5  # [4.1]: the init container on a full hit, process start to exit
 FIRST_POD_OVER_COLD = 1.15  # [4.1]: a fleet's first pod <= 1.15x a cold server
 POD_FIRST_OVER_STEADY = 1.5  # [4.1]: first request after ready <= 1.5x steady, every shape
+PACKAGE_OVER_PERSISTED = 0.5  # [5.2]: a warm pod serving packages <= 0.5x persisted dirs
+PACKAGE_OVER_NCCL_EAGER = 1.2  # [5.2]: ... and <= 1.2x the server with NCCL + cuBLAS, eager
+OP_START_S = 1.0  # [5.2]: the serving op's start, per process, at any world size
+COMPILER_MODULES = ("torch._dynamo", "torch._inductor.compile_fx")  # [5.2]: never imported
 PRIMING_COSTS = ("fxgraph_misses", "inductor_compiles", "kernel_compiles", "autotune_runs")
 READY_COSTS = ("dynamo_frames", *PRIMING_COSTS)  # after ready a Dynamo trace is a compile too
 
@@ -318,8 +322,8 @@ def fleet(result: dict[str, Any]) -> list[Verdict]:
 
 def pod_ratios(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per model of a ``bench/pod_ready.py`` run: the warm fleet's end to end over each
-    anchor's, its init container's seconds, the first pod's over cold (None: a case
-    not measured)."""
+    anchor's, its init container's seconds, the first pod's over cold, the package
+    pod's over the persisted dirs' and over ``nccl_eager`` (None: a case not measured)."""
     ratios = []
     for model in dict.fromkeys(row["model"] for row in pods):
         ready = {
@@ -337,6 +341,8 @@ def pod_ratios(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "warm_over_eager": _over(ready, "warm_fleet", "eager"),
                 "first_pod_over_cold": _over(ready, "first_pod", "cold"),
                 "init_on_hit_s": _init_s(warm),
+                "package_over_persisted": _over(ready, "package", "persisted"),
+                "package_over_nccl_eager": _over(ready, "package", "nccl_eager"),
             }
         )
     return ratios
@@ -369,6 +375,16 @@ def pod_ready(result: dict[str, Any]) -> list[Verdict]:
     def bound(key: str, limit: float, what: str) -> Verdict:
         return _per_shape(f"[4.1] {what} <= {limit}", rows, lambda r: r[key], lambda x: x <= limit)
 
+    return [*_warm_fleet(result, rows, warm, bound), *package(result)]
+
+
+def _warm_fleet(
+    result: dict[str, Any],
+    rows: list[dict[str, Any]],
+    warm: list[dict[str, Any]],
+    bound: Callable[[str, float, str], Verdict],
+) -> list[Verdict]:
+    """[4.1]'s targets."""
     return [
         bound(
             "warm_over_persisted", WARM_OVER_PERSISTED, "warm fleet ÷ persisted dirs (best of 3)"
@@ -398,6 +414,92 @@ def pod_ready(result: dict[str, Any]) -> list[Verdict]:
             label=lambda r: " (the worst shape's)",
         ),
     ]
+
+
+def _timed(result: dict[str, Any], case: str) -> list[dict[str, Any]]:
+    """The pods of ``case`` that got ready, each named ``model wN`` as its shape."""
+    return [
+        {**r, "shape": [f"{r['model']} w{r['world']}"]}
+        for r in result["pods"]
+        if r["case"] == case and r.get("ready_s") is not None
+    ]
+
+
+def _op_start_s(row: dict[str, Any]) -> float | None:
+    """The serving ops' start of a pod's slowest rank: the sum of its ``op`` phases
+    (None: the pod made no serving op)."""
+    ranks = row.get("ranks") or [row["phases"]]
+    starts = [[v for k, v in phases.items() if k.startswith("op ")] for phases in ranks]
+    return max(sum(s) for s in starts) if any(starts) else None
+
+
+def package(result: dict[str, Any]) -> list[Verdict]:
+    """[5.2] on one ``bench/pod_ready.py`` run: the warm pod serving packages against
+    the persisted dirs and the NCCL + cuBLAS eager server, end to end; the serving op's
+    start per process (the package and warm fleet pods); and the package pod's server:
+    every model served as a package, the compiler never imported, no compile after
+    ready, every first request within the bound of its steady time, shape by shape."""
+    rows = [{**r, "shape": [f"{r['model']} w{r['world']}"]} for r in result["ratios"]]
+    pods = _timed(result, "package")
+    shapes = [
+        {"shape": [f"{r['model']} w{r['world']} {label}"], "ratio": shape["ratio"]}
+        for r in pods
+        for label, shape in r["shapes"].items()
+    ]
+
+    def bound(key: str, limit: float, what: str) -> Verdict:
+        return _per_shape(f"[5.2] {what} <= {limit}", rows, lambda r: r[key], lambda x: x <= limit)
+
+    return [
+        bound("package_over_persisted", PACKAGE_OVER_PERSISTED, "package ÷ persisted dirs"),
+        bound("package_over_nccl_eager", PACKAGE_OVER_NCCL_EAGER, "package ÷ nccl_eager"),
+        _per_shape(
+            f"[5.2] the serving op's start, s per process (slowest rank) <= {OP_START_S}",
+            [{**r, "shape": [f"{r['shape'][0]} {r['case']}"]} for r in _warm_pods(result)],
+            _op_start_s,
+            lambda x: x <= OP_START_S,
+        ),
+        _per_shape(
+            "[5.2] package pod: every model served as a package (models not)",
+            pods,
+            lambda r: _count(r.get("served_as"), lambda how: how != "package"),
+            lambda x: x == 0,
+            label=lambda r: f" {r.get('served_as') or '(not reported)'}",
+        ),
+        _per_shape(
+            f"[5.2] package pod: no rank imported {' or '.join(COMPILER_MODULES)} (imported)",
+            pods,
+            lambda r: _count(r.get("imported"), bool, COMPILER_MODULES),
+            lambda x: x == 0,
+            label=lambda r: "".join(f" {m}" for m in COMPILER_MODULES if r["imported"].get(m)),
+        ),
+        _per_shape(
+            f"[5.2] package pod after ready: 0 of {', '.join(READY_COSTS)}",
+            pods,
+            lambda r: float(sum(r["counts"]["after_ready"].get(k, 0) for k in READY_COSTS)),
+            lambda x: x == 0,
+        ),
+        _per_shape(
+            f"[5.2] package pod: first request ÷ steady <= {POD_FIRST_OVER_STEADY} at each shape",
+            shapes,
+            lambda r: r["ratio"],
+            lambda x: x <= POD_FIRST_OVER_STEADY,
+        ),
+    ]
+
+
+def _count(
+    reported: dict[str, Any] | None, counts: Callable[[Any], bool], keys: Iterable[str] = ()
+) -> float | None:
+    """How many of ``reported``'s values (those of ``keys``, if given) ``counts``; None
+    where nothing was reported (a server before [5.2])."""
+    if not reported:
+        return None
+    return float(sum(counts(reported.get(k)) for k in keys or reported))
+
+
+def _warm_pods(result: dict[str, Any]) -> list[dict[str, Any]]:
+    return [*_timed(result, "warm_fleet"), *_timed(result, "package")]
 
 
 def judge(result: dict[str, Any]) -> tuple[str, list[Verdict]]:
