@@ -414,6 +414,9 @@ def test_an_eager_pod_on_the_cpu_is_timed_end_to_end(tmp_path, capsys):
     assert all(s["first_ms"] > 0 and s["steady_ms"] > 0 for s in row["shapes"].values())
     assert row["counts"]["priming"]["dynamo_frames"] == 0  # nothing compiled: Dynamo unused
     assert row["guard"] is not None and row["host"]["gpu"] == "cpu"
+    assert row["served_as"] == {"small-mlp": "compiled"}  # what a manifest's serve: says
+    assert set(row["imported"]) == {"torch._dynamo", "torch._inductor.compile_fx"}
+    assert (tmp_path / "pods" / "weights" / "small_mlp-float32.pt").is_file()  # made once
     assert result["setup"]["torch"] and result["ratios"][0]["warm_over_eager"] is None
     home = tmp_path / "pods" / "small_mlp" / "pods" / "eager"
     assert (home / "work" / "server-0.json").exists()  # the pod's own folders, kept
