@@ -52,7 +52,7 @@ request after ready over the steady median (device events on a GPU), what the se
 compiled while priming and after ready (``warmup.compiled.counters`` and the compile
 guard), whether any rank had imported ``torch._dynamo`` or
 ``torch._inductor.compile_fx`` when ready, and how each model was served (package or
-compiled). The ratios and [4.1]'s and [5.2]'s targets: ``bench.targets.pod_ready``.
+compiled). The ratios and [4.1]'s and [5.2]'s targets: ``bench.pod_targets``.
 """
 
 from __future__ import annotations
@@ -679,7 +679,7 @@ def _answers(redis: Any, url: str, within_s: float = 10.0) -> bool:
 
 def result_of(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
     """The result file: the setup, every case's row, and the ratios the targets judge."""
-    from bench.targets import pod_ratios
+    from bench.pod_targets import pod_ratios
 
     host: dict[str, str] = next((r["host"] for r in rows if r.get("host")), {})
     setup = {

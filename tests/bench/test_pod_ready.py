@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from bench import plots, targets
+from bench import plots, pod_targets, targets
 from bench.figures import DRAWINGS
 from bench.model_weights import ENV as WEIGHTS_ENV
 from bench.plots import PlotError
@@ -214,7 +214,12 @@ def pod(case: str, ready: float, init: float | None = None, model: str = "m", **
 
 def result_of(pods: list[dict]) -> dict[str, Any]:
     setup = {"device": "cuda", "world": 1, "gpu": "H100"}
-    return {"bench": "pod_ready", "setup": setup, "pods": pods, "ratios": targets.pod_ratios(pods)}
+    return {
+        "bench": "pod_ready",
+        "setup": setup,
+        "pods": pods,
+        "ratios": pod_targets.pod_ratios(pods),
+    }
 
 
 def all_cases(warm: float = 9.0, **extra) -> list[dict]:
@@ -238,11 +243,11 @@ def package_cases(ready: float = 4.8, **extra) -> list[dict]:
 
 
 def verdicts(pods: list[dict]) -> dict[str, targets.Verdict]:
-    return {v.target.split(" <=")[0]: v for v in targets.pod_ready(result_of(pods))}
+    return {v.target.split(" <=")[0]: v for v in pod_targets.pod_ready(result_of(pods))}
 
 
 def test_the_ratios_are_the_warm_fleets_end_to_end_over_each_anchors():
-    [ratios] = targets.pod_ratios(all_cases())
+    [ratios] = pod_targets.pod_ratios(all_cases())
     assert ratios["warm_over_persisted"] == pytest.approx(0.9)
     assert ratios["warm_over_cold"] == pytest.approx(0.3)
     assert ratios["warm_over_eager"] == pytest.approx(2.25)
@@ -261,16 +266,16 @@ def test_every_target_is_met_at_its_bound_and_missed_just_past_it():
 
 def test_a_compile_in_the_warm_servers_priming_or_after_ready_misses():
     priming = {"priming": {**ZERO, "fxgraph_misses": 1}, "after_ready": dict(ZERO)}
-    said = [v for v in targets.pod_ready(result_of(all_cases(counts=priming))) if not v.met]
+    said = [v for v in pod_targets.pod_ready(result_of(all_cases(counts=priming))) if not v.met]
     assert len(said) == 1 and "priming" in said[0].target
     traced = {"priming": {**ZERO, "dynamo_frames": 3}, "after_ready": {**ZERO, "dynamo_frames": 1}}
-    said = [v for v in targets.pod_ready(result_of(all_cases(counts=traced))) if not v.met]
+    said = [v for v in pod_targets.pod_ready(result_of(all_cases(counts=traced))) if not v.met]
     assert len(said) == 1 and "after ready" in said[0].target  # a trace in priming is no miss
 
 
 def test_a_slow_first_request_misses_and_names_the_model():
     slow = {"a": {"ratio": 1.0}, "b": {"ratio": 1.51}}
-    [verdict] = [v for v in targets.pod_ready(result_of(all_cases(shapes=slow))) if not v.met]
+    [verdict] = [v for v in pod_targets.pod_ready(result_of(all_cases(shapes=slow))) if not v.met]
     assert "first request" in verdict.target and verdict.misses == ("m w1",)
 
 
