@@ -53,7 +53,10 @@ def _blocks_state() -> dict[str, torch.Tensor]:
 def _blocks(device: Any) -> nn.Module:
     with torch.device("meta"):  # no initialisation: the weights are loaded
         model = nn.Sequential(*[Block() for _ in range(4)]).to(dtype=torch.float16)
-    return load_into(model, weights_file("blocks4", torch.float16, _blocks_state), device)
+    loaded: nn.Module = load_into(
+        model, weights_file("blocks4", torch.float16, _blocks_state), device
+    )
+    return loaded
 
 
 def blocks4(device: Any) -> Any:
@@ -110,7 +113,7 @@ class AgMlp(nn.Module):
         self.w_up = nn.Parameter(torch.empty(AG_K, width), requires_grad=False)
         self.w_down = nn.Parameter(torch.empty(width, AG_K), requires_grad=False)
         self.up, self.down, self.world = up, down, world
-        self.group = _group_name() if world > 1 else ""  # a name: Dynamo and export take it
+        self.group: Any = _group_name() if world > 1 else ""  # a name: Dynamo, export take it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [batch, seq, AG_K], this rank's tokens -> [m, AG_K]

@@ -796,10 +796,10 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(root, ignore_errors=True)
     result = result_of(rows, args)
     Path(args.out).write_text(json.dumps(result, indent=1))
-    from bench import plots, targets
+    from bench import plots, pod_targets, targets
 
     plots.save_beside(args.out, "pod_ready", result)
-    print("\n".join(["", *table(result), "", targets.table(targets.pod_ready(result))]))
+    print("\n".join(["", *table(result), "", targets.table(pod_targets.pod_ready(result))]))
     failed = [f"{row['model']} {row['case']}" for row in result["pods"] if row.get("error")]
     if failed:  # a run whose pods failed is a failed bench, whatever the targets say
         print(f"failed pods: {', '.join(failed)}", file=sys.stderr)
