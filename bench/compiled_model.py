@@ -79,21 +79,32 @@ def ag_layers(world: int) -> list[tuple[str, int, int]]:
 
 
 def manifest_text(
-    name: str, build: str, batches: list[int], seq: int | None, dtype: str, *, world: int = 1
+    name: str,
+    build: str,
+    batches: list[int],
+    seq: int | None,
+    dtype: str,
+    *,
+    world: int = 1,
+    serve: str = "compiled",
+    ops: bool = True,
 ) -> str:
-    """The manifest of model ``name`` built by ``build``, with the kernel entries its
-    serving ops read; at ``world`` ranks (``bench/pod_ready.py``), M counts every rank's
-    rows: each rank's input is one batch of the declared shape."""
+    """The manifest of model ``name`` built by ``build``, served as ``serve`` (the
+    manifest's ``serve:``; ``compiled``, torch.compile, as before [5.2]), with the kernel
+    entries its serving ops read (none where ``ops`` is false: a build that makes no
+    serving op); at ``world`` ranks (``bench/pod_ready.py``), M counts every rank's rows:
+    each rank's input is one batch of the declared shape."""
     width = WIDTH[name]
     dims = f"{{batch: {batches}" + (f", seq: {seq}}}" if seq else "}")
     shape = f"[batch, seq, {width}]" if seq else f"[batch, {width}]"
-    layers = ag_layers(world) if name in KERNELS else []
+    layers = ag_layers(world) if name in KERNELS and ops else []
     entries = kernel_entries(layers, batches, seq, dtype, world)
     ranks = f"    world_size: {world}\n" if world > 1 else ""
     return (
         "version: 1\n"
         + (f"entries:\n{entries}" if entries else "")
         + f"models:\n  - name: {name.replace('_', '-')}\n    build: {build}\n{ranks}"
+        f"    serve: {serve}\n"
         f"    dims: {dims}\n    inputs:\n      - {{shape: {shape}, dtype: {dtype}}}\n"
     )
 

@@ -325,8 +325,10 @@ POD_CASES = {
     "persisted": "Inductor + Triton dirs\npersisted (best of 3)",
     "first_pod": "first pod of a fleet\n(empty volume)",
     "warm_fleet": "warm fleet (volume\ncopied, another path)",
+    "package": "warm fleet serving\ncompiled packages",
     "remote_only": "remote tier only\n(empty volume)",
     "eager": "uncompiled (eager)",
+    "nccl_eager": "uncompiled, NCCL +\ncuBLAS, no serving op",
 }
 POD_PARTS = [  # (label, the phases it adds up: a name, or a prefix ending in a space; colour)
     ("init container (triton-warmup run)", ("init",), "C0"),

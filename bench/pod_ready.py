@@ -1,9 +1,9 @@
-"""The pod's time to ready, end to end (issue [4.1]): the product's headline number.
+"""The pod's time to ready, end to end (issues [4.1], [5.2]): the product's headline number.
 
     PYTHONPATH=. python bench/pod_ready.py --world 1 --out pod_ready_w1.json
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
     PYTHONPATH=. python bench/pod_ready.py --world 2 --out pod_ready_w2.json
-    PYTHONPATH=. python bench/pod_ready.py --device cpu --models small_mlp --cases eager,cold
+    PYTHONPATH=. python bench/pod_ready.py --device cpu --models small_mlp --cases nccl_eager
 
 A pod is the chart's: its native sidecar (``triton-warmup serve``, harvest on), the init
 container's ``triton-warmup run`` (its own processes; ``TRITON_WARMUP_MODELS_ON_MISS`` as
@@ -24,9 +24,21 @@ persisted:   the server alone on Inductor's and Triton's dirs kept at one path (
 first_pod:   a fleet's first pod: init on an empty volume, then its server
 warm_fleet:  a later pod: fresh dirs, the volume a copy of the first pod's at another path
              (taken once the first pod's sidecar has harvested what its server compiled)
-remote_only: the same through the registry's Redis remote tier alone: a first pod fills
-             it, a pod on an empty volume restores from it (skipped without redis-server)
+package:     a warm fleet's pod whose manifest serves every model as its compiled package
+             (``serve: package``): the same, after a first pod of that manifest (its init
+             container makes the packages; not timed)
+remote_only: the same as warm_fleet through the registry's Redis remote tier alone: a
+             first pod fills it, a pod on an empty volume restores from it (skipped
+             without redis-server)
 eager:       the server alone, the model uncompiled
+nccl_eager:  the server alone, the model uncompiled with torch's NCCL all-gather + cuBLAS
+             in place of the serving op (no kernel entries, no serving op made) and no
+             compiler preloaded: what a pod costs with neither this product's op nor a
+             compile
+
+Every other case's manifest says ``serve: compiled`` (torch.compile, as before [5.2]).
+The models take their weights from a file made once per model in the run's folder
+before any pod (``bench.model_weights``; not counted), as a server loads its checkpoint.
 
 ``--trust signed`` (issue [4.2]): every pod trusts one fleet key and signs what it
 publishes with it (``TRITON_WARMUP_TRUSTED_KEYS``, ``TRITON_WARMUP_SIGNING_KEY``, as the
@@ -36,9 +48,11 @@ to ready.
 
 Each row gives the end-to-end seconds, the init container's wall time and its run's
 phases, the server's phases (rank 0; every rank's beside), per declared shape the first
-request after ready over the steady median (device events on a GPU), and what the
-server compiled while priming and after ready (``warmup.compiled.counters`` and the
-compile guard). The ratios and [4.1]'s targets: ``bench.targets.pod_ready``.
+request after ready over the steady median (device events on a GPU), what the server
+compiled while priming and after ready (``warmup.compiled.counters`` and the compile
+guard), whether any rank had imported ``torch._dynamo`` or
+``torch._inductor.compile_fx`` when ready, and how each model was served (package or
+compiled). The ratios and [4.1]'s and [5.2]'s targets: ``bench.pod_targets``.
 """
 
 from __future__ import annotations
@@ -60,9 +74,20 @@ from pathlib import Path
 from typing import Any
 
 from bench.compiled_model import AG_LAYERS, MODELS, kernel_entries, manifest_text, model_dtype
+from bench.model_weights import ENV as WEIGHTS_ENV
+from bench.pod_server import COMPILER
 
 ROOT = Path(__file__).resolve().parents[1]
-CASES = ("cold", "persisted", "first_pod", "warm_fleet", "remote_only", "eager")
+CASES = (
+    "cold",
+    "persisted",
+    "first_pod",
+    "warm_fleet",
+    "package",
+    "remote_only",
+    "eager",
+    "nccl_eager",
+)
 KERNELS_ONLY = "kernels"  # a manifest of the AllGather-GEMM MLP's layers, no model
 DEFAULT_MODELS = "blocks4,blocks4_max_autotune,ag_mlp,ag_mlp_max_autotune,kernels"
 EAGER = {
@@ -72,6 +97,12 @@ EAGER = {
     "ag_mlp_max_autotune": "bench.compiled_models:ag_mlp_eager",
     "small_mlp": "bench.compiled_models:small_mlp_eager",
 }
+NCCL_EAGER = {  # the model uncompiled, torch's all-gather + cuBLAS where it has serving ops
+    **EAGER,
+    "ag_mlp": "bench.compiled_models:ag_mlp_nccl_eager",
+    "ag_mlp_max_autotune": "bench.compiled_models:ag_mlp_nccl_eager",
+}
+NO_PRELOAD = {"TRITON_WARMUP_SERVING_PRELOAD": "false"}  # nccl_eager: no compiler imported
 REUSES = 3  # the persisted anchor: best of this many reuses after the filling run
 NO_MULTICAST = {  # every process of a world > 1 (NVLink multicast is not lent)
     "NCCL_NVLS_ENABLE": "0",
@@ -96,7 +127,7 @@ class Pod:
     copy_from: str | None = None  # the volume it starts as a copy of (at another path)
     caches: str | None = None  # Triton + Inductor dirs shared with other pods; None: its own
     remote: bool = False  # the registry's remote tier (and Triton's cache on it) is on
-    eager: bool = False  # the model built uncompiled
+    manifest: str = "compiled"  # its manifest's kind (``manifests``): compiled, eager, ...
     feeds: bool = False  # a later pod starts from what its sidecar harvests: wait for it
 
 
@@ -110,7 +141,11 @@ def plan(cases: list[str]) -> list[Pod]:
     if "cold" in cases:
         pods.append(Pod("cold", "cold", init=False, volume="cold"))
     if "eager" in cases:
-        pods.append(Pod("eager", "eager", init=False, volume="eager", eager=True))
+        pods.append(Pod("eager", "eager", init=False, volume="eager", manifest="eager"))
+    if "nccl_eager" in cases:
+        pods.append(
+            Pod("nccl_eager", "nccl_eager", init=False, volume="nccl_eager", manifest="nccl_eager")
+        )
     if "persisted" in cases:
         pods.append(Pod("persisted-fill", None, init=False, volume="persisted", caches="pvc"))
         pods += [
@@ -123,6 +158,13 @@ def plan(cases: list[str]) -> list[Pod]:
         pods.append(Pod("fleet-a", first, init=True, volume="fleet-a", feeds=feeds))
     if "warm_fleet" in cases:
         pods.append(Pod("fleet-b", "warm_fleet", init=True, volume="fleet-b", copy_from="fleet-a"))
+    if "package" in cases:  # a fleet of its own: its first pod's init makes the packages
+        pods.append(Pod("package-a", None, True, "package-a", manifest="package", feeds=True))
+        pods.append(
+            Pod(
+                "package-b", "package", True, "package-b", copy_from="package-a", manifest="package"
+            )
+        )
     if "remote_only" in cases:
         pods.append(Pod("remote-a", None, init=True, volume="remote-a", remote=True, feeds=True))
         pods.append(Pod("remote-b", "remote_only", init=True, volume="remote-b", remote=True))
@@ -131,8 +173,10 @@ def plan(cases: list[str]) -> list[Pod]:
 
 def skipped(model: str, case: str, world: int, remote_missing: str) -> str | None:
     """Why ``case`` cannot be measured for ``model`` at ``world`` ranks, or None."""
-    if case == "eager" and model not in EAGER:
+    if case in ("eager", "nccl_eager") and model not in NCCL_EAGER:
         return f"{model} has no model to run uncompiled (a kernels-only manifest)"
+    if case == "package" and model not in MODELS:
+        return f"{model} has no model to serve as a package (a kernels-only manifest)"
     if case == "remote_only" and remote_missing:
         return remote_missing
     return None
@@ -141,8 +185,10 @@ def skipped(model: str, case: str, world: int, remote_missing: str) -> str | Non
 def manifests(
     name: str, batches: list[int], seq: int | None, dtype: str, world: int
 ) -> dict[str, str]:
-    """The manifest texts of model ``name``: ``compiled`` (what the product warms) and,
-    where the model has one, ``eager`` (the same model uncompiled)."""
+    """The manifest texts of model ``name``, by kind: ``compiled`` (what the product
+    warms, ``serve: compiled``) and, where there is a model, ``package`` (the same,
+    ``serve: package``), ``eager`` (the same model uncompiled) and ``nccl_eager`` (the
+    model uncompiled with torch's all-gather + cuBLAS: no kernel entries)."""
     if name == KERNELS_ONLY:
         layers = [(kernel, n, k) for kernel, n, k in AG_LAYERS]
         return {
@@ -151,9 +197,18 @@ def manifests(
         }
     if name not in MODELS:
         raise ValueError(f"--models {name}: not a model; the models are {[*MODELS, KERNELS_ONLY]}")
-    texts = {"compiled": manifest_text(name, MODELS[name], batches, seq, dtype, world=world)}
+    texts = {
+        "compiled": manifest_text(name, MODELS[name], batches, seq, dtype, world=world),
+        "package": manifest_text(
+            name, MODELS[name], batches, seq, dtype, world=world, serve="package"
+        ),
+    }
     if name in EAGER:
         texts["eager"] = manifest_text(name, EAGER[name], batches, seq, dtype, world=world)
+    if name in NCCL_EAGER:
+        texts["nccl_eager"] = manifest_text(
+            name, NCCL_EAGER[name], batches, seq, dtype, world=world, ops=False
+        )
     return texts
 
 
@@ -204,9 +259,11 @@ def pod_env(
     models_on_miss: str = "server",
     base: dict[str, str] | None = None,
     keys: Path | None = None,
+    weights: Path | None = None,
 ) -> dict[str, str]:
     """The environment of a pod's processes, as the chart sets it (init and server alike):
-    this environment less any ``TRITON_WARMUP_*`` of the caller's, then the pod's own."""
+    this environment less any ``TRITON_WARMUP_*`` of the caller's, then the pod's own;
+    ``weights``: the folder of the run's model weights (``bench.model_weights``)."""
     base = dict(os.environ if base is None else base)
     env = {k: v for k, v in base.items() if not k.startswith("TRITON_WARMUP_")}
     env.pop("TRITON_CACHE_MANAGER", None)
@@ -244,6 +301,8 @@ def pod_env(
     if keys is not None:  # --trust signed: the fleet's key, trusted and signing
         env["TRITON_WARMUP_TRUSTED_KEYS"] = str(keys / "trusted")
         env["TRITON_WARMUP_SIGNING_KEY"] = str(keys / "fleet.key")
+    if weights is not None:
+        env[WEIGHTS_ENV] = str(weights)
     return env
 
 
@@ -256,6 +315,15 @@ def fleet_keys(root: Path) -> Path:
     (keys / "trusted").mkdir()
     shutil.copy(keys / "fleet.pub", keys / "trusted" / "fleet.pub")
     return keys
+
+
+def make_weights(model: str, device: str, folder: Path) -> None:
+    """The weight file of ``model`` on ``device``, made in ``folder`` (once per run, in a
+    process of its own: the driver imports no torch)."""
+    command = [sys.executable, "-m", "bench.model_weights", model, device]
+    env = {**os.environ, WEIGHTS_ENV: str(folder)}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
+    subprocess.run(command, env=env, cwd=ROOT, check=True)
 
 
 def run_init(env: dict[str, str], manifest: Path, work: Path, timeout_s: float) -> dict[str, Any]:
@@ -411,12 +479,14 @@ def run_pod(pod: Pod, ctx: Context) -> dict[str, Any]:
         shutil.copytree(
             ctx.root / "volumes" / pod.copy_from, volume, symlinks=True, dirs_exist_ok=True
         )
-    manifest = ctx.manifests["eager" if pod.eager else "compiled"]
+    manifest = ctx.manifests[pod.manifest]
     env = pod_env(
         dirs, volume=volume, manifest=manifest, device=ctx.args.device, world=ctx.args.world,
         remote_url=ctx.remote_url if pod.remote else "", models_on_miss=ctx.args.models_on_miss,
-        keys=ctx.args.keys,
+        keys=ctx.args.keys, weights=getattr(ctx.args, "weights", None),
     )  # fmt: skip
+    if pod.manifest == "nccl_eager":
+        env.update(NO_PRELOAD)
     row: dict[str, Any] = {"model": ctx.model, "world": ctx.args.world, "case": pod.case}
     row["pod"] = pod.name
     started = time.time()
@@ -461,6 +531,11 @@ def _init_and_server(
         "shapes": head["shapes"],
         "counts": head["counts"],
         "guard": head["guard"],
+        "imported": {  # at ready, on any rank
+            module: any(r.get("imported", {}).get(module, False) for r in reports)
+            for module in head.get("imported", {})
+        },
+        "served_as": head.get("served_as", {}),
         "tuned_ms": head["tuned_ms"],
         "host": head["host"],
     }
@@ -604,7 +679,7 @@ def _answers(redis: Any, url: str, within_s: float = 10.0) -> bool:
 
 def result_of(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
     """The result file: the setup, every case's row, and the ratios the targets judge."""
-    from bench.targets import pod_ratios
+    from bench.pod_targets import pod_ratios
 
     host: dict[str, str] = next((r["host"] for r in rows if r.get("host")), {})
     setup = {
@@ -622,17 +697,19 @@ def result_of(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str,
 
 
 def table(result: dict[str, Any]) -> list[str]:
-    """A markdown row per case: end to end, init, the server's phases, compiles."""
+    """A markdown row per case: end to end, init, the server's phases, compiles, the
+    compiler's modules imported at ready, how the models were served."""
     lines = [
         "| model | case | ready s | init s | server s | import torch | process group | "
-        "Serving() | ops | models | compiles priming / after ready | worst first ÷ steady |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "Serving() | ops | models | compiles priming / after ready | worst first ÷ steady | "
+        "Dynamo / compile_fx imported | served as |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in result["pods"]:
         lead = f"| {row['model']} | {row['case']} |"
         if row.get("skipped") or row.get("error"):
             why = row.get("skipped") or f"FAILED: {row['error'][-160:]}"
-            lines.append(f"{lead} {why.replace('|', '/').replace(chr(10), ' ')} |" + " |" * 9)
+            lines.append(f"{lead} {why.replace('|', '/').replace(chr(10), ' ')} |" + " |" * 11)
             continue
         phases = row["phases"]
         init = row.get("init", {}).get("wall_s")
@@ -646,9 +723,18 @@ def table(result: dict[str, Any]) -> list[str]:
             f"{phases['process_group']:.2f} | "
             f"{phases['serving']:.2f} | {_sum(phases, 'op '):.2f} | {_sum(phases, 'model '):.2f} | "
             f"{compiles(row['counts']['priming'])} / {compiles(row['counts']['after_ready'])} | "
-            f"{'-' if worst is None else f'{worst:.2f}'} |"
+            f"{'-' if worst is None else f'{worst:.2f}'} | {_imported(row)} | "
+            f"{', '.join(sorted(set(row.get('served_as', {}).values()))) or '-'} |"
         )
     return lines
+
+
+def _imported(row: dict[str, Any]) -> str:
+    """``yes``/``no`` for Dynamo, then for ``compile_fx``; ``-``: not reported."""
+    found = row.get("imported")
+    if not found:
+        return "-"
+    return " / ".join("yes" if found.get(m) else "no" for m in COMPILER)
 
 
 def _sum(phases: dict[str, float], prefix: str) -> float:
@@ -687,6 +773,7 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(args.keep or tempfile.mkdtemp(prefix="pod-ready-"))
     root.mkdir(parents=True, exist_ok=True)
     args.keys = fleet_keys(root) if args.trust == "signed" else None
+    args.weights = root / "weights"
     rows = kept(args, args.models.split(","), cases) if args.append else []
 
     def say() -> None:  # the file holds what was measured, if the run is stopped
@@ -701,16 +788,18 @@ def main(argv: list[str] | None = None) -> int:
                 ctx = Context(model, root / model, {}, url, args)
                 for kind, text in manifests(model, batches, seq, dtype, args.world).items():
                     ctx.manifests[kind] = _written(ctx.root / f"manifest-{kind}.yaml", text)
+                if model != KERNELS_ONLY:  # before any pod: no pod's time
+                    make_weights(model, args.device, args.weights)
                 bench_model(model, cases, ctx, rows, say)
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
     result = result_of(rows, args)
     Path(args.out).write_text(json.dumps(result, indent=1))
-    from bench import plots, targets
+    from bench import plots, pod_targets, targets
 
     plots.save_beside(args.out, "pod_ready", result)
-    print("\n".join(["", *table(result), "", targets.table(targets.pod_ready(result))]))
+    print("\n".join(["", *table(result), "", targets.table(pod_targets.pod_ready(result))]))
     failed = [f"{row['model']} {row['case']}" for row in result["pods"] if row.get("error")]
     if failed:  # a run whose pods failed is a failed bench, whatever the targets say
         print(f"failed pods: {', '.join(failed)}", file=sys.stderr)

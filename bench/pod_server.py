@@ -5,8 +5,10 @@
 with torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) and
 the pod's (``TRITON_WARMUP_*``, the caches). It times every phase to ready (import torch,
 the process group, ``Serving()``, each serving op, each model built and primed,
-``declare_warm``, every rank ready), then the first request and the steady median at
-every declared shape, and writes its report as JSON.
+``declare_warm``, every rank ready), whether the compiler's modules were imported at
+ready (:data:`COMPILER`) and how each model was served (package or compiled), then the
+first request and the steady median at every declared shape, and writes its report as
+JSON.
 """
 
 from __future__ import annotations
@@ -27,6 +29,19 @@ from typing import Any
 from warmup.run.phases import process_age  # no torch
 
 DUMP_SIGNAL = signal.SIGUSR1  # pod_ready sends it to a rank past its time limit
+# What a process that can compile imports (issue [5.2]): a server of packages needs neither.
+COMPILER = ("torch._dynamo", "torch._inductor.compile_fx")
+
+
+def imported(modules: tuple[str, ...] = COMPILER) -> dict[str, bool]:
+    """Whether each of ``modules`` is imported in this process now."""
+    return {name: name in sys.modules for name in modules}
+
+
+def served_as(model: Any) -> str:
+    """How ``Serving.model`` served a model: ``package`` or ``compiled`` (a server
+    before [5.2]'s packages serves every model compiled)."""
+    return str(getattr(model, "served_as", "compiled"))
 
 
 def counts() -> dict[str, int]:
@@ -113,6 +128,7 @@ def serve(args: argparse.Namespace) -> dict[str, Any]:
     dist.barrier()
     phases["ready_barrier"] = lap()
     ready_at = time.time()
+    compiler = imported()  # before counts(), which could import what it reads
     at_ready = counts()
     shapes = _requests(ops, models, world, device, args.iters)
     after = counts()
@@ -124,6 +140,8 @@ def serve(args: argparse.Namespace) -> dict[str, Any]:
         "shapes": shapes,
         "counts": {"priming": _delta(before, at_ready), "after_ready": _delta(at_ready, after)},
         "guard": _guard(serving.guard),
+        "imported": compiler,
+        "served_as": {entry.name: served_as(model) for entry, model in models},
         "tuned_ms": {layer.label: list(op.table.buckets) for layer, op in ops},
         "host": _host(torch, device),
     }

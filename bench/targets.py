@@ -16,10 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+
+from bench.pod_targets import pod_ready
+from bench.verdict import Verdict, per_shape
 
 FUSED = "best fused_pull"  # the fused algorithm's best config, as bench/ag_gemm.py names it
 TUNED_OVER_BASELINE = 0.98  # [2.4]: tuned op >= 0.98x NCCL + cuBLAS at every shape
@@ -32,56 +34,6 @@ FLOOR_MEDIUM_2 = 1.25  # [4.3] at two ranks: ... <= 1.25x at 1024-4095 rows
 FIRST_OVER_STEADY = 2.0  # [2.7]: a served first call <= 2x its M's steady latency
 FIRST_P99_OVER_STEADY = 2.0  # [4.3]: ... at the p99 of the trace's first calls
 WARM_OVER_FLOOR = 1.1  # [4.5]: the init container on a warm volume <= 1.1x its floor
-WARM_OVER_PERSISTED = 0.9  # [4.1]: a warm fleet's pod <= 0.9x the persisted-dir server
-WARM_OVER_COLD = 0.45  # [4.1]: ... and <= 0.45x a cold server, end to end
-WARM_OVER_EAGER = 2.5  # [4.1] stretch: ... and <= 2.5x the model uncompiled
-INIT_ON_HIT_S = 1.5  # [4.1]: the init container on a full hit, process start to exit
-FIRST_POD_OVER_COLD = 1.15  # [4.1]: a fleet's first pod <= 1.15x a cold server
-POD_FIRST_OVER_STEADY = 1.5  # [4.1]: first request after ready <= 1.5x steady, every shape
-PRIMING_COSTS = ("fxgraph_misses", "inductor_compiles", "kernel_compiles", "autotune_runs")
-READY_COSTS = ("dynamo_frames", *PRIMING_COSTS)  # after ready a Dynamo trace is a compile too
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """One target against one run: ``met`` is None where nothing was measured."""
-
-    target: str
-    measured: str
-    met: bool | None
-    misses: tuple[str, ...] = ()  # the shapes or modes that missed, named
-
-    def cell(self) -> str:
-        return "not measured" if self.met is None else "met" if self.met else "**missed**"
-
-
-def _shape(row: dict[str, Any]) -> str:
-    return "x".join(map(str, row["shape"]))
-
-
-def _per_shape(
-    target: str,
-    rows: Iterable[dict[str, Any]],
-    value: Callable[[dict[str, Any]], float | None],
-    ok: Callable[[float], bool],
-    label: Callable[[dict[str, Any]], str] = lambda r: "",
-) -> Verdict:
-    """A per-shape target: every measured shape must pass; shapes without the figure are
-    named as not measured, and make the verdict None only if no shape has it."""
-    seen, misses, lacking = [], [], []
-    for row in rows:
-        figure = value(row)
-        if figure is None:
-            lacking.append(_shape(row))
-            continue
-        seen.append(f"{_shape(row)} {figure:.3f}{label(row)}")
-        if not ok(figure):
-            misses.append(_shape(row))
-    measured = "; ".join(seen) if seen else "-"
-    if lacking:
-        measured += f" (not measured: {', '.join(lacking)})"
-    met = None if not seen else not misses
-    return Verdict(target, measured, met, tuple(misses))
 
 
 def ratio(row: dict[str, Any], over: str, under: str, column: str = "us") -> float | None:
@@ -117,33 +69,33 @@ def ag_gemm(result: dict[str, Any]) -> list[Verdict]:
     medium = [r for r in rows if 1024 <= r["shape"][0] < 4096]
     graphed = [r for r in rows if r["shape"][0] >= GRAPH_FROM_ROWS]
     return [
-        _per_shape(
+        per_shape(
             f"[2.4] tuned op >= {TUNED_OVER_BASELINE}x NCCL + cuBLAS at every shape",
             rows,
             lambda r: ratio(r, "nccl_cublas", "tuned"),
             lambda x: x >= TUNED_OVER_BASELINE,
             label=lambda r: f" ({r.get('algorithm', '?')})",
         ),
-        _per_shape(
+        per_shape(
             f"[2.5] fused <= {FLOOR_LARGE}x the floor at >= 4096 rows",
             large,
             _fused_over_floor,
             lambda x: x <= FLOOR_LARGE,
         ),
-        _per_shape(
+        per_shape(
             f"[2.5] fused <= {FLOOR_MEDIUM}x the floor at 1024-4095 rows",
             medium,
             _fused_over_floor,
             lambda x: x <= FLOOR_MEDIUM,
         ),
-        _per_shape(
+        per_shape(
             f"[2.5] graph-replayed fused >= 1.0x the graph-replayed baseline from "
             f"{GRAPH_FROM_ROWS} rows",
             graphed,
             lambda r: ratio(r, "graph nccl_cublas", "graph fused"),
             lambda x: x >= 1.0,
         ),
-        _per_shape(
+        per_shape(
             "[2.5] fused faster than torch's fused op at every shape",
             rows,
             lambda r: ratio(r, "torch_fused", FUSED),
@@ -158,14 +110,14 @@ def _two_ranks(rows: list[dict[str, Any]]) -> list[Verdict]:
     just in time (host and device), graph-replayed and in host time; the tuner's clock
     against the bench's; the fused kernel against the floor (looser than [2.5]'s)."""
     return [
-        _per_shape(
+        per_shape(
             f"[4.3] tuned op >= {TUNED_OVER_BASELINE}x NCCL + cuBLAS, host ahead (device time)",
             rows,
             lambda r: ratio(r, "nccl_cublas", "tuned", column="us_ahead"),
             lambda x: x >= TUNED_OVER_BASELINE,
             label=lambda r: f" ({r.get('algorithm', '?')})",
         ),
-        _per_shape(
+        per_shape(
             f"[4.3] tuned op >= {TUNED_OVER_BASELINE}x NCCL + cuBLAS, issued just in time "
             "(eager: host and device)",
             rows,
@@ -173,47 +125,47 @@ def _two_ranks(rows: list[dict[str, Any]]) -> list[Verdict]:
             lambda x: x >= TUNED_OVER_BASELINE,
             label=lambda r: f" ({r.get('algorithm', '?')})",
         ),
-        _per_shape(
+        per_shape(
             f"[4.3] graph-replayed tuned op >= {TUNED_OVER_BASELINE}x graph-replayed NCCL + cuBLAS",
             rows,
             lambda r: ratio(r, "graph nccl_cublas", "graph tuned"),
             lambda x: x >= TUNED_OVER_BASELINE,
         ),
-        _per_shape(
+        per_shape(
             f"[4.3] the tuned op's host time per call <= 1/{TUNED_OVER_BASELINE} of the "
             "two calls made directly",
             rows,
             lambda r: ratio(r, "tuned", "nccl_cublas", column="host_us"),
             lambda x: x <= 1 / TUNED_OVER_BASELINE,
         ),
-        _per_shape(
+        per_shape(
             f"[4.3] the tuner's recorded time within {TUNER_WITHIN:.0%} of the bench's "
             "(host ahead)",
             [r for r in rows if "us_ahead" in r],
             lambda r: r.get("tuner_over_bench"),
             lambda x: abs(x - 1.0) <= TUNER_WITHIN,
         ),
-        _per_shape(
+        per_shape(
             f"[4.3] fused with the host ahead (device time) <= {FLOOR_LARGE_2}x the floor at "
             ">= 4096 rows",
             [r for r in rows if r["shape"][0] >= 4096],
             _fused_ahead_over_floor,
             lambda x: x <= FLOOR_LARGE_2,
         ),
-        _per_shape(
+        per_shape(
             f"[4.3] fused with the host ahead (device time) <= {FLOOR_MEDIUM_2}x the floor at "
             "1024-4095 rows",
             [r for r in rows if 1024 <= r["shape"][0] < 4096],
             _fused_ahead_over_floor,
             lambda x: x <= FLOOR_MEDIUM_2,
         ),
-        _per_shape(
+        per_shape(
             f"[4.3] fused <= {FLOOR_LARGE_2}x the floor at >= 4096 rows",
             [r for r in rows if r["shape"][0] >= 4096],
             _fused_over_floor,
             lambda x: x <= FLOOR_LARGE_2,
         ),
-        _per_shape(
+        per_shape(
             f"[4.3] fused <= {FLOOR_MEDIUM_2}x the floor at 1024-4095 rows",
             [r for r in rows if 1024 <= r["shape"][0] < 4096],
             _fused_over_floor,
@@ -314,90 +266,6 @@ def fleet(result: dict[str, Any]) -> list[Verdict]:
             )
         )
     return verdicts
-
-
-def pod_ratios(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per model of a ``bench/pod_ready.py`` run: the warm fleet's end to end over each
-    anchor's, its init container's seconds, the first pod's over cold (None: a case
-    not measured)."""
-    ratios = []
-    for model in dict.fromkeys(row["model"] for row in pods):
-        ready = {
-            row["case"]: row["ready_s"]
-            for row in pods
-            if row["model"] == model and row.get("ready_s") is not None
-        }
-        warm = next((r for r in pods if r["model"] == model and r["case"] == "warm_fleet"), {})
-        ratios.append(
-            {
-                "model": model,
-                "world": pods[0].get("world"),
-                "warm_over_persisted": _over(ready, "warm_fleet", "persisted"),
-                "warm_over_cold": _over(ready, "warm_fleet", "cold"),
-                "warm_over_eager": _over(ready, "warm_fleet", "eager"),
-                "first_pod_over_cold": _over(ready, "first_pod", "cold"),
-                "init_on_hit_s": _init_s(warm),
-            }
-        )
-    return ratios
-
-
-def _init_s(pod: dict[str, Any]) -> float | None:
-    """A pod's init container seconds, where the pod got ready."""
-    return pod.get("init", {}).get("wall_s") if pod.get("ready_s") is not None else None
-
-
-def _over(ready: dict[str, float], over: str, under: str) -> float | None:
-    if over not in ready or not ready.get(under):
-        return None
-    return ready[over] / ready[under]
-
-
-def pod_ready(result: dict[str, Any]) -> list[Verdict]:
-    """[4.1] on one ``bench/pod_ready.py`` run, each target over its models: the warm
-    fleet against the anchors, the init container on a full hit, the first pod against
-    cold, and the warm fleet's server: no compile while priming (Dynamo's traces, which
-    no cache spares a new process, shown beside) or after ready, and every first
-    request within the bound of its steady time."""
-    rows = [{**r, "shape": [f"{r['model']} w{r['world']}"]} for r in result["ratios"]]
-    warm = [
-        {**r, "shape": [f"{r['model']} w{r['world']}"]}
-        for r in result["pods"]
-        if r["case"] == "warm_fleet" and r.get("ready_s") is not None
-    ]
-
-    def bound(key: str, limit: float, what: str) -> Verdict:
-        return _per_shape(f"[4.1] {what} <= {limit}", rows, lambda r: r[key], lambda x: x <= limit)
-
-    return [
-        bound(
-            "warm_over_persisted", WARM_OVER_PERSISTED, "warm fleet ÷ persisted dirs (best of 3)"
-        ),
-        bound("warm_over_cold", WARM_OVER_COLD, "warm fleet ÷ cold"),
-        bound("warm_over_eager", WARM_OVER_EAGER, "stretch: warm fleet ÷ eager"),
-        bound("init_on_hit_s", INIT_ON_HIT_S, "init container on a full hit, s"),
-        bound("first_pod_over_cold", FIRST_POD_OVER_COLD, "first pod ÷ cold"),
-        _per_shape(
-            f"[4.1] warm fleet's server priming: 0 of {', '.join(PRIMING_COSTS)}",
-            warm,
-            lambda r: float(sum(r["counts"]["priming"].get(k, 0) for k in PRIMING_COSTS)),
-            lambda x: x == 0,
-            label=lambda r: f" (Dynamo frames {r['counts']['priming'].get('dynamo_frames', 0)})",
-        ),
-        _per_shape(
-            f"[4.1] warm fleet's server after ready: 0 of {', '.join(READY_COSTS)}",
-            warm,
-            lambda r: float(sum(r["counts"]["after_ready"].get(k, 0) for k in READY_COSTS)),
-            lambda x: x == 0,
-        ),
-        _per_shape(
-            f"[4.1] warm fleet: first request ÷ steady <= {POD_FIRST_OVER_STEADY} at every shape",
-            warm,
-            lambda r: max((s["ratio"] for s in r["shapes"].values()), default=None),
-            lambda x: x <= POD_FIRST_OVER_STEADY,
-            label=lambda r: " (the worst shape's)",
-        ),
-    ]
 
 
 def judge(result: dict[str, Any]) -> tuple[str, list[Verdict]]:

@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from bench import plots, targets
+from bench import plots, pod_targets, targets
 from bench.figures import DRAWINGS
+from bench.model_weights import ENV as WEIGHTS_ENV
 from bench.plots import PlotError
 from bench.pod_ready import (
     CASES,
@@ -69,9 +70,10 @@ def test_the_persisted_anchor_fills_its_dirs_then_reuses_them(tmp_path):
 
 
 def test_server_only_cases_have_no_init_and_their_own_dirs(tmp_path):
-    cold, eager = plan(["eager", "cold"])  # the plan's order, not the caller's
-    assert (cold.case, eager.case, eager.eager, cold.eager) == ("cold", "eager", True, False)
-    assert not cold.init and not eager.init
+    cold, eager, nccl = plan(["nccl_eager", "eager", "cold"])  # the plan's order, not the caller's
+    assert (cold.case, eager.case, nccl.case) == ("cold", "eager", "nccl_eager")
+    assert (cold.manifest, eager.manifest, nccl.manifest) == ("compiled", "eager", "nccl_eager")
+    assert not cold.init and not eager.init and not nccl.init
     first = PodDirs.under(tmp_path, cold)
     (first.triton / "kernel").write_text("cold's")
     assert PodDirs.retire(tmp_path, cold) == tmp_path / "pods" / "cold"
@@ -79,6 +81,13 @@ def test_server_only_cases_have_no_init_and_their_own_dirs(tmp_path):
     assert second.triton == first.triton  # one mount path, as in every pod of the chart
     assert not (second.triton / "kernel").exists()  # but its own, empty
     assert (tmp_path / "pods" / "cold" / "triton-cache" / "kernel").is_file()
+
+
+def test_the_package_case_is_a_fleet_of_its_own_serving_packages():
+    a, b = plan(["package", "warm_fleet"])[2:]  # after the warm fleet's own two pods
+    assert (a.name, a.case, a.init, a.feeds) == ("package-a", None, True, True)
+    assert (b.case, b.init, b.copy_from) == ("package", True, "package-a")
+    assert a.manifest == b.manifest == "package" and b.volume != a.volume
 
 
 def test_the_remote_case_uses_the_remote_tier_and_two_empty_volumes():
@@ -95,6 +104,9 @@ def test_every_case_is_planned_and_an_unknown_one_refused():
 
 def test_what_cannot_be_measured_says_why():
     assert "no model" in skipped("kernels", "eager", 1, "")
+    assert "no model" in skipped("kernels", "nccl_eager", 1, "")
+    assert "no model to serve as a package" in skipped("kernels", "package", 2, "")
+    assert skipped("ag_mlp", "nccl_eager", 2, "") is None
     assert skipped("kernels", "cold", 1, "") is None
     assert skipped("ag_mlp", "cold", 2, "") is None
     assert skipped("blocks4", "remote_only", 1, "no redis-server") == "no redis-server"
@@ -123,6 +135,10 @@ def test_a_pods_environment_is_the_charts(tmp_path):
     assert remote["TRITON_CACHE_MANAGER"] == TIERED_TRITON_CACHE
     assert all(remote[k] == v for k, v in NO_MULTICAST.items())
     assert remote["TRITON_INTERPRET"] == "1"
+    assert WEIGHTS_ENV not in remote
+    weighed = pod_env(dirs, volume=tmp_path, manifest=tmp_path, device="cpu", world=1,
+                      weights=tmp_path / "w")  # fmt: skip
+    assert weighed[WEIGHTS_ENV] == str(tmp_path / "w")
 
 
 def test_the_manifests_are_valid_and_count_every_ranks_rows():
@@ -140,6 +156,24 @@ def test_the_manifests_are_valid_and_count_every_ranks_rows():
     assert op_layers(kernels, world=1) == []  # entries made for another world size
     with pytest.raises(ValueError, match="not a model"):
         manifests("nope", [1], 128, "fp16", 1)
+
+
+def test_every_manifest_says_how_its_model_is_served_and_nccl_eager_makes_no_op():
+    texts = manifests("ag_mlp", [1, 4], 128, "fp16", world=2)
+    assert set(texts) == {"compiled", "package", "eager", "nccl_eager"}
+    parsed = {kind: parse_manifest(text) for kind, text in texts.items()}
+    served = {kind: manifest.models[0].serve for kind, manifest in parsed.items()}
+    assert served == {  # the cases before [5.2] keep torch.compile; the default is auto now
+        "compiled": "compiled",
+        "package": "package",
+        "eager": "compiled",
+        "nccl_eager": "compiled",
+    }
+    assert parsed["package"].models[0].build == parsed["compiled"].models[0].build
+    assert parsed["package"].entries == parsed["compiled"].entries  # the same serving ops
+    assert parsed["nccl_eager"].models[0].build.endswith(":ag_mlp_nccl_eager")
+    assert parsed["nccl_eager"].entries == [] and op_layers(parsed["nccl_eager"], 2) == []
+    assert "nccl_eager" in manifests("blocks4", [1], 128, "fp16", 1)
 
 
 def test_a_model_served_through_kernels_has_their_layers_in_its_manifest():
@@ -180,7 +214,12 @@ def pod(case: str, ready: float, init: float | None = None, model: str = "m", **
 
 def result_of(pods: list[dict]) -> dict[str, Any]:
     setup = {"device": "cuda", "world": 1, "gpu": "H100"}
-    return {"bench": "pod_ready", "setup": setup, "pods": pods, "ratios": targets.pod_ratios(pods)}
+    return {
+        "bench": "pod_ready",
+        "setup": setup,
+        "pods": pods,
+        "ratios": pod_targets.pod_ratios(pods),
+    }
 
 
 def all_cases(warm: float = 9.0, **extra) -> list[dict]:
@@ -190,20 +229,32 @@ def all_cases(warm: float = 9.0, **extra) -> list[dict]:
         pod("first_pod", 34.5, init=25.0),
         pod("warm_fleet", warm, init=1.5, **extra),
         pod("eager", 4.0),
+        *package_cases(),
     ]
 
 
+NO_COMPILER = {"torch._dynamo": False, "torch._inductor.compile_fx": False}
+
+
+def package_cases(ready: float = 4.8, **extra) -> list[dict]:
+    """A package pod at [5.2]'s bounds: 0.48x persisted (10 s), 1.2x nccl_eager (4 s)."""
+    served = {"imported": NO_COMPILER, "served_as": {"m": "package"}}
+    return [pod("package", ready, init=0.5, **{**served, **extra}), pod("nccl_eager", 4.0)]
+
+
 def verdicts(pods: list[dict]) -> dict[str, targets.Verdict]:
-    return {v.target.split(" <=")[0]: v for v in targets.pod_ready(result_of(pods))}
+    return {v.target.split(" <=")[0]: v for v in pod_targets.pod_ready(result_of(pods))}
 
 
 def test_the_ratios_are_the_warm_fleets_end_to_end_over_each_anchors():
-    [ratios] = targets.pod_ratios(all_cases())
+    [ratios] = pod_targets.pod_ratios(all_cases())
     assert ratios["warm_over_persisted"] == pytest.approx(0.9)
     assert ratios["warm_over_cold"] == pytest.approx(0.3)
     assert ratios["warm_over_eager"] == pytest.approx(2.25)
     assert ratios["first_pod_over_cold"] == pytest.approx(1.15)
     assert ratios["init_on_hit_s"] == 1.5
+    assert ratios["package_over_persisted"] == pytest.approx(0.48)
+    assert ratios["package_over_nccl_eager"] == pytest.approx(1.2)
 
 
 def test_every_target_is_met_at_its_bound_and_missed_just_past_it():
@@ -215,16 +266,16 @@ def test_every_target_is_met_at_its_bound_and_missed_just_past_it():
 
 def test_a_compile_in_the_warm_servers_priming_or_after_ready_misses():
     priming = {"priming": {**ZERO, "fxgraph_misses": 1}, "after_ready": dict(ZERO)}
-    said = [v for v in targets.pod_ready(result_of(all_cases(counts=priming))) if not v.met]
+    said = [v for v in pod_targets.pod_ready(result_of(all_cases(counts=priming))) if not v.met]
     assert len(said) == 1 and "priming" in said[0].target
     traced = {"priming": {**ZERO, "dynamo_frames": 3}, "after_ready": {**ZERO, "dynamo_frames": 1}}
-    said = [v for v in targets.pod_ready(result_of(all_cases(counts=traced))) if not v.met]
+    said = [v for v in pod_targets.pod_ready(result_of(all_cases(counts=traced))) if not v.met]
     assert len(said) == 1 and "after ready" in said[0].target  # a trace in priming is no miss
 
 
 def test_a_slow_first_request_misses_and_names_the_model():
     slow = {"a": {"ratio": 1.0}, "b": {"ratio": 1.51}}
-    [verdict] = [v for v in targets.pod_ready(result_of(all_cases(shapes=slow))) if not v.met]
+    [verdict] = [v for v in pod_targets.pod_ready(result_of(all_cases(shapes=slow))) if not v.met]
     assert "first request" in verdict.target and verdict.misses == ("m w1",)
 
 
@@ -237,9 +288,54 @@ def test_a_case_not_measured_is_never_met():
     failed = [
         {**p, "ready_s": None, "error": "x"} if p["case"] == "warm_fleet" else p for p in pods
     ]
-    judged = verdicts(failed)
+    judged = {k: v for k, v in verdicts(failed).items() if k.startswith("[4.1]")}
     assert judged.pop("[4.1] first pod ÷ cold").met is True
     assert all(v.met is None for v in judged.values())  # every other target is the warm pod's
+    unpackaged = verdicts([p for p in pods if p["case"] != "package"])
+    op_start = unpackaged.pop("[5.2] the serving op's start, s per process (slowest rank)")
+    assert op_start.met is True  # the warm fleet's pod made its op in time
+    assert all(v.met is None for k, v in unpackaged.items() if k.startswith("[5.2]"))
+
+
+def package_verdicts(**extra) -> dict[str, targets.Verdict]:
+    pods = [p for p in all_cases() if p["case"] != "package"]
+    return {k: v for k, v in verdicts([*pods, package_cases(**extra)[0]]).items() if "[5.2]" in k}
+
+
+def test_the_package_targets_are_met_at_their_bounds():
+    found = package_verdicts()
+    assert len(found) == 7 and all(v.met for v in found.values())
+
+
+def test_a_package_pod_past_either_anchor_misses():
+    slower = package_verdicts(ready=4.81)  # 0.481x persisted, 1.2025x nccl_eager
+    assert slower["[5.2] package ÷ nccl_eager"].met is False
+    assert slower["[5.2] package ÷ persisted dirs"].met is True
+    assert package_verdicts(ready=5.01)["[5.2] package ÷ persisted dirs"].met is False
+
+
+def test_a_package_server_that_imported_the_compiler_or_served_compiled_misses():
+    dynamo = package_verdicts(imported={**NO_COMPILER, "torch._dynamo": True})
+    [missed] = [v for v in dynamo.values() if not v.met]
+    assert "imported" in missed.target and "torch._dynamo" in missed.measured
+    compiled = package_verdicts(served_as={"m": "compiled"})
+    [missed] = [v for v in compiled.values() if not v.met]
+    assert "served as a package" in missed.target and "compiled" in missed.measured
+    unreported = package_verdicts(served_as={}, imported={})  # a server before [5.2]'s
+    said = [v.met for k, v in unreported.items() if "imported" in k or "served as" in k]
+    assert said == [None, None]  # not measured, never met
+
+
+def test_a_slow_op_start_on_any_rank_or_a_slow_first_request_misses_by_name():
+    ranks = [{"op ag_gemm N8 K8": 0.2}, {"op ag_gemm N8 K8": 0.6, "op ag_gemm N8 K16": 0.41}]
+    [missed] = [v for v in package_verdicts(ranks=ranks).values() if not v.met]
+    assert "op's start" in missed.target and missed.misses == ("m w1 package",)
+    slow = {"m batch1": {"ratio": 1.0}, "m batch4": {"ratio": 1.51}}
+    [missed] = [v for v in package_verdicts(shapes=slow).values() if not v.met]
+    assert "first request" in missed.target and missed.misses == ("m w1 m batch4",)
+    after = {"priming": dict(ZERO), "after_ready": {**ZERO, "dynamo_frames": 1}}
+    [missed] = [v for v in package_verdicts(counts=after).values() if not v.met]
+    assert "after ready" in missed.target
 
 
 def test_the_judge_knows_a_pod_ready_result(tmp_path, capsys):
@@ -264,7 +360,9 @@ def test_the_table_has_a_row_per_case_skipped_and_failed_ones_said():
     assert len(lines) == 2 + len(pods)
     assert lines[3].startswith("| m | persisted | 10.00 (best of [12.0, 10.0, 11.0]) | - |")
     assert "| m | warm_fleet | 9.00 | 1.50 | 7.50 | 2.00 | 0.50 | 0.30 | 0.20 | 3.75 |" in lines[5]
-    assert "no redis/server" in lines[7] and "FAILED: Traceback boom" in lines[8]
+    assert lines[5].endswith("| 1.20 | - | - |")  # a server before [5.2]: nothing reported
+    assert lines[7].endswith("| 1.20 | no / no | package |")
+    assert "no redis/server" in lines[9] and "FAILED: Traceback boom" in lines[10]
     assert all(line.count("|") == lines[0].count("|") for line in lines)
 
 
@@ -278,7 +376,8 @@ def test_the_figure_is_a_bar_per_timed_case_one_figure_per_model(tmp_path):
     assert set(figures) == {"m", "other"}
     [ax] = figures["m"].axes
     labels = [t.get_text() for t in ax.get_yticklabels()]
-    assert len(labels) == 5 and labels[0].startswith("cold")
+    assert len(labels) == 7 and labels[0].startswith("cold")
+    assert labels[4].startswith("warm fleet serving") and labels[6].startswith("uncompiled, NCCL")
     ends = sorted({round(p.get_x() + p.get_width(), 6) for p in ax.patches if p.get_width()})
     assert ends[-1] == pytest.approx(34.5)  # the first pod's bar ends at its end to end
     written = plots.save_beside(tmp_path / "pod_ready.json", "pod_ready", result)
@@ -320,6 +419,9 @@ def test_an_eager_pod_on_the_cpu_is_timed_end_to_end(tmp_path, capsys):
     assert all(s["first_ms"] > 0 and s["steady_ms"] > 0 for s in row["shapes"].values())
     assert row["counts"]["priming"]["dynamo_frames"] == 0  # nothing compiled: Dynamo unused
     assert row["guard"] is not None and row["host"]["gpu"] == "cpu"
+    assert row["served_as"] == {"small-mlp": "compiled"}  # what a manifest's serve: says
+    assert set(row["imported"]) == {"torch._dynamo", "torch._inductor.compile_fx"}
+    assert (tmp_path / "pods" / "weights" / "small_mlp-float32.pt").is_file()  # made once
     assert result["setup"]["torch"] and result["ratios"][0]["warm_over_eager"] is None
     home = tmp_path / "pods" / "small_mlp" / "pods" / "eager"
     assert (home / "work" / "server-0.json").exists()  # the pod's own folders, kept
@@ -396,13 +498,14 @@ def test_append_keeps_what_this_run_does_not_measure_again(tmp_path):
     out = tmp_path / "pod_ready.json"
     out.write_text(json.dumps(result_of([*all_cases(), *all_cases_of("other")])))
     args = argparse.Namespace(out=str(out), world=1, device="cuda")
-    rows = kept(args, ["m"], ["cold", "eager"])
+    rows = kept(args, ["m"], ["cold", "eager", "nccl_eager"])
     assert [(r["model"], r["case"]) for r in rows if r["model"] == "m"] == [
         ("m", "persisted"),
         ("m", "first_pod"),
         ("m", "warm_fleet"),
+        ("m", "package"),
     ]
-    assert len([r for r in rows if r["model"] == "other"]) == 5
+    assert len([r for r in rows if r["model"] == "other"]) == 7
     with pytest.raises(SystemExit, match="world 1 on cuda, this one at world 2"):
         kept(argparse.Namespace(out=str(out), world=2, device="cuda"), ["m"], ["cold"])
     assert kept(argparse.Namespace(out=str(tmp_path / "none.json")), ["m"], ["cold"]) == []
