@@ -27,6 +27,7 @@ LIBRARY = "triton_warmup"
 _ops: dict[str, ServingOp] = {}  # name -> the serving op (process-wide; the latest made)
 _lock = threading.Lock()
 _registered: Any = None
+_libraries: list[Any] = []
 
 
 def in_graph(op: ServingOp) -> Any:
@@ -72,20 +73,23 @@ def _custom_op() -> Any:
 
 
 def _register() -> Any:
+    """The op defined through ``torch.library.Library``: ``torch.library.custom_op``
+    would wrap its kernel in Dynamo's ``disable``, whose first call imports Dynamo
+    (seconds), in a server that loads a compiled package and compiles nothing."""
     import torch  # torch loads on first use
 
-    @torch.library.custom_op(  # type: ignore[misc]
-        f"{LIBRARY}::serve",
-        mutates_args=(),
-        schema="(str op, Tensor a, Tensor b) -> Tensor",  # annotations here are strings
-    )
+    library = torch.library.Library(LIBRARY, "FRAGMENT")
+    library.define("serve(str op, Tensor a, Tensor b) -> Tensor")
+
     def serve(op: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = _ops[op](a, b)
         return out if out._base is None else out.clone()  # a custom op's output owns its data
 
-    @serve.register_fake  # type: ignore[misc]
-    def _(op: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    def fake(op: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         made = _ops[op]
         return a.new_empty((a.shape[0] * made.step, made.layer.n))
 
+    library.impl("serve", serve, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"{LIBRARY}::serve", fake, lib=library)
+    _libraries.append(library)  # the registration lives as long as its library
     return torch.ops.triton_warmup.serve
