@@ -318,10 +318,12 @@ def redis_url(tmp_path_factory):
     proc.wait()
 
 
-@pytest.fixture(autouse=True)
-def _models_served_compiled(monkeypatch):
+@pytest.fixture(autouse=True, scope="session")
+def _models_served_compiled():
     """The suite serves declared models through torch.compile unless a test asks for
     their packages (``TRITON_WARMUP_MODELS_SERVE``; ``models_serve=`` in settings): a
-    package compiles C++ for 10 to 30 s on a 2-core machine. Set in the environment, so
-    rank and server processes inherit it."""
-    monkeypatch.setenv("TRITON_WARMUP_MODELS_SERVE", "compiled")
+    package compiles C++ for 10 to 30 s on a 2-core machine. Set in the environment for
+    the whole session (module fixtures included), so rank and server processes inherit it."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRITON_WARMUP_MODELS_SERVE", "compiled")
+        yield
