@@ -54,14 +54,14 @@ class LayerReader:
         """(this rank's configs, rank 0's) as the registry holds them now; a collective
         for a tensor-parallel layer: a rank that cannot read still takes part."""
         try:
-            with startup.phase("registry.read.local"):
+            with startup.phase("table.read.local"):
                 mine = self.read()
         except Exception:  # a rank that skips the agree leaves the others waiting in it
             if not self.served.collective:
                 raise
             log.exception("%s %s: could not read the registry; agreeing", self.kernel, self.layer)
             mine = {}
-        with startup.phase("registry.read.agree"):
+        with startup.phase("table.read.agree"):
             agreed = self._agreed(mine)
         if agreed != mine:
             self.version = ()  # rank 0 read another generation: the follower reads again

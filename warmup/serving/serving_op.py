@@ -57,7 +57,7 @@ class ServingOp:
         self._pending_tuned: Tuned | None = None
         self._rejected: Tuned | None = None  # an agreed table that failed
         # Every rank takes rank 0's table: the same error, the same rehearsal collectives.
-        with startup.phase("registry.read"):
+        with startup.phase("table.read"):
             self.tuned = self.reader.read_agreed()[1]  # M -> config: what the table is made of
         with startup.phase("table.build"):
             self.table = self.builder.table(self.tuned)
