@@ -237,6 +237,11 @@ class Adapter(Protocol):
 
     def serve(self, layer: Layer, *, group: Any, device: Any) -> Served: ...
 
+    def reserve(self, layers: Sequence[Layer], *, group: Any, device: Any) -> None:
+        """Make now, once, what every layer of ``layers`` that this process will serve on
+        ``group`` shares (a collective where it makes anything)."""
+        ...
+
 
 @dataclass(eq=False)
 class KernelAdapter(ABC):
@@ -277,3 +282,9 @@ class KernelAdapter(ABC):
     def serve(self, layer: Layer, *, group: Any, device: Any) -> Served:
         """The kernel made ready for ``layer`` on ``device`` (a collective over ``group``
         for a tensor-parallel kernel)."""
+
+    def reserve(self, layers: Sequence[Layer], *, group: Any, device: Any) -> None:
+        """Make now, once, what the layers this process will serve share, sized for them
+        all (the AllGather-GEMM: one workspace); by default nothing is shared. A
+        collective where it makes anything: every rank passes the same layers."""
+        return None  # a kernel whose layers share nothing

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from kernels import cublas_heuristics
+from kernels import cublas_heuristics, startup
 from kernels.adapter import GEMM_KEY, KernelAdapter, LaunchPlan, Layer, torch_dtype
 from kernels.ag_gemm_kernels import M_DERIVED
 from kernels.ag_gemm_launch import (
@@ -70,6 +70,7 @@ from kernels.ag_gemm_workspace import (
     create_context,
     group_size_and_rank,
     input_buffer,
+    reserve_workspace,
 )
 from kernels.served import ServedLayer
 from registry.core.config import KernelConfig
@@ -131,23 +132,39 @@ class AgGemmAdapter(KernelAdapter):
     def serve(self, layer: Layer, *, group: Any, device: Any) -> AgGemmServed:
         return AgGemmServed(layer, group=group, device=device)
 
+    def reserve(self, layers: Sequence[Layer], *, group: Any, device: Any) -> None:
+        """The process's workspace of ``group`` sized once for the largest of ``layers``
+        (a collective the first time; nothing once one holds them), so that layers made
+        in any order share it with no rendezvous of their own."""
+        if layers:
+            reserve_workspace(
+                group,
+                nbytes=max(
+                    layer.max_m * layer.k * torch_dtype(layer.dtype).itemsize for layer in layers
+                ),
+                device=device,
+            )
+
 
 # the best algorithm and tiles change with the number of ranks
 ADAPTER = AgGemmAdapter(NAME, kernel_hash, key_fields=(*GEMM_KEY, "world"))
 
 
 class AgGemmServed(ServedLayer):
-    """One tensor-parallel layer, served: a context for (group, K, dtype, max M), calls
-    with any config. See :class:`kernels.adapter.Served`."""
+    """One tensor-parallel layer, served: a context for (group, K, dtype, max M) over the
+    process's workspace of that group (shared by its layers), calls with any config.
+    See :class:`kernels.adapter.Served`."""
 
     adapter = ADAPTER
     kernel = NAME
 
     def __init__(self, layer: Layer, *, group: Any, device: Any) -> None:
         dtype = torch_dtype(layer.dtype)
-        self._use(
-            layer, create_context(group, max_m=layer.max_m, k=layer.k, dtype=dtype, device=device)
+        # the process's one workspace of this group: no rendezvous once it holds the rows
+        ctx = create_context(
+            group, max_m=layer.max_m, k=layer.k, dtype=dtype, device=device, shared=True
         )
+        self._use(layer, ctx)
 
     @classmethod
     def over(cls, layer: Layer, ctx: AgGemmContext) -> AgGemmServed:
@@ -185,11 +202,14 @@ class AgGemmServed(ServedLayer):
         if self.ctx.device.type != "cuda":
             return  # the interpreter compiles nothing
         if algorithm_of(config) != FUSED:
-            self._choose_gemms(config, rows)
+            with startup.phase("prime.gemms"):
+                self._choose_gemms(config, rows)
             if algorithm_of(config) != BASELINE and self.ctx.world > 1:
-                prepare_wait(self.ctx)
+                with startup.phase("prime.wait_kernel"):
+                    prepare_wait(self.ctx)
         else:
-            self.warm_up_plan(config).load()
+            with startup.phase("prime.kernel"):
+                self.warm_up_plan(config).load()
 
     def _choose_gemms(self, config: KernelConfig, rows: Sequence[int]) -> None:
         """One GEMM per new shape of ``config``'s calls at ``rows``, on scratch memory and
@@ -202,6 +222,7 @@ class AgGemmServed(ServedLayer):
         ctx, n = self.ctx, self.layer.n
         # a shard's GEMM also runs at an offset: both alignments
         gemms = [(m, at) for m in shapes for at in ((0, m) if per_shard else (0,))]
+        startup.count("prime.gemm_shapes", len(gemms))
         cublas_heuristics.PROCESS.make_room(
             ((m, n, ctx.k, ctx.dtype, at > 0) for m, at in gemms),
             load=lambda: torch.ones(1, 1, dtype=ctx.dtype, device=ctx.device).mm(

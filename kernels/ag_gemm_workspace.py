@@ -20,20 +20,37 @@ same steps on every rank:
 No host state changes from call to call and every value written is a constant, so a
 call captured in a CUDA graph replays correctly any number of times, between eager
 calls or other graphs: the barrier orders each call after the last one everywhere.
+
+**Layers sharing one workspace** (a serving process's layers of one group, made with
+``shared=True``: :mod:`kernels.ag_gemm_memory`) view the same bytes as their own
+``[max_M, K]`` and use the same flags, barrier and side stream. Nothing above names a
+layer: a call is the same six steps over the same memory, so the barrier of call n+1
+orders it after call n of *any* layer, on every rank, given that every rank calls the
+sharing layers in the same order (their calls are collectives anyway) and that call n+1
+is ordered after call n on this rank (one stream, or the caller orders its streams).
+Then no write of call n lands after call n+1 began: this rank's pushes of call n are
+joined before its barrier n+1 (step 6); a peer's pushes into this rank's bytes landed
+before this rank's consumer of call n ended, which waited for every peer's flag (every
+algorithm that reads the workspace reads every shard); and a peer writes nothing of
+call n+1 here before it passed barrier n+1, which waits for this rank's arrival, after
+its producer wrote its own rows into :func:`input_buffer` (its own bytes only). A graph
+that captured calls of several layers replays them in their captured order, which is
+the same on every rank. Two streams calling sharing layers without ordering them, each
+its own sequence, would break this: such layers take a workspace of their own
+(``create_context(shared=False)``, the default).
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from kernels import ag_gemm_memory
 from kernels.adapter import DTYPES, dtype_name, indexed_device
-from kernels.collectives import agree
+from kernels.ag_gemm_memory import Workspace
 from kernels.spaces import DeviceLimits, device_limits
 
 
@@ -56,6 +73,7 @@ class AgGemmContext:
     consumer: str = "portable"  # "tma" (Hopper, persistent) or "portable"
     peer_buffers: list[torch.Tensor] = field(default_factory=list)  # [dst]: dst's G, mapped
     peer_flags: list[torch.Tensor] = field(default_factory=list)  # [dst]: dst's flags, mapped
+    space: Workspace | None = None  # the memory G and the flags are views of (world > 1)
     handle: Any = None  # CUDA: G's symmetric-memory handle (its barrier)
     side_stream: Any = None
     forked: Any = None  # CUDA events: the side stream starts at the barrier ...
@@ -94,10 +112,15 @@ def create_context(
     dtype: torch.dtype,
     device: torch.device | str,
     consumer: str | None = None,
+    shared: bool = False,
 ) -> AgGemmContext:
-    """Allocate the workspace for gathered A up to ``[max_m, k]`` (collective).
+    """A context for gathered A up to ``[max_m, k]`` (a collective).
 
     ``consumer``: ``"tma"`` or ``"portable"``; by default TMA on Hopper and newer.
+    ``shared``: view the process's workspace of this group and device
+    (:func:`kernels.ag_gemm_memory.shared`: no allocation, no rendezvous once one holds
+    the rows), rather than allocate one of its own; every context sharing it must be
+    called in one order on every rank (see the protocol above).
     """
     device = indexed_device(device)
     group = _named(group)
@@ -119,13 +142,31 @@ def create_context(
         one=torch.ones(1, dtype=torch.int32, device=device),
         consumer=consumer,
     )
-    if world > 1 and device.type == "cuda":
-        _map_symmetric(ctx)
-    elif world > 1:
-        _map_shared_files(ctx)
     if world > 1:
+        make = ag_gemm_memory.shared if shared else ag_gemm_memory.allocate
+        nbytes = max_m * k * dtype.itemsize
+        _use(ctx, make(group, world=world, rank=rank, device=device, nbytes=nbytes))
         ctx.gather = _gather_method(group)
     return ctx
+
+
+def reserve_workspace(group: Any, *, nbytes: int, device: torch.device | str) -> None:
+    """The process's workspace of ``group`` on ``device`` made to hold ``nbytes`` of
+    rows, unless it does (:func:`kernels.ag_gemm_memory.shared`; a collective then)."""
+    group = _named(group)
+    world, rank = group_size_and_rank(group)
+    if world > 1:
+        device = indexed_device(device)
+        ag_gemm_memory.shared(group, world=world, rank=rank, device=device, nbytes=nbytes)
+
+
+def _use(ctx: AgGemmContext, space: Workspace) -> None:
+    """``ctx``'s G, flags, handle and streams: views and parts of ``space``."""
+    ctx.space = space
+    ctx.buffer, ctx.peer_buffers = space.rows(ctx.max_m, ctx.k, ctx.dtype)
+    ctx.flags, ctx.peer_flags = space.flags, space.peer_flags
+    ctx.handle, ctx.side_stream = space.handle, space.side_stream
+    ctx.forked, ctx.joined = space.forked, space.joined
 
 
 def _gather_method(group: Any) -> tuple[Any, Any]:
@@ -178,54 +219,6 @@ def _consumer(consumer: str | None, device: torch.device, limits: DeviceLimits) 
             "use 'portable'."
         )
     return consumer
-
-
-def _map_symmetric(ctx: AgGemmContext) -> None:
-    import torch.distributed._symmetric_memory as symm_mem  # CUDA ranks only (a private module)
-
-    ctx.buffer = symm_mem.empty(ctx.max_m, ctx.k, dtype=ctx.dtype, device=ctx.device)
-    ctx.handle = symm_mem.rendezvous(ctx.buffer, ctx.group.group_name)
-    flags = symm_mem.empty(ctx.world, dtype=torch.int32, device=ctx.device)
-    flags_handle = symm_mem.rendezvous(flags, ctx.group.group_name)
-    ctx.flags = flags.zero_()
-    ctx.peer_buffers = [
-        ctx.handle.get_buffer(dst, (ctx.max_m, ctx.k), ctx.dtype) for dst in range(ctx.world)
-    ]
-    ctx.peer_flags = [
-        flags_handle.get_buffer(dst, (ctx.world,), torch.int32) for dst in range(ctx.world)
-    ]
-    ctx.side_stream = torch.cuda.Stream(device=ctx.device, priority=-1)  # type: ignore[no-untyped-call]
-    ctx.forked, ctx.joined = torch.cuda.Event(), torch.cuda.Event()  # type: ignore[no-untyped-call]
-    torch.cuda.current_stream(ctx.device).synchronize()  # flags zeroed before any peer signals
-    ctx.handle.barrier(channel=0)
-
-
-def _map_shared_files(ctx: AgGemmContext) -> None:
-    """CPU (tests and the demo: every rank on one x86 host, where the flag's store
-    cannot pass the rows'): each rank's G and flags in a file in a folder of rank 0's
-    temp dir that every rank maps; each rank unlinks its files once all have mapped
-    them (the mappings stay), and rank 0 removes the folder."""
-    made = tempfile.mkdtemp(prefix="ag-gemm-") if ctx.rank == 0 else None
-    folder = str(agree(made, group=ctx.group, world=ctx.world))
-
-    def mapped(rank: int, name: str, count: int, dtype: torch.dtype) -> torch.Tensor:
-        path = os.path.join(folder, f"{name}{rank}")
-        return torch.from_file(path, shared=True, size=count, dtype=dtype)
-
-    ctx.buffer = mapped(ctx.rank, "g", ctx.max_m * ctx.k, ctx.dtype).view(ctx.max_m, ctx.k)
-    ctx.flags = mapped(ctx.rank, "flags", ctx.world, torch.int32).zero_()
-    dist.barrier(group=ctx.group)  # every rank's files exist
-    ctx.peer_buffers = [
-        mapped(dst, "g", ctx.max_m * ctx.k, ctx.dtype).view(ctx.max_m, ctx.k)
-        for dst in range(ctx.world)
-    ]
-    ctx.peer_flags = [mapped(dst, "flags", ctx.world, torch.int32) for dst in range(ctx.world)]
-    dist.barrier(group=ctx.group)  # every rank mapped every file
-    for name in ("g", "flags"):
-        os.unlink(os.path.join(folder, f"{name}{ctx.rank}"))
-    dist.barrier(group=ctx.group)
-    if ctx.rank == 0:
-        os.rmdir(folder)
 
 
 def input_buffer(ctx: AgGemmContext, m_per_rank: int) -> torch.Tensor:

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from kernels import collectives
+from kernels import collectives, startup
 from kernels.adapter import KernelAdapter, LaunchPlan, Layer, torch_dtype
 from registry.core.config import KernelConfig
 
@@ -81,6 +81,10 @@ class ServedLayer(ABC):
 
     def rehearse(self, configs: Sequence[KernelConfig]) -> None:
         """One call per config on one row per rank of scratch inputs, waited for."""
+        with startup.phase("rehearse"):
+            self._rehearse(configs)
+
+    def _rehearse(self, configs: Sequence[KernelConfig]) -> None:
         a = torch.randn(1, self.layer.k, dtype=self.dtype, device=self.device)
         b = torch.randn(self.layer.k, self.layer.n, dtype=self.dtype, device=self.device)
         for config in configs:

@@ -343,12 +343,58 @@ def failed_launch(world: int, rank: int) -> dict[str, object]:
     return {"rank": rank, "error": error, "errors": errors}
 
 
+def shared(world: int, rank: int) -> dict[str, object]:
+    """Three layers of one process on its workspace of the group: the first sized for
+    the largest by a reservation, one made larger later (the workspace grows), their
+    calls interleaved across every algorithm, a producer writing in place."""
+    from kernels import startup  # a rank's own: what the workspace counted
+
+    with startup.recording() as record:
+        workspace.reserve_workspace(None, nbytes=world * 16 * 33 * 4, device="cpu")
+        small, wide = (
+            ag_gemm.create_context(
+                None, max_m=world * m, k=k, dtype=torch.float32, device="cpu", shared=True
+            )
+            for m, k in ((16, 20), (16, 33))
+        )
+        before_growth = dict(record.counts)
+        large = ag_gemm.create_context(
+            None, max_m=world * 32, k=33, dtype=torch.float32, device="cpu", shared=True
+        )
+    configs = [*ag_gemm.library_configs(small), TILE]
+    errors = []
+    for call in range(4 * len(configs)):
+        ctx = (small, wide, large)[call % 3]
+        config = configs[call % len(configs)]
+        m_per_rank, n = (5, 23) if call % 2 else (16, 40)
+        a = _gathered(world, (m_per_rank, ctx.k), 700 + call)
+        b = torch.randn(ctx.k, n, generator=torch.Generator().manual_seed(call))
+        if call % 4 == 3:  # the producer writes the shard where the call reads it
+            shard = ag_gemm.input_buffer(ctx, m_per_rank)
+            shard.copy_(a[rank * m_per_rank : (rank + 1) * m_per_rank])
+        else:
+            shard = a[rank * m_per_rank : (rank + 1) * m_per_rank].contiguous()
+        out = ag_gemm.ag_gemm(shard, b, ctx, config)
+        expected = a.double() @ b.double()
+        errors.append(float((out.double() - expected).norm() / expected.norm()))
+    return {
+        "rank": rank,
+        "errors": errors,
+        "before_growth": before_growth,
+        "counts": record.counts,
+        "one_space": small.space is wide.space and small.flags is wide.flags,
+        "same_rows": small.buffer.data_ptr() == wide.buffer.data_ptr(),
+        "grown": large.space is not small.space and large.space.nbytes >= world * 32 * 33 * 4,
+    }
+
+
 SCENARIOS: dict[str, Any] = {
     "failed_launch": failed_launch,
     "protocol": protocol,  # protocol[:signal_before_data]
     "correctness": correctness,
     "bad_inputs": bad_inputs,
     "in_place": in_place,
+    "shared": shared,
     "algorithms": algorithms,
     "tuned": tuned,
     "reference": reference_matches,

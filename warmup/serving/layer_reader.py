@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+from kernels import startup
 from kernels.adapter import BUCKET_FIELD, Layer, Served
 from registry import KernelConfig, Store
 from registry.core.fingerprint import Fingerprint, MatchPolicy
@@ -53,13 +54,15 @@ class LayerReader:
         """(this rank's configs, rank 0's) as the registry holds them now; a collective
         for a tensor-parallel layer: a rank that cannot read still takes part."""
         try:
-            mine = self.read()
+            with startup.phase("table.read.local"):
+                mine = self.read()
         except Exception:  # a rank that skips the agree leaves the others waiting in it
             if not self.served.collective:
                 raise
             log.exception("%s %s: could not read the registry; agreeing", self.kernel, self.layer)
             mine = {}
-        agreed = self._agreed(mine)
+        with startup.phase("table.read.agree"):
+            agreed = self._agreed(mine)
         if agreed != mine:
             self.version = ()  # rank 0 read another generation: the follower reads again
         return mine, agreed

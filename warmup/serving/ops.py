@@ -22,19 +22,22 @@ tells the sidecar's readiness (:mod:`warmup.serving.readiness`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
 import kernels
+from kernels import startup
 from kernels.adapter import Layer, indexed_device
 from registry.core import triton_internals
-from registry.core.fingerprint import detect_for
+from registry.core.fingerprint import detect_for, detect_in_background
 from warmup.compiled.learned import Recorder, shared_dims
 from warmup.core.collectives import Lockstep
-from warmup.core.manifest import Manifest, load_manifest
+from warmup.core.manifest import Manifest, ManifestError, load_manifest
 from warmup.core.services import Services
 from warmup.core.settings import Settings
 from warmup.serving.compile_guard import guard_from_settings
+from warmup.serving.declared import declared_layers
 from warmup.serving.follower import Follower, exempt
 from warmup.serving.layer_reader import LayerReader
 from warmup.serving.metrics import ServingMetrics
@@ -117,15 +120,27 @@ class Serving:
         """A serving op for one layer (a collective for a tensor-parallel kernel: every
         rank of ``group`` makes it). Raises :class:`ServingError` when the registry has
         no entry for the layer, unless ``on_missing='fallback'``."""
+        device = _device(device)
+        detect_in_background(device)  # the first op's detection overlaps the kernel's start
         try:
             adapter = kernels.adapter_for(kernel)
         except KeyError as e:
             raise ServingError(str(e.args[0])) from None
         if on_missing not in ("error", "fallback"):
             raise ServingError(f"on_missing={on_missing!r}; use 'error' or 'fallback'.")
-        device, layer = _device(device), Layer(n, k, dtype, max_m)
-        served = adapter.serve(layer, group=group, device=device)
-        fingerprint = detect_for(device, adapter.kernel_hash())
+        layer = Layer(n, k, dtype, max_m)
+        import torch.distributed as dist  # torch loads on first use
+
+        world = dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
+        declared = [layer]  # and the manifest's layers of this kernel: sized once for all
+        with contextlib.suppress(ManifestError, OSError):  # none: this layer's size
+            declared += declared_layers(self._declared(), kernel, world)
+        with startup.phase("reserve"):
+            adapter.reserve(declared, group=group, device=device)
+        with startup.phase("serve"):  # the kernel's own start: a workspace for ag_gemm
+            served = adapter.serve(layer, group=group, device=device)
+        with startup.phase("fingerprint"):  # what the detection left to wait for
+            fingerprint = detect_for(device, adapter.kernel_hash())
         reader = LayerReader(
             served,
             layer,

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Literal
 
+from kernels import startup
 from registry import KernelConfig
 from warmup.serving.layer_reader import LayerReader, Tuned
 from warmup.serving.table import Table, rehearsal
@@ -56,11 +57,14 @@ class ServingOp:
         self._pending_tuned: Tuned | None = None
         self._rejected: Tuned | None = None  # an agreed table that failed
         # Every rank takes rank 0's table: the same error, the same rehearsal collectives.
-        self.tuned = self.reader.read_agreed()[1]  # M -> config: what the table is made of
-        self.table = self.builder.table(self.tuned)
+        with startup.phase("table.read"):
+            self.tuned = self.reader.read_agreed()[1]  # M -> config: what the table is made of
+        with startup.phase("table.build"):
+            self.table = self.builder.table(self.tuned)
         if not self.table.buckets and on_missing == "error":
             raise ServingError(self.reader.no_entries())
-        self.builder.prepare(self.table)
+        with startup.phase("table.prepare"):
+            self.builder.prepare(self.table)
         served.rehearse(rehearsal(self.table))  # every rank makes its ops together
 
     @property

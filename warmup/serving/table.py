@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from registry import KernelConfig
 from registry.storage import keys
 
-REHEARSALS = 8  # real calls an op makes when made: one per config, up to 8 configs
+REHEARSALS = 8  # real calls an op makes when made, at most: one per config
 SOURCES = ("tuned", "nearest", "fallback")  # how a call's config was chosen
 TUNED, NEAREST, FALLBACK = range(3)
 
@@ -35,11 +35,11 @@ class Table:
 
 
 def rehearsal(table: Table) -> list[KernelConfig]:
-    """The configs an op rehearses when made: always REHEARSALS calls (a collective must
-    have the same count on every rank, whatever generation each rank loaded), cycling
-    through the table's configs, most used first."""
+    """The configs an op rehearses when made: each once, most used first, up to
+    REHEARSALS (a config's second call pays nothing its first did not). A collective
+    op's ranks rehearse as many: they all made their table of rank 0's configs."""
     uses = sorted(range(len(table.configs)), key=lambda i: -table.pick.count(i))
-    return [table.configs[uses[i % len(uses)]] for i in range(REHEARSALS)]
+    return [table.configs[i] for i in uses[:REHEARSALS]]
 
 
 def nearest_table(tuned: Mapping[int, KernelConfig], *, step: int, max_m: int) -> Table:

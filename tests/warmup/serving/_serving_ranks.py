@@ -2,7 +2,8 @@
 
 Usage: python -m tests.warmup.serving._serving_ranks WORLD RANK INIT_FILE VOLUME WORK [SCENARIO]
 Prints one JSON line. ``serve`` (the default; after a warmup): per call, its M,
-relative error and config; the op's counts. ``sync``: a registry change of algorithm
+relative error and config; the op's counts. ``layers``: a second layer of the process
+on the first one's workspace, both called. ``sync``: a registry change of algorithm
 that one rank's follower sees first, then ``serving.sync()`` on both ranks.
 """
 
@@ -18,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from kernels import ag_gemm
+from kernels import ag_gemm, startup
 from registry import Entry, KernelConfig
 from registry.core.fingerprint import detect_for
 from warmup.core.settings import Settings
@@ -78,6 +79,34 @@ def sync(serving: Serving, op: ServingOp, rank: int, world: int) -> dict[str, ob
     return result
 
 
+def layers(serving: Serving, op: ServingOp, rank: int, world: int) -> dict[str, object]:
+    """A second layer (its own N and K, fewer bytes of rows) on the first one's
+    workspace; calls of both interleaved, each against the reference."""
+    n, k = 48, 16
+    with startup.recording() as record:
+        other = serving.op(
+            "ag_gemm", n=n, k=k, dtype="fp32", max_m=MAX_M, group=dist.group.WORLD,
+            device="cpu", on_missing="fallback",
+        )  # fmt: skip
+    serving.declare_warm()
+    errors = []
+    for m in (2, 48, 64, 22):
+        for layer, (layer_n, layer_k) in ((op, (N, K)), (other, (n, k))):
+            generator = torch.Generator().manual_seed(m + layer_k)
+            a = torch.randn(m, layer_k, generator=generator)
+            b = torch.randn(layer_k, layer_n, generator=generator)
+            rows = m // world
+            out = layer(a[rank * rows : (rank + 1) * rows].contiguous(), b)
+            expected = a.double() @ b.double()
+            errors.append(float((out.double() - expected).norm() / expected.norm()))
+    ctxs = [layer.served.ctx for layer in (op, other)]
+    return {
+        "second_op": record.counts,
+        "one_space": ctxs[0].space is ctxs[1].space,
+        "errors": errors,
+    }
+
+
 def main(
     world: int, rank: int, init: str, volume: str, work: str, scenario: str = "serve"
 ) -> dict[str, object]:
@@ -89,10 +118,12 @@ def main(
         volume=Path(volume), work_dir=Path(work), device="cpu", compile_guard="strict"
     )
     with Serving(settings, follow=False) as serving:
-        op = serving.op(
-            "ag_gemm", n=N, k=K, dtype="fp32", max_m=MAX_M, group=dist.group.WORLD, device="cpu"
-        )
-        result = {"serve": serve, "sync": sync}[scenario](serving, op, rank, world)
+        with startup.recording() as record:
+            op = serving.op(
+                "ag_gemm", n=N, k=K, dtype="fp32", max_m=MAX_M, group=dist.group.WORLD, device="cpu"
+            )
+        run = {"serve": serve, "sync": sync, "layers": layers}[scenario]
+        result = {"first_op": record.counts, **run(serving, op, rank, world)}
         result.update(
             buckets=list(op.table.buckets),
             counts=op.calls,

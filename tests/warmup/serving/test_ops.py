@@ -498,3 +498,21 @@ def test_two_ranks_take_a_change_of_algorithm_together_at_sync(tmp_path):
         assert result["guard"] == 0
     for phase in ("before", "between", "after"):  # both ranks on the same table
         assert ranks[0][phase] == ranks[1][phase]
+
+
+@pytest.mark.slow
+def test_two_layers_of_a_process_share_one_workspace_and_both_compute(tmp_path):
+    from tests.warmup.serving._serving_ranks import FUSED
+    from tests.warmup.serving._serving_ranks import entry as ag_entry
+
+    settings = settings_for(tmp_path)
+    Store(settings.paths.registry_dir, create=True).put_many([ag_entry(16, FUSED)])
+    args = [str(tmp_path / "init"), str(settings.paths.volume), str(settings.paths.work_dir)]
+    ranks = run_rank_processes(
+        "tests.warmup.serving._serving_ranks", 2, *args, "layers", timeout=300
+    )
+    for result in ranks:
+        assert result["first_op"]["workspace.made"] == 1, result  # one mapping, one rendezvous
+        assert "workspace.made" not in result["second_op"], result  # none for the second
+        assert result["second_op"]["workspace.reused"] >= 1 and result["one_space"], result
+        assert max(result["errors"]) < 1e-5, result
