@@ -102,7 +102,8 @@ NCCL_EAGER = {  # the model uncompiled, torch's all-gather + cuBLAS where it has
     "ag_mlp": "bench.compiled_models:ag_mlp_nccl_eager",
     "ag_mlp_max_autotune": "bench.compiled_models:ag_mlp_nccl_eager",
 }
-NO_PRELOAD = {"TRITON_WARMUP_SERVING_PRELOAD": "false"}  # nccl_eager: no compiler imported
+# nccl_eager: no compiler imported, the model built by its function as a plain server does
+NO_PRELOAD = {"TRITON_WARMUP_SERVING_PRELOAD": "false", "BENCH_MODELS_DIRECT": "1"}
 REUSES = 3  # the persisted anchor: best of this many reuses after the filling run
 NO_MULTICAST = {  # every process of a world > 1 (NVLink multicast is not lent)
     "NCCL_NVLS_ENABLE": "0",

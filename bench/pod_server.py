@@ -39,9 +39,28 @@ def imported(modules: tuple[str, ...] = COMPILER) -> dict[str, bool]:
 
 
 def served_as(model: Any) -> str:
-    """How ``Serving.model`` served a model: ``package`` or ``compiled`` (a server
-    before [5.2]'s packages serves every model compiled)."""
-    return str(getattr(model, "served_as", "compiled"))
+    """How the server holds a model: ``package`` or ``compiled`` (``Serving.model``), or
+    ``direct`` (built by its function alone: the nccl_eager floor)."""
+    return str(getattr(model, "served_as", "direct"))
+
+
+DIRECT = "BENCH_MODELS_DIRECT"  # "1": models built by their function, not Serving.model
+
+
+def _direct(entry: Any, device: Any) -> Any:
+    """The model its build function returns, run twice at every declared shape under
+    its mode: what a server that knows nothing of this product does (no compiler
+    imported, no Inductor environment set)."""
+    from warmup.compiled.inputs import grad_mode, make_inputs
+    from warmup.core.manifest import resolve_model_builder
+
+    model = resolve_model_builder(entry.build)(device=device)
+    for dims in entry.expand():
+        inputs = make_inputs(entry, dims, device)
+        with grad_mode(entry):
+            model(*inputs)
+            model(*inputs)
+    return model
 
 
 def counts() -> dict[str, int]:
@@ -119,8 +138,10 @@ def serve(args: argparse.Namespace) -> dict[str, Any]:
         ops.append((layer, op))
         phases[f"op {layer.label}"] = lap()
     models = []
+    direct = os.environ.get(DIRECT) == "1"  # nccl_eager: the model as a plain server holds it
     for entry in manifest.models:
-        models.append((entry, serving.model(entry.name, device=device)))
+        model = _direct(entry, device) if direct else serving.model(entry.name, device=device)
+        models.append((entry, model))
         phases[f"model {entry.name}"] = lap()
     serving.declare_warm()
     phases["declare_warm"] = lap()
