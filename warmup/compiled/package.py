@@ -11,8 +11,10 @@ so an undeclared size in between is served too; one value is a static size. The 
 runs at the largest declared value of each dim. The weights stay out of the package
 (``aot_inductor.package_constants_in_so`` off): the server's module gives them, by the
 names the package lists, unless the manifest's ``package_weights`` asks for a copy in the
-package (or this torch cannot leave them out). A model that cannot be exported or
-compiled gets a :class:`~warmup.compiled.package_files.PackageFailed` with the stage and
+package (or this torch cannot leave them out). The package is then loaded and run once
+in a fresh process (``warmup.compiled.package_probe``): a native loader that crashes on
+it must crash there, not in a server. A model that cannot be exported, compiled or
+loaded gets a :class:`~warmup.compiled.package_files.PackageFailed` with the stage and
 the reason, never an exception: ``auto`` serves it through ``torch.compile``.
 """
 
@@ -32,6 +34,7 @@ from warmup.compiled.package_files import (
     write_failed,
     write_info,
 )
+from warmup.compiled.package_probe import probe
 from warmup.compiled.uncompiled import Uncompiled, build_uncompiled
 from warmup.core.manifest import ModelEntry
 
@@ -79,6 +82,10 @@ def make_package(
     except Exception as e:  # a compiler error, a missing C++ toolchain
         log.debug("model %s: package compile failed", entry.name, exc_info=e)
         return failed("compile", _one_line(e))
+    weights = {} if options.get(CONSTANTS_IN_SO, True) else weight_shapes(program, built.model)
+    refused = probe(folder / PACKAGE, entry, weights, device)
+    if refused:
+        return failed("load", refused)
     info = PackageInfo(
         name=entry.name,
         key_digest=key_digest,
@@ -160,6 +167,16 @@ def constant_names(program: Any) -> list[str]:
         *signature.inputs_to_lifted_tensor_constants.values(),
     }
     return sorted(found)
+
+
+def weight_shapes(program: Any, module: Any) -> dict[str, tuple[list[int], str]]:
+    """Each weight the package takes from the module: its shape and dtype's name."""
+    found = {}
+    for name in constant_names(program):
+        owner, _, leaf = name.rpartition(".")
+        tensor = getattr(module.get_submodule(owner) if owner else module, leaf)
+        found[name] = (list(tensor.shape), str(tensor.dtype).removeprefix("torch."))
+    return found
 
 
 def _compile(program: Any, path: Path, options: dict[str, Any]) -> None:

@@ -139,3 +139,15 @@ def test_serve_package_without_one_fails_the_model_clearly(tmp_path, monkeypatch
     )  # fmt: skip
     assert done.returncode != 0
     assert "no usable package: the warmup could not package it (build)" in done.stderr
+
+
+def test_a_package_that_does_not_load_in_a_fresh_process_is_refused_with_why(tmp_path):
+    """The probe's child crashes or fails where a server would: its exit and last line
+    come back, and nothing is stored as a package."""
+    from warmup.compiled.package_probe import probe
+
+    entry = parse_manifest(MLP).model("mlp")
+    broken = tmp_path / PACKAGE
+    broken.write_bytes(b"PK\x03\x04 not a package")
+    why = probe(broken, entry, {}, torch.device("cpu"))
+    assert why.startswith("it does not load in a fresh process (exit 1: "), why
