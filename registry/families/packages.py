@@ -14,14 +14,21 @@ export again. The weights stay out of the package unless the manifest asks
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from registry.caches import inductor_cache
+from registry.core import atomic
+from registry.core.explain import Prediction
 from registry.core.volume import Volume
-from registry.families.base import BundleOption, Declared, PodFolder, Scope
+from registry.families.base import BundleOption, Declared, Host, PodFolder, Scope, Sources
 from registry.families.bundle_indexed import IndexedFiles
 from registry.families.keyed import KeyedFolders
 
+FAILED = "failed.json"  # warmup.compiled.package_files: why a model has no package
+MAX_FAILED_BYTES = 1 << 16
 RECORD_KEY = "package_indexes"  # a generation's record: the indexes its install replaced
 NAMESPACE = "package"  # its indexes on the remote tier
 PACKAGE_DIR = PodFolder(
@@ -54,6 +61,36 @@ class Packages(KeyedFolders):
 
     def folder(self, scope: Scope, item: Declared) -> Path:
         return scope.folder(PACKAGE_DIR.name) / item.name
+
+    def explain(self, scope: Scope, host: Host, sources: Sources) -> Prediction:
+        """As every keyed family's, and each model stored for this host with no package
+        but the record of why (served through ``torch.compile``) named with its reason."""
+        prediction = super().explain(scope, host, sources)
+        if scope.fingerprint is None:
+            return prediction
+        failed = [
+            f"{item.name}: no package ({why}), served through torch.compile"
+            for item in self.declared(scope)
+            if not item.error and (why := self.why_none(scope, item))
+        ]
+        note = "; ".join(filter(None, [prediction.note, *failed]))
+        return dataclasses.replace(prediction, note=note)
+
+    def why_none(self, scope: Scope, item: Declared) -> str:
+        """Why ``item`` has no package for this host, where what is stored is the record
+        of a failure; '' otherwise (a package, or nothing stored)."""
+        files = self.stored_files(scope, item)
+        if FAILED not in files or len(files) != 1:
+            return ""
+        sha = str(files[FAILED][0])
+        try:
+            blob = atomic.read_bounded(
+                inductor_cache.blob_path(self.root(scope), sha), MAX_FAILED_BYTES
+            )
+            record = json.loads(blob)
+        except (OSError, ValueError):
+            return "the warmup could not make one"
+        return f"{record.get('stage', '?')} failed: {str(record.get('reason', ''))[:200]}"
 
 
 FAMILY = Packages()

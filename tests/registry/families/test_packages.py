@@ -88,3 +88,14 @@ def test_a_bundle_carries_packages_per_model(tmp_path, models):
     there = scope(tmp_path / "b", models[:1])
     assert FAMILY.restore(there).copied == 2
     assert read(there.folder("package_dir") / "blocks") == PACKAGE
+
+
+def test_explain_names_a_model_stored_without_a_package_and_why(tmp_path, models):
+    here = scope(tmp_path, models[:1])
+    failed = b'{"stage": "export", "reason": "a data-dependent branch"}'
+    write(here.folder("package_dir") / "blocks", {"failed.json": failed})
+    FAMILY.save(here)
+    found = FAMILY.explain(here, Host(FP, Origin.of(FP, {})), Sources())
+    assert found.outcome == "hit"  # the record is what a pod restores: no export again
+    assert "blocks: no package (export failed: a data-dependent branch)" in found.line()
+    assert FAMILY.why_none(here, models[0]) == "export failed: a data-dependent branch"
