@@ -78,8 +78,8 @@ def _register() -> Any:
     (seconds), in a server that loads a compiled package and compiles nothing."""
     import torch  # torch loads on first use
 
-    library = torch.library.Library(LIBRARY, "FRAGMENT")
-    library.define("serve(str op, Tensor a, Tensor b) -> Tensor")
+    library = torch.library.Library(LIBRARY, "FRAGMENT")  # type: ignore[no-untyped-call]
+    library.define("serve(str op, Tensor a, Tensor b) -> Tensor")  # type: ignore[no-untyped-call]
 
     def serve(op: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = _ops[op](a, b)
@@ -89,7 +89,7 @@ def _register() -> Any:
         made = _ops[op]
         return a.new_empty((a.shape[0] * made.step, made.layer.n))
 
-    library.impl("serve", serve, "CompositeExplicitAutograd")
+    library.impl("serve", serve, "CompositeExplicitAutograd")  # type: ignore[no-untyped-call]
     torch.library.register_fake(f"{LIBRARY}::serve", fake, lib=library)
     _libraries.append(library)  # the registration lives as long as its library
     return torch.ops.triton_warmup.serve
