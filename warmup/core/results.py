@@ -112,6 +112,12 @@ class ModelResult(_Record):
         return self.error is not None or self.phase not in ("warm", *PRIMED_BY_THE_SERVER)
 
     def describe(self) -> str:
+        line = self._described()
+        if self.package and self.phase != "packaged":  # auto without a package: why
+            line += f"; no package: {self.package}"
+        return line
+
+    def _described(self) -> str:
         if self.phase in PRIMED_BY_THE_SERVER:
             took, what = f"{self.seconds:.2f} s", self.restore or "nothing stored"
             if self.phase == "deferred":

@@ -217,3 +217,13 @@ def test_a_warm_models_line_says_what_was_restored_and_what_is_stored_now(restor
     line = model.describe()
     assert line.startswith("model m: warm (0 shapes, 0 graphs compiled, 0 cache hits) in 0.00 s")
     assert line.endswith(f" s{said}") and "stored artifacts:" not in line
+
+
+def test_a_model_says_whether_it_is_packaged_or_why_not():
+    from warmup.core.results import ModelResult
+
+    packaged = ModelResult(name="m", phase="packaged", package="made in 31.2 s", seconds=32.0)
+    assert packaged.describe() == "model m: packaged for the server in 32.00 s (made in 31.2 s)"
+    assert not packaged.failed
+    fell_back = ModelResult(name="m", phase="deferred", package="failed (export): a branch")
+    assert fell_back.describe().endswith("; no package: failed (export): a branch")
