@@ -33,15 +33,14 @@ def test_demo_tunes_then_hits_then_is_ready(tmp_path):
     out = done.stdout
     first, second = out.split("== second run")
     assert "warmup ready: 6 shape-rank results (6 tuned)" in first
-    assert "model demo-mlp: warm (2 shapes, 2 graphs compiled, 0 cache hits)" in first
-    # what its restore found before the compile, then what it stored after it
-    why = "no artifacts restored (no artifacts of model demo-mlp are stored), "
-    assert why in first and " stored now" in first and "stored artifacts: miss" not in first
-    assert "nothing to restore" not in done.stderr and done.stderr.count("restore: miss: ") == 1
+    # the model exported and compiled as a package (serve: auto), under the fleet lock
+    assert "model demo-mlp: packaged for the server in " in first and "(made in " in first
+    assert "packages demo-mlp: restored (miss: no artifacts of model demo-mlp" in done.stderr
+    assert "nothing to restore" not in done.stderr
     # a new pod on a warm volume: a full hit, restored for the server, no rank started
     assert "warmup ready: 3 shape-rank results (3 registry), 0 benchmark runs" in second
     assert "a full hit: caches restored for the server, no rank started" in second
-    assert "model demo-mlp: restored for the server in" in second
+    assert "model demo-mlp: packaged for the server in" in second and "(restored)" in second
     # each run's time to ready is its own, from its own process's start, within its wall time
     for run in (first, second):
         ready = float(run.split(" s after its process started")[0].rsplit(" ", 1)[-1])

@@ -55,7 +55,7 @@ def test_one_familys_failure_is_noted_and_the_others_go_on(tmp_path, monkeypatch
 def test_restore_can_take_only_the_families_that_need_the_host(tmp_path):
     scope = families.scope(Services(settings_for(tmp_path)), None, fingerprint=cpu_fingerprint())
     keyed = [m.family for m in families.restore(scope, needing_host=True)]
-    assert keyed == ["inductor", "declared-folders"]
+    assert keyed == ["inductor", "packages", "declared-folders"]
     unkeyed = [m.family for m in families.restore(scope, needing_host=False)]
     assert set(keyed).isdisjoint(unkeyed) and len(keyed + unkeyed) == len(families.names())
 
