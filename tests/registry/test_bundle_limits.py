@@ -211,7 +211,11 @@ def _artifacts(count: int, size: int = 1) -> list[tuple[str, bytes]]:
             "MANIFEST.json has 6.. JSON values; limit 500",
         ),
         (_artifacts(1), {"max_manifest_bytes": 100}, "MANIFEST.json is"),
-        ([("notes.txt", b"hi")], {}, "not under entries/, triton-cache/, inductor/, packages/, caches/"),
+        (
+            [("notes.txt", b"hi")],
+            {},
+            "not under entries/, triton-cache/, inductor/, packages/, caches/",
+        ),
         ([("triton-cache/k.bin", b"x")], {}, "not triton-cache/<hash>/<file>"),
         ([("entries/./e.json", b"{}")], {}, "not a normalised relative path"),
         ([("triton-cache/h/a\nb", b"")], {}, "has a control character"),
