@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from registry.core.errors import named
 from warmup.core.manifest import ModelEntry, resolve_model_builder
 
 _building = threading.Lock()
@@ -66,22 +67,29 @@ class Uncompiled:
 def build_uncompiled(entry: ModelEntry, device: Any) -> Uncompiled:
     """``entry``'s build called on ``device`` with ``torch.compile`` stood in for;
     ValueError when the build raises or returns no callable."""
-    build = resolve_model_builder(entry.build)
     calls: list[tuple[Any, dict[str, Any]]] = []
     with _building, _stand_in(calls):
-        try:
-            model = build(device=device)
-        except Exception as e:
-            raise ValueError(f"{entry.build}(device=...) raised {type(e).__name__}: {e}") from e
-    if not callable(model):
-        raise ValueError(
-            f"{entry.build}(device=...) returned {type(model).__name__}, not a callable"
-        )
+        model = call_build(entry, device)
     return Uncompiled(
         model,
         [options for _, options in calls],
         compiled_model=any(given is model for given, _ in calls),
     )
+
+
+def call_build(entry: ModelEntry, device: Any) -> Callable[..., Any]:
+    """The callable ``entry.build(device=...)`` returns; ValueError saying why there is none."""
+    build = resolve_model_builder(entry.build)
+    try:
+        function = build(device=device)
+    except Exception as e:
+        text = named(e).strip()
+        first = (text.splitlines()[0] if text else type(e).__name__)[:300]
+        raise ValueError(f"{entry.build}(device=...) raised {first}") from e
+    if not callable(function):
+        kind = type(function).__name__
+        raise ValueError(f"{entry.build}(device=...) returned {kind}, not a callable")
+    return function  # type: ignore[no-any-return]
 
 
 @contextmanager

@@ -41,8 +41,9 @@ from warmup.compiled.key import ModelKey, model_key
 from warmup.compiled.learned import shared_dims
 from warmup.compiled.package_warm import Packaged, warm_package
 from warmup.compiled.progress import Kind, ModelProgress, ModelStep
+from warmup.compiled.uncompiled import call_build
 from warmup.core.collectives import Lockstep
-from warmup.core.manifest import ModelEntry, resolve_model_builder
+from warmup.core.manifest import ModelEntry
 from warmup.core.results import ModelResult
 from warmup.core.services import Services
 
@@ -507,16 +508,7 @@ def _all_went_on(steps: Lockstep, error: str | None, what: str) -> bool:
 def build_model(model: ModelEntry, device: Any) -> Callable[..., Any]:
     """The callable ``model.build(device=...)`` returns; ValueError saying why there is none."""
     coordesc.install()  # a graph this rank loads from the cache keeps its tuned kernels
-    build = resolve_model_builder(model.build)
-    try:
-        function = build(device=device)
-    except Exception as e:
-        raise ValueError(f"{model.build}(device=...) raised {_one_line(e)}") from e
-    if not callable(function):
-        raise ValueError(
-            f"{model.build}(device=...) returned {type(function).__name__}, not a callable"
-        )
-    return function  # type: ignore[no-any-return]
+    return call_build(model, device)
 
 
 def run_once(
