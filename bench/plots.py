@@ -69,6 +69,7 @@ FIGURES: dict[str, tuple[str, ...]] = {
         "cold_start_1xH100_2026-11-23_run10_why",
         "serving_2xH200_2026-11-23_run3",
         "pod_ready_smallmlp_cpu_2026-11-28_smoke",
+        "pod_ready_1xH100_2026-12-08_w1_blocks4_anchors",
         "pod_ready_2xH200_2026-11-28_run4_w1",
         "pod_ready_2xH200_2026-11-28_run4_w2",
         "pod_ready_2xH200_2026-11-28_run7_w1_maxautotune",
