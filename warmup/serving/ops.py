@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import kernels
@@ -41,7 +43,7 @@ from warmup.serving.declared import declared_layers
 from warmup.serving.follower import Follower, exempt
 from warmup.serving.layer_reader import LayerReader
 from warmup.serving.metrics import ServingMetrics
-from warmup.serving.packaged import load_packaged
+from warmup.serving.packaged import load_packaged, usable
 from warmup.serving.preload import Preload, compiles_models
 from warmup.serving.readiness import Readiness
 from warmup.serving.serving_op import OnMissing, ServingError, ServingOp
@@ -203,6 +205,53 @@ class Serving:
             raise ServingError(str(e.args[0])) from None
         except ValueError as e:
             raise ServingError(f"model {name}: {e}") from None
+
+    def models(
+        self, names: Sequence[str] | None = None, *, device: Any = None, prime: bool = True
+    ) -> dict[str, ServedModel | ServedPackage]:
+        """Each model of ``names`` (default: every model the manifest declares), as
+        :meth:`model` serves it, by name: those with a usable package loaded side by side
+        on threads (each one's weights read, package loaded and primed while the others
+        are), then the others one by one (Dynamo traces one model at a time). Every rank
+        calls it with the same names: the shapes the fleet learned are agreed first, in
+        order, on this thread. Raises :class:`ServingError` for the first model that
+        cannot be served, as :meth:`model` does."""
+        manifest = self._declared()
+        try:
+            entries = [manifest.model(n) for n in names] if names is not None else manifest.models
+        except KeyError as e:
+            raise ServingError(str(e.args[0])) from None
+        learned = {entry.name: self._learned_shapes(entry) for entry in entries}  # collectives
+        packaged = [e for e in entries if self._has_package(e)]
+        served: dict[str, ServedModel | ServedPackage] = {}
+        with exempt(self.guard), ThreadPoolExecutor(max(1, len(packaged))) as pool:
+            place = _device(device)
+            loads = {
+                e.name: pool.submit(self._load, e, place, prime, learned[e.name]) for e in packaged
+            }
+            for name, load in loads.items():
+                try:
+                    done = load.result()
+                except ValueError as e:
+                    raise ServingError(f"model {name}: {e}") from None
+                if not isinstance(done, str):
+                    self._count_prime(name, "package")
+                    served[name] = done
+        for entry in entries:  # in the manifest's order; a package that failed: as model()
+            if entry.name not in served:
+                served[entry.name] = self.model(entry.name, device=device, prime=prime)
+        return {entry.name: served[entry.name] for entry in entries}
+
+    def _load(
+        self, entry: ModelEntry, device: Any, prime: bool, learned: list[dict[str, int]]
+    ) -> ServedPackage | str:
+        return load_packaged(entry, self.settings, device=device, prime=prime, learned=learned)
+
+    def _has_package(self, entry: ModelEntry) -> bool:
+        """Whether ``entry`` is served from a package this pod holds for it."""
+        if entry.served_as(self.settings.models.serve) == "compiled":
+            return False
+        return not isinstance(usable(entry, self.settings), str)
 
     def _compiler_imported(self) -> None:
         """The compiler's imports done before a model builds: the preload's, waited for,

@@ -17,7 +17,27 @@ from warmup.serving import Serving
 COMPILER = ("torch._dynamo", "torch._inductor.compile_fx")
 
 
+def every(serving: Serving) -> None:
+    """``NAME`` ``*``: every declared model through ``Serving.models``, side by side."""
+    served = serving.models(device="cpu")
+    serving.declare_warm()
+    outputs = {
+        name: model(*make_inputs(model.entry, model.entry.expand()[0], "cpu"))
+        for name, model in served.items()
+    }
+    report = {
+        "served_as": {name: model.served_as for name, model in served.items()},
+        "imported": sorted(m for m in COMPILER if m in sys.modules),
+        "shapes": {name: list(out.shape) for name, out in outputs.items()},
+    }
+    print(json.dumps(report))
+
+
 def main(name: str, extra: list[dict[str, int]]) -> None:
+    if name == "*":
+        with Serving(follow=False) as serving:
+            every(serving)
+        return
     with Serving(follow=False) as serving:
         model = serving.model(name, device="cpu")
         serving.declare_warm()

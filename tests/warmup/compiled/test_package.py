@@ -100,6 +100,21 @@ def test_the_server_serves_the_package_without_the_compiler(pods):
     assert served["grad"] is False  # under the model's mode, whatever the caller's
 
 
+def test_models_load_side_by_side_without_the_compiler(pods, tmp_path):
+    """Two packaged models (the same code under two names), loaded by Serving.models on
+    threads of their own: both served from their packages, nothing compiled."""
+    root = tmp_path / "pod"
+    shutil.copytree(pods[2], root, symlinks=True)
+    packages = root / "work" / "families" / "packages"
+    shutil.copytree(packages / "mlp", packages / "mlp2")
+    two = manifest(("mlp", "mlp", "{batch: [1, 2, 4], seq: 3}"),
+                   ("mlp2", "mlp", "{batch: [1, 2, 4], seq: 3}"))  # fmt: skip
+    write_manifest(root / "manifest.yaml", two)
+    served = serve(root, "*")
+    assert served["served_as"] == {"mlp": "package", "mlp2": "package"}, served
+    assert served["imported"] == [] and served["shapes"]["mlp2"] == [1, 3, 16]
+
+
 def test_a_model_that_does_not_export_gets_the_reason_in_place_of_a_package(tmp_path):
     entry = parse_manifest(manifest(("m", "specialises", "{batch: [1, 2], seq: 3}"))).model("m")
     made = make_package(entry, model_key(entry).digest, torch.device("cpu"), tmp_path)
