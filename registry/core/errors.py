@@ -29,6 +29,13 @@ def named(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
+def first_line(e: BaseException, limit: int = 300) -> str:
+    """An exception as :func:`named` gives it, its first line only, at most ``limit``
+    characters: a reason for one log or status line."""
+    text = named(e).strip()
+    return (text.splitlines()[0] if text else type(e).__name__)[:limit]
+
+
 def why(e: BaseException) -> str:
     """An exception as its type and its message, cut short, for a reason."""
     return f"{type(e).__name__}: {short(str(e))}"

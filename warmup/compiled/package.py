@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from registry.core.errors import named
+from registry.core.errors import first_line
 from warmup.compiled.inputs import make_inputs
 from warmup.compiled.package_files import (
     PACKAGE,
@@ -206,5 +206,4 @@ def _gpu(device: Any) -> str:
 
 
 def _one_line(error: BaseException) -> str:
-    text = named(error).strip()
-    return (text.splitlines()[0] if text else type(error).__name__)[:500]
+    return first_line(error, 500)

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from registry.core.errors import named
+from registry.core.errors import first_line
 from warmup.core.manifest import ModelEntry, resolve_model_builder
 
 _building = threading.Lock()
@@ -83,9 +83,7 @@ def call_build(entry: ModelEntry, device: Any) -> Callable[..., Any]:
     try:
         function = build(device=device)
     except Exception as e:
-        text = named(e).strip()
-        first = (text.splitlines()[0] if text else type(e).__name__)[:300]
-        raise ValueError(f"{entry.build}(device=...) raised {first}") from e
+        raise ValueError(f"{entry.build}(device=...) raised {first_line(e)}") from e
     if not callable(function):
         kind = type(function).__name__
         raise ValueError(f"{entry.build}(device=...) returned {kind}, not a callable")

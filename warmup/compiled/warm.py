@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from registry.caches import inductor_cache
-from registry.core.errors import LockTimeout, RegistryError, named
+from registry.core.errors import LockTimeout, RegistryError, first_line
 from registry.core.fingerprint import Fingerprint
 from registry.locks import lock
 from registry.remote import models as remote_models
@@ -542,6 +542,4 @@ def _failed(
 
 
 def _one_line(error: BaseException) -> str:
-    text = named(error).strip()
-    first = text.splitlines()[0] if text else type(error).__name__
-    return first[:300]
+    return first_line(error)
