@@ -15,6 +15,13 @@ _FLOATS = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 _INTEGERS = {"int64": "int64", "int32": "int32", "bool": "bool"}
 
 
+def torch_dtype(name: str) -> Any:
+    """The torch dtype of a manifest input's dtype name (``bf16``, ``int64``...)."""
+    import torch  # torch loads on first use
+
+    return getattr(torch, _FLOATS.get(name) or _INTEGERS[name])
+
+
 def make_inputs(model: ModelEntry, dims: dict[str, int], device: Any) -> list[Any]:
     """One tensor per declared input, sized by ``dims``: floats from a normal
     distribution, integers in ``[0, high)``, booleans either."""

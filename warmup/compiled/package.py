@@ -35,7 +35,7 @@ from warmup.compiled.package_files import (
     write_info,
 )
 from warmup.compiled.package_probe import probe
-from warmup.compiled.uncompiled import Uncompiled, build_uncompiled
+from warmup.compiled.uncompiled import Uncompiled, build_uncompiled, module_tensor
 from warmup.core.manifest import ModelEntry
 
 log = logging.getLogger(__name__)
@@ -171,12 +171,12 @@ def constant_names(program: Any) -> list[str]:
 
 def weight_shapes(program: Any, module: Any) -> dict[str, tuple[list[int], str]]:
     """Each weight the package takes from the module: its shape and dtype's name."""
-    found = {}
-    for name in constant_names(program):
-        owner, _, leaf = name.rpartition(".")
-        tensor = getattr(module.get_submodule(owner) if owner else module, leaf)
-        found[name] = (list(tensor.shape), str(tensor.dtype).removeprefix("torch."))
-    return found
+    tensors = {name: module_tensor(module, name) for name in constant_names(program)}
+    return {
+        name: (list(t.shape), str(t.dtype).removeprefix("torch."))
+        for name, t in tensors.items()
+        if t is not None
+    }
 
 
 def _compile(program: Any, path: Path, options: dict[str, Any]) -> None:

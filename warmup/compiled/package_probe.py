@@ -22,10 +22,6 @@ from pathlib import Path
 from typing import Any
 
 PROBE_TIMEOUT_S = 300.0
-_DTYPES = {
-    "bf16": "bfloat16", "fp16": "float16", "fp32": "float32",
-    "int64": "int64", "int32": "int32", "bool": "bool",
-}  # fmt: skip
 
 
 def probe(package: Path, entry: Any, weights: dict[str, tuple[list[int], str]], device: Any) -> str:
@@ -64,6 +60,8 @@ def probe(package: Path, entry: Any, weights: dict[str, tuple[list[int], str]], 
 def _child(asked: dict[str, Any]) -> None:
     import torch  # the child loads the package as a server would
 
+    from warmup.compiled.inputs import torch_dtype  # the child's own, after torch
+
     device = torch.device(asked["device"])
     index = device.index if device.type == "cuda" else -1
     if device.type == "cuda":
@@ -79,7 +77,7 @@ def _child(asked: dict[str, Any]) -> None:
     inputs = []
     for spec in asked["inputs"]:
         size = [asked["dims"][s] if isinstance(s, str) else s for s in spec["shape"]]
-        dtype = getattr(torch, _DTYPES[spec["dtype"]])
+        dtype = torch_dtype(spec["dtype"])
         inputs.append(torch.zeros(size, dtype=dtype, device=device))
     with torch.no_grad():
         loader.run(inputs)

@@ -77,6 +77,19 @@ def build_uncompiled(entry: ModelEntry, device: Any) -> Uncompiled:
     )
 
 
+def module_tensor(module: Any, name: str) -> Any:
+    """The tensor at ``name`` in ``module`` (a parameter, a buffer or a tensor attribute,
+    by its dotted name as ``torch.export`` gives it); None when there is none."""
+    import torch  # torch loads on first use
+
+    owner, _, leaf = name.rpartition(".")
+    try:
+        found = getattr(module.get_submodule(owner) if owner else module, leaf)
+    except AttributeError:
+        return None
+    return found if isinstance(found, torch.Tensor) else None
+
+
 def call_build(entry: ModelEntry, device: Any) -> Callable[..., Any]:
     """The callable ``entry.build(device=...)`` returns; ValueError saying why there is none."""
     build = resolve_model_builder(entry.build)

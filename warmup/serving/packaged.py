@@ -31,20 +31,16 @@ from pathlib import Path
 from typing import Any
 
 from warmup.compiled import package_files
-from warmup.compiled.inputs import grad_mode, make_inputs
+from warmup.compiled.inputs import grad_mode, make_inputs, torch_dtype
 from warmup.compiled.key import model_key
 from warmup.compiled.package_files import PACKAGE, PackageFailed, PackageInfo
-from warmup.compiled.uncompiled import build_uncompiled
+from warmup.compiled.uncompiled import build_uncompiled, module_tensor
 from warmup.core.manifest import ModelEntry
 from warmup.core.settings import Settings
 
 log = logging.getLogger(__name__)
 
 PRIME_CALLS = 2  # the first call loads the package's kernels; the second is a steady one
-_DTYPES = {
-    "bf16": "bfloat16", "fp16": "float16", "fp32": "float32",
-    "int64": "int64", "int32": "int32", "bool": "bool",
-}  # fmt: skip
 
 
 class PackageRefused(ValueError):
@@ -123,7 +119,7 @@ def _give_weights(loader: Any, module: Any, info: PackageInfo) -> None:
     (no copy where this torch allows it); ValueError naming one the module lacks."""
     constants = {}
     for name in loader.get_constant_fqns():
-        tensor = _attribute(module, name)
+        tensor = module_tensor(module, name)
         if tensor is None:
             raise ValueError(f"the model's module has no tensor {name!r} the package needs")
         constants[name] = tensor.detach()
@@ -131,17 +127,6 @@ def _give_weights(loader: Any, module: Any, info: PackageInfo) -> None:
         loader.load_constants(constants, False, True, True)  # in place: the module's own
     except TypeError:  # an older torch: no user_managed, the package copies them
         loader.load_constants(constants, False, True)
-
-
-def _attribute(module: Any, name: str) -> Any:
-    owner, _, leaf = name.rpartition(".")
-    try:
-        found = getattr(module.get_submodule(owner) if owner else module, leaf)
-    except AttributeError:
-        return None
-    import torch  # torch loads on first use
-
-    return found if isinstance(found, torch.Tensor) else None
 
 
 @dataclass(frozen=True)
@@ -255,7 +240,7 @@ def check_inputs(entry: ModelEntry, info: PackageInfo, args: Sequence[Any], devi
         where = f"model {entry.name}: input {i}"
         if not isinstance(given, torch.Tensor):
             raise PackageRefused(f"{where} is a {type(given).__name__}, not a tensor")
-        if given.dtype != getattr(torch, _DTYPES[spec.dtype]):
+        if given.dtype != torch_dtype(spec.dtype):
             raise PackageRefused(f"{where} is {given.dtype}, its package takes {spec.dtype}")
         if given.device.type != getattr(device, "type", str(device)):
             raise PackageRefused(f"{where} is on {given.device}, its package serves {device}")

@@ -1,5 +1,3 @@
-
-
 def test_first_line_is_the_named_error_cut_to_one_line():
     from registry.core.errors import first_line
 

@@ -49,3 +49,15 @@ def test_building_imports_no_compiler():  # in a fresh process: others may have 
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stdout.strip().splitlines()[-1] == "False", done.stderr[-2000:]
+
+
+def test_a_weight_is_found_by_its_dotted_name():
+    from warmup.compiled.uncompiled import module_tensor
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3))
+    model.register_buffer("scale", torch.ones(3))
+    model.plain = torch.zeros(1)  # a tensor attribute, lifted as a constant by export
+    assert module_tensor(model, "0.weight") is model[0].weight
+    assert module_tensor(model, "scale") is model.scale
+    assert module_tensor(model, "plain") is model.plain
+    assert module_tensor(model, "0.missing") is None and module_tensor(model, "1.weight") is None
