@@ -102,12 +102,7 @@ def _warm_fleet(
             lambda x: x == 0,
             label=lambda r: f" (Dynamo frames {r['counts']['priming'].get('dynamo_frames', 0)})",
         ),
-        per_shape(
-            f"[4.1] warm fleet's server after ready: 0 of {', '.join(READY_COSTS)}",
-            warm,
-            lambda r: float(sum(r["counts"]["after_ready"].get(k, 0) for k in READY_COSTS)),
-            lambda x: x == 0,
-        ),
+        _nothing_after_ready("[4.1] warm fleet's server", warm),
         per_shape(
             f"[4.1] warm fleet: first request ÷ steady <= {POD_FIRST_OVER_STEADY} at every shape",
             warm,
@@ -175,12 +170,7 @@ def package(result: dict[str, Any]) -> list[Verdict]:
             lambda x: x == 0,
             label=lambda r: "".join(f" {m}" for m in COMPILER_MODULES if r["imported"].get(m)),
         ),
-        per_shape(
-            f"[5.2] package pod after ready: 0 of {', '.join(READY_COSTS)}",
-            pods,
-            lambda r: float(sum(r["counts"]["after_ready"].get(k, 0) for k in READY_COSTS)),
-            lambda x: x == 0,
-        ),
+        _nothing_after_ready("[5.2] package pod", pods),
         per_shape(
             f"[5.2] package pod: first request ÷ steady <= {POD_FIRST_OVER_STEADY} at each shape",
             shapes,
@@ -188,6 +178,17 @@ def package(result: dict[str, Any]) -> list[Verdict]:
             lambda x: x <= POD_FIRST_OVER_STEADY,
         ),
     ]
+
+
+def _nothing_after_ready(what: str, rows: list[dict[str, Any]]) -> Verdict:
+    """No Dynamo trace, FX-graph miss, compile or autotune benchmark after ready in
+    ``rows``' servers, pod by pod."""
+    return per_shape(
+        f"{what} after ready: 0 of {', '.join(READY_COSTS)}",
+        rows,
+        lambda r: float(sum(r["counts"]["after_ready"].get(k, 0) for k in READY_COSTS)),
+        lambda x: x == 0,
+    )
 
 
 def _count(
