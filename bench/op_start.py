@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import io
-import os
 import sys
 import tempfile
 import time
@@ -34,8 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.compiled_model import AG_LAYERS, kernel_entries, model_dtype
-from bench.pod_server import DUMP_SIGNAL, OpLayer, _join, _lapper, _op_inputs
-from warmup.run.phases import process_age  # no torch
+from bench.pod_server import DUMP_SIGNAL, OpLayer, _op_inputs, start_rank
 
 CPU_LAYERS = [(32, 16), (16, 32)]  # (N, K): the interpreter runs the kernels on the CPU
 CPU_ROWS = 16  # rows per rank at most, on the CPU
@@ -47,21 +45,11 @@ TUNED = ("mixed", "fused", "baseline", "none")
 
 def rank_main(args: argparse.Namespace) -> dict[str, Any]:
     """One rank: every phase to its ops made, each op's own phases and counts."""
-    age = process_age()
-    phases: dict[str, float] = {"python": age}
-    lap = _lapper()
-    import torch
-    import torch.distributed as dist
-
-    phases["import_torch"] = lap()
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    device = _join(dist, torch, args.device, int(os.environ["LOCAL_RANK"]))
-    phases["process_group"] = lap()
+    start = start_rank(args.device)
+    phases, lap, torch, dist = start.phases, start.lap, start.torch, start.dist
+    rank, world, device, serving = start.rank, start.world, start.device, start.serving
     from kernels import startup
-    from warmup.serving import Serving
 
-    serving = Serving()
-    phases["serving"] = lap()
     layers = _layers(args, world)
     ops, fine = [], {}
     profiler = _profiler(args.profile)

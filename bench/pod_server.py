@@ -111,23 +111,14 @@ def op_layers(manifest: Any, world: int) -> list[OpLayer]:
 def serve(args: argparse.Namespace) -> dict[str, Any]:
     """One rank of the reference server: every phase to ready timed, then the first
     request and the steady median at every declared shape."""
-    age = process_age()  # the interpreter's start, before this line
-    started_at = time.time() - age
-    phases: dict[str, float] = {"python": age}
-    lap = _lapper()
-    import torch
-    import torch.distributed as dist
-
-    phases["import_torch"] = lap()
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    device = _join(dist, torch, args.device, int(os.environ["LOCAL_RANK"]))
-    phases["process_group"] = lap()
     from warmup.core.manifest import load_manifest
-    from warmup.serving import Serving
 
-    serving = Serving()
+    start = start_rank(args.device)
+    phases, lap, torch, dist = start.phases, start.lap, start.torch, start.dist
+    rank, world, device, serving = start.rank, start.world, start.device, start.serving
+    started_at = start.started_at
     manifest = load_manifest(serving.settings.paths.manifest)
-    phases["serving"] = lap()
+    phases["serving"] += lap()
     before = counts()
     ops = []
     for layer in op_layers(manifest, world):
@@ -169,6 +160,44 @@ def serve(args: argparse.Namespace) -> dict[str, Any]:
     serving.close()
     dist.destroy_process_group()
     return report
+
+
+@dataclass
+class RankStart:
+    """A rank of a bench's server once started: its phases so far (``python``,
+    ``import_torch``, ``process_group``, ``serving``) and the lap that times the next,
+    torch and its ``dist``, the rank, the world, its device and its ``Serving``."""
+
+    started_at: float  # the interpreter's start, by the wall clock
+    phases: dict[str, float]
+    lap: Callable[[], float]
+    torch: Any
+    dist: Any
+    rank: int
+    world: int
+    device: Any
+    serving: Any
+
+
+def start_rank(device_type: str) -> RankStart:
+    """Every phase of a rank's start timed, as a server pays them: the interpreter,
+    ``import torch``, the process group (torchrun's environment), ``Serving()``."""
+    age = process_age()  # the interpreter's start, before this line
+    started_at = time.time() - age
+    phases: dict[str, float] = {"python": age}
+    lap = _lapper()
+    import torch
+    import torch.distributed as dist
+
+    phases["import_torch"] = lap()
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    device = _join(dist, torch, device_type, int(os.environ["LOCAL_RANK"]))
+    phases["process_group"] = lap()
+    from warmup.serving import Serving
+
+    serving = Serving()
+    phases["serving"] = lap()
+    return RankStart(started_at, phases, lap, torch, dist, rank, world, device, serving)
 
 
 def _lapper() -> Callable[[], float]:
