@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import settings_for, write_manifest
+from tests.conftest import write_manifest
 from tests.warmup.compiled.models import manifest
+from tests.warmup.compiled.test_warm import warm as warm_pod
 from warmup.compiled.key import model_key
 from warmup.compiled.package import make_package
 from warmup.compiled.package_files import FAILED, PACKAGE, PackageFailed
-from warmup.core.manifest import load_manifest, parse_manifest
-from warmup.run.launch import run
+from warmup.core.manifest import parse_manifest
 
 ROOT = Path(__file__).resolve().parents[3]
 MLP = manifest(("mlp", "mlp", "{batch: [1, 2, 4], seq: 3}"))
@@ -31,11 +31,8 @@ pytestmark = pytest.mark.slow
 
 
 def warm(root: Path, text: str, monkeypatch: pytest.MonkeyPatch, **extra):
-    root.mkdir(parents=True, exist_ok=True)
-    path = write_manifest(root / "manifest.yaml", text)
-    monkeypatch.setenv("HOME", str(root / "home"))
-    settings = settings_for(root, manifest=path, **{"models_serve": "auto", **extra})
-    return settings, run(settings, load_manifest(path))
+    """A pod's warm as test_warm's, its models served as packages where they can be."""
+    return warm_pod(root, text, monkeypatch, **{"models_serve": "auto", **extra})
 
 
 def serve(root: Path, name: str, *extra: dict, **env: str) -> dict:
