@@ -160,8 +160,8 @@ class Serving:
         one for it, else built by its own function on this process's device (``device``:
         default, its current GPU or the CPU) with torch.compile reading the pod's Inductor
         cache, which the warmup filled; with ``prime``, run at every declared shape until
-        steady (CUDA graphs recorded), so that Dynamo's tracing (which no cache spares a new process) and
-        graph recording are paid here, not by a request; whether it was restored or
+        steady (CUDA graphs recorded), so that Dynamo's tracing (which no cache spares a
+        new process) and graph recording are paid here, not by a request; whether it was restored or
         compiled, and why, is logged, counted and kept as ``primed``. Calls run under
         the model's declared mode.
         Raises :class:`ServingError` when the manifest declares no such model or it
