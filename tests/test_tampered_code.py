@@ -7,6 +7,7 @@ driven without trust, where the same payload does write the marker: the test can
 from __future__ import annotations
 
 import ctypes
+import itertools
 import runpy
 import shutil
 import subprocess
@@ -21,6 +22,7 @@ from registry.caches import inductor_cache
 from registry.core.fingerprint import cpu_fingerprint
 from registry.remote.tier import RemoteTier
 from registry.trust import signing
+from tests._trust import UNSIGNED_OK
 from tests.conftest import wait_for
 from tests.registry._bundles import refused
 from tests.registry.test_redis_outage import redis  # noqa: F401  (a module fixture)
@@ -125,8 +127,10 @@ def trusted(tmp_path):
     return signing.SigningKey.load(private)
 
 
-def test_a_bundle_install_runs_no_tampered_code(tmp_path, payload, marker, trusted):
-    trust = signing.Trust.load(tmp_path / "trusted")
+@pytest.mark.parametrize("configured", [True, False], ids=["trusted-keys", "no-keys"])
+def test_a_bundle_install_runs_no_tampered_code(tmp_path, payload, marker, trusted, configured):
+    """With trusted keys, and by default without any: refused, nothing runs."""
+    trust = signing.Trust.load(tmp_path / "trusted") if configured else signing.Trust()
     volume = tmp_path / "volume"
     family, triton = volume / "inductor", volume / "triton-cache"
     for case, path in hostile_bundles(tmp_path, payload, trusted).items():
@@ -138,20 +142,24 @@ def test_a_bundle_install_runs_no_tampered_code(tmp_path, payload, marker, trust
             trust=trust,
         )
         assert str(path) in refusal, case
+        if not configured:
+            assert "no trusted keys are configured" in refusal, case
         run_everything(family, triton, tmp_path)
         assert not marker.exists(), case
-    # the same payload, trust not configured: installed, and it runs
+    # the same payload with the explicit opt-out: installed, and it runs
     bundle.install(
         hostile_bundles(tmp_path / "control", payload, trusted)["tampered"],
         Store(volume / "registry", create=True),
         expect=None,
         roots={"triton-kernels": triton, "inductor": family},
+        trust=UNSIGNED_OK,
     )
     run_everything(family, triton, tmp_path)
     assert sorted(set(marker.read_text().split())) == ["cubin", "module", "so"]
 
 
-def test_the_watcher_runs_no_tampered_code(tmp_path, payload, marker, trusted):
+@pytest.mark.parametrize("configured", [True, False], ids=["trusted-keys", "no-keys"])
+def test_the_watcher_runs_no_tampered_code(tmp_path, payload, marker, trusted, configured):
     from tests.warmup.sidecar.test_server import ready_status, reloads, running
     from warmup.core.settings import Settings
 
@@ -160,7 +168,8 @@ def test_the_watcher_runs_no_tampered_code(tmp_path, payload, marker, trusted):
         work_dir=tmp_path / "work",
         manifest=Path(__file__).parent / "kernels_demo.yaml",
         reload_debounce_s=0.1,
-        trusted_keys=tmp_path / "trusted",
+        trusted_keys=tmp_path / "trusted" if configured else None,
+        allow_unsigned=False,
     )
     ready_status(settings)
     with running(settings) as car:
@@ -190,13 +199,14 @@ def test_a_redis_writer_without_the_key_runs_no_code_in_a_pod(
     where = {"model": MODEL, "key_digest": KEY, "fingerprint": FP}
     files = {p.name: p.read_bytes() for p in (triton / HASH).iterdir()}
     fleet = signing.Trust.load(tmp_path / "fleet")
-    for attacker in (signing.Trust(), signing.Trust.load(None, signing_key=private)):
+    attackers = (signing.Trust(), signing.Trust.load(None, signing_key=private))
+    for attacker, trust in itertools.product(attackers, (fleet, signing.Trust())):
         writer = RemoteTier(redis.url, timeout_s=0.5, trust=attacker)
         assert remote_models.publish(writer, family, **where)
         for name, data in files.items():
             remote_triton.publish(writer, HASH, name, data)  # the .so is refused: never shared
         pod = tmp_path / f"pod-{len(list(tmp_path.glob('pod-*')))}"
-        reader = RemoteTier(redis.url, timeout_s=0.5, trust=fleet)
+        reader = RemoteTier(redis.url, timeout_s=0.5, trust=trust)  # the fleet's, or none
         assert not remote_models.fetch(reader, pod / "inductor", **where)
         fetched = remote_triton.fetch(reader, HASH, list(files))
         assert fetched == {} and reader.stats.refused >= 2
@@ -205,8 +215,8 @@ def test_a_redis_writer_without_the_key_runs_no_code_in_a_pod(
             (pod / "triton-cache" / HASH / name).write_bytes(data)
         run_everything(pod / "inductor", pod / "triton-cache", tmp_path)
         assert not marker.exists()
-    # a pod with trust not configured takes the same values, and runs them
-    pod, reader = tmp_path / "trusting", RemoteTier(redis.url, timeout_s=0.5)
+    # a pod that opted out takes the same values, and runs them
+    pod, reader = tmp_path / "trusting", RemoteTier(redis.url, timeout_s=0.5, trust=UNSIGNED_OK)
     assert remote_models.fetch(reader, pod / "inductor", **where)
     fetched = remote_triton.fetch(reader, HASH, list(files))
     assert set(fetched) == {"kernel.cubin"}  # host code never travels by redis

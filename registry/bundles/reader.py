@@ -260,13 +260,22 @@ class Reader:
         self.signature = bundle_signature.decode(self.label, b"".join(data(info.size)))
         self.signed_by = self.signature.key_id
 
-    def _check_signature(self, text: bytes) -> None:
-        """Before MANIFEST.json is parsed: refuse it unless the trust accepts its signature."""
+    def _check_signature(self, text: bytes, *, code: bool) -> None:
+        """Refuse MANIFEST.json unless the trust accepts its signature: before it is
+        parsed as data (``code`` False), and once its members are known, for the code
+        they carry (with no trusted key, only a bundle of tuned entries goes unsigned)."""
         try:
-            self.trust.check(MANIFEST, bundle_signature.DOMAIN, text, self.signature)
+            self.trust.check(MANIFEST, bundle_signature.DOMAIN, text, self.signature, code=code)
         except Untrusted as e:
             raise self._reject(e.reason) from None
         self.manifest_sha256 = _sha(text)
+
+    def _carries_code(self) -> bool:
+        """Whether a listed member belongs to a family whose files are run."""
+        return any(
+            part.carries_code and any(map(part.owns, self.listed))
+            for part in self.bundle_parts.values()
+        )
 
     def _read_manifest(self, info: tarfile.TarInfo, data: Callable[[int], Iterator[bytes]]) -> None:
         if info.name != MANIFEST:
@@ -282,7 +291,7 @@ class Reader:
                 f"members add up to more than the total limit {self.limits.max_total_bytes} bytes"
             )
         text = b"".join(data(info.size))
-        self._check_signature(text)
+        self._check_signature(text, code=False)
         values = atomic.json_values(text)
         if values > self.limits.max_manifest_values:
             raise self._reject(
@@ -295,6 +304,8 @@ class Reader:
         self.listed = _check_manifest(
             self.label, manifest, self.limits, info.size, self.bundle_parts
         )
+        if self._carries_code():
+            self._check_signature(text, code=True)
         self.manifest = manifest
         for reader in self.parts.values():
             reader.begin(self.listed, self._hashed, self.check)

@@ -201,11 +201,14 @@ class PartReader:
 class BundlePart:
     """A family's folder in a bundle. ``prefix``: its members' folder (``name/``);
     ``what``: how messages call the family's files; ``counted``: the record's key for
-    how many it installed."""
+    how many it installed; ``carries_code``: its files are run (imported, unpickled,
+    loaded), so an unsigned bundle holding any is refused unless unsigned code is allowed
+    (:class:`registry.trust.signing.Trust`)."""
 
     prefix = ""
     what = "artifacts"
     counted = ""
+    carries_code = True
     option = ""  # how callers name its folder: "cache", "inductor"
 
     def owns(self, name: str) -> bool:

@@ -126,7 +126,7 @@ class Codec:
     def decode(self, name: str, field: str, raw: bytes) -> Entry | None:
         """The entry ``raw`` holds, if it is signed as the trust requires and is one
         filed under its own fingerprint; else None, warned once."""
-        payload = self.opened(name, field, raw)
+        payload = self.opened(name, field, raw, code=False)
         if payload is None:
             return None
         try:
@@ -145,7 +145,7 @@ class Codec:
     def held(self, name: str, field: str, raw: redis_url.Read) -> Entry | None:
         """The entry ``raw`` holds, if it is trusted and one of the slot ``name``; None
         otherwise, with no warning of its own (what a refused fence hands over)."""
-        payload = self.opened(name, field, raw)
+        payload = self.opened(name, field, raw, code=False)
         if payload is None:
             return None
         try:
@@ -158,19 +158,22 @@ class Codec:
         """The entry ``raw`` holds at the slot ``name``: :class:`NewerSchema` for a
         newer version's, :class:`RegistryError` (``Untrusted`` included, not counted)
         for anything else than an entry of this slot."""
-        entry = parse_entry(remote_signature.unseal(self.trust, name, field, raw))
+        entry = parse_entry(remote_signature.unseal(self.trust, name, field, raw, code=False))
         if slot_name(entry.kernel, entry.key_json) != name:
             raise RegistryError("an entry of another slot")
         return entry
 
-    def opened(self, name: str, field: str, raw: redis_url.Read) -> bytes | None:
+    def opened(
+        self, name: str, field: str, raw: redis_url.Read, *, code: bool
+    ) -> bytes | None:
         """The payload of the value ``raw`` read at ``name`` (``field``) if the trust
-        accepts its signature; else None, counted and warned once, naming the key. None
-        for no value or one too big to read, with no warning."""
+        accepts its signature (``code``: it carries code or names the blobs that do);
+        else None, counted and warned once, naming the key. None for no value or one too
+        big to read, with no warning."""
         if not isinstance(raw, bytes):
             return None
         try:
-            return remote_signature.unseal(self.trust, name, field, raw)
+            return remote_signature.unseal(self.trust, name, field, raw, code=code)
         except Untrusted as e:
             self.stats.refused += 1
             self.warn(name, field, "refused: %s", e.reason)

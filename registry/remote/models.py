@@ -119,7 +119,7 @@ def _fetch(tier: RemoteTier, root: Path, at: _Index) -> bool:
         )
         tier.stats.misses += 1
         return False
-    raw = tier.opened(name, "", value)
+    raw = tier.opened(name, "", value, code=True)
     if raw is None:  # refused: unsigned, or a key this pod does not trust
         tier.stats.misses += 1
         return False
@@ -348,7 +348,7 @@ def stored_fingerprints(
         raw = tier.call(functools.partial(_read_one_index, key=name), now=True)
         if raw is None:
             return found
-        payload = tier.opened(name, "", raw[0])
+        payload = tier.opened(name, "", raw[0], code=True)
         if payload is None:
             continue
         try:

@@ -213,11 +213,12 @@ class RemoteTier:
         field = fingerprint.digest()
         return self.call(lambda client: digest(read_field(client, name, field)), now=True) or ""
 
-    def opened(self, name: str, field: str, raw: Read) -> bytes | None:
+    def opened(self, name: str, field: str, raw: Read, *, code: bool) -> bytes | None:
         """The payload of the value ``raw`` read at ``name`` (``field``) if the trust
-        accepts its signature; else None, counted and warned once, naming the key (None,
-        unwarned, for no value or one too big to read)."""
-        return self.codec.opened(name, field, raw)
+        accepts its signature (``code``: it carries code or names the blobs that do);
+        else None, counted and warned once, naming the key (None, unwarned, for no value
+        or one too big to read)."""
+        return self.codec.opened(name, field, raw, code=code)
 
     # ---- writing -------------------------------------------------------------------
 

@@ -88,7 +88,7 @@ def fetch(tier: RemoteTier, cache_key: str, filenames: Sequence[str]) -> dict[st
         return {}
     wanted: dict[str, tuple[str, int]] = {}
     for filename, key, value in zip(names, keys, pointers, strict=True):
-        raw = tier.opened(key, "", value)
+        raw = tier.opened(key, "", value, code=True)
         found = _POINTER.fullmatch(raw) if raw is not None else None
         if found and int(found[2]) <= MAX_FILE_BYTES:
             wanted[filename] = (found[1].decode(), int(found[2]))

@@ -347,7 +347,7 @@ def fetch_record(tier: RemoteTier, found: Probe) -> HostRecord | None:
     value = tier.call(lambda client: client.getrange(name, 0, most) or b"")
     if value is None:
         return None
-    raw = tier.opened(name, "", value)  # None: refused, one warning naming the key
+    raw = tier.opened(name, "", value, code=False)  # None: refused, one warning naming the key
     try:
         if raw is None:
             return None

@@ -32,12 +32,14 @@ def seal(trust: Trust, key: str, field: str, payload: bytes) -> bytes:
     return MAGIC + signature.key_id.encode() + signature.value + payload
 
 
-def unseal(trust: Trust, key: str, field: str, value: bytes) -> bytes:
+def unseal(trust: Trust, key: str, field: str, value: bytes, *, code: bool) -> bytes:
     """The payload of ``value`` read at ``key`` (and ``field``), if ``trust`` accepts it;
-    :class:`registry.trust.signing.Untrusted` naming the key otherwise."""
+    :class:`registry.trust.signing.Untrusted` naming the key otherwise. ``code``: the
+    value carries code, or names the blobs that do (refused unsigned when no key is
+    trusted); False for data that runs none (a tuned entry, a host record)."""
     signature, payload = split(value)
     what = f"remote value {key}" + (f" field {field}" if field else "")
-    trust.check(what, DOMAIN, _signed(key, field, payload), signature)
+    trust.check(what, DOMAIN, _signed(key, field, payload), signature, code=code)
     return payload
 
 

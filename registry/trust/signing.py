@@ -43,6 +43,11 @@ PRIVATE_SUFFIX = ".key"
 MAX_KEY_FILE_BYTES = 16 * 2**10  # a PEM Ed25519 key is ~120 bytes
 MAX_TRUSTED_KEYS = 256
 BUNDLE, REMOTE = "bundle", "remote"  # the domains: what a signature was made for
+SIGNED, UNSIGNED_ALLOWED, CODE_REFUSED = "signed", "unsigned-allowed", "code-refused"  # modes
+_CONFIGURE = (
+    "set TRITON_WARMUP_TRUSTED_KEYS to a folder of public keys (`triton-warmup registry keys "
+    "generate`), or TRITON_WARMUP_ALLOW_UNSIGNED=true to accept unsigned code"
+)
 
 
 class KeyFileError(RegistryError, BadInput):
@@ -178,7 +183,9 @@ class Trust:
       and failing signatures are refused (:class:`Untrusted`).
     - ``allow_unsigned``: the explicit opt-out; unsigned artifacts and unknown keys are
       accepted, a signature by a trusted key that does not verify is still refused.
-    - neither: trust is not configured; everything is accepted (a warning says so once).
+    - neither: trust is not configured, and safe by default: an artifact that carries
+      code (a module, a kernel, a launcher, a cubin) is refused, since nothing can vouch
+      for it; data that runs no code (tuned configs) is accepted unsigned.
     ``bundle_keys``: the keys bundles must be signed by instead (release keys), so that a
     pod's own key, trusted for remote values, cannot sign a bundle; None: ``keys``.
     ``signer``: this pod's key for what it publishes; without one it publishes unsigned.
@@ -211,13 +218,27 @@ class Trust:
         return self.keys
 
     def requires(self, domain: str) -> bool:
-        """Whether an unsigned artifact of ``domain`` is refused."""
+        """Whether an unsigned artifact of ``domain`` is refused, whatever it carries."""
         return bool(self.keys_for(domain)) and not self.allow_unsigned
 
     @property
     def required(self) -> bool:
         """Whether any artifact must be signed."""
         return self.requires(BUNDLE) or self.requires(REMOTE)
+
+    @property
+    def configured(self) -> bool:
+        """Whether any trusted key is configured."""
+        return bool(self.keys_for(BUNDLE) or self.keys_for(REMOTE))
+
+    @property
+    def mode(self) -> str:
+        """One word for status, doctor and the metrics: ``signed`` (trusted keys
+        configured), ``unsigned-allowed`` (the opt-out) or ``code-refused`` (neither:
+        unsigned code is refused, tuned configs accepted)."""
+        if self.allow_unsigned:
+            return UNSIGNED_ALLOWED
+        return SIGNED if self.configured else CODE_REFUSED
 
     def describe(self) -> str:
         if self.required:
@@ -230,18 +251,36 @@ class Trust:
                 f"{len(remote)} keys ({', '.join(remote) or 'none: not required'})"
             )
         if self.allow_unsigned:
-            return "unsigned artifacts allowed (TRITON_WARMUP_ALLOW_UNSIGNED)"
-        return "not configured: unsigned artifacts accepted (set TRITON_WARMUP_TRUSTED_KEYS)"
+            return (
+                "unsigned artifacts allowed, code included (TRITON_WARMUP_ALLOW_UNSIGNED=true)"
+            )
+        return f"no trusted keys: code from bundles and the remote tier refused; {_CONFIGURE}"
 
-    def check(self, what: str, domain: str, payload: bytes, signature: Signature | None) -> None:
+    def check(
+        self,
+        what: str,
+        domain: str,
+        payload: bytes,
+        signature: Signature | None,
+        *,
+        code: bool = True,
+    ) -> None:
         """Raise :class:`Untrusted` unless ``signature`` vouches for ``payload`` as this
-        trust requires of ``domain``; ``what`` names the artifact in the message."""
+        trust requires of ``domain``; ``what`` names the artifact in the message.
+        ``code``: the artifact carries code (refused unsigned when no key is trusted);
+        False for data that runs none (tuned configs)."""
+        keys = self.keys_for(domain)
+        if not keys:
+            if code and not self.allow_unsigned:
+                signed = "unsigned" if signature is None else f"signed by {signature.key_id}"
+                raise Untrusted(what, f"{signed}, and no trusted keys are configured; {_CONFIGURE}")
+            return
         required = self.requires(domain)
         if signature is None:
             if required:
                 raise Untrusted(what, "unsigned; a signature by a trusted key is required")
             return
-        public = self.keys_for(domain).get(signature.key_id)
+        public = keys.get(signature.key_id)
         if public is None:
             if required:
                 raise Untrusted(what, f"signed by unknown key {signature.key_id}")
@@ -259,5 +298,5 @@ class Trust:
 
 def announce(trust: Trust) -> None:
     """Log, once at a process's start, what it trusts: the opt-out is never silent."""
-    level = logging.INFO if trust.required else logging.WARNING
+    level = logging.INFO if trust.mode == SIGNED else logging.WARNING
     log.log(level, "trust: %s", trust.describe())

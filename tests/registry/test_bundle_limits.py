@@ -15,7 +15,7 @@ from registry import BundleRejected, RegistryError, Store
 from registry.bundles import bundle
 from registry.storage.store import CURRENT
 from tests.conftest import gpu_fingerprint
-from tests.registry._bundles import refused
+from tests.registry._bundles import UNSIGNED_OK, refused
 from tests.tar_blocks import header, negative_size, pax
 from warmup.cli import main
 
@@ -114,7 +114,7 @@ def _bomb(path: Path, kind: str) -> Path:
 def test_a_huge_tar_header_is_refused_before_it_is_read(tmp_path, kind):
     bomb = _bomb(tmp_path / "bomb.tgz", kind)
     assert bomb.stat().st_size < MIB
-    result, peak = _peak(lambda: bundle.verify(bomb))
+    result, peak = _peak(lambda: bundle.verify(bomb, trust=UNSIGNED_OK))
     assert isinstance(result, BundleRejected), result
     assert "tar headers" in result.reason and "limit 8192" in result.reason
     assert peak < 8 * MIB
@@ -133,9 +133,13 @@ def test_member_data_is_hashed_and_staged_in_chunks_never_held(tmp_path, source,
     target = tmp_path / "vol" / "triton-cache"
 
     def verify_and_install():
-        bundle.verify(out)
+        bundle.verify(out, trust=UNSIGNED_OK)
         return bundle.install(
-            out, Store(tmp_path / "t", create=True), expect=h200, roots={"triton-kernels": target}
+            out,
+            Store(tmp_path / "t", create=True),
+            expect=h200,
+            roots={"triton-kernels": target},
+            trust=UNSIGNED_OK,
         )
 
     info, peak = _peak(verify_and_install)
@@ -236,16 +240,16 @@ def test_limits_are_checked_from_the_manifest_before_members_are_read(
 ):
     path = _tar(tmp_path / "b.tgz", members)
     with pytest.raises(BundleRejected, match=expected.replace("<", ".").replace(">", ".")):
-        bundle.verify(path, **limits)
+        bundle.verify(path, **limits, trust=UNSIGNED_OK)
 
 
 def test_the_json_values_of_all_entries_are_bounded(tmp_path, with_cache):
     with tarfile.open(with_cache) as tar:
         entries = [tar.extractfile(m).read() for m in tar if m.name.startswith("entries/")]
     total = sum(1 + sum(e.count(c) for c in (b"{", b"[", b",", b":")) for e in entries)
-    bundle.verify(with_cache, max_entries_values=total)
+    bundle.verify(with_cache, max_entries_values=total, trust=UNSIGNED_OK)
     with pytest.raises(BundleRejected, match=f"have {total} JSON values; limit {total - 1}"):
-        bundle.verify(with_cache, max_entries_values=total - 1)
+        bundle.verify(with_cache, max_entries_values=total - 1, trust=UNSIGNED_OK)
 
 
 def test_a_member_count_over_the_limit_is_refused_while_streaming(tmp_path):
@@ -255,7 +259,7 @@ def test_a_member_count_over_the_limit_is_refused_while_streaming(tmp_path):
     with pytest.raises(
         BundleRejected, match=r"member 11 \('triton-cache/d4'\) is one too many; limit 10 members"
     ):
-        bundle.verify(path, max_members=10)
+        bundle.verify(path, max_members=10, trust=UNSIGNED_OK)
 
 
 def test_a_member_must_have_the_size_the_manifest_lists(tmp_path):
@@ -265,7 +269,7 @@ def test_a_member_must_have_the_size_the_manifest_lists(tmp_path):
         manifest["members"]["triton-cache/h0/k.bin"]["size"] = 10
 
     with pytest.raises(BundleRejected, match=r"is 100 bytes; MANIFEST.json lists 10"):
-        bundle.verify(_tar(tmp_path / "b.tgz", members, edit=lie))
+        bundle.verify(_tar(tmp_path / "b.tgz", members, edit=lie), trust=UNSIGNED_OK)
 
 
 def test_the_manifest_must_come_first(tmp_path, with_cache):
@@ -278,7 +282,7 @@ def test_the_manifest_must_come_first(tmp_path, with_cache):
     last = tmp_path / "last.tgz"
     last.write_bytes(gzip.compress(buffer.getvalue()))
     with pytest.raises(BundleRejected, match=r"no MANIFEST\.json as the first member"):
-        bundle.verify(last)
+        bundle.verify(last, trust=UNSIGNED_OK)
 
 
 def _corruptions(good: bytes):
@@ -312,6 +316,7 @@ def test_a_corrupt_or_truncated_gzip_is_rejected_never_a_traceback(tmp_path, sou
                 Store(tmp_path / "t", create=True),
                 expect=h200,
                 roots={"triton-kernels": tmp_path / "c"},
+                trust=UNSIGNED_OK,
             )
         except BundleRejected:
             pass
@@ -383,7 +388,7 @@ def test_a_deeply_nested_manifest_is_rejected(tmp_path):
     deep = b'{"format": "triton-warmup-bundle", "x": ' + _deep(100_000) + b"}"
     path = _tar(tmp_path / "b.tgz", _artifacts(1), raw_manifest=deep)
     with pytest.raises(BundleRejected, match=r"MANIFEST\.json is not JSON"):
-        bundle.verify(path)
+        bundle.verify(path, trust=UNSIGNED_OK)
 
 
 def test_forced_install_of_an_int_compute_capability_leaves_no_cubin(tmp_path, with_cache, h200):
@@ -397,7 +402,9 @@ def test_forced_install_of_an_int_compute_capability_leaves_no_cubin(tmp_path, w
     target.put(Store(tmp_path / "source").entries()[0])
     before = _tree(cache), _tree(tmp_path / "t")
     with pytest.raises(BundleRejected):
-        bundle.install(bad, target, expect=h200, force=True, roots={"triton-kernels": cache})
+        bundle.install(
+            bad, target, expect=h200, force=True, roots={"triton-kernels": cache}, trust=UNSIGNED_OK
+        )
     assert (_tree(cache), _tree(tmp_path / "t")) == before
 
 
@@ -414,10 +421,15 @@ def test_artifacts_reach_the_cache_only_after_the_store_installed(tmp_path, with
             FailingStore(tmp_path / "t", create=True),
             expect=h200,
             roots={"triton-kernels": cache},
+            trust=UNSIGNED_OK,
         )
     assert _tree(cache) == {} and not cache.exists()
     bundle.install(
-        with_cache, Store(tmp_path / "t", create=True), expect=h200, roots={"triton-kernels": cache}
+        with_cache,
+        Store(tmp_path / "t", create=True),
+        expect=h200,
+        roots={"triton-kernels": cache},
+        trust=UNSIGNED_OK,
     )
     assert sorted(_tree(cache)) == ["HASH1", "HASH1/__grp__k.json", "HASH1/k.cubin"]
 
@@ -434,7 +446,11 @@ def test_a_bad_artifact_after_staging_leaves_the_cache_as_it_was(tmp_path, with_
     before = _tree(cache)
     with pytest.raises(BundleRejected, match="checksum mismatch"):
         bundle.install(
-            bad, Store(tmp_path / "t", create=True), expect=h200, roots={"triton-kernels": cache}
+            bad,
+            Store(tmp_path / "t", create=True),
+            expect=h200,
+            roots={"triton-kernels": cache},
+            trust=UNSIGNED_OK,
         )
     assert _tree(cache) == before
 
@@ -460,7 +476,7 @@ def test_the_manifest_fingerprint_list_must_match_the_entries(tmp_path, with_cac
         edit=lambda m: m.update(fingerprints=manifest["fingerprints"]),
     )
     with pytest.raises(BundleRejected, match=expected):
-        bundle.verify(bad)
+        bundle.verify(bad, trust=UNSIGNED_OK)
 
 
 def test_a_fingerprint_list_that_is_not_a_list_is_rejected(tmp_path, with_cache):
@@ -468,11 +484,11 @@ def test_a_fingerprint_list_that_is_not_a_list_is_rejected(tmp_path, with_cache)
         members = [(m.name, tar.extractfile(m).read()) for m in tar.getmembers()][1:]
     bad = _tar(tmp_path / "bad.tgz", members, edit=lambda m: m.update(fingerprints={}))
     with pytest.raises(BundleRejected, match="'fingerprints' is not a list"):
-        bundle.verify(bad)
+        bundle.verify(bad, trust=UNSIGNED_OK)
 
 
 def test_an_artifact_bundle_round_trips_with_its_fingerprints(tmp_path, with_cache, h200):
-    verified = bundle.verify(with_cache)
+    verified = bundle.verify(with_cache, trust=UNSIGNED_OK)
     assert [f["digest"] for f in verified.manifest["fingerprints"]] == [h200.digest()]
     assert sorted(verified.parts["triton-kernels"].files) == [
         "HASH1/__grp__k.json",
@@ -497,7 +513,7 @@ def _negative_manifest(kind: str) -> bytes:
 @pytest.mark.parametrize("kind", ["base-256", "pax"])
 def test_a_negative_member_size_is_rejected_before_its_data_is_read(tmp_path, kind):
     path = _gzip(tmp_path / "neg.tgz", [_negative_manifest(kind), *_padded(8 * MIB)])
-    result, peak = _peak(lambda: bundle.verify(path))
+    result, peak = _peak(lambda: bundle.verify(path, trust=UNSIGNED_OK))
     assert isinstance(result, BundleRejected), result
     assert result.reason == "member 'MANIFEST.json' has a negative size (-1)"
     assert peak < 2 * MIB
@@ -509,11 +525,13 @@ def test_a_file_larger_than_any_bundle_within_the_limits_is_refused_unread(tmp_p
         f.truncate(64 * MIB)  # sparse: the check reads no byte of it
     limits = {"max_total_bytes": MIB, "max_members": 16, "max_header_bytes": 4096}
     with pytest.raises(BundleRejected, match=r"the file is 67108864 bytes; limit \d+ \(") as e:
-        bundle.verify(path, **limits)
+        bundle.verify(path, **limits, trust=UNSIGNED_OK)
     assert int(e.value.reason.split("limit ")[1].split()[0]) < 4 * MIB
     del limits["max_total_bytes"]
     with pytest.raises(BundleRejected, match=r"not a readable tar\.gz archive"):
-        bundle.verify(path, **limits)  # within the default limit: read, and not a gzip
+        bundle.verify(
+            path, **limits, trust=UNSIGNED_OK
+        )  # within the default limit: read, and not a gzip
 
 
 def test_a_group_file_over_its_limit_is_rejected_from_the_manifest(tmp_path):
@@ -526,9 +544,11 @@ def test_a_group_file_over_its_limit_is_rejected_from_the_manifest(tmp_path):
     with pytest.raises(
         BundleRejected, match=f"group file '{name}' is {2 * MIB} bytes; limit {MIB}"
     ):
-        bundle.verify(path)
+        bundle.verify(path, trust=UNSIGNED_OK)
     with pytest.raises(BundleRejected, match=r"group file .* is 2 bytes; limit 1$"):
-        bundle.verify(_tar(tmp_path / "c.tgz", [(name, b"{}")]), max_group_bytes=1)
+        bundle.verify(
+            _tar(tmp_path / "c.tgz", [(name, b"{}")]), max_group_bytes=1, trust=UNSIGNED_OK
+        )
 
 
 def test_install_relocates_only_the_group_files_it_brought(tmp_path, with_cache, h200):
@@ -538,7 +558,11 @@ def test_install_relocates_only_the_group_files_it_brought(tmp_path, with_cache,
     other.write_text(json.dumps({"child_paths": {"x.cubin": "/elsewhere/x.cubin"}}))
     before = other.read_bytes()
     bundle.install(
-        with_cache, Store(tmp_path / "t", create=True), expect=h200, roots={"triton-kernels": cache}
+        with_cache,
+        Store(tmp_path / "t", create=True),
+        expect=h200,
+        roots={"triton-kernels": cache},
+        trust=UNSIGNED_OK,
     )
     group = json.loads((cache / "HASH1" / "__grp__k.json").read_text())
     assert group == {"child_paths": {"k.cubin": str(cache / "HASH1" / "k.cubin")}}
@@ -562,6 +586,7 @@ def test_artifacts_reach_the_cache_right_after_the_swap_before_garbage_collectio
         Watching(tmp_path / "t", create=True),
         expect=h200,
         roots={"triton-kernels": cache},
+        trust=UNSIGNED_OK,
     )
     assert seen[-1] == (True, ["HASH1", "HASH1/__grp__k.json", "HASH1/k.cubin"])
 
@@ -588,6 +613,7 @@ def test_a_failure_moving_artifacts_after_the_swap_is_logged_not_raised(
         Obstructed(tmp_path / "t", create=True),
         expect=h200,
         roots={"triton-kernels": cache},
+        trust=UNSIGNED_OK,
     )
     assert info["artifacts"] == 2 and len(Store(tmp_path / "t")) == 2
     assert "2 of 2 artifacts not moved into the cache" in caplog.text and "HASH1/" in caplog.text

@@ -24,6 +24,7 @@ from registry.remote import models as remote_models
 from registry.remote import triton as remote_triton
 from registry.remote.tier import RemoteTier
 from registry.storage.store import Store
+from tests._trust import UNSIGNED_OK
 from tests.conftest import (
     env_without_interpreter,
     error_line,
@@ -128,7 +129,7 @@ def test_a_pending_bundle_that_trust_refuses_is_not_counted(tmp_path, make_entry
 
 
 def test_tuned_configs_on_the_remote_tier_are_sampled(tmp_path, server, make_entry):
-    remote = RemoteTier(server.url, timeout_s=0.5)
+    remote = RemoteTier(server.url, timeout_s=0.5, trust=UNSIGNED_OK)
     remote.publish(make_entry(fp=gpu_fingerprint(ptxas="12.4")))
     got = predicted("tuned-configs", settings_for(tmp_path), host(ag_gemm="k" * 64), [], remote)
     assert (got.held, got.factor, got.stored) == (1, "ptxas", "12.4")
@@ -204,7 +205,7 @@ def test_autotune_results_are_predicted_from_their_origin_or_said_unknown(tmp_pa
 
 
 def test_kernels_on_the_remote_tier_are_sampled_from_their_metadata(tmp_path, server, compiled):
-    remote = RemoteTier(server.url, timeout_s=0.5)
+    remote = RemoteTier(server.url, timeout_s=0.5, trust=UNSIGNED_OK)
     for path in compiled.rglob("*"):
         if path.is_file():
             remote_triton.publish(remote, path.parent.name, path.name, path.read_bytes())
@@ -234,7 +235,7 @@ def test_a_models_artifacts_name_the_factor_or_the_changed_code(tmp_path):
 
 
 def test_a_models_index_on_the_remote_tier_is_found_exactly_or_its_factor_named(tmp_path, server):
-    remote = RemoteTier(server.url, timeout_s=0.5)
+    remote = RemoteTier(server.url, timeout_s=0.5, trust=UNSIGNED_OK)
     root, cache = tmp_path / "inductor", tmp_path / "cache"
     (cache / "fxgraph").mkdir(parents=True)
     (cache / "fxgraph" / "entry").write_bytes(b"graph")

@@ -148,8 +148,9 @@ class TrustSettings(Group):
 
     keys: Path | None = Field(None, validation_alias="trusted_keys")
     """a folder of trusted Ed25519 public keys (*.pub, PEM): bundles and remote-tier values
-    must be signed by one of them (unset: trust not configured, everything accepted with a
-    warning)"""
+    must be signed by one of them (unset: no key is trusted, so code from bundles and the
+    remote tier is refused and only tuned configs are taken unsigned, unless
+    TRITON_WARMUP_ALLOW_UNSIGNED)"""
     bundle_keys: Path | None = Field(None, validation_alias="trusted_bundle_keys")
     """a folder of release public keys (*.pub) that bundles must be signed by instead of
     TRITON_WARMUP_TRUSTED_KEYS: a pod's own key, trusted for remote-tier values, then
@@ -158,8 +159,9 @@ class TrustSettings(Group):
     """this pod's Ed25519 private key (PEM): what it publishes to the remote tier is
     signed with it (unset: nothing is signed)"""
     allow_unsigned: bool = False
-    """the explicit opt-out for local use: unsigned bundles and remote values are accepted
-    even with trusted keys set (logged at start)"""
+    """the explicit opt-out for local use: unsigned bundles and remote values, code
+    included, are accepted, with trusted keys set or not (logged at start, shown by
+    status and doctor, and the metric triton_warmup_trust_mode)"""
 
 
 class RunSettings(Group):

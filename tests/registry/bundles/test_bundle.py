@@ -13,6 +13,7 @@ from registry import BundleRejected, KernelConfig, MatchPolicy, Measurement, Sto
 from registry.bundles import bundle
 from registry.storage.store import CURRENT
 from tests.conftest import gpu_fingerprint
+from tests.registry._bundles import UNSIGNED_OK
 
 KEY = {"M": 4096, "N": 6656, "K": 16384, "dtype": "bf16", "world": 2}
 
@@ -32,7 +33,7 @@ def built(tmp_path, source):
 
 
 def test_create_verify_install_round_trip(tmp_path, built, source, h200):
-    verified = bundle.verify(built)
+    verified = bundle.verify(built, trust=UNSIGNED_OK)
     assert (verified.name, verified.version, len(verified.entries)) == ("llama-tp2", "7", 3)
     manifest = verified.manifest
     assert manifest["fingerprints"] == [
@@ -40,7 +41,7 @@ def test_create_verify_install_round_trip(tmp_path, built, source, h200):
     ]
     assert all(len(m["sha256"]) == 64 for m in manifest["members"].values())
     target = Store(tmp_path / "target", create=True)
-    info = bundle.install(built, target, expect=h200)
+    info = bundle.install(built, target, expect=h200, trust=UNSIGNED_OK)
     assert info["entries"] == 3 and info["bundle"]["name"] == "llama-tp2"
     assert target.lookup("ag_gemm", KEY, h200) == source.lookup("ag_gemm", KEY, h200)
     assert [g.bundle["name"] for g in bundle.installed(target)] == ["llama-tp2"]
@@ -62,7 +63,7 @@ def test_the_winning_algorithm_round_trips_through_a_bundle(tmp_path, make_entry
     schemas = {json.loads(data)["schema"] for name, data in _members(out).items() if "/" in name}
     assert schemas == {1, 2}
     target = Store(tmp_path / "target", create=True)
-    bundle.install(out, target, expect=h200)
+    bundle.install(out, target, expect=h200, trust=UNSIGNED_OK)
     for m, algorithm in ((256, "nccl_cublas"), (8192, "overlap_cublas"), (4096, None)):
         found = target.lookup("ag_gemm", {**KEY, "M": m}, h200)
         assert found is not None and found.best.algorithm == algorithm
@@ -72,7 +73,7 @@ def test_the_winning_algorithm_round_trips_through_a_bundle(tmp_path, make_entry
 def test_install_then_rollback_restores_the_previous_generation(tmp_path, built, h200, make_entry):
     target = Store(tmp_path / "target", create=True)
     mine = target.put(make_entry(m=1, block_m=16))
-    bundle.install(built, target, expect=h200)
+    bundle.install(built, target, expect=h200, trust=UNSIGNED_OK)
     assert len(target) == 4
     target.rollback()
     assert [e.key["M"] for e in target.entries()] == [1] and target.entries()[0] == mine
@@ -82,14 +83,16 @@ def test_fingerprint_mismatch_rejects_unless_forced(tmp_path, built):
     target = Store(tmp_path / "target", create=True)
     a100 = gpu_fingerprint("NVIDIA A100", cc="8.0", sms=108)
     with pytest.raises(BundleRejected, match="compute_capability"):
-        bundle.install(built, target, expect=a100)
+        bundle.install(built, target, expect=a100, trust=UNSIGNED_OK)
     assert len(target) == 0 and not (tmp_path / "target" / CURRENT).exists()
     h100 = gpu_fingerprint("NVIDIA H100", sms=114)
     with pytest.raises(BundleRejected, match="gpu_name"):
-        bundle.install(built, target, expect=h100)
-    bundle.install(built, target, expect=h100, policy=MatchPolicy.SAME_ARCH)
+        bundle.install(built, target, expect=h100, trust=UNSIGNED_OK)
+    bundle.install(built, target, expect=h100, policy=MatchPolicy.SAME_ARCH, trust=UNSIGNED_OK)
     assert len(target) == 3
-    bundle.install(built, Store(tmp_path / "forced", create=True), expect=a100, force=True)
+    bundle.install(
+        built, Store(tmp_path / "forced", create=True), expect=a100, force=True, trust=UNSIGNED_OK
+    )
     assert len(Store(tmp_path / "forced")) == 3
 
 
@@ -192,16 +195,22 @@ def test_install_refuses_bad_archives_and_installs_nothing(tmp_path, built, h200
     target.put(Store(tmp_path / "source").entries()[0])
     before = os.readlink(tmp_path / "target" / CURRENT)
     with pytest.raises(BundleRejected, match=expected):
-        bundle.install(bad, target, expect=h200, roots={"triton-kernels": tmp_path / "cache"})
+        bundle.install(
+            bad,
+            target,
+            expect=h200,
+            roots={"triton-kernels": tmp_path / "cache"},
+            trust=UNSIGNED_OK,
+        )
     assert os.readlink(tmp_path / "target" / CURRENT) == before and len(target) == 1
     assert not (tmp_path / "cache").exists()
 
 
 def test_oversized_member_is_refused(tmp_path, built):
     with pytest.raises(BundleRejected, match="limit"):
-        bundle.verify(built, max_member_bytes=100)
+        bundle.verify(built, max_member_bytes=100, trust=UNSIGNED_OK)
     with pytest.raises(BundleRejected, match="total limit"):
-        bundle.verify(built, max_total_bytes=1000)
+        bundle.verify(built, max_total_bytes=1000, trust=UNSIGNED_OK)
 
 
 @pytest.mark.parametrize(
@@ -213,7 +222,7 @@ def test_garbage_is_refused(tmp_path, content):
     bad = tmp_path / "x.tgz"
     bad.write_bytes(content)
     with pytest.raises(BundleRejected):
-        bundle.verify(bad)
+        bundle.verify(bad, trust=UNSIGNED_OK)
 
 
 def test_bundle_carries_triton_artifacts_and_relocates_them(tmp_path, source, h200):
@@ -227,16 +236,20 @@ def test_bundle_carries_triton_artifacts_and_relocates_them(tmp_path, source, h2
     bundle.create(
         out, name="b", version="1", entries=source.entries(), roots={"triton-kernels": cache.parent}
     )
-    assert len(bundle.verify(out).parts["triton-kernels"].files) == 2
+    assert len(bundle.verify(out, trust=UNSIGNED_OK).parts["triton-kernels"].files) == 2
     target_cache = tmp_path / "vol" / "triton-cache"
     info = bundle.install(
-        out, Store(tmp_path / "t", create=True), expect=h200, roots={"triton-kernels": target_cache}
+        out,
+        Store(tmp_path / "t", create=True),
+        expect=h200,
+        roots={"triton-kernels": target_cache},
+        trust=UNSIGNED_OK,
     )
     assert info["artifacts"] == 2
     group = json.loads((target_cache / "HASH1" / "__grp__k.json").read_text())
     assert group["child_paths"]["k.cubin"] == str(target_cache / "HASH1" / "k.cubin")
     with pytest.raises(BundleRejected, match="no cache folder"):
-        bundle.install(out, Store(tmp_path / "t2", create=True), expect=h200)
+        bundle.install(out, Store(tmp_path / "t2", create=True), expect=h200, trust=UNSIGNED_OK)
 
 
 def test_create_refuses_an_empty_or_nameless_bundle(tmp_path):

@@ -19,7 +19,7 @@ from registry.families import bundle_indexed
 from registry.families.inductor import RECORD_KEY
 from registry.storage.store import CURRENT
 from tests.conftest import gpu_fingerprint
-from tests.registry._bundles import refused
+from tests.registry._bundles import UNSIGNED_OK, refused
 from tests.registry.bundles.test_bundle import _listed, _members, _rebuild
 
 FP = cpu_fingerprint()
@@ -59,14 +59,18 @@ def packed(tmp_path):
 
 
 def test_a_model_travels_by_bundle_to_a_family_at_another_path(tmp_path, packed):
-    verified = bundle.verify(packed)
+    verified = bundle.verify(packed, trust=UNSIGNED_OK)
     assert len(verified.parts["inductor"].indexes) == 1 and len(
         verified.parts["inductor"].files
     ) == len(FILES)
     assert verified.manifest["fingerprints"][0]["digest"] == FP.digest()
     target = tmp_path / "elsewhere" / "volume" / "inductor"
     info = bundle.install(
-        packed, Store(tmp_path / "store", create=True), expect=FP, roots={"inductor": target}
+        packed,
+        Store(tmp_path / "store", create=True),
+        expect=FP,
+        roots={"inductor": target},
+        trust=UNSIGNED_OK,
     )
     assert info["models"] == 1 and list(info[RECORD_KEY]) == verified.parts["inductor"].indexes
     assert restored(target, tmp_path / "cache") == FILES
@@ -76,7 +80,7 @@ def test_a_model_travels_by_bundle_to_a_family_at_another_path(tmp_path, packed)
 def test_rollback_puts_back_the_index_the_install_replaced(tmp_path, packed):
     target = family(tmp_path / "t" / "inductor", {"old/file": b"before the bundle"})
     store = Store(tmp_path / "store", create=True)
-    bundle.install(packed, store, expect=FP, roots={"inductor": target})
+    bundle.install(packed, store, expect=FP, roots={"inductor": target}, trust=UNSIGNED_OK)
     assert restored(target, tmp_path / "new") == FILES
     bundle.rollback(store, roots={"inductor": target})
     assert restored(target, tmp_path / "old") == {"old/file": b"before the bundle"}
@@ -84,7 +88,7 @@ def test_rollback_puts_back_the_index_the_install_replaced(tmp_path, packed):
 
 def test_rollback_removes_an_index_that_was_not_there_before(tmp_path, packed):
     target, store = tmp_path / "t" / "inductor", Store(tmp_path / "store", create=True)
-    bundle.install(packed, store, expect=FP, roots={"inductor": target})
+    bundle.install(packed, store, expect=FP, roots={"inductor": target}, trust=UNSIGNED_OK)
     bundle.rollback(store, roots={"inductor": target})
     done = inductor_cache.restore(
         target, tmp_path / "c", model="mlp", key_digest=KEY, fingerprint=FP
@@ -94,7 +98,7 @@ def test_rollback_removes_an_index_that_was_not_there_before(tmp_path, packed):
 
 def test_rollback_without_the_family_leaves_its_indexes_and_says_so(tmp_path, packed, caplog):
     target, store = tmp_path / "t" / "inductor", Store(tmp_path / "store", create=True)
-    bundle.install(packed, store, expect=FP, roots={"inductor": target})
+    bundle.install(packed, store, expect=FP, roots={"inductor": target}, trust=UNSIGNED_OK)
     bundle.rollback(store)
     assert "indexes stay" in caplog.text
     assert restored(target, tmp_path / "c") == FILES
@@ -108,11 +112,20 @@ def test_an_index_for_another_machine_rejects_unless_forced(tmp_path):
     target = tmp_path / "t"
     with pytest.raises(BundleRejected, match=r"compiled model index .* another platform"):
         bundle.install(
-            out, Store(tmp_path / "s", create=True), expect=FP, roots={"inductor": target}
+            out,
+            Store(tmp_path / "s", create=True),
+            expect=FP,
+            roots={"inductor": target},
+            trust=UNSIGNED_OK,
         )
     assert not target.exists()
     bundle.install(
-        out, Store(tmp_path / "s", create=True), expect=FP, force=True, roots={"inductor": target}
+        out,
+        Store(tmp_path / "s", create=True),
+        expect=FP,
+        force=True,
+        roots={"inductor": target},
+        trust=UNSIGNED_OK,
     )
     assert len(list(target.glob("models/*/*/*/*.json"))) == 1
 
@@ -122,7 +135,7 @@ def test_create_takes_one_model_when_asked(tmp_path):
     family(root, {"other": b"x"}, model="other")
     out = tmp_path / "one.tgz"
     bundle.create(out, name="m", version="1", entries=[], only="other", roots={"inductor": root})
-    [index] = bundle.verify(out).parts["inductor"].indexes
+    [index] = bundle.verify(out, trust=UNSIGNED_OK).parts["inductor"].indexes
     assert index.startswith("models/other/")
     with pytest.raises(RegistryError, match="no artifacts of model nope"):
         bundle.create(
@@ -240,23 +253,23 @@ def test_install_refuses_a_faulty_model_bundle_and_changes_nothing(
     before = sorted(p.relative_to(target) for p in target.rglob("*"))
     store = Store(tmp_path / "store", create=True)
     with pytest.raises(BundleRejected, match=expected):
-        bundle.install(bad, store, expect=FP, roots={"inductor": target})
+        bundle.install(bad, store, expect=FP, roots={"inductor": target}, trust=UNSIGNED_OK)
     assert sorted(p.relative_to(target) for p in target.rglob("*")) == before
     assert not (tmp_path / "store" / CURRENT).exists()
 
 
 def test_install_without_a_family_refuses_a_bundle_that_carries_models(tmp_path, packed):
     with pytest.raises(BundleRejected, match="no inductor folder"):
-        bundle.install(packed, Store(tmp_path / "s", create=True), expect=FP)
+        bundle.install(packed, Store(tmp_path / "s", create=True), expect=FP, trust=UNSIGNED_OK)
 
 
 def test_size_bounds_hold_for_indexes_and_blobs(tmp_path, packed):
     with pytest.raises(BundleRejected, match=r"index .* limit 10"):
-        bundle.verify(packed, max_index_bytes=10)
+        bundle.verify(packed, max_index_bytes=10, trust=UNSIGNED_OK)
     with pytest.raises(BundleRejected, match="JSON values"):
-        bundle.verify(packed, max_index_values=3)
+        bundle.verify(packed, max_index_values=3, trust=UNSIGNED_OK)
     with pytest.raises(BundleRejected, match="limit 5"):
-        bundle.verify(packed, max_member_bytes=5)
+        bundle.verify(packed, max_member_bytes=5, trust=UNSIGNED_OK)
 
 
 def test_the_cli_packs_installs_and_rolls_back_a_model(tmp_path, packed, capsys):
@@ -268,8 +281,8 @@ def test_the_cli_packs_installs_and_rolls_back_a_model(tmp_path, packed, capsys)
     assert main([*store, "bundle", "create", str(out), "--name", "m", "--version", "1",
                  "--inductor", str(source)]) == 0  # fmt: skip
     assert "1 compiled model indexes (3 files)" in capsys.readouterr().out
-    assert main([*store, "--create-store", "bundle", "install", str(out), "--fingerprint", "cpu",
-                 "--inductor", str(target)]) == 0  # fmt: skip
+    assert main([*store, "--create-store", "bundle", "install", str(out), "--allow-unsigned",
+                 "--fingerprint", "cpu", "--inductor", str(target)]) == 0  # fmt: skip
     assert restored(target, tmp_path / "c1") == FILES
     assert main([*store, "rollback", "--inductor", str(target)]) == 0
     assert not list(target.glob("models/*/*/*/*.json"))
@@ -285,7 +298,7 @@ def test_an_interrupted_writers_temporary_index_is_no_index(tmp_path):
     (index.parent / f".tmp-1234-{index.name}").write_text("{half an ind")
     out = tmp_path / "b.tgz"
     bundle.create(out, name="m", version="1", entries=[], roots={"inductor": root})
-    assert len(bundle.verify(out).parts["inductor"].indexes) == 1
+    assert len(bundle.verify(out, trust=UNSIGNED_OK).parts["inductor"].indexes) == 1
 
 
 def test_two_installs_of_one_index_roll_back_one_at_a_time(tmp_path):
@@ -297,7 +310,7 @@ def test_two_installs_of_one_index_roll_back_one_at_a_time(tmp_path):
         source = family(tmp_path / f"s{version}", {f"v{version}": b"x" * version})
         out = tmp_path / f"v{version}.tgz"
         bundle.create(out, name="m", version=str(version), entries=[], roots={"inductor": source})
-        bundle.install(out, store, expect=FP, roots={"inductor": target})
+        bundle.install(out, store, expect=FP, roots={"inductor": target}, trust=UNSIGNED_OK)
     assert restored(target, tmp_path / "c2") == {"v2": b"xx"}
     bundle.rollback(store, roots={"inductor": target})
     assert restored(target, tmp_path / "c1") == {"v1": b"x"}
@@ -318,7 +331,11 @@ def test_an_index_whose_file_did_not_move_in_is_left_out(tmp_path, packed, monke
     monkeypatch.setattr(os, "replace", replace)
     target = tmp_path / "t"
     bundle.install(
-        packed, Store(tmp_path / "s", create=True), expect=FP, roots={"inductor": target}
+        packed,
+        Store(tmp_path / "s", create=True),
+        expect=FP,
+        roots={"inductor": target},
+        trust=UNSIGNED_OK,
     )
     monkeypatch.setattr(os, "replace", real)
     assert not list(inductor_cache.index_files(target / "models"))
@@ -340,7 +357,7 @@ def test_one_blob_under_many_paths_counts_once_a_path_against_the_total(tmp_path
     with pytest.raises(
         BundleRejected, match=rf"inductor/models/mlp/.*restore {40 * 2**16} bytes.*limit {limit}"
     ):
-        bundle.verify(out, max_total_bytes=limit)
+        bundle.verify(out, max_total_bytes=limit, trust=UNSIGNED_OK)
     target = family(tmp_path / "t" / "inductor", {"old/file": b"kept"})
     before = sorted(p.relative_to(target) for p in target.rglob("*"))
     refused(
@@ -352,7 +369,9 @@ def test_one_blob_under_many_paths_counts_once_a_path_against_the_total(tmp_path
         max_total_bytes=limit,
     )
     assert sorted(p.relative_to(target) for p in target.rglob("*")) == before
-    assert len(bundle.verify(out).parts["inductor"].indexes) == 1  # within the default total
+    assert (
+        len(bundle.verify(out, trust=UNSIGNED_OK).parts["inductor"].indexes) == 1
+    )  # within the default total
 
 
 def test_a_path_two_indexes_give_the_same_blob_counts_once(tmp_path):
@@ -361,10 +380,12 @@ def test_a_path_two_indexes_give_the_same_blob_counts_once(tmp_path):
     family(root, _copies(10), model="other")
     out = tmp_path / "two.tgz"
     bundle.create(out, name="m", version="1", entries=[], roots={"inductor": root})
-    verified = bundle.verify(out, max_total_bytes=10 * 2**16 + 2**16)  # not 20 files' worth
+    verified = bundle.verify(
+        out, max_total_bytes=10 * 2**16 + 2**16, trust=UNSIGNED_OK
+    )  # not 20 files' worth
     assert len(verified.parts["inductor"].indexes) == 2
     with pytest.raises(BundleRejected, match="restore"):
-        bundle.verify(out, max_total_bytes=10 * 2**16 - 1)
+        bundle.verify(out, max_total_bytes=10 * 2**16 - 1, trust=UNSIGNED_OK)
 
 
 def test_the_files_all_indexes_restore_are_bounded_in_count(tmp_path, monkeypatch):
@@ -375,7 +396,7 @@ def test_the_files_all_indexes_restore_are_bounded_in_count(tmp_path, monkeypatc
     )
     monkeypatch.setattr(bundle_indexed, "MAX_BUNDLE_FILES", 4)
     with pytest.raises(BundleRejected, match="restore 5 files; limit 4"):
-        bundle.verify(out)
+        bundle.verify(out, trust=UNSIGNED_OK)
 
 
 def test_what_all_the_families_restore_together_is_bounded_once(tmp_path):
@@ -391,6 +412,8 @@ def test_what_all_the_families_restore_together_is_bounded_once(tmp_path):
         inductor_cache.save(source, root, model=name, key_digest=KEY, key={}, fingerprint=FP)
     out = tmp_path / "both.tgz"
     bundle.create(out, name="b", version="1", entries=[], roots=bundle.on_volume(volume))
-    assert bundle.verify(out, max_total_bytes=70_000)
+    assert bundle.verify(out, max_total_bytes=70_000, trust=UNSIGNED_OK)
     with pytest.raises(BundleRejected, match="restore 60000 bytes"):
-        bundle.verify(out, max_total_bytes=40_000)  # each family's 30,000 fits alone
+        bundle.verify(
+            out, max_total_bytes=40_000, trust=UNSIGNED_OK
+        )  # each family's 30,000 fits alone

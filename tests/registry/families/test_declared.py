@@ -17,6 +17,7 @@ from registry.families.declared import FOLDER
 from registry.remote.tier import RemoteTier
 from registry.trust import signing
 from registry.trust.signing import SigningKey, Trust
+from tests._trust import UNSIGNED_OK
 from tests.registry.families.conftest import FP, make_scope, read, write
 
 FAMILY = named("declared-folders")
@@ -133,12 +134,16 @@ def test_an_unsigned_bundle_of_folders_is_refused_where_keys_are_trusted(tmp_pat
 
 def test_a_pod_without_the_volume_fetches_a_folder_from_the_remote_tier(tmp_path, engine, server):
     files = read(engine.folder)
-    tier = RemoteTier(server.url, timeout_s=0.5)
+    tier = RemoteTier(server.url, timeout_s=0.5, trust=UNSIGNED_OK)
     FAMILY.save(make_scope(tmp_path / "a", folders=[engine], remote=tier))
     assert server.client.keys("triton-warmup:caches:vllm:*")
     assert not server.client.keys("triton-warmup:model:*")  # its own namespace
     shutil.rmtree(engine.folder)
-    b = make_scope(tmp_path / "b", folders=[engine], remote=RemoteTier(server.url, timeout_s=0.5))
+    b = make_scope(
+        tmp_path / "b",
+        folders=[engine],
+        remote=RemoteTier(server.url, timeout_s=0.5, trust=UNSIGNED_OK),
+    )
     assert FAMILY.explain(b, host(), Sources(remote=b.remote)).outcome == "hit"
     assert FAMILY.restore(b).copied == 2
     assert read(engine.folder) == files

@@ -15,6 +15,7 @@ from registry.families import Sources, named
 from registry.families.base import Declared, Host
 from registry.families.packages import NAMESPACE
 from registry.remote import models as remote_models
+from tests.registry._bundles import UNSIGNED_OK
 from tests.registry.families.conftest import FP, make_scope, read, write
 
 FAMILY = named("packages")
@@ -80,11 +81,11 @@ def test_a_bundle_carries_packages_per_model(tmp_path, models):
     bundle.create(
         out, name="p", version="1", entries=[], roots=bundle.on_volume(tmp_path / "a" / "volume")
     )
-    verified = bundle.verify(out)
+    verified = bundle.verify(out, trust=UNSIGNED_OK)
     assert len(verified.parts["packages"].indexes) == 1
     target = tmp_path / "b" / "volume"
     store = Store(target / "registry", create=True)
-    bundle.install(out, store, expect=None, roots=bundle.on_volume(target))
+    bundle.install(out, store, expect=None, roots=bundle.on_volume(target), trust=UNSIGNED_OK)
     there = scope(tmp_path / "b", models[:1])
     assert FAMILY.restore(there).copied == 2
     assert read(there.folder("package_dir") / "blocks") == PACKAGE

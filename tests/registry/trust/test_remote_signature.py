@@ -14,19 +14,19 @@ def trust(tmp_path):
 def test_a_sealed_value_opens_at_its_own_key_and_field_only(trust):
     value = seal(trust, "triton-warmup:entry:k:1", "f", b'{"a": 1}')
     assert value.startswith(MAGIC) and len(value) == OVERHEAD + 8
-    assert unseal(trust, "triton-warmup:entry:k:1", "f", value) == b'{"a": 1}'
+    assert unseal(trust, "triton-warmup:entry:k:1", "f", value, code=True) == b'{"a": 1}'
     with pytest.raises(Untrusted, match="remote value triton-warmup:entry:k:2 field f"):
-        unseal(trust, "triton-warmup:entry:k:2", "f", value)  # copied under another key
+        unseal(trust, "triton-warmup:entry:k:2", "f", value, code=True)  # copied under another key
     with pytest.raises(Untrusted, match="does not verify"):
-        unseal(trust, "triton-warmup:entry:k:1", "g", value)
+        unseal(trust, "triton-warmup:entry:k:1", "g", value, code=True)
 
 
 def test_a_changed_payload_or_an_unsigned_value_is_refused(trust):
     value = seal(trust, "k", "", b"abc 3")
     with pytest.raises(Untrusted, match=f"key {trust.signer.key_id} does not verify"):
-        unseal(trust, "k", "", value[:-1] + b"4")
+        unseal(trust, "k", "", value[:-1] + b"4", code=True)
     with pytest.raises(Untrusted, match="unsigned"):
-        unseal(trust, "k", "", b"abc 3")
+        unseal(trust, "k", "", b"abc 3", code=True)
 
 
 def test_without_a_signing_key_a_value_goes_out_as_it_is(tmp_path, trust):
@@ -34,7 +34,10 @@ def test_without_a_signing_key_a_value_goes_out_as_it_is(tmp_path, trust):
     assert seal(reader, "k", "", b"x") == b"x"
     assert split(b"x") == (None, b"x")
     assert split(MAGIC + b"short") == (None, MAGIC + b"short")
-    assert unseal(Trust(), "k", "", b"x") == b"x"  # trust not configured
+    assert unseal(Trust(), "k", "", b"x", code=False) == b"x"  # no keys: data is taken
+    with pytest.raises(Untrusted, match="no trusted keys are configured"):
+        unseal(Trust(), "k", "", b"x", code=True)  # code is not
+    assert unseal(Trust(allow_unsigned=True), "k", "", b"x", code=True) == b"x"  # opted out
 
 
 # ---- on a real redis-server: each family of the remote tier ----------------------------

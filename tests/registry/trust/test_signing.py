@@ -61,11 +61,37 @@ def test_the_opt_out_accepts_unsigned_and_unknown_but_never_a_bad_trusted_signat
         trust.check("v", "remote", b"x", key.sign("remote", b"y"))
 
 
-def test_no_trust_configured_accepts_everything_and_says_so():
+def test_no_trust_configured_refuses_code_and_takes_data_and_says_so(pair):
+    key, _ = pair
     trust = Trust()
-    assert not trust.required and "not configured" in trust.describe()
-    trust.check("v", "bundle", b"x", None)
+    assert not trust.required and trust.mode == "code-refused"
+    assert "code from bundles and the remote tier refused" in trust.describe()
+    trust.check("v", "bundle", b"x", None, code=False)  # tuned configs run no code
+    with pytest.raises(
+        Untrusted, match=r"^m refused: unsigned, and no trusted keys .*ALLOW_UNSIGNED"
+    ):
+        trust.check("m", "bundle", b"x", None)
+    signed = key.sign("remote", b"x")  # signed, but by nobody this pod trusts
+    with pytest.raises(Untrusted, match=f"signed by {key.key_id}, and no trusted keys"):
+        trust.check("m", "remote", b"x", signed, code=True)
     assert trust.sign("bundle", b"x") is None
+
+
+def test_the_opt_out_takes_unsigned_code_and_says_so(pair):
+    key, _ = pair
+    trust = Trust(allow_unsigned=True)
+    assert trust.mode == "unsigned-allowed" and "ALLOW_UNSIGNED=true" in trust.describe()
+    trust.check("m", "bundle", b"x", None)
+    trust.check("m", "remote", b"x", key.sign("remote", b"x"))  # no key to check it against
+
+
+def test_with_keys_the_mode_is_signed_and_data_needs_a_signature_too(pair):
+    key, _ = pair
+    trust = Trust({key.key_id: key.public_key()})
+    assert trust.mode == "signed"
+    with pytest.raises(Untrusted, match="unsigned; a signature by a trusted key is required"):
+        trust.check("e", "remote", b"x", None, code=False)
+    trust.check("e", "remote", b"x", key.sign("remote", b"x"), code=False)
 
 
 def test_trusted_keys_follow_a_secrets_links_and_skip_its_dot_files(pair, tmp_path):
