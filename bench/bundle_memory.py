@@ -41,6 +41,8 @@ CHILD = """
 import json, resource, sys, time
 from pathlib import Path
 from registry import RegistryError, Store, bundle
+from registry.trust.signing import Trust
+UNCHECKED = Trust(allow_unsigned=True)
 
 def status_kib(field):
     try:
@@ -60,7 +62,9 @@ idle = status_kib("VmRSS")
 start = time.perf_counter()
 try:
     store = Store(work / "store", create=True)
-    info = bundle.install(path, store, expect=None, roots={"triton-kernels": work / "cache"})
+    info = bundle.install(  # the opt-out: the limits are measured, not trust
+        path, store, expect=None, roots={"triton-kernels": work / "cache"}, trust=UNCHECKED
+    )
     outcome = f"installed: {info['entries']} entries, {info['artifacts']} artifacts"
 except RegistryError as e:
     outcome = "rejected: " + getattr(e, "reason", str(e))

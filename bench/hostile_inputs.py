@@ -1,6 +1,6 @@
 """Issue 40's hostile inputs against the readers, remote calls and restores they target.
 
-    .venv/bin/python bench/hostile_inputs.py
+    .venv/bin/python bench/hostile_inputs.py [--only readers|trust]
 
 Target (issue 40): every reader at most 64 MiB above idle, every remote call within its
 deadline + 0.5 s, restore writes within the declared and bounded size; nothing lost.
@@ -422,8 +422,9 @@ MODEL_INDEX = """
 from registry.remote import models as remote_models
 from registry.core.fingerprint import cpu_fingerprint
 from registry.remote.tier import RemoteTier
+from registry.trust.signing import Trust  # the opt-out: the readers are measured, not trust
 
-tier = RemoteTier(ARGS["url"], timeout_s=1.0)
+tier = RemoteTier(ARGS["url"], timeout_s=1.0, trust=Trust(allow_unsigned=True))
 root = Path(ARGS["work"]) / "inductor"
 fp = cpu_fingerprint()  # once, at a pod's start (it imports torch for the versions)
 
@@ -441,8 +442,9 @@ ENTRY_FIELD = """
 from registry import MatchPolicy
 from registry.core.fingerprint import cpu_fingerprint
 from registry.remote.tier import RemoteTier
+from registry.trust.signing import Trust  # the opt-out: the readers are measured, not trust
 
-tier = RemoteTier(ARGS["url"], timeout_s=1.0)
+tier = RemoteTier(ARGS["url"], timeout_s=1.0, trust=Trust(allow_unsigned=True))
 fp = cpu_fingerprint()
 
 def op():
@@ -455,8 +457,9 @@ def op():
 TRICKLE_ENTRY = """
 from registry.core.fingerprint import cpu_fingerprint
 from registry.remote.tier import RemoteTier
+from registry.trust.signing import Trust  # the opt-out: the readers are measured, not trust
 
-tier = RemoteTier(ARGS["url"], timeout_s=ARGS["timeout_s"])
+tier = RemoteTier(ARGS["url"], timeout_s=ARGS["timeout_s"], trust=Trust(allow_unsigned=True))
 fp = cpu_fingerprint()
 
 def op():
@@ -468,8 +471,9 @@ TRICKLE_MODEL = """
 from registry.remote import models as remote_models
 from registry.core.fingerprint import cpu_fingerprint
 from registry.remote.tier import RemoteTier
+from registry.trust.signing import Trust  # the opt-out: the readers are measured, not trust
 
-tier = RemoteTier(ARGS["url"], timeout_s=ARGS["timeout_s"])
+tier = RemoteTier(ARGS["url"], timeout_s=ARGS["timeout_s"], trust=Trust(allow_unsigned=True))
 fp = cpu_fingerprint()
 
 def op():
@@ -481,8 +485,9 @@ def op():
 TRICKLE_TRITON = """
 from registry.remote import triton as remote_triton
 from registry.remote.tier import RemoteTier
+from registry.trust.signing import Trust  # the opt-out: the readers are measured, not trust
 
-tier = RemoteTier(ARGS["url"], timeout_s=ARGS["timeout_s"])
+tier = RemoteTier(ARGS["url"], timeout_s=ARGS["timeout_s"], trust=Trust(allow_unsigned=True))
 
 def op():
     got = remote_triton.fetch(tier, ARGS["cache_key"], ["k.cubin", "k.json"])
@@ -605,6 +610,7 @@ def after(outcome):
 
 BUNDLE = """
 from registry import Store, bundle
+from registry.trust.signing import Trust  # the opt-out: the limits are measured, not trust
 from registry.core.errors import RegistryError
 
 targets = Path(ARGS["targets"])
@@ -618,7 +624,9 @@ before = size(targets)
 def op():
     try:
         roots = {"triton-kernels": targets / "triton", "inductor": targets / "inductor"}
-        info = bundle.install(Path(ARGS["bundle"]), store, expect=None, roots=roots)
+        info = bundle.install(
+            Path(ARGS["bundle"]), store, expect=None, roots=roots, trust=Trust(allow_unsigned=True)
+        )
     except RegistryError as e:
         return {"installed": False, "reason": getattr(e, "reason", str(e))[:400]}
     return {"installed": True, "models": info.get("models"), "artifacts": info.get("artifacts")}
@@ -898,24 +906,38 @@ def bundle_case(tmp: Path) -> dict:
     )
 
 
+def readers_cases(tmp: Path) -> list[dict]:
+    """Issue 40's cases: the readers' memory and the remote calls' deadlines."""
+    rows = [*redis_cases(tmp), *trickle_cases(tmp)]
+    small = functools.partial(growing_case, grow=8 * MIB, label="5b")
+    for case in (learned_case, growing_case, small, import_case, bundle_case):
+        rows.append(case(tmp))
+        last = rows[-1]
+        say(f"{last['case']}: {last['peak_mib_over_idle']} MiB, {last['target_met']}")
+    return rows
+
+
 def main() -> int:
+    from bench import hostile_trust
+
+    only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else ""
     started = time.monotonic()
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="hostile-inputs-") as name:
         tmp = Path(name)
-        rows += redis_cases(tmp)
-        rows += trickle_cases(tmp)
-        small = functools.partial(growing_case, grow=8 * MIB, label="5b")
-        for case in (learned_case, growing_case, small, import_case, bundle_case):
-            rows.append(case(tmp))
-            last = rows[-1]
-            say(f"{last['case']}: {last['peak_mib_over_idle']} MiB, {last['target_met']}")
+        if only in ("", "readers"):
+            rows += readers_cases(tmp)
+        if only in ("", "trust"):
+            for found in hostile_trust.cases(tmp):  # issue [5.3]: trust, rollback, replay
+                rows.append(found)
+                say(f"{found['case']}: {found['target_met']}")
     missed = [r["case"] for r in rows if not r["target_met"]]
     report = {
         "bench": "bench/hostile_inputs.py",
-        "issue": 40,
+        "issue": "40 (readers), 54 [5.3] (trust)",
         "target": "Hostile inputs: every reader <= 64 MiB over idle, every remote call <= "
-        "its deadline + 0.5 s, restore writes <= the declared and bounded size; nothing lost",
+        "its deadline + 0.5 s, restore writes <= the declared and bounded size; nothing lost; "
+        "0 tampered artifacts executed, 0 rollbacks or replays accepted",
         "method": "each case in a fresh python -c process: VmHWM reset after imports "
         "(/proc/self/clear_refs = 5), peak = VmHWM - idle VmRSS; wchar = bytes passed to "
         "write() during the operation",

@@ -43,7 +43,8 @@ before any pod (``bench.model_weights``; not counted), as a server loads its che
 ``--trust signed`` (issue [4.2]): every pod trusts one fleet key and signs what it
 publishes with it (``TRITON_WARMUP_TRUSTED_KEYS``, ``TRITON_WARMUP_SIGNING_KEY``, as the
 chart gives them), so a warm pod verifies every Redis value it takes; ``off`` (the
-default): trust not configured. The same cases run both ways give signing's added time
+default): the opt-out, ``TRITON_WARMUP_ALLOW_UNSIGNED=true`` (with no key configured,
+code from Redis would be refused). The same cases run both ways give signing's added time
 to ready.
 
 Each row gives the end-to-end seconds, the init container's wall time and its run's
@@ -302,6 +303,8 @@ def pod_env(
     if keys is not None:  # --trust signed: the fleet's key, trusted and signing
         env["TRITON_WARMUP_TRUSTED_KEYS"] = str(keys / "trusted")
         env["TRITON_WARMUP_SIGNING_KEY"] = str(keys / "fleet.key")
+    else:  # --trust off: the opt-out, so pods share unsigned code as they did before [5.3]
+        env["TRITON_WARMUP_ALLOW_UNSIGNED"] = "true"
     if weights is not None:
         env[WEIGHTS_ENV] = str(weights)
     return env

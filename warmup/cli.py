@@ -36,6 +36,10 @@ if TYPE_CHECKING:
     from warmup.run.early import EarlyRanks
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+TRUST_NOTES = {  # what ``status`` adds to the run's trust mode (registry.trust.signing)
+    "code-refused": " (no trusted keys: code from bundles and the remote tier refused)",
+    "unsigned-allowed": " (TRITON_WARMUP_ALLOW_UNSIGNED=true: unsigned code accepted)",
+}
 # Imported here: the manifest (and pydantic) and the error classes (registry.core.errors, no
 # torch). ``validate`` needs nothing else, not even the settings; every other command
 # imports what it uses when it runs.
@@ -290,6 +294,8 @@ def _status(path: Path, *, as_json: bool) -> int:
         if status.remote is not None:
             counts = ", ".join(f"{n} {v}" for n, v in status.remote.model_dump().items())
             print(f"\nremote tier: {counts}")
+        if status.trust:
+            print(f"trust: {status.trust}{TRUST_NOTES.get(status.trust, '')}")
     return EXIT_OK if status.ready else EXIT_FAILED
 
 

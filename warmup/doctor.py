@@ -285,6 +285,21 @@ def check_lock(settings: Settings, host: Host) -> Result:
     return Result("lock", "OK", f"{backend.describe()} answered PING in {ms:.0f} ms")
 
 
+# ---- trust --------------------------------------------------------------------------------
+
+
+def check_trust(settings: Settings, host: Host) -> Result:
+    """The trusted keys and the signing key load, and which artifacts this pod takes:
+    signed, code refused (no trusted key) or unsigned allowed (the opt-out)."""
+    try:
+        trust = Services(settings).trust
+    except RegistryError as e:  # a keys folder or a key that cannot be used
+        fix = "fix TRITON_WARMUP_TRUSTED_KEYS / TRITON_WARMUP_SIGNING_KEY (docs/trust.md)"
+        return Result("trust", "MISSING", str(e), fix)
+    signs = f"; signs with key {trust.signer.key_id}" if trust.signer is not None else ""
+    return Result("trust", "OK", f"{trust.mode}: {trust.describe()}{signs}")
+
+
 # ---- the command --------------------------------------------------------------------------
 
 CHECKS: dict[str, tuple[Check, ...]] = {
@@ -293,6 +308,7 @@ CHECKS: dict[str, tuple[Check, ...]] = {
     "cache": (check_cache_dir, check_work_dir),
     "volume": (check_volume,),
     "lock": (check_lock,),
+    "trust": (check_trust,),
 }
 
 

@@ -16,11 +16,11 @@ writes groups that Triton's file cache cannot read back, so the tiered manager i
 one to use.
 
 Trust: a file's name points at its bytes by sha256, and that pointer is signed by the
-publishing pod's key (``registry.trust.remote_signature``); with trusted keys configured
-(``TRITON_WARMUP_TRUSTED_KEYS``) a pointer no trusted key signed is refused and Triton
-compiles, so a writer to the redis server without a key cannot hand a pod a kernel.
-Without trusted keys, anyone who can write to the server can, as anyone who can write
-to the volume can. Host code (Triton's ``.so`` launcher stubs) is never shared: each
+publishing pod's key (``registry.trust.remote_signature``); a pointer no trusted key
+(``TRITON_WARMUP_TRUSTED_KEYS``) signed is refused and Triton compiles, so a writer to
+the redis server without a key cannot hand a pod a kernel. Without trusted keys every
+pointer is refused (nothing can vouch for it) unless ``TRITON_WARMUP_ALLOW_UNSIGNED=true``
+says to take unsigned kernels. Host code (Triton's ``.so`` launcher stubs) is never shared: each
 process builds its own.
 
 Redis down or slow: each call waits at most ``TRITON_WARMUP_TRITON_REMOTE_TIMEOUT_S``

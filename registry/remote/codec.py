@@ -163,9 +163,7 @@ class Codec:
             raise RegistryError("an entry of another slot")
         return entry
 
-    def opened(
-        self, name: str, field: str, raw: redis_url.Read, *, code: bool
-    ) -> bytes | None:
+    def opened(self, name: str, field: str, raw: redis_url.Read, *, code: bool) -> bytes | None:
         """The payload of the value ``raw`` read at ``name`` (``field``) if the trust
         accepts its signature (``code``: it carries code or names the blobs that do);
         else None, counted and warned once, naming the key. None for no value or one too

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,8 +44,11 @@ PUBLIC_SUFFIX = ".pub"
 PRIVATE_SUFFIX = ".key"
 MAX_KEY_FILE_BYTES = 16 * 2**10  # a PEM Ed25519 key is ~120 bytes
 MAX_TRUSTED_KEYS = 256
+# a private key others may read, or anyone but its owner may write, is refused
+PRIVATE_MODE_REFUSED = stat.S_IROTH | stat.S_IWOTH | stat.S_IWGRP
 BUNDLE, REMOTE = "bundle", "remote"  # the domains: what a signature was made for
 SIGNED, UNSIGNED_ALLOWED, CODE_REFUSED = "signed", "unsigned-allowed", "code-refused"  # modes
+TRUST_MODES = (SIGNED, CODE_REFUSED, UNSIGNED_ALLOWED)
 _CONFIGURE = (
     "set TRITON_WARMUP_TRUSTED_KEYS to a folder of public keys (`triton-warmup registry keys "
     "generate`), or TRITON_WARMUP_ALLOW_UNSIGNED=true to accept unsigned code"
@@ -91,9 +96,10 @@ class SigningKey:
 
     @classmethod
     def load(cls, path: Path) -> SigningKey:
-        """The Ed25519 private key in the PEM file ``path``; RegistryError naming the file."""
+        """The Ed25519 private key in the PEM file ``path``; RegistryError naming the file,
+        also for one that others may read or anyone but its owner may write."""
         try:
-            key = serialization.load_pem_private_key(_read_key(path), password=None)
+            key = serialization.load_pem_private_key(_read_key(path, private=True), password=None)
         except (TypeError, ValueError) as e:
             raise KeyFileError(
                 f"Signing key {path} is not an unencrypted PEM private key ({short(str(e))})."
@@ -122,12 +128,27 @@ def load_public(path: Path) -> Ed25519PublicKey:
     return key
 
 
-def _read_key(path: Path) -> bytes:
+def _read_key(path: Path, *, private: bool = False) -> bytes:
     # a Kubernetes Secret's files are links into its ..data folder: followed
     try:
-        return atomic.read_bounded(path, MAX_KEY_FILE_BYTES, follow_links=True)
+        with atomic.open_bounded(path, MAX_KEY_FILE_BYTES, follow_links=True) as f:
+            if private:  # the mode of what was opened, not of a name that may change
+                _check_private(path, os.fstat(f.fileno()).st_mode)
+            return b"".join(atomic.chunks(f, MAX_KEY_FILE_BYTES, path.name))
     except (OSError, ValueError) as e:
         raise KeyFileError(f"Key file {path} cannot be read: {e}") from None
+
+
+def _check_private(path: Path, mode: int) -> None:
+    """Refuse a private key that others may read, or anyone but its owner may write, as
+    ssh does: a Secret mounted 0400, or 0440 for the pod's group (fsGroup), passes."""
+    loose = mode & PRIVATE_MODE_REFUSED
+    if loose:
+        who = "others can read it" if loose & stat.S_IROTH else "others than its owner can write it"
+        raise KeyFileError(
+            f"Signing key {path} has mode {stat.S_IMODE(mode):04o}: {who}; chmod 0600 "
+            "(a Secret: defaultMode 0400, or 0440 for the pod's group)."
+        )
 
 
 def trusted_keys(folder: Path) -> dict[str, Ed25519PublicKey]:
@@ -251,9 +272,7 @@ class Trust:
                 f"{len(remote)} keys ({', '.join(remote) or 'none: not required'})"
             )
         if self.allow_unsigned:
-            return (
-                "unsigned artifacts allowed, code included (TRITON_WARMUP_ALLOW_UNSIGNED=true)"
-            )
+            return "unsigned artifacts allowed, code included (TRITON_WARMUP_ALLOW_UNSIGNED=true)"
         return f"no trusted keys: code from bundles and the remote tier refused; {_CONFIGURE}"
 
     def check(

@@ -103,6 +103,23 @@ def test_serve_on_a_port_in_use_says_so(pod, capsys):
     assert f"cannot listen on 127.0.0.1:{port}" in line and "TRITON_WARMUP_METRICS_PORT" in line
 
 
+@pytest.mark.parametrize("command", ["run", "serve"])
+def test_a_signing_key_others_can_read_stops_run_and_serve_in_one_line(
+    pod, capsys, monkeypatch, command
+):
+    from registry.trust import signing
+
+    private, _ = signing.generate(pod / "keys", "fleet")
+    private.chmod(0o644)  # a copy that lost its mode
+    monkeypatch.setenv("TRITON_WARMUP_SIGNING_KEY", str(private))
+    monkeypatch.setenv("TRITON_WARMUP_ALLOW_UNSIGNED", "true")
+    args = ["--manifest", str(DEMO)] if command == "run" else ["--port", "0"]
+    assert main([command, *args]) == 2
+    line = one_line_error(capsys)
+    assert f"{private} has mode 0644: others can read it; chmod 0600" in line
+    assert not (pod / "work_dir" / "status.json").exists()
+
+
 @pytest.mark.slow
 def test_serve_stopped_while_its_start_waits_on_the_store_ends_cleanly(tmp_path):
     # /healthz answers as soon as the sidecar serves; its start then recovers the store,

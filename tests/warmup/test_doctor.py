@@ -303,6 +303,28 @@ def test_redis_that_answers_ping_is_ok_and_its_password_is_not_shown(tmp_path, r
     assert result.state == "MISSING" and "wrong" not in result.detail
 
 
+# ---- trust --------------------------------------------------------------------------------
+
+
+def test_the_trust_check_names_the_mode_and_the_key_it_signs_with(tmp_path):
+    from registry.trust import signing
+
+    shown = doctor.check_trust(settings_for(tmp_path, allow_unsigned=False), Host())
+    assert (shown.state, shown.detail.split(":")[0]) == ("OK", "code-refused")
+    assert "TRITON_WARMUP_TRUSTED_KEYS" in shown.detail
+    opted = doctor.check_trust(settings_for(tmp_path, allow_unsigned=True), Host())
+    assert opted.detail.startswith("unsigned-allowed: ") and "ALLOW_UNSIGNED=true" in opted.detail
+    private, _ = signing.generate(tmp_path / "keys", "fleet")
+    key = signing.SigningKey.load(private)
+    signed = settings_for(tmp_path, trusted_keys=tmp_path / "keys", signing_key=private)
+    shown = doctor.check_trust(signed, Host())
+    assert shown.detail.startswith("signed: ") and shown.detail.endswith(key.key_id)
+    private.chmod(0o644)
+    loose = doctor.check_trust(signed, Host())
+    assert loose.state == "MISSING" and "others can read it" in loose.detail
+    assert "TRITON_WARMUP_SIGNING_KEY" in loose.fix
+
+
 # ---- the command --------------------------------------------------------------------------
 
 

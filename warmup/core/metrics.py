@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from registry.core import atomic
 from registry.core.explain import OUTCOMES, Prediction
+from registry.trust.signing import TRUST_MODES
 from warmup.core.results import ModelResult, RemoteCounts, ShapeResult
 
 SECONDS_BUCKETS = (
@@ -349,6 +350,14 @@ class ServeMetrics:
         "triton_warmup_registry_quarantined",
         "Corrupt registry files moved aside since start.",
     )
+    trust_mode = MetricField(
+        Gauge,
+        "triton_warmup_trust_mode",
+        "1 for this pod's trust mode, 0 for the others: signed (trusted keys configured), "
+        "code-refused (no trusted key: unsigned code refused, tuned configs taken), "
+        "unsigned-allowed (TRITON_WARMUP_ALLOW_UNSIGNED=true: the opt-out).",
+        ["mode"],
+    )
     recovered = MetricField(
         Counter,
         "triton_warmup_registry_recovered",
@@ -361,6 +370,11 @@ class ServeMetrics:
         self.registry = registry or CollectorRegistry()
         create_metrics(self, self.registry)
         self._recovered: dict[str, int] = {}  # the store's counts already added
+
+    def record_trust(self, mode: str) -> None:
+        """Set ``trust_mode``: 1 for ``mode``, 0 for every other."""
+        for each in TRUST_MODES:
+            self.trust_mode.labels(each).set(1 if each == mode else 0)
 
     def record_recovered(self, counts: Mapping[str, int]) -> None:
         """Bring ``recovered`` up to a store's running counts (``Store.recovered``)."""

@@ -318,6 +318,8 @@ class RunStatus(_Record):
     shapes: list[ShapeResult] = []
     models: list[ModelResult] = []  # every rank's, by model then rank
     full_hit: bool = False  # warmup.run.full_hit: restored and exited, no rank started
+    # registry.trust.signing.Trust.mode: signed, code-refused or unsigned-allowed (the opt-out)
+    trust: str = ""
     # registry.storage.hosts: this host's probe, when no rank detected its fingerprint (the
     # server's does, and the harvest records the host under this probe for the next pod)
     probe: dict[str, Any] | None = None

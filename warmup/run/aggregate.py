@@ -171,6 +171,7 @@ def ended(
         remote=tally.remote,
         shapes=tally.shapes,
         models=tally.models,
+        trust=record.services.trust.mode,
         **fields,
     )
     return status.write(record.settings.paths.status_file)

@@ -129,6 +129,7 @@ class Sidecar:
             ) from None
         self._http.start()
         announce(self._trust)
+        self.metrics.record_trust(self._trust.mode)
         self.verdicts.check_manifest()
         self.installs.recover()
         self.watcher.start()

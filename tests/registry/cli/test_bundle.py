@@ -108,6 +108,7 @@ def test_a_bad_key_or_keys_folder_is_bad_input(capsys, store, tmp_path):
     )
     assert code == 2 and "--trusted-keys" in err and "does not exist" in err
     (tmp_path / "junk.key").write_text("junk")
+    (tmp_path / "junk.key").chmod(0o600)
     code, _, err = run(
         capsys, "registry", "bundle", "sign", str(made), "--key", str(tmp_path / "junk.key")
     )

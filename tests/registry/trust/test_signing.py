@@ -135,9 +135,11 @@ def test_a_key_of_another_algorithm_is_refused(tmp_path):
         serialization.NoEncryption(),
     )
     (tmp_path / "ec.key").write_bytes(private)
+    (tmp_path / "ec.key").chmod(0o600)
     with pytest.raises(KeyFileError, match="need Ed25519"):
         SigningKey.load(tmp_path / "ec.key")
     (tmp_path / "junk.key").write_text("junk")
+    (tmp_path / "junk.key").chmod(0o600)
     with pytest.raises(KeyFileError, match="not an unencrypted PEM private key"):
         SigningKey.load(tmp_path / "junk.key")
 
@@ -156,3 +158,38 @@ def test_release_keys_for_bundles_keep_a_pods_key_from_signing_one(tmp_path):
     assert "bundles by 1 release keys" in trust.describe()
     only_bundles = Trust.load(None, bundle_keys_dir=tmp_path / "release")
     assert only_bundles.requires("bundle") and not only_bundles.requires("remote")
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o400, 0o440, 0o640, 0o700])
+def test_a_private_key_only_its_owner_writes_and_no_stranger_reads_loads(tmp_path, mode):
+    private, _ = signing.generate(tmp_path, "k")
+    private.chmod(mode)
+    assert SigningKey.load(private).key_id
+
+
+@pytest.mark.parametrize(
+    "mode,says",
+    [(0o644, "others can read it"), (0o604, "others can read it"), (0o620, "its owner can write"),
+     (0o602, "its owner can write"), (0o666, "others can read it")],
+)  # fmt: skip
+def test_a_private_key_others_can_read_or_write_is_refused_as_ssh_does(tmp_path, mode, says):
+    private, _ = signing.generate(tmp_path, "k")
+    private.chmod(mode)
+    with pytest.raises(KeyFileError, match=f"has mode {mode:04o}: .*{says}.*chmod 0600"):
+        SigningKey.load(private)
+
+
+def test_a_secrets_signing_key_is_checked_by_the_mode_of_the_file_it_links_to(tmp_path):
+    """A Secret's ``signing.key`` is a link (mode 0777 itself) into ``..data``."""
+    private, _ = signing.generate(tmp_path / "made", "k")
+    secret = tmp_path / "secret"
+    (secret / "..2026_12_08").mkdir(parents=True)
+    target = secret / "..2026_12_08" / "signing.key"
+    target.write_bytes(private.read_bytes())
+    os.symlink("..2026_12_08", secret / "..data")
+    os.symlink("..data/signing.key", secret / "signing.key")
+    target.chmod(0o440)  # defaultMode 0440: the pod's group reads it
+    assert SigningKey.load(secret / "signing.key").key_id
+    target.chmod(0o644)  # the Secret's default mode
+    with pytest.raises(KeyFileError, match="mode 0644"):
+        SigningKey.load(secret / "signing.key")

@@ -99,6 +99,22 @@ def test_status_prints_the_phase_table_and_the_remote_tier(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "warmup ready" in out and "rank_start" in out and "60.0%" in out
     assert "remote tier: hits 2, misses 0, published 1" in out
+    assert "trust:" not in out  # a status written before trust was recorded
+
+
+@pytest.mark.parametrize(
+    "mode,says",
+    [
+        ("signed", "trust: signed\n"),
+        ("code-refused", "code from bundles and the remote tier refused"),
+        ("unsigned-allowed", "TRITON_WARMUP_ALLOW_UNSIGNED=true: unsigned code accepted"),
+    ],
+)
+def test_status_shows_the_runs_trust_mode(tmp_path, capsys, mode, says):
+    _status(tmp_path, trust=mode)
+    assert main(["status", "--file", str(tmp_path / "status.json")]) == 0
+    out = capsys.readouterr().out
+    assert f"trust: {mode}" in out and says in out
 
 
 def test_status_exit_codes_and_json(tmp_path, capsys):

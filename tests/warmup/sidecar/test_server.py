@@ -209,6 +209,10 @@ def test_health_metrics_and_unknown_paths(sidecar, settings):
     assert names["triton_warmup_tuning_seconds_count"] == 2  # the run's numbers
     assert names["triton_warmup_ranks"] == 2
     assert "triton_warmup_ready" in names and "triton_warmup_registry_entries" in names
+    modes = samples(text, "triton_warmup_trust_mode")
+    mode = "unsigned-allowed" if settings.trust.allow_unsigned else "code-refused"
+    assert {labels[0][1]: value for labels, value in modes.items() if value} == {mode: 1}
+    assert len(modes) == 3  # signed, code-refused, unsigned-allowed: one of them 1
 
 
 def samples(text, name):

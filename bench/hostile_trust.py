@@ -1,0 +1,216 @@
+"""Issue [5.3]'s attacks on trust, run by ``bench/hostile_inputs.py`` beside its readers'.
+
+    .venv/bin/python bench/hostile_inputs.py --only trust
+
+Each case is what an attacker (or an unlucky operator) does, through the product's own
+entry points (the CLI in a fresh process where a restart matters), and what it counts:
+
+- T1 tampered code with **no** trusted key configured (the default): the issue's
+  payloads (a generated module, a launcher ``.so`` and a cubin that each write a marker
+  when run) in a bundle unsigned, signed by a stranger, and behind an honest bundle's
+  signature, installed with ``registry bundle install``; then everything installed is
+  run as a server would. Target: 0 installed, 0 executed. The opt-out
+  (``--allow-unsigned``) is the control: the same payload installs and runs.
+- T2 the same payload on the Redis tier, unsigned and stranger-signed, fetched by a pod
+  with no key and by one that trusts the fleet's key. Target: 0 fetched, 0 executed.
+- T5 a signing key of mode 0644 given to ``run``. Target: exit 2, one line.
+
+The remaining cases (rollback, replay, large blobs, staging folders, links) are added by
+:func:`cases` from the modules that implement them. Every case returns a row as
+``bench/hostile_inputs.py`` prints them: ``case``, ``call``, ``input``, ``target``,
+what was seen, ``target_met``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+PAYLOAD_C = r"""
+#include <stdio.h>
+__attribute__((constructor)) static void ran(void) {
+    FILE *f = fopen("%s", "a");
+    if (f) { fputs("so\n", f); fclose(f); }
+}
+"""
+
+
+def payload(work: Path, marker: Path) -> dict[str, bytes]:
+    """The attacker's files, each writing to ``marker`` when run."""
+    src = work / "payload.c"
+    src.write_text(PAYLOAD_C % marker)
+    so = work / "payload.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(so), str(src)], check=True)
+    module = f"with open({str(marker)!r}, 'a') as f:\n    f.write('module\\n')\n"
+    return {
+        "module": module.encode(),
+        "so": so.read_bytes(),
+        "cubin": b"\x7fELF tampered cubin " + str(marker).encode(),
+    }
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``triton-warmup ARGS`` in a fresh process, as an operator or a pod runs it."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TRITON_WARMUP_")}
+    return subprocess.run(
+        [sys.executable, "-m", "warmup", *args],
+        env={**base, "PYTHONPATH": str(ROOT), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def row(case: str, call: str, given: str, target: str, met: bool, **seen: Any) -> dict:
+    return {"case": case, "call": call, "input": given, "target": target, **seen,
+            "target_met": met}  # fmt: skip
+
+
+def tampered_bundles(tmp: Path) -> dict:
+    """T1: the payload's bundles installed with no key configured, then run."""
+    from registry.trust import signing
+    from tests import test_tampered_code as attack
+
+    work, marker = tmp / "t1", tmp / "t1" / "MARKER"
+    work.mkdir()
+    trusted = signing.SigningKey.load(signing.generate(work / "release", "release")[0])
+    bundles = attack.hostile_bundles(work, payload(work, marker), trusted)
+    volume = work / "volume"
+    store = ["registry", "--store", str(volume / "registry"), "--create-store"]
+    folders = [
+        "--triton-cache",
+        str(volume / "triton-cache"),
+        "--inductor",
+        str(volume / "inductor"),
+    ]
+    installed, lines = 0, {}
+    for name, path in bundles.items():
+        done = cli(*store, "bundle", "install", str(path), "--fingerprint", "cpu", *folders)
+        installed += done.returncode == 0
+        lines[name] = (done.stderr.strip().splitlines() or [""])[-1][:300]
+    attack.run_everything(volume / "inductor", volume / "triton-cache", work)
+    executed = len(marker.read_text().split()) if marker.exists() else 0
+    opted = cli(*store, "bundle", "install", str(bundles["tampered"]), "--allow-unsigned",
+                "--fingerprint", "cpu", *folders)  # fmt: skip
+    attack.run_everything(volume / "inductor", volume / "triton-cache", work)
+    control = sorted(set(marker.read_text().split())) if marker.exists() else []
+    refused_all = all("no trusted keys are configured" in line for line in lines.values())
+    return row(
+        "T1. tampered code in a bundle, no trusted key configured (the default)",
+        "triton-warmup registry bundle install (a fresh process each), then the server's "
+        "imports and loads",
+        "a module, a launcher .so and a cubin that write a marker when run: unsigned, "
+        "signed by a stranger, and behind an honest bundle's signature",
+        "0 installed, 0 executed; each refusal says how to configure keys or opt out; the "
+        "opt-out (--allow-unsigned) installs it and it runs (the control)",
+        installed == 0
+        and executed == 0
+        and refused_all
+        and opted.returncode == 0
+        and control == ["cubin", "module", "so"],
+        installed=installed,
+        executed=executed,
+        refusals=lines,
+        control_with_opt_out=control,
+    )
+
+
+def tampered_remote(tmp: Path, url: str) -> dict:
+    """T2: the payload on the Redis tier, fetched by a pod with no key and one with keys."""
+    import itertools
+
+    from registry.core.fingerprint import cpu_fingerprint
+    from registry.remote import models as remote_models
+    from registry.remote import triton as remote_triton
+    from registry.remote.tier import RemoteTier
+    from registry.trust import signing
+    from tests import test_tampered_code as attack
+
+    work, marker = tmp / "t2", tmp / "t2" / "MARKER"
+    work.mkdir()
+    family, triton = attack._sources(work / "attacker", payload(work, marker))
+    where = {"model": attack.MODEL, "key_digest": attack.KEY, "fingerprint": cpu_fingerprint()}
+    files = {p.name: p.read_bytes() for p in (triton / attack.HASH).iterdir()}
+    stranger = signing.generate(work / "stranger", "stranger")[0]
+    signing.generate(work / "fleet", "fleet")
+    writers = (signing.Trust(allow_unsigned=True), signing.Trust.load(None, signing_key=stranger))
+    readers = {"no key": signing.Trust(), "fleet key": signing.Trust.load(work / "fleet")}
+    fetched = 0
+    for (n, writer), (label, trust) in itertools.product(enumerate(writers), readers.items()):
+        tier = RemoteTier(url, timeout_s=1.0, trust=writer)
+        remote_models.publish(tier, family, **where)
+        for name, data in files.items():
+            remote_triton.publish(tier, attack.HASH, name, data)
+        pod = work / f"pod-{n}-{label.replace(' ', '-')}"
+        reader = RemoteTier(url, timeout_s=1.0, trust=trust)
+        fetched += bool(remote_models.fetch(reader, pod / "inductor", **where))
+        kernels = remote_triton.fetch(reader, attack.HASH, list(files))
+        fetched += len(kernels)
+        for name, data in kernels.items():
+            (pod / "triton-cache" / attack.HASH).mkdir(parents=True, exist_ok=True)
+            (pod / "triton-cache" / attack.HASH / name).write_bytes(data)
+        attack.run_everything(pod / "inductor", pod / "triton-cache", work)
+    executed = len(marker.read_text().split()) if marker.exists() else 0
+    return row(
+        "T2. tampered code on the Redis tier",
+        "registry.remote.models.fetch, registry.remote.triton.fetch, then the server's "
+        "imports and loads",
+        "the payload's model index, blobs and Triton files published unsigned and signed "
+        "by a stranger; read by a pod with no key and by one trusting the fleet's key",
+        "0 fetched, 0 executed",
+        fetched == 0 and executed == 0,
+        fetched=fetched,
+        executed=executed,
+    )
+
+
+def loose_private_key(tmp: Path) -> dict:
+    """T5: ``run`` given a signing key others can read."""
+    from registry.trust import signing
+
+    work = tmp / "t5"
+    private, _ = signing.generate(work / "keys", "fleet")
+    private.chmod(0o644)
+    (work / "volume").mkdir()
+    start = time.monotonic()
+    done = cli(
+        "run",
+        "--manifest", str(ROOT / "examples" / "demo.yaml"),
+        env={"TRITON_WARMUP_VOLUME": str(work / "volume"),
+             "TRITON_WARMUP_WORK_DIR": str(work / "work"),
+             "TRITON_WARMUP_SIGNING_KEY": str(private),
+             "TRITON_WARMUP_ALLOW_UNSIGNED": "true"},
+    )  # fmt: skip
+    seconds = time.monotonic() - start
+    lines = done.stderr.strip().splitlines()
+    return row(
+        "T5. a private signing key of mode 0644",
+        "triton-warmup run (TRITON_WARMUP_SIGNING_KEY)",
+        f"{private.name} chmod 0644",
+        "exit 2 in one line, before any rank",
+        done.returncode == 2
+        and len(lines) == 1
+        and "others can read it" in lines[0]
+        and not (work / "work" / "status.json").exists(),
+        exit_code=done.returncode,
+        stderr=lines[:3],
+        seconds=round(seconds, 2),
+    )
+
+
+def cases(tmp: Path) -> list[dict]:
+    """Every [5.3] case; a redis-server on a free port for those that need one."""
+    from bench.fleet import redis_server
+
+    rows = [tampered_bundles(tmp), loose_private_key(tmp)]
+    server = shutil.which("redis-server")
+    if server is not None:
+        with redis_server(server, tmp / "redis-trust") as url:
+            rows.append(tampered_remote(tmp, url))
+    return rows
