@@ -158,3 +158,19 @@ def test_sequences_are_shown_and_an_older_bundle_needs_allow_downgrade(capsys, s
     assert code == 0 and out.rstrip().endswith("sequence 4 (downgrade allowed)")
     code, out, _ = cli(capsys, target, "bundle", "list")
     assert code == 0 and "SEQUENCE" in out and "downgrade allowed" in out
+
+
+def test_an_install_removes_the_stage_a_dead_install_left_in_its_folders(capsys, store, tmp_path):
+    made = tmp_path / "b.tgz"
+    assert (
+        cli(capsys, store.root, "bundle", "create", str(made), "--name", "a", "--version", "1")[0]
+        == 0
+    )
+    inductor = tmp_path / "volume" / "inductor"
+    dead = inductor / ".bundle-dead"  # its lock file is there and nobody holds it
+    (dead / "blobs").mkdir(parents=True)
+    (dead / ".lock").touch()
+    install = ["--create-store", "bundle", "install", "--fingerprint", "none"]
+    code, _, err = cli(capsys, tmp_path / "t", *install, "--inductor", str(inductor), str(made))
+    assert code == 0, err
+    assert not dead.exists()
