@@ -3,7 +3,7 @@
 Archive (tar, gzip) members, MANIFEST.json first (after SIGNATURE.json, if signed)::
 
     SIGNATURE.json                    Ed25519 signature of MANIFEST.json's bytes: bundle_signature
-    MANIFEST.json                     format, schema, name, version, created,
+    MANIFEST.json                     format, schema, name, version, sequence, created,
                                       fingerprints covered, sha256 and size of every member
     entries/<kernel>/<gpu>/<software>/<shape>.json
     <family folder>/...               each cache family's files
@@ -52,14 +52,20 @@ The limits (:class:`Limits`; each is also a keyword of ``verify`` and ``install`
 With these, a process verifying or installing any bundle stays within 128 MiB of its
 idle size (``bench/bundle_memory.py`` measures it).
 
+Versions (:mod:`registry.bundles.versions`): ``sequence``, in the signed MANIFEST.json,
+orders the bundles of one name; ``install`` refuses one older than the highest of its
+name installed, or the same sequence with other content, unless ``allow_downgrade``.
+
 ``install`` is all or nothing: it parses every entry and computes its path, checks the
 fingerprints (unless ``force``), stages each family's files in its folder's
 ``.bundle-*`` (``<triton_cache>/.bundle-*``, ...), swaps in a new store generation in one
 rename, and only then, still under the store's lock, moves the artifacts into place. On
 any failure before the swap it removes the staging folder and leaves the cache and the
-store as they were. After the swap an artifact that cannot move, or a group file that
-cannot be rewritten, is logged: it costs a recompile, not the install. :func:`rollback`
-undoes an install, compiled models' indexes included.
+store as they were; a stage a killed install left is removed by the next install into
+the same folders (:mod:`registry.families.staging`: never one a live install uses).
+After the swap an artifact that cannot move, or a group file that cannot be rewritten,
+is logged: it costs a recompile, not the install. :func:`rollback` undoes an install,
+compiled models' indexes included.
 """
 
 from __future__ import annotations
@@ -68,6 +74,7 @@ import hashlib
 import io
 import logging
 import tarfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path, PurePosixPath
@@ -75,12 +82,14 @@ from typing import Any, BinaryIO
 
 from registry import families
 from registry.bundles import signature as bundle_signature
+from registry.bundles import versions
 from registry.bundles.reader import (
     ENTRIES,
     FORMAT,
     MANIFEST,
     MAX_MEMBER_BYTES,
     MAX_PART_BYTES,
+    MAX_SEQUENCE,
     MAX_TOTAL_BYTES,
     SCHEMA,
     Bundle,
@@ -95,12 +104,16 @@ from registry.core.entry import Entry, now_iso
 from registry.core.errors import BundleRejected, RegistryError
 from registry.core.fingerprint import Fingerprint, MatchPolicy
 from registry.core.volume import Volume
-from registry.families.bundle_parts import PartReader, Stage
+from registry.families import staging
+from registry.families.bundle_parts import PartReader
+from registry.families.staging import Stage
 from registry.storage.generations import Generation, Record
 from registry.storage.store import Store
 from registry.trust.signing import Signature, SigningKey, Trust
 
 log = logging.getLogger(__name__)
+_sequence_lock = threading.Lock()
+_last_sequence = 0  # the last default sequence this process gave (_next_sequence)
 __all__ = [
     "FORMAT", "MANIFEST", "MAX_MEMBER_BYTES", "MAX_PART_BYTES", "MAX_TOTAL_BYTES", "SCHEMA",
     "Bundle", "Limits", "create", "describe", "install", "installed",
@@ -120,14 +133,20 @@ def create(
     roots: Mapping[str, Path] | None = None,
     only: str | None = None,
     signer: SigningKey | None = None,
+    sequence: int | None = None,
 ) -> dict[str, Any]:
     """Write a bundle of ``entries`` and of each cache family's files in its folder of
     ``roots`` (family name -> folder: ``registry.families``; of the thing named ``only``,
     for a keyed family, if given) to ``out``, signed by ``signer`` if given.
 
-    Artifacts are hashed, then copied, in pieces; they must not change meanwhile."""
+    ``sequence``: its place among the bundles named ``name``, which an install never
+    lets go backwards (:mod:`registry.bundles.versions`); default: the creation time in
+    milliseconds. Artifacts are hashed, then copied, in pieces; they must not change
+    meanwhile."""
     if not name or not version:
         raise RegistryError(f"Bundle needs a name and a version; got {name!r} and {version!r}.")
+    if sequence is not None and not 0 <= sequence <= MAX_SEQUENCE:
+        raise RegistryError(f"Bundle sequence {sequence} is out of range 0 to {MAX_SEQUENCE}.")
     members, fingerprints = _gather(entries, dict(roots or {}), only)
     if not members:
         raise RegistryError(f"Bundle '{name}' would be empty: no entries and no artifacts.")
@@ -138,6 +157,7 @@ def create(
         "schema": SCHEMA,
         "name": name,
         "version": version,
+        "sequence": _next_sequence() if sequence is None else sequence,
         "created": now_iso(),
         "fingerprints": [fingerprints[k] for k in sorted(fingerprints)],
         "members": listed,
@@ -146,6 +166,15 @@ def create(
     signature = None if signer is None else signer.sign(bundle_signature.DOMAIN, text)
     _write_archive(out, text, members, listed, signature)
     return manifest
+
+
+def _next_sequence() -> int:
+    """The time in milliseconds, past the last one this process gave: two bundles made in
+    the same millisecond still come in the order they were made."""
+    global _last_sequence
+    with _sequence_lock:
+        _last_sequence = max(time.time_ns() // 1_000_000, _last_sequence + 1)
+        return _last_sequence
 
 
 def sign(path: Path, key: SigningKey, *, out: Path | None = None) -> Bundle:
@@ -190,7 +219,19 @@ def on_volume(volume: Path) -> dict[str, Path]:
 def remove_stale_stages(volume: Path) -> int:
     """What killed installs and copies left in every family's folder on the volume at
     ``volume`` (``.bundle-*`` stages, ``.tmp-*`` files); how many were removed."""
-    return sum(remove_stale_temp_files(root) for root in on_volume(volume).values())
+    return _remove_stale(on_volume(volume))
+
+
+def _remove_stale(roots: Mapping[str, Path]) -> int:
+    """Killed installs' stages in each family folder of ``roots`` (never one a live
+    install uses: ``registry.families.staging``) and killed copies' old temp files."""
+    removed = 0
+    for root in roots.values():
+        try:
+            removed += staging.remove_stale_stages(root) + remove_stale_temp_files(root)
+        except OSError as e:  # a clean-up: the install says what is wrong with the folder
+            log.warning("stale stages in %s not removed: %s", root, e)
+    return removed
 
 
 def _gather(
@@ -295,11 +336,14 @@ def install(
     force: bool = False,
     roots: Mapping[str, Path] | None = None,
     trust: Trust | None = None,
+    allow_downgrade: bool = False,
     **limits: int,
 ) -> dict[str, Any]:
     """Verify ``path``, then merge it into ``store`` as one new generation: all or nothing.
     A bundle whose manifest the current generation installed already makes none: its
-    info is that generation's, with ``unchanged`` true.
+    info is that generation's, with ``unchanged`` true. A bundle older than the highest
+    of its name installed, or the same sequence with other content, is rejected unless
+    ``allow_downgrade`` (:mod:`registry.bundles.versions`).
 
     ``expect``: the fingerprint of the machines this store serves; entries and indexes
     that do not match it under ``policy`` reject the bundle unless ``force``. ``None``
@@ -307,15 +351,17 @@ def install(
     the volume's folder of it: :func:`on_volume`), only
     after the store install succeeded; a bundle carrying a family not given a folder is
     rejected. ``trust``: the keys it must be signed by (see :func:`verify`). ``limits``:
-    fields of :class:`Limits` to change.
+    fields of :class:`Limits` to change. First, what killed installs left in those
+    folders goes (:func:`remove_stale_stages`).
     """
     checked = Limits(**limits)
+    _remove_stale(roots or {})
     stages = {name: Stage(root) for name, root in (roots or {}).items()}
     check = None
     if expect is not None and not force:
         check = _fingerprint_check(str(path), expect, policy)
     try:
-        info = _merge(path, store, checked, stages, check, trust)
+        info = _merge(path, store, checked, stages, check, trust, allow_downgrade)
     except BaseException:
         _discard(stages, failed=True)
         raise
@@ -330,9 +376,11 @@ def _merge(
     stages: dict[str, Stage],
     check: Callable[[str, Fingerprint], None] | None,
     trust: Trust | None,
+    allow_downgrade: bool,
 ) -> dict[str, Any]:
     """Read the bundle at ``path`` into ``stages``, then install its entries in ``store``
-    as one generation; the staged files move in after the swap."""
+    as one generation, if its sequence may follow the installed ones; the staged files
+    move in after the swap."""
     bundle, reader = read(
         path, limits, parts=bundled_parts(), stages=stages, check=check, trust=trust
     )
@@ -341,7 +389,11 @@ def _merge(
         return same
     parts = list(reader.parts.values())
 
+    def admit() -> dict[str, Any]:  # under the store's lock, before anything is written
+        return versions.admit(store, bundle, allow_downgrade=allow_downgrade)
+
     def previous() -> dict[str, Any]:  # under the store's lock, before the seal
+        versions.raise_mark(store, bundle)
         return {key: value for part in parts for key, value in part.before_seal().items()}
 
     def commit() -> None:  # after the swap: each family's files into its folder
@@ -349,7 +401,9 @@ def _merge(
             part.commit()
 
     record = _record(bundle, parts)
-    return store.install(bundle.entries, record=record, after_swap=commit, before_seal=previous)
+    return store.install(
+        bundle.entries, record=record, after_swap=commit, before_seal=previous, admit=admit
+    )
 
 
 def _discard(stages: dict[str, Stage], *, failed: bool) -> None:
@@ -397,6 +451,7 @@ def _record(bundle: Bundle, parts: list[PartReader]) -> dict[str, Any]:
         "bundle": {
             "name": bundle.name,
             "version": bundle.version,
+            "sequence": bundle.sequence,
             "sha256": bundle.sha256,
             "manifest_sha256": bundle.manifest_sha256,
             "signed_by": bundle.signed_by,

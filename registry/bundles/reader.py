@@ -28,7 +28,8 @@ from registry.core.errors import BundleRejected, RegistryError, short, shown, wh
 from registry.core.fingerprint import Fingerprint
 from registry.core.patterns import SHA256
 from registry.families.bundle_indexed import Restores
-from registry.families.bundle_parts import BundlePart, Held, PartReader, Stage
+from registry.families.bundle_parts import BundlePart, Held, PartReader
+from registry.families.staging import Stage
 from registry.trust.signing import Signature, Trust, Untrusted
 
 FORMAT = "triton-warmup-bundle"
@@ -38,6 +39,7 @@ ENTRIES = "entries"
 MAX_MEMBER_BYTES = 256 * 2**20
 MAX_TOTAL_BYTES = 2 * 2**30
 MAX_PART_BYTES = 255  # a file name on Linux file systems (NAME_MAX)
+MAX_SEQUENCE = 2**63 - 1  # what every JSON reader and a signed 64-bit integer hold
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,12 @@ class Bundle:
     @property
     def version(self) -> str:
         return str(self.manifest["version"])
+
+    @property
+    def sequence(self) -> int:
+        """Its place among the bundles of its name (``registry.bundles.versions``); 0 for
+        a bundle made before bundles had one."""
+        return int(self.manifest.get("sequence", 0))
 
 
 class Parts:
@@ -424,6 +432,13 @@ def _check_manifest(
                 label,
                 f"{MANIFEST} '{key}' is {shown(manifest[key])}; not a non-empty string",
             )
+    sequence = manifest.get("sequence", 0)
+    if not isinstance(sequence, int) or isinstance(sequence, bool):
+        raise BundleRejected(label, f"{MANIFEST} 'sequence' is {shown(sequence)}; not an int")
+    if not 0 <= sequence <= MAX_SEQUENCE:
+        raise BundleRejected(
+            label, f"{MANIFEST} 'sequence' is {shown(sequence)}; expected 0 to {MAX_SEQUENCE}"
+        )
     _check_fingerprint_list(label, manifest["fingerprints"])
     return _check_listed(label, manifest["members"], limits, manifest_size, parts)
 

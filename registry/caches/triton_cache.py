@@ -31,7 +31,6 @@ GROUP_PREFIX = "__grp__"
 MAX_GROUP_BYTES = 2**20  # a group file lists a kernel's few files: a few hundred bytes
 STALE_TEMP_S = 3600.0
 RESTORE_THREADS = 8  # copies at once into a pod's cache (file I/O releases the GIL)
-STAGING_PREFIX = ".bundle-"  # bundle.install stages artifacts in such a folder
 ORIGINS = ".origins"  # beside the kernels' folders: what each was compiled with
 MAX_ORIGIN_BYTES = 16 * 2**20
 MAX_ORIGIN_FOLDERS = 200_000
@@ -192,13 +191,15 @@ def parse_group(raw: bytes) -> dict[str, str]:
 
 
 def remove_stale_temp_files(folder: Path, older_than_s: float = STALE_TEMP_S) -> int:
-    """Remove what killed writers left: ``.tmp-*`` files of a copy and ``.bundle-*``
-    staging folders of a bundle install (a live one finishes in seconds or minutes)."""
+    """Remove what killed writers left: ``.tmp-*`` files of a copy, once ``older_than_s``
+    old (a live copy finishes in seconds). A bundle install's ``.bundle-*`` staging
+    folders are not these: each holds a lock while its install lives
+    (``registry.families.staging``), which removes them."""
     if not folder.is_dir():
         return 0
     removed = 0
     cutoff = time.time() - older_than_s
-    leftovers = [*folder.glob(f"*/{atomic.TEMP_PREFIX}*"), *folder.glob(f"{STAGING_PREFIX}*")]
+    leftovers = list(folder.glob(f"*/{atomic.TEMP_PREFIX}*"))
     for path in leftovers:
         with contextlib.suppress(OSError):
             st = path.lstat()

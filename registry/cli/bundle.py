@@ -10,6 +10,7 @@ from typing import Any
 
 from registry import families
 from registry.bundles import bundle
+from registry.bundles.reader import MAX_SEQUENCE
 from registry.cli.common import (
     creatable,
     existing,
@@ -89,7 +90,13 @@ def _add_create(
     )
     parser.add_argument("out", type=Path)
     parser.add_argument("--name", required=True)
-    parser.add_argument("--version", required=True)
+    parser.add_argument("--version", required=True, help="its label, for people")
+    parser.add_argument(
+        "--sequence",
+        type=int,
+        help="its place among the bundles of --name: an install refuses one lower than the "
+        "installed (default: the time in milliseconds, so later bundles come after)",
+    )
     parser.add_argument("--kernel", help="only this kernel")
     for family in families.with_option():
         assert family.option is not None
@@ -110,6 +117,13 @@ def _add_install(
     )
     ins.add_argument("file", type=Path)
     ins.add_argument("--force", action="store_true", help="install despite fingerprint mismatches")
+    ins.add_argument(
+        "--allow-downgrade",
+        action="store_true",
+        help="install a bundle older than the one of its name installed, or another with "
+        "the same sequence (logged, kept in the generation's record); 'registry rollback' "
+        "undoes the latest install",
+    )
     ins.add_argument(
         "--policy", type=MatchPolicy, default=MatchPolicy.EXACT, choices=list(MatchPolicy)
     )
@@ -136,6 +150,10 @@ def create(args: argparse.Namespace, store: Store) -> dict[str, Any]:
     for flag, value in (("--name", args.name), ("--version", args.version)):
         if not value:
             raise BadInput(f"{flag} is empty; expected a non-empty {flag[2:]} for the bundle.")
+    if args.sequence is not None and not 0 <= args.sequence <= MAX_SEQUENCE:
+        raise BadInput(
+            f"--sequence is {args.sequence}; expected a whole number 0 to {MAX_SEQUENCE}."
+        )
     creatable(args.out, folder=False, what="bundle file")
     chosen = roots(args)
     for family in families.with_option():
@@ -158,10 +176,12 @@ def create(args: argparse.Namespace, store: Store) -> dict[str, Any]:
         roots=roots(args),
         only=args.model,
         signer=signer,
+        sequence=args.sequence,
     )
     if not args.json:
         print(
-            f"wrote {args.out}: {len(entries)} entries, {bundle.describe(manifest['members'])}"
+            f"wrote {args.out}: {len(entries)} entries, {bundle.describe(manifest['members'])}, "
+            f"sequence {manifest['sequence']}"
             + (f", signed by key {signer.key_id}" if signer else "")
         )
     return manifest
@@ -176,10 +196,11 @@ def _verify(args: argparse.Namespace, store: Store) -> dict[str, Any]:
             f"entries  {bundle.describe(verified.manifest['members'], sep='  ')}  "
             f"sha256 {verified.sha256[:16]}"
         )
+        print(f"  sequence {verified.sequence}")
         print(f"  {_signed(verified.signed_by, trust)}")
         for fp in verified.manifest.get("fingerprints", []):
             print(f"  covers {fp.get('gpu')} / {fp.get('software')}")
-    return {**verified.manifest, "signed_by": verified.signed_by}
+    return {**verified.manifest, "sequence": verified.sequence, "signed_by": verified.signed_by}
 
 
 def _trust(args: argparse.Namespace) -> signing.Trust:
@@ -242,6 +263,7 @@ def install(args: argparse.Namespace, store: Store) -> dict[str, Any]:
         policy=args.policy,
         force=args.force,
         roots=roots(args),
+        allow_downgrade=args.allow_downgrade,
     )
     if not args.json and info.get("unchanged"):
         print(f"{path} is installed already as generation {info['id']}: nothing changed")
@@ -250,7 +272,8 @@ def install(args: argparse.Namespace, store: Store) -> dict[str, Any]:
             f"installed {info['bundle']['name']} {info['bundle']['version']} as generation "
             f"{info['id']}: {info['entries']} entries, {info['artifacts']} artifacts, "
             f"{info['models']} compiled model indexes, {info.get('caches', 0)} declared "
-            "folder indexes"
+            f"folder indexes; sequence {info['bundle'].get('sequence', 0)}"
+            + (" (downgrade allowed)" if info.get("allowed_downgrade") else "")
         )
     return info
 
@@ -265,10 +288,13 @@ def list_installed(args: argparse.Namespace, store: Store) -> list[dict[str, Any
                 "kind": g.record.kind,
                 "bundle": g.bundle.get("name", ""),
                 "version": g.bundle.get("version", ""),
+                "sequence": g.bundle.get("sequence", 0) if g.bundle else "",
                 "created": g.record.created,
                 "current": "*" if g.current else "",
+                "note": "downgrade allowed" if g.record.extra.get("allowed_downgrade") else "",
             }
         )
     if not args.json:
-        table(rows, ["generation", "kind", "bundle", "version", "created", "current"])
+        columns = ["generation", "kind", "bundle", "version", "sequence", "created", "current"]
+        table(rows, [*columns, "note"] if any(r["note"] for r in rows) else columns)
     return rows

@@ -35,7 +35,8 @@ from registry.core import atomic
 from registry.core.errors import BundleRejected, RegistryError
 from registry.core.fingerprint import Fingerprint
 from registry.core.patterns import SHA256
-from registry.families.bundle_parts import BundlePart, Packed, PartReader, Stage
+from registry.families.bundle_parts import BundlePart, Packed, PartReader
+from registry.families.staging import Stage
 from registry.storage.generations import Record
 
 if TYPE_CHECKING:

@@ -15,21 +15,14 @@ owns the member's folder (``registry.families``), and names none:
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import logging
-import os
-import shutil
-import tempfile
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from registry.caches.triton_cache import STAGING_PREFIX
-from registry.core import atomic
-from registry.core.errors import BundleRejected
 from registry.core.fingerprint import Fingerprint
+from registry.families.staging import Stage
 from registry.storage.generations import Record
 
 if TYPE_CHECKING:
@@ -56,83 +49,6 @@ class Held:
 
     files: list[str] = field(default_factory=list)
     indexes: list[str] = field(default_factory=list)
-
-
-class Stage:
-    """Files wait in ``<root>/.bundle-*`` (same file system: a rename moves each) until
-    the store holds the entries; on failure the folder goes, and so do the folders it had
-    to create."""
-
-    def __init__(self, root: Path) -> None:
-        self.cache = root
-        self.root: Path | None = None
-        self._made: list[Path] = []  # folders this install created, deepest first
-        self.moved: list[str] = []  # files committed into the folder
-
-    def write(self, label: str, rel: str, chunks: Iterable[bytes]) -> None:
-        """Write a file from ``chunks``; the bundle's own faults reject, and so does any
-        failure of the file system (a path too long, a full disk)."""
-        final = self.cache / rel
-        try:
-            if final.is_dir() or (final.parent.exists() and not final.parent.is_dir()):
-                raise BundleRejected(label, f"artifact '{rel}' cannot replace what is at {final}")
-            target = self._folder() / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with target.open("xb") as f:
-                for chunk in chunks:
-                    f.write(chunk)
-                f.flush()
-                os.fsync(f.fileno())
-        except OSError as e:
-            raise BundleRejected(
-                label, f"cannot stage artifact '{rel}' in {self.root}: {e}"
-            ) from None
-
-    def _folder(self) -> Path:
-        if self.root is None:
-            missing = itertools.takewhile(
-                lambda p: not p.exists(), [self.cache, *self.cache.parents]
-            )
-            self._made = list(missing)
-            self.cache.mkdir(parents=True, exist_ok=True)
-            self.root = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=self.cache))
-        return self.root
-
-    def commit(self, files: list[str]) -> None:
-        """Move every staged file in, each with one rename. Called after the store swap,
-        so it never raises: one that cannot move is logged and left out (it is compiled
-        or written again by its user)."""
-        if self.root is None or not files:
-            return
-        folders, failed = set(), []
-        for rel in files:
-            target = self.cache / rel
-            try:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(self.root / rel, target)
-            except OSError as e:
-                failed.append(f"{rel}: {e}")
-                continue
-            self.moved.append(rel)
-            folders.add(target.parent)
-        for folder in sorted(folders):
-            atomic.fsync_dir(folder)
-        if failed:
-            log.error(
-                "%d of %d artifacts not moved into the cache %s (made again where they are "
-                "needed); first: %s",
-                len(failed),
-                len(files),
-                self.cache,
-                failed[0],
-            )
-
-    def discard(self, *, failed: bool) -> None:
-        if self.root is not None:
-            shutil.rmtree(self.root, ignore_errors=True)
-        for folder in self._made if failed else ():
-            with contextlib.suppress(OSError):
-                folder.rmdir()
 
 
 def keep(stage: Stage | None, label: str, rel: str, hashed: Iterator[bytes]) -> None:

@@ -36,7 +36,7 @@ from registry.core.explain import Prediction, predict
 from registry.core.patterns import TRITON_CACHE_KEY
 from registry.core.volume import Volume
 from registry.families.base import BundleOption, Family, Host, Moved, PodFolder, Scope, Sources
-from registry.families.bundle_parts import BundlePart, Packed, PartReader, Stage
+from registry.families.bundle_parts import BundlePart, Packed, PartReader
 from registry.families.file_harvest import (
     FileLimits,
     Harvested,
@@ -46,6 +46,7 @@ from registry.families.file_harvest import (
     read_at,
     temporary,
 )
+from registry.families.staging import Stage
 from registry.remote import triton as remote_triton
 
 if TYPE_CHECKING:

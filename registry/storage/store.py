@@ -271,6 +271,7 @@ class Store:
         record: Mapping[str, Any],
         after_swap: Callable[[], None] | None = None,
         before_seal: Callable[[], Mapping[str, Any]] | None = None,
+        admit: Callable[[], Mapping[str, Any]] | None = None,
     ) -> dict[str, Any]:
         """Make a new generation = current + ``entries`` and swap it in with one rename.
 
@@ -280,11 +281,18 @@ class Store:
         artifacts into the cache there); if it fails, the failure is logged and the swap
         stands. ``before_seal`` runs under the lock before the record is sealed; what it
         returns joins the record (a bundle notes what it will replace outside the store).
+        ``admit`` runs first under the lock, before anything is written: it may refuse
+        the install by raising (a bundle older than the one installed), or return what
+        joins the record.
         """
         entries = list(entries)
         with self._writing():
+            admitted = dict(admit()) if admit is not None else {}
             info = self._generations.install(
-                entries, record=record, after_swap=after_swap, before_seal=before_seal
+                entries,
+                record={**record, **admitted},
+                after_swap=after_swap,
+                before_seal=before_seal,
             )
             self._collect_garbage()
         self.refresh(force=True)

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from registry import Entry, KernelConfig, Measurement, RegistryError, Store, lock
+from registry.bundles import bundle
+from registry.families.staging import Stage
 from registry.locks import backend_from_url
 from tests.conftest import gpu_fingerprint
 
@@ -83,6 +85,30 @@ def hang_in(root: str, what: str, ready: str) -> None:
         store.put(entry(77, 64))
     else:
         store.install([entry(78, 64)], record={"bundle": {"name": "b"}})
+
+
+def hang_staging(path: str, root: str, family: str, folder: str, ready: str) -> None:
+    """Install the bundle at ``path`` into the store at ``root``, ``family``'s files into
+    ``folder``, and stop it for good once its first file is staged, saying so in
+    ``ready``: a kill -9 there leaves what an install killed mid-read leaves."""
+    write = Stage.write
+
+    def hang(self: Stage, *args: Any) -> None:
+        write(self, *args)
+        Path(ready).write_text(str(self.root))
+        time.sleep(3600)
+
+    Stage.write = hang  # type: ignore[method-assign]
+    bundle.install(Path(path), Store(root, create=True), expect=None, roots={family: Path(folder)})
+
+
+def hold_stage(folder: str, ready: str) -> None:
+    """Stage one file in ``folder`` as a live install does, say where in ``ready``, then
+    sleep until killed."""
+    stage = Stage(Path(folder))
+    stage.write("b.tgz", "a/one.bin", [b"1"])
+    Path(ready).write_text(str(stage.root))
+    time.sleep(3600)
 
 
 class _Solo:

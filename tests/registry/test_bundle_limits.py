@@ -409,7 +409,7 @@ def test_forced_install_of_an_int_compute_capability_leaves_no_cubin(tmp_path, w
 
 
 class FailingStore(Store):
-    def install(self, entries, *, record, after_swap=None, before_seal=None):
+    def install(self, entries, *, record, **steps):
         raise RegistryError("disk full")
 
 

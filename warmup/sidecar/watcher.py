@@ -11,6 +11,14 @@ to) changed since the last scan began. A bundle is known by its sha256, hashed b
 streaming and cached by that stat signature, so an unchanged file is never hashed twice.
 Installed and rejected are final; deferred is retried at the next change of the folder
 or of ``retry_on`` (the files whose change can make a deferred bundle installable).
+
+Links: a link in the folder is followed only where it resolves to a file inside the
+folder (a ConfigMap's ``b.tgz -> ..data/b.tgz``, ``..data -> ..2026_...``); any other
+link (to a bundle elsewhere, to ``/etc/passwd``) is skipped with one warning and never
+opened. A bundle is hashed through the file its link resolves to, opened without
+following a link; the install reads it by its name in the folder, checked again just
+before (a link retargeted between that check and the install's open is the one window
+left, and only to a writer of the folder, who can put any bundle there anyway).
 """
 
 from __future__ import annotations
@@ -113,6 +121,7 @@ class BundleWatcher(FileSystemEventHandler):
         self.on_result = on_result
         self.on_scan = on_scan
         self.seen: dict[str, str] = {}  # sha256 -> result
+        self._warned: set[tuple[str, str]] = set()  # (name, target) of links skipped
         self.scans = 0
         self._digests: dict[Stat, str] = {}  # the last scan's files: stat -> sha256
         # the folder as the last scan began, and retry_on's keys if it deferred a bundle
@@ -204,9 +213,29 @@ class BundleWatcher(FileSystemEventHandler):
         return tuple(map(stat_key, self.retry_on)), periods
 
     def bundles(self) -> list[Path]:
-        """The folder's bundle files; hidden ones (a writer's temp files) are not."""
+        """The folder's bundle files; hidden ones (a writer's temp files) are not, nor is
+        a link that leads out of the folder (:meth:`inside`)."""
         found = {p for pattern in PATTERNS for p in self.folder.glob(pattern)}
-        return sorted(p for p in found if not p.name.startswith("."))
+        return sorted(p for p in found if not p.name.startswith(".") and self.inside(p))
+
+    def inside(self, path: Path) -> Path | None:
+        """The file of the folder that ``path`` (a name in it) is: itself, or what it
+        resolves to where it is a link to a file inside the folder; None for a link that
+        leads anywhere else, which is warned of once and never opened."""
+        if not path.is_symlink():
+            return path
+        home, target = os.path.realpath(self.folder), os.path.realpath(path)
+        if os.path.commonpath([home, target]) == home and target != home:
+            return Path(target)
+        if (path.name, target) not in self._warned:
+            self._warned.add((path.name, target))
+            log.warning(
+                "bundle folder %s: %s is a link to %s, outside the folder: skipped, not read",
+                self.folder,
+                path.name,
+                target,
+            )
+        return None
 
     def scan(self, listing: Listing | None = None) -> dict[str, str]:
         """Install what is new, one scan at a time; returns {file name: result} for the
@@ -234,7 +263,8 @@ class BundleWatcher(FileSystemEventHandler):
             if found is None:
                 continue  # removed or half-swapped meanwhile: the next event rescans
             key, digest = found
-            if self.seen.get(digest) not in FINAL and digest not in digests.values():
+            new = self.seen.get(digest) not in FINAL and digest not in digests.values()
+            if new and self.inside(path) is not None:  # again: a link may have moved since
                 results[path.name] = self.seen[digest] = self._install(path, digest)
             digests[key] = digest
         self._digests = digests
@@ -243,8 +273,13 @@ class BundleWatcher(FileSystemEventHandler):
     def _digest(self, path: Path, key: Stat | None) -> tuple[Stat, str] | None:
         if key is not None and key in self._digests:
             return key, self._digests[key]
-        try:  # never blocks on a fifo named *.tgz; only regular files are bundles
-            with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as file:
+        real = self.inside(path)
+        if real is None:
+            return None
+        # never blocks on a fifo named *.tgz, never follows a link that moved since
+        flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW
+        try:  # only regular files are bundles
+            with os.fdopen(os.open(real, flags), "rb") as file:
                 st = os.fstat(file.fileno())  # the file hashed, even if the name moved on
                 if not stat.S_ISREG(st.st_mode):
                     return None

@@ -3,7 +3,11 @@ import hashlib
 import io
 import json
 import os
+import signal
+import subprocess
+import sys
 import tarfile
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,6 +15,8 @@ import pytest
 
 from registry import BundleRejected, KernelConfig, MatchPolicy, Measurement, Store
 from registry.bundles import bundle
+from registry.caches import inductor_cache
+from registry.core.fingerprint import cpu_fingerprint
 from registry.storage.store import CURRENT
 from tests.conftest import gpu_fingerprint
 from tests.registry._bundles import UNSIGNED_OK
@@ -257,3 +263,46 @@ def test_create_refuses_an_empty_or_nameless_bundle(tmp_path):
         bundle.create(tmp_path / "x.tgz", name="n", version="1", entries=[])
     with pytest.raises(Exception, match="name and a version"):
         bundle.create(tmp_path / "x.tgz", name="", version="1", entries=[])
+
+
+def _models_bundle(tmp_path: Path) -> Path:
+    """A bundle carrying one compiled model's files (the Inductor family)."""
+    family, cache = tmp_path / "src" / "inductor", tmp_path / "src-cache"
+    for rel in ("fxgraph/ab/fabc/entry", "ab/cabc.so"):
+        (cache / rel).parent.mkdir(parents=True, exist_ok=True)
+        (cache / rel).write_bytes(os.urandom(64))
+    fp = cpu_fingerprint()
+    inductor_cache.save(cache, family, model="mlp", key_digest="0" * 16, key={}, fingerprint=fp)
+    out = tmp_path / "models.tgz"
+    bundle.create(out, name="models", version="1", entries=[], roots={"inductor": family})
+    return out
+
+
+def _hanging_install(path: Path, store: Path, folder: Path, tmp_path: Path):
+    """An install in another process, stopped for good once it staged its first file."""
+    ready = tmp_path / "ready"
+    args = ["hang_staging", str(path), str(store), "inductor", str(folder), str(ready)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.registry._workers", *args], cwd=Path(__file__).parents[3]
+    )
+    deadline = time.time() + 60
+    while not ready.exists() or not ready.read_text():
+        assert proc.poll() is None and time.time() < deadline, "no install started"
+        time.sleep(0.02)
+    return proc, Path(ready.read_text())
+
+
+def test_the_next_install_removes_a_killed_installs_stage_never_a_live_one(tmp_path):
+    path, store, folder = _models_bundle(tmp_path), tmp_path / "registry", tmp_path / "inductor"
+    proc, stage = _hanging_install(path, store, folder, tmp_path)
+    try:  # an install beside a live one: its stage stays, and both may go on
+        assert bundle.install(
+            path, Store(store, create=True), expect=None, roots={"inductor": folder}
+        )
+        assert stage.is_dir() and list(folder.glob(".bundle-*")) == [stage]
+    finally:
+        proc.send_signal(signal.SIGKILL)  # as a pod is killed
+        proc.wait()
+    assert stage.is_dir()  # what the killed install left
+    info = bundle.install(path, Store(store), expect=None, roots={"inductor": folder})
+    assert info["unchanged"] and not list(folder.glob(".bundle-*"))

@@ -158,7 +158,9 @@ def test_the_same_bundle_installed_again_makes_no_generation(tmp_path, entries, 
     assert len(bundle.installed(target)) == 1
     other = _unsigned(tmp_path, entries[:1], name="o.tgz")
     bundle.install(other, target, expect=None)
-    bundle.install(unsigned, target, expect=None)  # back to the first: a change again
+    with pytest.raises(BundleRejected, match="older than sequence"):
+        bundle.install(unsigned, target, expect=None)  # back to the first: a rollback
+    bundle.install(unsigned, target, expect=None, allow_downgrade=True)  # a change again
     assert len(bundle.installed(target)) == 3
 
 

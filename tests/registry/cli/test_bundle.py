@@ -119,3 +119,59 @@ def test_a_bad_key_or_keys_folder_is_bad_input(capsys, store, tmp_path):
         capsys, "registry", "bundle", "verify", "--trusted-keys", str(empty), str(made)
     )
     assert code == 2 and "holds no public key" in err
+
+
+def test_sequences_are_shown_and_an_older_bundle_needs_allow_downgrade(capsys, store, tmp_path):
+    made = {}
+    for sequence in (5, 4):
+        made[sequence] = tmp_path / f"b{sequence}.tgz"
+        create = ["bundle", "create", str(made[sequence]), "--name", "tp2", "--version", "x"]
+        code, out, _ = cli(capsys, store.root, *create, "--sequence", str(sequence))
+        assert code == 0 and out.rstrip().endswith(f"sequence {sequence}")
+    code, out, _ = run(capsys, "registry", "bundle", "verify", str(made[4]))
+    assert code == 0 and "  sequence 4\n" in out
+    code, _, err = cli(
+        capsys,
+        store.root,
+        "bundle",
+        "create",
+        "x.tgz",
+        "--name",
+        "n",
+        "--version",
+        "1",
+        "--sequence",
+        "-1",
+    )
+    assert code == 2 and "--sequence is -1" in err
+    target = tmp_path / "target"
+    install = ["--create-store", "bundle", "install", "--fingerprint", "none"]
+    assert cli(capsys, target, *install, str(made[5]))[0] == 0
+    code, _, err = cli(capsys, target, *install, str(made[4]))
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "'tp2' sequence 4 is older than sequence 5" in err and "--allow-downgrade" in err
+    code, out, _ = cli(capsys, target, "--json", "bundle", "list")
+    assert [row["sequence"] for row in json.loads(out)] == [5]
+    assert cli(capsys, target, "rollback")[0] == 0  # the way back; the newer may come again
+    assert cli(capsys, target, *install, str(made[4]))[0] == 2
+    assert cli(capsys, target, *install, str(made[5]))[0] == 0
+    code, out, _ = cli(capsys, target, *install, "--allow-downgrade", str(made[4]))
+    assert code == 0 and out.rstrip().endswith("sequence 4 (downgrade allowed)")
+    code, out, _ = cli(capsys, target, "bundle", "list")
+    assert code == 0 and "SEQUENCE" in out and "downgrade allowed" in out
+
+
+def test_an_install_removes_the_stage_a_dead_install_left_in_its_folders(capsys, store, tmp_path):
+    made = tmp_path / "b.tgz"
+    assert (
+        cli(capsys, store.root, "bundle", "create", str(made), "--name", "a", "--version", "1")[0]
+        == 0
+    )
+    inductor = tmp_path / "volume" / "inductor"
+    dead = inductor / ".bundle-dead"  # its lock file is there and nobody holds it
+    (dead / "blobs").mkdir(parents=True)
+    (dead / ".lock").touch()
+    install = ["--create-store", "bundle", "install", "--fingerprint", "none"]
+    code, _, err = cli(capsys, tmp_path / "t", *install, "--inductor", str(inductor), str(made))
+    assert code == 0, err
+    assert not dead.exists()

@@ -1,5 +1,5 @@
-"""A family's part of a bundle: its files staged beside their folder and moved in after
-the swap, and a new family's files carried by bundles with no change to them."""
+"""A family's part of a bundle: a new family's files carried by bundles with no change
+to them (staging: ``test_staging.py``)."""
 
 from __future__ import annotations
 
@@ -10,30 +10,8 @@ import pytest
 from registry import BundleRejected, Store, families
 from registry.bundles import bundle
 from registry.families.base import Family
-from registry.families.bundle_parts import BundlePart, Packed, Stage
+from registry.families.bundle_parts import BundlePart, Packed
 from tests.registry._bundles import UNSIGNED_OK
-
-
-def test_a_stage_moves_its_files_in_or_leaves_nothing_behind(tmp_path):
-    root = tmp_path / "made" / "family"
-    stage = Stage(root)
-    stage.write("b.tgz", "a/one.bin", [b"1", b"2"])
-    assert not (root / "a" / "one.bin").exists()  # staged, not in place
-    stage.commit(["a/one.bin"])
-    assert (root / "a" / "one.bin").read_bytes() == b"12" and stage.moved == ["a/one.bin"]
-    stage.discard(failed=False)
-    assert [p.name for p in root.iterdir()] == ["a"]  # the staging folder is gone
-
-    failed = Stage(tmp_path / "other" / "family")
-    failed.write("b.tgz", "x.bin", [b"x"])
-    failed.discard(failed=True)
-    assert not (tmp_path / "other").exists()  # the folders it made go too
-
-
-def test_a_file_cannot_replace_a_folder(tmp_path):
-    (tmp_path / "family" / "a").mkdir(parents=True)
-    with pytest.raises(BundleRejected, match="cannot replace"):
-        Stage(tmp_path / "family").write("b.tgz", "a", [b"x"])
 
 
 class Notes(BundlePart):

@@ -1,12 +1,15 @@
 """Bundle installs from the watched folder: deferred, installed once, or rejected."""
 
+import signal
+
 import pytest
 from prometheus_client import CollectorRegistry
 
-from registry import RegistryError, cpu_fingerprint
+from registry import Entry, KernelConfig, RegistryError, Store, cpu_fingerprint
 from registry.bundles import bundle
 from registry.core import atomic
 from tests.conftest import gpu_fingerprint
+from tests.registry.bundles.test_bundle import _hanging_install, _models_bundle
 from tests.warmup.sidecar.test_server import DEMO, make_bundle, ready_status
 from warmup.core.metrics import ServeMetrics
 from warmup.core.results import RunStatus
@@ -81,3 +84,39 @@ def test_recover_clears_a_killed_writers_stages_and_survives_a_store_it_cannot_w
     monkeypatch.setattr(installs.store, "recover", unwritable)
     installs.recover()
     assert "not recovered: read-only file system" in caplog.text
+
+
+def _fleet_bundle(tmp_path, sequence, m):
+    """The bundle 'fleet' at ``sequence``, carrying one entry for this node at ``m``."""
+    store = Store(tmp_path / f"src-{sequence}", create=True)
+    config = KernelConfig.make({"BLOCK_M": 16})
+    store.put(Entry.make("ag_gemm", {"M": m, "N": 32, "K": 32}, cpu_fingerprint(), config))
+    out = tmp_path / f"fleet-{sequence}.tgz"
+    bundle.create(out, name="fleet", version="1", entries=store.entries(), sequence=sequence)
+    return out
+
+
+def test_an_older_bundle_is_rejected_and_stays_so_after_a_restart(settings, tmp_path):
+    ready_status(settings)
+    installs = _installs(settings)
+    assert installs.install(_fleet_bundle(tmp_path, 10, 64)) == "installed"
+    current = installs.store.current_generation()
+    older = _fleet_bundle(tmp_path, 9, 32)
+    assert installs.install(older) == "rejected"
+    again = _installs(settings)  # a restarted sidecar on the same volume
+    assert again.install(older) == "rejected"
+    assert again.store.current_generation() == current
+    assert [e.key["M"] for e in again.store.entries()] == [64]
+
+
+def test_the_sidecars_start_removes_a_killed_installs_stage(settings, tmp_path):
+    folder = settings.paths.volume / "inductor"
+    store = settings.paths.layout.registry
+    proc, stage = _hanging_install(_models_bundle(tmp_path), store, folder, tmp_path)
+    installs = _installs(settings)
+    installs.recover()  # a live install's stage stays
+    assert stage.is_dir()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    installs.recover()
+    assert not stage.exists() and not list(folder.glob(".bundle-*"))

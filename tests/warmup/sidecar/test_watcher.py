@@ -200,3 +200,60 @@ def test_a_fifo_named_like_a_bundle_never_blocks_a_scan(folder, watch):
     digest = drop(folder / "real.tgz", os.urandom(4096))
     assert wait_for(lambda: watcher.seen.get(digest) == "installed", timeout=5)
     assert len(installs.calls) == 1
+
+
+def test_a_configmaps_links_are_followed_inside_the_folder(folder, watch):
+    stamp = folder / "..2026_11_21_10_00_00.000000001"
+    stamp.mkdir()
+    data = os.urandom(4096)
+    (stamp / "fleet.tgz").write_bytes(data)
+    (folder / "..data").symlink_to(stamp.name)
+    (folder / "fleet.tgz").symlink_to("..data/fleet.tgz")
+    (folder / "abs.tgz").symlink_to(stamp / "fleet.tgz")  # absolute, still inside
+    installs = Installs()
+    watcher = watch(installs)
+    digest = hashlib.sha256(data).hexdigest()
+    assert wait_for(lambda: watcher.seen.get(digest) == "installed")
+    assert installs.calls == [digest]
+
+
+def test_a_link_out_of_the_folder_is_skipped_with_one_warning_and_never_opened(
+    tmp_path, folder, monkeypatch, caplog
+):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "other.tgz").write_bytes(os.urandom(4096))
+    (folder / "other.tgz").symlink_to(elsewhere / "other.tgz")  # a bundle elsewhere
+    (folder / "passwd.tgz").symlink_to("/etc/passwd")
+    (folder / "..data").symlink_to(elsewhere)  # a ConfigMap's layout, led out
+    (folder / "fleet.tgz").symlink_to("..data/other.tgz")
+    (folder / "escape.tgz").symlink_to("../elsewhere/other.tgz")
+    opened = []
+    real_open = os.open
+    monkeypatch.setattr(
+        watcher_module.os, "open", lambda path, *a: opened.append(str(path)) or real_open(path, *a)
+    )
+    installs = []
+    watcher = BundleWatcher(folder, lambda path, digest: installs.append(path.name) or "installed")
+    digest = drop(folder / "real.tgz", os.urandom(4096))
+    for _ in range(3):
+        watcher.scan()
+    assert installs == ["real.tgz"] and watcher.seen == {digest: "installed"}
+    assert opened == [str(folder / "real.tgz")]  # nothing outside was opened
+    skipped = [r.getMessage() for r in caplog.records if "outside the folder" in r.getMessage()]
+    assert len(skipped) == 4  # one each, not one a scan
+    assert any("passwd.tgz is a link to /etc/passwd" in line for line in skipped)
+
+
+def test_a_link_moved_out_after_the_listing_is_not_installed(tmp_path, folder):
+    inside = folder / "..2026_11_21_10_00_00.000000001"
+    inside.mkdir()
+    (inside / "b.tgz").write_bytes(os.urandom(4096))
+    (folder / "b.tgz").symlink_to(inside / "b.tgz")
+    installs = []
+    watcher = BundleWatcher(folder, lambda path, digest: installs.append(path.name) or "installed")
+    listing = watcher._listing()  # the link led inside when the folder was listed
+    (tmp_path / "out.tgz").write_bytes(os.urandom(4096))
+    (folder / "b.tgz").unlink()
+    (folder / "b.tgz").symlink_to(tmp_path / "out.tgz")
+    assert watcher.scan(listing) == {} and installs == []
