@@ -15,6 +15,10 @@ says it lost the lock (``Holder.lost``) rather than claim it on. A lock server t
 answers that the key is gone or another's ends the lease at once. A holder about to do
 what only one holder should (the tuner's write) asks ``Holder.confirm()`` first, which
 also asks the server where the backend can, and does not do it once the lease is lost.
+Work under the lock checks ``Holder.check()`` (or ``Holder.loss``, no call) at its
+checkpoints and stops there once the lease is lost (:class:`LockLost`), so that it does
+not go on beside the next holder; after a redis restart the waiter's grace
+(``registry.locks.redis_lock``) lets it stop first.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from registry.locks.lease import (
     Holder,
     Lease,
     LockBackend,
+    LockLost,
     LockServerUnreachable,
     backoff,
     lock_file_name,
@@ -202,6 +207,7 @@ __all__ = [
     "Holder",
     "Lease",
     "LockBackend",
+    "LockLost",
     "LockServerUnreachable",
     "backend_from_url",
     "check_backend",

@@ -34,6 +34,16 @@ RETRY_CAP_S = 1.0
 LEASE_MARGIN = 0.05  # of the ttl: the holder gives up this much before the server would
 
 
+class LockLost(RegistryError):
+    """Work under a lock stopped at a checkpoint because the lock was lost while held:
+    another holder may be doing it now. Names the lock and why it was lost."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__(f"lock {name} lost while held ({reason}): work under it stopped")
+        self.name = name
+        self.reason = reason
+
+
 class LockServerUnreachable(RegistryError):
     """The lock server did not answer; names where and why."""
 
@@ -63,6 +73,7 @@ class Lease:
         self.retries = 0  # renewals that failed and were tried again
         self._valid_until = sent + ttl - self.margin
         self._lost: str | None = None
+        self.lost_at: float | None = None  # when the loss was seen (monotonic), once lost
         self._ended = False
         self._mutex = threading.Lock()
         self._confirm: Callable[[], None] | None = None
@@ -105,6 +116,8 @@ class Lease:
     def lose(self, reason: str) -> None:
         with self._mutex:
             first, self._lost = self._lost is None, self._lost or reason
+            if first:
+                self.lost_at = time.monotonic()
         if first:
             log.warning(LOST, self.name, reason)
 
@@ -133,6 +146,20 @@ class Holder:
     def lost(self) -> bool:
         """True once this holder may no longer claim the lock (its backend tracks a lease)."""
         return self.lease is not None and self.lease.lost
+
+    @property
+    def loss(self) -> str | None:
+        """Why this holder lost the lock, None while it holds it: the heartbeat's and the
+        lease clock's view, no call to the server, so cheap enough for every checkpoint
+        of the work under the lock."""
+        return None if self.lease is None else self.lease.reason
+
+    def check(self) -> None:
+        """At a checkpoint of the work under the lock: :class:`LockLost` once it is lost."""
+        why = self.loss
+        if why is not None:
+            assert self.lease is not None
+            raise LockLost(self.lease.name, why)
 
     def confirm(self) -> str | None:
         """Before a write only one holder may make: None while this holder holds the

@@ -11,6 +11,16 @@ A renewal that finds the key gone (a restart that lost it, an eviction) or anoth
 holder's ends the lease at once, and the heartbeat stops: the holder, asking
 ``Holder.confirm()`` before its write, learns it and does not write. ``confirm`` also
 renews once itself, so that a loss between two heartbeats is seen too.
+
+A server restarted empty forgets every key, and a waiter cannot tell that from a lock
+nobody held, while the holder learns of it only at its next renewal. So the heartbeat
+runs at least every ``RENEW_MAX_S``, and no lock is given on a server up for less than
+``RESTART_GRACE_S`` (its uptime, whole seconds): by then a holder from before the restart
+has renewed, seen its key gone and stopped its work at its next checkpoint
+(``Holder.check``), so the waiter takes the lock after the old holder let go of it (as
+Redlock's "delayed restarts", bounded by one renewal rather than the ttl). A failover to
+a replica that lacks the key, or a server that spends longer loading its snapshot, is
+not caught this way: the store's fence keeps the writes safe there (``registry.locks``).
 """
 
 from __future__ import annotations
@@ -32,6 +42,10 @@ log = logging.getLogger(__name__)
 PREFIX = "triton-warmup:lock:"
 POLL_S = 0.05  # a waiter's pause between tries while the lock is held
 RENEWALS_PER_TTL = 10  # renewed every ttl/10: a 6 s lease outlives a 4 s outage
+RENEW_MAX_S = 0.5  # and at least this often: a restart is seen within one renewal
+# No lock on a server up for less (INFO's uptime, whole seconds: over 2 s by the clock); a
+# holder from before a restart renews within RENEW_MAX_S and stops at its next checkpoint.
+RESTART_GRACE_S = 3
 IO_TIMEOUT_CAP_S = 2.0
 ETERNAL = -1  # PTTL of a key without an expiry
 HOLDER_BYTES = 4096  # a lock key's value (a Holder's JSON) is ~100 bytes; longer: not read
@@ -53,6 +67,11 @@ if redis.call('strlen', KEYS[1]) > tonumber(ARGV[1]) then
 end
 return {ttl, redis.call('get', KEYS[1])}
 """
+
+
+def renew_every(ttl: float) -> float:
+    """Seconds between a holder's renewals of a lock of ``ttl``."""
+    return min(ttl / RENEWALS_PER_TTL, RENEW_MAX_S)
 
 
 def io_timeout(ttl: float) -> float:
@@ -78,6 +97,8 @@ class RedisLockBackend:
         self._password = password
         self._clients: dict[float, Any] = {}
         self._unanswered: dict[str, tuple[Holder, float]] = {}  # name -> (SET value, sent at)
+        self.restart_grace_s: int = RESTART_GRACE_S  # 0: none (INFO refused, module docstring)
+        self._young_logged: set[str] = set()  # the server runs already logged as young
         self.client = self._client(IO_TIMEOUT_CAP_S)
         self._look = self.client.register_script(LOOK)
 
@@ -103,7 +124,9 @@ class RedisLockBackend:
                     if self._landed(lock, name, text):
                         sent = self._unanswered[name][1]  # the key's TTL may have started then
                         break
-                    if lock.acquire(blocking=False, token=text):
+                    if not self._young(lock.redis, name) and lock.acquire(
+                        blocking=False, token=text
+                    ):
                         break
             except LockServerUnreachable:
                 self._unanswered.setdefault(name, (holder, sent))  # it may land all the same
@@ -169,6 +192,42 @@ class RedisLockBackend:
                 self.url, timeout_s=timeout, password=self._password, user="The redis lock backend"
             )
         return self._clients[timeout]
+
+    def _young(self, client: Any, name: str) -> bool:
+        """Whether the server started less than ``restart_grace_s`` ago (module
+        docstring): then no lock is given yet. Asked before each SET, not after it: a
+        restart between the two would break the connection that asked. A server that
+        refuses INFO (an ACL, a renamed command) turns the grace off, said once."""
+        import redis  # redis is optional (the redis extra)
+
+        if self.restart_grace_s <= 0:
+            return False
+        try:
+            info = client.info("server")
+        except redis.exceptions.ReadOnlyError:
+            raise
+        except redis.exceptions.ResponseError as e:
+            self.restart_grace_s = 0
+            log.warning(
+                "lock server %s refuses INFO (%s): locks are given at once after a restart; "
+                "the store's fence still keeps a lost holder's writes out",
+                redacted(self.url),
+                e,
+            )
+            return False
+        up, run = int(info.get("uptime_in_seconds", self.restart_grace_s)), str(info.get("run_id"))
+        if up >= self.restart_grace_s:
+            return False
+        if run not in self._young_logged:
+            self._young_logged.add(run)
+            log.info(
+                "lock %s: the lock server started %d s ago; no lock is given before %d s, so "
+                "that a holder from before a restart sees its loss and stops first",
+                name,
+                up,
+                self.restart_grace_s,
+            )
+        return True
 
     def _value(self, name: str) -> Holder:
         """This process as the key's value; after a SET whose reply was lost, that SET's
@@ -250,12 +309,12 @@ def _confirm(lock: Any, lease: Lease) -> None:
 
 
 def _renew(lock: Any, lease: Lease, stop: threading.Event) -> None:
-    """Extend the key every ttl/RENEWALS_PER_TTL. A failed renewal is retried with
+    """Extend the key every :func:`renew_every`. A failed renewal is retried with
     backoff until one succeeds or the lease ends by this holder's clock; the key gone
     or owned by another token ends it at once, and the heartbeat with it."""
     import redis  # redis is optional (the redis extra)
 
-    every = lease.ttl / RENEWALS_PER_TTL
+    every = renew_every(lease.ttl)
     pause, failures = every, 0
     while not stop.wait(pause):
         if lease.lost:

@@ -202,6 +202,7 @@ def _tune_phase(store: LoggedStore, locks: Any, shapes: list[int]) -> None:
                 "unstored": any(n.startswith("not stored") for n in outcome.notes)
                 if outcome
                 else False,
+                "stopped": settled.job.tuner.stats.lock_lost,  # searches stopped: lock lost
                 "t": time.time(),
             },
         )

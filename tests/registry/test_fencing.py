@@ -136,11 +136,11 @@ def test_a_holder_whose_shape_another_stored_meanwhile_uses_that_entry(tmp_path)
     tuner = _tuner(tmp_path / "registry", task, str(tmp_path / "locks"))
     tuned = tuner.tune
 
-    def tune_while_another_stores(t):
+    def tune_while_another_stores(t, **kw):
         other = FakeTask({16: 0.2, 32: 0.5, 64: 0.7})  # measured otherwise: 16 wins there
         rival = _tuner(tmp_path / "registry", other, str(tmp_path / "other-locks"))
         assert rival.get(other).source == "tuned"
-        return tuned(t)
+        return tuned(t, **kw)
 
     tuner.tune = tune_while_another_stores
     outcome = tuner.get(task)

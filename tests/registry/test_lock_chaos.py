@@ -1,7 +1,8 @@
 """Chaos on the lock server while pods tune: a real redis-server restarted empty,
 restarted from its snapshot, and frozen (SIGSTOP) past the lock's ttl. Holders lose
-their locks while they tune and others take them; the store's fence lets exactly one
-tuning of each shape land, and every pod ends with that result."""
+their locks while they tune and others take them; a holder that sees its loss stops its
+search, the store's fence lets exactly one tuning of each shape land, and every pod ends
+with that result."""
 
 from __future__ import annotations
 
@@ -161,15 +162,17 @@ def test_chaos_on_the_lock_server_lands_one_tuning_per_shape(server, tmp_path):
     refused = [line for line in puts if line["put"] != "landed"]
     settled = [line for line in lines if "source" in line]
     shapes = sorted(m for phase in PHASES for m in phase)
+    stopped = sum(line.get("stopped", 0) for line in settled)
     print(
         f"chaos: {len(puts)} puts, {len(refused)} refused, "
         f"{sum(1 for line in settled if line.get('unstored'))} not stored (lock lost), "
-        f"{time.monotonic() - started:.1f} s in all"
+        f"{stopped} searches stopped (lock lost), {time.monotonic() - started:.1f} s in all"
     )
     assert landed == shapes  # exactly one tuning of each shape landed
-    # a holder that learnt of its loss stores nothing; one that did not is refused
+    # a holder that learns of its loss while searching stops; after its search, it
+    # stores nothing until it holds the lock again; one that never learns is refused
     unstored = [line for line in settled if line.get("unstored")]
-    assert refused or unstored, "chaos never made two holders tune one shape: tested nothing"
+    assert refused or unstored or stopped, "chaos never took a lock from a holder: tested nothing"
     assert [line["error"] for line in settled] == [None] * (WORKERS * len(shapes))
     assert {(line["m"], line["block"]) for line in settled} == {(m, BEST) for m in shapes}
     store = Store(root, create=True)

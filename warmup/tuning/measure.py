@@ -13,6 +13,7 @@ import functools
 import inspect
 import logging
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any
 from kernels.task import TuneTask, check_contract
 from registry import KernelConfig, Measurement
 from registry.core.errors import named
+from registry.locks import Holder, LockLost
 from warmup.core.collectives import Candidates, Chosen, Lockstep, RankFailure
 from warmup.tuning import compile_pool
 from warmup.tuning.latency_guard import latency_guard
@@ -56,11 +58,14 @@ def search_candidates(
     latency_timer: Timer | None = None,
     workers: Callable[[], int] | None = None,
     cache_dir: Path | None = None,
+    holder: Holder | None = None,
 ) -> Searched:
     """Search ``task``'s candidates on every rank of ``lockstep`` (see the module
     docstring); ``workers``: the parallel compile's size (None: no pool), ``cache_dir``:
     TRITON_CACHE_DIR, watched while timing. :class:`TuneError` when the space is empty,
-    every candidate failed or the winner fails its check again."""
+    every candidate failed or the winner fails its check again. ``holder``: rank 0's
+    fleet lock, checked after every measurement: :class:`LockLost` on every rank alike
+    once it is lost (another pod may be tuning the shape now)."""
     check_contract(task)
     mine = Candidates(configs=task.candidates()) if lockstep.leader else None
     candidates = lockstep.share(mine, Candidates, what="candidate list").configs
@@ -70,7 +75,7 @@ def search_candidates(
     before = compile_pool.cache_files(cache_dir) if cache_dir else None
     failures: dict[KernelConfig, str] = {}
     baseline = baseline_of(task, candidates)
-    measure = measurer(task, failures, timer=timer, lockstep=lockstep)
+    measure = measurer(task, failures, timer=timer, lockstep=lockstep, holder=holder)
     search = successive_halving(candidates, measure, plan, baseline=baseline)
     notes = latency_guard(task, search, baseline, timer=latency_timer, lockstep=lockstep)
     mine_best = Chosen(config=search.best.config) if lockstep.leader else None
@@ -115,11 +120,17 @@ def compile_candidates(
 
 
 def measurer(
-    task: TuneTask, failures: dict[KernelConfig, str], *, timer: Timer, lockstep: Lockstep
+    task: TuneTask,
+    failures: dict[KernelConfig, str],
+    *,
+    timer: Timer,
+    lockstep: Lockstep,
+    holder: Holder | None = None,
 ) -> Callable[[KernelConfig, int], Measurement]:
     """The search's ``measure(config, repetitions)``: on every rank, the config's first
     launch checked, then timed on ``timer`` (every repetition started together); a
-    failure on any rank scores it ``inf`` with its reason kept in ``failures``."""
+    failure on any rank scores it ``inf`` with its reason kept in ``failures``. Rank 0's
+    ``holder`` is checked after each: lost, every rank raises :class:`LockLost`."""
     checked: set[KernelConfig] = set()
     timed = timer  # one process: nobody to start with (and a timer of two arguments)
     if lockstep.active:
@@ -146,15 +157,29 @@ def measurer(
                 raise  # ranks' collectives would no longer match
             except Exception as e:  # compile, launch or resource failure: inf, reason kept
                 reason = named(e)
-        flags = lockstep.max_over_ranks(
-            [0.0 if reason is None else 1.0, *times], what=f"times of {config.label()}"
+        loss = holder.loss if holder is not None else None  # no call: the heartbeat's view
+        flags = lockstep.max_over_ranks(  # the loss rides on the times' own collective
+            [0.0 if reason is None else 1.0, 0.0 if loss is None else 1.0, *times],
+            what=f"times of {config.label()}",
         )
+        if flags[1] > 0:
+            _stopped(holder, loss)
         if flags[0] > 0:
             failures.setdefault(config, reason or "failed on another rank")
             return Measurement(config, error=failures[config])
-        return summarize(config, flags[1:])
+        return summarize(config, flags[2:])
 
     return measure
+
+
+def _stopped(holder: Holder | None, loss: str | None) -> None:
+    """The search stops: rank 0's lock was lost. Rank 0 says how long after the loss."""
+    if holder is None or holder.lease is None or loss is None:  # a rank other than 0
+        raise LockLost("the fleet lock", "lost on rank 0")
+    seen = holder.lease.lost_at
+    late = "" if seen is None else f", {time.monotonic() - seen:.3f} s after the loss was seen"
+    log.warning("lock %s lost while tuning: the search stops%s", holder.lease.name, late)
+    raise LockLost(holder.lease.name, loss)
 
 
 def _check_winner(task: TuneTask, best: KernelConfig, lockstep: Lockstep) -> None:

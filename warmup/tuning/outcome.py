@@ -54,6 +54,7 @@ class TunerStats:
     lock_wait_seconds: float = 0.0
     unlocked: int = 0  # shapes tuned without the fleet lock: its server did not answer
     superseded: int = 0  # tunings not stored: another holder stored the shape first
+    lock_lost: int = 0  # searches stopped because their fleet lock was lost
 
 
 @dataclass(frozen=True)

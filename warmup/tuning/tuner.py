@@ -13,6 +13,11 @@ Flow for one (kernel, key), every rank in lockstep, rank 0 deciding:
     its time the max over ranks; rank 0 broadcasts the winner
     the winner is checked again, rank 0 stores the entry with its fence, releases the lock
 
+    A lock lost while the search runs stops it at the next measurement (every rank
+    alike): the lock is released and taken again, and the new holder's entry is looked
+    up (``try_get``: a lock held by the new holder defers the shape), so that the lost
+    holder does not work on beside its successor.
+
 Each step is a collaborator of its own: the lookups and the fallback
 (:mod:`warmup.tuning.lookup`), the fleet lock (:mod:`warmup.tuning.fleet_lock`), the
 fenced put and what a lost lock does to it (:mod:`warmup.tuning.fenced_put`), the
@@ -30,7 +35,7 @@ import time
 from kernels.task import TuneTask, check_contract
 from registry import Store
 from registry.core.fingerprint import Fingerprint
-from registry.locks import LockBackend
+from registry.locks import Holder, LockBackend, LockLost
 from registry.remote.tiered import TieredStore
 from warmup.core.collectives import Lockstep
 from warmup.tuning.cpus import usable_cpus
@@ -44,6 +49,8 @@ from warmup.tuning.outcome import TuneOptions as TuneOptions
 from warmup.tuning.outcome import TuneOutcome as TuneOutcome
 from warmup.tuning.outcome import TunerStats as TunerStats
 from warmup.tuning.timing import Timer
+
+STOPS_MAX = 2  # searches stopped by a lost lock before one goes on to its fenced put
 
 
 class Tuner:
@@ -104,22 +111,29 @@ class Tuner:
                 f"No tuned config for {task.kernel} at {key} on "
                 f"{fingerprint.gpu_slug()} and the policy is 'fail'."
             )
-        with contextlib.ExitStack() as held:
-            taken = fleet_lock.take(held, task.kernel, key, give_up_at)
-            if isinstance(taken, Deferred):
-                return taken
-            again, fence = lookup.fenced(task, key, fingerprint)
-            if again is not None:  # tuned by another pod while we waited
-                self.stats.hits += 1
-                seconds = time.perf_counter() - started
-                return TuneOutcome.hit(again, seconds, lock_wait_s=taken.waited)
-            self.stats.misses += 1
-            if taken.unreachable is not None:
-                fleet_lock.tuning_unlocked(task, key, taken.unreachable)
-            task.remake_inputs()  # a shape put aside (warmup.tuning.sharing), tuned at last
-            outcome = self.tune(task)
-            outcome.lock_wait_s, outcome.unlocked = taken.waited, taken.unreachable is not None
-            put.store_outcome(task, fingerprint, key, outcome, started, fence, taken.holder)
+        for stops in range(STOPS_MAX + 1):
+            with contextlib.ExitStack() as held:
+                taken = fleet_lock.take(held, task.kernel, key, give_up_at)
+                if isinstance(taken, Deferred):
+                    return taken
+                again, fence = lookup.fenced(task, key, fingerprint)
+                if again is not None:  # tuned by another pod while we waited
+                    self.stats.hits += 1
+                    seconds = time.perf_counter() - started
+                    return TuneOutcome.hit(again, seconds, lock_wait_s=taken.waited)
+                if stops == 0:  # a search stopped by a lost lock is the same miss
+                    self.stats.misses += 1
+                if taken.unreachable is not None:
+                    fleet_lock.tuning_unlocked(task, key, taken.unreachable)
+                task.remake_inputs()  # a shape put aside (warmup.tuning.sharing), tuned at last
+                try:  # past STOPS_MAX losses the search goes on: the fence keeps the put safe
+                    outcome = self.tune(task, holder=taken.holder if stops < STOPS_MAX else None)
+                except LockLost:  # every rank alike: the lock is released, then taken again
+                    self.stats.lock_lost += 1
+                    continue
+                outcome.lock_wait_s, outcome.unlocked = taken.waited, taken.unreachable is not None
+                put.store_outcome(task, fingerprint, key, outcome, started, fence, taken.holder)
+            break
         outcome.seconds = time.perf_counter() - started
         self.stats.tuned += 1
         self.stats.tuning_seconds += outcome.seconds
@@ -133,9 +147,10 @@ class Tuner:
         fleet_lock = FleetLock(self.lockstep, self.lock_backend, self.options, self.stats)
         return lookup, fleet_lock, FencedPut(self.store, *parts, lookup, fleet_lock)
 
-    def tune(self, task: TuneTask) -> TuneOutcome:
+    def tune(self, task: TuneTask, *, holder: Holder | None = None) -> TuneOutcome:
         """Search the task's candidates in lockstep (:mod:`warmup.tuning.measure`); no
-        registry involved."""
+        registry involved. ``holder``: rank 0's fleet lock; the search stops
+        (:class:`LockLost`) at its first measurement after the lock is lost."""
         started = time.perf_counter()
         found = search_candidates(
             task,
@@ -145,6 +160,7 @@ class Tuner:
             latency_timer=self.latency_timer,
             workers=self._compile_workers if self.options.parallel_compile else None,
             cache_dir=self.options.cache_dir,
+            holder=holder,
         )
         return TuneOutcome(
             found.best,

@@ -172,28 +172,30 @@ def test_the_compile_pool_shares_the_pods_cpus_among_its_ranks(
     assert tuner._compile_workers() == workers
 
 
-@pytest.mark.parametrize("seen_by", ["heartbeat", "confirm"])
+@pytest.mark.parametrize("lost", ["while searching", "after the search"])
 @pytest.mark.parametrize("other", [False, True])
-def test_a_holder_that_lost_its_lock_writes_only_once_it_holds_it_again(
-    tmp_path, redis_url, caplog, seen_by, other
+def test_a_holder_that_lost_its_lock_stops_or_writes_only_once_it_holds_it_again(
+    tmp_path, redis_url, caplog, lost, other
 ):
     # a redis restart lost the lock key while rank 0 tuned; ``other``: another pod took
-    # the lock meanwhile, and stores its own tuning before it releases
+    # the lock meanwhile, and stores its own tuning before it releases. Lost while
+    # searching: the heartbeat sees it and the search stops at its next measurement;
+    # after the search: the check before the put sees it, and the put waits for the lock
     backend = backend_from_url(redis_url)
     backend.client.flushall()  # type: ignore[attr-defined]
     task = FakeTask(dict(TIMINGS))
-    ttl = 1.0 if seen_by == "heartbeat" else 60.0  # beats every 0.1 s, or not before the put
     store = Store(tmp_path / "registry", create=True)
     tuner = Tuner(
         store,
         cpu_fingerprint(),
         timer=fake_timer(task),
         lock_backend=backend,
-        options=TuneOptions(parallel_compile=False, lock_ttl_s=ttl),
+        options=TuneOptions(parallel_compile=False, lock_ttl_s=60.0),
     )
     tuned = tuner.tune
     theirs = KernelConfig.make({"BLOCK": 16})
     holding = threading.Event()
+    searches = []
 
     def other_pod(name):
         with lock(name, backend=backend_from_url(redis_url), ttl=5.0, timeout=5.0):
@@ -202,25 +204,43 @@ def test_a_holder_that_lost_its_lock_writes_only_once_it_holds_it_again(
             fp = cpu_fingerprint().with_kernel(task.kernel_hash)
             store.put(Entry.make("fake_gemm", task.key(), fp, theirs, source="tuned"))
 
-    def tune_and_lose_the_key(t):
+    def lose_the_key():
         backend.client.flushall()  # type: ignore[attr-defined]
         if other:
             name = f"tune/fake_gemm/{json.dumps(task.key(), sort_keys=True)}"
             threading.Thread(target=other_pod, args=(name,), daemon=True).start()
             assert holding.wait(5)
-        if seen_by == "heartbeat":
-            time.sleep(0.5)
-        return tuned(t)
+
+    def tune_and_lose_the_key(t, **kw):
+        searches.append(task.launches)
+        if len(searches) > 1:
+            return tuned(t, **kw)
+        if lost == "after the search":
+            found = tuned(t, **kw)
+            lose_the_key()
+            return found
+        lose_the_key()
+        time.sleep(0.7)  # the heartbeat (every 0.5 s) sees it
+        return tuned(t, **kw)
 
     tuner.tune = tune_and_lose_the_key
-    with caplog.at_level(logging.WARNING, logger="warmup.tuning.fenced_put"):
+    with caplog.at_level(logging.WARNING, logger="warmup.tuning"):
         outcome = tuner.get(task)
-    lines = [r.getMessage() for r in caplog.records if r.name == "warmup.tuning.fenced_put"]
-    assert "lock tune/fake_gemm/" in lines[0] and "not storing until it is held again" in lines[0]
-    assert "its key is gone" in lines[0] or "held by" in lines[0]
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("warmup.tuning")]
+    if lost == "while searching":
+        assert "lost while tuning: the search stops" in lines[0]
+        stopped_after = searches[1] if len(searches) > 1 else task.launches
+        assert stopped_after == 2  # the first candidate's check and one timed pass
+        assert tuner.stats.lock_lost == 1
+        assert len(searches) == (1 if other else 2)  # the other's entry is used: no search
+    else:
+        assert "not storing until it is held again" in lines[0]
+        assert "its key is gone" in lines[0] or "held by" in lines[0]
+        assert tuner.stats.lock_lost == 0
     [stored] = store.entries()  # one landing: the new holder's, or this tuning once relocked
     if other:
-        assert stored.best == theirs and outcome.superseded and outcome.config == theirs
+        assert stored.best == theirs and outcome.config == theirs
+        assert outcome.superseded or outcome.source == "registry"  # a hit after the stop
     else:
         assert stored.best.meta["BLOCK"] == 64 and outcome.config.meta["BLOCK"] == 64
 
