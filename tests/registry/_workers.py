@@ -13,6 +13,7 @@ from registry import Entry, KernelConfig, Measurement, RegistryError, Store, loc
 from registry.bundles import bundle
 from registry.families.staging import Stage
 from registry.locks import backend_from_url
+from tests._trust import UNSIGNED_OK
 from tests.conftest import gpu_fingerprint
 
 SHARED_M = 999_999
@@ -99,7 +100,10 @@ def hang_staging(path: str, root: str, family: str, folder: str, ready: str) -> 
         time.sleep(3600)
 
     Stage.write = hang  # type: ignore[method-assign]
-    bundle.install(Path(path), Store(root, create=True), expect=None, roots={family: Path(folder)})
+    bundle.install(
+        Path(path), Store(root, create=True), expect=None, roots={family: Path(folder)},
+        trust=UNSIGNED_OK,
+    )  # fmt: skip
 
 
 def hold_stage(folder: str, ready: str) -> None:

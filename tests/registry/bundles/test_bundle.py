@@ -297,12 +297,18 @@ def test_the_next_install_removes_a_killed_installs_stage_never_a_live_one(tmp_p
     proc, stage = _hanging_install(path, store, folder, tmp_path)
     try:  # an install beside a live one: its stage stays, and both may go on
         assert bundle.install(
-            path, Store(store, create=True), expect=None, roots={"inductor": folder}
+            path,
+            Store(store, create=True),
+            expect=None,
+            roots={"inductor": folder},
+            trust=UNSIGNED_OK,
         )
         assert stage.is_dir() and list(folder.glob(".bundle-*")) == [stage]
     finally:
         proc.send_signal(signal.SIGKILL)  # as a pod is killed
         proc.wait()
     assert stage.is_dir()  # what the killed install left
-    info = bundle.install(path, Store(store), expect=None, roots={"inductor": folder})
+    info = bundle.install(
+        path, Store(store), expect=None, roots={"inductor": folder}, trust=UNSIGNED_OK
+    )
     assert info["unchanged"] and not list(folder.glob(".bundle-*"))
