@@ -13,7 +13,13 @@ entry points (the CLI in a fresh process where a restart matters), and what it c
   (``--allow-unsigned``) is the control: the same payload installs and runs.
 - T2 the same payload on the Redis tier, unsigned and stranger-signed, fetched by a pod
   with no key and by one that trusts the fleet's key. Target: 0 fetched, 0 executed.
+- T3 rollback: a bundle older than the installed one of its name, and another at the same
+  sequence, each signed by the trusted key, each installed in a fresh process. Target: 0
+  accepted without ``--allow-downgrade``; accepted with it.
 - T5 a signing key of mode 0644 given to ``run``. Target: exit 2, one line.
+- T6 an install killed mid-staging, then the next install. Target: 0 stages left.
+- T7 links in the sidecar's bundle folder to ``/etc/passwd`` and to a bundle outside it,
+  beside a ConfigMap's own link. Target: 0 files outside opened or installed.
 
 The remaining cases (rollback, replay, large blobs, staging folders, links) are added by
 :func:`cases` from the modules that implement them. Every case returns a row as
@@ -204,11 +210,124 @@ def loose_private_key(tmp: Path) -> dict:
     )
 
 
+def signed_bundle(work: Path, key: Any, name: str, sequence: int, m: int) -> Path:
+    """A bundle ``name`` at ``sequence`` holding one tuned entry (M = ``m``), signed."""
+    from registry import Entry, KernelConfig, cpu_fingerprint
+    from registry.bundles import bundle
+
+    entry = Entry.make("ag_gemm", {"M": m}, cpu_fingerprint(), KernelConfig.make({"BLOCK_M": 16}))
+    out = work / f"{name}-{sequence}-{m}.tgz"
+    bundle.create(out, name=name, version=str(sequence), sequence=sequence, entries=[entry],
+                  signer=key)  # fmt: skip
+    return out
+
+
+def rollback(tmp: Path) -> dict:
+    """T3: an older signed bundle, and another at the same sequence, after a newer one."""
+    from registry.trust import signing
+
+    work = tmp / "t3"
+    private, _ = signing.generate(work / "keys", "release")
+    key = signing.SigningKey.load(private)
+    newer, older = signed_bundle(work, key, "tp2", 10, 64), signed_bundle(work, key, "tp2", 9, 32)
+    same = signed_bundle(work, key, "tp2", 10, 128)  # the same sequence, other content
+    store = ["registry", "--store", str(work / "registry"), "--create-store"]
+    env = {"TRITON_WARMUP_TRUSTED_KEYS": str(work / "keys")}
+
+    def install(path: Path, *more: str) -> subprocess.CompletedProcess[str]:
+        return cli(*store, "bundle", "install", str(path), "--fingerprint", "cpu", *more, env=env)
+
+    first = install(newer)
+    attempts = [install(older), install(older), install(same)]  # each a fresh process: a restart
+    accepted = sum(done.returncode == 0 for done in attempts)
+    override = install(older, "--allow-downgrade")
+    lines = [(done.stderr.strip().splitlines() or [""])[-1][:300] for done in attempts]
+    return row(
+        "T3. rollback: an older signed bundle of the same name, and another at its sequence",
+        "triton-warmup registry bundle install (a fresh process each: a pod's restart)",
+        "tp2 sequence 10 installed; then tp2 sequence 9 twice, tp2 sequence 10 with other "
+        "content; all signed by the trusted release key",
+        "0 accepted without --allow-downgrade (exit 2, one line each); accepted with it",
+        first.returncode == 0
+        and accepted == 0
+        and override.returncode == 0
+        and all(done.returncode == 2 for done in attempts),
+        accepted_without_override=accepted,
+        refusals=lines,
+        with_allow_downgrade=override.returncode,
+    )
+
+
+def killed_install(tmp: Path) -> dict:
+    """T6: an install killed mid-staging, then the next install."""
+    import signal
+
+    from tests.registry.bundles.test_bundle import _hanging_install, _models_bundle
+
+    work = tmp / "t6"
+    work.mkdir()
+    path, store, folder = _models_bundle(work), work / "registry", work / "inductor"
+    proc, stage = _hanging_install(path, store, folder, work)
+    proc.send_signal(signal.SIGKILL)  # as a pod is killed
+    proc.wait()
+    left = len(list(folder.glob(".bundle-*")))
+    done = cli("registry", "--store", str(store), "bundle", "install", str(path),
+               "--allow-unsigned", "--fingerprint", "cpu", "--inductor", str(folder))  # fmt: skip
+    after = len(list(folder.glob(".bundle-*")))
+    return row(
+        "T6. an install killed (kill -9) while staging a compiled model",
+        "triton-warmup registry bundle install, after the kill",
+        f"{stage.name} left in {folder.name}/ by the killed install",
+        "the next install removes it: 0 staging folders left",
+        left == 1 and after == 0 and done.returncode == 0,
+        stages_after_kill=left,
+        stages_after_next_install=after,
+    )
+
+
+def bundle_folder_links(tmp: Path) -> dict:
+    """T7: links in the sidecar's bundle folder to files outside it."""
+    from warmup.sidecar.watcher import BundleWatcher
+
+    work = tmp / "t7"
+    folder, elsewhere = work / "bundles", work / "elsewhere"
+    (folder / "..2026_12_08").mkdir(parents=True)
+    elsewhere.mkdir()
+    (elsewhere / "good.tgz").write_bytes(b"a bundle outside the folder")
+    (folder / "..2026_12_08" / "inside.tgz").write_bytes(b"a bundle the ConfigMap holds")
+    os.symlink("..2026_12_08", folder / "..data")
+    os.symlink("..data/inside.tgz", folder / "inside.tgz")
+    os.symlink("/etc/passwd", folder / "passwd.tgz")
+    os.symlink(elsewhere / "good.tgz", folder / "x.tgz")
+    opened: list[str] = []
+
+    def audit(event: str, args: tuple) -> None:
+        if event == "open" and isinstance(args[0], str | bytes | Path):
+            opened.append(os.fsdecode(args[0]))
+
+    installed: list[str] = []
+    watcher = BundleWatcher(folder, lambda path, digest: installed.append(path.name) or "installed")
+    sys.addaudithook(audit)  # hooks stay for the process: this case's list is its own
+    watcher.scan()
+    outside = [p for p in opened if p.startswith("/etc") or str(elsewhere) in p]
+    return row(
+        "T7. links in the sidecar's bundle folder",
+        "warmup.sidecar.watcher.BundleWatcher.scan",
+        "inside.tgz -> ..data/inside.tgz (a ConfigMap's layout), passwd.tgz -> /etc/passwd, "
+        "x.tgz -> a bundle outside the folder",
+        "the ConfigMap's link followed; 0 files outside the folder opened, 0 installed",
+        installed == ["inside.tgz"] and not outside,
+        installed=installed,
+        opened_outside=outside,
+    )
+
+
 def cases(tmp: Path) -> list[dict]:
     """Every [5.3] case; a redis-server on a free port for those that need one."""
     from bench.fleet import redis_server
 
-    rows = [tampered_bundles(tmp), loose_private_key(tmp)]
+    rows = [tampered_bundles(tmp), rollback(tmp), loose_private_key(tmp)]
+    rows += [killed_install(tmp), bundle_folder_links(tmp)]
     server = shutil.which("redis-server")
     if server is not None:
         with redis_server(server, tmp / "redis-trust") as url:
