@@ -15,9 +15,10 @@ key (:meth:`Freshness.issue`), so its clock being behind never makes its own val
 
 With a ``path`` (``<volume>/remote-seen.json``, :data:`FILE_NAME`), the marks persist:
 the refusal holds across a restart of the pod. The file is written atomically (merged
-with what other processes of the pod wrote: each key's newest mark wins), at most every
-:data:`SAVE_EVERY_S` while marks change and at :meth:`Freshness.save` (the tier's
-``flush``, at the end of a run), and bounded: :data:`MAX_SEEN` keys (those with the
+with what other processes of the pod wrote since: each key's newest mark wins), at
+most every :data:`SAVE_EVERY_S` while marks change (less often where a save takes over a
+tenth of that) and at :meth:`Freshness.save` (the tier's ``flush``, at the end of a
+run), and bounded: :data:`MAX_SEEN` keys (those with the
 oldest marks dropped past it), read within :data:`MAX_FILE_BYTES`. A damaged file is
 warned about once and replaced; a folder that is not there keeps the marks in memory
 (no volume is made here). Without a path (library users, tests) they live in memory.
@@ -26,7 +27,9 @@ warned about once and replaced; a folder that is not there keeps the marks in me
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
+import math
 import re
 import threading
 import time
@@ -42,11 +45,10 @@ log = logging.getLogger(__name__)
 
 VERSION = 1
 FILE_NAME = "remote-seen.json"  # beside the volume's folders
-MAX_SEEN = 50_000  # keys remembered: ~80 bytes each in the file
+MAX_SEEN = 50_000  # keys remembered: ~75 bytes each in the file
 MAX_FILE_BYTES = 8 * 2**20
 SAVE_EVERY_S = 1.0  # a burst of reads writes the file once a second, not once a value
-_SLOT = re.compile(r"[0-9a-f]{32}")
-_MARK = re.compile(r"([0-9]{1,20}) ([0-9a-f]{16})")
+_LINE = re.compile(r"([0-9a-f]{32}) ([0-9]{1,20}) ([0-9a-f]{16})")  # slot, time, digest
 
 
 def _slot(key: str, field: str) -> str:
@@ -82,7 +84,9 @@ class Freshness:
         self._monotonic = monotonic
         self._lock = threading.Lock()  # Triton's plug-in may read from several threads
         self._dirty = False
-        self._saved_at = monotonic()
+        self._saved_at = -math.inf  # the first mark is saved at once
+        self._interval = save_every_s  # grows with the time a save takes
+        self._wrote: tuple[int, int, int] | None = None  # the file as this process left it
         self._failed = False  # a save that failed was warned about once
         # slot -> (issue time, payload digest), oldest mark first
         self._seen: dict[str, tuple[int, str]] = {} if path is None else self._load(path)
@@ -147,42 +151,48 @@ class Freshness:
     # ---- the file ------------------------------------------------------------------
 
     def _maybe_save(self) -> None:
-        if self._dirty and self._monotonic() - self._saved_at >= self.save_every_s:
+        if self._dirty and self._monotonic() - self._saved_at >= self._interval:
             self.save()
 
     def save(self) -> None:
         """Write the marks to :attr:`path` (when given, its folder there, and marks
-        changed), merged with what the file holds. Never raises: a failure is warned once
-        and the marks stay in memory."""
+        changed), merged with what the file holds when another process wrote it since.
+        Never raises: a failure is warned once and the marks stay in memory."""
         if self.path is None or not self._dirty or not self.path.parent.is_dir():
             return
         with self._lock:
-            self._saved_at = self._monotonic()
-            merged = self._read(self.path, quiet=True)
-            for slot, mark in self._seen.items():
-                if slot not in merged or merged[slot][0] < mark[0]:
-                    merged[slot] = mark
-            self._seen = self._bounded(merged)
-            data = {
-                "version": VERSION,
-                "seen": {slot: f"{t} {d}" for slot, (t, d) in self._seen.items()},
-            }
+            started = self._monotonic()
+            if _identity(self.path) != self._wrote:  # another process's marks: merged
+                merged = self._read(self.path, quiet=True)
+                for slot, mark in self._seen.items():
+                    if slot not in merged or merged[slot][0] < mark[0]:
+                        merged[slot] = mark
+                self._seen = self._bounded(merged)
+            lines = [f"{slot} {t} {d}" for slot, (t, d) in self._seen.items()]
+            # compact, one line: 50,000 marks are ~4 MiB, written in tens of ms
+            data = json.dumps({"version": VERSION, "seen": lines}, separators=(",", ":"))
             try:
                 # not fsynced: it must outlive the pod's restart, not the node's power loss
-                atomic.write_bytes(self.path, atomic.dumps(data).encode(), durable=False)
+                atomic.write_bytes(self.path, data.encode() + b"\n", durable=False)
             except OSError as e:
                 if not self._failed:
                     self._failed = True
                     log.warning("remote tier: %s not written (%s): kept in memory", self.path, e)
                 return
+            self._wrote = _identity(self.path)
             self._dirty = False
+            self._saved_at = self._monotonic()
+            # a bigger file waits longer: saving takes at most a tenth of the time
+            self._interval = max(self.save_every_s, 10 * (self._saved_at - started))
 
     def _bounded(self, marks: dict[str, tuple[int, str]]) -> dict[str, tuple[int, str]]:
         newest = sorted(marks.items(), key=lambda item: item[1][0])[-self.most :]
         return dict(newest)
 
     def _load(self, path: Path) -> dict[str, tuple[int, str]]:
-        return self._bounded(self._read(path, quiet=False))
+        marks = self._bounded(self._read(path, quiet=False))
+        self._wrote = _identity(path) if not self._dirty else None
+        return marks
 
     def _read(self, path: Path, *, quiet: bool) -> dict[str, tuple[int, str]]:
         try:
@@ -200,18 +210,27 @@ class Freshness:
             return {}
 
 
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    """What tells a file this process wrote from one written since: None for none."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
 def _parse(data: Any) -> dict[str, tuple[int, str]]:
-    """The marks in a file's JSON; ValueError for anything :meth:`Freshness.save` did
-    not write."""
+    """The marks in a file's JSON (oldest first); ValueError for anything
+    :meth:`Freshness.save` did not write."""
     if not isinstance(data, dict) or data.get("version") != VERSION:
         raise ValueError(f"not a version {VERSION} file")
-    seen = data.get("seen")
-    if not isinstance(seen, dict):
-        raise ValueError("no 'seen' object")
+    lines = data.get("seen")
+    if not isinstance(lines, list):
+        raise ValueError("no 'seen' list")
     marks = {}
-    for slot, text in seen.items():
-        found = _MARK.fullmatch(text) if isinstance(text, str) else None
-        if _SLOT.fullmatch(slot) is None or found is None:
-            raise ValueError(f"a bad mark {str(slot)[:40]!r}")
-        marks[slot] = (int(found[1]), found[2])
+    for line in lines:
+        found = _LINE.fullmatch(line) if isinstance(line, str) else None
+        if found is None:
+            raise ValueError(f"a bad mark {str(line)[:60]!r}")
+        marks[found[1]] = (int(found[2]), found[3])
     return marks

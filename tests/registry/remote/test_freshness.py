@@ -95,14 +95,33 @@ def test_the_marks_outlive_a_restart(tmp_path):
 def test_saves_wait_for_the_interval_or_an_explicit_save(tmp_path):
     path, clock = tmp_path / FILE_NAME, [0.0]
     seen = Freshness(path, save_every_s=1.0, monotonic=lambda: clock[0])
-    seen.note("k", "", signed(b"a", 10))
-    assert not path.exists()  # within the interval: not yet
-    clock[0] = 1.0
+    seen.note("k1", "", signed(b"a", 10))  # the first mark: at once
+    assert Freshness(path).newest("k1") == 10
     seen.note("k2", "", signed(b"a", 10))
-    assert Freshness(path).newest("k2") == 10
+    assert Freshness(path).newest("k2") == 0  # within the interval: not yet
+    clock[0] = 1.0
     seen.note("k3", "", signed(b"a", 10))
+    assert Freshness(path).newest("k2") == 10
+    seen.note("k4", "", signed(b"a", 10))
     seen.save()  # the tier's flush, at the end of a run
-    assert Freshness(path).newest("k3") == 10
+    assert Freshness(path).newest("k4") == 10
+
+
+def test_a_save_that_takes_long_waits_longer_for_the_next(tmp_path):
+    path, clock = tmp_path / FILE_NAME, [0.0]
+
+    def slow() -> float:
+        clock[0] += 0.25  # every look at the clock: a save takes 0.25 s
+        return clock[0]
+
+    seen = Freshness(path, save_every_s=1.0, monotonic=slow)
+    seen.note("k1", "", signed(b"a", 10))
+    clock[0] += 1.5  # past the interval asked for, not past ten times the save
+    seen.note("k2", "", signed(b"a", 10))
+    assert Freshness(path).newest("k2") == 0
+    clock[0] += 1.5
+    seen.note("k3", "", signed(b"a", 10))
+    assert Freshness(path).newest("k2") == 10
 
 
 def test_the_file_holds_at_most_its_bound_the_oldest_dropped(tmp_path):
@@ -110,6 +129,7 @@ def test_the_file_holds_at_most_its_bound_the_oldest_dropped(tmp_path):
     seen = Freshness(path, most=3, save_every_s=0)
     for n in range(1, 6):
         seen.note(f"k{n}", "", signed(b"a", n))
+    seen.save()
     assert len(seen) == 3 and seen.newest("k1") == 0 and seen.newest("k5") == 5
     assert len(json.loads(path.read_text())["seen"]) == 3
     assert len(Freshness(path, most=2)) == 2  # a smaller bound when read: the newest kept
