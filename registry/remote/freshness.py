@@ -15,17 +15,19 @@ key (:meth:`Freshness.issue`), so its clock being behind never makes its own val
 
 With a ``path`` (``<volume>/remote-seen.json``, :data:`FILE_NAME`), the marks persist:
 the refusal holds across a restart of the pod. The file is written atomically (merged
-with what other processes of the pod wrote since: each key's newest mark wins), at
-most every :data:`SAVE_EVERY_S` while marks change (less often where a save takes over a
-tenth of that) and at :meth:`Freshness.save` (the tier's ``flush``, at the end of a
-run), and bounded: :data:`MAX_SEEN` keys (those with the
-oldest marks dropped past it), read within :data:`MAX_FILE_BYTES`. A damaged file is
+with what other processes of the pod wrote since: each key's newest mark wins): a new
+mark at once, then at most every :data:`SAVE_EVERY_S` while marks change (less often
+where a save takes over a tenth of that; a timer saves a burst's last marks when the
+interval ends), at :meth:`Freshness.save` (the tier's ``flush``, at the end of a run)
+and at the process's exit. It is bounded: :data:`MAX_SEEN` keys (those with the oldest
+marks dropped past it), read within :data:`MAX_FILE_BYTES`. A damaged file is
 warned about once and replaced; a folder that is not there keeps the marks in memory
 (no volume is made here). Without a path (library users, tests) they live in memory.
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import logging
@@ -33,6 +35,7 @@ import math
 import re
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -64,7 +67,8 @@ class Freshness:
     refuses because of them. ``path``: where the marks persist (None: in memory only);
     ``most``: how many keys are kept; ``max_age_s``: refuse signed values issued longer
     ago than that (a freeze: a server that keeps handing out what was once current);
-    None, the default, for no limit. ``clock`` (ns) and ``monotonic`` (s): injectable."""
+    None, the default, for no limit. ``clock`` (ns), ``monotonic`` (s) and ``later``
+    (runs a function in that many seconds: a daemon timer by default) are injectable."""
 
     def __init__(
         self,
@@ -75,6 +79,7 @@ class Freshness:
         save_every_s: float = SAVE_EVERY_S,
         clock: Callable[[], int] = time.time_ns,
         monotonic: Callable[[], float] = time.monotonic,
+        later: Callable[[float, Callable[[], None]], None] | None = None,
     ) -> None:
         self.path = path
         self.most = most
@@ -82,6 +87,8 @@ class Freshness:
         self.save_every_s = save_every_s
         self._clock = clock
         self._monotonic = monotonic
+        self._later = later or _in_a_thread
+        self._pending = False  # a save is scheduled
         self._lock = threading.Lock()  # Triton's plug-in may read from several threads
         self._dirty = False
         self._saved_at = -math.inf  # the first mark is saved at once
@@ -90,6 +97,8 @@ class Freshness:
         self._failed = False  # a save that failed was warned about once
         # slot -> (issue time, payload digest), oldest mark first
         self._seen: dict[str, tuple[int, str]] = {} if path is None else self._load(path)
+        if path is not None:  # what a run that ends within the interval saw is kept too
+            atexit.register(_save_at_exit, weakref.ref(self))
 
     def __len__(self) -> int:
         return len(self._seen)
@@ -151,8 +160,22 @@ class Freshness:
     # ---- the file ------------------------------------------------------------------
 
     def _maybe_save(self) -> None:
-        if self._dirty and self._monotonic() - self._saved_at >= self._interval:
+        if not self._dirty or self.path is None:
+            return
+        wait = self._interval - (self._monotonic() - self._saved_at)
+        if wait <= 0:
             self.save()
+            return
+        with self._lock:  # a burst's last marks are saved when the interval ends
+            if self._pending:
+                return
+            self._pending = True
+        self._later(wait, self._deferred)
+
+    def _deferred(self) -> None:
+        with self._lock:
+            self._pending = False
+        self.save()
 
     def save(self) -> None:
         """Write the marks to :attr:`path` (when given, its folder there, and marks
@@ -234,3 +257,15 @@ def _parse(data: Any) -> dict[str, tuple[int, str]]:
             raise ValueError(f"a bad mark {str(line)[:60]!r}")
         marks[found[1]] = (int(found[2]), found[3])
     return marks
+
+
+def _in_a_thread(delay_s: float, fn: Callable[[], None]) -> None:
+    timer = threading.Timer(delay_s, fn)
+    timer.daemon = True  # never holds a process's exit: the exit's own save follows
+    timer.start()
+
+
+def _save_at_exit(ref: weakref.ref[Freshness]) -> None:
+    seen = ref()
+    if seen is not None:
+        seen.save()

@@ -92,36 +92,80 @@ def test_the_marks_outlive_a_restart(tmp_path):
     assert restarted.newest("k", "f") == 20
 
 
-def test_saves_wait_for_the_interval_or_an_explicit_save(tmp_path):
-    path, clock = tmp_path / FILE_NAME, [0.0]
-    seen = Freshness(path, save_every_s=1.0, monotonic=lambda: clock[0])
+def test_saves_wait_for_the_interval_and_a_timer_saves_a_bursts_last_marks(tmp_path):
+    path, clock, scheduled = tmp_path / FILE_NAME, [0.0], []
+    seen = Freshness(
+        path,
+        save_every_s=1.0,
+        monotonic=lambda: clock[0],
+        later=lambda delay, fn: scheduled.append((delay, fn)),
+    )
     seen.note("k1", "", signed(b"a", 10))  # the first mark: at once
-    assert Freshness(path).newest("k1") == 10
+    assert Freshness(path).newest("k1") == 10 and scheduled == []
+    clock[0] = 0.25
     seen.note("k2", "", signed(b"a", 10))
-    assert Freshness(path).newest("k2") == 0  # within the interval: not yet
-    clock[0] = 1.0
     seen.note("k3", "", signed(b"a", 10))
-    assert Freshness(path).newest("k2") == 10
+    assert Freshness(path).newest("k2") == 0  # within the interval: not yet
+    assert [delay for delay, _ in scheduled] == [0.75]  # one timer for the burst
+    clock[0] = 1.0
+    scheduled[0][1]()  # the timer fires
+    assert Freshness(path).newest("k3") == 10
     seen.note("k4", "", signed(b"a", 10))
     seen.save()  # the tier's flush, at the end of a run
     assert Freshness(path).newest("k4") == 10
 
 
 def test_a_save_that_takes_long_waits_longer_for_the_next(tmp_path):
-    path, clock = tmp_path / FILE_NAME, [0.0]
+    path, clock, scheduled = tmp_path / FILE_NAME, [0.0], []
 
     def slow() -> float:
         clock[0] += 0.25  # every look at the clock: a save takes 0.25 s
         return clock[0]
 
-    seen = Freshness(path, save_every_s=1.0, monotonic=slow)
+    def later(delay, fn):
+        scheduled.append(delay)
+
+    seen = Freshness(path, save_every_s=1.0, monotonic=slow, later=later)
     seen.note("k1", "", signed(b"a", 10))
     clock[0] += 1.5  # past the interval asked for, not past ten times the save
     seen.note("k2", "", signed(b"a", 10))
-    assert Freshness(path).newest("k2") == 0
-    clock[0] += 1.5
+    assert Freshness(path).newest("k2") == 0 and scheduled == [0.75]
+    seen = Freshness(path, save_every_s=1.0, monotonic=slow, later=later)
     seen.note("k3", "", signed(b"a", 10))
-    assert Freshness(path).newest("k2") == 10
+    clock[0] += 3.0
+    seen.note("k4", "", signed(b"a", 10))
+    assert Freshness(path).newest("k4") == 10
+
+
+def test_the_default_timer_saves_in_the_background(tmp_path):
+    import time
+
+    path = tmp_path / FILE_NAME
+    seen = Freshness(path, save_every_s=0.05)
+    seen.note("k1", "", signed(b"a", 10))
+    seen.note("k2", "", signed(b"a", 10))
+    deadline = time.monotonic() + 5
+    while Freshness(path).newest("k2") == 0:
+        assert time.monotonic() < deadline, "the timer never saved"
+        time.sleep(0.02)
+
+
+def test_a_process_that_ends_within_the_interval_saves_at_its_exit(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / FILE_NAME
+    child = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from registry.remote.freshness import Freshness\n"
+        "from registry.trust.remote_signature import Opened\n"
+        "seen = Freshness(Path(sys.argv[1]), save_every_s=3600)\n"
+        "for n in range(1, 4):\n"
+        "    seen.note(f'k{n}', '', Opened(b'a', n, vouched=True))\n"
+    )
+    subprocess.run([sys.executable, "-c", child, str(path)], check=True, timeout=60)
+    assert Freshness(path).newest("k3") == 3  # the last marks: saved at exit, not lost
 
 
 def test_the_file_holds_at_most_its_bound_the_oldest_dropped(tmp_path):
