@@ -19,6 +19,7 @@ from registry.core.entry import Entry, NewerSchema
 from registry.core.errors import RegistryError
 from registry.core.fingerprint import Fingerprint, MatchPolicy
 from registry.remote.calls import RemoteStats, WarnOnce, log
+from registry.remote.freshness import Freshness
 from registry.remote.values import (
     MAX_VALUE_BYTES,
     PREFIX,
@@ -43,12 +44,21 @@ SAMPLE_BATCH = 8  # slots asked for in one pipeline by ``sample``
 class Codec:
     """Reads a slot's values within their limits and opens the entries in them; seals
     what this pod publishes. ``trust``: what a value read must be signed by, and who
-    signs ours; values refused are counted in ``stats.refused``."""
+    signs ours; ``freshness``: the newest issue time seen per key, below which a signed
+    value is refused (a replay), and above which ours are issued (in memory by default);
+    values refused are counted in ``stats.refused``."""
 
-    def __init__(self, trust: Trust, stats: RemoteStats, warn: WarnOnce) -> None:
+    def __init__(
+        self,
+        trust: Trust,
+        stats: RemoteStats,
+        warn: WarnOnce,
+        freshness: Freshness | None = None,
+    ) -> None:
         self.trust = trust
         self.stats = stats
         self.warn = warn
+        self.freshness = Freshness() if freshness is None else freshness
 
     # ---- reading -------------------------------------------------------------------
 
@@ -158,24 +168,32 @@ class Codec:
         """The entry ``raw`` holds at the slot ``name``: :class:`NewerSchema` for a
         newer version's, :class:`RegistryError` (``Untrusted`` included, not counted)
         for anything else than an entry of this slot."""
-        entry = parse_entry(remote_signature.unseal(self.trust, name, field, raw, code=False))
+        opened = remote_signature.opened(self.trust, name, field, raw, code=False)
+        self.freshness.note(name, field, opened)  # what a publish merges with: ours goes above
+        entry = parse_entry(opened.payload)
         if slot_name(entry.kernel, entry.key_json) != name:
             raise RegistryError("an entry of another slot")
         return entry
 
     def opened(self, name: str, field: str, raw: redis_url.Read, *, code: bool) -> bytes | None:
         """The payload of the value ``raw`` read at ``name`` (``field``) if the trust
-        accepts its signature (``code``: it carries code or names the blobs that do);
-        else None, counted and warned once, naming the key. None for no value or one too
-        big to read, with no warning."""
+        accepts its signature (``code``: it carries code or names the blobs that do) and
+        it is no older than what this pod has seen there (:class:`Freshness`); else None,
+        counted and warned once, naming the key. None for no value or one too big to
+        read, with no warning."""
         if not isinstance(raw, bytes):
             return None
         try:
-            return remote_signature.unseal(self.trust, name, field, raw, code=code)
+            opened = remote_signature.opened(self.trust, name, field, raw, code=code)
         except Untrusted as e:
+            reason: str | None = e.reason
+        else:
+            reason = self.freshness.refusal(name, field, opened)
+        if reason is not None:
             self.stats.refused += 1
-            self.warn(name, field, "refused: %s", e.reason)
+            self.warn(name, field, "refused: %s", reason)
             return None
+        return opened.payload
 
     # ---- encoding ------------------------------------------------------------------
 
@@ -186,7 +204,19 @@ class Codec:
         if len(data) > MAX_ENTRY_BYTES:
             log.warning("remote tier: %s is %d bytes; limit %d", name, len(data), MAX_ENTRY_BYTES)
             return None
-        return remote_signature.seal(self.trust, name, field, data)
+        return self.seal(name, field, data)
+
+    def seal(self, name: str, field: str, payload: bytes) -> bytes:
+        """``payload`` in its envelope for ``name`` (``field``), signed by this pod's key
+        and issued above anything this pod has seen there; note it with :meth:`sent`
+        once the server holds it."""
+        issued = self.freshness.issue(name, field)
+        return remote_signature.seal(self.trust, name, field, payload, issued=issued)
+
+    def sent(self, name: str, field: str, value: bytes) -> None:
+        """``value`` (from :meth:`seal`) is held at ``name`` (``field``): older values
+        there are refused from now on."""
+        self.freshness.note(name, field, remote_signature.own(self.trust, value))
 
     def may_publish(self, where: str) -> bool:
         """Whether what this pod publishes can be used: not when signatures are required

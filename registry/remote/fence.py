@@ -54,6 +54,7 @@ class Fence:
                     pipe.multi()
                     write_field(pipe, name, field, data)
                     pipe.execute()
+                    self.codec.sent(name, field, data)
                     self.stats.published += 1
                     return True
                 except redis.exceptions.WatchError:

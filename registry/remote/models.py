@@ -271,10 +271,11 @@ def _publish(tier: RemoteTier, root: Path, at: _Index) -> bool:
             return False
     name = index_key(model, key_digest, fingerprint, namespace)
     payload = json.dumps({**index, "modes": modes}, sort_keys=True).encode()
-    value = remote_signature.seal(tier.trust, name, "", payload)
+    value = tier.seal(name, "", payload)
     write = functools.partial(write_index, key=name, value=value)
     if tier.call(write, now=True, deadline_s=tier.deadline_for(len(value))) is None:
         return False
+    tier.sent(name, "", value)
     tier.stats.published += 1
     log.info("model %s: published to the remote tier (%d files)", model, len(shas))
     return True

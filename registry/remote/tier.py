@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
 from registry.core.entry import Entry, canonical_key
@@ -60,6 +61,7 @@ from registry.core.redis_url import SCHEMES, Read, is_redis, redacted
 from registry.remote.calls import RemoteStats, WarnOnce, log
 from registry.remote.codec import Codec
 from registry.remote.fence import Fence
+from registry.remote.freshness import Freshness
 from registry.remote.publish import PublishQueue
 from registry.remote.transport import Transport, Unanswered
 from registry.remote.values import (
@@ -90,7 +92,9 @@ class RemoteTier:
     its transport (:class:`Transport`), codec (:class:`Codec`), fenced writes
     (:class:`Fence`) and publish queue (:class:`PublishQueue`). ``transport``: one
     built by the caller (a test's, on a fake client); ``url`` and the call options are
-    then its own."""
+    then its own. ``freshness``: the newest issue time seen per key (:class:`Freshness`:
+    an older signed value is refused, a replay), made once per process and kept on the
+    volume by the entry point; in memory by default."""
 
     def __init__(
         self,
@@ -101,6 +105,7 @@ class RemoteTier:
         password: str | None = None,
         trust: Trust | None = None,
         transport: Transport | None = None,
+        freshness: Freshness | None = None,
     ) -> None:
         self.url = url
         self.stats = RemoteStats() if transport is None else transport.calls.stats
@@ -113,7 +118,7 @@ class RemoteTier:
             retry_after_s=retry_after_s,
             password=password,
         )
-        self.codec = Codec(trust or Trust(), self.stats, warn)
+        self.codec = Codec(trust or Trust(), self.stats, warn, freshness)
         self.queue = PublishQueue(self.transport, Fence(self.codec, self.stats))
         self.transport.on_answer = self.queue.drain  # an answer ends an outage: publish
 
@@ -121,6 +126,11 @@ class RemoteTier:
     def trust(self) -> Trust:
         """What a value read must be signed by; who signs ours."""
         return self.codec.trust
+
+    @property
+    def freshness(self) -> Freshness:
+        """The newest issue time this pod has seen per key: what a replay is refused by."""
+        return self.codec.freshness
 
     @property
     def client(self) -> Any:
@@ -220,6 +230,17 @@ class RemoteTier:
         or one too big to read)."""
         return self.codec.opened(name, field, raw, code=code)
 
+    def seal(self, name: str, field: str, payload: bytes) -> bytes:
+        """``payload`` as a value for ``name`` (``field``, "" for a plain key): signed by
+        this pod's key, issued above anything this pod has seen there. Once the server
+        holds it, say so with :meth:`sent`."""
+        return self.codec.seal(name, field, payload)
+
+    def sent(self, name: str, field: str, value: bytes) -> None:
+        """The server holds ``value`` (:meth:`seal`) at ``name`` (``field``): from now on
+        this pod refuses an older one there."""
+        self.codec.sent(name, field, value)
+
     # ---- writing -------------------------------------------------------------------
 
     def publish(self, entry: Entry, *, seen: str | None = None) -> bool:
@@ -266,11 +287,19 @@ class RemoteTier:
 
 
 def remote_tier(
-    url: str, *, timeout_s: float = 1.0, password: str | None = None, trust: Trust | None = None
+    url: str,
+    *,
+    timeout_s: float = 1.0,
+    password: str | None = None,
+    trust: Trust | None = None,
+    seen: Path | None = None,
+    max_age_s: float | None = None,
 ) -> RemoteTier | None:
     """The remote tier at ``url`` (each call's deadline: ``timeout_s``; ``password``
     where the URL has none; ``trust``: what values must be signed by, and this pod's
-    key); None for "" or "off"."""
+    key; ``seen``: the file where the newest issue time seen per key persists, None for
+    memory only; ``max_age_s``: signatures older than that refused, None for never);
+    None for "" or "off"."""
     if url.strip() in ("", "off"):
         return None
     if not is_redis(url):
@@ -278,4 +307,5 @@ def remote_tier(
             f"Remote tier URL {shown(redacted(url))} is not valid: "
             f"use {', '.join(SCHEMES)} or 'off'."
         )
-    return RemoteTier(url, timeout_s=timeout_s, password=password, trust=trust)
+    freshness = Freshness(seen, max_age_s=max_age_s)
+    return RemoteTier(url, timeout_s=timeout_s, password=password, trust=trust, freshness=freshness)

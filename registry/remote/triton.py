@@ -142,11 +142,12 @@ def publish(tier: RemoteTier, cache_key: str, filename: str, data: bytes) -> boo
     if not tier.may_publish():
         return False
     sha, name = hashlib.sha256(data).hexdigest(), name_key(cache_key, filename)
-    pointer = remote_signature.seal(tier.trust, name, "", f"{sha} {len(data)}".encode())
+    pointer = tier.seal(name, "", f"{sha} {len(data)}".encode())
     write = functools.partial(write_file, blob=blob_key(sha), data=data, name=name, pointer=pointer)
     answer = tier.call(write, deadline_s=tier.deadline_for(len(data)))
     if answer is None:
         return False
+    tier.sent(name, "", pointer)
     if answer[0]:
         tier.stats.published += 1
     return True

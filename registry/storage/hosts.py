@@ -323,12 +323,15 @@ def publish_record(tier: RemoteTier, found: Probe, record: HostRecord) -> bool:
     if not tier.may_publish():
         return False
     payload = atomic.dumps(record.merged(fetch_record(tier, found)).to_json()).encode()
-    data = remote_signature.seal(tier.trust, remote_key(found), "", payload)
+    data = tier.seal(remote_key(found), "", payload)
 
     def put(client: Any) -> bool:
         return bool(client.set(remote_key(found), data, ex=REMOTE_TTL_S))
 
-    return tier.call(put) is True
+    if tier.call(put) is not True:
+        return False
+    tier.sent(remote_key(found), "", data)
+    return True
 
 
 def fetch_record(tier: RemoteTier, found: Probe) -> HostRecord | None:

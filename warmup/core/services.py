@@ -21,6 +21,7 @@ from pathlib import Path
 from registry.core.errors import RegistryError
 from registry.core.volume import Volume, existing_folder
 from registry.locks import LockBackend, backend_from_url
+from registry.remote.freshness import FILE_NAME as FRESHNESS_FILE
 from registry.remote.tier import RemoteTier, remote_tier
 from registry.storage.store import Store
 from registry.trust.signing import Trust
@@ -51,7 +52,8 @@ class Services:
     process, made from ``settings`` as that process needs them: a ``run``'s store puts
     wait ``locks.timeout_s`` for the store's write lock (an install may hold it);
     ``check_interval``: how often a store's reader looks for a new generation (0: at every
-    read); ``remote_timeout_s``: the deadline of each remote call."""
+    read); ``remote_timeout_s``: the deadline of each remote call. The remote tier keeps
+    the newest issue time it has seen per key in ``<volume>/remote-seen.json``."""
 
     settings: Settings
     run: bool = False
@@ -99,6 +101,7 @@ class Services:
             timeout_s=self.remote_timeout_s,
             password=remote.password(),
             trust=self.trust,
+            seen=self.volume.root / FRESHNESS_FILE,  # a replay stays refused after a restart
         )
 
     def remote_or_none(self, unused: str) -> RemoteTier | None:

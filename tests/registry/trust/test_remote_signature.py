@@ -1,8 +1,19 @@
 import pytest
 
 from registry.trust import signing
-from registry.trust.remote_signature import MAGIC, OVERHEAD, seal, split, unseal
-from registry.trust.signing import Trust, Untrusted
+from registry.trust.remote_signature import (
+    ISSUED_BYTES,
+    MAGIC,
+    MAGIC2,
+    OVERHEAD,
+    opened,
+    own,
+    parts,
+    seal,
+    split,
+    unseal,
+)
+from registry.trust.signing import REMOTE, SigningKey, Trust, Untrusted
 
 
 @pytest.fixture
@@ -13,7 +24,7 @@ def trust(tmp_path):
 
 def test_a_sealed_value_opens_at_its_own_key_and_field_only(trust):
     value = seal(trust, "triton-warmup:entry:k:1", "f", b'{"a": 1}')
-    assert value.startswith(MAGIC) and len(value) == OVERHEAD + 8
+    assert value.startswith(MAGIC2) and len(value) == OVERHEAD + 8
     assert unseal(trust, "triton-warmup:entry:k:1", "f", value, code=True) == b'{"a": 1}'
     with pytest.raises(Untrusted, match="remote value triton-warmup:entry:k:2 field f"):
         unseal(trust, "triton-warmup:entry:k:2", "f", value, code=True)  # copied under another key
@@ -38,6 +49,46 @@ def test_without_a_signing_key_a_value_goes_out_as_it_is(tmp_path, trust):
     with pytest.raises(Untrusted, match="no trusted keys are configured"):
         unseal(Trust(), "k", "", b"x", code=True)  # code is not
     assert unseal(Trust(allow_unsigned=True), "k", "", b"x", code=True) == b"x"  # opted out
+
+
+def test_a_value_carries_its_issue_time_under_its_signature(trust):
+    value = seal(trust, "k", "f", b"payload", issued=1234)
+    assert parts(value)[1:] == (1234, b"payload")
+    assert opened(trust, "k", "f", value, code=True).issued == 1234
+    later = value[: OVERHEAD - ISSUED_BYTES] + (5678).to_bytes(ISSUED_BYTES, "big") + b"payload"
+    with pytest.raises(Untrusted, match="does not verify"):
+        opened(trust, "k", "f", later, code=True)  # the time cannot be moved
+    assert seal(trust, "k", "f", b"x") != seal(trust, "k", "f", b"x", issued=1)  # now by default
+
+
+def _old_envelope(signer: SigningKey, key: str, field: str, payload: bytes) -> bytes:
+    """A value as pods sealed it before issue times (tw-sig1: no time)."""
+    signature = signer.sign(REMOTE, key.encode() + b"\0" + field.encode() + b"\0" + payload)
+    return MAGIC + signature.key_id.encode() + signature.value + payload
+
+
+def test_an_old_envelope_opens_as_issued_at_time_0(tmp_path, trust):
+    signer = trust.signer
+    old = _old_envelope(signer, "k", "f", b"payload")
+    found = opened(trust, "k", "f", old, code=True)
+    assert (found.payload, found.issued, found.vouched) == (b"payload", 0, True)
+    with pytest.raises(Untrusted, match="does not verify"):
+        opened(trust, "k", "g", old, code=True)
+    # its signature cannot be reread as a new envelope with a time taken from the payload
+    stamp = b"payload"[:ISSUED_BYTES].ljust(ISSUED_BYTES, b"\0")
+    forged = MAGIC2 + old[len(MAGIC) : len(MAGIC) + 80] + stamp + b"payload"
+    with pytest.raises(Untrusted, match="does not verify"):
+        opened(trust, "k", "f", forged, code=True)
+
+
+def test_only_a_trusted_key_vouches_for_a_time(tmp_path, trust):
+    value = seal(trust, "k", "", b"x", issued=99)
+    assert own(trust, value).vouched and own(trust, value).issued == 99
+    other, _ = signing.generate(tmp_path / "other", "other")
+    lenient = Trust.load(other.parent, allow_unsigned=True)  # takes unknown keys' values
+    found = opened(lenient, "k", "", value, code=True)
+    assert (found.payload, found.issued, found.vouched) == (b"x", 0, False)
+    assert opened(Trust(), "k", "", b"x", code=False).vouched is False  # unsigned: no time
 
 
 # ---- on a real redis-server: each family of the remote tier ----------------------------

@@ -50,3 +50,13 @@ def test_the_volume_is_checked_and_made_only_when_asked(tmp_path):
         existing_volume(missing, "check Settings(volume=...)")
     assert existing_volume(missing.updated(create_volume=True)) == tmp_path / "nope"
     assert (tmp_path / "nope").is_dir()
+
+
+def test_the_remote_tier_remembers_what_it_has_seen_on_the_volume(tmp_path):
+    from registry.remote.freshness import FILE_NAME, Freshness
+    from registry.trust.remote_signature import Opened
+
+    Freshness(tmp_path / FILE_NAME, save_every_s=0).note("k", "", Opened(b"x", 7, vouched=True))
+    remote = Services(Settings(volume=tmp_path, remote_url="redis://r:6379/0")).remote
+    assert remote is not None and remote.freshness.path == tmp_path / FILE_NAME
+    assert remote.freshness.newest("k") == 7  # a restarted pod refuses what it refused before
