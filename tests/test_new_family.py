@@ -34,6 +34,7 @@ FOLDER = PodFolder("notes_dir", "families/notes", "the server's notes", server_e
 
 class NoteFiles(BundlePart):
     prefix, what, counted, option = "notes/", "notes", "notes", "notes"
+    carries_code = False  # text: a bundle of notes alone installs with no key configured
 
     def pack(self, root, *, only=None):
         files = sorted(p for p in root.rglob("*") if p.is_file())

@@ -18,6 +18,7 @@ from registry.caches import triton_cache
 from registry.remote import models as remote_models
 from registry.remote import triton as remote_triton
 from registry.remote.tier import RemoteTier
+from tests._trust import UNSIGNED_OK
 from tests.conftest import env_without_interpreter
 from tests.registry._trickle import trickling, within
 from tests.registry.test_redis_outage import Proxy, redis  # noqa: F401
@@ -39,7 +40,11 @@ def server(redis):  # noqa: F811
 def compile_in_pod(cache: Path, url: str, *, plain: bool = False, **env: str) -> dict:
     """``tests.warmup._compile_remote`` in a fresh process: its report. ``plain``:
     Triton's own file cache manager."""
-    environ = env_without_interpreter(TRITON_CACHE_DIR=str(cache), TRITON_WARMUP_REMOTE_URL=url)
+    environ = env_without_interpreter(
+        TRITON_CACHE_DIR=str(cache),
+        TRITON_WARMUP_REMOTE_URL=url,
+        TRITON_WARMUP_ALLOW_UNSIGNED="true",
+    )
     environ.update(PYTHONPATH=str(ROOT), **env)
     if not plain:
         environ["TRITON_CACHE_MANAGER"] = MANAGER
@@ -114,6 +119,7 @@ def test_redis_down_or_stalled_is_a_local_compile_within_its_timeout(tmp_path, s
 def tiered(tmp_path, server, monkeypatch):
     """TieredCacheManager in this process, on ``server``, with a zeroed count."""
     monkeypatch.setenv("TRITON_WARMUP_REMOTE_URL", server.url)
+    monkeypatch.setenv("TRITON_WARMUP_ALLOW_UNSIGNED", "true")  # kernels shared unsigned
     monkeypatch.setattr(triton_remote_cache, "stats", triton_remote_cache.RemoteCacheStats())
     triton_remote_cache.process_tier.cache_clear()
     yield
@@ -140,7 +146,7 @@ def test_host_code_is_never_shared(tmp_path, monkeypatch, server, tiered):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "a"))
     TieredCacheManager("KEY1").put(b"\x7fELF stub", "__triton_launcher.so")
     assert server.client.keys("*") == []
-    remote_triton.publish(RemoteTier(server.url), "KEY1", "cuda_utils.so", b"x")
+    remote_triton.publish(RemoteTier(server.url, trust=UNSIGNED_OK), "KEY1", "cuda_utils.so", b"x")
     assert server.client.keys("*") == []  # refused by the tier's own check too
 
 
@@ -161,7 +167,7 @@ def test_host_code_is_never_shared(tmp_path, monkeypatch, server, tiered):
 def test_a_group_on_the_tier_that_is_no_group_is_a_miss_never_an_error(
     tmp_path, monkeypatch, server, tiered, group
 ):
-    tier = RemoteTier(server.url)
+    tier = RemoteTier(server.url, trust=UNSIGNED_OK)
     remote_triton.publish(tier, "KEY1", "k.json", b"{}")
     remote_triton.publish(tier, "KEY1", "k.cubin", b"cubin")
     sha = hashlib.sha256(group).hexdigest()
@@ -177,7 +183,7 @@ def test_a_group_on_the_tier_that_is_no_group_is_a_miss_never_an_error(
 )
 def test_the_plug_in_never_raises_on_what_tritons_manager_hands_it(server, tiered, names):
     # Triton's RemoteCacheManager passes a remote group's child_paths on unchecked
-    remote_triton.publish(RemoteTier(server.url), "KEY1", "k.json", b"{}")
+    remote_triton.publish(RemoteTier(server.url, trust=UNSIGNED_OK), "KEY1", "k.json", b"{}")
     found = RemoteBackend("KEY1").get(names)
     assert found in ({}, {"k.json": b"{}"})
     assert triton_remote_cache.stats.misses == 1

@@ -102,6 +102,7 @@ class Services:
             password=remote.password(),
             trust=self.trust,
             seen=self.volume.root / FRESHNESS_FILE,  # a replay stays refused after a restart
+            max_age_s=self.settings.trust.remote_max_age_s,
         )
 
     def remote_or_none(self, unused: str) -> RemoteTier | None:

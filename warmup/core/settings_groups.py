@@ -158,6 +158,10 @@ class TrustSettings(Group):
     signing_key: Path | None = None
     """this pod's Ed25519 private key (PEM): what it publishes to the remote tier is
     signed with it (unset: nothing is signed)"""
+    remote_max_age_s: float | None = Field(None, gt=0)
+    """the oldest a signed remote-tier value may be, in seconds since it was signed: an
+    older one is refused (a freeze attack: a server that keeps handing out stale values);
+    unset: no limit (a value older than one this pod saw at its key is refused anyway)"""
     allow_unsigned: bool = False
     """the explicit opt-out for local use: unsigned bundles and remote values, code
     included, are accepted, with trusted keys set or not (logged at start, shown by

@@ -14,6 +14,7 @@ from registry.caches import inductor_cache
 from registry.core.fingerprint import cpu_fingerprint
 from registry.remote import models as remote_models
 from registry.remote.tier import RemoteTier
+from tests._trust import UNSIGNED_OK
 from tests.conftest import gpu_fingerprint
 from tests.registry._trickle import trickling, within
 from tests.registry.families.test_bundle_indexed import FILES, family, restored
@@ -24,7 +25,7 @@ WHERE = {"model": "mlp", "key_digest": KEY, "fingerprint": FP}
 
 
 def tier(url: str) -> RemoteTier:
-    return RemoteTier(url, timeout_s=0.5, retry_after_s=30.0)
+    return RemoteTier(url, timeout_s=0.5, retry_after_s=30.0, trust=UNSIGNED_OK)
 
 
 @pytest.fixture
@@ -187,7 +188,7 @@ def test_a_blob_grown_past_its_size_is_never_read(tmp_path, server, published):
 @pytest.mark.parametrize("kind", ["tcp", "unix"])
 def test_a_trickling_server_is_a_miss_within_the_deadline(tmp_path, kind, published):
     with trickling(kind, tmp_path) as hostile:
-        mine = RemoteTier(hostile.url, timeout_s=1.0)
+        mine = RemoteTier(hostile.url, timeout_s=1.0, trust=UNSIGNED_OK)
         with within(1.5):
             assert not remote_models.fetch(mine, tmp_path / "b", **WHERE)
         with within(1.5):

@@ -12,6 +12,7 @@ import pytest
 from registry.remote import triton as remote_triton
 from registry.remote.models import blob_key
 from registry.remote.tier import RemoteTier
+from tests._trust import UNSIGNED_OK
 from tests.registry._trickle import trickling, within
 
 KEY = "CZ4VKGKEWFV6MYQ5X5TRDJHUJU3GNRTX4GLYL7SUUERN3NQAXEGA"
@@ -19,7 +20,7 @@ CUBIN = b"\x7fELF" + bytes(range(256)) * 40
 
 
 def tier(url: str, timeout_s: float = 0.5) -> RemoteTier:
-    return RemoteTier(url, timeout_s=timeout_s, retry_after_s=30.0)
+    return RemoteTier(url, timeout_s=timeout_s, retry_after_s=30.0, trust=UNSIGNED_OK)
 
 
 def test_a_file_published_by_one_pod_is_fetched_by_another(server):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from registry.core.fingerprint import cpu_fingerprint
 from registry.remote.tier import RemoteTier
+from tests._trust import UNSIGNED_OK
 from tests.conftest import settings_for
 from tests.registry.conftest import server  # noqa: F401  (a fixture)
 from tests.registry.families.test_bundle_indexed import FILES
@@ -17,7 +18,7 @@ FP = cpu_fingerprint()
 
 
 def tier(url: str) -> RemoteTier:
-    return RemoteTier(url, timeout_s=0.5, retry_after_s=30.0)
+    return RemoteTier(url, timeout_s=0.5, retry_after_s=30.0, trust=UNSIGNED_OK)
 
 
 def test_the_warm_restores_from_the_remote_tier_and_publishes_what_it_stores(

@@ -55,9 +55,23 @@ def serve(work: Path, manifest: Path, name: str, *extra: dict, **env: str) -> di
 
 
 def carry(source: Path, target: Path, out: Path) -> None:
-    """``registry bundle create`` on one volume, ``bundle install`` on the other."""
-    create = ["bundle", "create", str(out), "--name", "models", "--version", "1"]
-    install = ["bundle", "install", str(out), "--fingerprint", "detect"]
+    """``registry bundle create`` on one volume, signed by a release key, ``bundle
+    install`` on the other, which trusts only that key (the default path: signed)."""
+    from registry.trust import signing
+
+    keys = out.parent / "release-keys"
+    private, _ = signing.generate(keys, "release")
+    create = ["bundle", "create", str(out), "--name", "models", "--version", "1",
+              "--sign-key", str(private)]  # fmt: skip
+    install = [
+        "bundle",
+        "install",
+        str(out),
+        "--fingerprint",
+        "detect",
+        "--trusted-keys",
+        str(keys),
+    ]
     for volume, command in ((source, create), (target, install)):
         store = ["registry", "--store", str(volume / "registry"), "--create-store"]
         assert main([*store, *command, "--inductor", str(volume / "inductor")]) == 0

@@ -13,6 +13,7 @@ from registry.core.fingerprint import cpu_fingerprint
 from registry.remote import models as remote_models
 from registry.storage import hosts
 from registry.storage.hosts import HostRecord, Probe
+from tests._trust import UNSIGNED_OK
 from tests.conftest import ROOT, settings_for, write_manifest
 from warmup.compiled.key import model_key
 from warmup.core.manifest import load_manifest
@@ -219,7 +220,7 @@ def test_a_pod_on_an_empty_volume_finds_its_full_hit_on_the_remote_tier(
     from registry.remote.tier import RemoteTier
 
     settings, manifest = warm_volume
-    tier = RemoteTier(redis_url)
+    tier = RemoteTier(redis_url, trust=UNSIGNED_OK)
     for entry in Services(settings).store().entries():
         assert tier.publish(entry)
     key = model_key(manifest.model("mlp"))
@@ -250,7 +251,7 @@ def test_a_remote_tier_missing_a_shape_leaves_the_full_warm(warm_volume, tmp_pat
     from registry.remote.tier import RemoteTier
 
     settings, manifest = warm_volume
-    tier = RemoteTier(redis_url)
+    tier = RemoteTier(redis_url, trust=UNSIGNED_OK)
     tier.client.flushall()
     hosts.publish_record(tier, PROBE, hosts.read_record(settings.paths.layout.hosts, PROBE))
     empty = settings.updated(volume=tmp_path / "other-node")

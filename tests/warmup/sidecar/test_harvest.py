@@ -20,6 +20,7 @@ from registry.remote import models as remote_models
 from registry.remote import triton as remote_triton
 from registry.remote.tier import RemoteTier
 from registry.storage.store import Store
+from tests._trust import UNSIGNED_OK
 from tests.conftest import (
     free_port,
     gpu_fingerprint,
@@ -179,7 +180,7 @@ def test_a_bad_kernel_is_refused_in_one_line_and_nothing_is_published(
     group = group_of(pod.folders.triton_cache_dir)
     spoil(pod, group)
     before = snapshot(pod.paths.volume)
-    harvest = harvester(pod, remote=RemoteTier(server.url, timeout_s=0.5))
+    harvest = harvester(pod, remote=RemoteTier(server.url, timeout_s=0.5, trust=UNSIGNED_OK))
     assert harvest.harvest("kernel", group) == "refused"
     assert snapshot(pod.paths.volume) == before
     assert server.client.keys("*") == []
@@ -202,7 +203,7 @@ def test_n_pods_harvesting_one_kernel_store_it_once(tmp_path, compiled, server):
         ready(settings)
         pods.append(settings)
     results = [
-        harvester(s, remote=RemoteTier(server.url, timeout_s=0.5)).harvest(
+        harvester(s, remote=RemoteTier(server.url, timeout_s=0.5, trust=UNSIGNED_OK)).harvest(
             "kernel", group_of(s.folders.triton_cache_dir)
         )
         for s in pods
@@ -216,7 +217,9 @@ def test_n_pods_harvesting_one_kernel_store_it_once(tmp_path, compiled, server):
 def test_a_remote_outage_mid_harvest_is_published_later_once(tmp_path, pod, server):
     proxy = Proxy(server.port)
     try:
-        harvest = harvester(pod, remote=RemoteTier(proxy.url, timeout_s=0.3, retry_after_s=0.0))
+        harvest = harvester(
+            pod, remote=RemoteTier(proxy.url, timeout_s=0.3, retry_after_s=0.0, trust=UNSIGNED_OK)
+        )
         proxy.down()
         assert (
             harvest.harvest("kernel", group_of(pod.folders.triton_cache_dir)) == "harvested"
@@ -231,7 +234,7 @@ def test_a_remote_outage_mid_harvest_is_published_later_once(tmp_path, pod, serv
         proxy.close()
     kernel = group_of(pod.folders.triton_cache_dir).parent.name
     fetched = remote_triton.fetch(
-        RemoteTier(server.url),
+        RemoteTier(server.url, trust=UNSIGNED_OK),
         kernel,
         [p.name for p in group_of(pod.folders.triton_cache_dir).parent.iterdir()],
     )
@@ -288,7 +291,7 @@ def test_a_declared_folder_written_after_ready_is_kept_and_shared(tmp_path, serv
     )
     pod = settings_for(tmp_path, manifest=write_manifest(tmp_path / "m.yaml", text))
     ready(pod)
-    remote = RemoteTier(server.url, timeout_s=0.5)
+    remote = RemoteTier(server.url, timeout_s=0.5, trust=UNSIGNED_OK)
     harvest = harvester(pod, remote=remote)
     assert engine in harvest.folders  # watched, with the Inductor cache
     (engine / "torch_compile_cache").mkdir(parents=True)
@@ -403,7 +406,7 @@ def test_remote_models_index_is_published_too(tmp_path, pod, server):
     root = pod.paths.layout.inductor
     inductor_cache.save(inductor, root, model="mlp", key_digest="a" * 16, key={}, fingerprint=FP)
     ready(pod, models=[ModelResult(name="mlp", phase="warm", key_digest="a" * 16)])
-    remote = RemoteTier(server.url, timeout_s=0.5)
+    remote = RemoteTier(server.url, timeout_s=0.5, trust=UNSIGNED_OK)
     harvester(pod, remote=remote).harvest("inductor", inductor)
     other = tmp_path / "other-volume"
     assert remote_models.fetch(remote, other, model="mlp", key_digest="a" * 16, fingerprint=FP)
@@ -426,7 +429,7 @@ class DurableRedis:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )  # fmt: skip
-        client = RemoteTier(self.url).client
+        client = RemoteTier(self.url, trust=UNSIGNED_OK).client
         assert wait_for(lambda: _pings(client), 15), "redis-server did not start"
 
     def stop(self) -> None:
@@ -451,7 +454,7 @@ def test_redis_restarting_mid_publish_loses_nothing_acknowledged_and_duplicates_
     server.folder.mkdir()
     server.start()
     try:
-        tier = RemoteTier(server.url, timeout_s=0.5, retry_after_s=0.0)
+        tier = RemoteTier(server.url, timeout_s=0.5, retry_after_s=0.0, trust=UNSIGNED_OK)
         harvest = harvester(pod, remote=tier)
         publish, calls = remote_triton.publish, []
 
@@ -465,7 +468,7 @@ def test_redis_restarting_mid_publish_loses_nothing_acknowledged_and_duplicates_
         assert harvest.harvest("kernel", group_of(pod.folders.triton_cache_dir)) == "harvested"
         acknowledged = calls[:2]
         server.start()
-        client = RemoteTier(server.url).client
+        client = RemoteTier(server.url, trust=UNSIGNED_OK).client
         held = {k.decode().rsplit(":", 1)[1] for k in client.keys(f"{remote_triton.NAME_PREFIX}*")}
         assert held == set(acknowledged)  # what redis acknowledged survived its restart
         monkeypatch.setattr(remote_triton, "publish", publish)

@@ -637,7 +637,7 @@ def test_a_bundle_with_a_declared_model_reaches_the_pods_inductor_cache(tmp_path
     manifest.write_text(MLP)
     settings = Settings(
         volume=tmp_path / "volume", work_dir=tmp_path / "work", manifest=manifest,
-        reload_debounce_s=0.1,
+        reload_debounce_s=0.1, allow_unsigned=True,  # a compiled model: code
     )  # fmt: skip
     ready_status(settings, manifest_digest=load_manifest(manifest).digest())
     files = {"fxgraph/ab/fabc/entry": b"graph", "ab/cabc.so": b"\x7fELF"}
