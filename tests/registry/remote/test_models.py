@@ -13,6 +13,7 @@ import pytest
 from registry.caches import inductor_cache
 from registry.core.fingerprint import cpu_fingerprint
 from registry.remote import models as remote_models
+from registry.remote.blobs import BLOB_PREFIX
 from registry.remote.tier import RemoteTier
 from tests.conftest import gpu_fingerprint
 from tests.registry._trickle import trickling, within
@@ -61,7 +62,7 @@ def test_a_blob_the_server_holds_is_not_sent_again(tmp_path, server, published):
 
 
 def test_a_blob_that_is_not_its_bytes_or_gone_fetches_no_index(tmp_path, server, published):
-    blobs = sorted(server.client.keys(remote_models.BLOB_PREFIX + "*"))
+    blobs = sorted(server.client.keys(BLOB_PREFIX + "*"))
     server.client.set(blobs[0], b"rot")
     target = tmp_path / "b"
     assert not remote_models.fetch(tier(server.url), target, **WHERE)
