@@ -119,6 +119,7 @@ def read_into(client: Any, sha: str, size: int, sink: BinaryIO) -> Moved:
             sink.write(piece)
         except OSError as e:
             return Moved(f"not written here: {e}")
+        del reply, piece  # not held while the next chunk comes
     if digest.hexdigest() != sha:
         return Moved("not the bytes of its name")
     return Moved()
