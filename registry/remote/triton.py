@@ -107,12 +107,15 @@ def _blobs(
     got: dict[str, bytes] = {}
     sizes = {filename: size for filename, (_, size) in wanted.items()}
     for filename in [f for f in wanted if blobs.chunked(sizes[f])]:
-        data = _blob_in_chunks(tier, *wanted[filename])
-        if data is None:
+        sink = io.BytesIO()  # Triton takes a file as bytes: at most MAX_FILE_BYTES
+        sha, size = wanted[filename]
+        read = functools.partial(blobs.read_into, sha=sha, size=size, sink=sink)
+        moved = tier.call(read, deadline_s=tier.deadline_for(size))
+        if moved is None:
             return {}  # the tier failed mid-way: nothing half-fetched is used
-        if data:
-            got[filename] = data
-        else:
+        if moved.why is None:
+            got[filename] = sink.getvalue()
+        elif moved.why != blobs.GONE:
             log.warning("remote triton cache: %s/%s is damaged; compiling", cache_key, filename)
     small = [f for f in wanted if not blobs.chunked(sizes[f])]
     for batch in batches(small, sizes):
@@ -134,20 +137,6 @@ def _blobs(
             elif data is not None:
                 log.warning("remote triton cache: %s/%s is damaged; compiling", cache_key, filename)
     return got
-
-
-def _blob_in_chunks(tier: RemoteTier, sha: str, size: int) -> bytes | None:
-    """The blob ``sha`` of ``size`` bytes, read in chunks in one call; b"" when the server
-    holds none, another size or other bytes; None when the call failed."""
-
-    def read(client: Any) -> blobs.Moved:
-        return blobs.read_into(client, sha, size, sink)
-
-    sink = io.BytesIO()
-    moved = tier.call(read, deadline_s=tier.deadline_for(size))
-    if moved is None:
-        return None
-    return sink.getvalue() if moved.why is None else b""
 
 
 def publish(tier: RemoteTier, cache_key: str, filename: str, data: bytes) -> bool:
