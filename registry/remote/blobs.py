@@ -39,7 +39,7 @@ BLOB_PREFIX = "triton-warmup:blob:"
 UPLOAD_PREFIX = "triton-warmup:upload:"
 CHUNK_BYTES = 4 * 2**20  # one round trip's bytes: memory is a few of them, any blob
 UPLOAD_TTL_S = 60  # an upload key's life after its last append (a killed publish's)
-GONE = "no longer (evicted?)"  # why a blob did not move: the server holds none
+GONE = "the server holds none (evicted?)"  # why a blob did not move, the commonest
 
 # The chunk ARGV[2]..ARGV[3] of KEYS[1] while it holds ARGV[1] bytes: {length, bytes};
 # {length} (0: none) when it holds another size.
@@ -111,10 +111,10 @@ def read_into(client: Any, sha: str, size: int, sink: BinaryIO) -> Moved:
         reply = client.eval(_RANGE, 1, key, size, start, end - 1)
         held = int(reply[0])
         if len(reply) < 2:
-            return Moved(GONE if held == 0 else f"otherwise ({held} bytes)")
+            return Moved(GONE if held == 0 else f"the server holds {held} bytes")
         piece: bytes = reply[1]
         if len(piece) != end - start:  # no server answers so; never written on
-            return Moved(f"otherwise ({len(piece)} bytes at {start})")
+            return Moved(f"the server sent {len(piece)} bytes at {start}")
         digest.update(piece)
         try:
             sink.write(piece)

@@ -178,7 +178,7 @@ def _fetch_blobs(tier: RemoteTier, root: Path, name: str, index: Mapping[str, An
             return False
         if moved.why is not None:
             log.warning(
-                "remote tier: %s names blob %s of %d bytes, which the server holds %s",
+                "remote tier: %s names blob %s of %d bytes: %s",
                 name,
                 sha[:16],
                 sizes[sha],
@@ -236,7 +236,7 @@ def _stream_blob(client: Any, root: Path, sha: str, size: int, mode: int) -> blo
     except _Discard:
         return moved
     except OSError as e:  # the volume's (redis-py raises its own errors, none an OSError)
-        return blobs.Moved(f"(not written here: {e})")
+        return blobs.Moved(f"not written here: {e}")
     return moved
 
 

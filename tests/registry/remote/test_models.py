@@ -205,18 +205,23 @@ BIG = {**FILES, "fxgraph/big/entry": bytes(range(256)) * 4100}  # ~1 MiB: 4 chun
 BIG_SHA = hashlib.sha256(BIG["fxgraph/big/entry"]).hexdigest()
 
 
+def roomy(url: str) -> RemoteTier:
+    """A tier whose calls have time on a loaded machine (these tests are not of deadlines)."""
+    return RemoteTier(url, timeout_s=5.0, retry_after_s=30.0)
+
+
 @pytest.fixture
 def big(tmp_path, server, monkeypatch):
     monkeypatch.setattr(blobs, "CHUNK_BYTES", 256 * 2**10)
     source = family(tmp_path / "a", BIG)
-    assert remote_models.publish(tier(server.url), source, **WHERE)
+    assert remote_models.publish(roomy(server.url), source, **WHERE)
     return source
 
 
 def test_a_model_with_a_blob_over_a_chunk_is_fetched_whole(tmp_path, server, big):
     assert server.client.get(blobs.blob_key(BIG_SHA)) == BIG["fxgraph/big/entry"]  # one value
     assert not server.client.keys(f"{blobs.UPLOAD_PREFIX}*")
-    assert remote_models.fetch(tier(server.url), tmp_path / "b", **WHERE)
+    assert remote_models.fetch(roomy(server.url), tmp_path / "b", **WHERE)
     assert restored(tmp_path / "b", tmp_path / "cache") == BIG
 
 
@@ -224,7 +229,7 @@ def test_a_large_blob_not_its_bytes_leaves_no_file(tmp_path, server, big, caplog
     size = len(BIG["fxgraph/big/entry"])
     server.client.set(blobs.blob_key(BIG_SHA), b"\0" * size)  # its size, other bytes
     target = tmp_path / "b"
-    mine = tier(server.url)
+    mine = roomy(server.url)
     assert not remote_models.fetch(mine, target, **WHERE)
     assert "not the bytes of its name" in caplog.text and mine.stats.errors == 0
     assert not list(target.glob("models/*/*/*/*.json"))  # no index
@@ -239,7 +244,7 @@ def test_a_volume_that_fails_under_a_streamed_fetch_is_a_miss_not_an_outage(
     folder = inductor_cache.blob_path(target, BIG_SHA).parent
     folder.parent.mkdir(parents=True)
     folder.write_bytes(b"a file where the blob's folder goes")
-    mine = tier(server.url)
+    mine = roomy(server.url)
     assert not remote_models.fetch(mine, target, **WHERE)
     assert "not written here" in caplog.text and mine.stats.errors == 0 and mine.up
 
