@@ -12,12 +12,15 @@ most :data:`CHUNK_BYTES` moves as it always did: read with others in one round t
   with a check that the server still holds the size expected, into the caller's sink
   (a temp file beside the target), hashed as it comes; the caller keeps it only when
   it hashes to its name.
-- written by :func:`upload`: ``APPEND`` a chunk at a time to an upload key of its own,
-  ``triton-warmup:upload:<sha256>:<random>`` (each append checks the length so far and
-  renews a :data:`UPLOAD_TTL_S` expiry), then ``RENAME``\\ d onto the blob's key once its
-  length is the file's and the bytes sent hashed to its name, unless a blob is there.
+- written by :func:`upload`: an upload key of its own,
+  ``triton-warmup:upload:<sha256>:<random>``, is made at the blob's size at once (so
+  the server never grows it chunk by chunk, which copies it again at each append), then
+  each chunk written in place (``SETRANGE``; each write checks that the key still holds
+  that size, and renews a :data:`UPLOAD_TTL_S` expiry), then renamed onto the blob's key
+  (``RENAME``) once all were sent and they hashed to its name, unless a blob is there.
   A reader never sees half a blob, and a publish killed mid-way leaves only its upload
-  key, which no reader asks for and which expires.
+  key (the blob's size, zeros where nothing came), which no reader asks for and which
+  expires.
 
 So memory is a few chunks whatever the blob's size. The caller gives the whole move one
 deadline (``RemoteTier.deadline_for``: the tier's timeout plus the blob's bytes at the
@@ -48,13 +51,20 @@ local n = redis.call('strlen', KEYS[1])
 if n ~= tonumber(ARGV[1]) then return {n} end
 return {n, redis.call('getrange', KEYS[1], ARGV[2], ARGV[3])}
 """
-# Append ARGV[2] to KEYS[1] if it holds ARGV[1] bytes so far, and let it live ARGV[3]
-# seconds more: its new length; -1 when it holds another length (evicted, expired).
-_APPEND = """
+# Make KEYS[1] ARGV[1] bytes long (zeros), living ARGV[2] seconds: 1; -1 when it exists.
+_START = """
+if redis.call('exists', KEYS[1]) == 1 then return -1 end
+redis.call('setrange', KEYS[1], tonumber(ARGV[1]) - 1, '\\0')
+redis.call('expire', KEYS[1], ARGV[2])
+return 1
+"""
+# Write ARGV[3] at ARGV[2] into KEYS[1] if it holds ARGV[1] bytes, and let it live ARGV[4]
+# seconds more: 1; -1 when it holds another length (evicted or expired meanwhile).
+_WRITE = """
 if redis.call('strlen', KEYS[1]) ~= tonumber(ARGV[1]) then return -1 end
-local n = redis.call('append', KEYS[1], ARGV[2])
-redis.call('expire', KEYS[1], ARGV[3])
-return n
+redis.call('setrange', KEYS[1], ARGV[2], ARGV[3])
+redis.call('expire', KEYS[1], ARGV[4])
+return 1
 """
 # Move the upload KEYS[1] onto the blob KEYS[2] if it holds ARGV[1] bytes and no blob is
 # there: 1 moved; 0 a blob there (the upload deleted); -1 another length (deleted).
@@ -141,7 +151,9 @@ def upload(client: Any, sha: str, size: int, source: BinaryIO) -> Moved:
             return Moved("not the bytes of its name")
         return Moved(new=bool(client.set(blob_key(sha), data, nx=True)))
     temp = f"{UPLOAD_PREFIX}{sha}:{secrets.token_hex(8)}"
-    why = _append_all(client, temp, sha, size, source)
+    if int(client.eval(_START, 1, temp, size, UPLOAD_TTL_S)) < 0:
+        return Moved("its upload key is taken")  # 64 random bits: never by chance
+    why = _write_all(client, temp, sha, size, source)
     if why is not None:
         client.delete(temp)  # within the call: an error before it leaves it to expire
         return Moved(why)
@@ -151,8 +163,8 @@ def upload(client: Any, sha: str, size: int, source: BinaryIO) -> Moved:
     return Moved(new=stored == 1)
 
 
-def _append_all(client: Any, temp: str, sha: str, size: int, source: BinaryIO) -> str | None:
-    """Append ``source``'s ``size`` bytes to ``temp`` a chunk at a time: why not, or None."""
+def _write_all(client: Any, temp: str, sha: str, size: int, source: BinaryIO) -> str | None:
+    """Write ``source``'s ``size`` bytes into ``temp`` a chunk at a time: why not, or None."""
     digest, sent = hashlib.sha256(), 0
     while sent < size:
         try:
@@ -162,10 +174,10 @@ def _append_all(client: Any, temp: str, sha: str, size: int, source: BinaryIO) -
         if not piece:
             return f"{sent} bytes; its name gives {size}"
         digest.update(piece)
-        held = int(client.eval(_APPEND, 1, temp, sent, piece, UPLOAD_TTL_S))
-        if held != sent + len(piece):
+        if int(client.eval(_WRITE, 1, temp, size, sent, piece, UPLOAD_TTL_S)) < 0:
             return "the upload key changed under it (evicted?)"
-        sent = held
+        sent += len(piece)
+        del piece  # not held while the next chunk is read
     try:
         more = source.read(1)
     except OSError as e:
