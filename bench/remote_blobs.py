@@ -5,7 +5,8 @@
 Target: a 200 MiB blob published and fetched while the machine is busy, each within
 64 MiB of peak RSS over idle; a server slower than the stated rate
 (``transport.MIN_BYTES_PER_S``) cut at the call's deadline (+0.5 s), one faster than it
-waited for, however long that takes.
+waited for past the 1 s timeout (issue 54: a 200 MiB fetch on a loaded node failed at
+1.02 s, each socket wait capped at the timeout, and peaked at 3.2x the blob).
 
 Runs on the CPU. The parent starts a redis-server on a free port
 (``bench.fleet.redis_server``), ``--busy`` processes that spin (default: one per core,
@@ -17,7 +18,7 @@ checkout, for the anchor): the child resets its high-water mark (``/proc/self/cl
 (``registry.remote.models``) with the product's remote timeout (1 s), and reports peak
 RSS over idle, seconds, the blob's call deadline and the last warning. The slow and
 the fast server are the tests' throttling proxy (``tests.registry._trickle.throttled``)
-at half and 1.5 times the stated rate. Prints one table (``--json``: JSON as well).
+at under half and 3 times the stated rate. Prints one table (``--json``: JSON as well).
 About a minute at 200 MiB on 2 cores; needs ~1 GiB of free disk and memory for redis.
 """
 
@@ -133,9 +134,10 @@ def run(code: Path, url: str, op: str, root: Path, size: int) -> dict[str, Any]:
 
 
 def cases(code: Path, label: str, url: str, port: int, root: Path, size: int) -> list[dict]:
-    """Publish and fetch, then a server at 1.5 times the stated rate (a busy one: the
-    move outlasts the 1 s timeout) and one so slow that the blob takes twice its
-    deadline (under half the rate: the 1 s base is part of the deadline)."""
+    """Publish and fetch, then a server at 3 times the stated rate (a busy one: the move
+    outlasts the 1 s timeout; the client's own work between chunks takes a part of the
+    deadline too) and one so slow that the blob takes twice its deadline (under half
+    the rate: the 1 s base is part of the deadline)."""
     rate = transport.MIN_BYTES_PER_S
     slow_rate = min(rate / 2, size / (2 * (TIMEOUT_S + size / rate)))
     slow_name = f"server at {slow_rate / rate:.2f}x the rate"
@@ -152,8 +154,8 @@ def cases(code: Path, label: str, url: str, port: int, root: Path, size: int) ->
     flush()
     case("publish", "publish", url, True)
     case("fetch into an empty volume", "fetch", url, True, root.parent / "fetched")
-    with throttled(port, down_bytes_per_s=1.5 * rate) as fast:
-        case("fetch, server at 1.5x the rate", "fetch", fast, True, root.parent / "fetched")
+    with throttled(port, down_bytes_per_s=3 * rate) as fast:
+        case("fetch, server at 3x the rate", "fetch", fast, True, root.parent / "fetched")
     with throttled(port, down_bytes_per_s=slow_rate) as slow:
         case(f"fetch, {slow_name}", "fetch", slow, False, root.parent / "fetched")
     flush()

@@ -140,17 +140,18 @@ def throttled(
     def pump(
         src: socket.socket, dst: socket.socket, rate: float | None, up: bool, asked: list[int]
     ) -> None:
-        answered = 0
+        answered, due = 0, 0.0  # due: when the bytes sent so far may have gone, at ``rate``
         try:
-            while not stop.is_set() and (data := src.recv(64 * 2**10)):
+            while not stop.is_set() and (data := src.recv(256 * 2**10)):
                 if asked[0] != answered and not up:  # a new answer: the server is busy first
                     time.sleep(stall_s)
                     answered = asked[0]
                 if up:
                     asked[0] += 1  # before the server sees it: its answer comes after
+                if rate:  # a schedule, not a pause a piece: the rate holds under load too
+                    due = max(due, time.monotonic()) + len(data) / rate
+                    time.sleep(max(0.0, due - time.monotonic()))
                 dst.sendall(data)
-                if rate:
-                    time.sleep(len(data) / rate)
         except OSError:
             pass
 
