@@ -4,11 +4,12 @@ things every such client keeps to: a deadline for each whole call, and values re
 only after their length is known to be within a limit.
 
 Deadlines: redis-py's ``socket_timeout`` bounds each ``recv``, so a server that answers
-one byte at a time holds a call for ever. The client made here cuts every socket
-operation (connect, TLS handshake, send, receive) at the deadline of the call it
-belongs to: :func:`deadline` for a call of several commands (a pipeline, a transaction
-under WATCH, a SCAN loop), else one ``timeout_s`` for each command. A connection cut
-mid-answer is closed, never reused.
+one byte at a time holds a call for ever, while a busy one that is slow to start a long
+answer is cut at the first pause. The client made here gives every socket wait
+(connect, TLS handshake, send, receive) all that is left of the deadline of the call it
+belongs to, and no more: :func:`deadline` for a call of several commands (a pipeline, a
+transaction under WATCH, a SCAN loop, a blob moved in chunks), else one ``timeout_s``
+for each command. A connection cut mid-answer is closed, never reused.
 
 Bounded reads: :func:`get` and :func:`hget` send a small Lua script that returns the
 value only when its length is within the limit, in one atomic step (a value that grows
@@ -180,13 +181,21 @@ def _within(timeout: float | None, left: float) -> float | None:
     return None if wait == math.inf else wait
 
 
+def _wait(timeout: float | None, left: float) -> float | None:
+    """How long one wait of a call on the socket may last: all that is left of the
+    call's deadline (``left``), so that a server busy for longer than ``timeout``
+    within the call's deadline is not cut; ``timeout`` outside any deadline."""
+    return timeout if left == math.inf else left
+
+
 class _BoundedSocket:
-    """A connected socket (plain or TLS) whose every wait ends at the deadline of the
-    call it serves (:func:`time_left`), or after its own timeout if that is sooner. A
-    timeout of 0 (a poll) never waits."""
+    """A connected socket (plain or TLS) whose every wait may last until the deadline of
+    the call it serves (:func:`time_left`), not past it. A timeout of 0 (a poll) never
+    waits; another timeout than the connection's own (``socket_timeout``: a pub/sub
+    read's, redis-py's) is kept, if sooner than the deadline."""
 
     def __init__(self, sock: socket.socket, timeout: float | None) -> None:
-        self._sock, self._timeout = sock, timeout
+        self._sock, self._timeout, self._own = sock, timeout, timeout
 
     def settimeout(self, timeout: float | None) -> None:
         self._timeout = timeout
@@ -195,8 +204,12 @@ class _BoundedSocket:
         return self._timeout
 
     def _arm(self) -> None:
-        poll = self._timeout == 0
-        self._sock.settimeout(0 if poll else _within(self._timeout, time_left()))
+        if self._timeout == 0:
+            self._sock.settimeout(0)
+        elif self._timeout == self._own:  # the call's own wait: what is left of it
+            self._sock.settimeout(_wait(self._timeout, time_left()))
+        else:
+            self._sock.settimeout(_within(self._timeout, time_left()))
 
     def recv(self, *args: Any) -> bytes:
         self._arm()
@@ -236,8 +249,8 @@ def _bounded_classes() -> dict[str, Any]:
         def _connect(self) -> Any:
             left = time_left()
             saved = self.socket_connect_timeout, self.socket_timeout
-            self.socket_connect_timeout = _within(saved[0], left)
-            self.socket_timeout = _within(saved[1], left)
+            self.socket_connect_timeout = _wait(saved[0], left)
+            self.socket_timeout = _wait(saved[1], left)
             try:
                 sock = super()._connect()  # type: ignore[misc]
             finally:
@@ -245,7 +258,7 @@ def _bounded_classes() -> dict[str, Any]:
             return _BoundedSocket(sock, self.socket_timeout)
 
         def _wrap_socket_with_ssl(self, sock: socket.socket) -> Any:
-            sock.settimeout(_within(self.socket_timeout, time_left()))  # the whole handshake
+            sock.settimeout(_wait(self.socket_timeout, time_left()))  # the whole handshake
             return super()._wrap_socket_with_ssl(sock)  # type: ignore[misc]
 
         def read_response(self, *args: Any, **kwargs: Any) -> Any:

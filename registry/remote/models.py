@@ -18,12 +18,16 @@ checked against it. Nothing read is trusted: an index must parse
 limits; a blob must hash to its name. Every value is read only once the server found it
 within its limit (an index within :data:`MAX_VALUE_BYTES`, a blob within the size its
 index gives: ``registry.core.redis_url``), and each kind is read and written by one function
-here (:func:`read_index`, :func:`write_index`, :func:`read_blobs`, :func:`write_blob`).
-Each call ends within the tier's deadline, plus the time its bytes take
-(``RemoteTier.deadline_for``). Fetched blobs and index are written into the volume's
-family (blobs first, each atomically); the caller then restores from there as
-from any volume. Both calls are made even while the tier is skipped after a failure:
-one round of calls against minutes of compiling. Neither raises.
+(:func:`read_index`, :func:`write_index` here; blobs in :mod:`registry.remote.blobs`).
+Blobs up to ``blobs.CHUNK_BYTES`` move in batches, larger ones one at a time in chunks:
+fetched into a temp file beside their place in the volume, hashed as they come, renamed
+when they hash to their name; published from the file a chunk at a time (never a blob
+whole in memory). Each call ends within the tier's deadline, plus the time its bytes
+take (``RemoteTier.deadline_for``: a large blob's call is the whole blob). Fetched blobs
+and index are written into the volume's family (blobs first, each atomically); the
+caller then restores from there as from any volume. Both calls are made even while the
+tier is skipped after a failure: one round of calls against minutes of compiling.
+Neither raises.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ import functools
 import hashlib
 import json
 import logging
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -48,13 +53,14 @@ from registry.caches.inductor_cache import (
 from registry.core import atomic, redis_url
 from registry.core.errors import RegistryError
 from registry.core.fingerprint import Fingerprint
+from registry.remote import blobs
+from registry.remote.blobs import blob_key, read_blobs
 from registry.remote.tier import RemoteTier, scan_names
 from registry.trust import remote_signature
 
 log = logging.getLogger(__name__)
 
 MODELS = "model"  # the namespace of compiled models' indexes
-BLOB_PREFIX = "triton-warmup:blob:"
 BATCH_BYTES = 16 * 2**20  # blobs asked for in one round trip, by their sizes
 BATCH_KEYS = 256
 MAX_VALUE_BYTES = MAX_INDEX_BYTES + remote_signature.OVERHEAD  # an index in its envelope
@@ -70,10 +76,6 @@ def index_key(
 
 def _prefix(namespace: str) -> str:
     return f"triton-warmup:{namespace}:"
-
-
-def blob_key(sha: str) -> str:
-    return f"{BLOB_PREFIX}{sha}"
 
 
 def fetch(
@@ -166,7 +168,24 @@ def _fetch_blobs(tier: RemoteTier, root: Path, name: str, index: Mapping[str, An
     given = index.get("modes")
     modes: dict[str, Any] = given if isinstance(given, dict) else {}
     wanted = [sha for sha in sorted(sizes) if not _present(root, sha, sizes[sha])]
-    for batch in batches(wanted, sizes):
+    small = [sha for sha in wanted if not blobs.chunked(sizes[sha])]
+    for sha in (sha for sha in wanted if blobs.chunked(sizes[sha])):
+        fetch_one = functools.partial(
+            _stream_blob, root=root, sha=sha, size=sizes[sha], mode=_mode(modes, sha)
+        )
+        moved = tier.call(fetch_one, now=True, deadline_s=tier.deadline_for(sizes[sha]))
+        if moved is None:
+            return False
+        if moved.why is not None:
+            log.warning(
+                "remote tier: %s names blob %s of %d bytes: %s",
+                name,
+                sha[:16],
+                sizes[sha],
+                moved.why,
+            )
+            return False
+    for batch in batches(small, sizes):
         limits = [(blob_key(sha), sizes[sha]) for sha in batch]
         values = tier.call(
             functools.partial(read_blobs, limits=limits),
@@ -192,10 +211,33 @@ def _fetch_blobs(tier: RemoteTier, root: Path, name: str, index: Mapping[str, An
                     "remote tier: %s names blob %s, not the bytes of its name", name, sha[:16]
                 )
                 return False
-            mode = modes.get(sha)
-            executable = mode & 0o111 if isinstance(mode, int) and 0 <= mode <= 0o777 else 0
-            inductor_cache.put_blob(root, data, mode=0o644 | executable)
+            inductor_cache.put_blob(root, data, mode=_mode(modes, sha))
     return True
+
+
+def _mode(modes: Mapping[str, Any], sha: str) -> int:
+    """A fetched blob's mode: 0o644, plus the executable bits its index gives."""
+    mode = modes.get(sha)
+    return 0o644 | (mode & 0o111 if isinstance(mode, int) and 0 <= mode <= 0o777 else 0)
+
+
+class _Discard(Exception):
+    """A streamed blob not to keep: its temp file is removed."""
+
+
+def _stream_blob(client: Any, root: Path, sha: str, size: int, mode: int) -> blobs.Moved:
+    """Fetch the blob ``sha`` into a temp file beside its place in ``root``, renamed there
+    only when it hashes to its name; the volume failing is a ``why``, not an outage."""
+    try:
+        with atomic.replacing(blob_path(root, sha), mode=mode) as out:
+            moved = blobs.read_into(client, sha, size, out)
+            if moved.why is not None:
+                raise _Discard
+    except _Discard:
+        return moved
+    except OSError as e:  # the volume's (redis-py raises its own errors, none an OSError)
+        return blobs.Moved(f"not written here: {e}")
+    return moved
 
 
 def _present(root: Path, sha: str, size: int) -> bool:
@@ -253,21 +295,12 @@ def _publish(tier: RemoteTier, root: Path, at: _Index) -> bool:
     there = tier.call(lambda client: _exists(client, keys), now=True)
     if there is None:
         return False
+    sizes = {sha: size for sha, size in index["files"].values()}
     modes = {}
     for sha, held in zip(shas, there, strict=True):
         blob = blob_path(root, sha)
         modes[sha] = blob.stat().st_mode & 0o777 if blob.exists() else 0o644
-        if held:
-            continue
-        try:
-            data = atomic.read_bounded(blob, MAX_FILE_BYTES)  # read once: hashed, then sent
-        except (OSError, ValueError):  # gone, too big, not a file
-            data = b""
-        if hashlib.sha256(data).hexdigest() != sha:
-            log.warning("model %s: not published: blob %s is missing or damaged", model, sha[:16])
-            return False
-        write = functools.partial(write_blob, key=blob_key(sha), data=data)
-        if tier.call(write, now=True, deadline_s=tier.deadline_for(len(data))) is None:
+        if not held and not _publish_blob(tier, blob, sha, sizes[sha], model):
             return False
     name = index_key(model, key_digest, fingerprint, namespace)
     payload = json.dumps({**index, "modes": modes}, sort_keys=True).encode()
@@ -279,6 +312,23 @@ def _publish(tier: RemoteTier, root: Path, at: _Index) -> bool:
     tier.stats.published += 1
     log.info("model %s: published to the remote tier (%d files)", model, len(shas))
     return True
+
+
+def _publish_blob(tier: RemoteTier, blob: Path, sha: str, size: int, model: str) -> bool:
+    """Send the volume's blob ``sha`` (``size`` bytes, as its index gives) from its file,
+    a chunk at a time, within the deadline of its bytes; False when it is not there
+    whole (logged) or the call failed."""
+    try:
+        with atomic.open_bounded(blob, min(size, MAX_FILE_BYTES)) as source:
+            if os.fstat(source.fileno()).st_size != size:
+                raise ValueError(f"{blob.name} is not {size} bytes")
+            send = functools.partial(blobs.upload, sha=sha, size=size, source=source)
+            moved = tier.call(send, now=True, deadline_s=tier.deadline_for(size))
+    except (OSError, ValueError):  # gone, another size, not a file
+        moved = blobs.Moved("missing")
+    if moved is not None and moved.why is not None:
+        log.warning("model %s: not published: blob %s is missing or damaged", model, sha[:16])
+    return moved is not None and moved.why is None
 
 
 # ---- the values of the family: each read and written in one place ----------------------
@@ -296,18 +346,6 @@ def _read_one_index(client: Any, key: str) -> list[redis_url.Read]:
 
 def write_index(client: Any, key: str, value: bytes) -> list[Any]:
     return [client.set(key, value)]
-
-
-def read_blobs(client: Any, limits: Sequence[tuple[str, int]]) -> list[redis_url.Read]:
-    """The blobs at the keys of ``limits``, each unless over its limit (one round trip)."""
-    with client.pipeline(transaction=False) as pipe:
-        for key, limit in limits:
-            redis_url.get(pipe, key, limit)
-        return [redis_url.answer(reply) for reply in pipe.execute()]
-
-
-def write_blob(client: Any, key: str, data: bytes) -> list[Any]:
-    return [client.set(key, data)]
 
 
 def _exists(client: Any, keys: list[str]) -> list[bool]:

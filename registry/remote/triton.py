@@ -11,13 +11,16 @@ Keys::
 the source, the compiler, its options, the target and the environment knobs that change
 code, so no fingerprint of ours is needed and no path enters it. A file is stored once
 by content: N pods publishing the same kernel write its blob once (``SET NX``) and its
-name the same value. The blob goes before its name in one pipeline, so a name never
-points at a blob not yet written; a name whose blob is gone (evicted) or whose bytes do
-not hash to it reads as a miss, and the next publish points it at a blob again.
-Values are read only within their limits (a name within :data:`POINTER_BYTES`, a blob
-within the size its name gives; ``registry.core.redis_url``), each kind by one function here
-(:func:`read_pointers`, ``remote_models.read_blobs``, :func:`write_file`), and every
-call ends within the tier's deadline (plus the time its bytes take).
+name the same value. The blob goes before its name, in one pipeline (one call for a
+blob over ``blobs.CHUNK_BYTES``, moved in chunks: :mod:`registry.remote.blobs`), so a
+name never points at a blob not yet written; a name whose blob is gone (evicted) or
+whose bytes do not hash to it reads as a miss, and the next publish points it at a blob
+again. Values are read only within their limits (a name within :data:`POINTER_BYTES`,
+a blob within the size its name gives; ``registry.core.redis_url``), each kind by one
+function (:func:`read_pointers`, :func:`write_file` here, ``blobs.read_blobs`` and
+``blobs.read_into``), and every call ends within the tier's deadline (plus the time
+its bytes take). Triton hands a file over, and takes it back, as bytes: a file is in
+memory whole, up to :data:`MAX_FILE_BYTES`.
 A name's pointer is signed by the publishing pod (:mod:`registry.trust.remote_signature`, over
 the name and the pointer); with trusted keys configured a pointer that is unsigned or
 not signed by a trusted key is refused (one warning naming the key), and the blob it
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import io
 import json
 import logging
 import re
@@ -40,7 +44,9 @@ from typing import Any
 from registry.caches.triton_cache import MAX_GROUP_BYTES
 from registry.core import atomic, redis_url
 from registry.core.patterns import TRITON_CACHE_KEY
-from registry.remote.models import batches, blob_key, read_blobs
+from registry.remote import blobs
+from registry.remote.blobs import blob_key, read_blobs
+from registry.remote.models import batches
 from registry.remote.tier import RemoteTier, scan_names
 from registry.trust import remote_signature
 
@@ -100,7 +106,19 @@ def _blobs(
 ) -> dict[str, bytes]:
     got: dict[str, bytes] = {}
     sizes = {filename: size for filename, (_, size) in wanted.items()}
-    for batch in batches(list(wanted), sizes):
+    for filename in [f for f in wanted if blobs.chunked(sizes[f])]:
+        sink = io.BytesIO()  # Triton takes a file as bytes: at most MAX_FILE_BYTES
+        sha, size = wanted[filename]
+        read = functools.partial(blobs.read_into, sha=sha, size=size, sink=sink)
+        moved = tier.call(read, deadline_s=tier.deadline_for(size))
+        if moved is None:
+            return {}  # the tier failed mid-way: nothing half-fetched is used
+        if moved.why is None:
+            got[filename] = sink.getvalue()
+        elif moved.why != blobs.GONE:
+            log.warning("remote triton cache: %s/%s is damaged; compiling", cache_key, filename)
+    small = [f for f in wanted if not blobs.chunked(sizes[f])]
+    for batch in batches(small, sizes):
         limits = [(blob_key(wanted[filename][0]), sizes[filename]) for filename in batch]
         values = tier.call(
             functools.partial(read_blobs, limits=limits),
@@ -163,7 +181,14 @@ def read_pointers(client: Any, keys: list[str]) -> list[redis_url.Read]:
 
 
 def write_file(client: Any, blob: str, data: bytes, name: str, pointer: bytes) -> list[Any]:
-    """Store a file's bytes at ``blob`` (unless there) and its name's ``pointer``."""
+    """Store a file's bytes at ``blob`` (unless there) and its name's ``pointer``: [the
+    blob stored now, the pointer's answer]."""
+    sha = blob.removeprefix(blobs.BLOB_PREFIX)
+    if blobs.chunked(len(data)):  # in chunks, then the name: still the blob first
+        moved = blobs.upload(client, sha, len(data), io.BytesIO(data))
+        if moved.why is not None:  # our own bytes: no server makes this so
+            raise RuntimeError(f"blob {sha[:16]} not stored: {moved.why}")
+        return [moved.new, client.set(name, pointer)]
     with client.pipeline(transaction=False) as pipe:
         pipe.set(blob, data, nx=True)  # the blob first: a name never points at nothing
         pipe.set(name, pointer)

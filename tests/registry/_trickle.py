@@ -120,3 +120,58 @@ def within(seconds: float) -> Iterator[None]:
     yield
     took = time.monotonic() - started
     assert took <= seconds, f"took {took:.2f} s; limit {seconds:.2f} s"
+
+
+@contextlib.contextmanager
+def throttled(
+    upstream: int,
+    *,
+    down_bytes_per_s: float | None = None,
+    up_bytes_per_s: float | None = None,
+    stall_s: float = 0.0,
+) -> Iterator[str]:
+    """A local TCP proxy to the redis server on port ``upstream``; yields its URL. The
+    server's answers reach the client at ``down_bytes_per_s`` (None: as they come), each
+    after ``stall_s`` (a busy server, slow to start an answer); the client's commands
+    reach the server at ``up_bytes_per_s``."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def pump(
+        src: socket.socket, dst: socket.socket, rate: float | None, up: bool, asked: list[int]
+    ) -> None:
+        answered, due = 0, 0.0  # due: when the bytes sent so far may have gone, at ``rate``
+        try:
+            while not stop.is_set() and (data := src.recv(256 * 2**10)):
+                if asked[0] != answered and not up:  # a new answer: the server is busy first
+                    time.sleep(stall_s)
+                    answered = asked[0]
+                if up:
+                    asked[0] += 1  # before the server sees it: its answer comes after
+                if rate:  # a schedule, not a pause a piece: the rate holds under load too
+                    due = max(due, time.monotonic()) + len(data) / rate
+                    time.sleep(max(0.0, due - time.monotonic()))
+                dst.sendall(data)
+        except OSError:
+            pass
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", upstream))
+            asked = [0]  # commands forwarded on this connection
+            for args in (
+                (client, server, up_bytes_per_s, True),
+                (server, client, down_bytes_per_s, False),
+            ):
+                threading.Thread(target=pump, args=(*args, asked), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield f"redis://127.0.0.1:{listener.getsockname()[1]}/0"
+    finally:
+        stop.set()
+        listener.close()

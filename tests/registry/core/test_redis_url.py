@@ -1,10 +1,7 @@
 """A redis URL read in one place: what names a server, how it is shown, its client."""
 
-import contextlib
 import os
-import socket
 import sys
-import threading
 import time
 import tracemalloc
 
@@ -12,7 +9,7 @@ import pytest
 
 from registry.core import redis_url
 from registry.core.fingerprint import cpu_fingerprint
-from tests.registry._trickle import GARBAGE, SLOW_BULK, trickling, within
+from tests.registry._trickle import GARBAGE, SLOW_BULK, throttled, trickling, within
 from warmup.core.services import Services
 
 
@@ -147,14 +144,13 @@ def test_a_password_from_settings_is_used_where_the_url_has_none(server, monkeyp
 
 def test_a_callers_longer_deadline_governs_the_whole_call(server):
     """A call that moves a blob is given longer than one command's timeout: inside the
-    caller's deadline a steady transfer that outlasts ``timeout_s`` completes (each wait
-    for bytes is still at most ``timeout_s``)."""
+    caller's deadline a steady transfer that outlasts ``timeout_s`` completes."""
     import redis
 
     value = os.urandom(2 * 2**20)
     redis_url.client(server.url, timeout_s=1.0).set("blob", value)
-    with _throttled(server.port) as port:  # ~6 MiB/s: the value takes ~0.3 s
-        c = redis_url.client(f"redis://127.0.0.1:{port}/0", timeout_s=0.1)
+    with throttled(server.port, down_bytes_per_s=6 * 2**20) as url:  # the value: ~0.3 s
+        c = redis_url.client(url, timeout_s=0.1)
         with pytest.raises(redis.exceptions.TimeoutError):
             c.get("blob")
         with redis_url.deadline(3.0):
@@ -164,37 +160,20 @@ def test_a_callers_longer_deadline_governs_the_whole_call(server):
                 assert pipe.execute() == [value]
 
 
-@contextlib.contextmanager
-def _throttled(upstream: int):
-    """A local TCP proxy to ``upstream`` that passes the server's bytes on in 64 KiB
-    pieces, one every 10 ms; yields its port."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    stop = threading.Event()
+def test_each_wait_gets_what_is_left_of_the_call_not_one_timeout(server):
+    """A busy server, slow to start each answer (0.3 s) but within the call's deadline,
+    is waited for: a wait on the socket is not cut at ``timeout_s`` (0.1 s)."""
+    import redis
 
-    def pump(src, dst, pause):
-        try:
-            while not stop.is_set() and (data := src.recv(64 * 2**10)):
-                dst.sendall(data)
-                time.sleep(pause)
-        except OSError:
-            pass
-
-    def serve():
-        while not stop.is_set():
-            try:
-                client, _ = listener.accept()
-            except OSError:
-                return
-            up = socket.create_connection(("127.0.0.1", upstream))
-            threading.Thread(target=pump, args=(client, up, 0), daemon=True).start()
-            threading.Thread(target=pump, args=(up, client, 0.01), daemon=True).start()
-
-    threading.Thread(target=serve, daemon=True).start()
-    try:
-        yield listener.getsockname()[1]
-    finally:
-        stop.set()
-        listener.close()
+    redis_url.client(server.url, timeout_s=1.0).set("k", b"v")
+    with throttled(server.port, stall_s=0.3) as url:
+        c = redis_url.client(url, timeout_s=0.1)
+        with within(0.6), pytest.raises(redis.exceptions.TimeoutError):
+            c.get("k")  # one command: its own deadline, 0.1 s
+        started = time.monotonic()
+        with redis_url.deadline(3.0):
+            assert [c.get("k") for _ in range(3)] == [b"v"] * 3
+        assert time.monotonic() - started >= 0.9
 
 
 def test_a_watch_whose_deadline_passed_closes_its_connection_and_returns_it(server):

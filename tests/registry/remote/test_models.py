@@ -6,17 +6,20 @@ from __future__ import annotations
 import hashlib
 import json
 import stat
+import time
 import tracemalloc
 
 import pytest
 
 from registry.caches import inductor_cache
 from registry.core.fingerprint import cpu_fingerprint
+from registry.remote import blobs, transport
 from registry.remote import models as remote_models
+from registry.remote.blobs import BLOB_PREFIX
 from registry.remote.tier import RemoteTier
 from tests._trust import UNSIGNED_OK
 from tests.conftest import gpu_fingerprint
-from tests.registry._trickle import trickling, within
+from tests.registry._trickle import throttled, trickling, within
 from tests.registry.families.test_bundle_indexed import FILES, family, restored
 
 FP = cpu_fingerprint()
@@ -62,7 +65,7 @@ def test_a_blob_the_server_holds_is_not_sent_again(tmp_path, server, published):
 
 
 def test_a_blob_that_is_not_its_bytes_or_gone_fetches_no_index(tmp_path, server, published):
-    blobs = sorted(server.client.keys(remote_models.BLOB_PREFIX + "*"))
+    blobs = sorted(server.client.keys(BLOB_PREFIX + "*"))
     server.client.set(blobs[0], b"rot")
     target = tmp_path / "b"
     assert not remote_models.fetch(tier(server.url), target, **WHERE)
@@ -195,3 +198,70 @@ def test_a_trickling_server_is_a_miss_within_the_deadline(tmp_path, kind, publis
             assert not remote_models.publish(mine, published, **WHERE)
         with within(1.5):
             assert remote_models.stored_fingerprints(mine, "mlp", KEY, FP) is None
+
+
+# ---- a blob over one chunk: streamed into a temp file, hashed as it comes ----------------
+
+BIG = {**FILES, "fxgraph/big/entry": bytes(range(256)) * 4100}  # ~1 MiB: 4 chunks of 256 KiB
+BIG_SHA = hashlib.sha256(BIG["fxgraph/big/entry"]).hexdigest()
+
+
+def roomy(url: str) -> RemoteTier:
+    """A tier whose calls have time on a loaded machine (these tests are not of deadlines)."""
+    return RemoteTier(url, timeout_s=5.0, retry_after_s=30.0)
+
+
+@pytest.fixture
+def big(tmp_path, server, monkeypatch):
+    monkeypatch.setattr(blobs, "CHUNK_BYTES", 256 * 2**10)
+    source = family(tmp_path / "a", BIG)
+    assert remote_models.publish(roomy(server.url), source, **WHERE)
+    return source
+
+
+def test_a_model_with_a_blob_over_a_chunk_is_fetched_whole(tmp_path, server, big):
+    assert server.client.get(blobs.blob_key(BIG_SHA)) == BIG["fxgraph/big/entry"]  # one value
+    assert not server.client.keys(f"{blobs.UPLOAD_PREFIX}*")
+    assert remote_models.fetch(roomy(server.url), tmp_path / "b", **WHERE)
+    assert restored(tmp_path / "b", tmp_path / "cache") == BIG
+
+
+def test_a_large_blob_not_its_bytes_leaves_no_file(tmp_path, server, big, caplog):
+    size = len(BIG["fxgraph/big/entry"])
+    server.client.set(blobs.blob_key(BIG_SHA), b"\0" * size)  # its size, other bytes
+    target = tmp_path / "b"
+    mine = roomy(server.url)
+    assert not remote_models.fetch(mine, target, **WHERE)
+    assert "not the bytes of its name" in caplog.text and mine.stats.errors == 0
+    assert not list(target.glob("models/*/*/*/*.json"))  # no index
+    assert not inductor_cache.blob_path(target, BIG_SHA).exists()
+    assert not list((target / "blobs").rglob(".tmp-*"))  # the temp file went too
+
+
+def test_a_volume_that_fails_under_a_streamed_fetch_is_a_miss_not_an_outage(
+    tmp_path, server, big, caplog
+):
+    target = tmp_path / "b"
+    folder = inductor_cache.blob_path(target, BIG_SHA).parent
+    folder.parent.mkdir(parents=True)
+    folder.write_bytes(b"a file where the blob's folder goes")
+    mine = roomy(server.url)
+    assert not remote_models.fetch(mine, target, **WHERE)
+    assert "not written here" in caplog.text and mine.stats.errors == 0 and mine.up
+
+
+def test_a_slow_server_is_cut_at_the_blobs_deadline_and_leaves_no_file(
+    tmp_path, server, big, monkeypatch
+):
+    monkeypatch.setattr(transport, "MIN_BYTES_PER_S", 2**20)  # the blob: 0.5 s + ~1 s
+    target = tmp_path / "b"
+    with throttled(server.port, down_bytes_per_s=2**19) as url:  # half the rate: ~2 s
+        mine = tier(url)
+        started = time.monotonic()
+        assert not remote_models.fetch(mine, target, **WHERE)
+        took = time.monotonic() - started
+    deadline = mine.deadline_for(len(BIG["fxgraph/big/entry"]))
+    assert deadline - 0.1 < took <= deadline + 0.5 + 0.5, took  # + the index's call
+    assert mine.stats.errors == 1 and not mine.up
+    assert not inductor_cache.blob_path(target, BIG_SHA).exists()
+    assert not list(target.rglob(".tmp-*"))

@@ -9,8 +9,9 @@ import tracemalloc
 
 import pytest
 
+from registry.remote import blobs
 from registry.remote import triton as remote_triton
-from registry.remote.models import blob_key
+from registry.remote.blobs import blob_key
 from registry.remote.tier import RemoteTier
 from tests._trust import UNSIGNED_OK
 from tests.registry._trickle import trickling, within
@@ -26,6 +27,18 @@ def tier(url: str, timeout_s: float = 0.5) -> RemoteTier:
 def test_a_file_published_by_one_pod_is_fetched_by_another(server):
     assert remote_triton.publish(tier(server.url), KEY, "k.cubin", CUBIN)
     assert remote_triton.fetch(tier(server.url), KEY, ["k.cubin", "k.json"]) == {"k.cubin": CUBIN}
+
+
+def test_a_file_over_a_chunk_moves_in_chunks_stored_once(server, monkeypatch):
+    monkeypatch.setattr(blobs, "CHUNK_BYTES", 64 * 2**10)
+    big = CUBIN * 30  # ~300 KiB: 5 chunks
+    pods = [tier(server.url, timeout_s=5.0) for _ in range(2)]  # a loaded machine: no outage
+    assert all(remote_triton.publish(pod, KEY, "big.cubin", big) for pod in pods)
+    assert sum(pod.stats.published for pod in pods) == 1  # the second found it there
+    assert server.client.get(blob_key(_sha(big))) == big  # one value, as older pods read
+    assert remote_triton.fetch(pods[0], KEY, ["big.cubin"]) == {"big.cubin": big}
+    server.client.set(blob_key(_sha(big)), b"\0" * len(big))
+    assert remote_triton.fetch(pods[0], KEY, ["big.cubin"]) == {}
 
 
 def test_n_pods_publishing_the_same_kernel_store_its_bytes_once(server):
