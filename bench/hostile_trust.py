@@ -16,6 +16,13 @@ entry points (the CLI in a fresh process where a restart matters), and what it c
 - T3 rollback: a bundle older than the installed one of its name, and another at the same
   sequence, each signed by the trusted key, each installed in a fresh process. Target: 0
   accepted without ``--allow-downgrade``; accepted with it.
+- T4 a 200 MiB compiled-model blob published and fetched with 2 busy processes beside
+  (``bench/remote_blobs.py``). Target: each <= 64 MiB over idle, within its deadline; a
+  server slower than the stated rate cut at the deadline.
+- T8 (with T2, on the redis-server) replay: a tuned entry, a Triton pointer, a model
+  index and a host record, each signed by the fleet, replaced by newer ones a pod read,
+  then written back at their own keys; the pod restarted on its volume reads them.
+  Target: 0 of 4 taken.
 - T5 a signing key of mode 0644 given to ``run``. Target: exit 2, one line.
 - T6 an install killed mid-staging, then the next install. Target: 0 stages left.
 - T7 links in the sidecar's bundle folder to ``/etc/passwd`` and to a bundle outside it,
@@ -29,6 +36,7 @@ what was seen, ``target_met``.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -322,14 +330,137 @@ def bundle_folder_links(tmp: Path) -> dict:
     )
 
 
+def large_blob(mib: int = 200, busy: int = 2) -> dict:
+    """T4: a large blob published and fetched on a loaded machine (``bench/remote_blobs.py``
+    in a process of its own, ``busy`` spinning processes beside it)."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "remote_blobs.py"), "--mib", str(mib),
+         "--busy", str(busy), "--json"],
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    found = done.stdout[done.stdout.index("[") :] if "[" in done.stdout else "[]"
+    rows = json.loads(found)
+    seen = {r["case"]: {k: r.get(k) for k in ("ok", "s", "deadline_s", "peak_mib")} for r in rows}
+    return row(
+        f"T4. a {mib} MiB compiled-model blob through the remote tier, {busy} busy processes",
+        "registry.remote.models.publish / fetch (bench/remote_blobs.py)",
+        f"{mib} MiB blob; a server at 3x the stated rate; one at 0.46x",
+        "published and fetched, each <= 64 MiB over idle and within its deadline "
+        "(1 s + bytes at the stated rate); the slow server cut at the deadline + 0.5 s",
+        done.returncode == 0 and bool(rows),
+        cases=seen,
+    )
+
+
+REPLAY_READER = r"""
+import json, sys
+from pathlib import Path
+from registry import cpu_fingerprint
+from registry.remote import models as remote_models, triton as remote_triton
+from registry.remote.freshness import FILE_NAME, Freshness
+from registry.remote.tier import RemoteTier
+from registry.storage import hosts
+from registry.trust.signing import Trust
+url, work, phase, kernel = sys.argv[1], Path(sys.argv[2]), sys.argv[3], sys.argv[4]
+seen = Freshness(work / "volume" / FILE_NAME)  # the pod's volume: what it saw survives
+tier = RemoteTier(url, timeout_s=1.0, trust=Trust.load(work / "keys"), freshness=seen)
+fp = cpu_fingerprint()
+where = {"model": "mlp", "key_digest": "0123456789abcdef", "fingerprint": fp}
+taken = {
+    "entry": tier.fetch("ag_gemm", {"M": 64, "N": 32, "K": 32}, fp) is not None,
+    "triton_pointer": bool(remote_triton.fetch(tier, kernel, ["k.cubin"])),
+    "model_index": bool(remote_models.fetch(tier, work / phase, **where)),
+    "host_record": hosts.fetch_record(tier, hosts.probe("cpu", 0)) is not None,
+}
+seen.save()
+print(json.dumps({"taken": taken, "refused": tier.stats.refused}))
+"""
+TRITON_KEY = "CZ4VKGKEWFV6MYQ5X5TRDJHUJU3GNRTX4GLYL7SUUERN3NQAXEGA"
+
+
+def replay(tmp: Path, url: str) -> dict:
+    """T8: older signed values written back at their own keys, one per family, read by a
+    pod that saw the newer ones, restarted (a new process on the same volume)."""
+    from dataclasses import replace
+
+    import redis as redis_py
+
+    from registry import Entry, KernelConfig, cpu_fingerprint
+    from registry.remote import models as remote_models
+    from registry.remote import triton as remote_triton
+    from registry.remote.tier import RemoteTier, slot_name
+    from registry.storage import hosts
+    from registry.trust import signing
+    from tests.registry.families.test_bundle_indexed import FILES, family
+
+    work = tmp / "t8"
+    (work / "volume").mkdir(parents=True)
+    client = redis_py.Redis.from_url(url)
+    client.flushall()
+    private, _ = signing.generate(work / "keys", "fleet")
+    fleet = signing.Trust.load(work / "keys", signing_key=private)
+    pod = RemoteTier(url, timeout_s=1.0, trust=fleet)
+    fp = cpu_fingerprint()
+    key = {"M": 64, "N": 32, "K": 32}
+    old, new = (Entry.make("ag_gemm", key, fp, KernelConfig.make({"BLOCK_M": m})) for m in (16, 32))
+    where = {"model": "mlp", "key_digest": "0123456789abcdef", "fingerprint": fp}
+    probe = hosts.probe("cpu", 0)
+    record = hosts.HostRecord(probe=probe.to_json(), fingerprint=fp)
+    names = {"entry": (slot_name("ag_gemm", old.key_json), fp.digest()),
+             "triton_pointer": (remote_triton.name_key(TRITON_KEY, "k.cubin"), None),
+             "model_index": (remote_models.index_key(**where), None),
+             "host_record": (hosts.remote_key(probe), None)}  # fmt: skip
+    pod.publish(old)  # the older values, signed by the fleet, kept by an attacker
+    remote_triton.publish(pod, TRITON_KEY, "k.cubin", b"\x7fELF old" * 20)
+    remote_models.publish(pod, family(work / "a"), **where)
+    hosts.publish_record(pod, probe, record)
+    kept = {what: client.hget(n, f) if f else client.get(n) for what, (n, f) in names.items()}
+    client.hdel(*names["entry"])  # the fleet replaces each with a newer one
+    pod.publish(new)
+    remote_triton.publish(pod, TRITON_KEY, "k.cubin", b"\x7fELF new" * 20)
+    remote_models.publish(
+        pod, family(work / "b", {**FILES, "aotautograd/aq/entry": b"v2"}), **where
+    )
+    hosts.publish_record(pod, probe, replace(record, kernel_hashes={"k": "2"}))
+
+    def reader(phase: str) -> dict:
+        done = subprocess.run(
+            [sys.executable, "-c", REPLAY_READER, url, str(work), phase, TRITON_KEY],
+            env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+            timeout=300,
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise RuntimeError(f"the reader failed: {done.stderr[-2000:]}")
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    newer = reader("r1")
+    for what, (n, f) in names.items():  # the attacker writes the older values back
+        client.hset(n, f, kept[what]) if f else client.set(n, kept[what])
+    restarted = reader("r2")  # a new process on the same volume
+    taken = sum(restarted["taken"].values())
+    client.close()
+    return row(
+        "T8. replay: older signed values written back at their own Redis keys",
+        "RemoteTier.fetch, registry.remote.triton.fetch, registry.remote.models.fetch, "
+        "registry.storage.hosts.fetch_record, in a pod restarted on its volume",
+        "a tuned entry, a Triton pointer, a model index and a host record, each signed by "
+        "the fleet's key, replaced by newer ones that the pod read, then written back",
+        "0 of 4 taken after the restart (each refused, counted)",
+        all(newer["taken"].values()) and taken == 0 and restarted["refused"] >= 4,
+        newer_read=newer["taken"],
+        taken_after_replay=restarted["taken"],
+        refused=restarted["refused"],
+    )
+
+
 def cases(tmp: Path) -> list[dict]:
     """Every [5.3] case; a redis-server on a free port for those that need one."""
     from bench.fleet import redis_server
 
     rows = [tampered_bundles(tmp), rollback(tmp), loose_private_key(tmp)]
-    rows += [killed_install(tmp), bundle_folder_links(tmp)]
+    rows += [large_blob(), killed_install(tmp), bundle_folder_links(tmp)]
     server = shutil.which("redis-server")
     if server is not None:
         with redis_server(server, tmp / "redis-trust") as url:
-            rows.append(tampered_remote(tmp, url))
+            rows += [tampered_remote(tmp, url), replay(tmp, url)]
     return rows

@@ -57,6 +57,7 @@ from pathlib import Path
 from registry.core.fingerprint import cpu_fingerprint
 from registry.remote import models
 from registry.remote.tier import RemoteTier
+from registry.trust.signing import Trust
 
 def status(field):
     with open("/proc/self/status") as f:
@@ -68,7 +69,8 @@ handler.emit = lambda record: said.append(record.getMessage())
 logging.getLogger().addHandler(handler)
 logging.getLogger().setLevel(logging.WARNING)
 a = json.loads(sys.argv[1])
-tier = RemoteTier(a["url"], timeout_s=a["timeout_s"])
+# the opt-out: the transport is measured, not signatures (an unsigned index is code)
+tier = RemoteTier(a["url"], timeout_s=a["timeout_s"], trust=Trust(allow_unsigned=True))
 where = dict(model=a["model"], key_digest=a["key"], fingerprint=cpu_fingerprint())
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")
