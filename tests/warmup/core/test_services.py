@@ -60,3 +60,13 @@ def test_the_remote_tier_remembers_what_it_has_seen_on_the_volume(tmp_path):
     remote = Services(Settings(volume=tmp_path, remote_url="redis://r:6379/0")).remote
     assert remote is not None and remote.freshness.path == tmp_path / FILE_NAME
     assert remote.freshness.newest("k") == 7  # a restarted pod refuses what it refused before
+
+
+def test_the_remote_tiers_max_age_comes_from_the_trust_settings(tmp_path, monkeypatch):
+    unbounded = Services(Settings(volume=tmp_path, remote_url="redis://r:6379/0")).remote
+    assert unbounded is not None and unbounded.freshness.max_age_s is None
+    monkeypatch.setenv("TRITON_WARMUP_REMOTE_MAX_AGE_S", "86400")
+    aged = Services(Settings(volume=tmp_path, remote_url="redis://r:6379/0")).remote
+    assert aged is not None and aged.freshness.max_age_s == 86400
+    with pytest.raises(ValueError, match="greater than 0"):
+        Settings(remote_max_age_s=0)
