@@ -368,6 +368,7 @@ def test_command_line_options_override_the_settings(tmp_path, capsys, monkeypatc
         "cache/work-dir",
         "volume",
         "lock",
+        "trust",
     ]
 
 

@@ -123,6 +123,7 @@ OLD_VARIABLES = {  # every variable the flat settings read before the groups (an
     "SERVING_REFRESH_S": "3", "TRUSTED_KEYS": "/k", "TRUSTED_BUNDLE_KEYS": "/bk",
     "SIGNING_KEY": "/sk", "ALLOW_UNSIGNED": "true",
     "MODELS_SERVE": "package", "PACKAGE_DIR": "/pk",  # [5.2]: new, not old
+    "REMOTE_MAX_AGE_S": "3600",  # [5.3]: new, not old
 }  # fmt: skip
 
 
