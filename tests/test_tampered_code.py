@@ -199,7 +199,7 @@ def test_a_redis_writer_without_the_key_runs_no_code_in_a_pod(
     where = {"model": MODEL, "key_digest": KEY, "fingerprint": FP}
     files = {p.name: p.read_bytes() for p in (triton / HASH).iterdir()}
     fleet = signing.Trust.load(tmp_path / "fleet")
-    attackers = (signing.Trust(), signing.Trust.load(None, signing_key=private))
+    attackers = (UNSIGNED_OK, signing.Trust.load(None, signing_key=private))  # any writer
     for attacker, trust in itertools.product(attackers, (fleet, signing.Trust())):
         writer = RemoteTier(redis.url, timeout_s=0.5, trust=attacker)
         assert remote_models.publish(writer, family, **where)

@@ -393,7 +393,7 @@ def _merge(
         return versions.admit(store, bundle, allow_downgrade=allow_downgrade)
 
     def previous() -> dict[str, Any]:  # under the store's lock, before the seal
-        versions.raise_mark(store, bundle)
+        versions.raise_mark(store, bundle, downgrade=allow_downgrade)
         return {key: value for part in parts for key, value in part.before_seal().items()}
 
     def commit() -> None:  # after the swap: each family's files into its folder
@@ -455,6 +455,7 @@ def _record(bundle: Bundle, parts: list[PartReader]) -> dict[str, Any]:
             "sha256": bundle.sha256,
             "manifest_sha256": bundle.manifest_sha256,
             "signed_by": bundle.signed_by,
+            "vouched": bundle.vouched,
             "file": bundle.path.name,
         },
         "entries": len(bundle.entries),

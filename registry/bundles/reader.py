@@ -75,6 +75,7 @@ class Bundle:
     sha256: str = ""
     manifest_sha256: str = ""  # what it holds: the same whether signed or not
     signed_by: str | None = None  # the key id of its signature, checked or not
+    vouched: bool = False  # its signature verified against a key the trust holds
 
     @property
     def name(self) -> str:
@@ -159,6 +160,7 @@ def read(
             raise BundleRejected(label, e.reason) from None
         bundle = reader.finish(path, sha256)
         bundle.manifest_sha256, bundle.signed_by = reader.manifest_sha256, reader.signed_by
+        bundle.vouched = reader.vouched
         return bundle, reader
 
 
@@ -200,6 +202,7 @@ class Reader:
         self.trust = Trust()
         self.signature: Signature | None = None
         self.signed_by: str | None = None
+        self.vouched = False
         self.manifest_sha256 = ""
 
     def add(self, info: tarfile.TarInfo, data: Callable[[int], Iterator[bytes]]) -> None:
@@ -272,11 +275,16 @@ class Reader:
         """Refuse MANIFEST.json unless the trust accepts its signature: before it is
         parsed as data (``code`` False), and once its members are known, for the code
         they carry (with no trusted key, only a bundle of tuned entries goes unsigned)."""
+        domain = bundle_signature.DOMAIN
         try:
-            self.trust.check(MANIFEST, bundle_signature.DOMAIN, text, self.signature, code=code)
+            self.trust.check(MANIFEST, domain, text, self.signature, code=code)
         except Untrusted as e:
             raise self._reject(e.reason) from None
         self.manifest_sha256 = _sha(text)
+        # a known key's signature that did not verify raised above: this one verified
+        self.vouched = self.signature is not None and self.signature.key_id in self.trust.keys_for(
+            domain
+        )
 
     def _carries_code(self) -> bool:
         """Whether a listed member belongs to a family whose files are run."""

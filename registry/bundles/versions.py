@@ -14,11 +14,19 @@ WARNING and named in the generation's record (``allowed_downgrade``). Bundles th
 read as 0 claim no order: they replace each other as before, but once a bundle of the
 name with a sequence is installed, none of them goes in again.
 
-The highest installed sequence of a name is the greater of what every kept
-generation's record says (an install's record keeps its bundle's sequence) and the
-store's high-water marks, :data:`MARKS_FILE` in its root: raised at each install, under
-the store's write lock, written atomically; never lowered, so it outlives the garbage
-collection of old generations, a rollback and a restart of the pod. ``registry
+Only a sequence a trusted key vouched for moves the mark (the bundle's signature verified
+against a key the trust holds): an unsigned bundle, taken where the trust allows one (a
+bundle of tuned configs alone with no key configured, or the opt-out), is checked
+against the mark but never raises it, since anyone could have written its sequence. An
+install with ``allow_downgrade`` sets the mark to its own sequence: the name goes on from
+what the operator chose (a sequence written too large by mistake is undone that way).
+
+The highest installed sequence of a name is the store's high-water mark,
+:data:`MARKS_FILE` in its root: raised at each vouched install, under the store's write
+lock, written atomically; never lowered but by an allowed downgrade, so it outlives the
+garbage collection of old generations, a rollback and a restart of the pod. Where the
+file holds no mark of a name (it was lost, or cannot be read), the highest that a kept
+generation's record of a vouched install says stands in. ``registry
 rollback`` is the explicit way back: it changes no mark, so the bundle it undid may be
 installed again, an older one still not.
 """
@@ -55,16 +63,16 @@ class Mark:
 
 
 def highest(store: Store) -> dict[str, Mark]:
-    """Each bundle name's highest installed sequence: the marks file's, or a kept
-    generation's record where it says more."""
-    marks = read_marks(store.root)
+    """Each bundle name's highest installed sequence: the marks file's, or for a name it
+    holds none of, the highest a kept generation's record of a vouched install says."""
+    recorded: dict[str, Mark] = {}
     for generation in store.generations():  # oldest first: at a tie the latest wins
         found = _recorded(generation)
         if found is not None:
             name, mark = found
-            if name not in marks or mark.sequence >= marks[name].sequence:
-                marks[name] = mark
-    return marks
+            if name not in recorded or mark.sequence >= recorded[name].sequence:
+                recorded[name] = mark
+    return {**recorded, **read_marks(store.root)}
 
 
 def admit(store: Store, bundle: Bundle, *, allow_downgrade: bool) -> dict[str, Any]:
@@ -102,14 +110,17 @@ def _fault(bundle: Bundle, mark: Mark) -> str | None:
     return None
 
 
-def raise_mark(store: Store, bundle: Bundle) -> None:
-    """Record ``bundle``'s sequence as its name's high-water mark, never lowering it;
-    call it under the store's write lock, before the install's swap (a swap that fails
-    afterwards leaves a mark the same bundle passes again)."""
+def raise_mark(store: Store, bundle: Bundle, *, downgrade: bool = False) -> None:
+    """Record ``bundle``'s sequence as its name's high-water mark if a trusted key vouched
+    for it, never lowering it unless ``downgrade`` (the operator's override); call it
+    under the store's write lock, before the install's swap (a swap that fails afterwards
+    leaves a mark the same bundle passes again)."""
+    if not bundle.vouched:
+        return  # anyone could have written an unsigned bundle's sequence
     marks = highest(store)
     current = marks.get(bundle.name)
-    if current is not None and current.sequence > bundle.sequence:
-        return  # an allowed downgrade: the mark stays where it was
+    if current is not None and current.sequence > bundle.sequence and not downgrade:
+        return
     marks[bundle.name] = Mark(bundle.sequence, bundle.manifest_sha256)
     store.root.mkdir(parents=True, exist_ok=True)
     body = {name: mark.to_json() for name, mark in sorted(marks.items())}
@@ -135,8 +146,11 @@ def read_marks(root: Path) -> dict[str, Mark]:
 
 
 def _recorded(generation: Generation) -> tuple[str, Mark] | None:
-    """The bundle name and mark an install's (or a rollback's) record names, if any."""
+    """The bundle name and mark the record of a vouched install (or of its rollback)
+    names, if any."""
     about = generation.bundle
+    if about.get("vouched") is not True:
+        return None
     name = about.get("name")
     mark = _mark({"sequence": about.get("sequence", 0), **about})
     if not isinstance(name, str) or mark is None:

@@ -70,13 +70,14 @@ def _trust_options(parser: argparse.ArgumentParser, defaults: tuple[Path | None,
         default=folder,
         help="a folder of trusted public keys (*.pub): the bundle must be signed by one "
         "(default TRITON_WARMUP_TRUSTED_BUNDLE_KEYS, else TRITON_WARMUP_TRUSTED_KEYS: "
-        f"{folder or 'unset, signatures not required'})",
+        f"{folder or 'unset: a bundle that carries code is refused, tuned configs alone pass'})",
     )
     parser.add_argument(
         "--allow-unsigned",
         action="store_true",
         default=allow,
-        help="accept an unsigned bundle even with --trusted-keys (TRITON_WARMUP_ALLOW_UNSIGNED)",
+        help="accept an unsigned bundle, code included, with --trusted-keys or without "
+        "(TRITON_WARMUP_ALLOW_UNSIGNED; logged)",
     )
 
 

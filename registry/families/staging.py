@@ -155,14 +155,18 @@ def _remove_if_stale(stage: Path, lockless_after_s: float) -> bool:
         return False  # removed meanwhile, by another cleaner or its install
     if not stat.S_ISDIR(st.st_mode):
         return False  # no stage: mkdtemp makes folders
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # a fifo never blocks
     try:
-        fd = os.open(stage / STAGE_LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(stage / STAGE_LOCK, flags)
     except FileNotFoundError:
         if time.time() - st.st_mtime < lockless_after_s:
             return False  # maybe an install between making its folder and locking it
         shutil.rmtree(stage, ignore_errors=True)
         return True
     except OSError:
+        return False
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # not an install's lock: left alone
+        os.close(fd)
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

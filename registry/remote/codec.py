@@ -169,6 +169,10 @@ class Codec:
         newer version's, :class:`RegistryError` (``Untrusted`` included, not counted)
         for anything else than an entry of this slot."""
         opened = remote_signature.opened(self.trust, name, field, raw, code=False)
+        replayed = self.freshness.refusal(name, field, opened)
+        if replayed is not None:  # never merged: a merge would sign the replay anew
+            self.stats.refused += 1
+            raise Untrusted(f"remote value {name} field {field}", replayed)
         self.freshness.note(name, field, opened)  # what a publish merges with: ours goes above
         entry = parse_entry(opened.payload)
         if slot_name(entry.kernel, entry.key_json) != name:
@@ -218,16 +222,27 @@ class Codec:
         there are refused from now on."""
         self.freshness.note(name, field, remote_signature.own(self.trust, value))
 
-    def may_publish(self, where: str) -> bool:
-        """Whether what this pod publishes can be used: not when signatures are required
-        and it has no key to sign with (its values would be refused), said once about
-        ``where`` (the tier)."""
-        if not self.trust.requires(remote_signature.DOMAIN) or self.trust.signer is not None:
+    def may_publish(self, where: str, *, code: bool = False) -> bool:
+        """Whether what this pod publishes can be used, said once about ``where`` (the
+        tier) when not: not when signatures are required and it has no key to sign with,
+        nor, for values that carry code (``code``), unsigned where the trust does not
+        take unsigned code (no trusted key, no opt-out: pods like it refuse them)."""
+        if self.trust.signer is not None:
             return True
-        self.warn(
-            where,
-            "",
-            "publishing nothing: signatures are required and this pod has no signing key "
-            "(TRITON_WARMUP_SIGNING_KEY)",
-        )
-        return False
+        if self.trust.requires(remote_signature.DOMAIN):
+            self.warn(
+                where,
+                "",
+                "publishing nothing: signatures are required and this pod has no signing "
+                "key (TRITON_WARMUP_SIGNING_KEY)",
+            )
+            return False
+        if code and not self.trust.allow_unsigned:
+            self.warn(
+                where,
+                "code",
+                "publishing no code (compiled models, Triton kernels): unsigned, pods refuse "
+                "it; set TRITON_WARMUP_SIGNING_KEY and TRITON_WARMUP_TRUSTED_KEYS to share it",
+            )
+            return False
+        return True

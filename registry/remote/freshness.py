@@ -50,6 +50,7 @@ VERSION = 1
 FILE_NAME = "remote-seen.json"  # beside the volume's folders
 MAX_SEEN = 50_000  # keys remembered: ~75 bytes each in the file
 MAX_FILE_BYTES = 8 * 2**20
+MAX_AHEAD_S = 300  # a signed time further ahead of this pod's clock is refused, never noted
 SAVE_EVERY_S = 1.0  # a burst of reads writes the file once a second, not once a value
 _LINE = re.compile(r"([0-9a-f]{32}) ([0-9]{1,20}) ([0-9a-f]{16})")  # slot, time, digest
 
@@ -114,6 +115,12 @@ class Freshness:
         nor noted."""
         if not value.vouched:
             return None
+        ahead_s = (value.issued - self._clock()) / 1e9
+        if ahead_s > MAX_AHEAD_S:  # its mark would make every value of the fleet look old
+            return (
+                f"issued at {value.issued} ns, {ahead_s:.0f} s ahead of this pod's clock; "
+                f"at most {MAX_AHEAD_S} s (a signer's clock far ahead?)"
+            )
         if self.max_age_s is not None:
             age_s = (self._clock() - value.issued) / 1e9
             if age_s > self.max_age_s:
@@ -136,7 +143,7 @@ class Freshness:
     def note(self, key: str, field: str, value: Opened) -> None:
         """Note ``value``'s time (if a trusted key vouched for it and it is newer), with
         no check: a value this pod published, or one its publish replaces."""
-        if not value.vouched:
+        if not value.vouched or value.issued - self._clock() > MAX_AHEAD_S * 10**9:
             return
         with self._lock:
             self._raise(_slot(key, field), value.issued, _digest(value.payload))

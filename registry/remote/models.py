@@ -282,7 +282,7 @@ def publish(
 
 def _publish(tier: RemoteTier, root: Path, at: _Index) -> bool:
     model, key_digest, fingerprint, namespace = at
-    if not tier.may_publish():
+    if not tier.may_publish(code=True):
         return False
     path = index_path(root, model, key_digest, fingerprint)
     try:

@@ -280,10 +280,11 @@ class RemoteTier:
         """How many entries are kept back for a later publish."""
         return len(self.queue)
 
-    def may_publish(self) -> bool:
+    def may_publish(self, *, code: bool = False) -> bool:
         """Whether what this pod publishes can be used: not when signatures are required
-        and it has no key to sign with (its values would be refused), said once."""
-        return self.codec.may_publish(self.describe())
+        and it has no key to sign with, nor unsigned code where pods refuse it (no
+        trusted key, no opt-out), said once (:meth:`Codec.may_publish`)."""
+        return self.codec.may_publish(self.describe(), code=code)
 
 
 def remote_tier(

@@ -157,7 +157,7 @@ def publish(tier: RemoteTier, cache_key: str, filename: str, data: bytes) -> boo
             MAX_FILE_BYTES,
         )
         return False
-    if not tier.may_publish():
+    if not tier.may_publish(code=True):
         return False
     sha, name = hashlib.sha256(data).hexdigest(), name_key(cache_key, filename)
     pointer = tier.seal(name, "", f"{sha} {len(data)}".encode())

@@ -268,8 +268,9 @@ class Trust:
                 return f"signatures required ({len(remote)} trusted keys: {', '.join(remote)})"
             return (
                 f"signatures required: bundles by {len(bundles)} release keys "
-                f"({', '.join(bundles) or 'none: not required'}), remote values by "
-                f"{len(remote)} keys ({', '.join(remote) or 'none: not required'})"
+                f"({', '.join(bundles) or 'none: code refused, tuned configs taken'}), "
+                f"remote values by {len(remote)} keys "
+                f"({', '.join(remote) or 'none: code refused, tuned configs taken'})"
             )
         if self.allow_unsigned:
             return "unsigned artifacts allowed, code included (TRITON_WARMUP_ALLOW_UNSIGNED=true)"

@@ -156,11 +156,11 @@ def test_the_same_bundle_installed_again_makes_no_generation(tmp_path, entries, 
     same = bundle.install(signed, target, expect=None, trust=trust)  # same manifest, signed
     assert again["unchanged"] and same["unchanged"] and again["id"] == first["id"]
     assert len(bundle.installed(target)) == 1
-    other = _unsigned(tmp_path, entries[:1], name="o.tgz")
-    bundle.install(other, target, expect=None)
+    other = bundle.sign(_unsigned(tmp_path, entries[:1], name="o.tgz"), key).path  # later
+    bundle.install(other, target, expect=None, trust=trust)
     with pytest.raises(BundleRejected, match="older than sequence"):
-        bundle.install(unsigned, target, expect=None)  # back to the first: a rollback
-    bundle.install(unsigned, target, expect=None, allow_downgrade=True)  # a change again
+        bundle.install(signed, target, expect=None, trust=trust)  # back to the first: a rollback
+    bundle.install(signed, target, expect=None, trust=trust, allow_downgrade=True)  # a change
     assert len(bundle.installed(target)) == 3
 
 

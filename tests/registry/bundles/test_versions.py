@@ -20,10 +20,34 @@ REPO = Path(__file__).parents[3]
 
 
 @pytest.fixture
-def make(tmp_path, make_entry):
-    """``make(sequence, m=..., name=...)``: a bundle of one entry at that sequence."""
+def release(tmp_path):
+    """The release key that signs the tests' bundles, and the trust that holds it: only
+    a sequence a trusted key vouched for moves a name's mark."""
+    private, _ = signing.generate(tmp_path / "release-keys", "release")
+    return SigningKey.load(private), Trust.load(tmp_path / "release-keys")
 
-    def build(sequence, *, m=1024, name="tp2", signer=None):
+
+@pytest.fixture
+def install(release):
+    """``bundle.install`` as a pod trusting the release key does it."""
+
+    def run(path, store, **options):
+        options.setdefault("trust", release[1])
+        return bundle.install(path, store, expect=None, **options)
+
+    return run
+
+
+SIGNED = object()  # make's default: signed by the release key
+
+
+@pytest.fixture
+def make(tmp_path, make_entry, release):
+    """``make(sequence, m=..., name=...)``: a bundle of one entry at that sequence, signed
+    by the release key (``signer=None``: unsigned)."""
+
+    def build(sequence, *, m=1024, name="tp2", signer=SIGNED):
+        signer = release[0] if signer is SIGNED else signer
         out = tmp_path / f"{name}-{sequence}-{m}.tgz"
         entries = [make_entry(m=m)]
         bundle.create(
@@ -89,41 +113,43 @@ def test_the_signature_covers_the_sequence(tmp_path, make):
 
 
 def test_an_older_bundle_is_refused_in_one_line_unless_the_downgrade_is_allowed(
-    tmp_path, make, caplog
+    install, tmp_path, make, caplog
 ):
     store = Store(tmp_path / "registry", create=True)
-    bundle.install(make(10, m=2048), store, expect=None)
+    install(make(10, m=2048), store)
     current = store.current_generation()
     with pytest.raises(BundleRejected) as refused:
-        bundle.install(make(9, m=1024), store, expect=None)
+        install(make(9, m=1024), store)
     text = str(refused.value)
     assert len(text.splitlines()) == 1
     for part in ("'tp2'", "sequence 9", "older than sequence 10", "--allow-downgrade"):
         assert part in text
     assert store.current_generation() == current and _ms(store.root) == [2048]
     with caplog.at_level(logging.WARNING, logger="registry.bundles.versions"):
-        info = bundle.install(make(9, m=1024), store, expect=None, allow_downgrade=True)
+        info = install(make(9, m=1024), store, allow_downgrade=True)
     assert "--allow-downgrade" in caplog.text and "sequence 9" in caplog.text
     assert info["allowed_downgrade"]["installed"]["sequence"] == 10
     assert store.record().extra["allowed_downgrade"]["sequence"] == 9
-    with pytest.raises(BundleRejected, match="older than sequence 10"):  # the mark stays
-        bundle.install(make(8, m=512), store, expect=None)
-    bundle.install(make(11, m=4096), store, expect=None)
+    with pytest.raises(BundleRejected, match="older than sequence 9"):  # the operator's mark
+        install(make(8, m=512), store)
+    install(make(10, m=4096), store)  # the name goes on from the sequence chosen
     assert sorted(_ms(store.root)) == [1024, 2048, 4096]
 
 
-def test_the_same_sequence_with_other_content_is_a_replay(tmp_path, make):
+def test_the_same_sequence_with_other_content_is_a_replay(install, tmp_path, make):
     store = Store(tmp_path / "registry", create=True)
     first = make(10, m=2048)
-    bundle.install(first, store, expect=None)
+    install(first, store)
     with pytest.raises(BundleRejected, match="sequence 10 is installed already with other"):
-        bundle.install(make(10, m=1024), store, expect=None)
-    assert bundle.install(first, store, expect=None)["unchanged"]
+        install(make(10, m=1024), store)
+    assert install(first, store)["unchanged"]
     other_name = make(1, m=1024, name="other")  # each name has its own order
-    assert bundle.install(other_name, store, expect=None)["bundle"]["sequence"] == 1
+    assert install(other_name, store)["bundle"]["sequence"] == 1
 
 
-def test_bundles_made_before_sequences_replace_each_other_until_one_has_one(tmp_path, make):
+def test_bundles_made_before_sequences_replace_each_other_until_one_has_one(
+    install, tmp_path, make
+):
     store = Store(tmp_path / "registry", create=True)
     legacy = []
     for m in (1024, 2048):
@@ -133,57 +159,59 @@ def test_bundles_made_before_sequences_replace_each_other_until_one_has_one(tmp_
         manifest.pop("sequence")
         members["MANIFEST.json"] = json.dumps(manifest).encode()
         legacy.append(_rewrite(tmp_path / f"legacy-{m}.tgz", list(members.items())))
-    bundle.install(legacy[1], store, expect=None)
-    bundle.install(legacy[0], store, expect=None)  # no order claimed: as before
-    bundle.install(make(5, m=4096), store, expect=None)
+    unsigned = Trust()  # tuned configs alone: taken unsigned with no key configured
+    install(legacy[1], store, trust=unsigned)
+    install(legacy[0], store, trust=unsigned)  # no order claimed: as before
+    install(make(5, m=4096), store)
     with pytest.raises(BundleRejected, match="sequence 0 is older than sequence 5"):
-        bundle.install(legacy[1], store, expect=None)
+        install(legacy[1], store, trust=unsigned)
 
 
-def test_rollback_is_the_way_back_and_the_newer_bundle_may_come_again(tmp_path, make):
+def test_rollback_is_the_way_back_and_the_newer_bundle_may_come_again(install, tmp_path, make):
     store = Store(tmp_path / "registry", create=True)
     old, new = make(9, m=1024), make(10, m=2048)
-    bundle.install(old, store, expect=None)
-    bundle.install(new, store, expect=None)
+    install(old, store)
+    install(new, store)
     bundle.rollback(store)
     assert _ms(store.root) == [1024]
     with pytest.raises(BundleRejected, match="older than sequence 10"):
-        bundle.install(old, store, expect=None)  # a rollback lowers no mark
-    assert not bundle.install(new, store, expect=None).get("unchanged")
+        install(old, store)  # a rollback lowers no mark
+    assert not install(new, store).get("unchanged")
     assert sorted(_ms(store.root)) == [1024, 2048]
 
 
-def test_the_mark_outlives_the_generations_that_recorded_it(tmp_path, make, make_entry):
+def test_the_mark_outlives_the_generations_that_recorded_it(install, tmp_path, make, make_entry):
     store = Store(tmp_path / "registry", create=True, keep_generations=2)
-    bundle.install(make(10, m=2048), store, expect=None)
+    install(make(10, m=2048), store)
     for i in range(3):  # other names' installs: the record of sequence 10 is collected
-        bundle.install(make(i + 1, m=100 + i, name=f"other{i}"), store, expect=None)
+        install(make(i + 1, m=100 + i, name=f"other{i}"), store)
     names = [g.bundle.get("name") for g in store.generations()]
     assert "tp2" not in names
     marks = versions.read_marks(store.root)
     assert marks["tp2"].sequence == 10 and marks["other2"].sequence == 3
     with pytest.raises(BundleRejected, match="older than sequence 10"):
-        bundle.install(make(9, m=1024), store, expect=None)
+        install(make(9, m=1024), store)
 
 
-def test_an_unreadable_marks_file_leaves_the_kept_records(tmp_path, make, caplog):
+def test_an_unreadable_marks_file_leaves_the_kept_records(install, tmp_path, make, caplog):
     store = Store(tmp_path / "registry", create=True)
-    bundle.install(make(10, m=2048), store, expect=None)
+    install(make(10, m=2048), store)
     (store.root / versions.MARKS_FILE).write_text("{not json")
     with pytest.raises(BundleRejected, match="older than sequence 10"):  # from the record
-        bundle.install(make(9, m=1024), store, expect=None)
+        install(make(9, m=1024), store)
     assert "unreadable" in caplog.text
-    bundle.install(make(11, m=4096), store, expect=None)  # and the next install rewrites it
+    install(make(11, m=4096), store)  # and the next install rewrites it
     assert versions.read_marks(store.root)["tp2"].sequence == 11
 
 
-def test_the_refusal_holds_in_a_new_process_on_the_same_volume(tmp_path, make):
+def test_the_refusal_holds_in_a_new_process_on_the_same_volume(install, tmp_path, make):
     """A pod restarted on the same volume: the CLI in a fresh interpreter exits 2."""
     store = tmp_path / "registry"
-    bundle.install(make(10, m=2048), Store(store, create=True), expect=None)
+    install(make(10, m=2048), Store(store, create=True))
     older = make(9, m=1024)
     command = [sys.executable, "-m", "warmup", "registry", "--store", str(store), "bundle"]
     command += ["install", str(older), "--fingerprint", "none"]
+    command += ["--trusted-keys", str(tmp_path / "release-keys")]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and "older than sequence 10" in done.stderr
@@ -193,3 +221,18 @@ def test_the_refusal_holds_in_a_new_process_on_the_same_volume(tmp_path, make):
     )
     assert forced.returncode == 0, forced.stderr
     assert "downgrade allowed" in forced.stdout and sorted(_ms(store)) == [1024, 2048]
+
+
+def test_only_a_sequence_a_trusted_key_vouched_for_moves_the_mark(install, tmp_path, make):
+    """An unsigned bundle (taken where the trust allows it) is checked against the mark
+    but never raises it: anyone could have written its sequence, and one written too
+    high would freeze the name."""
+    store = Store(tmp_path / "registry", create=True)
+    install(make(10, m=2048), store)
+    with pytest.raises(BundleRejected, match="older than sequence 10"):
+        install(make(9, m=1024, signer=None), store, trust=Trust())  # checked all the same
+    pinned = make(2**63 - 1, m=1024, signer=None)  # the highest there is, unsigned
+    install(pinned, store, trust=Trust())
+    assert versions.read_marks(store.root)["tp2"].sequence == 10
+    assert install(make(11, m=4096), store)["bundle"]["sequence"] == 11  # not frozen
+    assert store.record().extra["bundle"]["vouched"] is True

@@ -122,12 +122,16 @@ def test_a_bad_key_or_keys_folder_is_bad_input(capsys, store, tmp_path):
 
 
 def test_sequences_are_shown_and_an_older_bundle_needs_allow_downgrade(capsys, store, tmp_path):
+    from registry.trust import signing
+
+    private, _ = signing.generate(tmp_path / "release", "release")  # a vouched sequence
     made = {}
     for sequence in (5, 4):
         made[sequence] = tmp_path / f"b{sequence}.tgz"
         create = ["bundle", "create", str(made[sequence]), "--name", "tp2", "--version", "x"]
+        create += ["--sign-key", str(private)]
         code, out, _ = cli(capsys, store.root, *create, "--sequence", str(sequence))
-        assert code == 0 and out.rstrip().endswith(f"sequence {sequence}")
+        assert code == 0 and f"sequence {sequence}, signed by key" in out
     code, out, _ = run(capsys, "registry", "bundle", "verify", str(made[4]))
     assert code == 0 and "  sequence 4\n" in out
     code, _, err = cli(
@@ -146,6 +150,7 @@ def test_sequences_are_shown_and_an_older_bundle_needs_allow_downgrade(capsys, s
     assert code == 2 and "--sequence is -1" in err
     target = tmp_path / "target"
     install = ["--create-store", "bundle", "install", "--fingerprint", "none"]
+    install += ["--trusted-keys", str(tmp_path / "release")]
     assert cli(capsys, target, *install, str(made[5]))[0] == 0
     code, _, err = cli(capsys, target, *install, str(made[4]))
     assert code == 2 and len(err.strip().splitlines()) == 1
@@ -157,6 +162,7 @@ def test_sequences_are_shown_and_an_older_bundle_needs_allow_downgrade(capsys, s
     assert cli(capsys, target, *install, str(made[5]))[0] == 0
     code, out, _ = cli(capsys, target, *install, "--allow-downgrade", str(made[4]))
     assert code == 0 and out.rstrip().endswith("sequence 4 (downgrade allowed)")
+    assert cli(capsys, target, *install, str(made[5]))[0] == 0  # on from the chosen 4
     code, out, _ = cli(capsys, target, "bundle", "list")
     assert code == 0 and "SEQUENCE" in out and "downgrade allowed" in out
 

@@ -93,3 +93,14 @@ def test_a_stage_without_a_lock_goes_once_it_is_old(tmp_path):
     assert remove_stale_stages(tmp_path) == 1 and not stage.exists()
     assert (tmp_path / ".bundle-file").exists()
     assert remove_stale_stages(tmp_path / "missing") == 0
+
+
+def test_a_fifo_in_place_of_a_stages_lock_never_blocks_the_cleanup(tmp_path):
+    """Opening a fifo for reading blocks until a writer comes: every install and the
+    sidecar's start would hang on one planted there."""
+    stage = tmp_path / ".bundle-planted"
+    stage.mkdir()
+    os.mkfifo(stage / STAGE_LOCK)
+    started = time.monotonic()
+    assert remove_stale_stages(tmp_path) == 0 and stage.exists()  # not an install's lock
+    assert time.monotonic() - started < 1.0

@@ -80,6 +80,17 @@ def test_signatures_past_their_maximum_age_are_refused():
     assert Freshness(clock=lambda: NOW).refusal("k", "", signed(b"b", 1)) is None  # no limit
 
 
+def test_a_time_far_ahead_of_this_pods_clock_is_refused_and_never_a_mark():
+    """A signer whose clock is ahead (or a compromised one) would otherwise leave marks
+    that make every in-sync pod's values look old, and push ``issue`` past 64 bits."""
+    seen = Freshness(clock=lambda: NOW)
+    assert seen.refusal("k", "", signed(b"a", NOW + 299 * 10**9)) is None  # within 300 s
+    reason = seen.refusal("k2", "", signed(b"b", 2**64 - 1))
+    assert reason is not None and "ahead of this pod's clock" in reason
+    seen.note("k3", "", signed(b"c", NOW + 3600 * 10**9))  # what a publish merged with
+    assert seen.newest("k2") == 0 and seen.newest("k3") == 0 and seen.issue("k3") == NOW
+
+
 # ---- on the volume ------------------------------------------------------------------
 
 
@@ -274,10 +285,35 @@ def test_an_older_entry_replayed_at_its_field_is_refused_across_a_restart(
     assert restarted.fetch("ag_gemm", KERNEL_KEY, cpu_fingerprint()) is None
     assert restarted.stats.refused == 1
     assert pod(server.url, fleet).fetch("ag_gemm", KERNEL_KEY, cpu_fingerprint()) == first
-    # a publish (merged with the replay, as the fleet's merge decides) goes above it
+    # a publish replaces the replay (never merged with it) and goes above it
     assert publisher.publish(third)
-    assert restarted.fetch("ag_gemm", KERNEL_KEY, cpu_fingerprint()) is not None
+    assert restarted.fetch("ag_gemm", KERNEL_KEY, cpu_fingerprint()) == third
     assert restarted.stats.refused == 1
+
+
+def test_the_refusing_pods_own_publish_never_signs_the_replay_anew(tmp_path, server, fleet):
+    """The miss a refused replay makes is tuned and published, fenced on the replay: the
+    replay is replaced, not merged (a merge keeps the earliest tuning: the replayed one,
+    signed again with a new time, would win for every pod)."""
+    from registry import cpu_fingerprint
+    from registry.remote.tier import slot_name
+
+    first, second, third = _entries()
+    name, field = slot_name(first.kernel, first.key_json), first.fingerprint.digest()
+    publisher = pod(server.url, fleet)
+    assert publisher.publish(first)
+    old = server.client.hget(name, field)
+    server.client.hdel(name, field)  # the fleet withdraws it
+    assert publisher.publish(second)
+    reader = pod(server.url, fleet, tmp_path / "volume")
+    assert reader.fetch("ag_gemm", KERNEL_KEY, cpu_fingerprint()) == second
+    server.client.hset(name, field, old)  # replayed
+    assert reader.fetch("ag_gemm", KERNEL_KEY, cpu_fingerprint()) is None  # a miss: tuned
+    seen = reader.seen("ag_gemm", KERNEL_KEY, cpu_fingerprint())
+    assert reader.publish(third, seen=seen)
+    got = pod(server.url, fleet).fetch("ag_gemm", KERNEL_KEY, cpu_fingerprint())
+    assert got is not None and got.best == third.best != first.best
+    assert reader.stats.refused == 2  # the fetch's and the fence's
 
 
 def test_an_entry_in_the_old_envelope_is_time_0(tmp_path, server, fleet, make_entry):

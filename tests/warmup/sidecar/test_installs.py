@@ -87,16 +87,27 @@ def test_recover_clears_a_killed_writers_stages_and_survives_a_store_it_cannot_w
 
 
 def _fleet_bundle(tmp_path, sequence, m):
-    """The bundle 'fleet' at ``sequence``, carrying one entry for this node at ``m``."""
+    """The bundle 'fleet' at ``sequence``, carrying one entry for this node at ``m``,
+    signed by the release key in ``tmp_path/release`` (made on the first call)."""
+    from registry.trust import signing
+
+    keys = tmp_path / "release"
+    if not keys.exists():
+        signing.generate(keys, "release")
     store = Store(tmp_path / f"src-{sequence}", create=True)
     config = KernelConfig.make({"BLOCK_M": 16})
     store.put(Entry.make("ag_gemm", {"M": m, "N": 32, "K": 32}, cpu_fingerprint(), config))
     out = tmp_path / f"fleet-{sequence}.tgz"
-    bundle.create(out, name="fleet", version="1", entries=store.entries(), sequence=sequence)
+    signer = signing.SigningKey.load(keys / "release.key")
+    bundle.create(
+        out, name="fleet", version="1", entries=store.entries(), sequence=sequence, signer=signer
+    )
     return out
 
 
 def test_an_older_bundle_is_rejected_and_stays_so_after_a_restart(settings, tmp_path):
+    _fleet_bundle(tmp_path, 0, 1)  # the release key
+    settings = settings.updated(trusted_keys=tmp_path / "release")
     ready_status(settings)
     installs = _installs(settings)
     assert installs.install(_fleet_bundle(tmp_path, 10, 64)) == "installed"
