@@ -48,6 +48,21 @@ def test_a_model_published_by_one_pod_is_fetched_into_another_volume(tmp_path, s
     assert (mine.stats.hits, mine.stats.misses) == (1, 0)
 
 
+def test_no_unsigned_code_is_published_where_pods_refuse_it(tmp_path, server, caplog):
+    """No trusted key, no opt-out, no signing key: every pod like this one refuses an
+    unsigned index, so none is sent (one warning says how to share them)."""
+    from registry.trust.signing import Trust
+
+    server.client.flushall()
+    source = family(tmp_path / "a")
+    assert not remote_models.publish(
+        RemoteTier(server.url, timeout_s=0.5, trust=Trust()), source, **WHERE
+    )
+    assert not server.client.keys("triton-warmup:*")
+    assert "publishing no code" in caplog.text and "TRITON_WARMUP_SIGNING_KEY" in caplog.text
+    assert remote_models.publish(tier(server.url), source, **WHERE)  # the opt-out: sent
+
+
 def test_nothing_there_is_a_counted_miss(tmp_path, server):
     mine = tier(server.url)
     assert not remote_models.fetch(mine, tmp_path / "b", **WHERE)
