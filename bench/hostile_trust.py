@@ -46,27 +46,13 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-PAYLOAD_C = r"""
-#include <stdio.h>
-__attribute__((constructor)) static void ran(void) {
-    FILE *f = fopen("%s", "a");
-    if (f) { fputs("so\n", f); fclose(f); }
-}
-"""
 
 
 def payload(work: Path, marker: Path) -> dict[str, bytes]:
-    """The attacker's files, each writing to ``marker`` when run."""
-    src = work / "payload.c"
-    src.write_text(PAYLOAD_C % marker)
-    so = work / "payload.so"
-    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(so), str(src)], check=True)
-    module = f"with open({str(marker)!r}, 'a') as f:\n    f.write('module\\n')\n"
-    return {
-        "module": module.encode(),
-        "so": so.read_bytes(),
-        "cubin": b"\x7fELF tampered cubin " + str(marker).encode(),
-    }
+    """The attacker's files, each writing to ``marker`` when run (the tests' own)."""
+    from tests.test_tampered_code import build_payload
+
+    return build_payload(work, marker)
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

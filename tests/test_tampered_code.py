@@ -44,14 +44,12 @@ def marker(tmp_path):
     return tmp_path / "MARKER"
 
 
-@pytest.fixture
-def payload(tmp_path, marker):
-    """The attacker's files: a module, a launcher .so (built here), a cubin."""
-    if shutil.which("cc") is None:
-        pytest.skip("no C compiler to build the .so payload")
-    src = tmp_path / "payload.c"
+def build_payload(work: Path, marker: Path) -> dict[str, bytes]:
+    """The attacker's files, each writing to ``marker`` when run: a module, a launcher
+    .so (built in ``work`` with cc), a cubin."""
+    src = work / "payload.c"
     src.write_text(C_PAYLOAD % marker)
-    so = tmp_path / "payload.so"
+    so = work / "payload.so"
     subprocess.run(["cc", "-shared", "-fPIC", "-o", str(so), str(src)], check=True)
     module = f"import pathlib\nwith open({str(marker)!r}, 'a') as f:\n    f.write('module\\n')\n"
     return {
@@ -59,6 +57,13 @@ def payload(tmp_path, marker):
         "so": so.read_bytes(),
         "cubin": b"\x7fELF tampered cubin " + str(marker).encode(),
     }
+
+
+@pytest.fixture
+def payload(tmp_path, marker):
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler to build the .so payload")
+    return build_payload(tmp_path, marker)
 
 
 def _sources(root: Path, files: dict[str, bytes]) -> tuple[Path, Path]:
