@@ -55,6 +55,7 @@ class Race:
     acquired_at: float | None = None  # the waiter got the lock
     old_put: str | None = None  # "landed" or "superseded": the old holder's put, if any
     holding: threading.Event = field(default_factory=threading.Event)
+    new_put: threading.Event = field(default_factory=threading.Event)  # B's put is done
 
     def after_up(self, at: float | None) -> float | None:
         return None if at is None else at - self.up
@@ -83,6 +84,8 @@ def _race(server: Server, old: Store | TieredStore, new: Store | TieredStore, ma
                 assert me.lease is not None
                 race.lost_at = me.lease.lost_at
                 return
+            if not checks:  # its work outlasts B's, however slow the machine: B puts first
+                race.new_put.wait(30)
             try:
                 old.put(make(block_m=32), fence=fence)
                 race.old_put = "landed"
@@ -94,6 +97,7 @@ def _race(server: Server, old: Store | TieredStore, new: Store | TieredStore, ma
         with lock(NAME, ttl=TTL_S, timeout=30, backend=backend_from_url(server.url)):
             race.acquired_at = time.monotonic()
             new.put(make(block_m=64), fence=new.fence("ag_gemm", KEY, make().fingerprint))
+            race.new_put.set()
 
     threads = [threading.Thread(target=pod_a), threading.Thread(target=pod_b)]
     threads[0].start()
