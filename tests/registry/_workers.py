@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -210,6 +211,20 @@ def _tune_phase(store: LoggedStore, locks: Any, shapes: list[int]) -> None:
                 "t": time.time(),
             },
         )
+
+
+def started(job: str, *args: str, ready: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    """Run ``job`` of this module in another process, and wait (60 s at most) until it
+    writes a path into ``ready`` (its last argument): the process and that path."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.registry._workers", job, *args, str(ready)],
+        cwd=Path(__file__).parents[2],
+    )
+    deadline = time.time() + 60
+    while not ready.exists() or not ready.read_text():
+        assert proc.poll() is None and time.time() < deadline, f"{job} never got ready"
+        time.sleep(0.02)
+    return proc, Path(ready.read_text())
 
 
 if __name__ == "__main__":

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 
 import pytest
 
 from registry.storage.store import Store
+from tests.registry.test_lock_chaos import Server
 from tests.registry.test_redis_outage import Proxy, redis  # noqa: F401  (a module fixture)
 
 
@@ -14,6 +16,18 @@ from tests.registry.test_redis_outage import Proxy, redis  # noqa: F401  (a modu
 def server(redis):  # noqa: F811
     redis.client.flushall()
     return redis
+
+
+@pytest.fixture
+def restartable_server(tmp_path) -> Iterator[Server]:
+    """A redis-server of the test's own, which the test may kill and restart."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    folder = tmp_path / "redis"
+    folder.mkdir()
+    s = Server(folder)
+    yield s
+    s.kill()
 
 
 @pytest.fixture

@@ -85,14 +85,9 @@ class Server:
 
 
 @pytest.fixture
-def server(tmp_path):
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed")
-    folder = tmp_path / "redis"
-    folder.mkdir()
-    s = Server(folder)
-    yield s
-    s.kill()
+def server(restartable_server):
+    """This module's redis-server, which its tests kill and restart (conftest's)."""
+    return restartable_server
 
 
 def _lines(path: Path) -> list[dict]:  # type: ignore[type-arg]

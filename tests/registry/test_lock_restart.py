@@ -6,7 +6,6 @@ fenced: no write of the old holder lands after the new holder's."""
 from __future__ import annotations
 
 import random
-import shutil
 import threading
 import time
 from dataclasses import dataclass, field
@@ -35,14 +34,9 @@ def _blocks(entry) -> set[int]:
 
 
 @pytest.fixture
-def server(tmp_path):
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed")
-    folder = tmp_path / "redis"
-    folder.mkdir()
-    s = Server(folder)
-    yield s
-    s.kill()
+def server(restartable_server):
+    """This module's redis-server, which its tests kill and restart (conftest's)."""
+    return restartable_server
 
 
 @dataclass

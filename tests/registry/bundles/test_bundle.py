@@ -4,10 +4,7 @@ import io
 import json
 import os
 import signal
-import subprocess
-import sys
 import tarfile
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,6 +17,7 @@ from registry.core.fingerprint import cpu_fingerprint
 from registry.storage.store import CURRENT
 from tests.conftest import gpu_fingerprint
 from tests.registry._bundles import UNSIGNED_OK
+from tests.registry._workers import started
 
 KEY = {"M": 4096, "N": 6656, "K": 16384, "dtype": "bf16", "world": 2}
 
@@ -280,16 +278,8 @@ def _models_bundle(tmp_path: Path) -> Path:
 
 def _hanging_install(path: Path, store: Path, folder: Path, tmp_path: Path):
     """An install in another process, stopped for good once it staged its first file."""
-    ready = tmp_path / "ready"
-    args = ["hang_staging", str(path), str(store), "inductor", str(folder), str(ready)]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.registry._workers", *args], cwd=Path(__file__).parents[3]
-    )
-    deadline = time.time() + 60
-    while not ready.exists() or not ready.read_text():
-        assert proc.poll() is None and time.time() < deadline, "no install started"
-        time.sleep(0.02)
-    return proc, Path(ready.read_text())
+    args = [str(path), str(store), "inductor", str(folder)]
+    return started("hang_staging", *args, ready=tmp_path / "ready")
 
 
 def test_the_next_install_removes_a_killed_installs_stage_never_a_live_one(tmp_path):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,8 +14,7 @@ import pytest
 from registry import BundleRejected
 from registry.families import staging
 from registry.families.staging import STAGE_LOCK, Stage, remove_stale_stages
-
-REPO = Path(__file__).parents[3]
+from tests.registry._workers import started
 
 
 def test_a_stage_moves_its_files_in_or_leaves_nothing_behind(tmp_path):
@@ -57,16 +55,7 @@ def test_a_stage_in_use_in_this_process_is_never_removed(tmp_path):
 
 def _holder(folder: Path, tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path]:
     """Another process holding a stage in ``folder``, as a live install does."""
-    ready = tmp_path / "ready"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.registry._workers", "hold_stage", str(folder), str(ready)],
-        cwd=REPO,
-    )
-    deadline = time.time() + 60
-    while not ready.exists() or not ready.read_text():
-        assert proc.poll() is None and time.time() < deadline, "no stage made"
-        time.sleep(0.02)
-    return proc, Path(ready.read_text())
+    return started("hold_stage", str(folder), ready=tmp_path / "ready")
 
 
 def test_a_live_installs_stage_stays_and_goes_once_it_is_killed(tmp_path):
