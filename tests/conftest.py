@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
 import getpass
 import itertools
 import json
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from warmup.core.settings import Settings
 
 _counter = itertools.count()
+CREATED_BASE = datetime.datetime(2026, 11, 21, 10, 0, 0, tzinfo=datetime.timezone.utc)
 ROOT = Path(__file__).parents[1]
 DEMO = ROOT / "tests" / "kernels_demo.yaml"  # examples/demo.yaml without its compiled model
 
@@ -261,7 +263,9 @@ def make_entry() -> Callable[..., Entry]:
             Measurement(KernelConfig.make({"BLOCK_M": 512}), error="out of shared memory"),
         )
         key = {"M": m, "N": 6656, "K": 16384, "dtype": "bf16", "world": 2}
-        rest.setdefault("created", f"2026-11-21T10:00:{next(_counter) % 60:02d}+00:00")
+        # each entry made later than the one before (never wrapping), all after 10:00:00
+        later = CREATED_BASE + datetime.timedelta(seconds=1 + next(_counter))
+        rest.setdefault("created", later.isoformat())
         return Entry.make(
             kernel,
             key,
