@@ -1,6 +1,8 @@
 """The Helm chart, rendered by Helm's own library (helm-python-sdk, no binary), linted,
-and every object validated against Kubernetes 1.33's schemas (strict)."""
+and every object validated against Kubernetes 1.33's schemas (strict). The helpers here
+(render, containers, env, mounts) serve the other test_chart_*.py files too."""
 
+import copy
 import json
 import re
 from pathlib import Path
@@ -12,15 +14,73 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from warmup.compiled.environment import inductor_environment
 from warmup.core.metrics import RunMetrics, ServeMetrics
-from warmup.core.settings import Settings
 from warmup.serving.metrics import ServingMetrics
 
 CHART = Path(__file__).parents[2] / "deploy" / "helm" / "triton-warmup"
 KUBE = "1.33.0"
+# What the default (engine vllm) needs to run: the chart refuses to render without it.
+MINIMUM = {
+    "engine": {"model": "/models/qwen3-8b"},
+    "server": {"image": {"repository": "registry.example.com/vllm-warm", "tag": "v0.19.1-tw0.1"}},
+}
+TORCH = {
+    "engine": {"name": "torch"},
+    "server": {
+        "image": {"repository": "my/server", "tag": "1.2"},
+        "command": ["python3", "-m", "my_server"],
+    },
+}
+WEIGHTS = {"name": "weights", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}}
+EXTENDED = {
+    "extraVolumes": [WEIGHTS, {"name": "scratch", "emptyDir": {"sizeLimit": "1Gi"}}],
+    "server": {
+        "extraVolumeMounts": [{"name": "weights", "mountPath": "/models", "readOnly": True}],
+        "securityContext": {"readOnlyRootFilesystem": False},
+        "service": {"type": "LoadBalancer", "port": 80, "annotations": {"team": "ml"}},
+    },
+    "warmup": {
+        "extraVolumeMounts": [{"name": "weights", "mountPath": "/models", "readOnly": True}]
+    },
+    "sidecar": {"extraVolumeMounts": [{"name": "scratch", "mountPath": "/scratch"}]},
+    "imagePullSecrets": [{"name": "regcred"}],
+    "serviceAccount": {"create": True, "annotations": {"iam.example.com/role": "warm"}},
+    "podLabels": {"team": "ml"},
+    "podAnnotations": {"owner": "ml-platform"},
+    "priorityClassName": "inference",
+    "terminationGracePeriodSeconds": 120,
+    "topologySpreadConstraints": [
+        {
+            "maxSkew": 1,
+            "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "DoNotSchedule",
+        }
+    ],
+    "podDisruptionBudget": {"enabled": True, "minAvailable": "50%"},
+}
 VARIANTS = {
     "default": {},
+    "engine-vllm": {"engine": {"name": "vllm", "model": "Qwen/Qwen3-8B"}},
+    "engine-sglang": {
+        "engine": {"name": "sglang"},
+        "server": {"image": {"repository": "registry.example.com/sglang-warm", "tag": "v0.5.18"}},
+    },
+    "engine-torch": TORCH,
+    "extended": EXTENDED,
+    "no-persistence": {"persistence": {"enabled": False}, "workload": {"replicas": 1}},
+    "probes-tuned": {
+        "server": {
+            "healthPath": "/ready",
+            "startupProbe": None,
+            "livenessProbe": {"tcpSocket": {"port": "http"}, "periodSeconds": 30},
+            "readinessProbe": {"periodSeconds": 2},
+        }
+    },
+    "pdb-max-unavailable": {"podDisruptionBudget": {"enabled": True}},
+    "existing-manifest-checksum": {
+        "manifest": {"existingConfigMap": "my-shapes", "checksum": "ab" * 32},
+        "serviceAccount": {"name": "existing-account"},
+    },
     "redis-lock": {"lock": {"backend": "redis", "redisUrl": "redis://redis.ml:6379/0"}},
     "existing-pvc": {"persistence": {"existingClaim": "fleet-cache"}},
     "service-monitor": {
@@ -71,13 +131,34 @@ SERVICE_MONITOR = {
 }
 
 
-@pytest.fixture(scope="module")
-def chart():
+def merged(base: dict, values: dict) -> dict:
+    """``values`` over ``base``, maps merged key by key (a None is kept: Helm drops the key)."""
+    out = copy.deepcopy(base)
+    for key, value in values.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def with_minimum(values: dict) -> dict:
+    return merged(MINIMUM, values)
+
+
+def load_chart():
     return helm.Chart.load(str(CHART))
 
 
-def render(chart, values):
-    out = chart.render(values, name="llm", namespace="serving")
+@pytest.fixture(scope="module")
+def chart():
+    return load_chart()
+
+
+def render(chart, values, *, minimum=True):
+    """Objects and texts of the chart rendered with ``values`` (over MINIMUM unless
+    ``minimum`` is False: the chart's own defaults alone)."""
+    out = chart.render(with_minimum(values) if minimum else values, name="llm", namespace="serving")
     objects = []
     for path, text in sorted(out.items()):
         if not path.endswith(".txt"):
@@ -99,36 +180,10 @@ def containers(objects):
     return {c["name"]: c for c in pod["initContainers"] + pod["containers"]}, pod
 
 
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_every_object_is_valid_kubernetes_1_33(chart, variant):
-    objects, _ = render(chart, VARIANTS[variant])
-    assert objects
-    for obj in objects:
-        if obj["kind"] == "ServiceMonitor":
-            jsonschema.validate(obj, SERVICE_MONITOR)
-        else:
-            kubernetes_validate.validate(obj, KUBE, strict=True)
-
-
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_helm_lint_is_clean(variant):
-    report = helm.lint(str(CHART), VARIANTS[variant], strict=True, kube_version=f"v{KUBE}")
-    problems = [m for m in report["messages"] if m["severity"] >= 2]
-    assert report["errors"] == [] and problems == []
-
-
-def test_labels_follow_helm_practice(chart):
-    objects, _ = render(chart, VARIANTS["dashboard"])
-    for obj in objects:
-        labels = obj["metadata"]["labels"]
-        for key in (
-            "app.kubernetes.io/name",
-            "app.kubernetes.io/instance",
-            "app.kubernetes.io/version",
-            "app.kubernetes.io/managed-by",
-            "helm.sh/chart",
-        ):
-            assert key in labels, (obj["kind"], key)
+def rendered_manifest(objects) -> dict:
+    """The manifest the pods read: the rendered ConfigMap's manifest.yaml, parsed."""
+    (config_map,) = [o for o in by_kind(objects, "ConfigMap") if "manifest.yaml" in o["data"]]
+    return yaml.safe_load(config_map["data"]["manifest.yaml"])
 
 
 def mounts(container):
@@ -137,36 +192,6 @@ def mounts(container):
 
 def env(container):
     return {e["name"]: e.get("value") for e in container.get("env", [])}
-
-
-def test_init_sidecar_and_server_agree_on_paths(chart):
-    objects, _ = render(chart, {})
-    by_name, pod = containers(objects)
-    init, sidecar, server = by_name["warmup"], by_name["warmup-sidecar"], by_name["server"]
-    volume = mounts(init)["cache-volume"]
-    assert mounts(sidecar)["cache-volume"] == volume == mounts(server)["cache-volume"]
-    assert env(init)["TRITON_WARMUP_VOLUME"] == env(sidecar)["TRITON_WARMUP_VOLUME"] == volume
-    assert env(server)["TRITON_WARMUP_VOLUME"] == volume
-    assert env(server)["TRITON_WARMUP_REGISTRY_DIR"] == volume + "/registry"
-    cache = mounts(init)["triton-cache"]
-    assert mounts(server)["triton-cache"] == cache == env(server)["TRITON_CACHE_DIR"]
-    assert env(init)["TRITON_CACHE_DIR"] == env(init)["TRITON_WARMUP_TRITON_CACHE_DIR"] == cache
-    assert (
-        mounts(init)["warmup-work"]
-        == mounts(sidecar)["warmup-work"]
-        == env(sidecar)["TRITON_WARMUP_WORK_DIR"]
-    )  # the status file the probe reads
-    manifest = env(init)["TRITON_WARMUP_MANIFEST"]
-    assert manifest == env(sidecar)["TRITON_WARMUP_MANIFEST"]
-    assert manifest.startswith(mounts(init)["manifest"] + "/")
-    server_volume = next(m for m in server["volumeMounts"] if m["name"] == "cache-volume")
-    assert server_volume.get("readOnly") is True
-    assert {v["name"] for v in pod["volumes"]} >= {
-        "cache-volume",
-        "triton-cache",
-        "warmup-work",
-        "manifest",
-    }
 
 
 def mount_under(container, path):
@@ -180,240 +205,42 @@ def mount_under(container, path):
     return max(holding, key=lambda m: len(m["mountPath"]))
 
 
-def test_the_server_gets_everything_to_reuse_the_warm_state(chart):
-    objects, _ = render(chart, {})
-    by_name, pod = containers(objects)
-    init, sidecar, server = by_name["warmup"], by_name["warmup-sidecar"], by_name["server"]
-    serve = env(server)
-    # the compile cache the warmup init container wrote, and Triton's autotune-result cache
-    cache = env(init)["TRITON_CACHE_DIR"]
-    assert mount_under(init, cache)["name"] == mount_under(server, cache)["name"] == "triton-cache"
-    assert serve["TRITON_CACHE_DIR"] == serve["TRITON_WARMUP_TRITON_CACHE_DIR"] == cache
-    assert mounts(server)["triton-cache"] == cache
-    assert not mount_under(server, cache).get("readOnly")
-    assert serve["TRITON_CACHE_AUTOTUNING"] == "1"
-    assert mount_under(server, serve["TRITON_WARMUP_REGISTRY_DIR"])["name"] == "cache-volume"
-    # compiled models: the Inductor cache the warmup restored and filled, on both sides
-    inductor = env(init)["TRITON_WARMUP_INDUCTOR_CACHE_DIR"]
-    assert serve["TRITON_WARMUP_INDUCTOR_CACHE_DIR"] == serve["TORCHINDUCTOR_CACHE_DIR"] == inductor
-    assert mount_under(init, inductor)["name"] == mount_under(server, inductor)["name"]
-    assert mount_under(server, inductor)["name"] == "inductor-cache"
-    assert not mount_under(server, inductor).get("readOnly")  # Inductor takes file locks
-    # the sidecar brings a bundle's compiled models into that cache (hot reload)
-    assert env(sidecar)["TRITON_WARMUP_INDUCTOR_CACHE_DIR"] == inductor
-    assert mount_under(sidecar, inductor)["name"] == "inductor-cache"
-    assert not mount_under(sidecar, inductor).get("readOnly")
-    assert serve["CUDA_CACHE_PATH"] == env(init)["CUDA_CACHE_PATH"] == inductor + "/cuda-jit"
-    assert serve["TORCHINDUCTOR_FX_GRAPH_CACHE"] == serve["TORCHINDUCTOR_AUTOGRAD_CACHE"] == "1"
-    # the static launcher enters the FX graph's key: one choice in both (torch's default)
-    static = "TRITON_WARMUP_STATIC_LAUNCHER"
-    assert serve[static] == env(init)[static] == Settings().models.static_launcher == "on"
-    assert inductor_environment(Settings())["TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER"] == "1"
-    # the manifest, so that Serving.model(name) builds what the warmup warmed
-    assert serve["TRITON_WARMUP_MANIFEST"] == env(init)["TRITON_WARMUP_MANIFEST"]
-    assert mount_under(server, serve["TRITON_WARMUP_MANIFEST"])["name"] == "manifest"
-    # one emptyDir for the serving metrics: the server writes, the sidecar reads
-    folder = serve["TRITON_WARMUP_METRICS_DIR"]
-    assert env(sidecar)["TRITON_WARMUP_METRICS_DIR"] == folder
-    written, read = mount_under(server, folder), mount_under(sidecar, folder)
-    assert written["name"] == read["name"] == "serving-metrics"
-    assert written["mountPath"] == read["mountPath"] == folder
-    assert not written.get("readOnly") and read.get("readOnly") is True
-    volumes = {v["name"]: v for v in pod["volumes"]}
-    assert "emptyDir" in volumes["serving-metrics"]
-    # the status file the init container writes, read-only in the server
-    status = serve["TRITON_WARMUP_STATUS_FILE"]
-    assert env(init)["TRITON_WARMUP_STATUS_FILE"] == env(sidecar)["TRITON_WARMUP_STATUS_FILE"]
-    assert env(init)["TRITON_WARMUP_STATUS_FILE"] == status
-    assert mount_under(server, status)["name"] == mount_under(init, status)["name"]
-    assert mount_under(server, status).get("readOnly") is True
-    assert serve["TRITON_WARMUP_MATCH_POLICY"] == env(init)["TRITON_WARMUP_MATCH_POLICY"]
-    assert serve["TRITON_WARMUP_COMPILE_GUARD"] == "count"
-    strict, _ = containers(render(chart, VARIANTS["strict-compile-guard"])[0])
-    assert env(strict["server"])["TRITON_WARMUP_COMPILE_GUARD"] == "strict"
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_every_object_is_valid_kubernetes_1_33(chart, variant):
+    objects, _ = render(chart, VARIANTS[variant])
+    assert objects
+    for obj in objects:
+        if obj["kind"] == "ServiceMonitor":
+            jsonschema.validate(obj, SERVICE_MONITOR)
+        else:
+            kubernetes_validate.validate(obj, KUBE, strict=True)
+    names = [(o["kind"], o["metadata"]["name"]) for o in objects]
+    assert len(names) == len(set(names)), "two objects of one kind and name"
+    for container in containers(objects)[0].values():
+        variables = [e["name"] for e in container.get("env", [])]
+        assert len(variables) == len(set(variables)), (container["name"], "a variable set twice")
 
 
-SERVER_IMAGE = {"repository": "my/server", "tag": "1.2", "pullPolicy": "Always"}
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_helm_lint_is_clean(variant):
+    values = with_minimum(VARIANTS[variant])
+    report = helm.lint(str(CHART), values, strict=True, kube_version=f"v{KUBE}")
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    assert report["errors"] == [] and problems == []
 
 
-def image(values: dict) -> str:
-    return f"{values['repository']}:{values['tag']}"
-
-
-def console_scripts() -> dict[str, str]:
-    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
-    project = tomllib.loads((CHART.parents[2] / "pyproject.toml").read_text())["project"]
-    return project["scripts"]
-
-
-def test_the_warmup_runs_in_the_servers_image_by_default(chart):
-    by_name, _ = containers(render(chart, {"server": {"image": SERVER_IMAGE}})[0])
-    warm, server, sidecar = by_name["warmup"], by_name["server"], by_name["warmup-sidecar"]
-    assert warm["image"] == server["image"] == image(SERVER_IMAGE)
-    assert warm["imagePullPolicy"] == server["imagePullPolicy"] == "Always"
-    # the package's console script, installed into the server's Python, runs the warmup
-    assert warm["command"] == ["triton-warmup"] and warm["args"] == ["run"]
-    assert console_scripts()["triton-warmup"] == "warmup.program:entry"
-    # the sidecar imports no torch: it keeps this project's slim image
-    defaults = chart.merge_values({})
-    assert sidecar["image"] == image(defaults["sidecar"]["image"]) != server["image"]
-    assert sidecar["args"][0] == "serve" and "command" not in sidecar
-    assert env(warm)["TRITON_WARMUP_DEVICE"] == "cuda"  # the server's image does not say so
-    cpu, _ = containers(render(chart, {"gpus": 0})[0])
-    assert "TRITON_WARMUP_DEVICE" not in env(cpu["warmup"])
-
-
-def test_an_explicit_warmup_image_is_used(chart):
-    values = {**VARIANTS["own-warmup-image"], "server": {"image": SERVER_IMAGE}}
-    objects, out = render(chart, values)
-    by_name, _ = containers(objects)
-    warm, server = by_name["warmup"], by_name["server"]
-    own = values["warmup"]["image"]
-    assert warm["image"] == image(own) and server["image"] == image(SERVER_IMAGE)
-    assert warm["imagePullPolicy"] == "IfNotPresent"  # not the server's: another image
-    assert warm["command"] == ["python3", "-m", "warmup"] and warm["args"] == ["run"]
-    assert (CHART.parents[2] / "warmup" / "__main__.py").is_file()  # what `-m warmup` runs
-    defaults = chart.merge_values({})
-    assert by_name["warmup-sidecar"]["image"] == image(defaults["sidecar"]["image"])
-    notes = out["triton-warmup/templates/NOTES.txt"]
-    assert image(own) in notes and "logs each differing factor" in notes
-    pinned = {"warmup": {"image": {**own, "pullPolicy": "Never"}}}
-    assert containers(render(chart, pinned)[0])[0]["warmup"]["imagePullPolicy"] == "Never"
-    _, default_out = render(chart, {"server": {"image": SERVER_IMAGE}})
-    assert "server's image, my/server:1.2" in default_out["triton-warmup/templates/NOTES.txt"]
-
-
-# Settings only the warmup run reads: the server takes its world and device from torch.
-RUN_ONLY = {
-    "TRITON_WARMUP_RANK_TIMEOUT_S",
-    "TRITON_WARMUP_RUN_TIMEOUT_S",
-    "TRITON_WARMUP_WORLD_SIZE",
-    "TRITON_WARMUP_DEVICE",
-    "TRITON_WARMUP_MODELS_ON_MISS",
-    "TRITON_WARMUP_SIGNING_KEY",  # the server signs only with lock.tritonCache: it publishes
-}
-
-
-@pytest.mark.parametrize("variant", ["default", "redis-lock", "triton-remote-cache"])
-def test_the_server_reads_the_settings_the_warmup_ran_with(chart, variant):
-    by_name, _ = containers(render(chart, VARIANTS[variant])[0])
-    warm, server = env(by_name["warmup"]), env(by_name["server"])
-    shared = {k: v for k, v in warm.items() if k.startswith("TRITON_WARMUP_")}
-    assert shared.keys() - RUN_ONLY - server.keys() == set()
-    assert {k: server[k] for k in shared.keys() - RUN_ONLY} == {
-        k: v for k, v in shared.items() if k not in RUN_ONLY
-    }
-    # the init's status and work folder, mounted where the settings say, read-only
-    for key in ("TRITON_WARMUP_STATUS_FILE", "TRITON_WARMUP_WORK_DIR"):
-        held = mount_under(by_name["server"], server[key])
-        assert held["name"] == "warmup-work" and held.get("readOnly") is True
-    names = [e["name"] for e in by_name["server"]["env"]]
-    assert len(names) == len(set(names)), "an env var set twice"
-
-
-def test_gpus_only_on_the_init_container_and_the_server(chart):
-    objects, _ = render(chart, {"gpus": 4})
-    by_name, _ = containers(objects)
-    gpus = {
-        name: c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu")
-        for name, c in by_name.items()
-    }
-    assert gpus == {"warmup": 4, "server": 4, "warmup-sidecar": None}
-    assert env(by_name["warmup"])["TRITON_WARMUP_WORLD_SIZE"] == "4"
-    cpu, _ = containers(render(chart, {"gpus": 0})[0])
-    assert all(
-        "nvidia.com/gpu" not in c.get("resources", {}).get("limits", {}) for c in cpu.values()
-    )
-
-
-def test_the_sidecar_is_native_with_probes_and_the_warmup_runs_first(chart):
-    objects, _ = render(chart, {})
-    pod = workload(objects)["spec"]["template"]["spec"]
-    sidecar, warm = pod["initContainers"]
-    assert (sidecar["name"], warm["name"]) == ("warmup-sidecar", "warmup")
-    assert sidecar["restartPolicy"] == "Always" and "restartPolicy" not in warm
-    assert sidecar["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    assert sidecar["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert warm["args"] == ["run"] and sidecar["args"][0] == "serve"
-    for c in (sidecar, warm):
-        assert c["securityContext"]["readOnlyRootFilesystem"] is True
-    assert pod["securityContext"]["runAsNonRoot"] is True
-
-
-def test_redis_lock_and_bundle_sources_are_wired(chart):
-    redis, _ = containers(render(chart, VARIANTS["redis-lock"])[0])
-    assert env(redis["warmup"])["TRITON_WARMUP_LOCK_URL"] == "redis://redis.ml:6379/0"
-    assert env(redis["warmup-sidecar"])["TRITON_WARMUP_LOCK_URL"] == "redis://redis.ml:6379/0"
-    assert env(redis["warmup"])["TRITON_WARMUP_LOCK_FALLBACK"] == "none"
-    assert "TRITON_WARMUP_REMOTE_URL" not in env(redis["warmup"])  # the lock server's tier
-    no_tier = {"lock": {**VARIANTS["redis-lock"]["lock"], "remoteTier": False}}
-    alone, _ = containers(render(chart, no_tier)[0])
-    assert env(alone["warmup"])["TRITON_WARMUP_REMOTE_URL"] == "off"
-    objects, _ = render(chart, VARIANTS["configmap-bundles"])
-    by_name, pod = containers(objects)
-    bundle_dir = env(by_name["warmup-sidecar"])["TRITON_WARMUP_BUNDLE_DIR"]
-    assert mounts(by_name["warmup-sidecar"])["bundles"] == bundle_dir
-    assert {"name": "bundles", "configMap": {"name": "fleet-bundles"}} in pod["volumes"]
-    by_name, _ = containers(render(chart, VARIANTS["pvc-bundles"])[0])
-    assert (
-        env(by_name["warmup-sidecar"])["TRITON_WARMUP_BUNDLE_DIR"]
-        == mounts(by_name["warmup-sidecar"])["cache-volume"] + "/published/bundles"
-    )
-
-
-def test_the_triton_remote_cache_is_turned_on_in_the_warmup_and_the_server(chart):
-    by_name, _ = containers(render(chart, VARIANTS["triton-remote-cache"])[0])
-    for name in ("warmup", "server"):
-        assert env(by_name[name])["TRITON_CACHE_MANAGER"] == (
-            "warmup.triton_remote_cache:TieredCacheManager"
-        )
-        assert env(by_name[name])["TRITON_WARMUP_REMOTE_URL"] == "redis://redis.ml:6379/0"
-        assert env(by_name[name])["TRITON_WARMUP_TRITON_REMOTE_TIMEOUT_S"] == "0.2"
-    plain, _ = containers(render(chart, VARIANTS["redis-lock"])[0])
-    assert "TRITON_CACHE_MANAGER" not in env(plain["server"])
-    no_tier = {"lock": {**VARIANTS["triton-remote-cache"]["lock"], "remoteTier": False}}
-    with pytest.raises(helm.HelmError, match="remoteTier"):
-        render(chart, no_tier)
-
-
-def test_the_sidecar_harvests_from_the_servers_caches(chart):
-    by_name, _ = containers(render(chart, {})[0])
-    sidecar, server = by_name["warmup-sidecar"], by_name["server"]
-    for cache in ("triton-cache", "inductor-cache"):
-        assert mounts(sidecar)[cache] == mounts(server)[cache]
-    assert env(sidecar)["TRITON_WARMUP_HARVEST"] == "true"
-    assert env(sidecar)["TRITON_WARMUP_HARVEST_MAX_PER_MINUTE"] == "600"
-    assert env(sidecar)["TRITON_WARMUP_TRITON_CACHE_DIR"] == mounts(server)["triton-cache"]
-    values = {"sidecar": {"harvest": {"enabled": False}}, "warmup": {"modelsOnMiss": "init"}}
-    off, _ = containers(render(chart, values)[0])
-    assert env(off["warmup-sidecar"])["TRITON_WARMUP_HARVEST"] == "false"
-
-
-def test_existing_claim_and_manifest_are_used_not_created(chart):
-    objects, _ = render(chart, {**VARIANTS["existing-pvc"], **VARIANTS["existing-manifest"]})
-    assert by_kind(objects, "PersistentVolumeClaim") == []
-    assert by_kind(objects, "ConfigMap") == []
-    _, pod = containers(objects)
-    volumes = {v["name"]: v for v in pod["volumes"]}
-    assert volumes["cache-volume"]["persistentVolumeClaim"]["claimName"] == "fleet-cache"
-    assert volumes["manifest"]["configMap"]["name"] == "my-shapes"
-    created, _ = render(chart, {})
-    (pvc,) = by_kind(created, "PersistentVolumeClaim")
-    assert pvc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
-
-
-def test_service_monitor_and_statefulset(chart):
-    objects, _ = render(chart, VARIANTS["service-monitor"])
-    (monitor,) = by_kind(objects, "ServiceMonitor")
-    (service,) = by_kind(objects, "Service")
-    assert monitor["metadata"]["labels"]["release"] == "prom"
-    assert (
-        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
-    )
-    assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
-    stateful = workload(render(chart, VARIANTS["statefulset"])[0])
-    assert stateful["kind"] == "StatefulSet" and stateful["spec"]["replicas"] == 3
-    assert stateful["spec"]["serviceName"] == service["metadata"]["name"]
+def test_labels_follow_helm_practice(chart):
+    objects, _ = render(chart, merged(VARIANTS["dashboard"], EXTENDED))
+    for obj in objects:
+        labels = obj["metadata"]["labels"]
+        for key in (
+            "app.kubernetes.io/name",
+            "app.kubernetes.io/instance",
+            "app.kubernetes.io/version",
+            "app.kubernetes.io/managed-by",
+            "helm.sh/chart",
+        ):
+            assert key in labels, (obj["kind"], key)
 
 
 @pytest.mark.parametrize(
@@ -443,14 +270,38 @@ def test_service_monitor_and_statefulset(chart):
         ({"warmup": {"modelsOnMiss": "sidecar"}}, "modelsOnMiss"),
         ({"warmup": {"staticLauncher": "false"}}, "staticLauncher"),
         ({"sidecar": {"readyAfterServer": "yes"}}, "readyAfterServer"),
+        ({"engine": {"name": "tgi"}}, "name"),
+        ({"engine": {"model": 7}}, "model"),
+        ({"engine": {"deepgemm": "yes"}}, "deepgemm"),
+        ({"server": {"port": 70000}}, "port"),
+        ({"server": {"healthPath": "health"}}, "healthPath"),
+        ({"server": {"readinessProbe": {"periodSecond": 5}}}, "periodSecond"),
+        ({"server": {"livenessProbe": {"failureThreshold": 0}}}, "failureThreshold"),
+        ({"server": {"extraVolumeMounts": [{"name": "weights"}]}}, "mountPath"),
+        ({"server": {"service": {"type": "Ingress"}}}, "type"),
+        ({"warmup": {"extraVolumeMounts": [{"name": "w", "mountPath": "models"}]}}, "mountPath"),
+        ({"imagePullSecrets": ["regcred"]}, "imagePullSecrets"),
+        ({"serviceAccount": {"create": "yes"}}, "create"),
+        ({"podLabels": {"tier": 1}}, "tier"),
+        ({"terminationGracePeriodSeconds": -1}, "terminationGracePeriodSeconds"),
+        ({"topologySpreadConstraints": [{"maxSkew": 1}]}, "topologyKey"),
+        ({"extraVolumes": [{"emptyDir": {}}]}, "name"),
+        ({"persistence": {"enabled": "no"}}, "enabled"),
+        ({"podDisruptionBudget": {"enabled": True, "minAvailable": "half"}}, "minAvailable"),
+        ({"manifest": {"checksum": "not-a-sha"}}, "checksum"),
+        (
+            {"manifest": {"caches": [{"name": "v", "path": "/c", "key_paths": ["rel"]}]}},
+            "key_paths",
+        ),
+        ({"manifest": {"caches": [{"name": "v", "path": "/c", "engine": "tgi"}]}}, "engine"),
     ],
 )
 def test_the_schema_rejects_bad_values(chart, values, needle):
     with pytest.raises(helm.HelmValuesError) as info:
-        chart.validate_schema(chart.merge_values(values))
+        chart.validate_schema(chart.merge_values(with_minimum(values)))
     assert needle in str(info.value)
     with pytest.raises(helm.HelmError):
-        chart.render(values, name="llm", namespace="serving")
+        render(chart, values)
 
 
 SERIES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
@@ -500,206 +351,32 @@ def test_the_dashboard_queries_only_metrics_the_code_exports(chart):
     assert json.loads(config_map["data"]["triton-warmup.json"]) == dashboard
 
 
+def notes(out) -> str:
+    return out["triton-warmup/templates/NOTES.txt"]
+
+
+def recipe_lines(text: str, word: str) -> list[str]:
+    return [line.strip() for line in text.splitlines() if word in line]
+
+
 def test_notes_tell_how_to_watch_and_publish(chart):
-    _, out = render(chart, VARIANTS["configmap-bundles"])
-    notes = out["triton-warmup/templates/NOTES.txt"]
-    assert "/readyz" in notes and "registry bundle create" in notes and "fleet-bundles" in notes
+    text = notes(render(chart, VARIANTS["configmap-bundles"])[1])
+    assert "/readyz" in text and "registry bundle create" in text and "fleet-bundles" in text
+    (create,) = recipe_lines(text, "bundle create")
+    assert "--sign-key" in create  # the chart's default trust refuses an unsigned bundle
+    assert "triton-warmup-trusted-keys" in text  # the Secret whose keys must sign it
+    released = notes(render(chart, VARIANTS["release-keys"])[1])
+    assert "its .pub in release-keys" in released
 
 
-def test_models_that_miss_are_left_to_the_server_which_the_harvest_stores(chart):
-    by_name, _ = containers(render(chart, {})[0])
-    assert env(by_name["warmup"])["TRITON_WARMUP_MODELS_ON_MISS"] == "server"
-    assert env(by_name["warmup-sidecar"])["TRITON_WARMUP_HARVEST"] == "true"
-    by_name, _ = containers(render(chart, {"warmup": {"modelsOnMiss": "init"}})[0])
-    assert env(by_name["warmup"])["TRITON_WARMUP_MODELS_ON_MISS"] == "init"
-
-
-def test_the_static_launcher_is_one_choice_in_the_init_container_and_the_server(chart):
-    by_name, _ = containers(render(chart, {"warmup": {"staticLauncher": False}})[0])
-    choices = {env(by_name[c])["TRITON_WARMUP_STATIC_LAUNCHER"] for c in ("warmup", "server")}
-    assert choices == {"off"}
-
-
-def test_readiness_follows_the_servers_ranks_when_asked(chart):
-    by_name, _ = containers(render(chart, {})[0])
-    assert "TRITON_WARMUP_READY_AFTER_SERVER" not in env(by_name["warmup-sidecar"])
-    asked = {"gpus": 4, "sidecar": {"readyAfterServer": True}}
-    by_name, _ = containers(render(chart, asked)[0])
-    assert env(by_name["warmup-sidecar"])["TRITON_WARMUP_READY_AFTER_SERVER"] == "4"
-    cpu = {"gpus": 0, "sidecar": {"readyAfterServer": True}}
-    by_name, _ = containers(render(chart, cpu)[0])
-    assert env(by_name["warmup-sidecar"])["TRITON_WARMUP_READY_AFTER_SERVER"] == "1"
-
-
-def test_models_left_to_the_server_need_the_harvest(chart):
-    with pytest.raises(Exception, match=r"modelsOnMiss=server needs sidecar\.harvest\.enabled"):
-        render(chart, {"sidecar": {"harvest": {"enabled": False}}})
-    off = {"sidecar": {"harvest": {"enabled": False}}, "warmup": {"modelsOnMiss": "init"}}
-    by_name, _ = containers(render(chart, off)[0])
-    assert env(by_name["warmup"])["TRITON_WARMUP_MODELS_ON_MISS"] == "init"
-
-
-TRUSTED, SIGNING = "/etc/triton-warmup/trusted-keys", "/etc/triton-warmup/signing"
-BUNDLE_KEYS = "/etc/triton-warmup/bundle-keys"
-
-
-def test_trust_is_configured_by_default_in_every_container(chart):
-    by_name, pod = containers(render(chart, {})[0])
-    for name in ("warmup-sidecar", "warmup", "server"):
-        assert env(by_name[name])["TRITON_WARMUP_TRUSTED_KEYS"] == TRUSTED
-        assert mounts(by_name[name])["trusted-keys"] == TRUSTED
-        assert "TRITON_WARMUP_ALLOW_UNSIGNED" not in env(by_name[name])
-        assert "TRITON_WARMUP_SIGNING_KEY" not in env(by_name[name])  # nothing published
-    volumes = {v["name"]: v for v in pod["volumes"]}
-    assert volumes["trusted-keys"]["secret"]["secretName"] == "triton-warmup-trusted-keys"
-    assert all(
-        m["readOnly"]
-        for c in by_name.values()
-        for m in c["volumeMounts"]
-        if m["name"] == "trusted-keys"
-    )
-
-
-def test_the_signing_key_is_mounted_where_the_pod_publishes_to_redis(chart):
-    by_name, pod = containers(render(chart, VARIANTS["redis-lock"])[0])
-    for name in ("warmup-sidecar", "warmup"):
-        assert env(by_name[name])["TRITON_WARMUP_SIGNING_KEY"] == f"{SIGNING}/signing.key"
-        assert mounts(by_name[name])["signing-key"] == SIGNING
-    assert "signing-key" not in mounts(by_name["server"])  # it publishes nothing there
-    assert "TRITON_WARMUP_SIGNING_KEY" not in env(by_name["server"])
-    (volume,) = [v for v in pod["volumes"] if v["name"] == "signing-key"]
-    assert volume["secret"]["secretName"] == "triton-warmup-signing-key"
-    assert volume["secret"]["defaultMode"] == 0o440
-    remote, _ = containers(render(chart, VARIANTS["triton-remote-cache"])[0])
-    assert mounts(remote["server"])["signing-key"] == SIGNING  # it publishes its kernels
-    reader = {**VARIANTS["redis-lock"], "trust": {"signingKeySecret": ""}}
-    by_name, pod = containers(render(chart, reader)[0])
-    assert all("TRITON_WARMUP_SIGNING_KEY" not in env(c) for c in by_name.values())
-    assert "signing-key" not in {v["name"] for v in pod["volumes"]}
-
-
-def test_release_keys_for_bundles_come_from_a_secret_of_their_own(chart):
-    by_name, pod = containers(render(chart, VARIANTS["release-keys"])[0])
-    for name in ("warmup-sidecar", "warmup", "server"):
-        assert env(by_name[name])["TRITON_WARMUP_TRUSTED_BUNDLE_KEYS"] == BUNDLE_KEYS
-        assert mounts(by_name[name])["bundle-keys"] == BUNDLE_KEYS
-        assert env(by_name[name])["TRITON_WARMUP_TRUSTED_KEYS"] == TRUSTED
-    volumes = {v["name"]: v for v in pod["volumes"]}
-    assert volumes["bundle-keys"]["secret"]["secretName"] == "release-keys"
-    default, _ = containers(render(chart, {})[0])
-    assert all("TRITON_WARMUP_TRUSTED_BUNDLE_KEYS" not in env(c) for c in default.values())
-
-
-def test_allow_unsigned_is_explicit_and_mounts_no_key(chart):
-    by_name, pod = containers(render(chart, VARIANTS["allow-unsigned"])[0])
-    for name in ("warmup-sidecar", "warmup", "server"):
-        assert env(by_name[name])["TRITON_WARMUP_ALLOW_UNSIGNED"] == "true"
-        assert "TRITON_WARMUP_TRUSTED_KEYS" not in env(by_name[name])
-    assert not {"trusted-keys", "signing-key"} & {v["name"] for v in pod["volumes"]}
-    with pytest.raises(helm.HelmError, match=r"trust\.publicKeysSecret is empty"):
-        render(chart, {"trust": {"publicKeysSecret": ""}})
-
-
-def test_the_redis_password_comes_from_a_secret_and_tls_is_wired(chart):
-    by_name, pod = containers(render(chart, VARIANTS["redis-tls-secret"])[0])
-    url = "rediss://redis.ml:6380/0?ssl_ca_certs=/etc/triton-warmup/redis-ca/ca.crt"
-    for name in ("warmup-sidecar", "warmup", "server"):
-        container = by_name[name]
-        (password,) = [e for e in container["env"] if e["name"] == "TRITON_WARMUP_REDIS_PASSWORD"]
-        assert password == {
-            "name": "TRITON_WARMUP_REDIS_PASSWORD",
-            "valueFrom": {"secretKeyRef": {"name": "redis-auth", "key": "pw"}},
-        }
-        assert env(container)["TRITON_WARMUP_LOCK_URL"] == url
-        assert mounts(container)["redis-ca"] == "/etc/triton-warmup/redis-ca"
-    assert env(by_name["server"])["TRITON_WARMUP_REMOTE_URL"] == url
-    assert {"name": "redis-ca", "configMap": {"name": "redis-ca"}} in pod["volumes"]
-    plain, _ = containers(render(chart, VARIANTS["redis-lock"])[0])
-    assert "TRITON_WARMUP_REDIS_PASSWORD" not in env(plain["warmup"])
-
-
-@pytest.mark.parametrize(
-    "url",
-    [
-        "redis://:hunter2@redis.ml:6379/0",
-        "rediss://fleet:hunter2@redis.ml:6380/0",
-        "redis://redis.ml:6379/0?password=hunter2",
-    ],
-)
-def test_a_redis_url_with_a_password_is_refused(chart, url):
-    with pytest.raises(helm.HelmError, match="carries a password"):
-        render(chart, {"lock": {"backend": "redis", "redisUrl": url}})
-    user_only = {"lock": {"backend": "redis", "redisUrl": "redis://fleet@redis.ml:6379/0"}}
-    assert render(chart, user_only)[0]
-
-
-def test_a_redis_ca_needs_tls(chart):
-    lock = {
-        "backend": "redis",
-        "redisUrl": "redis://redis.ml:6379/0",
-        "redisCa": {"secretName": "ca"},
-    }
-    with pytest.raises(helm.HelmError):
-        render(chart, {"lock": lock})
-
-
-def test_each_declared_folder_is_one_volume_at_its_path_in_all_three_containers(chart):
-    manifest = (
-        "version: 1\nentries:\n"
-        "  - {kernel: ag_gemm, dtype: bf16, world_size: 2, shapes: [{M: 64, N: 64, K: 64}]}\n"
-        "caches:\n"
-        '  - {name: vllm, path: /root/.cache/vllm, key: "qwen tp2"}\n'
-        '  - {name: extra, path: /srv/engine-cache, key: "qwen tp2"}\n'
-    )
-    objects, _ = render(chart, {"manifest": {"inline": manifest}})
-    by_name, pod = containers(objects)
-    for path in ("/root/.cache/vllm", "/srv/engine-cache"):
-        held = {name: mount_under(c, path) for name, c in by_name.items()}
-        assert set(held) >= {"warmup", "warmup-sidecar", "server"}
-        names = {held[n]["name"] for n in ("warmup", "warmup-sidecar", "server")}
-        assert len(names) == 1 and held["server"]["mountPath"] == path
-        (volume,) = [v for v in pod["volumes"] if v["name"] in names]
-        assert volume == {"name": names.pop(), "emptyDir": {}}
-    objects, _ = render(
-        chart,
-        {"manifest": {"existingConfigMap": "mine", "caches": [{"name": "v", "path": "/c"}]}},
-    )
-    by_name, _ = containers(objects)
-    assert mount_under(by_name["server"], "/c")["mountPath"] == "/c"
-    objects, _ = render(chart, {})
-    _, pod = containers(objects)
-    assert not [v for v in pod["volumes"] if v["name"].startswith("declared-cache")]
-
-
-def pod_folder_paths(objects, folders):
-    """Where each pod folder lies in each of the three containers: as its setting's
-    variable says, else its default under the work dir (as the settings derive it)."""
-    by_name, _ = containers(objects)
-    found = {}
-    for name in ("warmup", "warmup-sidecar", "server"):
-        given = env(by_name[name])
-        work = given["TRITON_WARMUP_WORK_DIR"]
-        found[name] = {f.name: given.get(f.env, f"{work}/{f.default}") for f in folders}
-    return by_name, found
-
-
-def test_every_declared_pod_folder_is_mounted_where_the_warmup_and_server_write_it(chart):
-    from registry import families
-    from registry.families import PodFolder
-
-    new = PodFolder("notes_dir", "families/notes", "a family the chart has never heard of")
-    folders = [f for f in (*families.pod_folders(), new) if f.mounted]
-    by_name, paths = pod_folder_paths(render(chart, {})[0], folders)
-    for folder in folders:
-        places = {paths[c][folder.name] for c in paths}
-        assert len(places) == 1, (folder.name, places)  # all three agree
-        for name, container in by_name.items():
-            if name not in paths:
-                continue
-            mount = mount_under(container, paths[name][folder.name])
-            if name != "warmup-sidecar":  # it only reads what the server wrote
-                assert not mount.get("readOnly"), (folder.name, name)
-    _, new_paths = pod_folder_paths(render(chart, {})[0], [new])
-    assert mount_under(by_name["server"], new_paths["server"]["notes_dir"])["name"] == (
-        "family-folders"
-    )
+def test_the_port_forward_recipe_reaches_its_curl(chart):
+    """`kubectl port-forward` never returns: a `&& curl` after it never runs."""
+    text = notes(render(chart, {})[1])
+    (forward,) = recipe_lines(text, "kubectl port-forward")
+    (curl,) = recipe_lines(text, "curl")
+    assert forward.endswith("&") and "&&" not in forward
+    assert forward.startswith("kubectl port-forward deployment/llm-triton-warmup 9400")
+    assert curl == "curl -s localhost:9400/readyz"
+    stateful = notes(render(chart, VARIANTS["statefulset"])[1])
+    assert "kubectl port-forward statefulset/llm-triton-warmup" in stateful
+    assert "kubectl logs -f statefulset/llm-triton-warmup -c warmup" in stateful

@@ -265,18 +265,71 @@ before the process starts (the CUDA driver reads its cache path when CUDA starts
   value: {{ printf "%s/cuda-jit" (include "triton-warmup.inductorCachePath" .) | quote }}
 {{- end -}}
 
+{{/* The manifest the pods read (the inline one): manifest.inline, or the engine's
+default (vllm, sglang: their folders only; torch: manifests/torch.yaml), with the
+engine's folders added to its caches: unless it declares them (by name or path). */}}
+{{- define "triton-warmup.manifestText" -}}
+{{- $engine := include "triton-warmup.engineCaches" . | fromJsonArray -}}
+{{- $inline := .Values.manifest.inline | default "" -}}
+{{- if and (not $inline) (eq (include "triton-warmup.engineName" .) "torch") -}}
+{{- $inline = .Files.Get "manifests/torch.yaml" -}}
+{{- end -}}
+{{- if not $inline -}}
+{{- toYaml (dict "version" 1 "caches" $engine) -}}
+{{- else -}}
+{{- $manifest := fromYaml $inline -}}
+{{- $own := $manifest.caches | default list -}}
+{{- $all := include "triton-warmup.mergeCaches" (list $own $engine) | fromJsonArray -}}
+{{- if eq (len $all) (len $own) -}}
+{{- $inline -}}
+{{- else -}}
+{{- toYaml (set $manifest "caches" $all) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* (list own engine): own's caches, then each of the engine's that own names neither
+by name nor by path. */}}
+{{- define "triton-warmup.mergeCaches" -}}
+{{- $own := index . 0 -}}
+{{- $all := $own -}}
+{{- range (index . 1) -}}
+{{- $cache := . -}}
+{{- $taken := false -}}
+{{- range $own -}}
+{{- if or (eq .name $cache.name) (eq (toString .path) $cache.path) }}{{ $taken = true }}{{ end -}}
+{{- end -}}
+{{- if not $taken }}{{ $all = append $all $cache }}{{ end -}}
+{{- end -}}
+{{- toJson $all -}}
+{{- end -}}
+
+{{/* The pods' checksum/manifest: of the inline manifest; of an existing ConfigMap's
+manifest.yaml where Helm can read it (install, upgrade), else manifest.checksum. */}}
+{{- define "triton-warmup.manifestChecksum" -}}
+{{- if .Values.manifest.existingConfigMap -}}
+{{- $found := lookup "v1" "ConfigMap" .Release.Namespace .Values.manifest.existingConfigMap | default dict -}}
+{{- $text := (get ($found.data | default dict) "manifest.yaml") | default "" -}}
+{{- if $text }}{{ sha256sum $text }}{{ else }}{{ .Values.manifest.checksum | default "" }}{{ end -}}
+{{- else -}}
+{{- include "triton-warmup.manifestText" . | sha256sum -}}
+{{- end -}}
+{{- end -}}
+
 {{/*
 The folders the manifest declares under caches: (an engine's own cache root): the
-inline manifest's, or manifest.caches beside an existing ConfigMap. Each is an emptyDir
-mounted at its path in the init container, the sidecar and the server, so the warmup
-restores it where the server reads it and the sidecar harvests what the server writes.
+inline manifest's, or manifest.caches beside an existing ConfigMap (with the engine's
+folders). Each is an emptyDir mounted at its path in the init container, the sidecar and
+the server, so the warmup restores it where the server reads it and the sidecar harvests
+what the server writes.
 */}}
 {{- define "triton-warmup.declaredCaches" -}}
-{{- $caches := .Values.manifest.caches | default list -}}
-{{- if and (not .Values.manifest.existingConfigMap) .Values.manifest.inline -}}
-{{- $caches = (fromYaml .Values.manifest.inline).caches | default list -}}
+{{- if .Values.manifest.existingConfigMap -}}
+{{- $engine := include "triton-warmup.engineCaches" . | fromJsonArray -}}
+{{- include "triton-warmup.mergeCaches" (list (.Values.manifest.caches | default list) $engine) -}}
+{{- else -}}
+{{- toJson ((include "triton-warmup.manifestText" . | fromYaml).caches | default list) -}}
 {{- end -}}
-{{- toJson $caches -}}
 {{- end -}}
 
 {{- define "triton-warmup.declaredCacheMounts" -}}
@@ -290,4 +343,13 @@ restores it where the server reads it and the sidecar harvests what the server w
 - name: declared-cache-{{ $i }}
   emptyDir: {}
 {{- end }}
+{{- end -}}
+
+{{- define "triton-warmup.serviceAccountName" -}}
+{{- $account := .Values.serviceAccount | default dict -}}
+{{- if $account.create -}}
+{{- $account.name | default (include "triton-warmup.fullname" .) -}}
+{{- else -}}
+{{- $account.name | default "" -}}
+{{- end -}}
 {{- end -}}
