@@ -8,6 +8,7 @@ import subprocess
 
 import helm_python as helm
 import pytest
+import yaml
 
 from tests.deploy.test_chart import (
     CHART,
@@ -108,8 +109,6 @@ def test_an_engines_default_manifest_warms_nothing_it_never_calls(chart, engine)
 
 
 def yaml_file(path):
-    import yaml  # only here: the other tests read rendered objects
-
     return yaml.safe_load(path.read_text())
 
 
