@@ -170,7 +170,13 @@ def _index_bytes(
 
 
 def restore(
-    root: Path, cache_dir: Path, *, model: str, key_digest: str, fingerprint: Fingerprint
+    root: Path,
+    cache_dir: Path,
+    *,
+    model: str,
+    key_digest: str,
+    fingerprint: Fingerprint,
+    thing: str = "model",
 ) -> Restored:
     """Copy the files of ``model``'s index for this key and fingerprint into
     ``cache_dir``, each blob checked against its hash on the way; ``why_not`` says why
@@ -180,7 +186,7 @@ def restore(
     try:
         index = read_index(path)
     except FileNotFoundError:
-        done.why_not = explain_miss(root, model, key_digest, fingerprint)
+        done.why_not = explain_miss(root, model, key_digest, fingerprint, thing)
         return done
     except (OSError, RegistryError) as e:
         _quarantine_index(root, path, str(e))
@@ -287,15 +293,19 @@ def _relocate_triton_groups(cache_dir: Path) -> int:
     return count
 
 
-def explain_miss(root: Path, model: str, key_digest: str, fingerprint: Fingerprint) -> str:
-    """Why no index of ``model`` serves this key and fingerprint, in one line: none
-    stored, the model's code or shapes changed, or the factor that differs."""
+def explain_miss(
+    root: Path, model: str, key_digest: str, fingerprint: Fingerprint, thing: str = "model"
+) -> str:
+    """Why no index of ``model`` (a ``thing``: a model, a declared folder) serves this key
+    and fingerprint, in one line: none stored, its key changed (a model's code or shapes,
+    a folder's declared key), or the factor that differs."""
     others = list(index_files(root / "models" / model, depth=3))
     if not others:
-        return f"no artifacts of model {model} are stored"
+        return f"no artifacts of {thing} {model} are stored"
     same_key = [p for p in others if p.stem == key_digest]
     if not same_key:
-        return f"the stored artifacts of model {model} are for other code or shapes"
+        changed = "other code or shapes" if thing == "model" else "another key"
+        return f"the stored artifacts of {thing} {model} are for {changed}"
     for path in same_key:
         with contextlib.suppress(OSError, RegistryError, KeyError):
             theirs = Fingerprint.from_json(read_index(path)["fingerprint"])
@@ -303,7 +313,7 @@ def explain_miss(root: Path, model: str, key_digest: str, fingerprint: Fingerpri
             if differences:
                 name, (mine, stored) = next(iter(sorted(differences.items())))
                 return f"stored for {name}={stored}, this host has {mine}"
-    return f"the stored artifacts of model {model} are unreadable"
+    return f"the stored artifacts of {thing} {model} are unreadable"
 
 
 def model_differences(

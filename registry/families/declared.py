@@ -36,6 +36,7 @@ class DeclaredFolders(KeyedFolders):
     namespace = FOLDER  # triton-warmup:caches:<name>:<fingerprint>:<key> on the remote tier
     remade = "to be written again by the server"
     nothing_declared = "no caches declared"
+    thing = "declared folder"
     bundled = IndexedFiles(
         f"{FOLDER}/", "caches_indexes", "caches", "declared folder", per_name=True
     )

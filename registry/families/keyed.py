@@ -54,6 +54,7 @@ class KeyedFolders(Family):
     namespace = ""  # its indexes' namespace on the remote tier (remote_models)
     remade = "to make again"
     nothing_declared = "nothing declared"  # what becomes of a file a restore could not give back
+    thing = "model"  # what one declared thing is, in a restore's words
 
     def root(self, scope: Scope) -> Path:
         """The family's folder on the volume."""
@@ -97,6 +98,7 @@ class KeyedFolders(Family):
                 model=item.name,
                 key_digest=item.key_digest,
                 fingerprint=self.host(scope),
+                thing=self.thing,
             )
         except (OSError, RegistryError) as e:
             outcome = f"failed: {named(e)}"

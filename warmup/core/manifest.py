@@ -101,8 +101,8 @@ class Manifest(BaseModel):
 
     @model_validator(mode="after")
     def _something_to_warm(self) -> Manifest:
-        if not self.entries and not self.models:
-            raise ValueError("the manifest declares nothing to warm: add entries or models")
+        if not self.entries and not self.models and not self.caches:
+            raise ValueError("the manifest declares nothing to warm: add entries, models or caches")
         names = [model.name for model in self.models]
         twice = sorted({name for name in names if names.count(name) > 1})
         if twice:
@@ -198,6 +198,8 @@ class Manifest(BaseModel):
         self, world: int, source: str = "<manifest>", *, command_line: bool = False
     ) -> None:
         """:class:`ManifestError` when a pod of ``world`` ranks would warm nothing."""
+        if not self.entries and not self.models:  # folders alone: restored for any world
+            return
         if self.shape_count(world) + self.model_shape_count(world) == 0:
             raise ManifestError(source, [self.no_entry_message(world, command_line=command_line)])
 

@@ -263,7 +263,10 @@ def _restored(
 def nothing_for_ranks(services: Services, manifest: Manifest, world: int) -> bool:
     """Whether rank processes have nothing to do that the server will not: no kernel
     shape to tune or check, and the models left to the server's priming
-    (``models_on_miss=server``)."""
+    (``models_on_miss=server``). A manifest of declared folders alone has none: the
+    server writes them, the harvest keeps them."""
+    if not manifest.entries_for(world) and not manifest.models_for(world):
+        return True
     if services.settings.models.on_miss != "server" or manifest.entries_for(world):
         return False
     default = services.settings.models.serve  # a package is made in a rank
@@ -288,11 +291,32 @@ def leave_to_the_server(
         record = hosts.read_record(services.volume.hosts, found)
     except RegistryError:
         record = None
+    if record is None and not manifest.models_for(world):
+        record = detected_record(services, found)
     return _finish(
         services, manifest, world, record,
         lambda: [_model_for_the_server(services, record, m) for m in manifest.models_for(world)],
         started=started, phases=phases, probe=found.to_json(),
     )  # fmt: skip
+
+
+def detected_record(services: Services, found: Probe) -> HostRecord | None:
+    """A pod of declared folders alone (an engine's caches: no kernel shape, no model) on a
+    host never recorded: its fingerprint detected here (torch and Triton imported, once
+    per kind of host) and recorded under the probe, so that the harvest stores the
+    folders the server writes under it and the next pod's init restores them with no
+    import. A host it cannot detect stays unrecorded: the server still runs, cold."""
+    from warmup.caches.explain import detect_host  # torch and Triton: once per kind of host
+
+    try:
+        host = detect_host(services.settings)
+        record = HostRecord(found.to_json(), host.fingerprint.with_kernel(""), host.triton.env)
+        hosts.keep_record(services.volume.hosts, found, record, services.remote)
+    except Exception as e:  # the pod serves anyway; the next one tries again
+        log.warning("this host not detected, its folders not kept for the next pod: %s", named(e))
+        return None
+    log.info("host detected and recorded for the declared folders: %s", record.fingerprint)
+    return record
 
 
 def _model_for_the_server(

@@ -135,7 +135,7 @@ def _checked(services: Services, manifest: Manifest) -> tuple[Services, int, str
     size and the ranks' device type; :class:`RunError` or :class:`ManifestError` on bad
     input."""
     settings = services.settings
-    world = settings.run.world_size or max(manifest.world_sizes())
+    world = settings.run.world_size or max(manifest.world_sizes(), default=1)  # folders alone: 1
     caller = checks.launcher(str(settings.paths.manifest))
     checked = checks.checked(services, manifest, world, caller)
     return checked.services, world, checked.device

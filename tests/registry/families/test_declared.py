@@ -43,7 +43,8 @@ def test_another_key_or_host_is_a_miss_that_says_why(tmp_path, engine):
     shutil.rmtree(engine.folder)
     other_key = dataclasses.replace(engine, key_digest="b" * 32)
     moved = FAMILY.restore(make_scope(tmp_path, folders=[other_key]))
-    assert moved.copied == 0 and "other code or shapes" in moved.notes[0]
+    assert moved.copied == 0
+    assert "the stored artifacts of declared folder vllm are for another key" in moved.notes[0]
     torch9 = dataclasses.replace(FP, software=dataclasses.replace(FP.software, torch="9.0"))
     moved = FAMILY.restore(make_scope(tmp_path, folders=[engine], fingerprint=torch9))
     assert moved.copied == 0 and "torch" in moved.notes[0]
