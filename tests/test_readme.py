@@ -57,3 +57,33 @@ def test_every_link_of_the_readme_resolves_and_every_page_is_linked():
     assert not missing, f"README links to files that are not there: {missing}"
     pages = {f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")} - {"docs/index.md"}
     assert not pages - targets, f"README links to no {sorted(pages - targets)}"
+
+
+FIRST_SCREEN = 45  # lines a reader sees before scrolling
+
+
+def test_the_first_screen_says_what_for_whom_how_much_faster_and_how_it_sits_in_a_pod():
+    screen = "\n".join((ROOT / "README.md").read_text().splitlines()[:FIRST_SCREEN])
+    for who in ("vLLM", "SGLang", "PyTorch servers", "Kubernetes"):
+        assert who in screen
+    picture = re.search(r"```text\n(.*?)```", screen, re.S)
+    assert picture, "no picture of the pod on the first screen"
+    for part in ("init container", "native sidecar", "/readyz", "/metrics", "bundle", "Redis"):
+        assert part in picture.group(1)
+    assert "engine: vllm | sglang | torch" in screen and "docs/kubernetes.md" in screen
+    assert "make demo" in screen and "make test" in screen
+    # it does not lead with this project's own kernel
+    lead = screen.split("**What a pod gains**")[0]
+    assert "AllGather" not in lead and "ag_gemm" not in lead
+
+
+def test_every_figure_of_the_first_screen_is_in_the_page_it_cites():
+    screen = "\n".join((ROOT / "README.md").read_text().splitlines()[:FIRST_SCREEN])
+    gains = screen.split("**What a pod gains**")[1].split("```")[0]
+    cited = [ROOT / link for link in re.findall(r"\]\((docs/[^)#]+)\)", gains)]
+    assert cited, "the figures cite no page"
+    pages = "\n".join(page.read_text() for page in cited)
+    figures = re.findall(r"(\d+\.\d+) s\b", gains)
+    assert len(figures) >= 5
+    missing = [figure for figure in figures if figure not in pages]
+    assert not missing, f"figures that the cited pages do not show: {missing}"

@@ -250,15 +250,22 @@ def _run(settings: Settings, early: EarlyRanks | None) -> int:
 
 
 def summary(status: RunStatus) -> str:
-    """The run for a person: its state, the kernel shapes' results by source, its
-    benchmark runs (every rank's, added up), the seconds since its process started,
-    then a line per model (rank 0's) and per failure."""
-    sources = ", ".join(f"{n} {s}" for s, n in status.sources.items())
-    line = (
-        f"warmup {status.state}: {len(status.shapes)} shape-rank results "
-        f"({sources or 'none'}), {status.benchmark_runs} benchmark runs over all ranks, "
-        f"{_time_to_state(status)}"
-    )
+    """The run for a person: its state, its kernel shapes (each counted once) for its
+    ranks, by where each config came from, its benchmark runs (every rank's, added up),
+    the seconds since its process started, then a line per model (rank 0's) and per
+    failure. A run of ranks and a full hit of the same manifest read alike."""
+    from warmup.core.results import SOURCE_WORDS  # the status's own module: loaded already
+
+    def count(n: int, what: str) -> str:
+        return f"{n} {what}{'s' * (n != 1)}"
+
+    counts, runs = status.shape_sources, status.benchmark_runs
+    line = f"warmup {status.state}: {count(sum(counts.values()), 'kernel shape')} for "
+    line += count(status.world_size, "rank")
+    if counts:
+        line += f" ({', '.join(f'{n} {SOURCE_WORDS.get(s, s)}' for s, n in counts.items())})"
+    line += f", {count(runs, 'benchmark run')} over all ranks" if runs else ", nothing benchmarked"
+    line += f", {_time_to_state(status)}"
     if status.full_hit:
         line += "; a full hit: caches restored for the server, no rank started"
     models = [f"\n  {m.describe()}" for m in status.models if m.rank == 0 and not m.failed]

@@ -50,6 +50,7 @@ KEY_METRICS = (
     "triton_warmup_warmup_duration_seconds",
     "triton_warmup_registry_entries",
     "triton_warmup_ranks",
+    "triton_warmup_rank_processes",
     "triton_warmup_model_ready",
     "triton_warmup_model_compiles",
 )
@@ -96,6 +97,7 @@ def main() -> int:
         code, body = _get(f"http://127.0.0.1:{port}/readyz")
         print(f"GET /readyz -> {code} {body}")
         _, text = _get(f"http://127.0.0.1:{port}/metrics")
+        print("GET /metrics, the key lines (docs/metrics.md says what each counts):")
         for line in text.splitlines():
             if line.startswith(KEY_METRICS):
                 print(f"  {line}")

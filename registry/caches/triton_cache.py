@@ -131,13 +131,20 @@ def restore(source: Path, cache_dir: Path) -> CacheSync:
     sync.copied += len(copied)
     sync.folders.update(dst.parent.name for dst in copied)
     sync.relocated = relocate(cache_dir)
+    # the relocation is news only when it happened: group files named another folder
+    moved = (
+        f"; {sync.relocated} kernel groups pointed at this folder (they named the one they "
+        "were compiled in)"
+        if sync.relocated
+        else ""
+    )
     log.info(
-        "restored triton cache %s -> %s: %d new, %d present, %d groups relocated",
+        "restored triton cache %s -> %s: %d new, %d present%s",
         source,
         cache_dir,
         sync.copied,
         sync.present,
-        sync.relocated,
+        moved,
     )
     return sync
 

@@ -32,13 +32,15 @@ def test_demo_tunes_then_hits_then_is_ready(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout
     first, second = out.split("== second run")
-    assert "warmup ready: 6 shape-rank results (6 tuned)" in first
+    # both runs count the same 3 shapes for the same 2 ranks, in the same words
+    assert "warmup ready: 3 kernel shapes for 2 ranks (3 tuned), " in first
     # the model exported and compiled as a package (serve: auto), under the fleet lock
     assert "model demo-mlp: packaged for the server in " in first and "(made in " in first
     assert "packages demo-mlp: restored (miss: no artifacts of model demo-mlp" in done.stderr
     assert "nothing to restore" not in done.stderr
     # a new pod on a warm volume: a full hit, restored for the server, no rank started
-    assert "warmup ready: 3 shape-rank results (3 registry), 0 benchmark runs" in second
+    assert "warmup ready: 3 kernel shapes for 2 ranks (3 found in the registry), nothing" in second
+    assert "groups relocated" not in done.stderr  # said only when some were
     assert "a full hit: caches restored for the server, no rank started" in second
     assert "model demo-mlp: packaged for the server in" in second and "(restored)" in second
     # each run's time to ready is its own, from its own process's start, within its wall time
@@ -48,6 +50,8 @@ def test_demo_tunes_then_hits_then_is_ready(tmp_path):
         assert ready <= wall + 0.2, run  # each printed to 0.1 s
     assert ready < 5.0  # the full hit's
     assert 'triton_warmup_model_ready{model="demo-mlp"} 1.0' in out
+    # warm for 2 ranks, though the full hit started no rank process
+    assert "triton_warmup_ranks 2.0" in out and "triton_warmup_rank_processes 0.0" in out
     assert "GET /readyz -> 200" in out
     assert 'triton_warmup_cache_hits_total{kernel="ag_gemm",source="registry"} 3.0' in out
     assert (tmp_path / "demo-volume" / "registry" / "current").is_symlink()

@@ -152,7 +152,17 @@ class RunMetrics:
         "triton_warmup_warmup_duration_seconds",
         "Seconds the last warmup run took, start to finish.",
     )
-    ranks = MetricField(Gauge, "triton_warmup_ranks", "Ranks whose records these numbers sum.")
+    ranks = MetricField(
+        Gauge,
+        "triton_warmup_ranks",
+        "Ranks the warm state covers: the run's world size, whether its rank processes "
+        "warmed it or a full hit restored it with none.",
+    )
+    rank_processes = MetricField(
+        Gauge,
+        "triton_warmup_rank_processes",
+        "Rank processes the last run started and heard back from; 0 on a full hit.",
+    )
     phase_seconds = MetricField(
         Gauge,
         "triton_warmup_phase_seconds",
@@ -281,9 +291,13 @@ class RunMetrics:
         duration_s: float,
         phases: Mapping[str, float],
         remote: RemoteCounts | None,
+        *,
+        rank_processes: int,
     ) -> None:
-        """The run as a whole: its ranks, duration, phases and remote-tier calls."""
+        """The run as a whole: the ranks it warmed for and the rank processes that
+        reported (none on a full hit), its duration, phases and remote-tier calls."""
         self.ranks.set(ranks)
+        self.rank_processes.set(rank_processes)
         self.duration.set(duration_s)
         for phase, seconds in phases.items():
             self.phase_seconds.labels(phase).set(seconds)

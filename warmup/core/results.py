@@ -8,6 +8,7 @@ read. Imports neither torch nor triton: the sidecar reads the status too.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -33,6 +34,16 @@ MAX_STATUS_BYTES = 64 * 2**20  # 4096 shapes x 8 ranks of results fit many times
 # entry, whose kernels choose their own configs; failed: no config (``error`` says why).
 Source = Literal["registry", "bundle", "remote", "tuned", "fallback", "user", "failed"]
 HIT_SOURCES: tuple[Source, ...] = ("registry", "bundle", "remote")
+# each source in words, for a person reading a summary without the source code
+SOURCE_WORDS: dict[str, str] = {
+    "registry": "found in the registry",
+    "bundle": "from a bundle",
+    "remote": "from the remote tier",
+    "tuned": "tuned",
+    "fallback": "on the kernel's default config",
+    "user": "warmed by the user's function",
+    "failed": "failed",
+}
 State = Literal["running", "ready", "failed"]
 RUNNING: State = "running"
 READY: State = "ready"
@@ -342,6 +353,23 @@ class RunStatus(_Record):
         counts: dict[str, int] = {}
         for shape in self.shapes:
             counts[shape.source] = counts.get(shape.source, 0) + 1
+        return dict(sorted(counts.items()))
+
+    @property
+    def shape_sources(self) -> dict[str, int]:
+        """Kernel shapes by where their config came from, each shape counted once however
+        many ranks reported it (``sources`` counts a result per shape and rank, and a full
+        hit, which starts no rank, has one per shape): the lowest rank's source, or
+        ``failed`` when any rank failed it."""
+        by_shape: dict[str, list[ShapeResult]] = {}
+        for shape in self.shapes:
+            name = f"{shape.kernel} {json.dumps(shape.key, sort_keys=True, default=str)}"
+            by_shape.setdefault(name, []).append(shape)
+        counts: dict[str, int] = {}
+        for results in by_shape.values():
+            failed = [r for r in results if r.failed]
+            source = "failed" if failed else str(min(results, key=lambda r: r.rank).source)
+            counts[source] = counts.get(source, 0) + 1
         return dict(sorted(counts.items()))
 
     @computed_field  # type: ignore[prop-decorator]

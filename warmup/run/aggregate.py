@@ -263,7 +263,8 @@ def write_metrics(record: RunRecord, tally: Tally, duration: float, run: dict[st
     metrics = RunMetrics()
     metrics.record(tally.shapes)
     metrics.record_models(tally.models)
-    metrics.record_run(len(tally.reports), duration, run, tally.remote)
+    # the ranks the warm state is for, even when a full hit started no rank process
+    metrics.record_run(record.world, duration, run, tally.remote, rank_processes=len(tally.reports))
     metrics.record_predictions(record.predictions)
     metrics.record_skipped(len(tally.skipped))
     metrics.record_recovered(record.recovered)

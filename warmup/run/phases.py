@@ -3,7 +3,8 @@
 A rank adds up its own phases (``PhaseClock``) and writes them in its report; the
 launcher adds its own and :func:`run_phases` folds them into the status: the slowest
 rank's seconds for each rank phase, since a run is ready when its slowest rank is.
-``restore`` runs in the launcher while the ranks start, so it overlaps ``rank_start``;
+``restore`` runs in the launcher while the ranks start, so it overlaps ``rank_start``
+and has no share of the run of its own (on a full hit, no rank starts: it has one);
 ``rendezvous`` holds what the ranks still waited for it.
 """
 
@@ -17,8 +18,9 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
+# a phase -> the phase it runs beside: while that one is there, not added to the total
+OVERLAPPING = {"restore": "rank_start"}  # the launcher restores while the ranks start
 # name -> what it holds, in the order a run goes through them
-OVERLAPPING = ("restore",)  # runs beside the ranks' start: not added to the total
 PHASES: dict[str, str] = {
     "imports": "process start, imports and checks, until the ranks start",
     "restore": "registry recovery and compile-cache restore from the volume",
@@ -93,21 +95,39 @@ def run_phases(
     return {name: round(merged[name], 4) for name in PHASES if name in merged}
 
 
+def _beside(phases: Mapping[str, float]) -> dict[str, str]:
+    """The phases of ``phases`` that ran beside another one of them, each with that one."""
+    return {n: other for n, other in OVERLAPPING.items() if n in phases and other in phases}
+
+
 def _counted(phases: Mapping[str, float]) -> dict[str, float]:
-    return {name: s for name, s in phases.items() if name not in OVERLAPPING}
+    beside = _beside(phases)
+    return {name: s for name, s in phases.items() if name not in beside}
 
 
 def phase_table(phases: Mapping[str, float], total_s: float | None) -> list[str]:
     """The phases as table lines: seconds, share of the run, what each holds; ``other``
-    is what no phase holds (the ranks' exit, the launcher's polling)."""
+    is what no phase holds (the launcher's polling). The shares add up to 100 %: a phase
+    that ran beside another (the restore, while the ranks start) has no share of its
+    own, and where the phases add up to more than the run (the ranks' clocks and the
+    launcher's), the shares are of their sum, as a last line says."""
+    beside = _beside(phases)
+    counted = sum(_counted(phases).values())
     rows = [(name, seconds, PHASES.get(name, "")) for name, seconds in phases.items()]
     if total_s is not None:
-        counted = sum(_counted(phases).values())
         rows.append(("other", max(0.0, total_s - counted), "in no phase above"))
+    whole = max(total_s, counted) if total_s is not None else 0.0
     lines = [f"{'phase':<11} {'seconds':>8} {'share':>6}  what"]
     for name, seconds, what in rows:
-        share = f"{100 * seconds / total_s:5.1f}%" if total_s else ""
+        share = f"{100 * seconds / whole:5.1f}%" if whole else ""
+        if name in beside:
+            share, what = "beside", f"{what} (beside {beside[name]}: no share of its own)"
         lines.append(f"{name:<11} {seconds:8.2f} {share:>6}  {what}")
     if total_s is not None:
         lines.append(f"{'total':<11} {total_s:8.2f} {'':>6}  time to ready")
+    if total_s is not None and counted > total_s:
+        lines.append(
+            f"(the phases add up to {counted:.2f} s, more than the run's {total_s:.2f} s: "
+            "shares are of their sum)"
+        )
     return lines

@@ -82,6 +82,19 @@ def test_status_derives_sources_and_one_line_per_failure(tmp_path):
     assert RunStatus.read(path) == status
 
 
+def test_shape_sources_count_each_shape_once_whatever_its_ranks():
+    # 2 shapes on 2 ranks: 4 results, 2 shapes; the one that failed on rank 1 is failed
+    other = shape("tuned").model_copy(update={"key": {"M": 16, "N": 4, "K": 4}})
+    failed = other.model_copy(update={"rank": 1, "source": "failed", "error": "no candidate"})
+    shapes = [shape("tuned"), shape("tuned", rank=1), other, failed]
+    status = RunStatus(
+        state="failed", manifest_digest="d", started=0.0, world_size=2, shapes=shapes
+    )
+    assert status.sources == {"failed": 1, "tuned": 3}  # a result per shape and rank
+    assert status.shape_sources == {"failed": 1, "tuned": 1}
+    assert "shape_sources" not in status.model_dump()  # derived, not written
+
+
 def test_an_unreadable_or_foreign_status_reads_as_none(tmp_path):
     path = tmp_path / "status.json"
     assert RunStatus.read(path) is None

@@ -170,6 +170,23 @@ def test_a_full_hit_restores_and_writes_a_ready_status_with_its_metrics(warm_vol
     assert "triton_warmup_configs" in families
 
 
+def test_a_full_hit_s_metrics_say_the_ranks_it_is_warm_for_and_that_none_ran(warm_volume):
+    # a full hit of a 2-rank warm starts no rank process, and is still warm for 2 ranks:
+    # the ranks gauge said 0 after the demo's full hit
+    settings, manifest = warm_volume
+    services = Services(settings, run=True)
+    hit = full_hit.look(services, manifest, 2, PROBE)
+    full_hit.restore_and_finish(services, manifest, 2, hit, started=0.0, phases={})
+    text = settings.paths.run_metrics_file.read_text()
+    values = {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+    assert values["triton_warmup_ranks"] == 2
+    assert values["triton_warmup_rank_processes"] == 0
+
+
 def ready_status(manifest, shapes):
     return RunStatus(
         state=READY, manifest_digest=manifest.digest(), started=0.0, world_size=2,

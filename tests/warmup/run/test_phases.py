@@ -60,24 +60,62 @@ def test_the_run_takes_the_slowest_rank_s_phases_in_run_order():
     assert list(phases) == [name for name in PHASES if name in phases]
 
 
+def _shares(lines):
+    """{phase: its share in %, or the share column's word}, read from a table's rows."""
+    rows = [line.split() for line in lines[1:] if not line.startswith(("total", "("))]
+    return {row[0]: float(row[2][:-1]) if row[2].endswith("%") else row[2] for row in rows}
+
+
 def test_the_table_shows_shares_and_what_no_phase_holds():
-    lines = phase_table({"imports": 1.0, "restore": 2.0, "tune": 5.0}, 10.0)
+    lines = phase_table({"imports": 1.0, "restore": 2.0, "rank_start": 3.0, "tune": 5.0}, 10.0)
     rows = {line.split()[0]: line.split() for line in lines[1:]}
     assert rows["tune"][1:3] == ["5.00", "50.0%"]
-    assert rows["other"][1] == "4.00"  # restore overlaps the ranks' start: not counted
+    assert rows["other"][1] == "1.00"  # restore runs beside the ranks' start: not counted
     assert rows["total"][1] == "10.00"
     assert phase_table({"tune": 1.0}, None)[-1].split()[:2] == ["tune", "1.00"]
+
+
+def test_the_shares_add_up_to_the_run_and_a_phase_beside_another_is_marked():
+    # The restore runs while the ranks start: a share of its own would count its
+    # seconds twice (the table of a 2-rank demo run added up to 104 %).
+    lines = phase_table({"imports": 0.7, "restore": 0.4, "rank_start": 6.0, "tune": 3.0}, 10.0)
+    shares = _shares(lines)
+    assert shares.pop("restore") == "beside"
+    assert sum(shares.values()) == pytest.approx(100.0, abs=0.15)
+    assert "(beside rank_start: no share of its own)" in next(
+        line for line in lines if line.startswith("restore")
+    )
+
+
+def test_a_full_hit_s_restore_is_a_share_of_the_run_as_any_phase():
+    # a full hit starts no rank: its restore runs beside nothing and counts (it added
+    # up to 104.4 % when restore was always left out of "other")
+    shares = _shares(phase_table({"imports": 0.67, "restore": 0.03}, 0.70))
+    assert shares == {"imports": pytest.approx(95.7, abs=0.1), "restore": 4.3, "other": 0.0}
+
+
+def test_phases_longer_than_the_run_are_shares_of_their_sum_and_say_so():
+    # the slowest rank's clock and the launcher's can add up to more than the run
+    lines = phase_table({"imports": 1.0, "rank_start": 4.0, "tune": 7.0}, 10.0)
+    shares = _shares(lines)
+    assert max(shares.values()) <= 100.0 and sum(shares.values()) == pytest.approx(100, abs=0.15)
+    assert (
+        lines[-1]
+        == "(the phases add up to 12.00 s, more than the run's 10.00 s: shares are of their sum)"
+    )
 
 
 def test_the_metrics_export_each_phase_and_the_remote_tier_s_calls():
     metrics = RunMetrics(CollectorRegistry())
     remote = RemoteCounts(hits=3, misses=1, published=2, errors=1, skipped=4)
-    metrics.record_run(2, 12.5, {"tune": 7.0, "save": 0.5}, remote)
+    metrics.record_run(2, 12.5, {"tune": 7.0, "save": 0.5}, remote, rank_processes=0)
     text = generate_latest(metrics.registry).decode()
     assert 'triton_warmup_phase_seconds{phase="tune"} 7.0' in text
     assert 'triton_warmup_remote_tier_calls_total{result="skipped"} 4.0' in text
     assert 'triton_warmup_remote_tier_calls_total{result="hit"} 3.0' in text
     assert "triton_warmup_warmup_duration_seconds 12.5" in text
+    # the ranks the warm state is for, and the rank processes that ran (none: a full hit)
+    assert "triton_warmup_ranks 2.0" in text and "triton_warmup_rank_processes 0.0" in text
 
 
 def _status(tmp_path, **fields):
