@@ -13,7 +13,12 @@ revision, the engine's version, its parallelism); the host is the run's fingerpr
 (torch, Triton, GPU, CUDA, driver). A folder is restored before the server starts, for
 the same key and an equal fingerprint only, and saved when the run ends and, after
 ready, by the sidecar's harvest. Paths never enter the key: restored under another
-path, the same files hit.
+path, the same files are restored.
+
+An engine keys its own cache on more than its files: its environment, the model's
+path, its cache root's path (:mod:`registry.families.engine_key`). Each save records
+those facts in the index's key (``engine_key``); a restore and ``explain`` compare them
+with this pod's, and say when a folder restored whole will still miss in its engine.
 """
 
 from __future__ import annotations
@@ -21,8 +26,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from registry.caches import inductor_cache
+from registry.core.errors import RegistryError
+from registry.core.explain import Differences
 from registry.core.fingerprint import Fingerprint
 from registry.core.volume import Volume
+from registry.families import engine_key
 from registry.families.base import BundleOption, Declared, Scope
 from registry.families.bundle_indexed import IndexedFiles
 from registry.families.keyed import KeyedFolders
@@ -59,6 +68,26 @@ class DeclaredFolders(KeyedFolders):
     def folder(self, scope: Scope, item: Declared) -> Path:
         assert item.folder is not None, "a declared folder has its path"
         return item.folder
+
+    def will_miss(
+        self, scope: Scope, item: Declared, fingerprint: Fingerprint
+    ) -> tuple[Differences, str]:
+        """The engine-key facts this pod has (``item``'s key, made by the scope) against
+        those the volume's copy was written under; unknown on either side compares equal."""
+        here = engine_key.EngineKey.from_json(item.key.get(engine_key.RECORD))
+        if here is None:
+            return {}, ""
+        path = inductor_cache.index_path(self.root(scope), item.name, item.key_digest, fingerprint)
+        try:
+            stored = inductor_cache.read_index(path).get("key", {})
+        except (OSError, RegistryError):
+            return {}, ""  # none, or unreadable: the restore says so itself
+        there = stored.get(engine_key.RECORD) if isinstance(stored, dict) else None
+        found = engine_key.differences(here, engine_key.EngineKey.from_json(there))
+        if not found:
+            return {}, ""
+        why = f"the engine will miss: {engine_key.describe(found)}; {engine_key.FIX}"
+        return engine_key.as_factors(found), why
 
 
 FAMILY = DeclaredFolders()

@@ -41,6 +41,7 @@ class ItemRestore:
     seconds: float
     copied: int = 0
     present: int = 0
+    will_miss: str = ""  # restored, but its user will not hit it: why, and the fix
 
     @property
     def hit(self) -> bool:
@@ -81,6 +82,8 @@ class KeyedFolders(Family):
             moved.copied, moved.present = moved.copied + done.copied, moved.present + done.present
             if not done.hit:
                 moved.notes.append(f"{item.name}: {done.outcome}")
+            elif done.will_miss:
+                moved.notes.append(f"{item.name}: restored, but {done.will_miss}")
         return moved
 
     def restore_one(self, scope: Scope, item: Declared) -> ItemRestore:
@@ -108,8 +111,22 @@ class KeyedFolders(Family):
         outcome = "hit" + (f" ({broken} artifacts {self.remade})" if broken else "")
         if done.index is None:
             outcome = f"miss: {done.why_not}"
-        log.info("%s %s: restored (%s)", self.name, item.name, outcome)
-        return ItemRestore(outcome, time.perf_counter() - clock, done.copied, done.present)
+        _, why = self.will_miss(scope, item, self.host(scope)) if done.index else ({}, "")
+        if why:  # the content may still hit in part: it stays restored, and is said
+            log.warning("%s %s: restored (%s), but %s", self.name, item.name, outcome, why)
+        else:
+            log.info("%s %s: restored (%s)", self.name, item.name, outcome)
+        seconds = time.perf_counter() - clock
+        return ItemRestore(outcome, seconds, done.copied, done.present, will_miss=why)
+
+    def will_miss(
+        self, scope: Scope, item: Declared, fingerprint: Fingerprint
+    ) -> tuple[Differences, str]:
+        """Why ``item``'s copy on the volume for ``fingerprint``, restored whole, will
+        still miss in its user: the factors that differ (``{factor: (this pod's,
+        stored)}``) and one line (``the engine will miss: ...``) with what to do;
+        ``({}, "")`` by default (a keyed family's things hit on their key and host alone)."""
+        return {}, ""
 
     def fetch(self, scope: Scope, item: Declared) -> bool:
         """``item``'s index and blobs from the remote tier into the volume, when the
@@ -244,17 +261,20 @@ class KeyedFolders(Family):
             return predict(self.name, [], note=self.nothing_declared)
         bundled = {rel for b in sources.bundles for rel in self.bundle_indexes(b)}
         held: list[Differences] = []
-        missing, unreadable = 0, []
+        missing, notes = 0, []
         for item in items:
             if item.error:
-                unreadable.append(f"{item.name}: {item.error}")
+                notes.append(f"{item.name}: {item.error}")
                 continue
             found = self.differences(scope, item, host, bundled, sources)
             if found is None:
                 missing += 1
-            else:
-                held.append(found)
-        return predict(self.name, held, missing=missing, note="; ".join(unreadable))
+                continue
+            if not found:  # a hit on its key and host: what the volume's copy was written under
+                found, why = self.will_miss(scope, item, host.fingerprint)
+                notes += [f"{item.name}: restored, but {why}"] if why else []
+            held.append(found)
+        return predict(self.name, held, missing=missing, note="; ".join(notes))
 
     def differences(
         self, scope: Scope, item: Declared, host: Host, bundled: set[str], sources: Sources

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 from collections.abc import Mapping
 
 from registry import families
@@ -18,6 +19,7 @@ from registry.core.errors import named
 from registry.core.explain import Prediction, predict
 from registry.core.fingerprint import Fingerprint
 from registry.families import Declared, Family, Host, Moved, Scope, Sources
+from registry.families.engine_key import RECORD, EngineKey, EngineKeySpec
 from registry.remote.tier import RemoteTier
 from warmup.compiled.key import model_key
 from warmup.core.manifest import Manifest
@@ -34,13 +36,15 @@ def scope(
     fingerprint: Fingerprint | None = None,
     triton_env: Mapping[str, str] | None = None,
     models: bool = True,
+    env: Mapping[str, str] | None = None,
 ) -> Scope:
     """Where the families work for this pod: the services' folders, what ``manifest``
     declares (for ``world`` ranks, if given), and the host of ``fingerprint`` if known
     (then also the registry's remote tier, for the declared folders to fetch and publish).
     ``models``: False where the declared models are restored by their own warm (their
-    keys read from their sources are not needed)."""
-    folders, settings = declared_folders(manifest), services.settings
+    keys read from their sources are not needed). ``env``: the environment the declared
+    folders' engine keys are read from (this process's, read here once, by default)."""
+    folders, settings = declared_folders(manifest, env), services.settings
     return Scope(
         volume=services.volume,
         pod=settings.folders.by_name(),
@@ -79,14 +83,23 @@ def declared_models(manifest: Manifest | None, world: int | None = None) -> tupl
     return tuple(found)
 
 
-def declared_folders(manifest: Manifest | None) -> tuple[Declared, ...]:
-    """Each folder of the manifest's ``caches:``, keyed by its name and declared key."""
+def declared_folders(
+    manifest: Manifest | None, env: Mapping[str, str] | None = None
+) -> tuple[Declared, ...]:
+    """Each folder of the manifest's ``caches:``, keyed by its name and declared key,
+    with the engine-key facts of this pod (``registry.families.engine_key``, from ``env``,
+    this process's environment by default): recorded when it is saved, compared when it
+    is restored or explained. The facts never enter the key digest."""
     if manifest is None:
         return ()
-    return tuple(
-        Declared(c.name, folder_key_digest(c.name, c.key), {"key": c.key}, folder=c.path)
-        for c in manifest.caches
-    )
+    env = os.environ if env is None else env  # the entry point's environment, read once here
+    found = []
+    for c in manifest.caches:
+        spec = EngineKeySpec.of(c.engine, c.key_env, c.key_paths)
+        facts = EngineKey.here(spec, c.path, env).to_json()
+        key = {"key": c.key, RECORD: facts}
+        found.append(Declared(c.name, folder_key_digest(c.name, c.key), key, folder=c.path))
+    return tuple(found)
 
 
 def folder_key_digest(name: str, key: str) -> str:

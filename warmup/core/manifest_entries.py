@@ -46,6 +46,12 @@ from warmup.core.plain_yaml import short
 MAX_REASONS = 5  # a kernel's reasons listed for one entry's rejected shapes; the rest counted
 MAX_CACHES = 16  # declared folders: each is restored and saved whole
 MAX_CACHE_KEY = 256
+MAX_KEY_ENV = 32  # a declared folder's key_env patterns (its engine's come on top)
+MAX_KEY_ENV_PATTERN = 128
+MAX_KEY_PATHS = 16  # registry.families.engine_key's bounds, kept here: no registry import
+MAX_KEY_PATH = 1024
+# registry.families.engine_key.ENGINES's names (a test holds the two equal)
+Engine = Literal["vllm", "sglang", "deepgemm", "flashinfer"]
 MAX_INPUTS = 32  # tensors a model takes
 WARM_KEYWORDS = ("shape", "dtype", "device")  # a user's warm function is called with these
 BUILD_KEYWORDS = ("device",)  # a model's builder is called with this (warmup and server)
@@ -53,6 +59,7 @@ BUILD_KEYWORDS = ("device",)  # a model's builder is called with this (warmup an
 MODEL_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 _USER_KERNEL = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _DIM_NAME = re.compile(r"^[A-Za-z_]\w{0,31}$")
+_ENV_PATTERN = re.compile(r"^[A-Za-z0-9_*?\[\]!]+$")  # a variable name, or fnmatch's syntax
 # Validation context keys: find the user's functions (without running them); the shapes
 # the kernels' rules may still expand in this pass; notes on functions left to the run.
 _FIND_FUNCTIONS, _SHAPES_LEFT, _NOTES = "find_functions", "shapes_left", "notes"
@@ -225,12 +232,18 @@ class ManifestEntry(BaseModel):
 class CacheEntry(BaseModel):
     """A folder to keep for the server (``caches:``): an engine's own cache root, stored
     on the volume by ``name``, ``key`` and host, restored at ``path`` before the server
-    starts and saved after (``registry.families.declared``)."""
+    starts and saved after (``registry.families.declared``). What else its engine keys
+    its cache on is recorded with it and compared on restore
+    (``registry.families.engine_key``): its ``engine``'s known variables, and the
+    entry's own ``key_env`` (names or ``fnmatch`` patterns) and ``key_paths``."""
 
     model_config = ConfigDict(extra="forbid")
     name: str
     path: Path
     key: str = Field(min_length=1, max_length=MAX_CACHE_KEY)
+    engine: Engine | None = None
+    key_env: list[str] = Field([], max_length=MAX_KEY_ENV)
+    key_paths: list[Path] = Field([], max_length=MAX_KEY_PATHS)
 
     @field_validator("name")
     @classmethod
@@ -243,6 +256,34 @@ class CacheEntry(BaseModel):
         if not path.is_absolute() or path == Path(path.anchor):
             raise ValueError(f"path {short(str(path))} must be an absolute folder other than /")
         return path
+
+    @field_validator("key_env")
+    @classmethod
+    def _patterns(cls, patterns: list[str]) -> list[str]:
+        for pattern in patterns:
+            if not 0 < len(pattern) <= MAX_KEY_ENV_PATTERN or not _ENV_PATTERN.match(pattern):
+                raise ValueError(
+                    f"key_env {short(pattern)} is not a variable name or pattern: 1-"
+                    f"{MAX_KEY_ENV_PATTERN} of A-Z a-z 0-9 _ and the wildcards * ? [ ] !"
+                )
+            if not re.search(r"[A-Za-z0-9_]", pattern):
+                raise ValueError(
+                    f"key_env {short(pattern)} names no variable (it would match every "
+                    "one); name a prefix, as VLLM_*"
+                )
+        return patterns
+
+    @field_validator("key_paths")
+    @classmethod
+    def _absolute(cls, paths: list[Path]) -> list[Path]:
+        for path in paths:
+            text = str(path)
+            if not path.is_absolute() or len(text) > MAX_KEY_PATH or "\0" in text:
+                raise ValueError(
+                    f"key_paths {short(text)} must be an absolute path of at most "
+                    f"{MAX_KEY_PATH} characters"
+                )
+        return paths
 
 
 def no_nested_paths(caches: list[CacheEntry]) -> None:

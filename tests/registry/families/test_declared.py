@@ -4,6 +4,7 @@ same key and host only; a damaged blob costs its file, never the rest."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import shutil
 
 import pytest
@@ -14,6 +15,7 @@ from registry.caches.triton_cache import Origin
 from registry.families import Sources, named
 from registry.families.base import Declared, Host
 from registry.families.declared import FOLDER
+from registry.families.engine_key import FIX, RECORD, EngineKey, EngineKeySpec
 from registry.remote.tier import RemoteTier
 from registry.trust import signing
 from registry.trust.signing import SigningKey, Trust
@@ -171,3 +173,79 @@ def test_a_harvest_never_replaces_what_is_stored_with_less(tmp_path, engine):
     assert read(engine.folder) == files
     write(engine.folder, {"traffic.bin": b"compiled under traffic"})
     assert FAMILY.harvest(scope).copied == 1  # more than stored: kept
+
+
+def with_engine(item: Declared, env: dict[str, str], engine: str = "vllm", **changes) -> Declared:
+    """``item`` as the scope declares it in a pod with environment ``env``."""
+    folder = changes.pop("folder", item.folder)
+    facts = EngineKey.here(EngineKeySpec.of(engine, **changes), folder, env)
+    key = {**item.key, RECORD: facts.to_json()}
+    return dataclasses.replace(item, key=key, folder=folder)
+
+
+def test_a_folder_explained_under_another_engine_variable_names_it(tmp_path, engine):
+    FAMILY.save(make_scope(tmp_path, folders=[with_engine(engine, {"VLLM_X": "a"})]))
+    here = with_engine(engine, {"VLLM_X": "b"})
+    got = FAMILY.explain(make_scope(tmp_path, folders=[here]), host(), Sources())
+    assert (got.outcome, got.factor, got.mine, got.stored) == ("miss", "env VLLM_X", "b", "a")
+    assert got.note.startswith(
+        "vllm: restored, but the engine will miss: VLLM_X is 'b' here, 'a' where it was "
+        "written; hold them equal across the fleet"
+    )
+
+
+def test_a_folder_restored_under_another_variable_is_restored_and_says_why(
+    tmp_path, engine, caplog
+):
+    files = read(engine.folder)
+    FAMILY.save(make_scope(tmp_path, folders=[with_engine(engine, {"VLLM_X": "a"})]))
+    shutil.rmtree(engine.folder)
+    here = with_engine(engine, {"VLLM_X": "b"})
+    caplog.set_level(logging.INFO)
+    moved = FAMILY.restore(make_scope(tmp_path, folders=[here]))
+    assert moved.copied == 2 and read(engine.folder) == files  # it may still hit in part
+    assert moved.notes == [
+        f"vllm: restored, but the engine will miss: VLLM_X is 'b' here, 'a' where it was "
+        f"written; {FIX}"
+    ]
+    assert "declared-folders vllm: restored (hit), but the engine will miss: VLLM_X" in caplog.text
+
+
+def test_a_folder_restored_at_another_path_names_both_where_the_engine_keys_on_it(tmp_path, engine):
+    FAMILY.save(make_scope(tmp_path, folders=[with_engine(engine, {})]))
+    elsewhere = with_engine(engine, {}, folder=tmp_path / "other")
+    one = FAMILY.restore_one(make_scope(tmp_path, folders=[elsewhere]), elsewhere)
+    assert one.hit and f"path {tmp_path / 'other'} here, {engine.folder} there" in one.will_miss
+    flash = with_engine(engine, {}, engine="flashinfer", folder=tmp_path / "third")
+    assert not FAMILY.restore_one(make_scope(tmp_path, folders=[flash]), flash).will_miss
+
+
+def test_equal_engine_facts_warn_of_nothing(tmp_path, engine):
+    env = {"VLLM_X": "a", "HOME": "/home/server", "VLLM_API_KEY": "k"}
+    FAMILY.save(make_scope(tmp_path, folders=[with_engine(engine, env)]))
+    here = with_engine(engine, dict(env))
+    scope = make_scope(tmp_path, folders=[here])
+    got = FAMILY.explain(scope, host(), Sources())
+    assert (got.outcome, got.note) == ("hit", "")
+    assert FAMILY.restore(scope).notes == []
+
+
+def test_a_token_never_reaches_the_stored_folder(tmp_path, engine):
+    token = "hf_SECRETsecretSECRET"
+    saved = with_engine(engine, {"VLLM_HF_TOKEN": token, "VLLM_X": "a"})
+    scope = make_scope(tmp_path, folders=[saved])
+    FAMILY.save(scope)
+    index = next((tmp_path / "volume" / FOLDER / "models").rglob("*.json"))
+    assert token not in index.read_text() and "VLLM_HF_TOKEN" in index.read_text()
+    here = with_engine(engine, {"VLLM_HF_TOKEN": "hf_other", "VLLM_X": "a"})
+    note = FAMILY.explain(make_scope(tmp_path, folders=[here]), host(), Sources()).note
+    assert "VLLM_HF_TOKEN differs" in note and "hf_" not in note
+
+
+def test_a_folder_stored_without_a_record_explains_as_before(tmp_path, engine):
+    FAMILY.save(make_scope(tmp_path, folders=[engine]))  # an older save: no engine facts
+    here = with_engine(engine, {"VLLM_X": "b"}, folder=tmp_path / "elsewhere")
+    scope = make_scope(tmp_path, folders=[here])
+    got = FAMILY.explain(scope, host(), Sources())
+    assert (got.outcome, got.note) == ("hit", "")
+    assert FAMILY.restore(scope).notes == [] and FAMILY.restore(scope).present == 2

@@ -10,6 +10,7 @@ import pytest
 from registry import families as registry_families
 from registry.core.fingerprint import cpu_fingerprint
 from registry.families.base import Moved
+from registry.families.engine_key import RECORD, EngineKey
 from tests.conftest import settings_for, write_manifest
 from tests.warmup.compiled.models import manifest as models_manifest
 from warmup.caches import families
@@ -80,3 +81,30 @@ def test_declared_folders_that_overlap_are_bad_input():
         parse_manifest(nested)
     apart = nested.replace("/srv/cache/vllm", "/srv/other")
     assert [c.name for c in parse_manifest(apart).caches] == ["a", "b"]
+
+
+ENGINE_CACHES = """version: 1
+entries:
+  - {kernel: matmul, dtype: fp32, world_size: 1, shapes: [{M: 8, N: 8, K: 8}]}
+caches:
+  - name: vllm
+    path: /srv/vllm-cache
+    key: "qwen3-8b rev1 tp2"
+    engine: vllm
+    key_env: ["MY_KNOB"]
+    key_paths: ["/models/qwen3-8b"]
+"""
+
+
+def test_each_declared_folder_carries_this_pods_engine_facts_outside_its_digest(tmp_path):
+    manifest = load_manifest(write_manifest(tmp_path / "m.yaml", ENGINE_CACHES))
+    services = Services(settings_for(tmp_path))
+    env = {"VLLM_X": "a", "MY_KNOB": "1", "PATH": "/bin", "VLLM_API_KEY": "sk-secret"}
+    (vllm,) = families.scope(services, manifest, env=env).folders
+    facts = EngineKey.from_json(vllm.key[RECORD])
+    assert facts is not None and facts.path == "/srv/vllm-cache"
+    assert dict(facts.env) == {"VLLM_X": "a", "MY_KNOB": "1"} and "VLLM_API_KEY" in facts.digests
+    assert dict(facts.paths) == {"/models/qwen3-8b": False}
+    assert vllm.key["key"] == "qwen3-8b rev1 tp2"
+    (elsewhere,) = families.scope(services, manifest, env={"VLLM_X": "b"}).folders
+    assert elsewhere.key_digest == vllm.key_digest  # never the environment in the digest

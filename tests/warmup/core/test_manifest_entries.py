@@ -2,11 +2,13 @@
 
 import json
 from pathlib import Path
+from typing import get_args
 
 import pytest
 from pydantic import ValidationError
 
 import warmup.core.manifest_entries as entries_module
+from registry.families import engine_key
 from warmup.core.manifest_entries import CacheEntry, ManifestEntry, ModelEntry
 from warmup.core.manifest_shapes import MAX_SHAPES
 
@@ -134,6 +136,45 @@ def test_a_declared_folder_is_absolute_and_not_the_root():
         "name 'Bad Name'" in m
         for m in messages(CacheEntry, {"name": "Bad Name", "path": "/x", "key": "v1"})
     )
+
+
+def cache_entry(**changes: object) -> dict:
+    return {"name": "vllm", "path": "/var/cache/engine/vllm", "key": "qwen3-8b tp2", **changes}
+
+
+def test_a_declared_folder_names_what_its_engine_keys_on():
+    cache = CacheEntry.model_validate(
+        cache_entry(engine="vllm", key_env=["VLLM_*", "MY_KNOB"], key_paths=["/models/qwen3-8b"])
+    )
+    assert (cache.engine, cache.key_env) == ("vllm", ["VLLM_*", "MY_KNOB"])
+    assert cache.key_paths == [Path("/models/qwen3-8b")]
+    plain = CacheEntry.model_validate(cache_entry())
+    assert (plain.engine, plain.key_env, plain.key_paths) == (None, [], [])
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({"engine": "tgi"}, "Input should be 'vllm', 'sglang', 'deepgemm' or 'flashinfer'"),
+        ({"key_env": [""]}, "key_env '' is not a variable name or pattern"),
+        ({"key_env": ["VLLM X"]}, "key_env 'VLLM X' is not a variable name or pattern"),
+        ({"key_env": ["V" * 129]}, "is not a variable name or pattern: 1-128 of A-Z"),
+        ({"key_env": ["*"]}, "key_env '*' names no variable (it would match every one)"),
+        ({"key_env": ["A"] * 33}, "List should have at most 32 items"),
+        ({"key_paths": ["models/qwen"]}, "key_paths 'models/qwen' must be an absolute path"),
+        ({"key_paths": ["/" + "m" * 1024]}, "must be an absolute path of at most 1024"),
+        ({"key_paths": ["/m"] * 17}, "List should have at most 16 items"),
+    ],
+)
+def test_a_bad_engine_key_is_refused_saying_why(changes, expected):
+    assert any(expected in m for m in messages(CacheEntry, cache_entry(**changes)))
+
+
+def test_the_manifests_engines_and_bounds_are_the_registrys():
+    assert set(get_args(entries_module.Engine)) == set(engine_key.ENGINES)
+    assert entries_module.MAX_KEY_PATHS == engine_key.MAX_KEY_PATHS
+    assert entries_module.MAX_KEY_PATH == engine_key.MAX_PATH
+    assert entries_module.MAX_KEY_ENV_PATTERN == engine_key.MAX_PATTERN
 
 
 def test_declared_folders_must_not_overlap():
