@@ -202,11 +202,8 @@ def _path_differences(here: EngineKey, there: EngineKey) -> list[Difference]:
         shown_there = ", ".join(sorted(theirs - mine)) or "none"
         phrase = f"key paths {shown_here} here, {shown_there} there"
         found.append(Difference("path key_paths", shown_here, shown_there, phrase))
-    for path in sorted(mine & theirs):
-        if here.paths[path] != there.paths[path]:
-            was, now = _exists(there.paths[path]), _exists(here.paths[path])
-            phrase = f"path {path} {now} here, {was} where it was written"
-            found.append(Difference(f"path {path}", now, was, phrase))
+    # Whether a path exists is recorded, never compared: the engine's key holds the path,
+    # and the init container and the sidecar need not mount what the server reads.
     return found
 
 
@@ -237,10 +234,6 @@ def _quoted(value: str | None) -> str:
     if value is None:
         return "unset"
     return repr(value if len(value) <= 60 else value[:57] + "...")
-
-
-def _exists(existed: bool) -> str:
-    return "exists" if existed else "is missing"
 
 
 def _parsed(data: object) -> EngineKey | None:
