@@ -70,7 +70,7 @@ def test_the_first_screen_says_what_for_whom_how_much_faster_and_how_it_sits_in_
     assert picture, "no picture of the pod on the first screen"
     for part in ("init container", "native sidecar", "/readyz", "/metrics", "bundle", "Redis"):
         assert part in picture.group(1)
-    assert "engine: vllm | sglang | torch" in screen and "docs/kubernetes.md" in screen
+    assert "engine.name: vllm | sglang | torch" in screen and "docs/kubernetes.md" in screen
     assert "make demo" in screen and "make test" in screen
     # it does not lead with this project's own kernel
     lead = screen.split("**What a pod gains**")[0]
