@@ -7,8 +7,9 @@ steady. Dynamo specialises sizes 0 and 1, so a declared 1 is primed as a shape o
 own (``expand()`` lists it), and Dynamo guards on a tensor's kind, so a server that
 makes its inputs under ``torch.inference_mode()`` needs the graph of inference tensors.
 A second kind costs Dynamo's trace of each graph again, not Inductor's compile: its
-graph hits the FX-graph cache entry the first kind made (a 3-shape MLP on CPU: 0.3 s
-more on a 3.1 s prime).
+graph hits the FX-graph cache entry the first kind made (the tests' MLP at 3 shapes on
+CPU: 0.26-0.45 s more on a 2.3-2.9 s prime from a restored cache). Priming is bounded
+by :data:`PRIME_CALLS` calls a shape and kind, two kinds at most.
 """
 
 from __future__ import annotations
