@@ -42,7 +42,7 @@ from registry.core.errors import RegistryError, named
 from registry.core.fingerprint import Fingerprint, detect_for
 from registry.core.triton_internals import cache_env
 from warmup.compiled import coordesc
-from warmup.compiled.causes import dynamo_reasons, explain
+from warmup.compiled.causes import Cause, dynamo_reasons, explain
 from warmup.compiled.counters import CompileCounts, snapshot
 from warmup.compiled.environment import inductor_environment
 from warmup.compiled.inputs import current_mode, grad_mode
@@ -144,13 +144,24 @@ class ServedModel:
         if costs:
             if self.recorder is not None:
                 self.recorder.record(self.entry, args)
-            frames = costs.get("dynamo_frames", 0)
-            causes = explain(
-                self.entry, args, kwargs=list(kwargs), learned=self.learned, caller=caller,
-                reasons=dynamo_reasons(frames), new_graph=frames > 0,
-            )  # fmt: skip
+            causes = self._causes(args, list(kwargs), caller, costs.get("dynamo_frames", 0))
             self.guard.model_costs(self.name, costs, causes)
         return output
+
+    def _causes(
+        self, args: tuple[Any, ...], kwargs: list[str], caller: str, frames: int
+    ) -> list[Cause]:
+        """Why a call compiled (``warmup.compiled.causes``); never raises: the request has
+        its answer, and the guard counts it whatever the causes."""
+        try:
+            reasons = dynamo_reasons(frames)
+            return explain(
+                self.entry, args, kwargs=kwargs, learned=self.learned, caller=caller,
+                reasons=reasons, new_graph=frames > 0,
+            )  # fmt: skip
+        except Exception as e:  # a call the manifest cannot describe: counted all the same
+            log.warning("model %s: why a call compiled not found: %s", self.name, named(e))
+            return []
 
 
 def build_served(

@@ -42,6 +42,12 @@ def mlp(device: Any) -> Any:
     return torch.compile(_Mlp().to(device).eval(), dynamic=False)
 
 
+def mlp_dynamic(device: Any) -> Any:
+    """:func:`mlp` with Dynamo's automatic dynamic shapes (``dynamic=None``, the default)."""
+    torch.manual_seed(0)
+    return torch.compile(_Mlp().to(device).eval())
+
+
 def raises(device: Any) -> Any:
     raise RuntimeError("the weights are not there")
 

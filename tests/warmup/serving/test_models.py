@@ -17,7 +17,7 @@ from tests.warmup.compiled.models import COORDESC
 from warmup.compiled.counters import snapshot
 from warmup.compiled.inputs import make_inputs
 from warmup.core.results import ModelResult, RunStatus
-from warmup.serving import Serving, priming
+from warmup.serving import Serving, models, priming
 from warmup.serving.compile_guard import CompileGuard, RequestCompileError
 from warmup.serving.metrics import ServingMetrics
 from warmup.serving.models import build_served, server_factors
@@ -300,3 +300,20 @@ def test_a_grad_mode_the_models_own_code_changes_is_named_with_the_fix(tmp_path,
         "in grad; Dynamo: GLOBAL_STATE changed: grad_mode) (fix: call the compiled module "
         "only through the served model"
     ) in str(error)
+
+
+def test_a_compile_whose_causes_cannot_be_read_is_counted_all_the_same(
+    tmp_path, monkeypatch, caplog
+):
+    model, _ = served(tmp_path, "traced", dims="{batch: [2, 4], seq: 3}")
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("another torch")
+
+    monkeypatch.setattr(models, "explain", fails)
+    with CompileGuard() as guard, caplog.at_level("WARNING", "warmup.serving"):
+        model.guard = guard
+        model(*make_inputs(model.entry, {"batch": 3, "seq": 3}, "cpu"))
+    assert guard.models[("m", "dynamo_frames")] == 1
+    assert "why a call compiled not found: RuntimeError: another torch" in caplog.text
+    assert "compiled model m compiled after warm (dynamo_frames=1): cause not known" in caplog.text
