@@ -27,6 +27,7 @@ Kind = Literal[
 ]
 SHOWN_VALUES = 8  # a dim's declared values listed in a message; the rest elided
 MAX_REASON = 300  # Dynamo's reason, quoted in one message
+CALLER = {"grad": "grad enabled", "no_grad": "torch.no_grad()", "inference_mode": "inference mode"}
 
 
 @dataclass(frozen=True)
@@ -214,7 +215,9 @@ def _undeclared(name: str, value: int, dim: Dim) -> Cause:
 def _grad_mode(entry: ModelEntry, caller: str) -> Cause:
     """Dynamo saw another grad mode inside the call than priming's: the served model sets
     the declared one, so the model's own code (or a call outside it) changed it."""
-    theirs = f"; the caller is in {caller}" if caller and caller != entry.mode else ""
+    theirs = (
+        f"; the caller's: {CALLER[caller]}" if caller in CALLER and caller != entry.mode else ""
+    )
     return Cause(
         "grad mode",
         f"the grad mode inside the call differs from priming's (mode: {entry.mode}{theirs}; "

@@ -45,7 +45,7 @@ class RequestCompileError(RuntimeError):
     ) -> None:  # fmt: skip
         self.kernel, self.detail, self.causes = kernel, detail, tuple(causes)
         if what == MODEL:
-            said = "; ".join(str(cause) for cause in causes) or fix
+            said = "; ".join(str(cause) for cause in causes) or "cause not known"
             message = (
                 f"model '{kernel}' compiled ({detail}) after the process was declared warm: {said}"
             )

@@ -296,8 +296,8 @@ def test_a_grad_mode_the_models_own_code_changes_is_named_with_the_fix(tmp_path,
     error = refused(model, make_inputs(model.entry, {"batch": 2, "seq": 3}, "cpu"))
     assert [cause.kind for cause in error.causes] == ["grad mode"]
     assert (
-        "the grad mode inside the call differs from priming's (mode: no_grad; the caller is "
-        "in grad; Dynamo: GLOBAL_STATE changed: grad_mode) (fix: call the compiled module "
+        "the grad mode inside the call differs from priming's (mode: no_grad; the caller's: "
+        "grad enabled; Dynamo: GLOBAL_STATE changed: grad_mode) (fix: call the compiled module "
         "only through the served model"
     ) in str(error)
 
