@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from registry.core import triton_internals
 
 if TYPE_CHECKING:
+    from warmup.compiled.causes import Cause
     from warmup.core.settings import Settings
     from warmup.serving.metrics import ServingMetrics
 
@@ -29,19 +30,31 @@ log = logging.getLogger(__name__)
 MAX_LABEL = 120  # kernel names become metric labels: keep them bounded
 MAX_DETAIL = 400
 FIX = "add its shape to the shape manifest: this variant was not built at warmup"
-MODEL_FIX = "add the call's shape to the model's dims in the manifest (or match its mode)"
+MODEL = "torch.compile"  # what a compiled model's compile is, beside Triton's own
 
 
 class RequestCompileError(RuntimeError):
-    """A Triton compile or autotune run was refused because the process is already warm."""
+    """A compile or autotune run was refused because the process is already warm: a
+    Triton kernel's, or a compiled model's (``what`` is :data:`MODEL`), whose ``causes``
+    (``warmup.compiled.causes.Cause``: what differs from priming, and the fix) the
+    message names."""
 
-    def __init__(self, what: str, kernel: str, detail: str, *, fix: str = FIX) -> None:
-        self.kernel, self.detail = kernel, detail
-        thing = f"model '{kernel}'" if fix == MODEL_FIX else f"Triton {what} of kernel '{kernel}'"
-        super().__init__(
-            f"{thing} ({detail}) after the process was declared warm; {fix} "
-            "(TRITON_WARMUP_COMPILE_GUARD=count would only count it)."
-        )
+    def __init__(
+        self, what: str, kernel: str, detail: str, *, fix: str = FIX,
+        causes: Sequence[Cause] = (),
+    ) -> None:  # fmt: skip
+        self.kernel, self.detail, self.causes = kernel, detail, tuple(causes)
+        if what == MODEL:
+            said = "; ".join(str(cause) for cause in causes) or "cause not known"
+            message = (
+                f"model '{kernel}' compiled ({detail}) after the process was declared warm: {said}"
+            )
+        else:
+            message = (
+                f"Triton {what} of kernel '{kernel}' ({detail}) after the process was "
+                f"declared warm; {fix}"
+            )
+        super().__init__(f"{message} (TRITON_WARMUP_COMPILE_GUARD=count would only count it).")
 
 
 class CompileGuard:
@@ -78,10 +91,14 @@ class CompileGuard:
         """Install the hooks (once per process) and start counting; idempotent."""
         _hooks.add(self)
 
-    def model_costs(self, model: str, costs: Mapping[str, int]) -> None:
+    def model_costs(
+        self, model: str, costs: Mapping[str, int], causes: Sequence[Cause] = ()
+    ) -> None:
         """A call of a declared compiled model compiled after warm (``costs``: the
-        non-zero ``warmup.compiled.counters`` of that call): counted per model and kind,
-        logged, and in strict mode refused (after the call: Dynamo has no hook before)."""
+        non-zero ``warmup.compiled.counters`` of that call; ``causes``: why, with the
+        fix, ``warmup.compiled.causes.explain``): counted per model and kind, logged
+        with its causes, and in strict mode refused (after the call: Dynamo has no hook
+        before)."""
         with self._lock:
             for what, count in costs.items():
                 self.models[(model, what)] = self.models.get((model, what), 0) + count
@@ -89,9 +106,10 @@ class CompileGuard:
             for what, count in costs.items():
                 self.metrics.model_compiles.labels(model, what, self.metrics.rank).inc(count)
         detail = ", ".join(f"{what}={count}" for what, count in sorted(costs.items()))
-        log.warning("compiled model %s compiled after warm: %s; %s", model, detail, MODEL_FIX)
+        said = "; ".join(str(cause) for cause in causes) or "cause not known"
+        log.warning("compiled model %s compiled after warm (%s): %s", model, detail, said)
         if self.strict:
-            raise RequestCompileError("torch.compile", model, detail, fix=MODEL_FIX)
+            raise RequestCompileError(MODEL, model, detail, causes=causes)
 
     def disarm(self) -> None:
         """Stop counting; the last guard to disarm restores Triton's previous hooks."""

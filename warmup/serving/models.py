@@ -9,14 +9,17 @@ what is served is what was warmed, on the Inductor cache the warmup filled.
 Once the process is declared warm, every call reads Dynamo's and Inductor's counters
 around itself: a call that compiled (a new shape, a guard that failed, an FX graph cache
 miss, a Triton kernel, an autotune benchmark) is counted per model by the compile guard
-(``triton_warmup_model_request_compiles``), and refused in strict mode. The counters are
-the process's: a compile on another thread during the call (another model's, a kernel's
+(``triton_warmup_model_request_compiles``), logged with its causes and their fixes
+(``warmup.compiled.causes``: ``batch=1`` not declared, an inference tensor, an input
+that requires grad, a grad mode...), and refused in strict mode. The counters are the
+process's: a compile on another thread during the call (another model's, a kernel's
 JIT) is charged to this call too.
 
 Every call runs under the model's declared ``mode`` (``no_grad``, ``inference_mode``,
 ``grad``), the one it was warmed and primed in, whatever the caller's context. Priming
-runs each shape until it is steady (:data:`PRIME_CALLS`: CUDA graphs recorded and
-replayed), then logs one line: ``restored`` (from the pod's Inductor cache, and which of
+(``warmup.serving.priming``) runs each shape, with each kind of input a server sends,
+until it is steady (``PRIME_CALLS``: CUDA graphs recorded and replayed), then logs
+one line: ``restored`` (from the pod's Inductor cache, and which of
 the volume's indexes the init container restored there, with how many files) or
 ``compiled`` and why (the init container's status file: no status, another key, its
 failure, its restore's miss reason, a cache this process does not share); a status whose
@@ -39,28 +42,23 @@ from registry.core.errors import RegistryError, named
 from registry.core.fingerprint import Fingerprint, detect_for
 from registry.core.triton_internals import cache_env
 from warmup.compiled import coordesc
+from warmup.compiled.causes import Cause, dynamo_reasons, explain
 from warmup.compiled.counters import CompileCounts, snapshot
 from warmup.compiled.environment import inductor_environment
-from warmup.compiled.inputs import grad_mode, make_inputs
+from warmup.compiled.inputs import current_mode, grad_mode
 from warmup.compiled.key import model_key
 from warmup.compiled.learned import Recorder
 from warmup.compiled.warm import build_model
 from warmup.core.manifest import Manifest, ModelEntry, load_manifest
 from warmup.core.results import RUNNING, ModelResult, RankHost, RunStatus
 from warmup.core.settings import Settings
+from warmup.serving.priming import prime_all
 
 if TYPE_CHECKING:
     from warmup.serving.compile_guard import CompileGuard
     from warmup.serving.metrics import ServingMetrics
 
 log = logging.getLogger(__name__)
-
-PRIME_CALLS = 3
-"""Calls per shape at most while priming. Inductor's CUDA-graph trees (``reduce-overhead``,
-``max-autotune``) run a new shape eagerly once (warm-up), record its graph on the next
-call and replay it from the third: three calls put the recording before any request. A
-shape stops sooner once a call compiled nothing and no graph is warming up or recording
-(on CPU, or without CUDA graphs: the second call)."""
 
 FACTORS = {
     "torch": ("software", "torch"),
@@ -112,8 +110,9 @@ class Primed:
 class ServedModel:
     """A declared model's callable; calls run under the model's declared mode (whatever
     the caller's: Dynamo guards on it), counted once the guard is armed. A call that
-    compiled has its dims recorded (``recorder``) for the next pods to warm. ``primed``:
-    what priming cost (None when not primed)."""
+    compiled has its dims recorded (``recorder``) for the next pods to warm, and its
+    causes told to the guard. ``primed``: what priming cost (None when not primed);
+    ``learned``: the learned dims it primed."""
 
     def __init__(
         self,
@@ -125,6 +124,7 @@ class ServedModel:
         self.entry, self.function, self.guard = entry, function, guard
         self.recorder = recorder
         self.primed: Primed | None = None
+        self.learned: list[dict[str, int]] = []
         self.package_note = ""  # why a model that could be packaged is not ('' otherwise)
 
     served_as = "compiled"  # through torch.compile (warmup.serving.packaged: "package")
@@ -137,15 +137,31 @@ class ServedModel:
         if self.guard is None or not self.guard.armed:
             with grad_mode(self.entry):
                 return self.function(*args, **kwargs)
-        before = snapshot()
+        caller, before = current_mode(), snapshot()
         with grad_mode(self.entry):
             output = self.function(*args, **kwargs)
         costs = (snapshot() - before).request_costs()
         if costs:
             if self.recorder is not None:
                 self.recorder.record(self.entry, args)
-            self.guard.model_costs(self.name, costs)
+            causes = self._causes(args, list(kwargs), caller, costs.get("dynamo_frames", 0))
+            self.guard.model_costs(self.name, costs, causes)
         return output
+
+    def _causes(
+        self, args: tuple[Any, ...], kwargs: list[str], caller: str, frames: int
+    ) -> list[Cause]:
+        """Why a call compiled (``warmup.compiled.causes``); never raises: the request has
+        its answer, and the guard counts it whatever the causes."""
+        try:
+            reasons = dynamo_reasons(frames)
+            return explain(
+                self.entry, args, kwargs=kwargs, learned=self.learned, caller=caller,
+                reasons=reasons, new_graph=frames > 0,
+            )  # fmt: skip
+        except Exception as e:  # a call the manifest cannot describe: counted all the same
+            log.warning("model %s: why a call compiled not found: %s", self.name, named(e))
+            return []
 
 
 def build_served(
@@ -163,7 +179,7 @@ def build_served(
 ) -> ServedModel:
     """The model declared as ``name`` in ``manifest`` (default: the settings' manifest),
     built on ``device`` with torch.compile reading the pod's Inductor cache, and with
-    ``prime`` run to its steady state (:func:`prime_shape`) at every declared shape, then
+    ``prime`` run to its steady state (``warmup.serving.priming``) at every declared shape, then
     at each of ``learned`` (the shapes the fleet learned, ``warmup.compiled.learned``: the
     same list on every rank, a failure logged, not fatal). The init container's status
     (``settings.status_file``) is compared with this process first (:func:`mismatches`)
@@ -188,7 +204,7 @@ def build_served(
     served = ServedModel(entry, build_model(entry, device), guard, recorder)
     if not prime:
         return served
-    calls = _prime_all(served, learned or [], device)
+    calls, served.learned = prime_all(served.function, entry, learned or [], device)
     counts = snapshot() - before
     compiled = _compiled(counts)
     served.primed = Primed(
@@ -219,61 +235,6 @@ def _tell_host(settings: Settings, device: Any) -> None:
         host.write(settings.paths.metrics_dir)
     except Exception as e:  # the harvest goes without: the next pod compiles again
         log.warning("this host's fingerprint not written for the harvest: %s", named(e))
-
-
-def _prime_all(served: ServedModel, learned: list[dict[str, int]], device: Any) -> int:
-    """Every declared shape primed (ValueError naming the one that failed), then every
-    learned one (a failure logged); returns the calls made."""
-    entry, calls = served.entry, 0
-    for dims in entry.expand():
-        try:
-            calls += prime_shape(served.function, entry, dims, device)
-        except Exception as e:  # the traceback in the log: the error names the shape
-            log.error("model %s: priming at %s failed", entry.name, dims, exc_info=True)
-            raise ValueError(f"at {dims}: {named(e)}") from None
-    for dims in learned:
-        try:
-            calls += prime_shape(served.function, entry, dims, device)
-        except Exception as e:  # a learned shape is a bonus: its first request pays
-            log.warning("model %s: learned shape %s not primed: %s", entry.name, dims, e)
-    return calls
-
-
-def prime_shape(
-    function: Callable[..., Any], entry: ModelEntry, dims: dict[str, int], device: Any
-) -> int:
-    """Call ``function`` at ``dims`` under the model's mode until it is steady: a call
-    that compiled nothing, with no CUDA graph warming up or recording; at most
-    :data:`PRIME_CALLS` calls. Returns how many it made."""
-    import torch  # torch loads on first use
-
-    inputs = make_inputs(entry, dims, device)
-    cuda = getattr(device, "type", device) == "cuda"
-    for call in range(1, PRIME_CALLS + 1):
-        before = snapshot()
-        with grad_mode(entry):
-            function(*inputs)
-        if cuda:
-            torch.cuda.synchronize(device)
-        if not (snapshot() - before).request_costs() and not _graph_pending(device):
-            return call
-    log.info("model %s: %s still not steady after %d calls", entry.name, dims, PRIME_CALLS)
-    return PRIME_CALLS
-
-
-def _graph_pending(device: Any) -> bool:
-    """Whether Inductor's CUDA-graph trees on ``device`` ended the last call warming up
-    or recording (the next call records or replays); False without CUDA graphs."""
-    if getattr(device, "type", device) != "cuda":
-        return False
-    from torch._inductor import cudagraph_trees  # torch loads on first use
-
-    try:
-        manager = cudagraph_trees.get_manager(device.index or 0, create_if_none_exists=False)
-    except Exception:  # another torch's internals: the fixed number of calls decides
-        return True
-    state = getattr(manager, "path_state", None)
-    return manager is not None and getattr(state, "name", "") != "EXECUTION"
 
 
 def _compiled(counts: CompileCounts) -> bool:

@@ -42,6 +42,12 @@ def mlp(device: Any) -> Any:
     return torch.compile(_Mlp().to(device).eval(), dynamic=False)
 
 
+def mlp_dynamic(device: Any) -> Any:
+    """:func:`mlp` with Dynamo's automatic dynamic shapes (``dynamic=None``, the default)."""
+    torch.manual_seed(0)
+    return torch.compile(_Mlp().to(device).eval())
+
+
 def raises(device: Any) -> Any:
     raise RuntimeError("the weights are not there")
 
@@ -111,6 +117,32 @@ def traced(device: Any) -> Any:
     Inductor, with no C++ compile, so a test takes a second."""
     torch.manual_seed(0)
     return torch.compile(_Mlp().to(device).eval(), backend="eager", dynamic=False)
+
+
+def traced_dynamic(device: Any) -> Any:
+    """:func:`traced` with Dynamo's automatic dynamic shapes (``dynamic=None``, the
+    default): a size between primed ones shares their graph, but 0 and 1 are specialised."""
+    torch.manual_seed(0)
+    return torch.compile(_Mlp().to(device).eval(), backend="eager")
+
+
+GRAD_INSIDE: dict[str, bool | None] = {"enabled": None}
+"""The grad mode :func:`sets_its_own_grad_mode`'s forward sets (None: leaves it)."""
+
+
+def sets_its_own_grad_mode(device: Any) -> Any:
+    """:func:`traced` called under the grad mode :data:`GRAD_INSIDE` names: a model's own
+    code that changes the mode inside the served call."""
+    compiled = traced(device)
+
+    def forward(*inputs: torch.Tensor) -> Any:
+        enabled = GRAD_INSIDE["enabled"]
+        if enabled is None:
+            return compiled(*inputs)
+        with torch.set_grad_enabled(enabled):
+            return compiled(*inputs)
+
+    return forward
 
 
 class Counting:

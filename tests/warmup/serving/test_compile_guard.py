@@ -133,6 +133,37 @@ def test_strict_raises_naming_kernel_specialisation_and_fix():
     assert guard.compiles == {"gemm_kernel": 1}  # refused, and still counted
 
 
+def test_a_models_compile_is_counted_logged_and_refused_with_its_causes(caplog):
+    from warmup.compiled.causes import Cause
+
+    metrics = ServingMetrics(CollectorRegistry())
+    causes = [
+        Cause("shape", "batch=1 is not declared", "add 1"),
+        Cause("dtype", "x is fp16", "cast"),
+    ]
+    with caplog.at_level(logging.WARNING, "warmup.serving.compile_guard"):
+        CompileGuard(metrics=metrics).model_costs("m", {"dynamo_frames": 1}, causes)
+        strict = CompileGuard(strict=True)
+        with pytest.raises(RequestCompileError) as error:
+            strict.model_costs("m", {"dynamo_frames": 2, "inductor_compiles": 1}, causes)
+    said = "batch=1 is not declared (fix: add 1); x is fp16 (fix: cast)"
+    assert [r.getMessage() for r in caplog.records] == [
+        f"compiled model m compiled after warm (dynamo_frames=1): {said}",
+        f"compiled model m compiled after warm (dynamo_frames=2, inductor_compiles=1): {said}",
+    ]
+    assert str(error.value) == (
+        "model 'm' compiled (dynamo_frames=2, inductor_compiles=1) after the process was "
+        f"declared warm: {said} (TRITON_WARMUP_COMPILE_GUARD=count would only count it)."
+    )
+    assert error.value.causes == tuple(causes) and strict.models[("m", "inductor_compiles")] == 1
+    labels = {"model": "m", "what": "dynamo_frames", "rank": "0"}
+    assert (
+        metrics.registry.get_sample_value("triton_warmup_model_request_compiles_total", labels) == 1
+    )
+    with pytest.raises(RequestCompileError, match="warm: cause not known \\(TRITON"):
+        strict.model_costs("m", {"dynamo_frames": 1})
+
+
 def test_builds_made_on_purpose_are_exempt_on_their_thread_only():
     with CompileGuard(strict=True) as guard:
         with guard.exempt():

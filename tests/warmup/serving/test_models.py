@@ -4,6 +4,7 @@ an init container of other versions named."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -16,20 +17,21 @@ from tests.warmup.compiled.models import COORDESC
 from warmup.compiled.counters import snapshot
 from warmup.compiled.inputs import make_inputs
 from warmup.core.results import ModelResult, RunStatus
-from warmup.serving import Serving, models
-from warmup.serving.compile_guard import CompileGuard
+from warmup.serving import Serving, models, priming
+from warmup.serving.compile_guard import CompileGuard, RequestCompileError
 from warmup.serving.metrics import ServingMetrics
-from warmup.serving.models import PRIME_CALLS, build_served, server_factors
+from warmup.serving.models import build_served, server_factors
+from warmup.serving.priming import PRIME_CALLS
 
 SHAPES = [(1, 3, 32), (2, 3, 32)]
 
 
-def manifest(build: str, mode: str = "no_grad") -> str:
+def manifest(build: str, mode: str = "no_grad", dims: str = "{batch: [1, 2], seq: 3}") -> str:
     """One model ``m`` of the MLP's inputs, built by ``build`` in tests.warmup.compiled.models."""
     return (
         "version: 1\nmodels:\n  - name: m\n"
         f"    build: tests.warmup.compiled.models:{build}\n    mode: {mode}\n"
-        "    dims: {batch: [1, 2], seq: 3}\n    inputs:\n"
+        f"    dims: {dims}\n    inputs:\n"
         "      - {shape: [batch, seq, 32], dtype: fp32}\n"
         "      - {shape: [batch], dtype: int64, high: 3}\n"
     )
@@ -46,8 +48,8 @@ def environment():
     os.environ.update(saved)
 
 
-def served(tmp_path, build, mode="no_grad", **extra):
-    path = write_manifest(tmp_path / "manifest.yaml", manifest(build, mode))
+def served(tmp_path, build, mode="no_grad", dims="{batch: [1, 2], seq: 3}", **extra):
+    path = write_manifest(tmp_path / "manifest.yaml", manifest(build, mode, dims))
     settings = settings_for(tmp_path, manifest=path)
     return build_served("m", settings, device=torch.device("cpu"), guard=None, **extra), settings
 
@@ -108,10 +110,10 @@ def test_a_function_that_never_compiles_is_primed_once_per_shape(tmp_path):
 def test_priming_goes_on_while_a_cuda_graph_warms_up_or_records(tmp_path, monkeypatch):
     # each shape: warm-up, recording, then replay (as cudagraph trees report them)
     states = iter([True, True, False] * 2)
-    monkeypatch.setattr(models, "_graph_pending", lambda device: next(states))
+    monkeypatch.setattr(priming, "_graph_pending", lambda device: next(states))
     model, _ = served(tmp_path, "counted_plain")
     assert model.function.calls == [SHAPES[0]] * 3 + [SHAPES[1]] * 3
-    monkeypatch.setattr(models, "_graph_pending", lambda device: True)  # never steady
+    monkeypatch.setattr(priming, "_graph_pending", lambda device: True)  # never steady
     (tmp_path / "again").mkdir()
     model, _ = served(tmp_path / "again", "counted_plain")
     assert model.function.calls == [SHAPES[0]] * PRIME_CALLS + [SHAPES[1]] * PRIME_CALLS
@@ -230,3 +232,88 @@ def test_a_prime_that_fails_names_its_shape_and_logs_where_it_failed(tmp_path, c
     logged = [r for r in caplog.records if "priming at {'batch': 2" in r.getMessage()]
     assert logged and logged[0].exc_info is not None  # the traceback, for the operator
     assert "asserts_at_batch_2" in caplog.text or "x.shape[0] != 2" in caplog.text
+
+
+def refused(model, inputs, caller=contextlib.nullcontext):
+    """The RequestCompileError a strict guard raises for a call with ``inputs`` in the
+    ``caller``'s context (the warning it logs too)."""
+    with CompileGuard(strict=True) as guard, caller():
+        model.guard = guard
+        with pytest.raises(RequestCompileError) as error:
+            model(*inputs)
+    return error.value
+
+
+def test_an_undeclared_batch_1_is_named_with_dynamos_specialisation_and_the_fix(tmp_path, caplog):
+    model, _ = served(tmp_path, "traced_dynamic", dims="{batch: [2, 4], seq: 3}")
+    between = make_inputs(model.entry, {"batch": 3, "seq": 3}, "cpu")
+    assert costs_of(lambda: model(*between)) == {}  # the dynamic graph serves batch 3
+    with caplog.at_level("WARNING", "warmup.serving.compile_guard"):
+        error = refused(model, make_inputs(model.entry, {"batch": 1, "seq": 3}, "cpu"))
+    assert [cause.kind for cause in error.causes] == ["shape"]
+    said = (
+        "batch=1 is not declared (the manifest's batch: 2, 4); Dynamo specialises sizes 0 "
+        "and 1, so no graph primed at other sizes serves it, dynamic or not (fix: add 1 to "
+        "the model's dim batch in the manifest)"
+    )
+    assert str(error).startswith("model 'm' compiled (dynamo_frames=")
+    assert f"after the process was declared warm: {said} (TRITON_WARMUP_COMPILE_GUARD" in str(error)
+    assert f"compiled model m compiled after warm (dynamo_frames=1): {said}" in caplog.text
+
+
+def test_an_inference_tensor_for_a_no_grad_model_is_named_with_the_fix(tmp_path):
+    model, _ = served(tmp_path, "traced")
+    with torch.inference_mode():  # where a server makes its inputs
+        inputs = make_inputs(model.entry, {"batch": 2, "seq": 3}, "cpu")
+    error = refused(model, inputs, torch.inference_mode)
+    assert [cause.kind for cause in error.causes] == ["tensor kind"]
+    assert (
+        "inputs 0 [batch, seq, 32], 1 [batch] are inference tensors, made under "
+        "torch.inference_mode() (the caller is in it); model m (mode: no_grad) was primed "
+        "with normal tensors (fix: make its inputs outside torch.inference_mode(), or "
+        "declare mode: inference_mode (then it is primed with both kinds))"
+    ) in str(error)
+    assert "dims" not in str(error)  # batch 2 is declared: the shape is not the cause
+
+
+def test_an_input_that_requires_grad_is_named_with_the_fix(tmp_path):
+    model, _ = served(tmp_path, "traced")
+    x, scale = make_inputs(model.entry, {"batch": 2, "seq": 3}, "cpu")
+    error = refused(model, [x.requires_grad_(), scale], torch.enable_grad)
+    assert [cause.kind for cause in error.causes] == ["requires_grad"]
+    assert (
+        "input 0 [batch, seq, 32] has requires_grad=True (made from a tensor that requires "
+        "grad with grad enabled (the caller's mode)); priming's inputs do not (fix: pass it "
+        ".detach()ed, or make it under torch.no_grad() or torch.inference_mode())"
+    ) in str(error)
+
+
+def test_a_grad_mode_the_models_own_code_changes_is_named_with_the_fix(tmp_path, monkeypatch):
+    from tests.warmup.compiled.models import GRAD_INSIDE
+
+    model, _ = served(tmp_path, "sets_its_own_grad_mode")
+    monkeypatch.setitem(GRAD_INSIDE, "enabled", True)  # after priming, under no_grad
+    error = refused(model, make_inputs(model.entry, {"batch": 2, "seq": 3}, "cpu"))
+    assert [cause.kind for cause in error.causes] == ["grad mode"]
+    assert (
+        "the grad mode inside the call differs from priming's (mode: no_grad; the caller's: "
+        "grad enabled; Dynamo: GLOBAL_STATE changed: grad_mode) (fix: call the compiled module "
+        "only through the served model"
+    ) in str(error)
+
+
+def test_a_compile_whose_causes_cannot_be_read_is_counted_all_the_same(
+    tmp_path, monkeypatch, caplog
+):
+    model, _ = served(tmp_path, "traced", dims="{batch: [2, 4], seq: 3}")
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("another torch")
+
+    monkeypatch.setattr(models, "explain", fails)
+    with CompileGuard() as guard, caplog.at_level("WARNING", "warmup.serving"):
+        model.guard = guard
+        model(*make_inputs(model.entry, {"batch": 3, "seq": 3}, "cpu"))
+    assert guard.models[("m", "dynamo_frames")] == 1
+    assert "why a call compiled not found: RuntimeError: another torch" in caplog.text
+    assert "compiled model m compiled after warm (dynamo_frames=1): cause not known" in caplog.text
