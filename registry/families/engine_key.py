@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +36,13 @@ MAX_VALUE = 128  # longer values are recorded as digests
 MAX_KEY_PATHS = 16
 MAX_PATH = 1024
 DIGEST_HEX = 16
-SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
+# a name holding one of these words is a secret's: recorded as set, never its value
+SECRET_WORDS = (
+    "TOKEN", "KEY", "SECRET", "PASS", "PWD", "AUTH", "CRED", "PRIVATE", "SESSION", "COOKIE",
+)  # fmt: skip
+# a value that carries credentials whatever its name: a URL's user:password@, a header's
+SECRET_VALUE = re.compile(r"://[^/@\s]*:[^/@\s]*@|^\s*(bearer|basic)\s", re.IGNORECASE)
+SET = "set"  # a secret's record: present, its value neither kept nor digested
 FIX = (
     "hold them equal across the fleet: the same value in every container of every pod "
     "(the chart sets the engine's environment alike in the init container, the sidecar "
@@ -102,7 +109,8 @@ class EngineKey:
     path: str
     spec: EngineKeySpec = field(default_factory=EngineKeySpec)
     env: Mapping[str, str] = field(default_factory=dict)  # name -> value
-    digests: Mapping[str, str] = field(default_factory=dict)  # name -> salted sha256 prefix
+    # name -> a long value's salted sha256 prefix, or SET for a secret's (compared as present)
+    digests: Mapping[str, str] = field(default_factory=dict)
     paths: Mapping[str, bool] = field(default_factory=dict)  # key path -> it existed
     left_out: int = 0  # variables matched past MAX_VARIABLES
 
@@ -113,7 +121,9 @@ class EngineKey:
         shown, digests = {}, {}
         for name in names[:MAX_VARIABLES]:
             value = env[name]
-            if secret(name) or len(value) > MAX_VALUE:
+            if secret(name) or SECRET_VALUE.search(value):  # a digest of a short one is guessed
+                digests[name] = SET
+            elif len(value) > MAX_VALUE:
                 digests[name] = digest(name, value)
             else:
                 shown[name] = value

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 from collections.abc import Mapping
+from typing import Any
 
 from registry import families
 from registry.core.errors import named
@@ -37,14 +38,17 @@ def scope(
     triton_env: Mapping[str, str] | None = None,
     models: bool = True,
     env: Mapping[str, str] | None = None,
+    engine_keys: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Scope:
     """Where the families work for this pod: the services' folders, what ``manifest``
     declares (for ``world`` ranks, if given), and the host of ``fingerprint`` if known
     (then also the registry's remote tier, for the declared folders to fetch and publish).
     ``models``: False where the declared models are restored by their own warm (their
     keys read from their sources are not needed). ``env``: the environment the declared
-    folders' engine keys are read from (this process's, read here once, by default)."""
-    folders, settings = declared_folders(manifest, env), services.settings
+    folders' engine keys are read from (this process's, read here once, by default);
+    ``engine_keys``: facts already read elsewhere, by folder name (:func:`engine_keys`),
+    taken over ``env``'s."""
+    folders, settings = declared_folders(manifest, env, engine_keys), services.settings
     return Scope(
         volume=services.volume,
         pod=settings.folders.by_name(),
@@ -84,22 +88,33 @@ def declared_models(manifest: Manifest | None, world: int | None = None) -> tupl
 
 
 def declared_folders(
-    manifest: Manifest | None, env: Mapping[str, str] | None = None
+    manifest: Manifest | None,
+    env: Mapping[str, str] | None = None,
+    known: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> tuple[Declared, ...]:
     """Each folder of the manifest's ``caches:``, keyed by its name and declared key,
     with the engine-key facts of this pod (``registry.families.engine_key``, from ``env``,
     this process's environment by default): recorded when it is saved, compared when it
-    is restored or explained. The facts never enter the key digest."""
+    is restored or explained; a folder's facts in ``known`` (the init container's, read
+    from its status by the sidecar) are taken as they are. The facts never enter the key
+    digest."""
     if manifest is None:
         return ()
     env = os.environ if env is None else env  # the entry point's environment, read once here
     found = []
     for c in manifest.caches:
         spec = EngineKeySpec.of(c.engine, c.key_env, c.key_paths)
-        facts = EngineKey.here(spec, c.path, env).to_json()
+        given = (known or {}).get(c.name)
+        facts = dict(given) if given is not None else EngineKey.here(spec, c.path, env).to_json()
         key = {"key": c.key, RECORD: facts}
         found.append(Declared(c.name, folder_key_digest(c.name, c.key), key, folder=c.path))
     return tuple(found)
+
+
+def engine_keys(manifest: Manifest | None) -> dict[str, dict[str, Any]]:
+    """Each declared folder's engine-key facts in this process's environment, by name:
+    what the init container writes into its status for the sidecar's harvest."""
+    return {d.name: dict(d.key[RECORD]) for d in declared_folders(manifest)}
 
 
 def folder_key_digest(name: str, key: str) -> str:

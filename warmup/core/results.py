@@ -334,6 +334,10 @@ class RunStatus(_Record):
     # registry.storage.hosts: this host's probe, when no rank detected its fingerprint (the
     # server's does, and the harvest records the host under this probe for the next pod)
     probe: dict[str, Any] | None = None
+    # registry.families.engine_key: each declared folder's engine-key facts as the init
+    # container (the server's image and environment) saw them; the sidecar's harvest
+    # records these, not its own image's, so the next pod compares like with like
+    engine_keys: dict[str, dict[str, Any]] = {}
 
     @model_validator(mode="before")
     @classmethod

@@ -172,6 +172,7 @@ def ended(
         shapes=tally.shapes,
         models=tally.models,
         trust=record.services.trust.mode,
+        engine_keys=families.engine_keys(record.manifest),
         **fields,
     )
     return status.write(record.settings.paths.status_file)

@@ -291,8 +291,8 @@ def leave_to_the_server(
         record = hosts.read_record(services.volume.hosts, found)
     except RegistryError:
         record = None
-    if record is None and not manifest.models_for(world):
-        record = detected_record(services, found)
+    if (record is None or record.ambiguous) and not manifest.models_for(world):
+        record = detected_record(services, found)  # an ambiguous one names another host
     return _finish(
         services, manifest, world, record,
         lambda: [_model_for_the_server(services, record, m) for m in manifest.models_for(world)],

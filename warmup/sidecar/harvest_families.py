@@ -163,8 +163,12 @@ class FamilyHarvest:
             for model in status.models
             if model.rank == 0 and model.key_digest and not model.failed
         )
-        where = warm_families.scope(
-            self.services, manifest, triton_env=host.triton_env, models=False
+        where = warm_families.scope(  # the folders' engine keys as the server's image saw them
+            self.services,
+            manifest,
+            triton_env=host.triton_env,
+            models=False,
+            engine_keys=status.engine_keys,
         )
         where = replace(where, fingerprint=host.fingerprint, models=warmed, remote=self.remote)
         for moved in warm_families.harvest(where):

@@ -237,8 +237,13 @@ def test_a_token_never_reaches_the_stored_folder(tmp_path, engine):
     FAMILY.save(scope)
     index = next((tmp_path / "volume" / FOLDER / "models").rglob("*.json"))
     assert token not in index.read_text() and "VLLM_HF_TOKEN" in index.read_text()
+    # another token is no miss (a secret is recorded as set: no digest to guess it from);
+    # a token gone is, named without a value
     here = with_engine(engine, {"VLLM_HF_TOKEN": "hf_other", "VLLM_X": "a"})
     note = FAMILY.explain(make_scope(tmp_path, folders=[here]), host(), Sources()).note
+    assert "differs" not in note
+    gone = with_engine(engine, {"VLLM_X": "a"})
+    note = FAMILY.explain(make_scope(tmp_path, folders=[gone]), host(), Sources()).note
     assert "VLLM_HF_TOKEN differs" in note and "hf_" not in note
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from registry.families import engine_key
-from registry.families.engine_key import EngineKey, EngineKeySpec, describe, differences
+from registry.families.engine_key import SET, EngineKey, EngineKeySpec, describe, differences
 
 VLLM = EngineKeySpec.of("vllm")
 
@@ -34,14 +34,34 @@ def test_only_the_variables_its_patterns_match_are_recorded():
     assert got.path == "/c/vllm"
 
 
-def test_a_secret_or_long_value_is_kept_as_a_digest_only():
+def test_a_long_value_is_kept_as_a_digest_and_a_secret_not_at_all():
     token, long = "hf_abcdefghijklmnop", "x" * 500
     got = facts({"VLLM_API_KEY": token, "VLLM_HF_TOKEN": token, "VLLM_LONG": long})
     assert set(got.digests) == {"VLLM_API_KEY", "VLLM_HF_TOKEN", "VLLM_LONG"} and not got.env
     text = json.dumps(got.to_json())
     assert token not in text and long not in text
-    assert got.digests["VLLM_API_KEY"] != got.digests["VLLM_HF_TOKEN"]  # salted by the name
-    assert facts({"VLLM_API_KEY": token}).digests == {"VLLM_API_KEY": got.digests["VLLM_API_KEY"]}
+    assert got.digests["VLLM_API_KEY"] == got.digests["VLLM_HF_TOKEN"] == SET  # no digest
+    assert got.digests["VLLM_LONG"] != facts({"VLLM_LONG": long + "y"}).digests["VLLM_LONG"]
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("VLLM_DB_PASS", "hunter2"),
+        ("VLLM_PWD", "pw-0xc0ffee"),
+        ("VLLM_AUTH", "auth-0xc0ffee"),
+        ("VLLM_CREDS", "creds-0xc0ffee"),
+        ("VLLM_PRIVATE_PEM", "-----BEGIN"),
+        ("VLLM_SESSION_ID", "sess-0xc0ffee"),
+        ("VLLM_URL", "https://user:hunter2@host/path"),
+        ("VLLM_HEADER", "Bearer abc.def"),
+    ],
+)
+def test_a_secret_by_its_name_or_its_value_is_recorded_as_set_only(name, value):
+    got = facts({name: value})
+    assert got.digests == {name: SET} and value not in json.dumps(got.to_json())
+    assert differences(got, facts({name: value + "2"})) == []  # presence alone compared
+    assert describe(differences(got, facts({}))) == f"{name} differs"
 
 
 def test_a_record_reads_back_and_a_bad_one_is_unknown():
@@ -72,9 +92,9 @@ def test_a_differing_variable_is_named_with_both_values():
 
 
 def test_a_digested_value_that_differs_is_named_without_a_value():
-    found = differences(facts({"VLLM_API_KEY": "new"}), facts({"VLLM_API_KEY": "old"}))
-    assert describe(found) == "VLLM_API_KEY differs"
-    assert engine_key.as_factors(found) == {"env VLLM_API_KEY": ("(not shown)", "(not shown)")}
+    found = differences(facts({"VLLM_LONG": "n" * 200}), facts({"VLLM_LONG": "o" * 200}))
+    assert describe(found) == "VLLM_LONG differs"
+    assert engine_key.as_factors(found) == {"env VLLM_LONG": ("(not shown)", "(not shown)")}
 
 
 def test_equal_facts_and_an_unknown_record_differ_in_nothing():
