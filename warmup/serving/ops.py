@@ -37,7 +37,7 @@ from warmup.compiled.learned import Recorder, shared_dims
 from warmup.core.collectives import Lockstep
 from warmup.core.manifest import Manifest, ManifestError, load_manifest
 from warmup.core.services import Services
-from warmup.core.settings import Settings
+from warmup.core.settings import Settings, from_environment, require
 from warmup.serving.compile_guard import guard_from_settings
 from warmup.serving.declared import declared_layers
 from warmup.serving.follower import Follower, exempt
@@ -55,6 +55,12 @@ if TYPE_CHECKING:
 
 __all__ = ["OnMissing", "Serving", "ServingError", "ServingOp"]
 log = logging.getLogger(__name__)
+
+
+SERVING_WAYS = {  # how a server gives what Serving() needs: the pod's variables
+    "manifest": "TRITON_WARMUP_MANIFEST (or Settings(manifest=...))",
+    "volume": "TRITON_WARMUP_VOLUME (or Settings(volume=...))",
+}
 
 
 def _preload(settings: Settings) -> Preload | None:
@@ -75,7 +81,10 @@ class Serving:
         """``rank`` names this process's metrics file and label; by default its
         torch.distributed rank. Processes of one pod that share a rank (several
         engines) must pass distinct ones, or they overwrite each other's file."""
-        self.settings = settings or Settings()
+        # Settings from the environment: a bad or missing variable is one line, no pydantic
+        # report, and the placeholders of an unset manifest or volume never serve.
+        self.settings = settings if settings is not None else from_environment()
+        require(self.settings, ("manifest", "volume"), who="Serving()", ways=SERVING_WAYS)
         self.rank = _rank() if rank is None else rank
         self.services = Services(self.settings)  # built once here: Serving() is an entry point
         self.store = self.services.store()
