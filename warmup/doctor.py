@@ -223,7 +223,8 @@ def check_volume(settings: Settings, host: Host) -> Result:
             if not error:
                 return Result("volume", "OK", f"{volume} {there}: run and serve create it")
         fix = (
-            "mount the volume there, or let run and serve create it with --create-volume "
+            "mount the volume there, or point --volume (TRITON_WARMUP_VOLUME) at its mount, "
+            "or let run and serve create it with --create-volume "
             "(TRITON_WARMUP_CREATE_VOLUME=true)"
         )
         return Result("volume", "MISSING", f"{volume} {there}", fix)

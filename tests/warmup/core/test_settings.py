@@ -83,15 +83,26 @@ def test_a_derived_default_is_told_apart_from_a_given_value():
 
 
 def test_the_registry_cli_installs_triton_files_in_the_volume_unless_told(tmp_path):
-    from warmup.cli import build_parser
+    from warmup.cli import _place, build_parser
 
-    def default_cache(settings):
+    def default_cache(settings, *before):
+        from registry.cli.common import fill_family_defaults
+
         parser = build_parser(settings)
-        return parser.parse_args(["registry", "bundle", "install", "b.tar.gz"]).triton_cache
+        args = parser.parse_args(["registry", *before, "bundle", "install", "b.tar.gz"])
+        args.store = getattr(args, "store", None)
+        fill_family_defaults(args, _place(settings))
+        return args.triton_cache
 
-    volume = tmp_path / "volume"
+    volume, other = tmp_path / "volume", tmp_path / "other"
     assert default_cache(Settings(volume=volume)) == volume / "triton-cache"
     assert default_cache(Settings(volume=volume, triton_cache_dir="/c")) == Path("/c")
+    # a volume named on the command line is the one written, whatever the pod's folders
+    named = default_cache(Settings(volume=volume, triton_cache_dir="/c"), "--volume", str(other))
+    assert named == other / "triton-cache"
+    stored = default_cache(Settings(triton_cache_dir="/c"), "--store", str(other / "registry"))
+    assert stored == other / "triton-cache"
+    assert default_cache(Settings()) is None  # no volume named: nowhere by default
 
 
 def test_an_update_derives_the_defaults_again_and_reads_no_environment(monkeypatch, tmp_path):
