@@ -225,6 +225,7 @@ def test_folders_that_cannot_be_created_are_missing_with_a_fix(tmp_path):
     assert "Not a directory" in rows["cache/triton"].detail
     assert "TRITON_WARMUP_TRITON_CACHE_DIR" in rows["cache/triton"].fix
     assert "TRITON_WARMUP_VOLUME" in rows["volume"].fix and "does not exist" in rows["volume"].detail
+    assert "TRITON_WARMUP_LOCK_URL" in rows["lock"].fix
     blocker.unlink()
     blocker.mkdir()  # a volume that can be made: still MISSING, a run would refuse it
     assert diagnose(settings, Host(), ["volume"])[0].state == "MISSING"
@@ -247,7 +248,6 @@ def test_a_volume_not_there_or_not_named_is_missing_with_its_fix(tmp_path, capsy
     assert "is writable" not in out and not missing.exists()
     assert main(["doctor", "--only", "volume"]) == 1  # none named: no demo default
     assert "no volume named" in capsys.readouterr().out and not (tmp_path / "demo-volume").exists()
-    assert "TRITON_WARMUP_LOCK_URL" in rows["lock"].fix
 
 
 def test_an_unreadable_registry_is_missing(tmp_path):
