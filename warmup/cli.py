@@ -263,7 +263,9 @@ NEEDS = {  # command -> the settings it refuses to start without: no demo defaul
 def _dispatch(args: argparse.Namespace, settings: Settings, early: EarlyRanks | None) -> int:
     from warmup.core.settings import require  # pydantic loads after the parse
 
-    ways = {s: f"--{o.replace('_', '-')} or TRITON_WARMUP_{s.upper()}" for o, s in OVERRIDES.items()}
+    ways = {
+        s: f"--{o.replace('_', '-')} or TRITON_WARMUP_{s.upper()}" for o, s in OVERRIDES.items()
+    }
     require(settings, NEEDS.get(args.command, ()), who=args.command, ways=ways)
     if args.command == "run":
         return _run(settings, early)

@@ -156,7 +156,9 @@ def _select_models(
     """A row per readable index of ``family`` (of ``model`` only, when given: it must
     have one), and each index that cannot be read or lies where a restore never looks."""
     if model is not None and family is None:
-        raise BadInput("--model reads the compiled models of a volume; give --volume or --inductor.")
+        raise BadInput(
+            "--model reads the compiled models of a volume; give --volume or --inductor."
+        )
     rows, unreadable = [], []
     for rel, path in _index_files(family):
         try:
@@ -219,7 +221,7 @@ def _print_models(
     rows: list[dict[str, Any]], unreadable: list[dict[str, str]], family: Path | None
 ) -> None:
     if family is None:
-        print("compiled models: not read (--store is no volume's registry; give --volume or --inductor)")
+        print("compiled models: not read (--store is no volume's registry; give --volume)")
         return
     if rows:
         shown = [

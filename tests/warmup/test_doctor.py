@@ -224,7 +224,9 @@ def test_folders_that_cannot_be_created_are_missing_with_a_fix(tmp_path):
     assert [r.state for r in rows.values()] == ["MISSING", "OK", "MISSING", "MISSING"]
     assert "Not a directory" in rows["cache/triton"].detail
     assert "TRITON_WARMUP_TRITON_CACHE_DIR" in rows["cache/triton"].fix
-    assert "TRITON_WARMUP_VOLUME" in rows["volume"].fix and "does not exist" in rows["volume"].detail
+    assert (
+        "TRITON_WARMUP_VOLUME" in rows["volume"].fix and "does not exist" in rows["volume"].detail
+    )
     assert "TRITON_WARMUP_LOCK_URL" in rows["lock"].fix
     blocker.unlink()
     blocker.mkdir()  # a volume that can be made: still MISSING, a run would refuse it

@@ -27,7 +27,6 @@ from registry.storage.store import Store
 from tests._trust import UNSIGNED_OK
 from tests.conftest import (
     DEMO,
-    ROOT,
     env_without_interpreter,
     error_line,
     gpu_fingerprint,

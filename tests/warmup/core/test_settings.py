@@ -199,3 +199,30 @@ def test_an_update_changes_only_its_copy():
     assert moved.remote.url == "off" and moved.run.device == "cpu"
     with pytest.raises(TypeError, match="unknown settings: nope"):
         settings.updated(nope=1)
+
+
+def test_bad_variables_are_one_line_naming_each(monkeypatch):
+    from warmup.core.settings import SettingsError, from_environment
+
+    monkeypatch.setenv("TRITON_WARMUP_LOCK_TTL_S", "-3")
+    monkeypatch.setenv("TRITON_WARMUP_WORLD_SIZE", "nine")
+    with pytest.raises(SettingsError) as bad:
+        from_environment()
+    message = str(bad.value)
+    assert "\n" not in message and bad.value.__suppress_context__  # no pydantic report
+    assert "TRITON_WARMUP_LOCK_TTL_S='-3'" in message and "TRITON_WARMUP_WORLD_SIZE" in message
+
+
+def test_a_setting_not_given_is_refused_by_who_needs_it(monkeypatch, tmp_path):
+    from warmup.core.settings import SettingsError, require
+
+    monkeypatch.delenv("TRITON_WARMUP_MANIFEST", raising=False)
+    monkeypatch.delenv("TRITON_WARMUP_VOLUME", raising=False)
+    with pytest.raises(SettingsError) as missing:
+        require(Settings(), ["manifest", "volume"], who="run", ways={"manifest": "--manifest"})
+    assert str(missing.value) == (
+        "run needs the manifest and the volume: give --manifest; TRITON_WARMUP_VOLUME"
+    )
+    require(Settings(manifest=tmp_path / "m.yaml", volume=tmp_path), ["manifest"], who="run")
+    monkeypatch.setenv("TRITON_WARMUP_MANIFEST", "m.yaml")  # the environment gives it too
+    require(Settings(), ["manifest"], who="run")
