@@ -187,8 +187,8 @@ def create(args: argparse.Namespace, store: Store | None) -> dict[str, Any]:
     if args.model is not None and not any(name in chosen for name in named):
         options = _named_options()
         raise BadInput(
-            f"--model picks among the things stored by name ({options}), and none is "
-            "carried: the volume has none, or they were left out."
+            f"--model picks among the things stored by name in {options}; give one (none "
+            "is carried: the volume has none, or they were left out)."
         )
     signer = None
     if args.sign_key is not None:
