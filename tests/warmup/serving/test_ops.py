@@ -516,23 +516,3 @@ def test_two_layers_of_a_process_share_one_workspace_and_both_compute(tmp_path):
         assert "workspace.made" not in result["second_op"], result  # none for the second
         assert result["second_op"]["workspace.reused"] >= 1 and result["one_space"], result
         assert max(result["errors"]) < 1e-5, result
-
-
-def test_serving_without_its_settings_says_which_variables_in_one_line(tmp_path, monkeypatch):
-    from warmup.core.settings import SettingsError
-
-    monkeypatch.chdir(tmp_path)
-    for name in ("MANIFEST", "VOLUME", "WORK_DIR"):
-        monkeypatch.delenv(f"TRITON_WARMUP_{name}", raising=False)
-    with pytest.raises(SettingsError) as missing:
-        Serving(follow=False)
-    message = str(missing.value)
-    assert "\n" not in message and message.startswith("Serving() needs the manifest and the volume")
-    assert "TRITON_WARMUP_MANIFEST" in message and "TRITON_WARMUP_VOLUME" in message
-    monkeypatch.setenv("TRITON_WARMUP_MANIFEST", str(tmp_path / "m.yaml"))
-    monkeypatch.setenv("TRITON_WARMUP_VOLUME", str(tmp_path / "v"))
-    monkeypatch.setenv("TRITON_WARMUP_SERVING_REFRESH_S", "soon")
-    with pytest.raises(SettingsError, match="TRITON_WARMUP_SERVING_REFRESH_S='soon'") as bad:
-        Serving(follow=False)
-    assert "\n" not in str(bad.value) and bad.value.__suppress_context__
-    assert list(tmp_path.iterdir()) == []  # refused before anything was made

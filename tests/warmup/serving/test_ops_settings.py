@@ -1,0 +1,26 @@
+"""``Serving()``'s settings (``warmup.serving.ops``): read from the environment once, and
+refused in one line, naming the variables, when the pod's manifest and volume are not
+given or a value is bad."""
+
+import pytest
+
+from warmup.core.settings import SettingsError
+from warmup.serving.ops import Serving
+
+
+def test_serving_without_its_settings_says_which_variables_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name in ("MANIFEST", "VOLUME", "WORK_DIR"):
+        monkeypatch.delenv(f"TRITON_WARMUP_{name}", raising=False)
+    with pytest.raises(SettingsError) as missing:
+        Serving(follow=False)
+    message = str(missing.value)
+    assert "\n" not in message and message.startswith("Serving() needs the manifest and the volume")
+    assert "TRITON_WARMUP_MANIFEST" in message and "TRITON_WARMUP_VOLUME" in message
+    monkeypatch.setenv("TRITON_WARMUP_MANIFEST", str(tmp_path / "m.yaml"))
+    monkeypatch.setenv("TRITON_WARMUP_VOLUME", str(tmp_path / "v"))
+    monkeypatch.setenv("TRITON_WARMUP_SERVING_REFRESH_S", "soon")
+    with pytest.raises(SettingsError, match="TRITON_WARMUP_SERVING_REFRESH_S='soon'") as bad:
+        Serving(follow=False)
+    assert "\n" not in str(bad.value) and bad.value.__suppress_context__
+    assert list(tmp_path.iterdir()) == []  # refused before anything was made
