@@ -24,3 +24,15 @@ def test_serving_without_its_settings_says_which_variables_in_one_line(tmp_path,
         Serving(follow=False)
     assert "\n" not in str(bad.value) and bad.value.__suppress_context__
     assert list(tmp_path.iterdir()) == []  # refused before anything was made
+
+
+def test_settings_given_need_a_volume_and_a_manifest_only_for_what_reads_it(tmp_path):
+    from warmup.core.manifest import ManifestError
+    from warmup.core.settings import Settings
+
+    with pytest.raises(SettingsError, match="TRITON_WARMUP_VOLUME"):
+        Serving(Settings(manifest=tmp_path / "m.yaml"), follow=False)
+    with Serving(Settings(volume=tmp_path / "v", work_dir=tmp_path / "w"), follow=False) as ops:
+        with pytest.raises(ManifestError, match="TRITON_WARMUP_MANIFEST") as missing:
+            ops.model("mlp")  # no demo manifest read in its place
+        assert "Settings(manifest=...)" in str(missing.value)
