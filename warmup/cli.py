@@ -8,15 +8,20 @@ triton-warmup doctor    check this host for what a run needs
 triton-warmup explain   predict each cache family's hit or miss here, and why
 triton-warmup registry  inspect and move tuned configs and compiled models
 
+``--volume``, ``--debug`` and ``-v`` are accepted before or after any command. ``run``,
+``serve`` and ``explain`` need a manifest and a volume (``--manifest``, ``--volume`` or
+TRITON_WARMUP_MANIFEST, TRITON_WARMUP_VOLUME): there are no demo defaults.
+
 Exit codes: 0 done, 1 the work failed (the status names why), 2 bad input or settings,
-chosen by the error's class (:func:`exit_code`). An error is one line on stderr;
-``--debug`` (TRITON_WARMUP_DEBUG) adds the traceback.
+refused before any work. An error is one line on stderr; ``--debug``
+(TRITON_WARMUP_DEBUG) adds the traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import signal
 import sys
 import time
@@ -46,8 +51,8 @@ TRUST_NOTES = {  # what ``status`` adds to the run's trust mode (registry.trust.
 
 
 def build_parser(settings: Settings) -> argparse.ArgumentParser:
+    """Every command's parser; ``settings`` (the environment's) give the defaults shown."""
     from registry.cli import main as registry_cli  # each command loads only its own modules
-    from registry.cli.common import default_roots  # each command loads only its own modules
     from warmup import doctor, explain  # each command loads only its own modules
 
     parser, sub = _top_parser()
@@ -71,30 +76,59 @@ def build_parser(settings: Settings) -> argparse.ArgumentParser:
     _add_validate(sub)
     doctor.add_parser(sub, settings)
     explain.add_parser(sub, settings)
-    given = {n: p for n, p in settings.folders.by_name().items() if settings.given(n)}
     registry_cli.add_parser(
         sub,
-        default_store=settings.paths.registry_dir,
-        # the volume's folders, or a pod folder given to the settings (not a derived one)
-        default_roots=default_roots(settings.paths.volume, given),
         default_trust=(
             settings.trust.bundle_keys or settings.trust.keys,
             settings.trust.allow_unsigned,
         ),
     )
+    _everywhere(parser)
     return parser
 
 
 def _top_parser() -> tuple[argparse.ArgumentParser, Any]:
-    parser = argparse.ArgumentParser(prog="triton-warmup", description=__doc__.splitlines()[0])
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    description, _, epilog = _plain(__doc__).partition("\n\n")
+    parser = argparse.ArgumentParser(
+        prog="triton-warmup",
+        description=description.splitlines()[0],
+        epilog=epilog.split("\n\n", 1)[1],  # the options' and exit codes' paragraphs
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    return parser, parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+
+def _plain(text: str) -> str:
+    """A docstring as a person reads it in a terminal: no RST markup (````x````,
+    ``:func:`x```)."""
+    return re.sub(r":\w+:`([^`]*)`", r"\1", text).replace("``", "")
+
+
+def _everywhere(parser: argparse.ArgumentParser) -> None:
+    """``-v``, ``--debug`` and ``--volume`` on ``parser`` and every command below it, so
+    that each is accepted before or after any command. SUPPRESS: a command's parser
+    leaves unset what it was not given, so it never undoes what a parser above read."""
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="debug logging"
+    )
     parser.add_argument(
         "--debug",
         action="store_true",
-        default=None,  # None: not given, so TRITON_WARMUP_DEBUG stands
+        default=argparse.SUPPRESS,  # not given: TRITON_WARMUP_DEBUG stands
         help="tracebacks with errors (TRITON_WARMUP_DEBUG)",
     )
-    return parser, parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument(
+        "--volume",
+        type=Path,
+        default=argparse.SUPPRESS,
+        help="the volume's root: its registry, caches and compiled models "
+        "(TRITON_WARMUP_VOLUME); needed by run, serve, explain and the registry's store "
+        "commands",
+    )
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):  # an alias: the same parser
+                _everywhere(child)
 
 
 def _add_validate(sub: Any) -> None:
@@ -104,8 +138,9 @@ def _add_validate(sub: Any) -> None:
 
 
 def _common(parser: argparse.ArgumentParser, settings: Settings) -> None:
-    parser.add_argument("--manifest", type=Path, help=f"default {settings.paths.manifest}")
-    parser.add_argument("--volume", type=Path, help=f"default {settings.paths.volume}")
+    parser.add_argument(
+        "--manifest", type=Path, help="the shape manifest (TRITON_WARMUP_MANIFEST); required"
+    )
     parser.add_argument(
         "--create-volume",
         action="store_true",
@@ -144,15 +179,24 @@ def main(argv: Sequence[str] | None = None, *, early: EarlyRanks | None = None) 
     if _command(argv) == "validate":  # a file alone: no settings, nothing else imported
         parser, sub = _top_parser()
         _add_validate(sub)
+        _everywhere(parser)
         args = parser.parse_args(argv)
-        return _guarded(bool(args.debug), lambda: _validate(args))
+        return _guarded(bool(getattr(args, "debug", False)), lambda: _validate(args))
     return _with_settings(argv, early)
 
 
+VALUED = ("--volume",)  # the options before a command that take a value
+
+
 def _command(argv: Sequence[str]) -> str | None:
-    """The command named: the first word that is not an option (the top-level options
-    take no value)."""
-    return next((word for word in argv if not word.startswith("-")), None)
+    """The command named: the first word that is neither an option nor an option's value."""
+    words = iter(argv)
+    for word in words:
+        if word in VALUED:
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
 
 
 def _with_settings(argv: Sequence[str], early: EarlyRanks | None) -> int:
@@ -166,6 +210,8 @@ def _with_settings(argv: Sequence[str], early: EarlyRanks | None) -> int:
     except ValidationError as e:
         return _error(f"bad settings: {settings_errors(e)}", EXIT_BAD_INPUT)
     args = build_parser(settings).parse_args(argv)
+    args.debug = getattr(args, "debug", None)  # None: not given, so TRITON_WARMUP_DEBUG stands
+    args.verbose = getattr(args, "verbose", False)
     given = {
         field: getattr(args, option)
         for option, field in OVERRIDES.items()
@@ -207,7 +253,20 @@ def exit_code(error: BaseException) -> int:
     return EXIT_FAILED
 
 
+NEEDS = {  # command -> the settings it refuses to start without: no demo defaults
+    "run": ("manifest", "volume"),
+    "serve": ("manifest", "volume"),
+    "explain": ("manifest", "volume"),
+}
+
+
 def _dispatch(args: argparse.Namespace, settings: Settings, early: EarlyRanks | None) -> int:
+    from warmup.core.settings import require  # pydantic loads after the parse
+
+    ways = {
+        s: f"--{o.replace('_', '-')} or TRITON_WARMUP_{s.upper()}" for o, s in OVERRIDES.items()
+    }
+    require(settings, NEEDS.get(args.command, ()), who=args.command, ways=ways)
     if args.command == "run":
         return _run(settings, early)
     if args.command == "serve":
@@ -226,7 +285,21 @@ def _dispatch(args: argparse.Namespace, settings: Settings, early: EarlyRanks | 
         return explain.run(settings, args)
     from registry.cli import main as registry_cli  # each command loads only its own modules
 
-    return registry_cli.run(args)
+    return registry_cli.run(args, _place(settings))
+
+
+def _place(settings: Settings) -> Any:
+    """Where the registry commands work unless told (:class:`registry.cli.common.Place`):
+    the settings' store and volume when a volume (or registry) was given, and the pod
+    folders given to the settings (not derived ones)."""
+    from registry.cli.common import Place  # only the registry commands load it
+
+    named = settings.given("volume") or settings.given("registry_dir")
+    return Place(
+        store=settings.paths.registry_dir if named else None,
+        volume=settings.paths.volume if settings.given("volume") else None,
+        pod={n: p for n, p in settings.folders.by_name().items() if settings.given(n)},
+    )
 
 
 def _error(message: str, code: int) -> int:
@@ -239,10 +312,11 @@ def _run(settings: Settings, early: EarlyRanks | None) -> int:
     # its functions found), then the volume: the first of the run's checks, which the
     # launcher goes on with (warmup.run.checks).
     manifest = load_manifest(settings.paths.manifest, find_functions=True)
-    from warmup.core.services import existing_volume  # pydantic and the registry: not for validate
+    from warmup.core.services import existing_volume, writable_work_dir  # not for validate
     from warmup.run.launch import run  # only run loads the launcher
 
     existing_volume(settings)
+    writable_work_dir(settings)
 
     status = run(settings, manifest, early)  # RunError and ManifestError: bad input, exit 2
     print(summary(status))
@@ -311,10 +385,13 @@ class _StoppedWhileStarting(Exception):
 
 
 def _serve(settings: Settings) -> int:
-    from warmup.core.services import existing_volume  # pydantic and the registry: not for validate
+    from warmup.core.services import existing_volume, writable_work_dir  # not for validate
     from warmup.sidecar.server import Sidecar  # only serve loads watchdog and h11
 
+    # Refused at start, as run refuses them: a sidecar that started would answer 503 for ever.
+    load_manifest(settings.paths.manifest)
     existing_volume(settings)
+    writable_work_dir(settings)
     signals: list[int] = []
     starting = True
 
@@ -408,17 +485,8 @@ def _print_shapes(title: str, shapes: list[dict[str, int]]) -> None:
 def settings_errors(error: ValidationError, options: dict[str, Any] | None = None) -> str:
     """One line: each bad setting as its option (or environment variable), the value
     given, and what is allowed."""
-    from warmup.core.settings import Settings  # pydantic: not for validate
+    from warmup.core.settings import describe_errors  # pydantic: not for validate
 
     by_setting = {setting: option for option, setting in OVERRIDES.items()}
-    parts = []
-    for detail in error.errors():
-        variable = Settings.variable(detail["loc"])
-        setting = variable.removeprefix("TRITON_WARMUP_").lower()
-        name = (
-            f"--{by_setting[setting].replace('_', '-')}"
-            if options and setting in options
-            else variable
-        )
-        parts.append(f"{name}={detail.get('input')!r}: {detail['msg'].lower()}")
-    return "; ".join(parts)
+    names = {s: f"--{by_setting[s].replace('_', '-')}" for s in options or {} if s in by_setting}
+    return describe_errors(error, names)

@@ -2,7 +2,8 @@
 
 2 ranks on gloo, Triton's interpreter, the three small AllGather-GEMM shapes and the
 small compiled model (:func:`compiled_mlp`, Inductor's CPU backend) of
-``examples/demo.yaml``, ``./demo-volume`` as the volume, file locks. Each run is
+``examples/demo.yaml``, ``./demo-volume`` as the volume, file locks: each passed
+explicitly, as a pod names its own (the commands have no demo defaults). Each run is
 ``triton-warmup run`` in a process of its own, as in a pod, so that its time to ready
 counts from its own start. The first run tunes the misses and compiles the model, and
 stores both; the second, a new pod (a fresh work folder), finds everything stored for
@@ -56,10 +57,17 @@ KEY_METRICS = (
 )
 
 
+# The demo's own: no command has defaults like these (a pod names its manifest and volume).
+MANIFEST = Path(__file__).resolve().parents[1] / "examples" / "demo.yaml"
+VOLUME, WORK_DIR = Path("demo-volume"), Path("demo-work")
+
+
 def main() -> int:
     # A fresh checkout has no ./demo-volume: the demo asks for it, as a user would with
     # --create-volume (a volume that is not there is otherwise an error).
-    settings = Settings(device="cpu", create_volume=True)
+    settings = Settings(
+        device="cpu", create_volume=True, manifest=MANIFEST, volume=VOLUME, work_dir=WORK_DIR
+    )
     settings = trusting_its_own_key(settings, existing_volume(settings) / "keys")
     logs.configure(settings.logs.format, level=30)  # the demo prints its own story
     manifest = load_manifest(settings.paths.manifest)

@@ -8,7 +8,6 @@ exits 1 when anything is MISSING. The image runs ``doctor --only compiler`` at b
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import json
 import os
@@ -29,7 +28,7 @@ from registry.core.redis_url import redacted
 from registry.locks import LockServerUnreachable, check_backend
 from registry.locks.file_lease import FileLeaseBackend
 from registry.storage.store import Store
-from warmup.core.services import Services
+from warmup.core.services import Services, unwritable
 from warmup.core.settings import Settings
 from warmup.run.gpus import listed_gpus
 
@@ -210,10 +209,26 @@ def check_work_dir(settings: Settings, host: Host) -> Result:
 
 
 def check_volume(settings: Settings, host: Host) -> Result:
-    """The volume is writable and its registry readable; its entries counted as
-    ``registry ls`` counts them (the current generation's, not the store's files)."""
+    """The volume is named, there (a run refuses one that is not, unless asked to make
+    it), writable, and its registry readable; its entries counted as ``registry ls``
+    counts them (the current generation's, not the store's files)."""
     volume, registry = settings.paths.volume, settings.paths.registry_dir
-    error = _unwritable(volume)
+    if not settings.given("volume"):
+        fix = "give --volume (TRITON_WARMUP_VOLUME): the mounted volume's root"
+        return Result("volume", "MISSING", "no volume named", fix)
+    if not volume.is_dir():
+        there = "is not a folder" if volume.exists() else "does not exist"
+        if settings.paths.create_volume and not volume.exists():
+            error = unwritable(volume)
+            if not error:
+                return Result("volume", "OK", f"{volume} {there}: run and serve create it")
+        fix = (
+            "mount the volume there, or point --volume (TRITON_WARMUP_VOLUME) at its mount, "
+            "or let run and serve create it with --create-volume "
+            "(TRITON_WARMUP_CREATE_VOLUME=true)"
+        )
+        return Result("volume", "MISSING", f"{volume} {there}", fix)
+    error = unwritable(volume)
     if error:
         fix = "mount the volume writable for this user (fsGroup), or set TRITON_WARMUP_VOLUME"
         return Result("volume", "MISSING", f"{volume}: {error}", fix)
@@ -231,29 +246,10 @@ def check_volume(settings: Settings, host: Host) -> Result:
 
 
 def _folder_result(name: str, folder: Path, fix: str) -> Result:
-    error = _unwritable(folder)
+    error = unwritable(folder)
     if error:
         return Result(name, "MISSING", f"{folder}: {error}", fix)
     return Result(name, "OK", f"{folder} is writable")
-
-
-def _unwritable(folder: Path) -> str | None:
-    """None when ``folder`` can be created and a file in it written, synced and removed;
-    else why not. Folders made for the probe are removed again."""
-    made = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".doctor-probe-") as probe:
-            probe.write(b"probe")
-            probe.flush()
-            os.fsync(probe.fileno())
-    except OSError as e:
-        return str(e)
-    finally:
-        for path in made:
-            with contextlib.suppress(OSError):
-                path.rmdir()
-    return None
 
 
 # ---- lock backend -------------------------------------------------------------------------
@@ -270,7 +266,7 @@ def check_lock(settings: Settings, host: Host) -> Result:
         fix = "fix TRITON_WARMUP_LOCK_URL (redis://host:port/db)"
         return Result("lock", "MISSING", f"{redacted(url)}: {e}", fix)
     if isinstance(backend, FileLeaseBackend):
-        error = _unwritable(backend.folder)
+        error = unwritable(backend.folder)
         if error:
             fix = "make the lock folder writable, or set TRITON_WARMUP_LOCK_URL"
             return Result("lock", "MISSING", f"{backend.folder}: {error}", fix)
@@ -329,7 +325,6 @@ def add_parser(
     doctor.add_argument(
         "--device", choices=["auto", "cpu", "cuda"], help=f"default {settings.run.device}"
     )
-    doctor.add_argument("--volume", type=Path, help=f"default {settings.paths.volume}")
     doctor.add_argument(
         "--work-dir",
         type=Path,
@@ -344,7 +339,8 @@ def add_parser(
 
 def run(settings: Settings, args: argparse.Namespace, *, host: Host | None = None) -> int:
     """Print the report; 0 when nothing is MISSING, else 1. ``settings`` already hold
-    ``--device``, ``--volume`` and ``--work-dir`` (the CLI validates options as settings)."""
+    ``--device``, ``--volume`` (an option of every command) and ``--work-dir`` (the CLI
+    validates options as settings)."""
     results = diagnose(settings, host or Host.current(), args.only or ())
     ok = all(r.state != "MISSING" for r in results)
     if args.json:

@@ -2,8 +2,8 @@
 whether this host hits what the volume, the bundles and the remote tier hold, and name
 the factor that makes a miss.
 
-    triton-warmup explain           # one line per family
-    triton-warmup explain --json    # the same, for machines
+    triton-warmup explain --manifest M --volume V           # one line per family
+    triton-warmup explain --manifest M --volume V --json    # the same, for machines
 
 One line per cache family (``registry.families``, each module says what it compares;
 ``registry.core.explain.FACTORS`` lists the factors, in the order named): tuned configs,
@@ -41,8 +41,9 @@ def add_parser(
     parser = sub.add_parser(
         "explain", help="predict each cache family's hit or miss on this host, and why"
     )
-    parser.add_argument("--manifest", type=Path, help=f"default {settings.paths.manifest}")
-    parser.add_argument("--volume", type=Path, help=f"default {settings.paths.volume}")
+    parser.add_argument(
+        "--manifest", type=Path, help="the shape manifest (TRITON_WARMUP_MANIFEST); required"
+    )
     parser.add_argument(
         "--work-dir",
         type=Path,

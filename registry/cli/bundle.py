@@ -4,7 +4,6 @@ list bundles of tuned configs and caches, and the keys that sign them."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,6 @@ def add_commands(
     cmds: argparse._SubParsersAction[argparse.ArgumentParser],
     common: list[argparse.ArgumentParser],
     *,
-    default_roots: Mapping[str, Path],
     default_trust: tuple[Path | None, bool],
 ) -> None:
     """``bundle`` (``create``, ``verify``, ``install``, ``sign``, ``list``) and ``keys
@@ -43,7 +41,7 @@ def add_commands(
     ver.add_argument("file", type=Path)
     _trust_options(ver, default_trust)
     ver.set_defaults(handler=_verify)
-    ins = _add_install(bcmds, common, default_roots)
+    ins = _add_install(bcmds, common)
     _trust_options(ins, default_trust)
     sig = bcmds.add_parser("sign", help="sign a bundle with an Ed25519 key", parents=common)
     sig.add_argument("file", type=Path)
@@ -98,19 +96,38 @@ def _add_create(
         help="its place among the bundles of --name: an install refuses one lower than the "
         "installed (default: the time in milliseconds, so later bundles come after)",
     )
-    parser.add_argument("--kernel", help="only this kernel")
+    parser.add_argument("--kernel", help="only this kernel's entries")
+    flags = [f.option.flag.removeprefix("--") for f in families.with_option() if f.option]
     for family in families.with_option():
         assert family.option is not None
-        parser.add_argument(family.option.flag, type=Path, help=family.option.carries)
-    parser.add_argument("--model", help=f"with {_named_options()}: only this name")
+        parser.add_argument(
+            family.option.flag,
+            type=Path,
+            help=family.option.carries.replace("also carry", "carry", 1)
+            + ": from this folder instead of the volume's",
+        )
+    parser.add_argument(
+        "--without",
+        action="append",
+        choices=flags,
+        metavar="FAMILY",
+        help=f"leave this family's files out (repeatable): {', '.join(flags)}",
+    )
+    parser.add_argument(
+        "--configs-only",
+        action="store_true",
+        help="the tuned configs alone: no Triton kernels, compiled models, packages or "
+        "declared folders",
+    )
+    parser.add_argument("--model", help="only this compiled model (or declared folder) by name")
     parser.add_argument("--sign-key", type=Path, help="sign it with this private key (PEM)")
-    parser.set_defaults(handler=create)
+    # the volume's folders that hold something are carried (registry.cli.common)
+    parser.set_defaults(handler=create, family_defaults="carry")
 
 
 def _add_install(
     bcmds: argparse._SubParsersAction[argparse.ArgumentParser],
     common: list[argparse.ArgumentParser],
-    defaults: Mapping[str, Path],
 ) -> argparse.ArgumentParser:
     """``bundle install``: how strictly to check, and where artifacts and compiled models go."""
     ins = bcmds.add_parser(
@@ -126,11 +143,15 @@ def _add_install(
         "undoes the latest install",
     )
     ins.add_argument(
-        "--policy", type=MatchPolicy, default=MatchPolicy.EXACT, choices=list(MatchPolicy)
+        "--policy",
+        default=MatchPolicy.EXACT.value,
+        choices=[p.value for p in MatchPolicy],
+        help="which fingerprints of the bundle's entries this store's machines take "
+        "(default exact)",
     )
-    family_options(ins, defaults)
+    family_options(ins)
     fingerprint_option(ins, allow_none=True)
-    ins.set_defaults(handler=install)
+    ins.set_defaults(handler=install, family_defaults="put")
     return ins
 
 
@@ -145,9 +166,10 @@ def _named_options() -> str:
     return " or ".join(flags)
 
 
-def create(args: argparse.Namespace, store: Store) -> dict[str, Any]:
-    """``bundle create``: the store's entries (and the caches the options name) in one
-    archive, signed when given a key; its manifest."""
+def create(args: argparse.Namespace, store: Store | None) -> dict[str, Any]:
+    """``bundle create``: the store's entries and every cache family's files (from the
+    volume's folders, or those the options name; less those left out) in one archive,
+    signed when given a key; its manifest."""
     for flag, value in (("--name", args.name), ("--version", args.version)):
         if not value:
             raise BadInput(f"{flag} is empty; expected a non-empty {flag[2:]} for the bundle.")
@@ -164,11 +186,16 @@ def create(args: argparse.Namespace, store: Store) -> dict[str, Any]:
     named = [f.name for f in families.with_option() if f.needs_host]
     if args.model is not None and not any(name in chosen for name in named):
         options = _named_options()
-        raise BadInput(f"--model picks among the things stored by name in {options}; give one.")
+        raise BadInput(
+            f"--model picks among the things stored by name in {options}; give one (none "
+            "is carried: the volume has none, or they were left out)."
+        )
     signer = None
     if args.sign_key is not None:
         signer = signing.SigningKey.load(_key_file(args.sign_key))
-    entries = select_entries(store, args.kernel)
+    if store is None and args.kernel is not None:
+        raise BadInput("--kernel picks the store's entries: give --volume (or --store).")
+    entries = [] if store is None else select_entries(store, args.kernel)
     manifest = bundle.create(
         args.out,
         name=args.name,
@@ -261,7 +288,7 @@ def install(args: argparse.Namespace, store: Store) -> dict[str, Any]:
         store,
         trust=trust,
         expect=None if args.fingerprint == "none" else resolve_fingerprint(args.fingerprint),
-        policy=args.policy,
+        policy=MatchPolicy(args.policy),
         force=args.force,
         roots=roots(args),
         allow_downgrade=args.allow_downgrade,

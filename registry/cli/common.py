@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,54 @@ from registry.core.volume import Volume
 from registry.storage.store import Store
 
 MAX_FINGERPRINT_BYTES = 64 * 2**10  # a fingerprint's JSON is ~1 KiB
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where the ``registry`` commands work unless an option says: the store and the
+    volume the settings name (None: none named, TRITON_WARMUP_VOLUME unset), and the pod
+    folders given to the settings, by their setting's name (``triton_cache_dir``)."""
+
+    store: Path | None = None
+    volume: Path | None = None
+    pod: Mapping[str, Path] = field(default_factory=dict)
+
+
+def named_volume(args: argparse.Namespace, place: Place) -> Path | None:
+    """The volume whose family folders the command reads and fills: ``--volume``; else
+    that of ``--store`` when it is a volume's ``registry`` folder (none for another);
+    else the settings' (TRITON_WARMUP_VOLUME)."""
+    given: Path | None = getattr(args, "volume", None)
+    if given is not None:
+        return given
+    if args.store is not None:
+        return args.store.parent if args.store == Volume(args.store.parent).registry else None
+    return place.volume
+
+
+def fill_family_defaults(args: argparse.Namespace, place: Place) -> None:
+    """Each family folder option not given, set from the volume the command names
+    (:func:`named_volume`): ``install`` and ``rollback`` put files in its folder (or, with
+    neither ``--volume`` nor ``--store``, in the pod folder a setting gives), ``create``
+    carries what its folders hold unless left out (``--without``, ``--configs-only``)."""
+    use = getattr(args, "family_defaults", None)  # "put" (install, rollback) or "carry"
+    volume = named_volume(args, place)
+    if use is None or volume is None:
+        return
+    told = getattr(args, "volume", None) is not None or args.store is not None
+    defaults = default_roots(volume, {} if told else place.pod)
+    left_out = set(getattr(args, "without", None) or ())
+    carrying = use == "carry"  # only the folders that hold something
+    for family in families.with_option():
+        assert family.option is not None
+        dest = family.option.dest
+        if getattr(args, dest, None) is not None:
+            continue
+        if carrying and (args.configs_only or dest.replace("_", "-") in left_out):
+            continue
+        default = defaults.get(family.name)
+        if default is not None and (not carrying or default.is_dir()):
+            setattr(args, dest, default)
 
 
 def default_roots(volume: Path, pod: Mapping[str, Path]) -> dict[str, Path]:
@@ -35,21 +84,26 @@ def default_roots(volume: Path, pod: Mapping[str, Path]) -> dict[str, Path]:
     return found
 
 
-def family_options(
-    parser: argparse.ArgumentParser, defaults: Mapping[str, Path], *, undone: bool = False
-) -> None:
+def family_options(parser: argparse.ArgumentParser, *, undone: bool = False) -> None:
     """Each family's folder option where its files go (``bundle install``), by default
-    its folder of ``defaults``; ``undone``: only the families whose install a rollback
-    puts back, and said so."""
+    its folder on the volume (:func:`fill_family_defaults`); ``undone``: only the
+    families whose install a rollback puts back, and said so."""
     for family in families.with_option():
         assert family.option is not None and family.bundled is not None
         if undone and not family.bundled.record_keys():
             continue
-        default = defaults.get(family.name)
         what = f"{family.name}: whose indexes are put back" if undone else family.option.goes
+        where = _on_volume(family)
+        pod = f", or TRITON_WARMUP_{family.option.pod.upper()} if set" if family.option.pod else ""
         parser.add_argument(
-            family.option.flag, type=Path, default=default, help=f"{what} (default {default})"
+            family.option.flag, type=Path, help=f"{what} (default {where} of the volume{pod})"
         )
+
+
+def _on_volume(family: families.Family) -> str:
+    """The family's folder on a volume, for a help line: ``<volume>/inductor``."""
+    root = family.volume_root(Volume(Path("<volume>")))
+    return "its folder" if root is None else root.as_posix()
 
 
 def fingerprint_option(parser: argparse.ArgumentParser, *, allow_none: bool = False) -> None:

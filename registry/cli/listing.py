@@ -49,8 +49,8 @@ def _family_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--inductor",
         type=Path,
-        help="the compiled models' family to read (default: <volume>/inductor of the "
-        "store's volume; none for a --store outside a volume)",
+        help="the compiled models' family to read (default: <volume>/inductor of --volume "
+        "or of the store's volume; none for a --store outside a volume)",
     )
 
 
@@ -132,15 +132,14 @@ def show(args: argparse.Namespace, store: Store) -> dict[str, Any]:
 
 def _family(args: argparse.Namespace) -> Path | None:
     """The compiled models' family that ``ls`` and ``show`` read: ``--inductor`` (it
-    must be there); else the one of the store's volume; None for a ``--store`` that is
-    no volume's ``registry`` folder."""
+    must be there); else the one of the volume the command names
+    (:func:`registry.cli.common.named_volume`); None for a ``--store`` that is no
+    volume's ``registry`` folder."""
     if args.inductor is not None:
         expected = "the compiled models' family of a volume (<volume>/inductor)"
         return existing(args.inductor, folder=True, what="--inductor", expected=expected)
-    if args.store is None:
-        return Path(args.default_inductor)
-    volume = Volume(args.store.parent)
-    return volume.inductor if args.store == volume.registry else None
+    volume: Path | None = args.named_volume
+    return None if volume is None else Volume(volume).inductor
 
 
 def _index_files(family: Path | None) -> list[tuple[str, Path]]:
@@ -157,7 +156,9 @@ def _select_models(
     """A row per readable index of ``family`` (of ``model`` only, when given: it must
     have one), and each index that cannot be read or lies where a restore never looks."""
     if model is not None and family is None:
-        raise BadInput("--model reads the compiled models of a volume; give --inductor.")
+        raise BadInput(
+            "--model reads the compiled models of a volume; give --volume or --inductor."
+        )
     rows, unreadable = [], []
     for rel, path in _index_files(family):
         try:
@@ -220,7 +221,7 @@ def _print_models(
     rows: list[dict[str, Any]], unreadable: list[dict[str, str]], family: Path | None
 ) -> None:
     if family is None:
-        print("compiled models: not read (--store is no volume's registry; give --inductor)")
+        print("compiled models: not read (--store is no volume's registry; give --volume)")
         return
     if rows:
         shown = [

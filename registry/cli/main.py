@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,50 +36,49 @@ IMPORTS = {  # format -> (importer, what its source folder holds)
 }
 
 
-def add_parser(
-    subparsers: Any,
-    *,
-    default_store: Path,
-    default_roots: Mapping[str, Path],
-    default_trust: tuple[Path | None, bool] = (None, False),
-) -> None:
-    """Register ``registry`` and its commands on the top-level CLI. ``default_roots``:
-    each family's folder that ``bundle install`` and ``rollback`` use unless told
-    (:func:`registry.cli.common.default_roots`). ``default_trust``:
+def add_parser(subparsers: Any, *, default_trust: tuple[Path | None, bool] = (None, False)) -> None:
+    """Register ``registry`` and its commands on the top-level CLI. ``default_trust``:
     the trusted keys folder of bundles and the opt-out (TRITON_WARMUP_TRUSTED_BUNDLE_KEYS,
     else TRITON_WARMUP_TRUSTED_KEYS; TRITON_WARMUP_ALLOW_UNSIGNED) that ``bundle verify``
-    and ``install`` use unless told."""
+    and ``install`` use unless told. Where the commands work (the store, each family's
+    folder) is decided when one runs (:func:`run`)."""
     top = subparsers.add_parser(
         "registry", help="inspect and move tuned configs and compiled models"
     )
-    _store_options(top, default_store)
-    top.set_defaults(default_inductor=default_roots.get("inductor"))  # registry ls, show
-    common = [_json_flag()]
+    common = [_json_flag(), _store_options()]
+    _store_options(top)
     cmds = top.add_subparsers(dest="registry_cmd", required=True, metavar="COMMAND")
     cli_listing.add_commands(cmds, common)
     _add_entry_commands(cmds, common)
     rb = cmds.add_parser("rollback", help="undo the latest bundle install", parents=common)
-    cli_common.family_options(rb, default_roots, undone=True)
-    rb.set_defaults(handler=_rollback)
-    cli_bundle.add_commands(
-        cmds,
-        common,
-        default_roots=default_roots,
-        default_trust=default_trust,
+    cli_common.family_options(rb, undone=True)
+    rb.set_defaults(handler=_rollback, family_defaults="put")
+    cli_bundle.add_commands(cmds, common, default_trust=default_trust)
+
+
+def _store_options(top: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    """The store's options, on ``registry`` and (``top`` None: as a parent parser) on
+    each of its commands, so that they are taken before or after the command; SUPPRESS
+    keeps a command from undoing one given before it."""
+    parser = top or argparse.ArgumentParser(add_help=False)
+    parser.add_argument(
+        "--store",
+        type=Path,
+        default=argparse.SUPPRESS,
+        help="the registry folder (default <volume>/registry: --volume, "
+        "TRITON_WARMUP_VOLUME or TRITON_WARMUP_REGISTRY_DIR); a volume's registry folder "
+        "also names its volume",
     )
-
-
-def _store_options(top: argparse.ArgumentParser, default_store: Path) -> None:
-    """The options of ``registry`` itself: which store, and how to print."""
-    top.add_argument("--store", type=Path, help=f"registry folder (default {default_store})")
-    top.add_argument(
+    parser.add_argument(
         "--create-store",
         action="store_true",
+        default=argparse.SUPPRESS,
         help="make the store's folder if it is not there (default: exit 2 for a command "
         "that reads or writes it)",
     )
-    top.set_defaults(default_store=default_store)
-    top.add_argument("--json", action="store_true", help="machine-readable output")
+    if top is not None:
+        parser.add_argument("--json", action="store_true", help="machine-readable output")
+    return parser
 
 
 def _json_flag() -> argparse.ArgumentParser:
@@ -111,35 +110,54 @@ def _add_entry_commands(
     fp.set_defaults(handler=_fingerprint)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run the parsed command: 0 done. Its errors propagate to the caller
+def run(args: argparse.Namespace, place: cli_common.Place | None = None) -> int:
+    """Run the parsed command where ``place`` says unless its options say
+    (:class:`registry.cli.common.Place`): 0 done. Its errors propagate to the caller
     (``warmup.cli``), which ends by their class: :class:`BadInput` exits 2, a
     :class:`RegistryError` 1, each one line on stderr (``--debug``: its traceback)."""
-    handler: Callable[[argparse.Namespace, Store], Any] = args.handler
+    place = place or cli_common.Place()
+    args.store = getattr(args, "store", None)
+    args.create_store = getattr(args, "create_store", False)
+    args.named_volume = cli_common.named_volume(args, place)
+    cli_common.fill_family_defaults(args, place)
+    handler: Callable[[argparse.Namespace, Store | None], Any] = args.handler
+    root = _store_root(args, place)
     # _store_root refused every store the command may not make; a write makes the rest
-    result = handler(args, Store(_store_root(args), create=True))
+    result = handler(args, None if root is None else Store(root, create=True))
     if args.json:
         print(json.dumps(result, indent=2, sort_keys=True, default=str))
     return 0
 
 
-def _store_root(args: argparse.Namespace) -> Path:
-    """The store's folder. A command that reads or writes the store needs it there, or
-    ``--create-store``: a mistyped path must not read as an empty store, nor start a new
-    one. The store of a volume that is there may be missing (nothing stored yet): the
-    default store, or a ``--store`` that is a volume's ``registry`` folder. A writer
-    (import, install) makes it on its first write; those that never open it do not care."""
-    root: Path = args.store or args.default_store
-    if args.handler not in (*_READERS, *_WRITERS) or (
-        args.handler is cli_bundle.create and cli_bundle.carries_more(args)
-    ):
+NO_VOLUME = (
+    "no volume named: give --volume VOLUME (or --store REGISTRY), or set TRITON_WARMUP_VOLUME"
+)
+
+
+def _store_root(args: argparse.Namespace, place: cli_common.Place) -> Path | None:
+    """The store's folder; None for a command that needs none. A command that reads or
+    writes the store needs it named and there, or ``--create-store``: a mistyped path
+    must not read as an empty store, nor start a new one. The store of a volume that is
+    there may be missing (nothing stored yet): the volume's own, or a ``--store`` that is
+    a volume's ``registry`` folder. A writer (import, install) makes it on its first
+    write; those that never open it do not care."""
+    root: Path | None = args.store or place.store
+    if args.handler not in (*_READERS, *_WRITERS):
         return root
+    if args.handler is cli_bundle.create and cli_bundle.carries_more(args):
+        return root  # the caches alone make a bundle: a store, if any, adds its entries
+    if root is None:
+        raise BadInput(NO_VOLUME + ".")
     of_a_volume = args.store is None or root == Volume(root.parent).registry
     if of_a_volume and not args.create_store and root.parent.is_dir():
         return root
-    given = args.store is not None
-    what = "--store" if given else "the default store"
-    check = "the path" if given else "TRITON_WARMUP_VOLUME (or TRITON_WARMUP_REGISTRY_DIR)"
+    option = getattr(args, "volume", None) is not None
+    what = "--store" if args.store else "the store of --volume" if option else "the default store"
+    check = (
+        "the path"
+        if args.store or option
+        else "TRITON_WARMUP_VOLUME (or TRITON_WARMUP_REGISTRY_DIR)"
+    )
     fix = f"check {check}, or create an empty store with --create-store"
     writes = args.handler in _WRITERS
     try:

@@ -98,7 +98,8 @@ def test_serve_on_a_port_in_use_says_so(pod, capsys):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        assert main(["serve", "--host", "127.0.0.1", "--port", str(port)]) == 2
+        argv = ["serve", "--manifest", str(DEMO), "--host", "127.0.0.1", "--port", str(port)]
+        assert main(argv) == 2
     line = one_line_error(capsys)
     assert f"cannot listen on 127.0.0.1:{port}" in line and "TRITON_WARMUP_METRICS_PORT" in line
 
@@ -113,7 +114,7 @@ def test_a_signing_key_others_can_read_stops_run_and_serve_in_one_line(
     private.chmod(0o644)  # a copy that lost its mode
     monkeypatch.setenv("TRITON_WARMUP_SIGNING_KEY", str(private))
     monkeypatch.setenv("TRITON_WARMUP_ALLOW_UNSIGNED", "true")
-    args = ["--manifest", str(DEMO)] if command == "run" else ["--port", "0"]
+    args = ["--manifest", str(DEMO)] + (["--port", "0"] if command == "serve" else [])
     assert main([command, *args]) == 2
     line = one_line_error(capsys)
     assert f"{private} has mode 0644: others can read it; chmod 0600" in line

@@ -4,10 +4,11 @@ for the server) follows it, unless set on its own."""
 
 import json
 import signal
+from pathlib import Path
 
 import pytest
 
-from tests.conftest import DEMO
+from tests.conftest import DEMO, error_line
 from warmup.cli import build_parser, main
 from warmup.core.results import RunStatus
 from warmup.core.settings import Settings
@@ -95,7 +96,7 @@ def test_explain_reads_the_folder_given(isolated, monkeypatch):
 
     monkeypatch.setattr("warmup.explain.run", explained)
     work = isolated / "given-work"
-    assert main(["explain", "--work-dir", str(work)]) == 0
+    assert main(["explain", "--manifest", str(DEMO), "--work-dir", str(work)]) == 0
     paths = seen[0].paths
     assert paths.work_dir == work
     assert seen[0].folders.triton_cache_dir == work / "triton-cache"
@@ -107,3 +108,18 @@ def test_a_work_dir_that_cannot_be_made_is_missing_with_its_fix(isolated, capsys
     argv = ["doctor", "--device", "cpu", "--only", "cache", "--work-dir", str(blocker / "w")]
     assert main(argv) == 1  # the doctor says MISSING, with its fix
     assert "TRITON_WARMUP_WORK_DIR" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", ["run", "serve"])
+@pytest.mark.parametrize("where", ["/proc/nope", "under-a-file"])
+def test_a_work_dir_that_cannot_be_made_is_refused_at_start(isolated, capsys, command, where):
+    (isolated / "volume").mkdir()
+    blocker = isolated / "a-file"
+    blocker.write_text("")
+    work = blocker / "w" if where == "under-a-file" else Path(where)
+    before = sorted(isolated.rglob("*"))
+    argv = [command, "--manifest", str(DEMO), "--work-dir", str(work), "--port", "0"]
+    assert main(argv[:-2] if command == "run" else argv) == 2  # before any rank or socket
+    line = error_line(capsys.readouterr().err)
+    assert f"work dir '{work}' cannot be made or written" in line and "--work-dir" in line
+    assert sorted(isolated.rglob("*")) == before  # nothing written

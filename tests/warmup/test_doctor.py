@@ -198,6 +198,7 @@ def test_torch_that_sees_the_gpus_is_ok(tmp_path, monkeypatch):
 
 def test_writable_folders_pass_and_the_probe_leaves_nothing_behind(tmp_path, scratch):
     settings = settings_for(tmp_path, work_dir=tmp_path / "work" / "deep")
+    settings.paths.volume.mkdir()  # mounted, nothing on it yet
     rows = by_name(diagnose(settings, Host(), ["cache", "volume", "lock"]))
     assert {name: r.state for name, r in rows.items()} == {
         "cache/triton": "OK",
@@ -206,7 +207,8 @@ def test_writable_folders_pass_and_the_probe_leaves_nothing_behind(tmp_path, scr
         "lock": "OK",
     }
     assert "registry" in rows["volume"].detail and "not created yet" in rows["volume"].detail
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["scratch"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["scratch", "volume"]
+    assert list(settings.paths.volume.iterdir()) == []
 
 
 def test_folders_that_cannot_be_created_are_missing_with_a_fix(tmp_path):
@@ -222,13 +224,38 @@ def test_folders_that_cannot_be_created_are_missing_with_a_fix(tmp_path):
     assert [r.state for r in rows.values()] == ["MISSING", "OK", "MISSING", "MISSING"]
     assert "Not a directory" in rows["cache/triton"].detail
     assert "TRITON_WARMUP_TRITON_CACHE_DIR" in rows["cache/triton"].fix
-    assert "TRITON_WARMUP_VOLUME" in rows["volume"].fix
+    assert (
+        "TRITON_WARMUP_VOLUME" in rows["volume"].fix and "does not exist" in rows["volume"].detail
+    )
     assert "TRITON_WARMUP_LOCK_URL" in rows["lock"].fix
+    blocker.unlink()
+    blocker.mkdir()  # a volume that can be made: still MISSING, a run would refuse it
+    assert diagnose(settings, Host(), ["volume"])[0].state == "MISSING"
+    assert not (blocker / "volume").exists()
+    made = diagnose(settings.updated(create_volume=True), Host(), ["volume"])[0]
+    assert made.state == "OK" and "run and serve create it" in made.detail
+    assert not (blocker / "volume").exists()  # the probe leaves nothing behind
+
+
+def test_a_volume_not_there_or_not_named_is_missing_with_its_fix(tmp_path, capsys, monkeypatch):
+    from warmup.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("TRITON_WARMUP_VOLUME", raising=False)
+    missing = tmp_path / "nonexistent"
+    assert main(["doctor", "--only", "volume", "--volume", str(missing)]) == 1
+    out = capsys.readouterr().out
+    assert f"volume  MISSING  {missing} does not exist" in out
+    assert "--create-volume" in out and "mount the volume there" in out
+    assert "is writable" not in out and not missing.exists()
+    assert main(["doctor", "--only", "volume"]) == 1  # none named: no demo default
+    assert "no volume named" in capsys.readouterr().out and not (tmp_path / "demo-volume").exists()
 
 
 def test_an_unreadable_registry_is_missing(tmp_path):
     registry = tmp_path / "registry-file"
     registry.write_text("")
+    (tmp_path / "volume").mkdir()
     result = doctor.check_volume(settings_for(tmp_path, registry_dir=registry), Host())
     assert result.state == "MISSING" and "TRITON_WARMUP_REGISTRY_DIR" in result.fix
 
@@ -332,6 +359,7 @@ def test_run_prints_a_table_with_fixes_and_exits_1_on_a_miss(tmp_path, capsys):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     settings = settings_for(tmp_path, triton_cache_dir=blocker / "cache")
+    settings.paths.volume.mkdir()
     assert doctor.run(settings, parse(settings, "--only", "cache", "--only", "volume")) == 1
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["CHECK", "STATE", "DETAIL"]
@@ -355,6 +383,7 @@ def test_command_line_options_override_the_settings(tmp_path, capsys, monkeypatc
     monkeypatch.setenv("TRITON_WARMUP_VOLUME", str(tmp_path / "volume"))
     monkeypatch.setenv("TRITON_WARMUP_WORK_DIR", str(tmp_path / "work"))
     monkeypatch.setenv("TRITON_WARMUP_DEVICE", "cuda")  # the option's cpu wins
+    (tmp_path / "other").mkdir()
     args = ["doctor", "--device", "cpu", "--volume", str(tmp_path / "other"), "--json"]
     assert main(args) == 0
     rows = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}

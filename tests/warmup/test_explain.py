@@ -26,6 +26,7 @@ from registry.remote.tier import RemoteTier
 from registry.storage.store import Store
 from tests._trust import UNSIGNED_OK
 from tests.conftest import (
+    DEMO,
     env_without_interpreter,
     error_line,
     gpu_fingerprint,
@@ -287,6 +288,7 @@ def test_the_command_prints_one_line_per_family_and_json_for_machines(tmp_path, 
     env = {
         "TRITON_WARMUP_VOLUME": str(settings.paths.volume),
         "TRITON_WARMUP_WORK_DIR": str(tmp_path),
+        "TRITON_WARMUP_MANIFEST": str(ROOT / "examples" / "demo.yaml"),
     }
     done = subprocess.run(
         [sys.executable, "-m", "warmup", "explain", "--device", "cpu", "--json"],
@@ -308,7 +310,8 @@ def _explain(capsys, monkeypatch, *args: str) -> tuple[int, str, str]:
     from warmup.cli import main
 
     monkeypatch.setenv("TRITON_WARMUP_REMOTE_URL", "off")
-    code = main(["explain", "--device", "cpu", *args])
+    manifest = [] if "--manifest" in args else ["--manifest", str(DEMO)]
+    code = main(["explain", "--device", "cpu", *manifest, *args])
     out, err = capsys.readouterr()
     return code, out, err
 

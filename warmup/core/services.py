@@ -12,13 +12,16 @@ URL is an error where it is first needed, as it was before.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
+import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from registry.core.errors import RegistryError
+from registry.core.errors import BadInput, RegistryError
 from registry.core.volume import Volume, existing_folder
 from registry.locks import LockBackend, backend_from_url
 from registry.remote.freshness import FILE_NAME as FRESHNESS_FILE
@@ -44,6 +47,38 @@ def existing_volume(settings: Settings, fix: str | None = None) -> Path:
     return existing_folder(
         paths.volume, what="volume", create=paths.create_volume, fix=fix or VOLUME_FIX_CLI
     )
+
+
+def writable_work_dir(settings: Settings) -> Path:
+    """The work dir, when it can be made and written (checked, then left as it was);
+    :class:`BadInput` saying why not, before a command starts its work."""
+    folder = settings.paths.work_dir
+    error = unwritable(folder)
+    if error:
+        raise BadInput(
+            f"work dir '{folder}' cannot be made or written ({error}): check --work-dir "
+            "(TRITON_WARMUP_WORK_DIR); a pod's is an emptyDir"
+        )
+    return folder
+
+
+def unwritable(folder: Path) -> str | None:
+    """None when ``folder`` can be made and a file in it written, synced and removed;
+    else why not. The folders made for the probe are removed again."""
+    made = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".probe-") as probe:
+            probe.write(b"probe")
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as e:
+        return str(e)
+    finally:
+        for path in made:
+            with contextlib.suppress(OSError):
+                path.rmdir()
+    return None
 
 
 @dataclass(frozen=True)

@@ -11,14 +11,15 @@ the settings (the store, the remote tier, the locks, the trust) is built by
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from registry import families
+from registry.core.errors import BadInput
 from registry.core.redis_url import is_redis
 from warmup.core.settings_groups import (
     FolderSettings,
@@ -38,7 +39,10 @@ PREFIX = "TRITON_WARMUP_"
 
 
 class Settings(BaseSettings):
-    """Embedded defaults run the demo: a local folder as the volume, file locks, CPU."""
+    """Every setting has a default, so that a test or a library call can make settings
+    from a few keywords; the manifest and the volume's are placeholders, which ``run``,
+    ``serve``, ``explain``, the registry's store commands and ``Serving()`` refuse unless
+    given (:func:`require`): a pod sets both."""
 
     model_config = SettingsConfigDict(
         env_prefix=PREFIX, extra="forbid", use_attribute_docstrings=True
@@ -221,3 +225,43 @@ class FlatEnvironment(PydanticBaseSettingsSource):
             if value is not None:
                 found[name] = value
         return route(found, Settings.names())
+
+
+class SettingsError(BadInput, ValueError):
+    """Settings that cannot be used: bad values, or one a caller needs not given. Its
+    message is one line naming each variable (bad input: exit 2)."""
+
+
+def from_environment() -> Settings:
+    """``Settings()`` read from the environment; :class:`SettingsError` (one line, each
+    bad variable with its value and what is allowed) instead of pydantic's report."""
+    try:
+        return Settings()
+    except ValidationError as e:
+        raise SettingsError(f"bad settings: {describe_errors(e)}") from None
+
+
+def describe_errors(error: ValidationError, options: Mapping[str, str] | None = None) -> str:
+    """One line: each bad setting as its variable (or ``options``' name for it: a
+    command line's ``--world-size``), the value given, and what is allowed."""
+    parts = []
+    for detail in error.errors():
+        variable = Settings.variable(detail["loc"])
+        setting = variable.removeprefix(PREFIX).lower()
+        name = (options or {}).get(setting, variable)
+        parts.append(f"{name}={detail.get('input')!r}: {detail['msg'].lower()}")
+    return "; ".join(parts)
+
+
+def require(
+    settings: Settings, names: Iterable[str], *, who: str, ways: Mapping[str, str] | None = None
+) -> None:
+    """:class:`SettingsError` when a setting of ``names`` was not given (its default is a
+    placeholder, never a pod's): one line saying that ``who`` needs it, and how to give
+    each (``ways``' words for it, else its variable)."""
+    missing = [name for name in names if not settings.given(name)]
+    if not missing:
+        return
+    needed = " and ".join(f"the {name}" for name in missing)
+    how = "; ".join((ways or {}).get(name, PREFIX + name.upper()) for name in missing)
+    raise SettingsError(f"{who} needs {needed}: give {how}")

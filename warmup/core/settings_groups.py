@@ -70,12 +70,15 @@ class PathSettings(Group):
     """Where things are: the volume, this pod's folders, the files the processes share."""
 
     volume: Path = Path("demo-volume")
-    """the mounted volume's root"""
+    """the mounted volume's root; run, serve, explain, Serving() and the registry's store
+    commands refuse to start unless it is set (a pod always sets it; make demo passes its
+    own)"""
     create_volume: bool = False
     """make the volume's folder when it is not there; else run and serve refuse it (exit
     2), so that a mistyped path never starts an empty volume"""
     manifest: Path = Path("examples/demo.yaml")
-    """the shape manifest"""
+    """the shape manifest; run, serve, explain and Serving() refuse to start unless it is
+    set (a pod always sets it; make demo passes its own)"""
     work_dir: Path = Path("demo-work")
     """this pod's scratch folder"""
     registry_dir: Path = derived()

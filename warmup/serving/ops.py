@@ -37,7 +37,7 @@ from warmup.compiled.learned import Recorder, shared_dims
 from warmup.core.collectives import Lockstep
 from warmup.core.manifest import Manifest, ManifestError, load_manifest
 from warmup.core.services import Services
-from warmup.core.settings import Settings
+from warmup.core.settings import Settings, from_environment, require
 from warmup.serving.compile_guard import guard_from_settings
 from warmup.serving.declared import declared_layers
 from warmup.serving.follower import Follower, exempt
@@ -55,6 +55,13 @@ if TYPE_CHECKING:
 
 __all__ = ["OnMissing", "Serving", "ServingError", "ServingOp"]
 log = logging.getLogger(__name__)
+
+
+NO_MANIFEST = "not set: Serving() reads the manifest it names, or Settings(manifest=...)"
+SERVING_WAYS = {  # how a server gives what Serving() needs: the pod's variables
+    "manifest": "TRITON_WARMUP_MANIFEST (or Settings(manifest=...))",
+    "volume": "TRITON_WARMUP_VOLUME (or Settings(volume=...))",
+}
 
 
 def _preload(settings: Settings) -> Preload | None:
@@ -75,7 +82,11 @@ class Serving:
         """``rank`` names this process's metrics file and label; by default its
         torch.distributed rank. Processes of one pod that share a rank (several
         engines) must pass distinct ones, or they overwrite each other's file."""
-        self.settings = settings or Settings()
+        # The pod's settings: a bad or missing variable is one line, no pydantic report, and
+        # the placeholder of an unset volume (or, read from the pod, manifest) never serves.
+        needs = ("volume",) if settings is not None else ("manifest", "volume")
+        self.settings = settings if settings is not None else from_environment()
+        require(self.settings, needs, who="Serving()", ways=SERVING_WAYS)
         self.rank = _rank() if rank is None else rank
         self.services = Services(self.settings)  # built once here: Serving() is an entry point
         self.store = self.services.store()
@@ -278,6 +289,8 @@ class Serving:
         """The settings' manifest, read once (each model and ``declare_warm`` ask it);
         :class:`ManifestError` or OSError while it cannot be read."""
         if self._manifest is None:
+            if not self.settings.given("manifest"):  # an op alone needs none; a model does
+                raise ManifestError("TRITON_WARMUP_MANIFEST", [NO_MANIFEST])
             self._manifest = load_manifest(self.settings.paths.manifest)
         return self._manifest
 

@@ -83,15 +83,26 @@ def test_a_derived_default_is_told_apart_from_a_given_value():
 
 
 def test_the_registry_cli_installs_triton_files_in_the_volume_unless_told(tmp_path):
-    from warmup.cli import build_parser
+    from warmup.cli import _place, build_parser
 
-    def default_cache(settings):
+    def default_cache(settings, *before):
+        from registry.cli.common import fill_family_defaults
+
         parser = build_parser(settings)
-        return parser.parse_args(["registry", "bundle", "install", "b.tar.gz"]).triton_cache
+        args = parser.parse_args(["registry", *before, "bundle", "install", "b.tar.gz"])
+        args.store = getattr(args, "store", None)
+        fill_family_defaults(args, _place(settings))
+        return args.triton_cache
 
-    volume = tmp_path / "volume"
+    volume, other = tmp_path / "volume", tmp_path / "other"
     assert default_cache(Settings(volume=volume)) == volume / "triton-cache"
     assert default_cache(Settings(volume=volume, triton_cache_dir="/c")) == Path("/c")
+    # a volume named on the command line is the one written, whatever the pod's folders
+    named = default_cache(Settings(volume=volume, triton_cache_dir="/c"), "--volume", str(other))
+    assert named == other / "triton-cache"
+    stored = default_cache(Settings(triton_cache_dir="/c"), "--store", str(other / "registry"))
+    assert stored == other / "triton-cache"
+    assert default_cache(Settings()) is None  # no volume named: nowhere by default
 
 
 def test_an_update_derives_the_defaults_again_and_reads_no_environment(monkeypatch, tmp_path):
@@ -188,3 +199,30 @@ def test_an_update_changes_only_its_copy():
     assert moved.remote.url == "off" and moved.run.device == "cpu"
     with pytest.raises(TypeError, match="unknown settings: nope"):
         settings.updated(nope=1)
+
+
+def test_bad_variables_are_one_line_naming_each(monkeypatch):
+    from warmup.core.settings import SettingsError, from_environment
+
+    monkeypatch.setenv("TRITON_WARMUP_LOCK_TTL_S", "-3")
+    monkeypatch.setenv("TRITON_WARMUP_WORLD_SIZE", "nine")
+    with pytest.raises(SettingsError) as bad:
+        from_environment()
+    message = str(bad.value)
+    assert "\n" not in message and bad.value.__suppress_context__  # no pydantic report
+    assert "TRITON_WARMUP_LOCK_TTL_S='-3'" in message and "TRITON_WARMUP_WORLD_SIZE" in message
+
+
+def test_a_setting_not_given_is_refused_by_who_needs_it(monkeypatch, tmp_path):
+    from warmup.core.settings import SettingsError, require
+
+    monkeypatch.delenv("TRITON_WARMUP_MANIFEST", raising=False)
+    monkeypatch.delenv("TRITON_WARMUP_VOLUME", raising=False)
+    with pytest.raises(SettingsError) as missing:
+        require(Settings(), ["manifest", "volume"], who="run", ways={"manifest": "--manifest"})
+    assert str(missing.value) == (
+        "run needs the manifest and the volume: give --manifest; TRITON_WARMUP_VOLUME"
+    )
+    require(Settings(manifest=tmp_path / "m.yaml", volume=tmp_path), ["manifest"], who="run")
+    monkeypatch.setenv("TRITON_WARMUP_MANIFEST", "m.yaml")  # the environment gives it too
+    require(Settings(), ["manifest"], who="run")
