@@ -361,7 +361,7 @@ def recipe_lines(text: str, word: str) -> list[str]:
 
 def test_notes_tell_how_to_watch_and_publish(chart):
     text = notes(render(chart, VARIANTS["configmap-bundles"])[1])
-    assert "/readyz" in text and "registry bundle create" in text and "fleet-bundles" in text
+    assert "/readyz" in text and "bundle create" in text and "fleet-bundles" in text
     (create,) = recipe_lines(text, "bundle create")
     assert "--sign-key" in create  # the chart's default trust refuses an unsigned bundle
     assert "triton-warmup-trusted-keys" in text  # the Secret whose keys must sign it

@@ -4,6 +4,7 @@ PodDisruptionBudget and the manifest's checksum (each variant is also rendered a
 validated against Kubernetes' schemas in test_chart.py)."""
 
 import hashlib
+import re
 
 import helm_python as helm
 import pytest
@@ -126,6 +127,13 @@ def test_a_disruption_budget_when_asked(chart, extended):
     both = {"podDisruptionBudget": {"enabled": True, "minAvailable": 1, "maxUnavailable": 1}}
     with pytest.raises(helm.HelmError, match="not both"):
         render(chart, both)
+    for zero, given in (("maxUnavailable", 0), ("minAvailable", 0), ("maxUnavailable", "0")):
+        budget = {"podDisruptionBudget": {"enabled": True, zero: given}}
+        (pdb,) = by_kind(render(chart, budget)[0], "PodDisruptionBudget")
+        assert pdb["spec"][zero] == 0, zero  # 0 is a value: no evictions, not the default 1
+    with pytest.raises(helm.HelmError, match="not both"):
+        both_zero = {"enabled": True, "minAvailable": 0, "maxUnavailable": 2}
+        render(chart, {"podDisruptionBudget": both_zero})
 
 
 def checksum(objects) -> str | None:
@@ -145,3 +153,22 @@ def test_the_pods_roll_when_the_manifest_changes(chart):
     assert checksum(given) == "ab" * 32
     unknown, _ = render(chart, VARIANTS["existing-manifest"])
     assert checksum(unknown) is None
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"podLabels": {"app.kubernetes.io/name": "x"}}, "podLabels: app.kubernetes.io/name"),
+        ({"podLabels": {"app.kubernetes.io/component": "x"}}, "podLabels: app.kubernetes.io/comp"),
+        ({"podAnnotations": {"checksum/manifest": "abc"}}, "set manifest.checksum"),
+        ({"server": {"ports": [{"name": "http", "containerPort": 9000}]}}, "server.ports"),
+        ({"server": {"ports": [{"name": "grpc", "containerPort": 8000}]}}, "server.ports"),
+        ({"extraVolumes": [{"name": "home", "emptyDir": {}}]}, "extraVolumes: home"),
+        ({"extraVolumes": [{"name": "declared-cache-0", "emptyDir": {}}]}, "declared-cache-0"),
+    ],
+)
+def test_an_extension_that_collides_with_the_charts_own_fails_with_one_message(
+    chart, values, message
+):
+    with pytest.raises(helm.HelmError, match=re.escape(message)):
+        render(chart, values)

@@ -181,3 +181,30 @@ value is null (turned off). */}}
 {{- fail (printf "engine=%s cannot run as set: set %s" $name (join "; " $missing)) -}}
 {{- end -}}
 {{- end -}}
+
+{{/* What an operator adds must not collide with what the chart renders: a duplicate key,
+port or volume passes the schema and fails only at install (or breaks the selector). */}}
+{{- define "triton-warmup.checkExtensions" -}}
+{{- $own := include "triton-warmup.labels" . | fromYaml -}}
+{{- $_ := set $own "app.kubernetes.io/component" "inference-server" -}}
+{{- range $key, $_ := (.Values.podLabels | default dict) -}}
+{{- if hasKey $own $key -}}
+{{- fail (printf "podLabels: %s is a label the chart sets (its selector and component); use another key" $key) -}}
+{{- end -}}
+{{- end -}}
+{{- if hasKey (.Values.podAnnotations | default dict) "checksum/manifest" -}}
+{{- fail "podAnnotations: checksum/manifest is the chart's own; set manifest.checksum to give it for an existing ConfigMap" -}}
+{{- end -}}
+{{- $port := include "triton-warmup.serverPort" . | int -}}
+{{- range (.Values.server.ports | default list) -}}
+{{- if or (eq (toString .name) "http") (eq (int .containerPort) $port) -}}
+{{- fail (printf "server.ports: the chart already exposes the server's port %d as http; list only other ports (server.port sets that one)" $port) -}}
+{{- end -}}
+{{- end -}}
+{{- $reserved := list "cache-volume" "triton-cache" "inductor-cache" "warmup-work" "family-folders" "serving-metrics" "tmp" "server-tmp" "home" "dshm" "manifest" "bundles" "trusted-keys" "bundle-keys" "signing-key" "redis-ca" -}}
+{{- range (.Values.extraVolumes | default list) -}}
+{{- if or (has .name $reserved) (hasPrefix "declared-cache-" (toString .name)) -}}
+{{- fail (printf "extraVolumes: %s is a volume the chart mounts; name yours otherwise" .name) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
