@@ -71,6 +71,16 @@ def test_the_engines_folders_are_mounted_in_all_three_containers_and_declared(ch
             assert {env(by_name[c])[variable] for c in THREE} == {path}
 
 
+def test_sglangs_inductor_cache_is_kept_with_its_folder(chart):
+    """Without its piecewise backend SGLang compiles with Inductor's own cache dir, which no
+    declared model's harvest keeps: the server's lies under SGLang's declared folder."""
+    by_name, _ = containers(render(chart, VARIANTS["engine-sglang"])[0])
+    assert env(by_name["server"])["TORCHINDUCTOR_CACHE_DIR"] == f"{ROOT_DIR}/sglang/torchinductor"
+    assert env(by_name["warmup"])["TORCHINDUCTOR_CACHE_DIR"] == "/var/cache/torchinductor"
+    by_name, _ = containers(render(chart, VARIANTS["engine-vllm"])[0])  # vLLM sets its own
+    assert env(by_name["server"])["TORCHINDUCTOR_CACHE_DIR"] == "/var/cache/torchinductor"
+
+
 def test_sglangs_folders_and_deepgemms_redirect(chart):
     by_name, _ = containers(render(chart, VARIANTS["engine-sglang"])[0])
     server = env(by_name["server"])

@@ -255,6 +255,27 @@ before the process starts (the CUDA driver reads its cache path when CUDA starts
 {{- define "triton-warmup.inductorEnv" -}}
 - name: TORCHINDUCTOR_CACHE_DIR
   value: {{ include "triton-warmup.inductorCachePath" . | quote }}
+{{- include "triton-warmup.inductorRest" . }}
+{{- end -}}
+
+{{/* The server's: SGLang without its piecewise backend compiles with Inductor's own cache,
+which no declared model's harvest keeps: it goes under SGLang's declared folder instead,
+kept whole with it (its piecewise backend sets its own dir there anyway). */}}
+{{- define "triton-warmup.serverInductorEnv" -}}
+{{- $sglang := dict -}}
+{{- range (include "triton-warmup.engineFolders" . | fromJsonArray) -}}
+{{- if eq .engine "sglang" }}{{ $sglang = . }}{{ end -}}
+{{- end -}}
+{{- if $sglang -}}
+- name: TORCHINDUCTOR_CACHE_DIR
+  value: {{ printf "%s/torchinductor" $sglang.path | quote }}
+{{- include "triton-warmup.inductorRest" . }}
+{{- else -}}
+{{- include "triton-warmup.inductorEnv" . }}
+{{- end -}}
+{{- end -}}
+
+{{- define "triton-warmup.inductorRest" }}
 - name: TORCHINDUCTOR_FX_GRAPH_CACHE
   value: "1"
 - name: TORCHINDUCTOR_AUTOGRAD_CACHE
