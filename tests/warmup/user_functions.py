@@ -21,6 +21,9 @@ def record_call(*, shape: dict[str, int], dtype: Any, device: Any) -> None:
                     "dtype": str(dtype),
                     "device": str(device),
                     "rank": dist.get_rank() if dist.is_initialized() else 0,
+                    # what Serving() made here from the environment would read
+                    "manifest": os.environ.get("TRITON_WARMUP_MANIFEST"),
+                    "volume": os.environ.get("TRITON_WARMUP_VOLUME"),
                 }
             )
             + "\n"

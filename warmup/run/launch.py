@@ -195,6 +195,11 @@ def _spawn_ranks(
             "TRITON_CACHE_AUTOTUNING": "1",
             **inductor_environment(settings),
             CHILD_FLAG: str(run_dir.resolve()),
+            # a model's build that makes Serving() from the environment (serving ops in its
+            # graph) sees this run's paths, given as options or variables
+            "TRITON_WARMUP_MANIFEST": str(settings.paths.manifest.resolve()),
+            "TRITON_WARMUP_VOLUME": str(settings.paths.volume.resolve()),
+            "TRITON_WARMUP_WORK_DIR": str(settings.paths.work_dir.resolve()),
         }
         if settings.run.device == "cpu":
             env["TRITON_INTERPRET"] = "1"

@@ -180,10 +180,17 @@ def test_a_killed_rank_fails_the_run_and_leaves_a_usable_registry(tmp_path):
 def test_user_functions_are_called_per_shape_and_their_errors_reported(tmp_path, monkeypatch):
     log = tmp_path / "calls.jsonl"
     monkeypatch.setenv("TEST_USER_LOG", str(log))
+    for given_as_options in ("TRITON_WARMUP_MANIFEST", "TRITON_WARMUP_VOLUME"):
+        monkeypatch.delenv(given_as_options, raising=False)
     record = entry(USER + "record_call", 2, "{M: {pow2: [1, 4]}, N: 8, K: 8}", dtype="bf16")
     manifest = manifest_of(tmp_path, record, entry(USER + "raise_error", 2, "{M: 2, N: 2, K: 2}"))
-    status = run(settings_for(tmp_path, manifest=manifest), load_manifest(manifest))
+    settings = settings_for(tmp_path, manifest=manifest)
+    status = run(settings, load_manifest(manifest))
     calls = [json.loads(line) for line in log.read_text().splitlines()]
+    # a rank's code that makes Serving() from the environment finds this run's paths
+    assert {(c["manifest"], c["volume"]) for c in calls} == {
+        (str(manifest.resolve()), str(settings.paths.volume.resolve()))
+    }
     assert sorted((c["rank"], c["shape"]["M"]) for c in calls) == [
         (r, m) for r in (0, 1) for m in (1, 2, 4)
     ]
