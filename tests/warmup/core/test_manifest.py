@@ -75,7 +75,10 @@ def entry(**changes):
     "text,expected",
     [
         ("", "(top): Input should be a valid dictionary"),
-        ("version: 1\nentries: []", "the manifest declares nothing to warm: add entries, models or caches"),
+        (
+            "version: 1\nentries: []",
+            "the manifest declares nothing to warm: add entries, models or caches",
+        ),
         ('{"version": 2, "entries": []}', "version: Input should be 1"),
         ('{"version": 1, "entries": [], "extra": 3}', "extra: Extra inputs are not permitted"),
         ("version: [1\n", "not YAML or JSON"),
