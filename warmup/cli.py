@@ -154,8 +154,9 @@ def _work_dir_option(parser: argparse.ArgumentParser, settings: Settings) -> Non
     parser.add_argument(
         "--work-dir",
         type=Path,
-        help="this pod's scratch folder: the status file and the caches restored for the "
-        f"server lie under it unless set on their own (default {settings.paths.work_dir})",
+        help="this pod's scratch folder (TRITON_WARMUP_WORK_DIR): the status file and the "
+        "caches restored for the server lie under it unless set on their own; needed by "
+        "run, serve, explain, and status without --file",
     )
 
 
@@ -254,10 +255,13 @@ def exit_code(error: BaseException) -> int:
 
 
 NEEDS = {  # command -> the settings it refuses to start without: no demo defaults
-    "run": ("manifest", "volume"),
-    "serve": ("manifest", "volume"),
-    "explain": ("manifest", "volume"),
+    "run": ("manifest", "volume", "work_dir"),
+    "serve": ("manifest", "volume", "work_dir"),
+    "explain": ("manifest", "volume", "work_dir"),
 }
+
+
+STATUS_WAYS = "--file, --work-dir or TRITON_WARMUP_WORK_DIR (TRITON_WARMUP_STATUS_FILE)"
 
 
 def _dispatch(args: argparse.Namespace, settings: Settings, early: EarlyRanks | None) -> int:
@@ -272,6 +276,8 @@ def _dispatch(args: argparse.Namespace, settings: Settings, early: EarlyRanks | 
     if args.command == "serve":
         return _serve(settings)
     if args.command == "status":
+        if not args.file and not settings.given("status_file"):  # the run's, in its work dir
+            require(settings, ("work_dir",), who="status", ways={"work_dir": STATUS_WAYS})
         return _status(args.file or settings.paths.status_file, as_json=args.json)
     if args.command == "validate":
         return _validate(args)

@@ -45,7 +45,8 @@ def test_a_command_without_its_manifest_or_volume_exits_2_naming_both_ways(
 @pytest.mark.parametrize("command", ["run", "serve"])
 def test_a_missing_manifest_is_refused_at_start_in_one_line(bare, capsys, command):
     (bare / "vol").mkdir()
-    argv = [command, "--volume", str(bare / "vol"), "--manifest", "missing.yaml", "--port", "0"]
+    argv = [command, "--volume", str(bare / "vol"), "--manifest", "missing.yaml"]
+    argv += ["--work-dir", str(bare / "work"), "--port", "0"]
     assert main(argv if command == "serve" else argv[:-2]) == 2  # serve: never answers 503
     line = error_line(capsys.readouterr().err)
     assert "missing.yaml: cannot read" in line

@@ -262,6 +262,7 @@ def require(
     missing = [name for name in names if not settings.given(name)]
     if not missing:
         return
-    needed = " and ".join(f"the {name}" for name in missing)
+    named = [f"the {name.replace('_', ' ')}" for name in missing]
+    needed = " and ".join([", ".join(named[:-1]), named[-1]] if len(named) > 1 else named)
     how = "; ".join((ways or {}).get(name, PREFIX + name.upper()) for name in missing)
     raise SettingsError(f"{who} needs {needed}: give {how}")

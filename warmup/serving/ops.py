@@ -61,6 +61,7 @@ NO_MANIFEST = "not set: Serving() reads the manifest it names, or Settings(manif
 SERVING_WAYS = {  # how a server gives what Serving() needs: the pod's variables
     "manifest": "TRITON_WARMUP_MANIFEST (or Settings(manifest=...))",
     "volume": "TRITON_WARMUP_VOLUME (or Settings(volume=...))",
+    "work_dir": "TRITON_WARMUP_WORK_DIR, the init container's (or Settings(work_dir=...))",
 }
 
 
@@ -84,7 +85,9 @@ class Serving:
         engines) must pass distinct ones, or they overwrite each other's file."""
         # The pod's settings: a bad or missing variable is one line, no pydantic report, and
         # the placeholder of an unset volume (or, read from the pod, manifest) never serves.
-        needs = ("volume",) if settings is not None else ("manifest", "volume")
+        needs = (
+            ("volume", "work_dir") if settings is not None else ("manifest", "volume", "work_dir")
+        )
         self.settings = settings if settings is not None else from_environment()
         require(self.settings, needs, who="Serving()", ways=SERVING_WAYS)
         self.rank = _rank() if rank is None else rank

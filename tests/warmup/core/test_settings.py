@@ -223,6 +223,10 @@ def test_a_setting_not_given_is_refused_by_who_needs_it(monkeypatch, tmp_path):
     assert str(missing.value) == (
         "run needs the manifest and the volume: give --manifest; TRITON_WARMUP_VOLUME"
     )
+    monkeypatch.delenv("TRITON_WARMUP_WORK_DIR", raising=False)
+    with pytest.raises(SettingsError) as missing:
+        require(Settings(), ["manifest", "volume", "work_dir"], who="serve")
+    assert str(missing.value).startswith("serve needs the manifest, the volume and the work dir")
     require(Settings(manifest=tmp_path / "m.yaml", volume=tmp_path), ["manifest"], who="run")
     monkeypatch.setenv("TRITON_WARMUP_MANIFEST", "m.yaml")  # the environment gives it too
     require(Settings(), ["manifest"], who="run")

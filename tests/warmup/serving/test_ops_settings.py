@@ -15,8 +15,9 @@ def test_serving_without_its_settings_says_which_variables_in_one_line(tmp_path,
     with pytest.raises(SettingsError) as missing:
         Serving(follow=False)
     message = str(missing.value)
-    assert "\n" not in message and message.startswith("Serving() needs the manifest and the volume")
-    assert "TRITON_WARMUP_MANIFEST" in message and "TRITON_WARMUP_VOLUME" in message
+    assert "\n" not in message
+    assert message.startswith("Serving() needs the manifest, the volume and the work dir")
+    assert all(f"TRITON_WARMUP_{n}" in message for n in ("MANIFEST", "VOLUME", "WORK_DIR"))
     monkeypatch.setenv("TRITON_WARMUP_MANIFEST", str(tmp_path / "m.yaml"))
     monkeypatch.setenv("TRITON_WARMUP_VOLUME", str(tmp_path / "v"))
     monkeypatch.setenv("TRITON_WARMUP_SERVING_REFRESH_S", "soon")
