@@ -266,6 +266,11 @@ def check_lock(settings: Settings, host: Host) -> Result:
         fix = "fix TRITON_WARMUP_LOCK_URL (redis://host:port/db)"
         return Result("lock", "MISSING", f"{redacted(url)}: {e}", fix)
     if isinstance(backend, FileLeaseBackend):
+        volume = settings.paths.volume
+        on_volume = volume in backend.folder.parents or backend.folder == volume
+        if on_volume and not (settings.given("volume") and volume.is_dir()):
+            # leases on a volume that is not there: the volume's row says so, with its fix
+            return Result("lock", "SKIP", f"file leases in {backend.folder}: no volume there")
         error = unwritable(backend.folder)
         if error:
             fix = "make the lock folder writable, or set TRITON_WARMUP_LOCK_URL"

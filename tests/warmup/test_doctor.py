@@ -407,3 +407,13 @@ def test_unknown_checks_are_refused(tmp_path):
         parse(settings, "--only", "gpus")
     with pytest.raises(ValueError, match="unknown checks"):
         diagnose(settings, Host(), ["gpus"])
+
+
+def test_leases_on_a_volume_that_is_not_there_are_skipped_not_ok(tmp_path):
+    settings = settings_for(tmp_path, volume=tmp_path / "nonexistent")
+    rows = by_name(diagnose(settings, Host(), ["volume", "lock"]))
+    assert rows["volume"].state == "MISSING"
+    assert rows["lock"].state == "SKIP" and "no volume there" in rows["lock"].detail
+    assert not (tmp_path / "nonexistent").exists()  # the lock's probe made nothing
+    (tmp_path / "nonexistent").mkdir()
+    assert by_name(diagnose(settings, Host(), ["lock"]))["lock"].state == "OK"
