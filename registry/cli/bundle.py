@@ -299,8 +299,9 @@ def install(args: argparse.Namespace, store: Store) -> dict[str, Any]:
         print(
             f"installed {info['bundle']['name']} {info['bundle']['version']} as generation "
             f"{info['id']}: {info['entries']} entries, {info['artifacts']} artifacts, "
-            f"{info['models']} compiled model indexes, {info.get('caches', 0)} declared "
-            f"folder indexes; sequence {info['bundle'].get('sequence', 0)}"
+            f"{info['models']} compiled model indexes, {info.get('packages', 0)} compiled "
+            f"package indexes, {info.get('caches', 0)} declared folder indexes; "
+            f"sequence {info['bundle'].get('sequence', 0)}"
             + (" (downgrade allowed)" if info.get("allowed_downgrade") else "")
         )
     return info

@@ -17,6 +17,7 @@ from registry.core.entry import Entry
 from registry.core.errors import BadInput, RegistryError
 from registry.core.fingerprint import Fingerprint
 from registry.core.volume import Volume
+from registry.families.declared import FOLDER as DECLARED_FOLDER
 from registry.storage.store import Store
 
 
@@ -74,7 +75,31 @@ def ls(args: argparse.Namespace, store: Store) -> dict[str, Any]:
             )
         if with_models:
             _print_models(models, unreadable, family)
-    return {"entries": rows, "models": models, "unreadable_models": unreadable}
+    others = _other_families(args) if with_models and args.model is None else {}
+    if not args.json:
+        for noun, (found, bad, folder) in others.items():
+            _print_models(found, bad, folder, noun=noun)
+    listed = {noun.replace(" ", "_"): found for noun, (found, _, _) in others.items()}
+    return {"entries": rows, "models": models, "unreadable_models": unreadable, **listed}
+
+
+def _other_families(
+    args: argparse.Namespace,
+) -> dict[str, tuple[list[dict[str, Any]], list[dict[str, str]], Path]]:
+    """The volume's other keyed families, indexed as the compiled models' are: the models'
+    packages and the declared folders (by noun); none for a --store outside a volume."""
+    volume: Path | None = args.named_volume
+    if volume is None:
+        return {}
+    found = {}
+    for noun, folder in (
+        ("compiled packages", Volume(volume).packages),
+        ("declared folders", Volume(volume).root / DECLARED_FOLDER),
+    ):
+        rows, bad = _select_models(folder, None)
+        if rows or bad:  # a family the volume does not use stays quiet
+            found[noun] = (rows, bad, folder)
+    return found
 
 
 def _row(e: Entry) -> dict[str, Any]:
@@ -218,7 +243,11 @@ def _created(index: Mapping[str, Any], path: Path) -> datetime:
 
 
 def _print_models(
-    rows: list[dict[str, Any]], unreadable: list[dict[str, str]], family: Path | None
+    rows: list[dict[str, Any]],
+    unreadable: list[dict[str, str]],
+    family: Path | None,
+    *,
+    noun: str = "compiled models",
 ) -> None:
     if family is None:
         print("compiled models: not read (--store is no volume's registry; give --volume)")
@@ -237,7 +266,7 @@ def _print_models(
         table(shown, ["model", "key", "fingerprint", "gpu", "shapes", "files", "size", "age"])
     bad = ", ".join(u["path"] for u in unreadable[:3]) + (", ..." if len(unreadable) > 3 else "")
     print(
-        f"{len(rows)} compiled models in {family}"
+        f"{len(rows)} {noun} in {family}"
         + (f"; {len(unreadable)} unreadable indexes: {bad}" if unreadable else "")
     )
 

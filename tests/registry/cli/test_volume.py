@@ -3,6 +3,7 @@
 read and write, before or after the command, and nothing is written outside it."""
 
 import os
+import shutil
 
 import pytest
 
@@ -154,3 +155,13 @@ def test_bundle_create_carries_the_volumes_compiled_models_unless_left_out(
     assert "1 compiled model indexes" in carried  # from the folder given, instead of the volume's
     verified = bundle.verify(out, trust=Trust(allow_unsigned=True))
     assert any("models/big/" in m for m in verified.manifest["members"])
+
+
+def test_ls_lists_the_volumes_packages_and_declared_folders_too(capsys, volume_of_models):
+    code, out, _ = run(capsys, "registry", "ls", "--volume", str(volume_of_models))
+    assert code == 0 and "compiled packages" not in out  # a family the volume does not use
+    shutil.copytree(volume_of_models / "inductor", volume_of_models / "packages")
+    code, out, _ = run(capsys, "registry", "ls", "--volume", str(volume_of_models))
+    assert "1 compiled models in" in out and "1 compiled packages in" in out
+    code, out, _ = run(capsys, "registry", "--json", "ls", "--volume", str(volume_of_models))
+    assert len(__import__("json").loads(out)["compiled_packages"]) == 1
