@@ -37,6 +37,16 @@ def named_volume(args: argparse.Namespace, place: Place) -> Path | None:
     that of ``--store`` when it is a volume's ``registry`` folder (none for another);
     else the settings' (TRITON_WARMUP_VOLUME)."""
     given: Path | None = getattr(args, "volume", None)
+    store = args.store
+    if (
+        given is not None
+        and store is not None
+        and store.resolve() != Volume(given).registry.resolve()
+    ):
+        raise BadInput(
+            f"--store {args.store} is not the registry of --volume {given} "
+            f"({Volume(given).registry}): give one of them, or the two of one volume"
+        )
     if given is not None:
         return given
     if args.store is not None:

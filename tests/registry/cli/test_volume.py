@@ -165,3 +165,17 @@ def test_ls_lists_the_volumes_packages_and_declared_folders_too(capsys, volume_o
     assert "1 compiled models in" in out and "1 compiled packages in" in out
     code, out, _ = run(capsys, "registry", "--json", "ls", "--volume", str(volume_of_models))
     assert len(__import__("json").loads(out)["compiled_packages"]) == 1
+
+
+def test_a_store_and_a_volume_that_disagree_are_refused_before_anything_is_written(
+    capsys, tmp_path, models_bundle
+):
+    a, b = tmp_path / "A", tmp_path / "B"
+    b.mkdir()
+    install = ["bundle", "install", str(models_bundle), "--allow-unsigned", "--fingerprint", "none"]
+    argv = ["registry", "--store", str(a / "registry"), "--create-store", *install]
+    code, _, err = run(capsys, *argv, "--volume", str(b))
+    assert code == 2 and "is not the registry of --volume" in error_line(err)
+    assert not a.exists() and list(b.iterdir()) == []
+    code, _, err = run(capsys, *argv, "--volume", str(a))  # the two of one volume: taken
+    assert code == 0, err
