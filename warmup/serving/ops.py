@@ -36,7 +36,7 @@ from registry.core.fingerprint import detect_for, detect_in_background
 from warmup.compiled.learned import Recorder, shared_dims
 from warmup.core.collectives import Lockstep
 from warmup.core.manifest import Manifest, ManifestError, load_manifest
-from warmup.core.services import Services
+from warmup.core.services import Services, existing_volume
 from warmup.core.settings import Settings, from_environment, require
 from warmup.serving.compile_guard import guard_from_settings
 from warmup.serving.declared import declared_layers
@@ -58,6 +58,10 @@ log = logging.getLogger(__name__)
 
 
 NO_MANIFEST = "not set: Serving() reads the manifest it names, or Settings(manifest=...)"
+SERVING_VOLUME_FIX = (
+    "mount the volume there or fix TRITON_WARMUP_VOLUME (Settings(volume=...)); "
+    "TRITON_WARMUP_CREATE_VOLUME=true makes an empty one"
+)
 SERVING_WAYS = {  # how a server gives what Serving() needs: the pod's variables
     "manifest": "TRITON_WARMUP_MANIFEST (or Settings(manifest=...))",
     "volume": "TRITON_WARMUP_VOLUME (or Settings(volume=...))",
@@ -90,6 +94,8 @@ class Serving:
         )
         self.settings = settings if settings is not None else from_environment()
         require(self.settings, needs, who="Serving()", ways=SERVING_WAYS)
+        # a mistyped volume would serve from an empty store: refused, as run and serve do
+        existing_volume(self.settings, fix=SERVING_VOLUME_FIX)
         self.rank = _rank() if rank is None else rank
         self.services = Services(self.settings)  # built once here: Serving() is an entry point
         self.store = self.services.store()

@@ -159,7 +159,7 @@ def test_an_init_container_of_another_torch_is_named_counted_and_not_refused(tmp
         "hardware": {"gpu_name": "cpu"},
     }
     path = write_manifest(tmp_path / "manifest.yaml", manifest("misses_at_first_call"))
-    settings = settings_for(tmp_path, manifest=path)
+    settings = settings_for(tmp_path, manifest=path, create_volume=True)
     write_status(settings, restore="hit", fingerprint=fingerprint)
     with caplog.at_level("INFO", "warmup"), Serving(settings, follow=False) as serving:
         model = serving.model("m", device="cpu")

@@ -28,11 +28,15 @@ def test_serving_without_its_settings_says_which_variables_in_one_line(tmp_path,
 
 
 def test_settings_given_need_a_volume_and_a_manifest_only_for_what_reads_it(tmp_path):
+    from registry.core.volume import MissingFolder
     from warmup.core.manifest import ManifestError
     from warmup.core.settings import Settings
 
     with pytest.raises(SettingsError, match="TRITON_WARMUP_VOLUME"):
         Serving(Settings(manifest=tmp_path / "m.yaml"), follow=False)
+    with pytest.raises(MissingFolder, match="TRITON_WARMUP_VOLUME"):  # a mistyped one: no
+        Serving(Settings(volume=tmp_path / "v", work_dir=tmp_path / "w"), follow=False)
+    (tmp_path / "v").mkdir()
     with Serving(Settings(volume=tmp_path / "v", work_dir=tmp_path / "w"), follow=False) as ops:
         with pytest.raises(ManifestError, match="TRITON_WARMUP_MANIFEST") as missing:
             ops.model("mlp")  # no demo manifest read in its place

@@ -43,7 +43,8 @@ def test_serving_preloads_only_for_a_manifest_that_declares_models(tmp_path):
     assert declares_models(models) and not declares_models(DEMO)
     assert not declares_models(tmp_path / "missing.yaml")
     assert declares_models(ROOT / "examples" / "demo.yaml")
-    with Serving(settings_for(tmp_path, manifest=models), follow=False) as serving:
+    settings = settings_for(tmp_path, manifest=models, create_volume=True)
+    with Serving(settings, follow=False) as serving:
         assert serving.preload is not None
         serving.preload.wait()
         assert serving.preload.error is None and serving.preload.seconds > 0
