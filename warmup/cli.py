@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import signal
 import sys
@@ -107,7 +108,9 @@ def _plain(text: str) -> str:
 def _everywhere(parser: argparse.ArgumentParser) -> None:
     """``-v``, ``--debug`` and ``--volume`` on ``parser`` and every command below it, so
     that each is accepted before or after any command. SUPPRESS: a command's parser
-    leaves unset what it was not given, so it never undoes what a parser above read."""
+    leaves unset what it was not given, so it never undoes what a parser above read. No
+    abbreviations: an option added later never changes what a shortened one meant."""
+    parser.allow_abbrev = False
     parser.add_argument(
         "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="debug logging"
     )
@@ -182,7 +185,10 @@ def main(argv: Sequence[str] | None = None, *, early: EarlyRanks | None = None) 
         _add_validate(sub)
         _everywhere(parser)
         args = parser.parse_args(argv)
-        return _guarded(bool(getattr(args, "debug", False)), lambda: _validate(args))
+        debug = getattr(args, "debug", None)  # not given: TRITON_WARMUP_DEBUG, as elsewhere
+        if debug is None:
+            debug = os.environ.get("TRITON_WARMUP_DEBUG", "").lower() in ("1", "true", "yes", "on")
+        return _guarded(bool(debug), lambda: _validate(args))
     return _with_settings(argv, early)
 
 

@@ -101,7 +101,7 @@ from registry.bundles.tar_stream import CHUNK
 from registry.caches.triton_cache import remove_stale_temp_files
 from registry.core import atomic
 from registry.core.entry import Entry, now_iso
-from registry.core.errors import BundleRejected, RegistryError
+from registry.core.errors import BadInput, BundleRejected, RegistryError
 from registry.core.fingerprint import Fingerprint, MatchPolicy
 from registry.core.volume import Volume
 from registry.families import staging
@@ -254,7 +254,7 @@ def _gather(
         found += packed.indexes
     if only is not None and not found:
         where = ", ".join(str(path) for path in roots.values())
-        raise RegistryError(f"no artifacts of model {only} are stored in {where}")
+        raise BadInput(f"no artifacts of model {only} are stored in {where}")  # a name given
     return members, fingerprints
 
 

@@ -114,3 +114,12 @@ def test_help_reads_plain_and_shows_choices_as_typed(bare, capsys):
         main(["registry", "bundle", "install", "--help"])
     install = capsys.readouterr().out
     assert "{exact,same-arch,any}" in install and "MatchPolicy" not in install
+
+
+def test_validate_takes_triton_warmup_debug_as_the_other_commands_do(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("TRITON_WARMUP_DEBUG", "true")
+    assert main(["validate", str(tmp_path / "missing.yaml")]) == 2
+    assert "Traceback" in capsys.readouterr().err
+    monkeypatch.delenv("TRITON_WARMUP_DEBUG")
+    assert main(["validate", str(tmp_path / "missing.yaml")]) == 2
+    assert "Traceback" not in capsys.readouterr().err

@@ -179,3 +179,11 @@ def test_a_store_and_a_volume_that_disagree_are_refused_before_anything_is_writt
     assert not a.exists() and list(b.iterdir()) == []
     code, _, err = run(capsys, *argv, "--volume", str(a))  # the two of one volume: taken
     assert code == 0, err
+
+
+def test_a_model_named_that_the_volume_does_not_hold_is_bad_input(
+    capsys, tmp_path, volume_of_models
+):
+    argv = ["registry", "--volume", str(volume_of_models), "bundle", "create", str(tmp_path / "b")]
+    code, _, err = run(capsys, *argv, "--name", "n", "--version", "1", "--model", "nosuch")
+    assert code == 2 and "no artifacts of model nosuch" in error_line(err)

@@ -13,7 +13,7 @@ import pytest
 from registry import BundleRejected, Store
 from registry.bundles import bundle
 from registry.caches import inductor_cache
-from registry.core.errors import RegistryError
+from registry.core.errors import BadInput, RegistryError
 from registry.core.fingerprint import cpu_fingerprint
 from registry.families import bundle_indexed
 from registry.families.inductor import RECORD_KEY
@@ -137,7 +137,7 @@ def test_create_takes_one_model_when_asked(tmp_path):
     bundle.create(out, name="m", version="1", entries=[], only="other", roots={"inductor": root})
     [index] = bundle.verify(out, trust=UNSIGNED_OK).parts["inductor"].indexes
     assert index.startswith("models/other/")
-    with pytest.raises(RegistryError, match="no artifacts of model nope"):
+    with pytest.raises(BadInput, match="no artifacts of model nope"):  # a name given: exit 2
         bundle.create(
             tmp_path / "x.tgz",
             name="m",
