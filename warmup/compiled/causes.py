@@ -164,8 +164,14 @@ def _tensors(entry: ModelEntry, args: Sequence[Any], caller: str) -> list[Cause]
             Cause(
                 "requires_grad",
                 _subject(grad, "has requires_grad=True", "have requires_grad=True")
-                + f" (made from a tensor that requires grad{mode}); priming's inputs do not",
-                "pass it .detach()ed, or make it under torch.no_grad() or torch.inference_mode()",
+                + f" (a leaf asked for it, or made from one that requires grad{mode}); "
+                "priming's inputs do not",
+                "pass it .detach()ed"
+                + (
+                    ""
+                    if entry.mode == "grad"
+                    else ", or make it under torch.no_grad() or torch.inference_mode()"
+                ),
             )
         )
     return found
