@@ -157,7 +157,8 @@ def test_a_bad_manifest_exits_2_before_writing_anything(tmp_path, monkeypatch, c
     monkeypatch.chdir(tmp_path)
     bad = tmp_path / "bad.yaml"
     bad.write_text("version: 1\nentries:\n  - kernel: ag_gemm\n    dtype: int8\n")
-    assert main(["run", "--manifest", str(bad), "--volume", str(tmp_path / "v")]) == 2
+    argv = ["run", "--manifest", str(bad), "--volume", str(tmp_path / "v")]
+    assert main([*argv, "--work-dir", str(tmp_path / "work")]) == 2
     err = capsys.readouterr().err
     assert "entries.0.dtype" in err and "entries.0.world_size: Field required" in err
     assert list(tmp_path.iterdir()) == [bad]  # no work dir, no volume, no status
@@ -255,9 +256,10 @@ def test_a_shape_its_kernel_rejects_is_refused_before_any_write(tmp_path, monkey
     )
     with pytest.raises(ManifestError, match="M=63 is not a multiple of world_size 2"):
         load_manifest(manifest)  # what run, warm() and a torchrun rank read it with
-    monkeypatch.chdir(tmp_path)  # the CLI's default work folder
+    monkeypatch.chdir(tmp_path)
     (tmp_path / "v").mkdir()
-    assert main(["run", "--manifest", str(manifest), "--volume", str(tmp_path / "v")]) == 2
+    argv = ["run", "--manifest", str(manifest), "--volume", str(tmp_path / "v")]
+    assert main([*argv, "--work-dir", str(tmp_path / "work")]) == 2
     assert "ag_gemm rejects 1 shape(s): M=63" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.yaml", "v"]  # no work folder
 

@@ -282,9 +282,10 @@ def test_an_input_that_requires_grad_is_named_with_the_fix(tmp_path):
     error = refused(model, [x.requires_grad_(), scale], torch.enable_grad)
     assert [cause.kind for cause in error.causes] == ["requires_grad"]
     assert (
-        "input 0 [batch, seq, 32] has requires_grad=True (made from a tensor that requires "
-        "grad with grad enabled (the caller's mode)); priming's inputs do not (fix: pass it "
-        ".detach()ed, or make it under torch.no_grad() or torch.inference_mode())"
+        "input 0 [batch, seq, 32] has requires_grad=True (a leaf asked for it, or made from "
+        "one that requires grad with grad enabled (the caller's mode)); priming's inputs do "
+        "not (fix: pass it .detach()ed, or make it under torch.no_grad() or "
+        "torch.inference_mode())"
     ) in str(error)
 
 
