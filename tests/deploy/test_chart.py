@@ -150,11 +150,6 @@ def load_chart():
     return helm.Chart.load(str(CHART))
 
 
-@pytest.fixture(scope="module")
-def chart():
-    return load_chart()
-
-
 def render(chart, values, *, minimum=True):
     """Objects and texts of the chart rendered with ``values`` (over MINIMUM unless
     ``minimum`` is False: the chart's own defaults alone)."""

@@ -17,7 +17,6 @@ from tests.deploy.test_chart import (
     VARIANTS,
     containers,
     env,
-    load_chart,
     merged,
     mount_under,
     render,
@@ -44,11 +43,6 @@ FOLDERS = {
     },
 }
 ENGINE_VALUES = {"vllm": VARIANTS["engine-vllm"], "sglang": VARIANTS["engine-sglang"]}
-
-
-@pytest.fixture(scope="module")
-def chart():
-    return load_chart()
 
 
 @pytest.mark.parametrize("engine", sorted(FOLDERS))

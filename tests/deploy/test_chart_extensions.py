@@ -15,18 +15,12 @@ from tests.deploy.test_chart import (
     WEIGHTS,
     by_kind,
     containers,
-    load_chart,
     mount_under,
     render,
     workload,
 )
 
 SELECTOR = {"app.kubernetes.io/name": "triton-warmup", "app.kubernetes.io/instance": "llm"}
-
-
-@pytest.fixture(scope="module")
-def chart():
-    return load_chart()
 
 
 @pytest.fixture(scope="module")

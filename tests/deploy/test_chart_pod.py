@@ -11,7 +11,6 @@ from tests.deploy.test_chart import (
     by_kind,
     containers,
     env,
-    load_chart,
     mount_under,
     mounts,
     render,
@@ -19,11 +18,6 @@ from tests.deploy.test_chart import (
 )
 from warmup.compiled.environment import inductor_environment
 from warmup.core.settings import Settings
-
-
-@pytest.fixture(scope="module")
-def chart():
-    return load_chart()
 
 
 def test_init_sidecar_and_server_agree_on_paths(chart):

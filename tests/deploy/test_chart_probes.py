@@ -9,14 +9,8 @@ from tests.deploy.test_chart import (
     VARIANTS,
     containers,
     env,
-    load_chart,
     render,
 )
-
-
-@pytest.fixture(scope="module")
-def chart():
-    return load_chart()
 
 
 def http_port(container) -> int:

@@ -8,18 +8,12 @@ from tests.deploy.test_chart import (
     VARIANTS,
     containers,
     env,
-    load_chart,
     mounts,
     render,
 )
 
 TRUSTED, SIGNING = "/etc/triton-warmup/trusted-keys", "/etc/triton-warmup/signing"
 BUNDLE_KEYS = "/etc/triton-warmup/bundle-keys"
-
-
-@pytest.fixture(scope="module")
-def chart():
-    return load_chart()
 
 
 def test_trust_is_configured_by_default_in_every_container(chart):
