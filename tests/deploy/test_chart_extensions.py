@@ -166,3 +166,18 @@ def test_an_extension_that_collides_with_the_charts_own_fails_with_one_message(
 ):
     with pytest.raises(helm.HelmError, match=re.escape(message)):
         render(chart, values)
+
+
+def test_every_volume_the_chart_mounts_is_refused_as_an_extra_one(chart):
+    """checkExtensions lists the chart's own volume names: one added to the templates and
+    not to that list would collide at install only."""
+    values = {
+        "bundles": {"source": "configMap", "configMapName": "b"},
+        "trust": {"bundleKeysSecret": "release-keys"},
+        "lock": {"redisUrl": "rediss://r:6380/0", "backend": "redis",
+                 "redisCa": {"configMapName": "ca"}, "tritonCache": True},
+    }  # fmt: skip
+    _, pod = containers(render(chart, values)[0])
+    for name in [v["name"] for v in pod["volumes"]]:
+        with pytest.raises(helm.HelmError, match=re.escape(f"extraVolumes: {name} ")):
+            render(chart, {**values, "extraVolumes": [{"name": name, "emptyDir": {}}]})
